@@ -1,0 +1,118 @@
+"""Start a coordinator + broker (+ private Redis) for a benchmark, as real processes.
+
+``stack(push=True)`` also starts the offset store and a dispatcher (push subscriptions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "services"))
+sys.path.insert(0, str(ROOT))
+
+from tests.harness import ServiceProcess, free_port, run_redis, start_service  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+
+@dataclass
+class Stack:
+    bootstrap: str
+    broker: ServiceProcess
+    coordinator: ServiceProcess
+    data_dir: Path
+    extra: tuple[ServiceProcess, ...] = ()
+
+
+@contextlib.contextmanager
+def stack(
+    flush: str = "interval", extra_broker_args: tuple[str, ...] = (), push: bool = False
+) -> Iterator[Stack]:
+    with run_redis(appendonly=False) as redis, tempfile.TemporaryDirectory(prefix="sluice-bench-") as d:
+        store_port = free_port()
+        store_args = ("--offset-store", f"127.0.0.1:{store_port}") if push else ()
+        coord = start_service(
+            "coordinator", "--port", "0", "--metrics-port", "0", "--redis-url", redis.url, *store_args
+        )
+        broker = start_service(
+            "broker",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--broker-id",
+            "0",
+            "--data-dir",
+            str(Path(d) / "broker"),
+            "--coordinator",
+            coord.address,
+            "--flush",
+            flush,
+            *extra_broker_args,
+        )
+        extra: list[ServiceProcess] = []
+        if push:
+            extra.append(
+                start_service(
+                    "offset-store", "--port", str(store_port), "--metrics-port", "0",
+                    "--redis-url", redis.url, "--coordinator", coord.address,
+                )
+            )  # fmt: skip
+            extra.append(
+                start_service(
+                    "dispatcher", "--port", "0", "--metrics-port", "0", "--coordinator", coord.address,
+                    "--dispatcher-id", "bench",
+                )
+            )  # fmt: skip
+        try:
+            yield Stack(coord.address, broker, coord, Path(d), tuple(extra))
+        finally:
+            for sp in reversed(extra):
+                sp.terminate()
+            broker.terminate()
+            coord.terminate()
+
+
+VALUE = b"x" * 100
+
+
+def produce_keyed(bootstrap: str, topic: str, n: int) -> float:
+    """Send n records of 100 B with 16-byte keys through the SDK; return the seconds taken (incl. flush)."""
+    import time
+
+    from sluice import Client
+
+    keys = [os.urandom(8).hex().encode() for _ in range(1024)]
+    with Client(bootstrap) as client:
+        producer = client.producer(topic)
+        started = time.perf_counter()
+        send = producer.send
+        for i in range(n):
+            send(VALUE, key=keys[i & 1023])
+        producer.flush()
+        elapsed = time.perf_counter() - started
+        producer.close()
+    return elapsed
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def save(name: str, data: dict[str, object]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    data = {"machine": f"{os.cpu_count()} cores", **data}
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    print(json.dumps(data, indent=2))

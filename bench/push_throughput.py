@@ -1,0 +1,202 @@
+"""Push-consumer throughput and end-to-end latency (coordinator, broker, offset store, dispatcher).
+
+Phase 1, throughput: a backlog of N records of 100 B on a 4-partition topic, then a
+Shared subscription with 2 consumer processes that receive and ack every message
+(``receive()`` + ``ack()`` per message). Figure: records/s for both together, from the
+first message to the last.
+
+Phase 2, latency: a producer (linger 0) sends at a fixed rate (default 2,000 records/s)
+records stamped with CLOCK_MONOTONIC; one push consumer in another process receives
+and acks them. Figures: p50/p99/max of send -> received.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import resource
+import time
+
+from _stack import save, stack
+
+VALUE = b"x" * 100
+IDLE_END = 3.0  # a consumer stops after this long without a message
+
+
+def produce_backlog(bootstrap: str, topic: str, n: int) -> None:
+    from sluice import Client
+
+    keys = [os.urandom(8).hex().encode() for _ in range(1024)]
+    with Client(bootstrap) as client:
+        producer = client.producer(topic)
+        for i in range(n):
+            producer.send(VALUE, key=keys[i & 1023])
+        producer.flush()
+        producer.close()
+
+
+def consume(bootstrap: str, topic: str, queue_size: int, ready: mp.Barrier, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    from sluice import Client
+
+    with Client(bootstrap) as client:
+        pc = client.push_consumer(
+            topic, "bench", "shared", initial_position="earliest", receiver_queue_size=queue_size
+        )
+        ready.wait()
+        receive, ack = pc.receive, pc.ack
+        count = 0
+        first = last = 0.0
+        try:
+            msg = receive(timeout=30)
+            first = time.monotonic()
+            ack(msg)
+            count = 1
+            while True:
+                msg = receive(timeout=IDLE_END)
+                ack(msg)
+                count += 1
+        except TimeoutError:
+            last = time.monotonic() - IDLE_END
+        stats = pc.stats()
+        pc.close()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out.put((count, first, last, stats.flow.over_delivered, usage.ru_utime + usage.ru_stime))
+
+
+def latency_consumer(bootstrap: str, topic: str, total: int, ready: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    import struct
+
+    from sluice import Client
+
+    lat: list[float] = []
+    with Client(bootstrap) as client:
+        pc = client.push_consumer(topic, "lat", "shared", initial_position="latest", receiver_queue_size=1000)
+        ready.set()
+        clock = time.clock_gettime
+        mono = time.CLOCK_MONOTONIC
+        try:
+            while len(lat) < total:
+                msg = pc.receive(timeout=10)
+                now = clock(mono)
+                (sent,) = struct.unpack_from("<d", msg.value)
+                lat.append(now - sent)
+                pc.ack(msg)
+        except TimeoutError:
+            pass
+        pc.close()
+    out.put(lat)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(bootstrap: str, n: int, queue_size: int, dispatcher_pid: int) -> dict[str, object]:
+    from sluice import Client
+
+    with Client(bootstrap) as client:
+        client.admin.create_topic("push-bench", partitions=4)
+    ctx = mp.get_context("spawn")
+    t0 = time.monotonic()
+    p = ctx.Process(target=produce_backlog, args=(bootstrap, "push-bench", n))
+    p.start()
+    p.join()
+    print(f"backlog of {n} records produced in {time.monotonic() - t0:.1f} s", flush=True)
+    out = ctx.Queue()
+    ready = ctx.Barrier(2)
+    dispatcher_cpu = cpu_seconds(dispatcher_pid)
+    procs = [
+        ctx.Process(target=consume, args=(bootstrap, "push-bench", queue_size, ready, out)) for _ in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=1800) for _ in procs]
+    dispatcher_cpu = cpu_seconds(dispatcher_pid) - dispatcher_cpu
+    for proc in procs:
+        proc.join()
+    total = sum(r[0] for r in results)
+    start = min(r[1] for r in results)
+    end = max(r[2] for r in results)
+    return {
+        "records": n,
+        "received": total,
+        "per_consumer": [r[0] for r in results],
+        "over_delivered": sum(r[3] for r in results),
+        "seconds": round(end - start, 2),
+        "records_per_s": round(total / (end - start)),
+        "receiver_queue_size": queue_size,
+        # CPU per message, independent of what else runs on the machine.
+        "consumer_cpu_us_per_msg": round(sum(r[4] for r in results) / total * 1e6, 2),
+        "dispatcher_cpu_us_per_msg": round(dispatcher_cpu / total * 1e6, 2),
+    }
+
+
+def latency(bootstrap: str, rate: int, seconds: float) -> dict[str, object]:
+    import struct
+
+    from sluice import Client
+
+    total = int(rate * seconds)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    ready = ctx.Event()
+    with Client(bootstrap) as client:
+        client.admin.create_topic("push-latency", partitions=4)
+        consumer = ctx.Process(target=latency_consumer, args=(bootstrap, "push-latency", total, ready, out))
+        consumer.start()
+        assert ready.wait(60)
+        producer = client.producer("push-latency", linger=0)
+        interval = 1.0 / rate
+        next_at = time.perf_counter()
+        clock, mono = time.clock_gettime, time.CLOCK_MONOTONIC
+        for _ in range(total):
+            now = time.perf_counter()
+            if now < next_at:
+                time.sleep(next_at - now)
+            producer.send(struct.pack("<d", clock(mono)) + b"x" * 92)
+            next_at += interval
+        producer.flush()
+        lat = out.get(timeout=120)
+        consumer.join()
+        producer.close()
+    ms = sorted(x * 1000 for x in lat)
+
+    def pct(p: float) -> float:
+        return round(ms[min(len(ms) - 1, int(len(ms) * p))], 3)
+
+    return {
+        "rate": rate,
+        "records": len(ms),
+        "p50_ms": pct(0.5),
+        "p99_ms": pct(0.99),
+        "max_ms": round(ms[-1], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--receiver-queue", type=int, default=1000)
+    parser.add_argument("--rate", type=int, default=2000, help="latency phase: records per second")
+    parser.add_argument("--seconds", type=float, default=10.0, help="latency phase: duration")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-latency", action="store_true")
+    args = parser.parse_args()
+    result: dict[str, object] = {}
+    with stack(push=True) as s:
+        if not args.skip_throughput:
+            dispatcher_pid = s.extra[-1].process.pid
+            result["throughput"] = throughput(s.bootstrap, args.records, args.receiver_queue, dispatcher_pid)
+            print(result["throughput"], flush=True)
+        if not args.skip_latency:
+            result["latency"] = latency(s.bootstrap, args.rate, args.seconds)
+            print(result["latency"], flush=True)
+    save("push_throughput", result)
+
+
+if __name__ == "__main__":
+    main()

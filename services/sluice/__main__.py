@@ -1,0 +1,3 @@
+from sluice.cli.main import main
+
+raise SystemExit(main())

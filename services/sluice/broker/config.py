@@ -1,0 +1,133 @@
+"""``sluice broker`` settings: defaults < TOML file (``--config``) < ``SLUICE_BROKER_*`` env < flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from sluice.broker.fetch import FetchCaps
+from sluice.broker.flusher import FlushPolicy
+from sluice.broker.log.config import LogConfig
+from sluice.errors import InvalidArgument
+
+ENV_PREFIX = "SLUICE_BROKER_"
+MiB = 1024 * 1024
+
+
+def _ms(value: timedelta) -> int:
+    return int(value.total_seconds() * 1000)
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """One broker process."""
+
+    broker_id: int = field(default=0, metadata={"help": "this broker's id in the cluster (>= 0)"})
+    host: str = field(
+        default="127.0.0.1", metadata={"help": "address to bind the gRPC and metrics servers to"}
+    )
+    port: int = field(default=7601, metadata={"help": "gRPC port; 0 picks a free one"})
+    advertised_host: str = field(
+        default="", metadata={"help": "host clients should connect to (default: --host)"}
+    )
+    metrics_port: int = field(default=9601, metadata={"help": "Prometheus /metrics port; 0 picks a free one"})
+    data_dir: Path = field(
+        default=Path("sluice-data/broker"), metadata={"help": "directory of the partition logs"}
+    )
+    coordinator: str = field(
+        default="",
+        metadata={
+            "help": "coordinator address host:port to register with; empty: standalone, partitions "
+            "are assigned only through UpdatePartitions"
+        },
+    )
+    flush: str = field(
+        default="interval",
+        metadata={
+            "help": "fsync policy: always (group commit before acks), interval, or never (the OS decides)"
+        },
+    )
+    flush_interval: timedelta = field(
+        default=timedelta(seconds=1), metadata={"help": "how often flush=interval fsyncs appended partitions"}
+    )
+    segment_bytes: int = field(default=128 * MiB, metadata={"help": "default segment size before a roll"})
+    segment_age: timedelta = field(
+        default=timedelta(days=7), metadata={"help": "default age of the active segment before a roll"}
+    )
+    retention_bytes: int = field(
+        default=0, metadata={"help": "default per-partition size kept; 0: unlimited"}
+    )
+    retention_age: timedelta = field(
+        default=timedelta(days=7), metadata={"help": "default age of records kept; 0: unlimited"}
+    )
+    index_interval_bytes: int = field(
+        default=4096, metadata={"help": "log bytes between sparse index entries"}
+    )
+    max_batch_bytes: int = field(
+        default=16 * MiB, metadata={"help": "largest record batch a producer may send"}
+    )
+    retention_check_interval: timedelta = field(
+        default=timedelta(seconds=30),
+        metadata={"help": "how often retention runs and aged segments are rolled"},
+    )
+    max_wait: timedelta = field(
+        default=timedelta(seconds=30),
+        metadata={"help": "cap on a fetch's max_wait_ms (beyond: INVALID_ARGUMENT)"},
+    )
+    max_fetch_bytes: int = field(
+        default=64 * MiB, metadata={"help": "cap on a fetch's max_bytes (beyond: INVALID_ARGUMENT)"}
+    )
+    filter_scan_bytes: int = field(
+        default=4 * MiB,
+        metadata={"help": "raw log bytes a filtered fetch walks per partition per request before answering"},
+    )
+    max_fetch_sessions: int = field(
+        default=1000,
+        metadata={"help": "incremental fetch sessions kept (least recently used evicted); 0: none"},
+    )
+    fetch_session_idle: timedelta = field(
+        default=timedelta(minutes=2), metadata={"help": "an unused fetch session is dropped after this"}
+    )
+    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+
+    def __post_init__(self) -> None:
+        FlushPolicy.parse(self.flush)
+        if self.broker_id < 0:
+            raise InvalidArgument(f"broker_id must be >= 0, got {self.broker_id}")
+        if not 0 <= self.port <= 65535 or not 0 <= self.metrics_port <= 65535:
+            raise InvalidArgument("ports must be in [0, 65535]")
+        if self.flush_interval <= timedelta(0) or self.retention_check_interval <= timedelta(0):
+            raise InvalidArgument("flush_interval and retention_check_interval must be positive")
+        if self.max_wait < timedelta(0) or self.max_fetch_bytes <= 0 or self.filter_scan_bytes <= 0:
+            raise InvalidArgument("max_wait, max_fetch_bytes and filter_scan_bytes must be positive")
+        if self.max_fetch_sessions < 0:
+            raise InvalidArgument("max_fetch_sessions must be >= 0")
+        self.log_defaults()  # validates the log settings
+
+    @property
+    def flush_policy(self) -> FlushPolicy:
+        return FlushPolicy.parse(self.flush)
+
+    @property
+    def advertised(self) -> str:
+        return self.advertised_host or self.host
+
+    def log_defaults(self) -> LogConfig:
+        """The broker-wide LogConfig; a topic's non-zero settings override it."""
+        return LogConfig(
+            segment_bytes=self.segment_bytes,
+            segment_ms=_ms(self.segment_age),
+            retention_bytes=self.retention_bytes or -1,
+            retention_ms=_ms(self.retention_age) or -1,
+            index_interval_bytes=self.index_interval_bytes,
+            max_batch_bytes=self.max_batch_bytes,
+        )
+
+    def fetch_caps(self) -> FetchCaps:
+        return FetchCaps(
+            max_wait_ms=_ms(self.max_wait),
+            max_bytes=self.max_fetch_bytes,
+            scan_bytes=self.filter_scan_bytes,
+            scan_chunk_bytes=min(MiB, self.filter_scan_bytes),
+        )

@@ -1,0 +1,131 @@
+"""Broker membership: register with the coordinator, then heartbeat for as long as we run.
+
+- ``RegisterBroker`` with a random incarnation (new on every process start, so a stale process
+  cannot heartbeat in the name of a newer one) returns the broker epoch and the heartbeat
+  interval.
+- ``BrokerHeartbeat`` every interval reports the metadata version the broker last applied;
+  a response carrying ``update`` goes through the same code path as the UpdatePartitions RPC.
+- A heartbeat answered with an error (unknown broker, stale epoch) makes the broker register
+  again. An unreachable coordinator is retried with exponential backoff (100 ms doubling to
+  10 s); the broker keeps serving what it has meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+from grpc import aio
+
+from sluice.broker.assignment import AssignmentUpdate
+from sluice.broker.servicer import update_from_proto
+from sluice.errors import SluiceError
+from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+BACKOFF_START_S = 0.1
+BACKOFF_MAX_S = 10.0
+DEFAULT_HEARTBEAT_S = 3.0
+RPC_TIMEOUT_S = 5.0
+
+
+class CoordinatorLink:
+    """Keeps this broker registered. Caller: ``sluice.broker.main`` (one task per process)."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        broker_id: int,
+        host: str,
+        port: int,
+        apply_update: Callable[[AssignmentUpdate], Awaitable[None]],
+        metadata_version: Callable[[], int],
+    ) -> None:
+        self.address = address
+        self.broker_id = broker_id
+        self.host = host
+        self.port = port
+        self.incarnation = uuid.uuid4().hex
+        self._apply = apply_update
+        self._version = metadata_version
+        self.broker_epoch = -1
+        #: Set once registered (tests and readiness can wait on it).
+        self.registered = asyncio.Event()
+
+    async def run(self) -> None:
+        backoff = BACKOFF_START_S
+        async with aio.insecure_channel(self.address) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            while True:
+                try:
+                    interval = await self._register(stub)
+                    backoff = BACKOFF_START_S
+                    await self._heartbeat_until_error(stub, interval)
+                    # Refused: register again after one interval, not in a tight loop.
+                    await asyncio.sleep(interval)
+                    continue
+                except aio.AioRpcError as exc:
+                    log.warning(
+                        "coordinator %s: %s (%s); retrying in %.1fs",
+                        self.address,
+                        exc.code().name,
+                        exc.details(),
+                        backoff,
+                    )
+                except Exception:
+                    log.exception("coordinator link failed; retrying in %.1fs", backoff)
+                self.registered.clear()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+    async def _register(self, stub: coordinator_pb2_grpc.CoordinatorAsyncStub) -> float:
+        resp = await stub.RegisterBroker(
+            coordinator_pb2.RegisterBrokerRequest(
+                broker_id=self.broker_id,
+                endpoint=coordinator_pb2.Endpoint(host=self.host, port=self.port),
+                incarnation=self.incarnation,
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+        self.broker_epoch = resp.broker_epoch
+        self.registered.set()
+        interval = (
+            resp.heartbeat_interval_ms / 1000 if resp.heartbeat_interval_ms > 0 else DEFAULT_HEARTBEAT_S
+        )
+        log.info(
+            "registered with coordinator %s as broker %d epoch %d",
+            self.address,
+            self.broker_id,
+            self.broker_epoch,
+        )
+        return interval
+
+    async def _heartbeat_until_error(
+        self, stub: coordinator_pb2_grpc.CoordinatorAsyncStub, interval: float
+    ) -> None:
+        while True:
+            resp = await stub.BrokerHeartbeat(
+                coordinator_pb2.BrokerHeartbeatRequest(
+                    broker_id=self.broker_id,
+                    broker_epoch=self.broker_epoch,
+                    metadata_version=self._version(),
+                ),
+                timeout=max(RPC_TIMEOUT_S, 2 * interval),
+            )
+            if resp.error.code != common_pb2.NONE:
+                log.warning(
+                    "heartbeat refused (%s: %s): registering again", resp.error.code, resp.error.message
+                )
+                self.registered.clear()
+                return
+            if resp.HasField("update"):
+                try:
+                    await self._apply(update_from_proto(resp.update))
+                except SluiceError as err:
+                    log.error("could not apply the partition update from the coordinator: %s", err)
+            # The heartbeat timer: the coordinator's session timeout is counted in these.
+            await asyncio.sleep(interval)

@@ -1,0 +1,238 @@
+"""Every partition log of one broker, one directory each under the data directory.
+
+Layout: ``<data_dir>/<topic>-<partition>/`` holds the partition's segments and a small
+``partition.json`` naming the topic, partition, ``topic_id`` and any per-topic config.
+The topic id tells a re-created topic from a deleted one of the same name: data whose id
+differs belongs to the dead topic and is removed.
+
+A directory being deleted is first renamed to ``~deleted-...`` (``~`` cannot appear in a
+topic name), so a crash mid-delete never resurrects half a partition; ``open_all`` finishes
+the job.
+
+Caller: the broker service, from its event loop (``flush_all`` may run on a worker thread).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sluice.broker.log.config import LogConfig
+from sluice.broker.log.partition_log import PartitionLog, wall_clock_ms
+from sluice.common.names import validate_topic
+from sluice.errors import InvalidArgument, InvalidPartitions, SluiceError, StorageError
+
+log = logging.getLogger(__name__)
+
+META_FILE = "partition.json"
+META_VERSION = 1
+DELETED_PREFIX = "~deleted-"
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PartitionMeta:
+    topic: str
+    partition: int
+    topic_id: str
+    #: None: the manager's default config applies.
+    config: LogConfig | None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "version": META_VERSION,
+                "topic": self.topic,
+                "partition": self.partition,
+                "topic_id": self.topic_id,
+                "config": None if self.config is None else self.config.to_dict(),
+            },
+            indent=1,
+        )
+
+    @classmethod
+    def read(cls, directory: Path) -> PartitionMeta | None:
+        """The metadata of a partition directory; None if absent or unreadable."""
+        try:
+            raw: Any = json.loads((directory / META_FILE).read_text())
+            config = raw.get("config")
+            return cls(
+                topic=validate_topic(raw["topic"]),
+                partition=int(raw["partition"]),
+                topic_id=str(raw["topic_id"]),
+                config=None if config is None else LogConfig.from_dict(config),
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, SluiceError) as exc:
+            log.warning("unreadable partition metadata in %s: %s", directory, exc)
+            return None
+
+    def write(self, directory: Path) -> None:
+        """Atomically replace the metadata file (write, fsync, rename, fsync the directory)."""
+        tmp = directory / (META_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(self.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / META_FILE)
+        _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LogManager:
+    """Opens, creates and removes the partition logs of a broker."""
+
+    def __init__(
+        self, data_dir: Path, default_config: LogConfig, now_ms: Callable[[], int] = wall_clock_ms
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.default_config = default_config
+        self._now_ms = now_ms
+        self._logs: dict[TopicPartition, PartitionLog] = {}
+        self._meta: dict[TopicPartition, PartitionMeta] = {}
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+
+    def _dir(self, topic: str, partition: int) -> Path:
+        return self.data_dir / f"{topic}-{partition}"
+
+    def open_all(self) -> None:
+        """Open (and recover) every partition directory on disk.
+
+        A partition that cannot be opened is logged and left out rather than stopping
+        the broker: its other partitions stay available.
+        """
+        for path in sorted(self.data_dir.iterdir()):
+            if not path.is_dir():
+                continue
+            if path.name.startswith(DELETED_PREFIX):
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            meta = PartitionMeta.read(path)
+            if meta is None:
+                log.warning("skipping %s: no partition metadata", path)
+                continue
+            key = (meta.topic, meta.partition)
+            if key in self._logs:
+                continue
+            if path != self._dir(*key):
+                log.warning("skipping %s: its metadata names %s-%d", path, *key)
+                continue
+            try:
+                self._logs[key] = PartitionLog(path, meta.config or self.default_config, self._now_ms)
+            except (OSError, SluiceError):
+                log.exception("cannot open the log of %s-%d in %s", meta.topic, meta.partition, path)
+                continue
+            self._meta[key] = meta
+
+    def get(self, topic: str, partition: int) -> PartitionLog | None:
+        return self._logs.get((topic, partition))
+
+    def create(
+        self, topic: str, topic_id: str, partition: int, config: LogConfig | None = None
+    ) -> PartitionLog:
+        """Open the partition's log, creating it if needed. Idempotent.
+
+        Data left by a deleted topic of the same name (a different ``topic_id``) is removed
+        first. ``config`` is authoritative: the partition's overrides, or None for the
+        manager's default config; a change applies at once and is persisted, so a restart
+        uses it before the broker hears from the coordinator again.
+        """
+        validate_topic(topic)
+        if partition < 0:
+            raise InvalidPartitions(f"partition must be >= 0, got {partition}")
+        if not topic_id:
+            raise InvalidArgument("topic_id must not be empty")
+        key = (topic, partition)
+        path = self._dir(topic, partition)
+        existing = self._logs.get(key)
+        if existing is not None:
+            meta = self._meta[key]
+            if meta.topic_id == topic_id:
+                if config != meta.config:
+                    meta = PartitionMeta(topic, partition, topic_id, config)
+                    meta.write(path)
+                    self._meta[key] = meta
+                    existing.config = config or self.default_config
+                return existing
+            log.info(
+                "%s-%d: replacing data of topic id %s with %s", topic, partition, meta.topic_id, topic_id
+            )
+            self.remove(topic, partition)
+        on_disk = PartitionMeta.read(path) if path.exists() else None
+        if path.exists() and (on_disk is None or on_disk.topic_id != topic_id):
+            self._remove_dir(path)
+            on_disk = None
+        meta = PartitionMeta(topic, partition, topic_id, config)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            if on_disk != meta:
+                meta.write(path)
+                _fsync_dir(self.data_dir)
+            plog = PartitionLog(path, meta.config or self.default_config, self._now_ms)
+        except OSError as exc:
+            raise StorageError(f"cannot create the log of {topic}-{partition}: {exc}") from exc
+        self._logs[key] = plog
+        self._meta[key] = meta
+        return plog
+
+    def remove(self, topic: str, partition: int) -> None:
+        """Close the partition's log (if open) and delete its data (if any)."""
+        key = (topic, partition)
+        plog = self._logs.pop(key, None)
+        self._meta.pop(key, None)
+        if plog is not None:
+            plog.delete()
+        path = self._dir(topic, partition)
+        if path.exists():
+            self._remove_dir(path)
+
+    def _remove_dir(self, path: Path) -> None:
+        grave = self.data_dir / f"{DELETED_PREFIX}{path.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(path, grave)
+        shutil.rmtree(grave, ignore_errors=True)
+
+    def partitions(self) -> dict[TopicPartition, PartitionLog]:
+        return dict(self._logs)
+
+    def topic_id(self, topic: str, partition: int) -> str | None:
+        meta = self._meta.get((topic, partition))
+        return None if meta is None else meta.topic_id
+
+    def flush_all(self) -> None:
+        """Flush every log; raises the first failure after trying them all."""
+        first_error: StorageError | None = None
+        for plog in list(self._logs.values()):
+            try:
+                plog.flush()
+            except StorageError as exc:
+                first_error = first_error or exc
+        if first_error is not None:
+            raise first_error
+
+    def apply_retention_all(self) -> int:
+        return sum(plog.apply_retention() for plog in list(self._logs.values()))
+
+    def close(self) -> None:
+        for plog in self._logs.values():
+            try:
+                plog.close()
+            except (OSError, SluiceError):
+                log.exception("closing %r failed", plog)
+        self._logs.clear()
+        self._meta.clear()

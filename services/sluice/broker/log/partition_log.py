@@ -1,0 +1,376 @@
+"""The log of one partition: an ordered run of segments with dense offsets.
+
+Synchronous and pure file I/O. One thread (the broker's event loop) appends, reads,
+rolls and applies retention; ``flush()`` alone may run on another thread while appends
+continue (see its docstring). The on-disk design is in docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.broker.log.config import MAX_SEGMENT_BYTES, LogConfig
+from sluice.broker.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment
+from sluice.codec.batch import HEADER_SIZE, BatchHeader, stamp, validate_batch
+from sluice.errors import CorruptBatch, InvalidRequest, OffsetOutOfRange, StorageError
+
+log = logging.getLogger(__name__)
+
+#: Relative offsets are u32 in the index: roll before a segment would span more.
+_MAX_RELATIVE_OFFSET = 2**32 - 1
+_STEM_DIGITS = 20
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    append_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    #: Whole stamped batches, raw from the segment files.
+    data: bytes
+    #: The offset after the last batch returned (the requested offset if none).
+    next_offset: int
+    #: Base offset of the first batch returned (it may start before the requested offset).
+    base_offset_of_first: int
+
+
+class PartitionLog:
+    """Append-only, segmented, indexed log of one partition in one directory."""
+
+    def __init__(self, directory: Path, config: LogConfig, now_ms: Callable[[], int] = wall_clock_ms) -> None:
+        self.directory = Path(directory)
+        self.config = config
+        self._now_ms = now_ms
+        #: Guards what flush() shares with the appending thread: the active segment,
+        #: its in-memory index arrays and the list of sealed segments awaiting fsync.
+        self._lock = threading.Lock()
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        #: Duplicated descriptors of segments sealed since the last flush: their tails
+        #: still need an fsync, and a dup stays valid even if retention deletes the file.
+        self._unsynced_fds: list[int] = []
+        self._dir_dirty = False
+        self._sealed_bytes = 0
+        self._listeners: list[Callable[[], None]] = []
+        self._closed = False
+        self.log_start_offset = 0
+        self.log_end_offset = 0
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._load()
+
+    # ---- opening and recovery ---------------------------------------------------------
+
+    def _load(self) -> None:
+        bases: list[int] = []
+        for path in self.directory.iterdir():
+            stem, suffix = path.stem, path.suffix
+            if len(stem) != _STEM_DIGITS or not stem.isdigit():
+                continue
+            if suffix == LOG_SUFFIX:
+                bases.append(int(stem))
+            elif suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX) and not path.with_suffix(LOG_SUFFIX).exists():
+                path.unlink()  # left by a retention delete interrupted by a crash
+        bases.sort()
+        if not bases:
+            self._segments = [Segment.create(self.directory, 0)]
+            self._dir_dirty = True
+        else:
+            self._segments = self._open_segments(bases)
+        self._bases = [s.base_offset for s in self._segments]
+        self._sealed_bytes = sum(s.size for s in self._segments[:-1])
+        self.log_start_offset = self._segments[0].base_offset
+        self.log_end_offset = self._segments[-1].next_offset
+
+    def _open_segments(self, bases: list[int]) -> list[Segment]:
+        interval = self.config.index_interval_bytes
+        segments = [Segment.open(self.directory, base) for base in bases]
+        for i, seg in enumerate(segments[:-1]):
+            if not seg.load_sealed(bases[i + 1], interval):
+                # A closed segment lost its tail (power loss before an fsync): nothing
+                # after it can have been acknowledged, and keeping it would leave a gap.
+                for later in segments[i + 1 :]:
+                    log.warning("dropping segment %s after a torn segment", later.log_path)
+                    later.delete()
+                del segments[i + 1 :]
+                self._dir_dirty = True
+                break
+        segments[-1].recover(interval)
+        return segments
+
+    # ---- appending --------------------------------------------------------------------
+
+    def append(self, batches: bytes | bytearray | memoryview) -> AppendResult:
+        """Validate, stamp and append one or more concatenated producer batches.
+
+        All or nothing: every batch is checked before a byte is written, and the whole
+        request goes into one segment with one write (rolling first if it would not fit),
+        so a failure never leaves part of a request in the log.
+        """
+        if self._closed:
+            raise StorageError(f"the log in {self.directory} is closed")
+        total = len(batches)
+        if total == 0:
+            raise CorruptBatch("empty produce: no batches")
+        if total > MAX_SEGMENT_BYTES:
+            raise InvalidRequest(f"produce of {total} bytes for one partition is too large")
+        headers = self._validate(batches)
+        now = self._now_ms()
+        buf = bytearray(batches)
+        first_offset = offset = self.log_end_offset
+        pos = 0
+        for h in headers:
+            stamp(buf, pos, offset, now)
+            offset += h.last_offset_delta + 1
+            pos += h.length
+        interval = self.config.index_interval_bytes
+        with self._lock:
+            seg = self._segments[-1]
+            if seg.size and (
+                seg.size + total > self.config.segment_bytes
+                or offset - seg.base_offset > _MAX_RELATIVE_OFFSET
+                or self._is_old(seg, now)
+            ):
+                seg = self._roll_locked()
+            start = seg.size
+            seg.write(buf)
+            seg.size = start + total
+            pos, batch_offset = start, first_offset
+            for h in headers:
+                seg.note_batch(pos, batch_offset, h.max_timestamp, interval)
+                batch_offset += h.last_offset_delta + 1
+                pos += h.length
+            seg.next_offset = offset
+            if seg.first_append_ms is None:
+                seg.first_append_ms = now
+            self.log_end_offset = offset
+        for listener in tuple(self._listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("append listener failed")
+        return AppendResult(first_offset, offset - 1, now)
+
+    def _validate(self, batches: bytes | bytearray | memoryview) -> list[BatchHeader]:
+        headers: list[BatchHeader] = []
+        limit = self.config.max_batch_bytes
+        pos, total = 0, len(batches)
+        while pos < total:
+            h = validate_batch(batches, pos, limit)  # type: ignore[arg-type]
+            if h.last_offset_delta != h.record_count - 1:
+                raise CorruptBatch(
+                    f"batch {len(headers)}: last_offset_delta {h.last_offset_delta} must be "
+                    f"record_count - 1 ({h.record_count - 1}) in a produced batch"
+                )
+            headers.append(h)
+            pos += h.length
+        return headers
+
+    def _is_old(self, seg: Segment, now: int) -> bool:
+        return seg.first_append_ms is not None and now - seg.first_append_ms >= self.config.segment_ms
+
+    def _roll_locked(self) -> Segment:
+        old = self._segments[-1]
+        old.seal()
+        self._unsynced_fds.append(os.dup(old.fd))
+        new = Segment.create(self.directory, old.next_offset)
+        self._segments.append(new)
+        self._bases.append(new.base_offset)
+        self._sealed_bytes += old.size
+        self._dir_dirty = True
+        return new
+
+    def maybe_roll(self) -> bool:
+        """Roll the active segment if it is older than ``segment_ms`` (and not empty)."""
+        with self._lock:
+            if self._closed or not self._is_old(self._segments[-1], self._now_ms()):
+                return False
+            self._roll_locked()
+            return True
+
+    def add_append_listener(self, callback: Callable[[], None]) -> None:
+        """``callback()`` runs synchronously after every successful append."""
+        self._listeners.append(callback)
+
+    def remove_append_listener(self, callback: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, min_one: bool = True) -> ReadResult:
+        """Whole batches starting with the one containing ``offset``, up to ``max_bytes``.
+
+        With ``min_one`` the first batch comes back whole even when larger than
+        ``max_bytes``. Reads continue into the next segment while there is room.
+        """
+        end = self.log_end_offset
+        if offset < self.log_start_offset or offset > end:
+            raise OffsetOutOfRange(
+                f"offset {offset} is out of range: the log holds offsets "
+                f"[{self.log_start_offset}, {end}) (log start offset {self.log_start_offset}, "
+                f"log end offset {end})"
+            )
+        if offset == end:
+            return ReadResult(b"", offset, offset)
+        slack = self.config.index_interval_bytes + HEADER_SIZE
+        i = bisect_right(self._bases, offset) - 1
+        seg = self._segments[i]
+        data, first_base, next_offset, reached_end = seg.read(
+            seg.position_for(offset), offset, max_bytes, min_one, slack
+        )
+        if not reached_end or i + 1 == len(self._segments) or len(data) >= max_bytes:
+            return ReadResult(data, next_offset, first_base if data else offset)
+        parts = [data] if data else []
+        room = max_bytes - len(data)
+        first_min_one = min_one and not data
+        for seg in self._segments[i + 1 :]:
+            more, more_base, more_next, reached_end = seg.read(0, next_offset, room, first_min_one, slack)
+            if more:
+                if not parts:
+                    first_base = more_base
+                parts.append(more)
+                room -= len(more)
+                next_offset = more_next
+                first_min_one = False
+            if not reached_end or room <= 0:
+                break
+        data = b"".join(parts) if len(parts) != 1 else parts[0]
+        return ReadResult(data, next_offset, first_base if data else offset)
+
+    def offset_for_timestamp(self, ts_ms: int) -> tuple[int, int] | None:
+        """First ``(offset, timestamp)`` whose record timestamp is >= ``ts_ms``; None if none."""
+        for seg in self._segments:
+            if seg.max_timestamp >= ts_ms:
+                found = seg.find_timestamp(ts_ms)
+                if found is not None:
+                    return found
+        return None
+
+    @property
+    def size_bytes(self) -> int:
+        return self._sealed_bytes + self._segments[-1].size
+
+    def index_memory_bytes(self) -> int:
+        """Bytes held by the in-memory index arrays of every segment."""
+        return sum(s.memory_bytes() for s in self._segments)
+
+    def segment_base_offsets(self) -> list[int]:
+        return list(self._bases)
+
+    # ---- durability and retention ------------------------------------------------------
+
+    def flush(self) -> None:
+        """Make everything appended before this call durable (fdatasync).
+
+        Thread-safe against appends: under the lock it only writes pending index entries
+        and duplicates the descriptors to sync, then fsyncs outside the lock, so appends
+        go on while the disk works. The dup'd descriptors stay valid if the segment is
+        rolled, closed or deleted meanwhile. Index files are not fsynced: they are
+        rebuilt from the log if a crash leaves them behind or wrong.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            active = self._segments[-1]
+            active.persist_indexes()
+            fds = self._unsynced_fds
+            self._unsynced_fds = []
+            fds.append(os.dup(active.fd))
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+        try:
+            for fd in fds:
+                os.fdatasync(fd)
+            if dir_dirty:
+                dir_fd = os.open(self.directory, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+        except FileNotFoundError:
+            if not self._closed:  # else: deleted while this flush ran; nothing left to sync
+                raise StorageError(f"the log directory {self.directory} disappeared") from None
+        except OSError as exc:
+            raise StorageError(f"fsync of {self.directory} failed: {exc}") from exc
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def apply_retention(self) -> int:
+        """Delete the oldest whole segments that are past retention; returns how many.
+
+        By time: a segment goes when its newest record timestamp is older than
+        ``retention_ms``. By size: oldest segments go while the log is larger than
+        ``retention_bytes``. The active segment is never deleted.
+        """
+        cfg = self.config
+        now = self._now_ms()
+        deleted = 0
+        with self._lock:
+            while len(self._segments) > 1:
+                oldest = self._segments[0]
+                too_old = cfg.retention_ms >= 0 and oldest.max_timestamp < now - cfg.retention_ms
+                too_big = cfg.retention_bytes >= 0 and self.size_bytes > cfg.retention_bytes
+                if not (too_old or too_big):
+                    break
+                self._segments.pop(0)
+                self._bases.pop(0)
+                self._sealed_bytes -= oldest.size
+                oldest.delete()
+                deleted += 1
+            self.log_start_offset = self._segments[0].base_offset
+        if deleted:
+            log.info(
+                "retention deleted %d segment(s) of %s; log start is now %d",
+                deleted,
+                self.directory,
+                self.log_start_offset,
+            )
+        return deleted
+
+    def close(self) -> None:
+        """Flush, write the indexes and close every file. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._close_files()
+
+    def _close_files(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for seg in self._segments:
+                seg.close()
+            for fd in self._unsynced_fds:
+                os.close(fd)
+            self._unsynced_fds = []
+
+    def delete(self) -> None:
+        """Close the log (without syncing what is about to be removed) and remove its directory."""
+        self._close_files()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLog({str(self.directory)!r}, start={self.log_start_offset}, "
+            f"end={self.log_end_offset}, segments={len(self._segments)})"
+        )

@@ -1,0 +1,372 @@
+"""One log segment: ``<base>.log`` plus its offset and time indexes.
+
+A segment holds whole stamped batches back to back, exactly as producers encoded them.
+All reads are ``os.pread`` on a descriptor kept open for the segment's lifetime, so
+concurrent positions never interfere; all writes go through the active segment's
+``O_APPEND`` descriptor.
+
+Caller: ``PartitionLog`` only. Not thread-safe on its own; ``PartitionLog`` serialises.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+from sluice.broker.log.config import MAX_SEGMENT_BYTES
+from sluice.broker.log.index import OffsetIndex, TimeIndex
+from sluice.codec.batch import HEADER, HEADER_SIZE, BatchHeader, columns, validate_batch
+from sluice.errors import SluiceError, StorageError
+
+log = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+#: Bytes per pread when walking a segment (recovery, index rebuild, timestamp search).
+SCAN_CHUNK = 1 << 20
+#: "No timestamp yet": below any real record timestamp.
+NO_TIMESTAMP = -(2**63)
+
+# Just the header fields a read needs: base_offset, batch_length (at 0) and
+# last_offset_delta (at 30). Two tiny unpacks beat building a BatchHeader per batch.
+_BASE_AND_LENGTH = struct.Struct("<qi")
+_LAST_DELTA = struct.Struct("<i")
+_LAST_DELTA_AT = 30
+_APPEND_TIME = struct.Struct("<q")
+_APPEND_TIME_AT = 12
+
+
+def segment_stem(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+def walk_batches(
+    fd: int, start: int, end: int, need_body: bool
+) -> Iterator[tuple[int, BatchHeader, bytes, int]]:
+    """Yield ``(file_position, header, buffer, offset_in_buffer)`` for each batch in [start, end).
+
+    With ``need_body`` the buffer holds the whole batch, otherwise at least its header.
+    Reads in ``SCAN_CHUNK`` preads. Stops silently at a short or malformed header, or a
+    batch running past ``end``: the caller compares where it got to with ``end``.
+    """
+    pos = start
+    buf = b""
+    buf_start = start
+    while pos + HEADER_SIZE <= end:
+        off = pos - buf_start
+        if off + HEADER_SIZE > len(buf):
+            buf = os.pread(fd, min(SCAN_CHUNK, end - pos), pos)
+            buf_start, off = pos, 0
+            if len(buf) < HEADER_SIZE:
+                return
+        header = BatchHeader(*HEADER.unpack_from(buf, off))
+        length = header.length
+        if length < HEADER_SIZE + 2 or pos + length > end:
+            return
+        if need_body and off + length > len(buf):
+            buf = os.pread(fd, min(max(SCAN_CHUNK, length), end - pos), pos)
+            buf_start, off = pos, 0
+            if len(buf) < length:
+                return
+        yield pos, header, buf, off
+        pos += length
+
+
+class Segment:
+    """A segment file and its indexes, with the running state appends need."""
+
+    __slots__ = (
+        "base_offset",
+        "fd",
+        "first_append_ms",
+        "index",
+        "last_batch_offset",
+        "log_path",
+        "max_timestamp",
+        "next_offset",
+        "size",
+        "time_index",
+    )
+
+    def __init__(self, directory: Path, base_offset: int, fd: int, size: int) -> None:
+        stem = segment_stem(base_offset)
+        self.base_offset = base_offset
+        self.log_path = directory / (stem + LOG_SUFFIX)
+        self.fd = fd
+        #: Bytes of whole, valid batches: reads never go past it.
+        self.size = size
+        #: Offset the next batch appended here would get.
+        self.next_offset = base_offset
+        #: Base offset of the last batch (for the final time-index entry at seal).
+        self.last_batch_offset = base_offset
+        #: Largest record timestamp in the segment (NO_TIMESTAMP when empty).
+        self.max_timestamp = NO_TIMESTAMP
+        #: Append time of the first batch: the segment's age for segment_ms rolls.
+        self.first_append_ms: int | None = None
+        self.index = OffsetIndex(directory / (stem + INDEX_SUFFIX))
+        self.time_index = TimeIndex(directory / (stem + TIME_INDEX_SUFFIX))
+
+    # ---- opening --------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int) -> Segment:
+        """A new, empty active segment (stale index files of the same name are emptied)."""
+        path = directory / (segment_stem(base_offset) + LOG_SUFFIX)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise StorageError(f"cannot create segment {path}: {exc}") from exc
+        seg = cls(directory, base_offset, fd, 0)
+        seg.index.reset()
+        seg.time_index.reset()
+        return seg
+
+    @classmethod
+    def open(cls, directory: Path, base_offset: int) -> Segment:
+        """Open an existing segment file; call ``load_sealed`` or ``recover`` next."""
+        path = directory / (segment_stem(base_offset) + LOG_SUFFIX)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        return cls(directory, base_offset, fd, os.fstat(fd).st_size)
+
+    def _indexed_max_timestamp(self) -> int:
+        ts = self.time_index.max_timestamp()
+        return NO_TIMESTAMP if ts is None else ts
+
+    def _index_points_at_batch(self) -> bool:
+        """Spot check: the last offset-index entry names a batch header with that offset."""
+        if not len(self.index):
+            return True
+        rel, pos = self.index.rel_offsets[-1], self.index.positions[-1]
+        raw = os.pread(self.fd, _BASE_AND_LENGTH.size, pos)
+        if len(raw) < _BASE_AND_LENGTH.size:
+            return False
+        base, _ = _BASE_AND_LENGTH.unpack(raw)
+        return bool(base == self.base_offset + rel)
+
+    def load_sealed(self, expected_next_offset: int, interval: int) -> bool:
+        """Load a closed segment's indexes, rebuilding them if they disagree with the log.
+
+        Checks that the log's tail (from the last index entry on, CRC included) ends
+        exactly at the end of the file with ``expected_next_offset`` (the next segment's
+        base). False means the segment itself is torn: the caller recovers it as the
+        active segment and drops everything after it.
+        """
+        index_ok = self.index.load(self.size) and self._index_points_at_batch()
+        time_ok = self.time_index.load(expected_next_offset - self.base_offset - 1)
+        if index_ok and time_ok:
+            rel, pos = self.index.lookup(2**32)
+            self.max_timestamp = self._indexed_max_timestamp()
+            end, next_offset = self._scan(pos, self.base_offset + rel, validate=True, interval=interval)
+        else:
+            log.warning("rebuilding the indexes of segment %s", self.log_path)
+            self.index.reset()
+            self.time_index.reset()
+            self.max_timestamp = NO_TIMESTAMP
+            end, next_offset = self._scan(0, self.base_offset, validate=False, interval=interval)
+        if end != self.size or next_offset != expected_next_offset:
+            log.warning(
+                "segment %s is torn: valid data ends at byte %d of %d, offset %d (expected %d)",
+                self.log_path,
+                end,
+                self.size,
+                next_offset,
+                expected_next_offset,
+            )
+            return False
+        self.next_offset = next_offset
+        self.seal()
+        return True
+
+    def recover(self, interval: int) -> int:
+        """Crash recovery of the active segment; returns the bytes truncated.
+
+        Trusts the offset index up to its last entry that still names a batch inside the
+        file, then validates every batch from there (framing, density, CRC) and cuts the
+        file at the first one that fails: a torn write from a crash, or garbage.
+        """
+        if self.index.load(self.size):
+            if not self._index_points_at_batch():
+                self.index.reset()
+        else:
+            self.index.reset()
+        start_rel, start_pos = self.index.lookup(2**32)
+        if self.time_index.load(-1):
+            self.time_index.truncate_after_rel(start_rel)
+        elif len(self.index):
+            # Without the time entries up to the restart point, the running maximum
+            # timestamp is unknown: rebuild both from the segment start.
+            self.index.reset()
+            self.time_index.reset()
+            start_rel, start_pos = 0, 0
+        else:
+            self.time_index.reset()
+        self.max_timestamp = self._indexed_max_timestamp()
+        end, self.next_offset = self._scan(
+            start_pos, self.base_offset + start_rel, validate=True, interval=interval
+        )
+        cut = self.size - end
+        if cut:
+            log.warning("truncating %d bytes of torn or corrupt data at the end of %s", cut, self.log_path)
+            os.ftruncate(self.fd, end)
+            self.size = end
+            self.index.drop_positions_from(end)
+        if self.size:
+            raw = os.pread(self.fd, _APPEND_TIME.size, _APPEND_TIME_AT)
+            (self.first_append_ms,) = _APPEND_TIME.unpack(raw)
+        self.persist_indexes()
+        return cut
+
+    def _scan(self, start: int, expected_offset: int, validate: bool, interval: int) -> tuple[int, int]:
+        """Walk batches from ``start``, indexing them; stop at the first bad one.
+
+        Returns (end position of the last good batch, next offset after it). A batch is
+        bad if its framing is broken, its base offset breaks density, or (``validate``)
+        it fails ``validate_batch``.
+        """
+        end = start
+        for pos, header, buf, off in walk_batches(self.fd, start, self.size, need_body=validate):
+            if header.base_offset != expected_offset:
+                break
+            if validate:
+                try:
+                    validate_batch(buf, off, MAX_SEGMENT_BYTES)
+                except SluiceError:
+                    break
+            self.note_batch(pos, header.base_offset, header.max_timestamp, interval)
+            expected_offset = header.next_offset
+            end = pos + header.length
+        return end, expected_offset
+
+    # ---- appending ------------------------------------------------------------------
+
+    def write(self, data: bytearray | bytes) -> None:
+        """Append bytes with one write (looping only on a short write); all or nothing."""
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            # Leave no partial batch behind: the offsets were not handed out.
+            try:
+                os.ftruncate(self.fd, self.size)
+            except OSError:
+                log.exception("could not cut a failed append off %s", self.log_path)
+            raise StorageError(f"append to {self.log_path} failed: {exc}") from exc
+
+    def note_batch(self, position: int, base_offset: int, max_timestamp: int, interval: int) -> None:
+        """Account for a batch now in the file at ``position`` (index entries, max timestamp)."""
+        self.max_timestamp = max(self.max_timestamp, max_timestamp)
+        self.last_batch_offset = base_offset
+        if position - self.index.last_position() >= interval:
+            rel = base_offset - self.base_offset
+            self.index.append(rel, position)
+            self.time_index.maybe_append(self.max_timestamp, rel)
+
+    def persist_indexes(self) -> None:
+        """Write pending index entries: time index first, so an offset entry on disk
+        implies the time entries up to it are there too (recovery relies on it)."""
+        self.time_index.persist()
+        self.index.persist()
+
+    def seal(self) -> None:
+        """The segment takes no more appends: record its final max timestamp."""
+        if self.size:
+            self.time_index.maybe_append(self.max_timestamp, self.last_batch_offset - self.base_offset)
+        self.persist_indexes()
+
+    # ---- reading --------------------------------------------------------------------
+
+    def position_for(self, offset: int) -> int:
+        """A file position at or before the batch holding ``offset`` (sparse index floor)."""
+        return self.index.lookup(offset - self.base_offset)[1]
+
+    def read(
+        self, start: int, offset: int, max_bytes: int, min_one: bool, slack: int
+    ) -> tuple[bytes, int, int, bool]:
+        """Whole batches from the one holding ``offset``, walking from position ``start``.
+
+        Returns (data, base offset of the first batch, next offset, reached segment end).
+        Usually one pread of ``slack + max_bytes`` bytes both finds the batch and holds
+        the answer; a second pread happens only when the answer did not fit in it.
+        """
+        size = self.size
+        buf = os.pread(self.fd, min(size - start, slack + max(max_bytes, 0)), start)
+        buf_start, off = start, 0
+        # 1. Find the batch that holds `offset` (header fields only).
+        while True:
+            if off + HEADER_SIZE > len(buf):
+                if buf_start + off >= size:  # offset is past this segment's data
+                    return b"", offset, offset, True
+                buf_start += off
+                buf = os.pread(self.fd, min(size - buf_start, slack + max(max_bytes, 0)), buf_start)
+                off = 0
+                continue
+            base, length = _BASE_AND_LENGTH.unpack_from(buf, off)
+            if length < HEADER_SIZE:
+                raise StorageError(f"{self.log_path} is corrupt at byte {buf_start + off}")
+            (last_delta,) = _LAST_DELTA.unpack_from(buf, off + _LAST_DELTA_AT)
+            if base + last_delta >= offset:
+                break
+            off += length
+        first_pos, first_base = buf_start + off, base
+        # 2. How many bytes of whole batches to return.
+        if length > max_bytes:
+            if not min_one:
+                return b"", first_base, offset, False
+            want = length
+        else:
+            want = max_bytes
+        avail = min(size - first_pos, want)
+        if off + avail > len(buf):
+            buf = os.pread(self.fd, avail, first_pos)
+            off = 0
+        limit = off + avail
+        end, next_offset = off, offset
+        while end + HEADER_SIZE <= limit:
+            base, length = _BASE_AND_LENGTH.unpack_from(buf, end)
+            if end + length > limit:
+                break
+            (last_delta,) = _LAST_DELTA.unpack_from(buf, end + _LAST_DELTA_AT)
+            end += length
+            next_offset = base + last_delta + 1
+        reached_end = first_pos + (end - off) >= size
+        data = buf if off == 0 and end == len(buf) else buf[off:end]
+        return data, first_base, next_offset, reached_end
+
+    def find_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """First (offset, timestamp) in this segment with a record timestamp >= ``timestamp``."""
+        rel = self.time_index.floor_below(timestamp)
+        start = self.index.lookup(rel)[1]
+        for pos, header, _buf, _off in walk_batches(self.fd, start, self.size, need_body=False):
+            if header.max_timestamp < timestamp:
+                continue
+            body = os.pread(self.fd, header.length, pos)
+            cols = columns(body, 0, header)
+            target_delta = timestamp - header.base_timestamp
+            for offset_delta, ts_delta in zip(cols.offset_deltas, cols.timestamp_deltas, strict=True):
+                if ts_delta >= target_delta:
+                    return header.base_offset + offset_delta, header.base_timestamp + ts_delta
+        return None
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    def memory_bytes(self) -> int:
+        return self.index.memory_bytes() + self.time_index.memory_bytes()
+
+    def close(self) -> None:
+        self.index.close()
+        self.time_index.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def delete(self) -> None:
+        """Close and remove the files (log first: index files without a log are orphans
+        that the next open cleans up)."""
+        self.close()
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            self.log_path.with_suffix(suffix).unlink(missing_ok=True)

@@ -1,0 +1,115 @@
+"""``sluice broker``: run one broker process.
+
+Opens (and recovers) every partition log under ``--data-dir``, serves the Broker gRPC service,
+``/metrics`` and health, and, given ``--coordinator``, registers and heartbeats. SIGTERM or
+Ctrl-C: parked fetches answer, in-flight produces finish, everything is fsynced and closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from grpc import aio
+
+from sluice.broker.config import ENV_PREFIX, BrokerConfig
+from sluice.broker.coordinator_link import CoordinatorLink
+from sluice.broker.log.manager import LogManager
+from sluice.broker.service import BrokerService
+from sluice.broker.servicer import BrokerServicer
+from sluice.server.config import add_arguments, load
+from sluice.server.runtime import GrpcServer, serve, service_main
+from sluice.v1 import broker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+#: How long start-up waits for the first registration before serving anyway.
+REGISTRATION_WAIT_S = 10.0
+
+
+@dataclass
+class _BrokerGrpcServer(GrpcServer):
+    """GrpcServer that signals when it is bound, so registration can advertise the real port."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.started = asyncio.Event()
+
+    async def start(self) -> int:
+        port = await super().start()
+        self.started.set()
+        return port
+
+
+def parse_config(argv: list[str]) -> BrokerConfig:
+    parser = argparse.ArgumentParser(
+        prog="sluice broker",
+        description="Run one Sluice broker: partition logs served over gRPC (Produce, Fetch, ListOffsets).",
+    )
+    add_arguments(parser, BrokerConfig)
+    return load(BrokerConfig, ENV_PREFIX, parser.parse_args(argv))
+
+
+async def run(config: BrokerConfig) -> None:
+    """Serve until SIGTERM/SIGINT."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    logs = LogManager(config.data_dir, config.log_defaults())
+    logs.open_all()
+    service = BrokerService(config, logs)
+    await service.start()
+    servicer = BrokerServicer(service)
+
+    def register(server: aio.Server) -> None:
+        broker_pb2_grpc.add_BrokerServicer_to_server(servicer, server)
+
+    server = _BrokerGrpcServer(
+        "broker", [register], host=config.host, port=config.port, metrics_port=config.metrics_port
+    )
+    link_task: asyncio.Task[None] | None = None
+    link: CoordinatorLink | None = None
+    if config.coordinator:
+        link = CoordinatorLink(
+            config.coordinator,
+            broker_id=config.broker_id,
+            host=config.advertised,
+            port=0,  # set once bound, below
+            apply_update=service.update_partitions,
+            metadata_version=lambda: service.metadata_version,
+        )
+        link_task = asyncio.create_task(_run_link(link, server), name="coordinator-link")
+
+    async def before_ready() -> None:
+        # Announce readiness once registered, so a topic can be created right away;
+        # a coordinator that is down must not keep the broker from serving.
+        if link is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(link.registered.wait(), REGISTRATION_WAIT_S)
+
+    async def on_stop() -> None:
+        if link_task is not None:
+            link_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await link_task
+        await service.stop()
+
+    try:
+        await serve(server, on_stop=on_stop, before_ready=before_ready)
+    finally:
+        await on_stop()  # idempotent; covers a failed start
+
+
+async def _run_link(link: CoordinatorLink, server: _BrokerGrpcServer) -> None:
+    await server.started.wait()
+    link.port = server.bound_port
+    await link.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return service_main("broker", argv, parse_config, run)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

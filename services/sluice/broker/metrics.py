@@ -1,0 +1,135 @@
+"""Broker metrics, named ``sluice_broker_*`` (per-RPC metrics come from the shared interceptor).
+
+- ``sluice_broker_bytes_in_total`` / ``records_in_total`` / ``bytes_out_total`` /
+  ``records_out_total``, by topic. Record counts come from batch headers, never from decoding.
+- ``sluice_broker_log_end_offset``, ``sluice_broker_log_start_offset``,
+  ``sluice_broker_log_size_bytes``, by topic and partition: read from the served logs at
+  scrape time by a collector, so appends pay nothing for them.
+- ``sluice_broker_produce_flush_seconds``: how long an acknowledged produce waited for its
+  fsync (flush=always); ``sluice_broker_fsync_seconds``: one fsync round;
+  ``sluice_broker_group_commit_waiters``: produce requests released per round.
+- ``sluice_broker_fetch_parked``: fetch requests parked in long-poll now;
+  ``sluice_broker_fetch_sessions``: open incremental fetch sessions.
+
+Metric objects are process-wide (the default registry), created once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from threading import Lock
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sluice.broker.fetch import TopicPartitionKey
+from sluice.codec.batch import iter_headers
+
+FLUSH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+WAITER_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
+
+
+class LogStats:
+    """What the collector reads per partition: (log_start, log_end, size_bytes)."""
+
+    __slots__ = ("source",)
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[tuple[TopicPartitionKey, int, int, int]]] | None = None
+
+
+class _LogCollector(Collector):
+    def __init__(self, stats: LogStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        end = GaugeMetricFamily(
+            "sluice_broker_log_end_offset",
+            "Log end offset (high watermark) per partition",
+            labels=["topic", "partition"],
+        )
+        start = GaugeMetricFamily(
+            "sluice_broker_log_start_offset", "First offset still in the log", labels=["topic", "partition"]
+        )
+        size = GaugeMetricFamily(
+            "sluice_broker_log_size_bytes",
+            "Bytes of log on disk per partition",
+            labels=["topic", "partition"],
+        )
+        source = self._stats.source
+        if source is not None:
+            for (topic, partition), log_start, log_end, size_bytes in source():
+                labels = [topic, str(partition)]
+                end.add_metric(labels, log_end)
+                start.add_metric(labels, log_start)
+                size.add_metric(labels, size_bytes)
+        yield end
+        yield start
+        yield size
+
+
+class BrokerMetrics:
+    """The broker's metric objects, with per-topic children cached (labels() is not free)."""
+
+    def __init__(self) -> None:
+        self.bytes_in = Counter("sluice_broker_bytes_in", "Record batch bytes appended, by topic", ["topic"])
+        self.records_in = Counter("sluice_broker_records_in", "Records appended, by topic", ["topic"])
+        self.bytes_out = Counter("sluice_broker_bytes_out", "Record batch bytes fetched, by topic", ["topic"])
+        self.records_out = Counter("sluice_broker_records_out", "Records fetched, by topic", ["topic"])
+        self.produce_flush = Histogram(
+            "sluice_broker_produce_flush_seconds",
+            "Time an acknowledged produce waited for its fsync (flush=always)",
+            buckets=FLUSH_BUCKETS,
+        )
+        self.fsync = Histogram(
+            "sluice_broker_fsync_seconds", "Duration of one fsync round", buckets=FLUSH_BUCKETS
+        )
+        self.group_commit_waiters = Histogram(
+            "sluice_broker_group_commit_waiters",
+            "Produce requests released by one fsync round",
+            buckets=WAITER_BUCKETS,
+        )
+        self.fetch_parked = Gauge("sluice_broker_fetch_parked", "Fetch requests parked in long-poll")
+        self.fetch_sessions = Gauge("sluice_broker_fetch_sessions", "Open incremental fetch sessions")
+        self.log_stats = LogStats()
+        REGISTRY.register(_LogCollector(self.log_stats))
+        self._in: dict[str, tuple[Counter, Counter]] = {}
+        self._out: dict[str, tuple[Counter, Counter]] = {}
+
+    def appended(self, topic: str, nbytes: int, records: int) -> None:
+        children = self._in.get(topic)
+        if children is None:
+            children = self._in[topic] = (self.bytes_in.labels(topic), self.records_in.labels(topic))
+        children[0].inc(nbytes)
+        children[1].inc(records)
+
+    def fetched(self, topic: str, chunks: Iterable[bytes]) -> None:
+        """Count a partition's fetched batches (from their headers only)."""
+        children = self._out.get(topic)
+        if children is None:
+            children = self._out[topic] = (self.bytes_out.labels(topic), self.records_out.labels(topic))
+        nbytes = records = 0
+        for chunk in chunks:
+            nbytes += len(chunk)
+            records += sum(h.record_count for _, h in iter_headers(chunk))
+        children[0].inc(nbytes)
+        children[1].inc(records)
+
+    def fsync_round(self, seconds: float, waiters: int) -> None:
+        self.fsync.observe(seconds)
+        if waiters:
+            self.group_commit_waiters.observe(waiters)
+
+
+_metrics: BrokerMetrics | None = None
+_lock = Lock()
+
+
+def broker_metrics() -> BrokerMetrics:
+    """The process-wide broker metrics (created on first use)."""
+    global _metrics
+    with _lock:
+        if _metrics is None:
+            _metrics = BrokerMetrics()
+        return _metrics

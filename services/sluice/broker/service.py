@@ -1,0 +1,431 @@
+"""The broker's service layer: routing, validation, typed errors, acks, long-poll, sessions.
+
+Caller: the gRPC servicer (with domain objects) and the coordinator link (partition
+updates). It owns no protobuf; the pure parts it drives are ``fetch``, ``filtering``,
+``sessions`` and ``assignment``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
+from sluice.broker.config import BrokerConfig
+from sluice.broker.fetch import (
+    FetchRead,
+    PartitionRead,
+    PartitionSpec,
+    ReadableLog,
+    TopicPartitionKey,
+    new_read,
+    validate_limits,
+)
+from sluice.broker.flusher import Flusher, FlushPolicy
+from sluice.broker.log.manager import LogManager
+from sluice.broker.log.partition_log import PartitionLog
+from sluice.broker.longpoll import AppendWaiters, Waiter
+from sluice.broker.metrics import BrokerMetrics, broker_metrics
+from sluice.broker.sessions import FetchSessionCache
+from sluice.errors import (
+    BrokerNotAvailable,
+    CorruptBatch,
+    FetchSessionNotFound,
+    InvalidArgument,
+    InvalidFetchSessionEpoch,
+    InvalidRequest,
+    RequestTimedOut,
+    SluiceError,
+    StorageError,
+)
+
+log = logging.getLogger(__name__)
+
+#: Longest a produce may ask to wait for its fsync.
+MAX_PRODUCE_TIMEOUT_MS = 300_000
+#: What ``timeout_ms = 0`` means.
+DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
+#: How long stop() waits for in-flight requests before closing the logs anyway.
+DRAIN_TIMEOUT_S = 10.0
+
+EARLIEST = -2
+LATEST = -1
+
+
+# ---- domain objects -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceItem:
+    topic: str
+    partition: int
+    records: bytes
+
+
+@dataclass(slots=True)
+class ProduceResult:
+    topic: str
+    partition: int
+    error: SluiceError | None = None
+    base_offset: int = -1
+    append_time_ms: int = -1
+    log_start_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class FetchParams:
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    partitions: Sequence[PartitionSpec]
+    session_id: int = 0
+    session_epoch: int = -1
+    forgotten: Sequence[TopicPartitionKey] = ()
+
+
+@dataclass(slots=True)
+class FetchOutcome:
+    session_id: int
+    partitions: list[PartitionRead] = field(default_factory=list)
+    #: A request-level error (fetch session problems); partitions is then empty.
+    error: SluiceError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetQuery:
+    topic: str
+    partition: int
+    #: -2 earliest, -1 latest, >= 0 a timestamp in ms.
+    timestamp: int
+
+
+@dataclass(slots=True)
+class OffsetAnswer:
+    topic: str
+    partition: int
+    error: SluiceError | None = None
+    offset: int = -1
+    timestamp: int = -1
+
+
+class _Inflight:
+    """Counts running requests so stop() can let them finish before closing the logs."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @contextlib.contextmanager
+    def track(self) -> Iterator[None]:
+        self.count += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self.idle.set()
+
+
+class BrokerService:
+    """One broker's request handling over its partition logs."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        logs: LogManager,
+        metrics: BrokerMetrics | None = None,
+        clock_ms: Callable[[], int] = lambda: int(time.monotonic() * 1000),
+    ) -> None:
+        self.config = config
+        self.logs = logs
+        self.caps = config.fetch_caps()
+        self.metrics = metrics or broker_metrics()
+        self._clock_ms = clock_ms
+        self.waiters = AppendWaiters()
+        self.flusher = Flusher(
+            config.flush_policy, config.flush_interval.total_seconds(), self.metrics.fsync_round
+        )
+        self.sessions = FetchSessionCache(
+            config.max_fetch_sessions, int(config.fetch_session_idle.total_seconds() * 1000)
+        )
+        self.registry = PartitionRegistry(
+            logs, config.log_defaults(), config.data_dir, self._on_serve, self._on_unserve
+        )
+        self._listeners: dict[TopicPartitionKey, Callable[[], None]] = {}
+        self._inflight = _Inflight()
+        self._stopping = False
+        self._maintenance: asyncio.Task[None] | None = None
+
+    # ---- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.registry.load()
+        self.flusher.start()
+        self._maintenance = asyncio.create_task(self._maintenance_loop(), name="log-maintenance")
+        self.metrics.log_stats.source = self._log_stats
+
+    async def stop(self) -> None:
+        """Refuse new requests, answer parked fetches, fsync, close the logs. Idempotent."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.waiters.wake_all()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                await self._inflight.idle.wait()
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._maintenance
+        await self.flusher.stop()
+        self.metrics.log_stats.source = None
+        self.registry.unserve_all()
+        try:
+            self.logs.flush_all()
+        finally:
+            self.logs.close()
+
+    def _check_running(self) -> None:
+        if self._stopping:
+            raise BrokerNotAvailable("the broker is shutting down")
+
+    # ---- serving hooks -------------------------------------------------------------
+
+    def _on_serve(self, key: TopicPartitionKey, plog: PartitionLog) -> None:
+        listener = functools.partial(self.waiters.notify, key)
+        plog.add_append_listener(listener)
+        self._listeners[key] = listener
+        self.waiters.notify(key)
+
+    def _on_unserve(self, key: TopicPartitionKey, plog: PartitionLog) -> None:
+        listener = self._listeners.pop(key, None)
+        if listener is not None:
+            plog.remove_append_listener(listener)
+        # The log may be closed or deleted next, so it leaves the flusher's dirty set; if it
+        # has unflushed appends (a produce may be waiting for them), fsync it now. Callers
+        # hold io_lock, so no fsync round is running.
+        if self.flusher.forget(key) is not None:
+            try:
+                plog.flush()
+            except Exception:
+                log.exception("fsync of %s/%s before unserving failed", *key)
+        # Parked fetches on it re-check and answer NOT_LEADER.
+        self.waiters.notify(key)
+
+    # ---- Produce -------------------------------------------------------------------
+
+    async def produce(self, acks: int, timeout_ms: int, items: Sequence[ProduceItem]) -> list[ProduceResult]:
+        """Append each partition's batches; per-partition results, in request order."""
+        self._check_running()
+        if not items:
+            raise InvalidRequest("the produce request names no partitions")
+        if acks not in (-1, 0, 1):
+            raise InvalidArgument(f"acks must be 0 or 1 (-1 means the same as 1), got {acks}")
+        if not 0 <= timeout_ms <= MAX_PRODUCE_TIMEOUT_MS:
+            raise InvalidArgument(f"timeout_ms must be in [0, {MAX_PRODUCE_TIMEOUT_MS}], got {timeout_ms}")
+        with self._inflight.track():
+            results = [self._append(item) for item in items]
+            if acks == 0:
+                self.flusher.kick()
+                return results
+            if self.flusher.policy is FlushPolicy.ALWAYS and any(r.error is None for r in results):
+                await self._wait_durable(results, timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS)
+            return results
+
+    def _append(self, item: ProduceItem) -> ProduceResult:
+        topic, partition = item.topic, item.partition
+        try:
+            plog = self.registry.lookup(topic, partition)
+            if not item.records:
+                raise CorruptBatch(f"no record batches for {topic}/{partition}")
+            appended = plog.append(item.records)
+        except SluiceError as err:
+            return ProduceResult(topic, partition, err)
+        except OSError as exc:
+            log.error("append to %s/%s failed: %s", topic, partition, exc)
+            return ProduceResult(
+                topic, partition, StorageError(f"append to {topic}/{partition} failed: {exc}")
+            )
+        except Exception as exc:  # a storage bug must not take the request (or the broker) down
+            log.exception("unexpected error appending to %s/%s", topic, partition)
+            return ProduceResult(topic, partition, SluiceError(f"internal error appending: {exc!r}"))
+        self.flusher.mark_dirty((topic, partition), plog)
+        self.metrics.appended(topic, len(item.records), appended.last_offset - appended.base_offset + 1)
+        return ProduceResult(
+            topic, partition, None, appended.base_offset, appended.append_time_ms, plog.log_start_offset
+        )
+
+    async def _wait_durable(self, results: list[ProduceResult], timeout_ms: int) -> None:
+        started = time.perf_counter()
+        error: SluiceError | None = None
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                await self.flusher.wait_durable()
+        except TimeoutError:
+            error = RequestTimedOut(f"appended, but the fsync did not finish within {timeout_ms} ms")
+        except SluiceError as err:
+            error = err
+        self.metrics.produce_flush.observe(time.perf_counter() - started)
+        if error is not None:
+            for r in results:
+                if r.error is None:
+                    r.error = error
+
+    # ---- Fetch ---------------------------------------------------------------------
+
+    async def fetch(self, params: FetchParams) -> FetchOutcome:
+        """Kafka fetch: answer now if possible, else park until appends or max_wait."""
+        self._check_running()
+        limits = validate_limits(params.max_wait_ms, params.min_bytes, params.max_bytes, self.caps)
+        with self._inflight.track():
+            try:
+                ctx = self.sessions.context(
+                    params.session_id,
+                    params.session_epoch,
+                    params.partitions,
+                    params.forgotten,
+                    self._clock_ms(),
+                )
+            except (FetchSessionNotFound, InvalidFetchSessionEpoch) as err:
+                return FetchOutcome(params.session_id, [], err)
+            finally:
+                self.metrics.fetch_sessions.set(len(self.sessions))
+            read = new_read((self._route(spec) for spec in ctx.specs), limits, self.caps)
+            read.read()
+            if not read.ready():
+                await self._park(read, limits.max_wait_ms)
+            parts = ctx.select(read.finish())
+            for part in parts:
+                if part.batches:
+                    self.metrics.fetched(part.key[0], part.batches)
+            return FetchOutcome(ctx.session_id, parts)
+
+    def _route(self, spec: PartitionSpec) -> tuple[PartitionSpec, ReadableLog | None, SluiceError | None]:
+        plog = self.registry.served.get(spec.key)
+        if plog is None:
+            return spec, None, self.registry.not_served_error(spec.topic, spec.partition)
+        return spec, plog, None
+
+    async def _park(self, read: FetchRead, max_wait_ms: int) -> None:
+        """Wait for appends on the request's partitions until it is ready or max_wait passes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000
+        waiter = Waiter()
+        keys = read.waiting_keys()
+        self.waiters.watch(waiter, keys)
+        self.metrics.fetch_parked.inc()
+        try:
+            while not self._stopping:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return
+                try:
+                    async with asyncio.timeout(remaining):
+                        await waiter.event.wait()
+                except TimeoutError:
+                    return
+                dirty = waiter.take_dirty()
+                for part in read.parts:
+                    if (
+                        part.key in dirty
+                        and part.error is None
+                        and self.registry.served.get(part.key) is not part.log
+                    ):
+                        part.fail(self.registry.not_served_error(*part.key))
+                read.read(dirty)
+                if read.ready():
+                    return
+                new_keys = read.waiting_keys()
+                if new_keys != keys:
+                    keys = new_keys
+                    self.waiters.watch(waiter, keys)
+        finally:
+            self.waiters.unwatch(waiter)
+            self.metrics.fetch_parked.dec()
+
+    # ---- ListOffsets -----------------------------------------------------------------
+
+    def list_offsets(self, queries: Iterable[OffsetQuery]) -> list[OffsetAnswer]:
+        self._check_running()
+        return [self._list_offset(q) for q in queries]
+
+    def _list_offset(self, q: OffsetQuery) -> OffsetAnswer:
+        try:
+            plog = self.registry.lookup(q.topic, q.partition)
+            if q.timestamp == EARLIEST:
+                return OffsetAnswer(q.topic, q.partition, None, plog.log_start_offset)
+            if q.timestamp == LATEST:
+                return OffsetAnswer(q.topic, q.partition, None, plog.log_end_offset)
+            if q.timestamp < 0:
+                raise InvalidArgument(
+                    f"timestamp must be -2 (earliest), -1 (latest) or >= 0, got {q.timestamp}"
+                )
+            found = plog.offset_for_timestamp(q.timestamp)
+            if found is None:
+                return OffsetAnswer(q.topic, q.partition, None, plog.log_end_offset)
+            return OffsetAnswer(q.topic, q.partition, None, found[0], found[1])
+        except SluiceError as err:
+            return OffsetAnswer(q.topic, q.partition, err)
+        except OSError as exc:
+            return OffsetAnswer(q.topic, q.partition, StorageError(f"offset lookup failed: {exc}"))
+
+    # ---- UpdatePartitions ------------------------------------------------------------
+
+    async def update_partitions(self, update: AssignmentUpdate) -> None:
+        """Apply a partition update (from the RPC or a heartbeat response)."""
+        self._check_running()
+        # Under io_lock: no fsync runs while logs are deleted or closed.
+        async with self.flusher.io_lock:
+            self._check_running()  # stop() may have begun while we waited for the lock
+            plan = self.registry.apply(update)
+        if plan is not None:
+            log.info(
+                "partitions updated to v%d: serving %d, created %d, deleted %d",
+                self.registry.metadata_version,
+                len(self.registry.served),
+                len(plan.create) + len(plan.replace),
+                len(plan.delete),
+            )
+
+    @property
+    def metadata_version(self) -> int:
+        return self.registry.metadata_version
+
+    # ---- background ------------------------------------------------------------------
+
+    async def _maintenance_loop(self) -> None:
+        interval = self.config.retention_check_interval.total_seconds()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                async with self.flusher.io_lock:
+                    self.run_maintenance()
+            except Exception:
+                log.exception("log maintenance failed")
+
+    def run_maintenance(self) -> None:
+        """Roll aged segments and apply retention on every local log."""
+        for key in list(self.logs.partitions()):
+            plog = self.logs.get(*key)
+            if plog is not None:
+                plog.maybe_roll()
+        deleted = self.logs.apply_retention_all()
+        if deleted:
+            log.info("retention deleted %s segment(s)", deleted)
+
+    def _log_stats(self) -> list[tuple[TopicPartitionKey, int, int, int]]:
+        """Per served partition (start, end, size), read from the metrics thread."""
+        out = []
+        for key, plog in list(self.registry.served.items()):
+            try:
+                out.append((key, plog.log_start_offset, plog.log_end_offset, plog.size_bytes))
+            except Exception:
+                continue
+        return out

@@ -1,0 +1,28 @@
+"""``sluice``: one command, a sub-command per service and per user task.
+
+Service sub-commands (what the containers run) are dispatched to each service's
+own ``main(argv)`` so they own their flags; user sub-commands live in
+``sluice.cli.commands``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# sub-command -> module whose main(argv) runs it.
+SERVICES = {
+    "broker": "sluice.broker.main",
+    "coordinator": "sluice.coordinator.main",
+    "offset-store": "sluice.offsetstore.main",
+    "dispatcher": "sluice.dispatcher.main",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in SERVICES:
+        module = importlib.import_module(SERVICES[args[0]])
+        return int(module.main(args[1:]))
+    commands = importlib.import_module("sluice.cli.commands")
+    return int(commands.main(args))

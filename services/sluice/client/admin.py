@@ -1,0 +1,228 @@
+"""Administration: topics (coordinator) and consumer groups (coordinator + offset store)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from sluice.client.consumer import group_admin
+from sluice.client.consumer.group_admin import GroupConfigInfo, GroupDescription, GroupSummary
+from sluice.client.metadata import TOPIC_CONFIG_KEYS, MetadataCache, TopicInfo, call_with_retry
+from sluice.client.rpc import ChannelPool, call
+from sluice.common.names import MAX_PARTITIONS, validate_topic
+from sluice.common.units import parse_duration, parse_size
+from sluice.errors import InvalidArgument, InvalidPartitions
+from sluice.v1 import broker_pb2, coordinator_pb2
+
+__all__ = ["Admin", "topic_config_to_proto"]
+
+
+def topic_config_to_proto(config: Mapping[str, Any] | None) -> broker_pb2.TopicConfig:
+    """A ``{"retention_ms": ..., ...}`` mapping as a TopicConfig; unknown keys are rejected.
+
+    ``*_ms`` values may be ints (ms), ``timedelta`` or strings such as ``"7d"``;
+    ``*_bytes`` values may be ints or strings such as ``"1GiB"``. 0 (or absent)
+    means the broker default.
+    """
+    if not config:
+        return broker_pb2.TopicConfig()
+    unknown = sorted(set(config) - set(TOPIC_CONFIG_KEYS))
+    if unknown:
+        raise InvalidArgument(
+            f"unknown topic setting(s) {', '.join(unknown)}; known: {', '.join(TOPIC_CONFIG_KEYS)}"
+        )
+    values: dict[str, int] = {}
+    for key, raw in config.items():
+        if isinstance(raw, bool):
+            raise InvalidArgument(f"topic setting {key}: {raw!r} is not a number")
+        if key.endswith("_ms"):
+            if isinstance(raw, int):
+                value = raw
+            elif isinstance(raw, str | timedelta | float):
+                value = int(parse_duration(raw).total_seconds() * 1000)
+            else:
+                raise InvalidArgument(f"topic setting {key}: {raw!r} is not a duration")
+        else:
+            if not isinstance(raw, int | str):
+                raise InvalidArgument(f"topic setting {key}: {raw!r} is not a size")
+            value = parse_size(raw)
+        if value < 0:
+            raise InvalidArgument(f"topic setting {key} must be >= 0, got {value}")
+        values[key] = value
+    try:
+        return broker_pb2.TopicConfig(**values)
+    except ValueError as exc:  # out of the int32/int64 range
+        raise InvalidArgument(f"topic settings out of range: {exc}") from None
+
+
+class Admin:
+    """``client.admin``: topic and group operations. Every call raises typed ``sluice.errors``."""
+
+    def __init__(
+        self, metadata: MetadataCache, request_timeout: float, channels: ChannelPool | None = None
+    ) -> None:
+        self._metadata = metadata
+        self._timeout = request_timeout
+        self._channels = channels if channels is not None else ChannelPool()
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: Mapping[str, Any] | None = None
+    ) -> TopicInfo:
+        """Create a topic with ``partitions`` partitions placed across the live brokers.
+
+        Raises InvalidTopic, InvalidPartitions, TopicAlreadyExists, InvalidArgument.
+        """
+        validate_topic(name)
+        if (
+            isinstance(partitions, bool)
+            or not isinstance(partitions, int)
+            or not 1 <= partitions <= MAX_PARTITIONS
+        ):
+            raise InvalidPartitions(
+                f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {partitions!r}"
+            )
+        request = coordinator_pb2.CreateTopicRequest(
+            name=name, partitions=partitions, config=topic_config_to_proto(config)
+        )
+        # Not retried: a create whose answer was lost would come back as TopicAlreadyExists.
+        resp = call(self._metadata.coordinator_stub().CreateTopic, request, self._timeout)
+        self._metadata.invalidate(name)
+        return TopicInfo.from_proto(resp.topic)
+
+    def add_partitions(self, name: str, partitions: int) -> TopicInfo:
+        """Grow ``name`` to ``partitions`` partitions (never shrinks; existing data stays put).
+
+        Keyed records may map to other partitions afterwards, as in Kafka. Raises
+        UnknownTopicOrPartition, InvalidPartitions.
+        """
+        validate_topic(name)
+        if isinstance(partitions, bool) or not isinstance(partitions, int):
+            raise InvalidPartitions(f"partitions must be an integer, got {partitions!r}")
+        request = coordinator_pb2.AddPartitionsRequest(name=name, partitions=partitions)
+        try:
+            resp = call(self._metadata.coordinator_stub().AddPartitions, request, self._timeout)
+        finally:
+            self._metadata.invalidate(name)
+        return TopicInfo.from_proto(resp.topic)
+
+    def list_topics(self) -> list[TopicInfo]:
+        """Every topic, sorted by name."""
+        resp = call_with_retry(
+            lambda: call(
+                self._metadata.coordinator_stub().ListTopics,
+                coordinator_pb2.ListTopicsRequest(),
+                self._timeout,
+            ),
+            self._timeout,
+        )
+        return sorted((TopicInfo.from_proto(t) for t in resp.topics), key=lambda t: t.name)
+
+    def describe_topic(self, name: str) -> TopicInfo:
+        """One topic; raises UnknownTopicOrPartition when it does not exist."""
+        validate_topic(name)
+        request = coordinator_pb2.DescribeTopicRequest(name=name)
+        resp = call_with_retry(
+            lambda: call(self._metadata.coordinator_stub().DescribeTopic, request, self._timeout),
+            self._timeout,
+        )
+        return TopicInfo.from_proto(resp.topic)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic and its data; raises UnknownTopicOrPartition when it does not exist."""
+        validate_topic(name)
+        request = coordinator_pb2.DeleteTopicRequest(name=name)
+        try:
+            call(self._metadata.coordinator_stub().DeleteTopic, request, self._timeout)
+        finally:
+            self._metadata.invalidate(name)
+
+    # ---- consumer groups ------------------------------------------------------------------------
+
+    def list_groups(self) -> list[GroupSummary]:
+        """Every consumer group the coordinator knows, sorted by name."""
+        return group_admin.list_groups(self._metadata, self._timeout)
+
+    def describe_group(self, group: str) -> GroupDescription:
+        """Members (subscriptions, assignment, pending revocations), conflicts, config, and
+        committed offset + lag per partition and track. Raises UnknownGroup."""
+        return group_admin.describe_group(self._metadata, group, self._timeout)
+
+    def set_group_config(
+        self,
+        group: str,
+        conflict_policy: str | None = None,
+        assignor: str | None = None,
+        *,
+        session_timeout: timedelta | str | float | None = None,
+        heartbeat_interval: timedelta | str | float | None = None,
+        rebalance_timeout: timedelta | str | float | None = None,
+    ) -> GroupConfigInfo:
+        """Change a group's settings (None: unchanged): ``conflict_policy`` "reject" or
+        "split", the assignor, and the timeouts it imposes on its members."""
+        return group_admin.set_group_config(
+            self._metadata,
+            group,
+            self._timeout,
+            conflict_policy=conflict_policy,
+            assignor=assignor,
+            session_timeout=session_timeout,
+            heartbeat_interval=heartbeat_interval,
+            rebalance_timeout=rebalance_timeout,
+        )
+
+    def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        spec: str | int,
+        partitions: Iterable[int] | None = None,
+        *,
+        track: str = "default",
+        timestamp: bool = False,
+    ) -> dict[int, int]:
+        """Set the group's committed offsets of ``topic`` to "earliest", "latest", an offset or
+        (``timestamp=True``) the first record at or after a time in ms; every partition unless
+        ``partitions``. Only while the group has no live members (else GroupNotEmpty).
+        Returns {partition: offset set}."""
+        return group_admin.reset_offsets(
+            self._channels,
+            self._metadata,
+            group,
+            topic,
+            spec,
+            self._timeout,
+            partitions=partitions,
+            track=track,
+            timestamp=timestamp,
+        )
+
+    def set_group_offsets(
+        self, group: str, topic: str, offsets: Mapping[int, int], *, track: str = "default"
+    ) -> dict[int, int]:
+        """Set ``{partition: offset}`` exactly (through ResetOffsets, so only while the group
+        has no live members: GroupNotEmpty otherwise). Partitions sharing an offset go in one
+        atomic request; different offsets take one request each."""
+        return group_admin.set_group_offsets(
+            self._channels, self._metadata, group, topic, offsets, self._timeout, track=track
+        )
+
+    def group_offsets(
+        self,
+        group: str,
+        partitions: Iterable[tuple[str, int]] | None = None,
+        *,
+        track: str = "default",
+        member_id: str = "",
+    ) -> dict[tuple[str, int], int]:
+        """Committed offsets of ``group`` on ``track`` ({(topic, partition): offset}; a partition
+        with nothing committed is absent). ``member_id``: a broadcasting member's own offsets."""
+        return group_admin.fetch_group_offsets(
+            self._channels,
+            self._metadata,
+            group,
+            self._timeout,
+            track=track,
+            partitions=partitions,
+            member_id=member_id,
+        )

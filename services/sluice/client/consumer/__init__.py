@@ -1,0 +1,13 @@
+"""The group (pull) consumer: ``client.consumer(group, subscribe, ...)``.
+
+Parts (each a module of its own): ``config`` (ConsumerConfig), ``membership`` (the
+member's protocol state machine, pure), ``member`` (the heartbeat thread),
+``state`` (assignment snapshot and partition positions), ``prefetch`` (the fetch
+thread and its bounded buffer), ``commits`` (the offset-store client) and
+``consumer`` (the façade).
+"""
+
+from sluice.client.consumer.config import ConsumerConfig, RebalanceListener, subscription_of
+from sluice.client.consumer.consumer import CommitCallback, Consumer
+
+__all__ = ["CommitCallback", "Consumer", "ConsumerConfig", "RebalanceListener", "subscription_of"]

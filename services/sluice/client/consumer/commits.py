@@ -1,0 +1,190 @@
+"""The consumer's offset-store client: committed-offset lookups and fenced commits.
+
+The offset store's address comes from the coordinator's Metadata. Commits carry the
+member id and epoch (the store refuses zombies per partition: STALE_MEMBER_EPOCH,
+UNKNOWN_MEMBER, NOT_OWNER) and each partition's offset *track*. Broadcasting members
+mark their commits with ``message_model = MESSAGE_MODEL_BROADCASTING`` and
+look offsets up with their member id (their own offsets, the shared ones as fallback).
+
+Caller: the Consumer (sync from the application thread, async through gRPC futures).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import grpc
+
+from sluice.client.metadata import MetadataCache
+from sluice.client.offsets import list_offsets
+from sluice.client.rpc import ChannelPool, call, error_from_rpc
+from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_for_code
+from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
+
+__all__ = ["CommitResult", "OffsetStoreClient"]
+
+TopicPartition = tuple[str, int]
+#: tp -> None (stored) or the refusal.
+CommitResult = dict[TopicPartition, SluiceError | None]
+_BACKOFF_FIRST = 0.05
+_BACKOFF_MAX = 1.0
+
+
+class OffsetStoreClient:
+    def __init__(
+        self,
+        channels: ChannelPool,
+        metadata: MetadataCache,
+        group: str,
+        topics: Iterable[str],
+        request_timeout: float,
+        broadcasting: bool = False,
+    ) -> None:
+        self._channels = channels
+        self._metadata = metadata
+        self._group = group
+        self._topics = sorted(set(topics))
+        self._timeout = request_timeout
+        self.broadcasting = broadcasting
+
+    def stub(self, refresh: bool = False) -> offset_store_pb2_grpc.OffsetStoreStub:
+        """The offset store's stub, from the (cached) Metadata."""
+        address = None if refresh else self._metadata.current().offset_store
+        if address is None:
+            address = self._metadata.get(self._topics, refresh=True).offset_store
+        if address is None:
+            raise BrokerNotAvailable(
+                "the cluster has no offset store: the coordinator's Metadata names none "
+                "(start one with `sluice offset-store` and pass --offset-store to the coordinator)"
+            )
+        return self._channels.stub(address, offset_store_pb2_grpc.OffsetStoreStub)
+
+    # ---- lookups -------------------------------------------------------------------------------------
+
+    def fetch(self, tracks: Mapping[TopicPartition, str], member_id: str = "") -> dict[TopicPartition, int]:
+        """Committed offsets (-1: none) of ``tracks`` ({tp: track}); one request per track.
+
+        Retries while the offset store is unreachable, up to the request timeout.
+        """
+        by_track: dict[str, list[TopicPartition]] = {}
+        for tp, track in tracks.items():
+            by_track.setdefault(track, []).append(tp)
+        out: dict[TopicPartition, int] = {}
+        for track, tps in sorted(by_track.items()):
+            request = offset_store_pb2.FetchOffsetsRequest(
+                group=self._group,
+                partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(tps)],
+                track=track,
+                member_id=member_id if self.broadcasting else "",
+            )
+            resp = self._fetch_one(request)
+            found = {(o.topic, o.partition): o.offset for o in resp.offsets}
+            for tp in tps:
+                out[tp] = found.get(tp, -1)
+        return out
+
+    def _fetch_one(
+        self, request: offset_store_pb2.FetchOffsetsRequest
+    ) -> offset_store_pb2.FetchOffsetsResponse:
+        resp: offset_store_pb2.FetchOffsetsResponse = self._retrying(
+            lambda stub: call(stub.FetchOffsets, request, self._timeout)
+        )
+        return resp
+
+    def reset_positions(self, missing: Iterable[TopicPartition], reset: str) -> dict[TopicPartition, int]:
+        """Where ``auto_offset_reset`` starts partitions with nothing committed ("earliest" /
+        "latest" through ListOffsets; "none": nowhere, the caller raises)."""
+        by_topic: dict[str, list[int]] = {}
+        for topic, p in missing:
+            by_topic.setdefault(topic, []).append(p)
+        out: dict[TopicPartition, int] = {}
+        if reset == "none":
+            return out
+        for topic, ps in sorted(by_topic.items()):
+            found = list_offsets(
+                self._channels, self._metadata, topic, reset, partitions=ps, timeout=self._timeout
+            )
+            out.update({(topic, p): off for p, off in found.items()})
+        return out
+
+    # ---- commits -------------------------------------------------------------------------------------
+
+    def request(
+        self, member_id: str, member_epoch: int, offsets: Mapping[TopicPartition, tuple[int, str]]
+    ) -> offset_store_pb2.CommitOffsetsRequest:
+        return offset_store_pb2.CommitOffsetsRequest(
+            group=self._group,
+            member_id=member_id,
+            member_epoch=member_epoch,
+            message_model=(
+                coordinator_pb2.MESSAGE_MODEL_BROADCASTING
+                if self.broadcasting
+                else coordinator_pb2.MESSAGE_MODEL_CLUSTERING
+            ),
+            offsets=[
+                offset_store_pb2.PartitionOffset(topic=t, partition=p, offset=off, track=track)
+                for (t, p), (off, track) in sorted(offsets.items())
+            ],
+        )
+
+    def commit(self, request: offset_store_pb2.CommitOffsetsRequest) -> CommitResult:
+        """Send a commit and wait; retried while the store is unreachable (commits are
+        idempotent: increase-only). Refusals come back per partition."""
+        resp = self._retrying(lambda stub: call(stub.CommitOffsets, request, self._timeout))
+        return results(resp)
+
+    def commit_async(
+        self,
+        request: offset_store_pb2.CommitOffsetsRequest,
+        done: Callable[[CommitResult | SluiceError], None],
+    ) -> None:
+        """Send a commit without waiting; ``done`` gets the results or the RPC's error
+        (on a gRPC thread)."""
+        try:
+            future = self.stub().CommitOffsets.future(request, timeout=self._timeout)
+        except SluiceError as exc:
+            done(exc)
+            return
+
+        def finished(f: grpc.Future[Any]) -> None:
+            try:
+                done(results(f.result()))
+            except grpc.RpcError as exc:
+                done(error_from_rpc(exc))
+            except grpc.FutureCancelledError:
+                done(BrokerNotAvailable("commit cancelled"))
+
+        future.add_done_callback(finished)
+
+    def _retrying(self, fn: Callable[[offset_store_pb2_grpc.OffsetStoreStub], Any]) -> Any:
+        deadline = time.monotonic() + self._timeout
+        backoff = _BACKOFF_FIRST
+        refresh = False
+        while True:
+            try:
+                return fn(self.stub(refresh))
+            except SluiceError as exc:
+                if not exc.retriable:
+                    raise
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RequestTimedOut(
+                        f"offset store unreachable for {self._timeout:g} s: {exc.message}"
+                    ) from exc
+                # A backoff, not a poll: nothing to wait on while the store is away.
+                time.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                refresh = isinstance(exc, BrokerNotAvailable)
+
+
+def results(resp: offset_store_pb2.CommitOffsetsResponse) -> CommitResult:
+    out: CommitResult = {}
+    for r in resp.results:
+        tp = (r.topic, r.partition)
+        if r.error.code == common_pb2.NONE:
+            out[tp] = None
+        else:
+            out[tp] = error_for_code(r.error.code, f"{r.topic}[{r.partition}]: {r.error.message}")
+    return out

@@ -1,0 +1,596 @@
+"""The group consumer: a façade over the group member, the subscription state and the prefetcher.
+
+::
+
+    consumer = client.consumer(group="g", subscribe={"orders": "tagA || tagB"}, auto_offset_reset="earliest")
+    while running:
+        for record in consumer.poll(timeout=1.0):
+            handle(record)
+    consumer.close()          # commits, revokes, leaves the group
+
+Three threads work for it: the heartbeat thread (``member.py``), the fetch thread
+(``prefetch.py``) and gRPC's. Everything that changes what this member owns runs
+in ``poll()``, on the application's thread, as in Kafka: applying a new target
+assignment, revoking (commit, ``on_revoke``, then release), dropping lost
+partitions (``on_lost``), looking up committed offsets of new partitions, and the
+auto-commit. So a revoked partition is committed only once the records the
+application got from it are processed, and released only after that commit.
+
+Use one thread for ``poll``/``commit``/``seek``/``pause``/``resume``/``close``;
+``done()`` (``commit_mode="in-flight-min"``) may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from operator import attrgetter
+from types import TracebackType
+
+from sluice.client.consumer.commits import CommitResult, OffsetStoreClient
+from sluice.client.consumer.config import ConsumerConfig
+from sluice.client.consumer.member import GroupMember
+from sluice.client.consumer.membership import Event, Fatal, Lost, MemberState, NewTarget
+from sluice.client.consumer.prefetch import Prefetcher
+from sluice.client.consumer.state import Assignment, PartitionLifecycle, PartitionState, SubscriptionState
+from sluice.client.fetcher import Fetcher
+from sluice.client.metadata import MetadataCache
+from sluice.client.rpc import ChannelPool
+from sluice.codec.batch import Record
+from sluice.errors import InvalidArgument, OffsetOutOfRange, SluiceError, StaleMemberEpoch
+
+__all__ = ["CommitCallback", "Consumer"]
+
+log = logging.getLogger("sluice.consumer")
+
+TopicPartition = tuple[str, int]
+#: commit_async's callback: the offsets it tried, and the first error (None: all stored).
+CommitCallback = Callable[[dict[TopicPartition, int], SluiceError | None], None]
+_OFFSET = attrgetter("offset")
+_L = PartitionLifecycle
+
+
+class Consumer:
+    """A member of a consumer group. Make one with ``client.consumer(...)``."""
+
+    def __init__(
+        self,
+        channels: ChannelPool,
+        metadata: MetadataCache,
+        group: str,
+        subscription: Mapping[str, str],
+        config: ConsumerConfig,
+        client_id: str,
+        on_close: Callable[[Consumer], None] | None = None,
+    ) -> None:
+        self.group = group
+        self.subscription = dict(subscription)
+        self.config = config
+        self._on_close = on_close
+        self._lock = threading.RLock()
+        self._ready = threading.Condition(self._lock)
+        self._state = SubscriptionState(in_flight_min=config.commit_mode == "in-flight-min")
+        self._events: list[Event] = []
+        self._fatal: SluiceError | None = None
+        #: False while rebalance work may be pending (events, revocations, positions to look up).
+        self._settled = False
+        self._closed = False
+        self._timeout = config.request_timeout.total_seconds()
+        fetcher = Fetcher(
+            channels,
+            metadata,
+            {},
+            max_wait_ms=config.fetch_max_wait_ms,
+            min_bytes=config.fetch_min_bytes,
+            max_bytes=config.fetch_max_bytes,
+            partition_max_bytes=config.partition_max_bytes,
+            auto_offset_reset=config.auto_offset_reset,  # type: ignore[arg-type]
+            client_id=client_id,
+            request_timeout=self._timeout,
+            check_crcs=config.check_crcs,
+        )
+        self._prefetch = Prefetcher(
+            fetcher, config.buffer_max_bytes, self._lock, self._ready, check_crcs=config.check_crcs
+        )
+        self._offsets = OffsetStoreClient(
+            channels, metadata, group, subscription, self._timeout, config.message_model == "broadcasting"
+        )
+        self._member = GroupMember(metadata, group, subscription, config, client_id, self._on_events)
+        self._interval = config.auto_commit_interval.total_seconds()
+        self._next_auto_commit = time.monotonic() + self._interval
+        self._auto_commit_in_flight = False
+        self._prefetch.start()
+        self._member.start()
+        try:
+            # Joining synchronously makes a refused subscription (INCONSISTENT_SUBSCRIPTION,
+            # an unknown topic or assignor) an error of client.consumer(...) itself.
+            self._member.wait_first_answer(self._timeout)
+        except BaseException:
+            self._shutdown(leave=True)
+            raise
+
+    # ---- polling ------------------------------------------------------------------------------------
+
+    def poll(self, timeout: float = 1.0, max_records: int | None = None) -> list[Record]:
+        """Records from the assigned partitions, waiting up to ``timeout`` seconds for some.
+
+        Returns at most ``max_records`` (default ``max_poll_records``). Applies rebalances
+        (calling ``on_assign`` / ``on_revoke`` / ``on_lost``) and auto-commits. Raises the
+        typed error of a refused membership, of a failed fetch, or OffsetOutOfRange for a
+        partition without a position under ``auto_offset_reset="none"`` (``seek()`` it).
+        """
+        self._check_open()
+        limit = self.config.max_poll_records if max_records is None else _positive("max_records", max_records)
+        deadline = time.monotonic() + max(float(timeout), 0.0)
+        with self._lock:
+            self._state.returned_done()  # poll mode: the previous poll's records are processed
+        while True:
+            self._reconcile()
+            self._maybe_auto_commit()
+            with self._lock:
+                error = self._prefetch.take_error()
+                if error is not None:
+                    raise error
+                records = self._collect(limit)
+                if records:
+                    return records
+                now = time.monotonic()
+                remaining = deadline - now
+                if remaining <= 0:
+                    return records
+                if self._events or self._revocations_ready():
+                    continue
+                wait = remaining
+                if self.config.enable_auto_commit:
+                    wait = min(wait, max(self._next_auto_commit - now, 0.001))
+                self._ready.wait(wait)
+
+    def done(self, record: Record) -> None:
+        """``commit_mode="in-flight-min"``: ``record`` is processed. Any thread may call it."""
+        if not self._state.in_flight_min:
+            raise InvalidArgument(
+                'done() needs commit_mode="in-flight-min" (in "poll" mode the next poll() is done)'
+            )
+        with self._lock:
+            part = self._state.done((record.topic, record.partition), record.offset)
+            if part is not None and part.lifecycle is _L.REVOKING and not part.in_flight:
+                self._ready.notify_all()
+
+    def _collect(self, limit: int) -> list[Record]:
+        """Hand out up to ``limit`` buffered records (holding the lock)."""
+        out: list[Record] = []
+        returned: set[TopicPartition] = set()
+        state = self._state
+        parts = state.parts
+        track_offsets = state.in_flight_min
+        while len(out) < limit:
+            chunk = self._prefetch.pop()
+            if chunk is None:
+                break
+            part = parts.get(chunk.tp)
+            if part is None or part.lifecycle is not _L.FETCHING or part.fetch_epoch != chunk.fetch_epoch:
+                continue  # stale: fetched before a seek, pause or revoke
+            recs = chunk.records
+            left = len(recs) - chunk.start
+            if left == 0:
+                state.skipped_to(part, chunk.next_offset, chunk.tp not in returned)
+                continue
+            room = limit - len(out)
+            if left <= room:
+                taken = recs if chunk.start == 0 else recs[chunk.start :]
+                position = chunk.next_offset
+            else:
+                taken = recs[chunk.start : chunk.start + room]
+                chunk.start += room
+                chunk.taken_now = room
+                position = taken[-1].offset + 1
+                self._prefetch.push_front(chunk)
+            out += taken
+            state.handed_out(part, map(_OFFSET, taken) if track_offsets else (), position)
+            returned.add(chunk.tp)
+        return out
+
+    # ---- rebalances (application thread, from poll) --------------------------------------------------
+
+    def _on_events(self, events: list[Event]) -> None:
+        """Caller: the heartbeat thread. Queue the events for the next poll and wake it."""
+        with self._lock:
+            self._events.extend(events)
+            self._ready.notify_all()
+
+    def _reconcile(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if not self._events and self._settled:
+            return  # the common case, once per poll: nothing changed since the last pass
+        with self._lock:
+            events, self._events = self._events, []
+            self._settled = False
+        for ev in events:
+            if isinstance(ev, Fatal):
+                self._fatal = ev.error
+            elif isinstance(ev, Lost):
+                self._lose_all(ev.error)
+            elif isinstance(ev, NewTarget):
+                self._apply_target(ev)
+        self._finish_revocations()
+        self._add_assigned()
+        self._resolve_positions()
+        if self._fatal is not None:
+            raise self._fatal
+        with self._lock:
+            # Settled: every partition fetches (or is paused) and nothing waits for a revocation.
+            self._settled = not self._events and all(
+                p.lifecycle is _L.FETCHING or p.lifecycle is _L.PAUSED for p in self._state.parts.values()
+            )
+
+    def _apply_target(self, ev: NewTarget) -> None:
+        with self._lock:
+            self._state.replace_assignment(Assignment(ev.epoch, ev.partitions))
+            for tp, part in self._state.parts.items():
+                target = ev.partitions.get(tp)
+                if target is not None and (target.track, target.filter) == (part.track, part.filter):
+                    continue
+                if part.lifecycle is not _L.REVOKING:
+                    self._state.begin_revoke(part)
+                    self._prefetch.stop_fetching(tp)
+        log.info("group %s: target assignment at epoch %d: %s", self.group, ev.epoch, sorted(ev.partitions))
+
+    def _revocations_ready(self) -> bool:
+        return any(p.lifecycle is _L.REVOKING and not p.in_flight for p in self._state.parts.values())
+
+    def _finish_revocations(self) -> None:
+        """Commit, call on_revoke and release every revoked partition with nothing in flight."""
+        with self._lock:
+            ready = sorted(
+                tp for tp, p in self._state.parts.items() if p.lifecycle is _L.REVOKING and not p.in_flight
+            )
+            offsets = self._state.to_commit(ready)
+        if not ready:
+            return
+        try:
+            self._commit_sync(offsets)
+        except SluiceError as exc:
+            # A zombie's commit is refused (its Lost event follows); anything else means the
+            # next owner re-reads from the last commit: duplicates, never a loss.
+            log.warning("group %s: commit before revoking %s failed: %s", self.group, ready, exc)
+        try:
+            self._callback("on_revoke", ready)
+        finally:
+            with self._lock:
+                for tp in ready:
+                    self._state.remove(tp)
+            self._member.released(frozenset(ready))
+
+    def _add_assigned(self) -> None:
+        """Take on the target's partitions that are not held yet (once revocations are done)."""
+        with self._lock:
+            added = [
+                target
+                for tp, target in self._state.assignment.partitions.items()
+                if tp not in self._state.parts
+            ]
+            for target in added:
+                self._state.add(target)
+            owned = self._state.owned()
+        if not added:
+            return
+        self._member.set_owned(owned)
+        self._callback("on_assign", sorted(t.tp for t in added))
+
+    def _resolve_positions(self) -> None:
+        """Look up the committed offsets of partitions without a position (auto_offset_reset if none)."""
+        with self._lock:
+            todo = {
+                tp: p.track
+                for tp, p in self._state.parts.items()
+                if p.lifecycle is _L.AWAITING_POSITION and p.position_error is None
+            }
+        if todo:
+            committed = self._offsets.fetch(todo, self._member.member_id)
+            resets = self._offsets.reset_positions(
+                [tp for tp, off in committed.items() if off < 0], self.config.auto_offset_reset
+            )
+            with self._lock:
+                for tp in todo:
+                    part = self._state.parts.get(tp)
+                    if part is None or part.lifecycle is not _L.AWAITING_POSITION:
+                        continue  # revoked, lost or seeked meanwhile
+                    if committed[tp] >= 0:
+                        self._state.start(part, committed[tp], committed[tp])
+                    elif tp in resets:
+                        # Committed at the next commit, so a later owner starts from the same place.
+                        self._state.start(part, resets[tp], -1)
+                    else:
+                        part.position_error = OffsetOutOfRange(
+                            f"{tp[0]}[{tp[1]}]: group {self.group} has no committed offset on track "
+                            f"{part.track!r} and auto_offset_reset is 'none'; seek() to choose a position",
+                            topic=tp[0],
+                            partition=tp[1],
+                        )
+                        continue
+                    self._prefetch.fetch_from(tp, part.position, part.fetch_epoch, part.filter)
+        with self._lock:
+            for part in self._state.parts.values():
+                if part.position_error is not None and part.lifecycle is _L.AWAITING_POSITION:
+                    raise part.position_error
+
+    def _lose_all(self, error: SluiceError) -> None:
+        """Fenced or forgotten: drop every partition without committing, then rejoin."""
+        with self._lock:
+            lost = sorted(self._state.parts)
+            for tp in lost:
+                self._prefetch.stop_fetching(tp)
+            self._state.parts.clear()
+            self._state.replace_assignment(Assignment())
+        log.warning(
+            "group %s: membership lost (%s); partitions %s dropped uncommitted", self.group, error, lost
+        )
+        try:
+            if lost:
+                self._callback("on_lost", lost)
+        finally:
+            self._member.lost_handled()
+
+    def _callback(self, name: str, partitions: list[TopicPartition]) -> None:
+        fn = self.config.callback(name)
+        if fn is not None and partitions:
+            fn(partitions)
+
+    # ---- commits ------------------------------------------------------------------------------------
+
+    def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
+        """Commit and wait. Without ``offsets``: what is processed on every partition: in
+        ``poll`` mode everything poll() returned so far (call it after processing, like
+        Kafka's commitSync), in ``in-flight-min`` mode up to the smallest offset not yet
+        ``done()``. Returns what was committed. Raises the first refusal
+        (StaleMemberEpoch, UnknownMember, NotOwner: this member no longer owns the partition).
+        """
+        self._check_open()
+        with self._lock:
+            if offsets is None:
+                self._state.returned_done()  # poll mode: called after processing, like commitSync
+                todo = self._state.to_commit()
+            else:
+                todo = {}
+                for tp, off in offsets.items():
+                    part = self._owned(tp)
+                    if isinstance(off, bool) or not isinstance(off, int) or off < 0:
+                        raise OffsetOutOfRange(
+                            f"{tp[0]}[{tp[1]}]: offset must be an integer >= 0, got {off!r}"
+                        )
+                    todo[tp] = (off, part.track)
+        result = self._commit_sync(todo)
+        errors = [e for e in result.values() if e is not None]
+        if errors:
+            raise errors[0]
+        return {tp: off for tp, (off, _) in todo.items()}
+
+    def commit_async(self, callback: CommitCallback | None = None) -> None:
+        """Commit what is processed without waiting; ``callback(offsets, error)`` runs on a
+        gRPC thread when the offset store answered."""
+        self._check_open()
+        with self._lock:
+            self._state.returned_done()
+            todo = self._state.to_commit()
+        self._commit_async(todo, callback)
+
+    def _commit_async(
+        self, todo: dict[TopicPartition, tuple[int, str]], callback: CommitCallback | None
+    ) -> None:
+        offsets = {tp: off for tp, (off, _) in todo.items()}
+        if not todo:
+            if callback is not None:
+                callback(offsets, None)
+            return
+        request = self._offsets.request(self._member.member_id, self._member.member_epoch, todo)
+
+        def finished(outcome: CommitResult | SluiceError) -> None:
+            error = outcome if isinstance(outcome, SluiceError) else None
+            if not isinstance(outcome, SluiceError):
+                with self._lock:
+                    for tp, err in outcome.items():
+                        if err is None:
+                            self._state.committed_ok(tp, offsets[tp])
+                        elif error is None:
+                            error = err
+            if callback is not None:
+                callback(offsets, error)
+
+        self._offsets.commit_async(request, finished)
+
+    def _commit_sync(self, todo: dict[TopicPartition, tuple[int, str]]) -> CommitResult:
+        """Commit under the current epoch; a STALE_MEMBER_EPOCH (the coordinator moved the epoch
+        on while the commit travelled) is retried after the next heartbeat answer."""
+        result: CommitResult = {}
+        pending = dict(todo)
+        for attempt in range(3):
+            if not pending:
+                break
+            answered = self._member.answered
+            epoch = self._member.member_epoch
+            got = self._offsets.commit(self._offsets.request(self._member.member_id, epoch, pending))
+            with self._lock:
+                for tp, err in got.items():
+                    result[tp] = err
+                    if err is None:
+                        self._state.committed_ok(tp, pending[tp][0])
+            stale = {tp for tp, err in got.items() if isinstance(err, StaleMemberEpoch)}
+            if not stale or attempt == 2 or self._member.state is not MemberState.STABLE:
+                break
+            self._member.heartbeat_now()
+            self._member.wait_answer_after(answered, min(self._timeout, 5.0))
+            if self._member.member_epoch == epoch:
+                break
+            pending = {tp: pending[tp] for tp in stale}
+        return result
+
+    def _maybe_auto_commit(self) -> None:
+        if not self.config.enable_auto_commit or self._auto_commit_in_flight:
+            return
+        now = time.monotonic()
+        if now < self._next_auto_commit:
+            return
+        self._next_auto_commit = now + self._interval
+        if self._member.state is not MemberState.STABLE:
+            return
+        with self._lock:
+            todo = self._state.to_commit()
+        if not todo:
+            return
+        self._auto_commit_in_flight = True
+
+        def finished(offsets: dict[TopicPartition, int], error: SluiceError | None) -> None:
+            self._auto_commit_in_flight = False
+            if error is not None:
+                log.info("group %s: auto-commit failed: %s", self.group, error)
+
+        self._commit_async(todo, finished)
+
+    # ---- positions ------------------------------------------------------------------------------------
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Make the next ``poll()`` return ``tp``'s records from ``offset`` on. Commits stay
+        increase-only: seeking back re-reads, and commits below the committed offset are ignored."""
+        self._check_open()
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise OffsetOutOfRange(f"seek offset must be an integer >= 0, got {offset!r}")
+        with self._lock:
+            part = self._owned(tp)
+            self._state.seek(part, offset)
+            if part.lifecycle is _L.FETCHING:
+                self._prefetch.fetch_from(part.tp, offset, part.fetch_epoch, part.filter)
+
+    def position(self, tp: TopicPartition) -> int | None:
+        """The offset of the next record ``poll()`` returns from ``tp`` (None: not known yet)."""
+        with self._lock:
+            part = self._owned(tp)
+            return part.position if part.position >= 0 else None
+
+    def committed(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, int | None]:
+        """Committed offsets from the offset store (None: nothing committed), on each
+        partition's track (``default`` for partitions not assigned here)."""
+        self._check_open()
+        with self._lock:
+            tps = sorted(self._state.parts) if partitions is None else [_check_tp(tp) for tp in partitions]
+            tracks = {
+                tp: (self._state.parts[tp].track if tp in self._state.parts else "default") for tp in tps
+            }
+        found = self._offsets.fetch(tracks, self._member.member_id)
+        return {tp: (off if off >= 0 else None) for tp, off in found.items()}
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        """The partitions this member holds (not counting ones being revoked)."""
+        with self._lock:
+            return frozenset(tp for tp, p in self._state.parts.items() if p.lifecycle is not _L.REVOKING)
+
+    def tracks(self) -> dict[TopicPartition, str]:
+        """The offset track of each held partition (``default`` unless the group splits filters)."""
+        with self._lock:
+            return {tp: p.track for tp, p in self._state.parts.items()}
+
+    def pause(self, partitions: Iterable[TopicPartition]) -> None:
+        """Stop fetching ``partitions``; buffered records of theirs are dropped (re-fetched on resume)."""
+        with self._lock:
+            for tp in partitions:
+                part = self._owned(tp)
+                if part.lifecycle is not _L.PAUSED:
+                    self._state.pause(part)
+                    self._prefetch.stop_fetching(part.tp)
+
+    def resume(self, partitions: Iterable[TopicPartition]) -> None:
+        with self._lock:
+            for tp in partitions:
+                part = self._owned(tp)
+                if part.lifecycle is _L.PAUSED:
+                    self._state.resume(part)
+                    self._settled = False
+                    if part.position >= 0:
+                        self._prefetch.fetch_from(part.tp, part.position, part.fetch_epoch, part.filter)
+
+    def paused(self) -> frozenset[TopicPartition]:
+        with self._lock:
+            return frozenset(tp for tp, p in self._state.parts.items() if p.lifecycle is _L.PAUSED)
+
+    @property
+    def member_id(self) -> str:
+        return self._member.member_id
+
+    @property
+    def member_epoch(self) -> int:
+        return self._member.member_epoch
+
+    def _owned(self, tp: TopicPartition) -> PartitionState:
+        part = self._state.parts.get(_check_tp(tp))
+        if part is None or part.lifecycle is _L.REVOKING:
+            raise InvalidArgument(f"{tp[0]}[{tp[1]}] is not assigned to this consumer (group {self.group})")
+        return part
+
+    # ---- lifecycle ------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Commit what is processed, call on_revoke, leave the group (a static member leaves
+        temporarily, keeping its partitions for the session timeout) and stop. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._member.state is MemberState.STABLE and self._fatal is None:
+                with self._lock:
+                    self._state.returned_done()  # poll mode: what the last poll returned is processed
+                    todo = self._state.to_commit()
+                    held = sorted(self._state.parts)
+                try:
+                    self._commit_sync(todo)
+                except SluiceError as exc:
+                    log.warning("group %s: commit on close failed: %s", self.group, exc)
+                self._callback("on_revoke", held)
+        finally:
+            self._shutdown(leave=True)
+
+    def _shutdown(self, leave: bool) -> None:
+        self._closed = True
+        try:
+            self._member.close(leave=leave)
+        finally:
+            # A fetch thread blocked in a long poll ends when that answer arrives (or the
+            # client's channels close); close() does not wait for it.
+            self._prefetch.close(0.2)
+            if self._on_close is not None:
+                self._on_close(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SluiceError("the consumer is closed")
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        m = self._member
+        return f"<Consumer group={self.group!r} member={m.member_id!r} epoch={m.member_epoch}>"
+
+
+def _positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _check_tp(tp: TopicPartition) -> TopicPartition:
+    if not (isinstance(tp, tuple) and len(tp) == 2 and isinstance(tp[0], str) and isinstance(tp[1], int)):
+        raise InvalidArgument(f"a partition is a (topic, partition) tuple, got {tp!r}")
+    return tp

@@ -1,0 +1,284 @@
+"""Background prefetch: a thread that keeps fetching the assigned partitions into a bounded buffer.
+
+The thread owns a :class:`~sluice.client.fetcher.Fetcher` (which keeps at most one
+Fetch in flight per broker, with incremental sessions, and pipelines the next
+request before decoding). Each round's encoded batches (``fetch_raw``: one run per
+partition and response) are decoded into one :class:`Chunk` per run and appended to
+a buffer that ``poll()`` drains (Kafka's completed-fetch buffer). A partition whose
+position moved without records (a tag filter skipped everything, or
+auto_offset_reset moved it) yields an empty chunk, so the consumer learns the new
+position and can commit it.
+
+Flow control: while the buffer holds ``buffer_max_bytes`` (value bytes plus a fixed
+per-record overhead), the thread stops fetching every partition. The round that
+crossed the bound still lands whole: per broker, the answer in hand and, if it
+arrived meanwhile, the pipelined next one (each at most ``partition_max_bytes`` per
+partition, or one batch). Fetching resumes as soon as ``poll()`` drains below the
+bound.
+
+Changes to what is fetched (assign, seek, remove) are commands that the thread
+applies between rounds. Every chunk is tagged with its partition's *fetch epoch*
+as of the round; the consumer bumps a partition's epoch on seek, pause and
+revoke, and drops chunks from older epochs, so nothing fetched from an old
+position is ever handed out.
+
+Caller: the Consumer (commands, ``pop``); the thread itself (fetching).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import threading
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from operator import attrgetter
+
+from sluice.client.fetcher import Fetcher, RawChunk
+from sluice.codec.batch import Record, decode_records
+from sluice.errors import SluiceError
+
+__all__ = ["Chunk", "Prefetcher", "cut_chunks", "decode_runs"]
+
+log = logging.getLogger("sluice.consumer.prefetch")
+
+TopicPartition = tuple[str, int]
+#: Counted per buffered record on top of its value bytes (object headers, key, offsets).
+RECORD_OVERHEAD = 64
+_VALUE = attrgetter("value")
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Records of one partition from one fetch round, in offset order."""
+
+    tp: TopicPartition
+    fetch_epoch: int
+    records: list[Record]
+    #: The fetch position after this chunk (past records a filter skipped, too).
+    next_offset: int
+    nbytes: int
+    #: Records before this index were handed out already.
+    start: int = 0
+    #: How many records the current poll took from it (for the pro-rata byte count).
+    taken_now: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Command:
+    tp: TopicPartition
+    #: None: stop fetching ``tp``.
+    offset: int | None
+    fetch_epoch: int = 0
+    filter: str = "*"
+
+
+class Prefetcher:
+    """Fetches in a thread of its own into a byte-bounded buffer.
+
+    ``lock`` is the Consumer's lock; ``ready`` (a Condition on it) is notified when a
+    chunk or an error arrives.
+    """
+
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        buffer_max_bytes: int,
+        lock: threading.RLock,
+        ready: threading.Condition,
+        check_crcs: bool = True,
+    ) -> None:
+        self._fetcher = fetcher
+        self._check_crcs = check_crcs
+        self._max_bytes = buffer_max_bytes
+        self._lock = lock
+        self._ready = ready
+        self._space = threading.Condition(lock)
+        self._commands: list[_Command] = []
+        self._buffer: deque[Chunk] = deque()
+        self._bytes = 0
+        self._errors: list[SluiceError] = []
+        self._closed = False
+        # Fetch-thread state.
+        self._epochs: dict[TopicPartition, int] = {}
+        self._filters: dict[str, str] = {}
+        self._thread = threading.Thread(target=self._run, name="sluice-consumer-fetch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # ---- commands (Caller: the Consumer, holding the lock) -------------------------------------
+
+    def fetch_from(self, tp: TopicPartition, offset: int, fetch_epoch: int, filter_expr: str) -> None:
+        """Fetch ``tp`` from ``offset`` on (adds it, or moves it); tag its chunks ``fetch_epoch``."""
+        self._commands.append(_Command(tp, offset, fetch_epoch, filter_expr))
+        self._space.notify_all()
+
+    def stop_fetching(self, tp: TopicPartition) -> None:
+        self._commands.append(_Command(tp, None))
+        self._space.notify_all()
+
+    # ---- the buffer (Caller: the Consumer's poll, holding the lock) ------------------------------
+
+    def pop(self) -> Chunk | None:
+        if not self._buffer:
+            return None
+        chunk = self._buffer.popleft()
+        self._release(chunk.nbytes)
+        return chunk
+
+    def push_front(self, chunk: Chunk) -> None:
+        """Put back the rest of a chunk that one poll could not take whole."""
+        # Pro rata, not re-summed: a chunk taken 500 records at a time would cost O(n^2).
+        left = len(chunk.records) - chunk.start
+        chunk.nbytes = chunk.nbytes * left // max(left + chunk.taken_now, 1)
+        chunk.taken_now = 0
+        self._buffer.appendleft(chunk)
+        self._bytes += chunk.nbytes
+
+    def take_error(self) -> SluiceError | None:
+        return self._errors.pop(0) if self._errors else None
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._bytes
+
+    def _release(self, nbytes: int) -> None:
+        was_full = self._bytes >= self._max_bytes
+        self._bytes -= nbytes
+        if was_full and self._bytes < self._max_bytes:
+            self._space.notify_all()
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            self._closed = True
+            self._space.notify_all()
+        self._fetcher.close()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # ---- the fetch thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._round():
+                pass
+        except Exception as exc:  # a bug: surface it through poll() rather than dying silently
+            log.exception("consumer fetch thread failed")
+            with self._lock:
+                self._errors.append(SluiceError(f"the consumer's fetch thread failed: {exc!r}"))
+                self._ready.notify_all()
+
+    def _round(self) -> bool:
+        """One fetch round. False once closed."""
+        with self._lock:
+            while not (self._closed or self._commands) and (
+                self._bytes >= self._max_bytes or not self._epochs
+            ):
+                self._space.wait()
+            if self._closed:
+                return False
+            commands, self._commands = self._commands, []
+        self._apply(commands)
+        if not self._epochs or self._bytes >= self._max_bytes:
+            return True
+        fetcher = self._fetcher
+        before = fetcher.positions()
+        try:
+            raws = fetcher.fetch_raw(None)
+        except SluiceError as exc:
+            # The fetcher paused the partition concerned (until a seek); poll() raises it.
+            with self._lock:
+                self._errors.append(exc)
+                self._ready.notify_all()
+            return True
+        after = fetcher.positions()
+        chunks = cut_chunks(decode_runs(raws, self._epochs, self._check_crcs), before, after, self._epochs)
+        if chunks:
+            with self._lock:
+                if self._closed:
+                    return False
+                self._buffer.extend(chunks)
+                self._bytes += sum(c.nbytes for c in chunks)
+                self._ready.notify_all()
+        return True
+
+    def _apply(self, commands: list[_Command]) -> None:
+        fetcher = self._fetcher
+        for cmd in commands:
+            if cmd.offset is None:
+                if self._epochs.pop(cmd.tp, None) is not None:
+                    fetcher.remove(cmd.tp)
+                continue
+            topic = cmd.tp[0]
+            if self._filters.get(topic) != cmd.filter:
+                self._filters[topic] = cmd.filter
+                fetcher.set_filter(topic, cmd.filter)
+            self._epochs[cmd.tp] = cmd.fetch_epoch
+            fetcher.seek(cmd.tp, cmd.offset)
+
+
+def decode_runs(
+    raws: list[RawChunk], epochs: Mapping[TopicPartition, int], check_crcs: bool
+) -> list[tuple[TopicPartition, list[Record]]]:
+    """Decode each raw run of a partition still fetched (one per partition and response)."""
+    runs: list[tuple[TopicPartition, list[Record]]] = []
+    with _gc_paused():
+        for raw in raws:
+            tp = (raw.topic, raw.partition)
+            if tp not in epochs:
+                continue  # removed while the response was in flight
+            records = decode_records(raw.data, raw.topic, raw.partition, raw.start, check_crcs)
+            if records:
+                runs.append((tp, records))
+    return runs
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while a round's records are created (the Fetcher does the same:
+    tens of thousands of surviving Records would trigger full collections that double the
+    cost of decoding; Records hold no cycles)."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def cut_chunks(
+    runs: list[tuple[TopicPartition, list[Record]]],
+    before: Mapping[TopicPartition, int],
+    after: Mapping[TopicPartition, int],
+    epochs: Mapping[TopicPartition, int],
+) -> list[Chunk]:
+    """One chunk per run of one partition's records, plus empty chunks for partitions
+    whose position moved without records. ``before``/``after``: the fetch positions
+    around the round; ``epochs``: the fetch epoch of each fetched partition."""
+    chunks: list[Chunk] = []
+    last: dict[TopicPartition, Chunk] = {}
+    for tp, recs in runs:
+        epoch = epochs.get(tp)
+        if epoch is None or not recs:
+            continue
+        nbytes = len(recs) * RECORD_OVERHEAD + sum(map(len, map(_VALUE, recs)))
+        chunk = Chunk(tp, epoch, recs, recs[-1].offset + 1, nbytes)
+        chunks.append(chunk)
+        last[tp] = chunk
+    for tp, position in after.items():
+        epoch = epochs.get(tp)
+        if epoch is None:
+            continue
+        tail = last.get(tp)
+        if tail is not None:
+            tail.next_offset = max(tail.next_offset, position)
+        elif position != before.get(tp):
+            chunks.append(Chunk(tp, epoch, [], position, 0))
+    return chunks

@@ -1,0 +1,294 @@
+"""The producer's background sender: drains ready batches into Produce requests.
+
+One thread per producer. It sleeps on the producer's Condition until a batch is
+ready (full, lingered, flushed), a response arrives or a retry backoff ends — no
+polling. Each wake-up it sends ONE Produce request per broker holding the ready
+batches of every partition that broker hosts (at most ``max_in_flight`` requests
+per broker, at most one batch per partition). Requests are asynchronous gRPC
+futures; their completion callbacks only queue the response and notify the
+Condition, and the sender thread itself settles batches and runs user callbacks.
+
+Retriable errors (``SluiceError.retriable``, plus UNKNOWN_TOPIC_OR_PARTITION while
+the coordinator still knows the topic) put the batch back at the head of its
+partition after a doubling backoff, until ``retries`` or ``delivery_timeout`` runs
+out; routing errors also refresh the metadata. Other errors fail the batch's
+futures with the typed error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from sluice.client.metadata import MetadataCache
+from sluice.client.producer.accumulator import Accumulator, ProducerBatch
+from sluice.client.producer.config import ProducerConfig
+from sluice.client.rpc import ChannelPool, result_of
+from sluice.errors import (
+    BrokerNotAvailable,
+    NotLeader,
+    RequestTimedOut,
+    SluiceError,
+    UnknownTopicOrPartition,
+    error_for_code,
+)
+from sluice.v1 import broker_pb2, broker_pb2_grpc
+
+__all__ = ["Sender"]
+
+log = logging.getLogger("sluice.producer")
+
+# Errors after which the partition's broker may have changed: ask the coordinator.
+_ROUTING_ERRORS = (NotLeader, UnknownTopicOrPartition, BrokerNotAvailable, RequestTimedOut)
+
+# (batch, base_offset, log_append_time_ms, error) to settle outside the lock.
+_Outcome = tuple[ProducerBatch, int, int, SluiceError | None]
+
+
+class Sender:
+    """Moves batches from the accumulator to the brokers and settles their results.
+
+    Caller: Producer (start, close). Everything that touches the accumulator runs
+    with the producer's lock (``cond``) held; RPCs, metadata refreshes and user
+    callbacks run without it.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        accumulator: Accumulator,
+        cond: threading.Condition,
+        config: ProducerConfig,
+        *,
+        channels: ChannelPool,
+        metadata: MetadataCache,
+        leaders: list[str | None],
+        clock: Callable[[], float],
+    ) -> None:
+        self._topic = topic
+        self._acc = accumulator
+        self._cond = cond
+        self._cfg = config
+        self._channels = channels
+        self._metadata = metadata
+        self._clock = clock
+        self._leaders = leaders
+        self._need_metadata = any(a is None for a in leaders)
+        self._last_refresh = float("-inf")
+        self._refresh_interval = config.retry_backoff.total_seconds()
+        self._request_timeout = config.request_timeout.total_seconds()
+        self._backoff = config.retry_backoff.total_seconds()
+        self._backoff_max = config.retry_backoff_max.total_seconds()
+        self._responses: list[tuple[str, list[ProducerBatch], Any]] = []
+        self._requests_in_flight: dict[str, int] = {}
+        #: Set by Producer.close when its timeout ran out: fail what is left and stop.
+        self.force_close = False
+        #: The exception that killed the thread, if any.
+        self.failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"sluice-producer-{topic}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None) -> bool:
+        """Wait for the thread to end; True if it did."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:
+            log.exception("the producer's sender thread failed")
+            self.failure = exc
+            with self._cond:
+                left = self._acc.abort(include_in_flight=True)
+                self._cond.notify_all()
+            err = SluiceError(f"the producer's sender thread failed: {exc!r}")
+            for b in left:
+                b.result.complete(-1, -1, err)
+
+    def _loop(self) -> None:
+        while True:
+            done: list[_Outcome] = []
+            sends: list[tuple[str, list[ProducerBatch]]] = []
+            refresh = stop = False
+            with self._cond:
+                while True:
+                    now = self._clock()
+                    self._take_responses(now, done)
+                    for b in self._acc.expire(now):
+                        done.append((b, -1, -1, _expired(b, self._cfg)))
+                    if self.force_close:
+                        err = SluiceError("the producer was closed before the record was delivered")
+                        done += [(b, -1, -1, err) for b in self._acc.abort(include_in_flight=True)]
+                        stop = True
+                        break
+                    if self._acc.closing and not self._requests_in_flight and self._acc.empty:
+                        stop = True
+                        break
+                    refresh = self._need_metadata and now >= self._last_refresh + self._refresh_interval
+                    ready, next_at = self._acc.ready(now)
+                    sends = self._drain(ready)
+                    if done or sends or refresh:
+                        break
+                    if self._need_metadata:
+                        at = self._last_refresh + self._refresh_interval
+                        next_at = at if next_at is None else min(next_at, at)
+                    self._cond.wait(None if next_at is None else max(next_at - now, 0.0))
+                self._cond.notify_all()  # buffer space may have been freed
+            for batch, base_offset, append_time, error in done:
+                batch.result.complete(base_offset, append_time, error)
+            if refresh:
+                self._refresh_metadata()
+            for address, batches in sends:
+                self._send(address, batches)
+            if stop:
+                return
+
+    def _drain(self, ready: list[int]) -> list[tuple[str, list[ProducerBatch]]]:
+        """Group ready partitions by broker and take their batches (lock held)."""
+        by_broker: dict[str, list[int]] = {}
+        for p in ready:
+            address = self._leaders[p]
+            if address is None:
+                self._need_metadata = True
+            elif self._requests_in_flight.get(address, 0) < self._cfg.max_in_flight:
+                by_broker.setdefault(address, []).append(p)
+        sends = []
+        for address, parts in by_broker.items():
+            batches = self._acc.drain(parts, self._cfg.max_request_size)
+            if batches:
+                self._requests_in_flight[address] = self._requests_in_flight.get(address, 0) + 1
+                sends.append((address, batches))
+        return sends
+
+    # ---- requests and responses ----------------------------------------------------------
+
+    def _send(self, address: str, batches: list[ProducerBatch]) -> None:
+        """Encode (first attempt only) and send one Produce request, asynchronously.
+
+        ``batches`` come grouped by partition; a partition's batches travel
+        concatenated in one ProducePartition and are appended in that order.
+        """
+        try:
+            runs: dict[int, list[bytes]] = {}
+            for b in batches:
+                runs.setdefault(b.partition, []).append(b.encode())
+            request = broker_pb2.ProduceRequest(
+                acks=self._cfg.acks,
+                timeout_ms=int(self._request_timeout * 1000),
+                partitions=[
+                    broker_pb2.ProducePartition(
+                        topic=self._topic, partition=p, records=raw[0] if len(raw) == 1 else b"".join(raw)
+                    )
+                    for p, raw in runs.items()
+                ],
+            )
+            stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
+            # A little more than the broker's own timeout, so its answer wins the race.
+            future = stub.Produce.future(request, timeout=self._request_timeout + 5.0)
+        except SluiceError as exc:
+            self._on_done(address, batches, exc)
+            return
+        except (grpc.RpcError, ValueError) as exc:
+            self._on_done(address, batches, BrokerNotAvailable(f"cannot send to broker {address}: {exc}"))
+            return
+        future.add_done_callback(lambda f: self._on_done(address, batches, f))
+
+    def _on_done(self, address: str, batches: list[ProducerBatch], outcome: Any) -> None:
+        # Runs in a gRPC thread: only hand the response over to the sender thread.
+        with self._cond:
+            self._responses.append((address, batches, outcome))
+            self._cond.notify_all()
+
+    def _take_responses(self, now: float, done: list[_Outcome]) -> None:
+        responses, self._responses = self._responses, []
+        for address, batches, outcome in responses:
+            n = self._requests_in_flight.get(address, 1) - 1
+            if n > 0:
+                self._requests_in_flight[address] = n
+            else:
+                self._requests_in_flight.pop(address, None)
+            try:
+                if isinstance(outcome, SluiceError):
+                    raise outcome
+                resp = result_of(outcome)
+            except SluiceError as exc:
+                if isinstance(exc, BrokerNotAvailable):
+                    exc = BrokerNotAvailable(f"broker {address}: {exc.message}")
+                for b in batches:
+                    self._retry_or_fail(b, exc, now, done)
+                continue
+            by_partition = {r.partition: r for r in resp.partitions if r.topic == self._topic}
+            next_offset: dict[int, int] = {}
+            for b in batches:
+                r = by_partition.get(b.partition)
+                if r is None:
+                    err: SluiceError = BrokerNotAvailable(
+                        f"broker {address} did not answer for partition {b.partition}"
+                    )
+                    self._retry_or_fail(b, err, now, done)
+                elif r.error.code:
+                    self._retry_or_fail(b, error_for_code(r.error.code, r.error.message), now, done)
+                else:
+                    # Batches of one partition were appended in order: offsets follow on.
+                    base = next_offset.get(b.partition, r.base_offset)
+                    next_offset[b.partition] = base + b.record_count if base >= 0 else base
+                    self._acc.complete(b)
+                    done.append((b, base, r.log_append_time_ms, None))
+
+    def _retry_or_fail(
+        self, batch: ProducerBatch, err: SluiceError, now: float, done: list[_Outcome]
+    ) -> None:
+        if isinstance(err, _ROUTING_ERRORS):
+            self._need_metadata = True
+        retriable = err.retriable or isinstance(err, UnknownTopicOrPartition)
+        if retriable and batch.attempts <= self._cfg.retries and now < batch.deadline:
+            backoff = min(self._backoff * 2 ** (batch.attempts - 1), self._backoff_max)
+            self._acc.reenqueue(batch, now + backoff)
+            log.debug("retrying %r in %.3f s after %s", batch, backoff, err)
+            return
+        self._acc.complete(batch)
+        done.append((batch, -1, -1, err))
+
+    def _refresh_metadata(self) -> None:
+        """Ask the coordinator where the partitions are (without the lock)."""
+        failed: list[ProducerBatch] = []
+        try:
+            md = self._metadata.get([self._topic], refresh=True, retry=False)
+        except SluiceError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+            md = None
+        with self._cond:
+            self._last_refresh = self._clock()
+            if md is not None:
+                if self._topic in md.unknown_topics:
+                    failed = self._acc.abort(include_in_flight=False)
+                    self._need_metadata = False
+                else:
+                    leaders = [md.leader_address(self._topic, p) for p in range(self._acc.partitions)]
+                    self._leaders[:] = leaders
+                    self._need_metadata = any(a is None for a in leaders)
+            self._cond.notify_all()
+        if failed:
+            err = UnknownTopicOrPartition(f"topic {self._topic!r} no longer exists")
+            for b in failed:
+                b.result.complete(-1, -1, err)
+
+
+def _expired(batch: ProducerBatch, cfg: ProducerConfig) -> RequestTimedOut:
+    return RequestTimedOut(
+        f"{batch.record_count} record(s) for partition {batch.partition} expired: not delivered within "
+        f"delivery_timeout={cfg.delivery_timeout.total_seconds():g} s"
+    )

@@ -1,0 +1,22 @@
+"""Push consumption (Pulsar-style subscriptions): ``client.push_consumer(...)``.
+
+Parts, each its own module: ``config`` (PushConsumerConfig), ``message`` (Message),
+``flow`` (the permit counters, pure), ``backoff`` (reconnect backoff, pure),
+``outbound`` (coalesced commands of one stream), ``stream`` (one Consume stream per
+dispatcher, reconnecting), ``nacks`` (client-side nack backoff) and ``consumer``
+(the PushConsumer façade). See docs/push-consumer.md.
+"""
+
+from sluice.client.push.config import KeySharedPolicy, PushConsumerConfig, dlq_topic
+from sluice.client.push.consumer import PushConsumer, PushConsumerStats
+from sluice.client.push.message import Message, MessageId
+
+__all__ = [
+    "KeySharedPolicy",
+    "Message",
+    "MessageId",
+    "PushConsumer",
+    "PushConsumerConfig",
+    "PushConsumerStats",
+    "dlq_topic",
+]

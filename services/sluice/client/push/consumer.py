@@ -1,0 +1,584 @@
+"""PushConsumer: the application's side of a push subscription.
+
+::
+
+    pc = client.push_consumer("orders", subscription="s", type="shared", receiver_queue_size=0)
+    msg = pc.receive(timeout=5.0)
+    pc.ack(msg)                      # or pc.nack(msg), pc.ack_cumulative(msg)
+    msg = await pc.receive_async()   # from asyncio code
+    pc.close()
+
+The parts: :mod:`~sluice.client.push.stream` keeps one Consume stream per dispatcher
+that serves some of the topic's partitions (the coordinator's routing), and
+:mod:`~sluice.client.push.flow` decides every permit. This module merges the streams
+into one receiver queue, hands messages to ``receive()`` / ``receive_async()`` / the
+listener thread, and routes each ack back to the session that delivered the message.
+
+Locking: one Condition guards the queue, the flow counters and the sessions' unacked
+sets. Streams call in from their threads; no callback does I/O under the lock beyond
+appending to an :class:`~sluice.client.push.outbound.Outbound`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Hashable
+from types import TracebackType
+from typing import Any
+
+from sluice.client.metadata import MetadataCache
+from sluice.client.push.backoff import Backoff
+from sluice.client.push.config import PushConsumerConfig
+from sluice.client.push.flow import FlowControl, Grant
+from sluice.client.push.message import Message
+from sluice.client.push.nacks import NackScheduler, backoff_hold
+from sluice.client.push.stats import PushConsumerStats, StreamInfo
+from sluice.client.push.stream import ConsumeStream, Session, StreamState
+from sluice.client.rpc import ChannelPool
+from sluice.errors import InvalidArgument, RequestTimedOut, SluiceError
+from sluice.v1 import dispatcher_pb2 as pb
+from sluice.v1 import dispatcher_pb2_grpc
+
+__all__ = ["PushConsumer", "PushConsumerStats", "StreamInfo", "StreamState", "make_config"]
+
+log = logging.getLogger(__name__)
+
+#: How long close() lets pending acks reach the dispatcher before cutting the streams.
+CLOSE_GRACE = 2.0
+_DEFAULT_NACK_DELAY = 1.0  # the dispatcher's default, used for the client-side backoff
+#: Cap of the doubling zero-queue handoff delay.
+ZERO_QUEUE_HANDOFF_MAX = 5.0
+_stream_keys = itertools.count(1)
+
+
+class PushConsumer:
+    """Made by :meth:`sluice.Client.push_consumer`; see the module docstring. Thread-safe."""
+
+    def __init__(
+        self,
+        topic: str,
+        subscription: str,
+        type_: str,
+        config: PushConsumerConfig,
+        channels: ChannelPool,
+        metadata: MetadataCache,
+        client_id: str,
+        on_close: Callable[[PushConsumer], None] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.subscription = subscription
+        self.type = type_
+        self.config = config
+        self._listener = config.message_listener
+        self.consumer_id = config.consumer_id or uuid.uuid4().hex
+        self.consumer_name = config.consumer_name or client_id
+        self._channels = channels
+        self._metadata = metadata
+        self._on_close = on_close
+        # Hot paths take the plain lock (a C call); only waits and wake-ups use the Condition.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._queue: deque[Message] = deque()
+        self._flow = FlowControl(config.receiver_queue_size)
+        self._streams: dict[Hashable, ConsumeStream] = {}
+        self._plan: dict[str, tuple[int, ...]] = {}
+        self._waiting = 0
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._fatal: SluiceError | None = None
+        self._closed = False
+        self._acked = self._nacked = self._stale = self._command_errors = 0
+        self._active: set[int] = set()
+        self._nacks = NackScheduler()
+        self._listener_thread: threading.Thread | None = None
+        # Zero-queue permit handoff between streams (see _handoff_wait).
+        self._handoff_base = config.zero_queue_handoff.total_seconds()
+        self._handoff_delay = self._handoff_base
+        self._permit_since = 0.0
+        self._handoffs = 0
+        try:
+            with self._lock:
+                self._reroute_locked(self._compute_plan(refresh=False))
+            self._wait_subscribed(config.subscribe_timeout.total_seconds())
+        except BaseException:
+            self._shutdown(grace=0.0)
+            raise
+        if config.message_listener is not None:
+            self._listener_thread = threading.Thread(
+                target=self._listen, daemon=True, name=f"sluice-push-listener-{subscription}"
+            )
+            self._listener_thread.start()
+
+    # ---- receiving ----------------------------------------------------------------------------
+
+    def receive(self, timeout: float | None = None) -> Message:
+        """The next message; waits up to ``timeout`` seconds (None: forever).
+
+        Raises RequestTimedOut (a TimeoutError) when none came, the typed error when the
+        subscription failed (e.g. CONSUMER_BUSY after a reconnect), SluiceError when closed.
+        """
+        if self._listener is not None:
+            raise InvalidArgument("this consumer has a message_listener: messages go to it, not to receive()")
+        with self._lock:  # fast path: a message is waiting
+            if self._queue and self._fatal is None and not self._closed:
+                return self._take_locked()
+        msg = self._take(timeout)
+        if msg is None:
+            raise RequestTimedOut(f"no message within {timeout:g} s")
+        return msg
+
+    async def receive_async(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
+        """``await pc.receive_async()``: receive() for asyncio code, without blocking the loop."""
+        if self.config.message_listener is not None:
+            raise InvalidArgument("this consumer has a message_listener: messages go to it, not to receive()")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                self._check_usable()
+                if self._queue:
+                    return self._take_locked()
+                fut: asyncio.Future[None] = loop.create_future()
+                waiter = (loop, fut)
+                self._async_waiters.append(waiter)
+                self._waiting += 1
+                self._send(self._flow.want_one(True))
+            try:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise RequestTimedOut(f"no message within {timeout:g} s")
+                with self._lock:
+                    handoff = self._handoff_wait()
+                await asyncio.wait({fut}, timeout=_earliest(remaining, handoff))
+            finally:
+                with self._lock:
+                    self._waiting -= 1
+                    if waiter in self._async_waiters:
+                        self._async_waiters.remove(waiter)
+
+    def _take(self, timeout: float | None, stop_when_closed: bool = False) -> Message | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._waiting += 1
+            try:
+                while True:
+                    if stop_when_closed and (self._closed or self._fatal is not None):
+                        return None
+                    self._check_usable()
+                    if self._queue:
+                        return self._take_locked()
+                    self._send(self._flow.want_one(True))
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return None
+                    self._cond.wait(_earliest(remaining, self._handoff_wait()))
+            finally:
+                self._waiting -= 1
+
+    def _handoff_wait(self) -> float | None:
+        """Zero-queue over several streams: seconds until the outstanding permit should move
+        to another stream (None: never). Moves it when that time has come.
+
+        A permit cannot be taken back on the wire, so the idle stream is resubscribed: the
+        dispatcher drops the old consumer (and its permit) and the next grant goes to the
+        next stream. Only when nothing the application holds came from that stream (those
+        messages would be redelivered) and only for Shared/Key_Shared (resubscribing a
+        Failover consumer could move its partitions to a standby). Under the lock.
+        """
+        key = self._flow.holder
+        if key is None or not self._handoff_base or len(self._streams) < 2:
+            return None
+        if self.type not in ("shared", "key_shared"):
+            return None
+        due = self._permit_since + self._handoff_delay - time.monotonic()
+        if due > 0:
+            return due
+        stream = self._streams.get(key)
+        session = stream.session if stream is not None else None
+        if stream is None or session is None or session.unacked:
+            return None
+        self._handoffs += 1
+        self._handoff_delay = min(self._handoff_delay * 2, ZERO_QUEUE_HANDOFF_MAX)
+        self._flow.on_idle(key)
+        stream.handoff()  # on_session_end then grants the permit to the next stream
+        return None
+
+    def _take_locked(self) -> Message:
+        msg = self._queue.popleft()
+        session: Session = msg._session  # type: ignore[assignment]
+        session.unacked.add((msg.partition, msg.offset))
+        grants = self._flow.on_taken(session.stream.key)
+        if self._flow.zero_queue and self._waiting > 1:
+            grants += self._flow.want_one(True)  # another receiver is still waiting
+        if grants:
+            self._send(grants)
+        return msg
+
+    def _listen(self) -> None:
+        listener = self.config.message_listener
+        assert listener is not None
+        while True:
+            try:
+                msg = self._take(None, stop_when_closed=True)
+            except SluiceError as exc:
+                log.error("push consumer %s/%s stopped: %s", self.topic, self.subscription, exc)
+                return
+            if msg is None:
+                return
+            try:
+                listener(self, msg)
+            except Exception:
+                log.exception("message listener failed on %r; nacking it", msg)
+                self.nack(msg)
+
+    # ---- acknowledging ---------------------------------------------------------------------------
+
+    def ack(self, msg: Message) -> None:
+        """Acknowledge one message (idempotent). Acks are batched with other pending commands."""
+        session = self._session_of(msg)
+        key = (msg.partition, msg.offset)
+        with self._lock:
+            if key not in session.unacked:
+                if not session.active:
+                    self._stale += 1
+                return
+            session.unacked.discard(key)
+            self._acked += 1
+        session.outbound.ack(msg.partition, msg.offset)
+
+    def ack_cumulative(self, msg: Message) -> None:
+        """Acknowledge ``msg`` and every earlier message of its partition (Exclusive and
+        Failover only: with Shared/Key_Shared, earlier messages may belong to other consumers)."""
+        if self.type in ("shared", "key_shared"):
+            raise InvalidArgument(f"ack_cumulative is not allowed on a {self.type} subscription: use ack()")
+        session = self._session_of(msg)
+        with self._lock:
+            if not session.active:
+                self._stale += 1
+                return
+            done = {k for k in session.unacked if k[0] == msg.partition and k[1] <= msg.offset}
+            session.unacked -= done
+            self._acked += len(done)
+        session.outbound.ack_cumulative(msg.partition, msg.offset)
+
+    def nack(self, msg: Message) -> None:
+        """Negative ack: the dispatcher redelivers it after ``nack_delay`` (with
+        ``nack_backoff``: ``nack_delay * 2**redelivery_count``, capped)."""
+        session = self._session_of(msg)
+        key = (msg.partition, msg.offset)
+        with self._lock:
+            if key not in session.unacked:
+                if not session.active:
+                    self._stale += 1
+                return
+            session.unacked.discard(key)
+            self._nacked += 1
+        cfg = self.config
+        hold = 0.0
+        if cfg.nack_backoff:
+            base = cfg.nack_delay.total_seconds() or _DEFAULT_NACK_DELAY
+            hold = backoff_hold(base, cfg.nack_backoff_max.total_seconds(), msg.redelivery_count)
+        if hold > 0:
+            self._nacks.schedule(hold, lambda: session.outbound.nack(*key))
+        else:
+            session.outbound.nack(*key)
+
+    def _session_of(self, msg: Message) -> Session:
+        session = getattr(msg, "_session", None)
+        if not isinstance(session, Session) or session.stream.owner is not self:
+            raise InvalidArgument("this message was not received by this consumer")
+        return session
+
+    # ---- flow -------------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop granting permits: what is queued or already granted still arrives."""
+        with self._lock:
+            self._flow.pause()
+
+    def resume(self) -> None:
+        with self._lock:
+            self._send(self._flow.resume(self._waiting > 0))
+
+    @property
+    def paused(self) -> bool:
+        return self._flow.paused
+
+    @property
+    def active_partitions(self) -> frozenset[int]:
+        """Exclusive/Failover: the partitions this consumer is the active consumer of."""
+        with self._lock:
+            return frozenset(self._active)
+
+    def stats(self) -> PushConsumerStats:
+        with self._lock:
+            streams = tuple(
+                StreamInfo(
+                    s.dispatcher_id,
+                    s.address,
+                    s.partitions,
+                    s.state.value,
+                    s.sessions,
+                    s.reconnects,
+                    None if s.last_error is None else str(s.last_error),
+                )
+                for s in self._streams.values()
+            )
+            unacked = sum(len(s.session.unacked) for s in self._streams.values() if s.session is not None)
+            return PushConsumerStats(
+                flow=self._flow.stats(),
+                unacked=unacked,
+                acked=self._acked,
+                nacked=self._nacked,
+                stale_acks=self._stale,
+                command_errors=self._command_errors,
+                handoffs=self._handoffs,
+                streams=streams,
+                active_partitions=frozenset(self._active),
+            )
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write pending acks, end every stream (the dispatcher gives unacked messages to
+        the other consumers) and stop the listener. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+        self._shutdown(grace=CLOSE_GRACE)
+        if self._on_close is not None:
+            self._on_close(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _shutdown(self, grace: float) -> None:
+        with self._lock:
+            self._closed = True
+            streams = list(self._streams.values())
+            self._wake_all()
+        for s in streams:
+            s.stop(join=True, grace=grace)
+        self._nacks.close()
+        t = self._listener_thread
+        if t is not None and t is not threading.current_thread():
+            t.join(10)
+
+    def __enter__(self) -> PushConsumer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<PushConsumer {self.topic}/{self.subscription} type={self.type} "
+            f"consumer_id={self.consumer_id} streams={len(self._streams)}>"
+        )
+
+    def _check_usable(self) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        if self._closed:
+            raise SluiceError("the push consumer is closed")
+
+    def _wait_subscribed(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                if self._fatal is not None:
+                    raise self._fatal
+                streams = list(self._streams.values())
+                if streams and all(s.session is not None and s.session.subscribed for s in streams):
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    errors = "; ".join(str(s.last_error) for s in streams if s.last_error is not None)
+                    raise RequestTimedOut(
+                        f"not subscribed to {self.topic}/{self.subscription} within {timeout:g} s"
+                        + (f": {errors}" if errors else "")
+                    )
+                self._cond.wait(remaining)
+
+    # ---- routing ---------------------------------------------------------------------------------------
+
+    def _compute_plan(self, refresh: bool) -> dict[str, tuple[int, ...]]:
+        """{dispatcher_id: partitions} from the coordinator's routing ("" = no live dispatcher)."""
+        md = self._metadata.get([self.topic], refresh=refresh, retry=not refresh)
+        plan: dict[str, list[int]] = {}
+        for p in md.topic(self.topic).partitions:
+            plan.setdefault(p.dispatcher_id, []).append(p.partition)
+        return {d: tuple(sorted(ps)) for d, ps in sorted(plan.items())}
+
+    def _reroute_locked(self, plan: dict[str, tuple[int, ...]]) -> None:
+        """Replace every stream: a new routing means new sessions anyway (Pulsar clears the
+        receiver queue on reconnect too); what was queued is redelivered."""
+        old = list(self._streams.values())
+        self._plan = plan
+        self._streams = {}
+        self._queue.clear()
+        cfg = self.config
+        for dispatcher_id, partitions in plan.items():
+            key = next(_stream_keys)
+            backoff = Backoff(
+                cfg.reconnect_backoff.total_seconds(), cfg.reconnect_backoff_max.total_seconds()
+            )
+            self._streams[key] = ConsumeStream(self, key, dispatcher_id, partitions, backoff)
+        self._flow.set_streams(self._streams)
+        for s in old:
+            s.stop(join=False)
+        for s in self._streams.values():
+            s.start()
+
+    def _current(self, session: Session) -> bool:
+        return session.active and self._streams.get(session.stream.key) is session.stream
+
+    # ---- StreamOwner: called from the stream threads --------------------------------------------
+
+    def address_of(self, dispatcher_id: str) -> str | None:
+        if not dispatcher_id:
+            return None
+        d = self._metadata.current().dispatchers.get(dispatcher_id)
+        if d is None or not d.alive:
+            return None
+        return d.address
+
+    def stub_for(self, address: str) -> object:
+        return self._channels.stub(address, dispatcher_pb2_grpc.DispatcherStub)
+
+    def subscribe_request(self, stream: ConsumeStream) -> pb.Subscribe:
+        return self.config.to_subscribe(
+            self.topic, self.subscription, self.type, self.consumer_id, self.consumer_name, stream.partitions
+        )
+
+    def routing_changed(self) -> bool:
+        try:
+            plan = self._compute_plan(refresh=True)
+        except SluiceError as exc:
+            if not exc.retriable:
+                # The topic is gone (or similar): nothing to reconnect to.
+                self._fail(exc)
+                return True
+            return False  # coordinator unreachable: keep the plan, back off
+        with self._lock:
+            if self._closed or plan == self._plan:
+                return False
+            log.info("routing of %s changed: %s -> %s", self.topic, self._plan, plan)
+            self._reroute_locked(plan)
+            self._cond.notify_all()
+            return True
+
+    def on_subscribed(self, session: Session) -> None:
+        with self._lock:
+            if not self._current(session):
+                return
+            self._send(self._flow.on_subscribed(session.stream.key))
+            self._send(self._flow.want_one(self._waiting > 0))
+            self._cond.notify_all()  # the constructor waits for this
+
+    def on_messages(self, session: Session, batch: pb.MessageBatch) -> None:
+        topic = batch.topic or self.topic
+        msgs = [Message(topic, pm, session) for pm in batch.messages]
+        if not msgs:
+            return
+        with self._lock:
+            if not self._current(session):
+                return
+            self._flow.on_delivered(session.stream.key, len(msgs))
+            self._queue.extend(msgs)
+            self._handoff_delay = self._handoff_base
+            if self._waiting:
+                self._cond.notify(len(msgs))
+                if self._async_waiters:
+                    self._wake_async()
+
+    def on_active_change(self, session: Session, partition: int, active: bool) -> None:
+        with self._lock:
+            if not self._current(session):
+                return
+            if active:
+                self._active.add(partition)
+            else:
+                self._active.discard(partition)
+
+    def on_command_error(self, session: Session, error: SluiceError) -> None:
+        log.warning("dispatcher rejected a command of %s/%s: %s", self.topic, self.subscription, error)
+        with self._lock:
+            self._command_errors += 1
+
+    def on_session_end(self, session: Session, reason: SluiceError) -> None:
+        with self._lock:
+            if self._streams.get(session.stream.key) is not session.stream:
+                return
+            if session.subscribed:
+                self._flow.on_disconnected(session.stream.key)
+                self._queue = deque(m for m in self._queue if m._session is not session)
+                for p in session.stream.partitions:
+                    self._active.discard(p)
+                if not self._closed:
+                    log.info("push stream to %s lost: %s", session.stream.dispatcher_id, reason)
+            # A zero-queue permit held by the lost stream moves to a live one.
+            self._send(self._flow.want_one(self._waiting > 0))
+
+    def on_fatal(self, stream: ConsumeStream, error: SluiceError) -> None:
+        with self._lock:
+            if self._streams.get(stream.key) is not stream:
+                return
+        self._fail(error)
+
+    def _fail(self, error: SluiceError) -> None:
+        with self._lock:
+            if self._fatal is not None or self._closed:
+                return
+            log.error("push consumer %s/%s failed: %s", self.topic, self.subscription, error)
+            self._fatal = error
+            self._queue.clear()
+            streams = list(self._streams.values())
+            self._wake_all()
+        for s in streams:
+            s.stop(join=False)
+
+    # ---- helpers (under the lock) --------------------------------------------------------------
+
+    def _send(self, grants: list[Grant]) -> None:
+        if grants and self._flow.zero_queue:
+            self._permit_since = time.monotonic()
+        for key, permits in grants:
+            stream = self._streams.get(key)
+            session = stream.session if stream is not None else None
+            if session is not None and session.active:
+                session.outbound.flow(permits)
+
+    def _wake_all(self) -> None:
+        self._cond.notify_all()
+        self._wake_async()
+
+    def _wake_async(self) -> None:
+        for loop, fut in self._async_waiters:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(_resolve, fut)
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def make_config(config: PushConsumerConfig | None, overrides: dict[str, Any]) -> PushConsumerConfig:
+    cfg = config or PushConsumerConfig()
+    return cfg.replace(**overrides) if overrides else cfg

@@ -1,0 +1,150 @@
+"""The client-to-dispatcher half of one Consume stream session.
+
+Application threads hand commands to :class:`Outbound` (a lock and a few lists, no
+I/O); gRPC's request thread iterates it and gets protobuf commands. Whatever piled
+up while the previous command was being written goes out coalesced: every pending
+ack in one ``Ack``, every nack in one ``Nack``, the permits summed into one
+``Flow``. So there is no ack timer: a lone ack leaves at once, and under load acks
+batch themselves.
+
+Acks go before permits in each round, so a consumer blocked on ``max_unacked`` is
+unblocked before it asks for more.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterator
+
+from sluice.v1 import dispatcher_pb2 as pb
+
+__all__ = ["Outbound"]
+
+# Bound one Ack message (and the time the writer holds the batch) under a flood of acks.
+MAX_IDS_PER_COMMAND = 10_000
+
+
+class Outbound:
+    """Pending commands of one stream session. Thread-safe."""
+
+    def __init__(self, subscribe: pb.Subscribe) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._subscribe = subscribe
+        # Individual acks, the hot path, skip the lock: deque.append and popleft are
+        # atomic. The writer sets _writer_waiting under the lock *before* it looks at
+        # the deque a last time, and an ack reads the flag *after* appending, so an ack
+        # either is seen by that look or sees the flag and wakes the writer.
+        self._acks: deque[tuple[int, int]] = deque()
+        self._cumulative: dict[int, int] = {}
+        self._nacks: list[tuple[int, int]] = []
+        self._permits = 0
+        self._closed = False
+        self._finishing = False
+        self._writer_waiting = False
+        #: Commands written so far, by kind (for tests and stats).
+        self.sent = {"flow": 0, "ack": 0, "nack": 0, "permits": 0}
+
+    # ---- producers (any thread) ---------------------------------------------------------
+
+    def flow(self, permits: int) -> None:
+        with self._cond:
+            self._permits += permits
+            self._wake()
+
+    def ack(self, partition: int, offset: int) -> None:
+        self._acks.append((partition, offset))
+        if self._writer_waiting:
+            with self._cond:
+                self._cond.notify()
+
+    def ack_cumulative(self, partition: int, offset: int) -> None:
+        with self._cond:
+            if offset > self._cumulative.get(partition, -1):
+                self._cumulative[partition] = offset
+            self._wake()
+
+    def nack(self, partition: int, offset: int) -> None:
+        with self._cond:
+            self._nacks.append((partition, offset))
+            self._wake()
+
+    def close(self) -> None:
+        """End the request stream (the session is over); pending commands are dropped."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        """End the request stream once everything pending is written (a graceful close)."""
+        with self._cond:
+            self._finishing = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _wake(self) -> None:
+        if self._writer_waiting:
+            self._cond.notify()
+
+    # ---- the writer (gRPC's request thread) ----------------------------------------------
+
+    def __iter__(self) -> Iterator[pb.ConsumerCommand]:
+        yield pb.ConsumerCommand(subscribe=self._subscribe)
+        while True:
+            with self._cond:
+                while True:
+                    self._writer_waiting = True
+                    if self._closed or self._acks or self._cumulative or self._nacks or self._permits:
+                        break
+                    if self._finishing:
+                        return
+                    self._cond.wait()
+                self._writer_waiting = False
+                if self._closed:
+                    return
+                pending, popleft = self._acks, self._acks.popleft
+                acks = [popleft() for _ in range(min(len(pending), MAX_IDS_PER_COMMAND))]
+                cumulative, self._cumulative = self._cumulative, {}
+                nacks, self._nacks = self._nacks, []
+                permits, self._permits = self._permits, 0
+            yield from self._commands(acks, cumulative, nacks, permits)
+
+    def _commands(
+        self,
+        acks: list[tuple[int, int]],
+        cumulative: dict[int, int],
+        nacks: list[tuple[int, int]],
+        permits: int,
+    ) -> Iterator[pb.ConsumerCommand]:
+        # Built in place inside the command: ConsumerCommand(ack=...) would copy every id.
+        if acks:
+            cmd = pb.ConsumerCommand()
+            add = cmd.ack.ids.add
+            for p, o in acks:
+                add(partition=p, offset=o)
+            self.sent["ack"] += 1
+            yield cmd
+        if cumulative:
+            cmd = pb.ConsumerCommand()
+            cmd.ack.cumulative = True
+            for p, o in sorted(cumulative.items()):
+                cmd.ack.ids.add(partition=p, offset=o)
+            self.sent["ack"] += 1
+            yield cmd
+        if nacks:
+            cmd = pb.ConsumerCommand()
+            for p, o in nacks:
+                cmd.nack.ids.add(partition=p, offset=o)
+            self.sent["nack"] += 1
+            yield cmd
+        if permits:
+            # The wire field is int32; a (huge) sum is split rather than overflowing.
+            while permits > 0:
+                n = min(permits, 2**31 - 1)
+                permits -= n
+                self.sent["flow"] += 1
+                self.sent["permits"] += n
+                yield pb.ConsumerCommand(flow=pb.Flow(permits=n))

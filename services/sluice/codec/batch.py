@@ -1,0 +1,638 @@
+"""The record batch: the one format records travel and rest in.
+
+A producer encodes a batch once; the broker validates it, stamps the base offset
+and the append time into the header (fields outside the CRC), and writes it to
+the log as it is. Consumers decode it. Nobody re-encodes per record, except the
+broker when a tag filter keeps only part of a batch.
+
+Layout (little-endian, no padding)::
+
+    offset  size  field
+    0       8     base_offset        stamped by the broker
+    8       4     batch_length       whole batch, header included
+    12      8     append_time_ms     stamped by the broker (-1 before)
+    20      4     crc                CRC32C of bytes [24, batch_length)
+    24      1     magic              = 1
+    25      1     attributes         reserved (compression), must be 0
+    26      4     record_count       > 0
+    30      4     last_offset_delta  record_count - 1 unless filtered
+    34      8     base_timestamp     ms
+    42      8     max_timestamp      ms
+    50      4     tag_table_length   bytes
+    54            tag table          u16 count, then per tag u16 length + UTF-8
+                  columns            record_count entries each, in this order:
+                                     offset_delta i32, timestamp_delta i64,
+                                     key_length i32 (-1: no key), value_length i32,
+                                     headers_length i32, tag_index u16 (0xFFFF: none)
+                  data               every key, then every value, then every headers blob
+
+The tag table lists every distinct tag in the batch, so a filtered fetch can skip a
+whole batch from its header alone. The per-record fields are stored as columns so
+that validation and decoding read each one with a single C-level cast instead of a
+struct call per record, and the data is stored by column too (all keys, then all
+values, then all headers), so a batch's values are one contiguous run: an Arrow
+binary column is a zero-copy view of it (sluice.spark). A record's headers are u16 count, then per header u16
+name length, name, u32 value length, value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import sys
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import crc32c as _crc32c
+
+from sluice.errors import BatchTooLarge, CorruptBatch
+
+if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+    raise ImportError("sluice.codec.batch assumes a little-endian host")
+
+MAGIC = 1
+HEADER = struct.Struct("<qiqIBBiiqqI")
+HEADER_SIZE = HEADER.size  # 54
+CRC_START = 24
+NO_TAG = 0xFFFF
+NO_KEY = -1
+# Per-record column widths: four int32 columns, one int64 (timestamp delta; a
+# user-supplied timestamp may be far from its neighbours) and one uint16.
+COLUMN_BYTES = 4 * 4 + 8 + 2
+MAX_RECORDS_PER_BATCH = 1_000_000
+_U16 = struct.Struct("<H")
+_HDR_NAME = struct.Struct("<H")
+_HDR_VALUE = struct.Struct("<I")
+_OFFSET_FIELD = struct.Struct("<q")
+_STAMP = struct.Struct("<qiq")
+_BATCH_LEN = struct.Struct("<i")
+_FIELDS_8_20 = struct.Struct("<iq")
+
+Headers = dict[str, bytes]
+
+
+def crc32c(data: bytes | bytearray | memoryview) -> int:
+    return int(_crc32c.crc32c(data))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The fixed header of a batch, parsed without touching its records."""
+
+    base_offset: int
+    length: int
+    append_time_ms: int
+    crc: int
+    magic: int
+    attributes: int
+    record_count: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    tag_table_length: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse the header at ``pos``; raises CorruptBatch if it does not fit."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptBatch(f"truncated batch header at byte {pos}")
+    return BatchHeader(*HEADER.unpack_from(buf, pos))
+
+
+def read_tags(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> tuple[str, ...]:
+    """The batch's tag table (``pos`` is the batch start)."""
+    start = pos + HEADER_SIZE
+    end = start + header.tag_table_length
+    if header.tag_table_length < 2 or end > pos + header.length:
+        raise CorruptBatch("tag table does not fit in the batch")
+    (count,) = _U16.unpack_from(buf, start)
+    tags: list[str] = []
+    p = start + 2
+    for _ in range(count):
+        if p + 2 > end:
+            raise CorruptBatch("tag table is truncated")
+        (n,) = _U16.unpack_from(buf, p)
+        p += 2
+        if p + n > end:
+            raise CorruptBatch("tag table is truncated")
+        try:
+            tags.append(bytes(buf[p : p + n]).decode())
+        except UnicodeDecodeError as exc:
+            raise CorruptBatch("tag is not valid UTF-8") from exc
+        p += n
+    if p != end:
+        raise CorruptBatch("tag table length does not match its contents")
+    return tuple(tags)
+
+
+def encode_headers(headers: Headers) -> bytes:
+    parts = [_U16.pack(len(headers))]
+    for name, value in headers.items():
+        raw = name.encode()
+        parts += (_HDR_NAME.pack(len(raw)), raw, _HDR_VALUE.pack(len(value)), value)
+    return b"".join(parts)
+
+
+def decode_headers(raw: bytes | memoryview) -> Headers:
+    if len(raw) < 2:
+        raise CorruptBatch("record headers are truncated")
+    (count,) = _U16.unpack_from(raw, 0)
+    out: Headers = {}
+    p = 2
+    try:
+        for _ in range(count):
+            (n,) = _HDR_NAME.unpack_from(raw, p)
+            name = bytes(raw[p + 2 : p + 2 + n]).decode()
+            p += 2 + n
+            (m,) = _HDR_VALUE.unpack_from(raw, p)
+            p += 4
+            if p + m > len(raw):
+                raise CorruptBatch("record header value is truncated")
+            out[name] = bytes(raw[p : p + m])
+            p += m
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptBatch("record headers are malformed") from exc
+    if p != len(raw):
+        raise CorruptBatch("record headers have trailing bytes")
+    return out
+
+
+class BatchBuilder:
+    """Accumulates records for one partition and encodes them in one go.
+
+    Caller: the producer's accumulator, one builder per open batch.
+    Per record it only appends to column arrays; the batch is laid out once
+    in :meth:`build`.
+    """
+
+    __slots__ = (
+        "_headers",
+        "_headers_lens",
+        "_key_lens",
+        "_keys",
+        "_t0",
+        "_tag_idx",
+        "_tags",
+        "_ts",
+        "_value_lens",
+        "_values",
+        "size",
+    )
+
+    def __init__(self) -> None:
+        #: Timestamps are kept as deltas from the first record's, so build() rarely
+        #: has to rewrite them (only when a later record is older than the first).
+        self._t0: int | None = None
+        self._ts: list[int] = []
+        self._key_lens: list[int] = []
+        self._value_lens: list[int] = []
+        # Headers and tags are the exception: their columns exist only once a record
+        # has one (then back-filled), which spares two appends per plain record.
+        self._headers_lens: list[int] | None = None
+        self._tag_idx: list[int] | None = None
+        self._tags: dict[str, int] = {}
+        self._keys: list[bytes] = []
+        self._values: list[bytes] = []
+        self._headers: list[bytes] = []
+        #: Estimated encoded size in bytes, for batch.size limits.
+        self.size = HEADER_SIZE + 2
+
+    def __len__(self) -> int:
+        return len(self._ts)
+
+    def append(
+        self,
+        value: bytes,
+        key: bytes | None,
+        tag: str | None,
+        headers: Headers | None,
+        timestamp_ms: int,
+    ) -> int:
+        """Add one record; returns its index in the batch."""
+        ts = self._ts
+        index = len(ts)
+        t0 = self._t0
+        if t0 is None:
+            t0 = self._t0 = timestamp_ms
+        ts.append(timestamp_ms - t0)
+        if key is None:
+            self._key_lens.append(NO_KEY)
+            size = COLUMN_BYTES + len(value)
+        else:
+            klen = len(key)
+            self._key_lens.append(klen)
+            self._keys.append(key)
+            size = COLUMN_BYTES + klen + len(value)
+        self._values.append(value)
+        self._value_lens.append(len(value))
+        hl = self._headers_lens
+        if headers:
+            raw = encode_headers(headers)
+            self._headers.append(raw)
+            if hl is None:
+                hl = self._headers_lens = [0] * index
+            hl.append(len(raw))
+            size += len(raw)
+        elif hl is not None:
+            hl.append(0)
+        ti = self._tag_idx
+        if tag:
+            idx = self._tags.get(tag)
+            if idx is None:
+                idx = self._tags[tag] = len(self._tags)
+                size += 2 + len(tag.encode())
+            if ti is None:
+                ti = self._tag_idx = [NO_TAG] * index
+            ti.append(idx)
+        elif ti is not None:
+            ti.append(NO_TAG)
+        self.size += size
+        return index
+
+    def build(self) -> bytes:
+        """Encode the batch with base_offset 0 and append_time -1 (unstamped)."""
+        n = len(self._ts)
+        if n == 0:
+            raise ValueError("cannot build an empty batch")
+        assert self._t0 is not None
+        low = min(self._ts)
+        base_ts = self._t0 + low
+        tags = list(self._tags)
+        tag_table = [_U16.pack(len(tags))]
+        for t in tags:
+            raw = t.encode()
+            tag_table += (_U16.pack(len(raw)), raw)
+        tag_bytes = b"".join(tag_table)
+        ts_deltas = array("q", self._ts if low == 0 else [t - low for t in self._ts])
+        headers_lens = (
+            bytes(4 * n) if self._headers_lens is None else array("i", self._headers_lens).tobytes()
+        )
+        tag_idx = (array("H", [NO_TAG]) * n if self._tag_idx is None else array("H", self._tag_idx)).tobytes()
+        body = b"".join(
+            (
+                tag_bytes,
+                array("i", range(n)).tobytes(),
+                ts_deltas.tobytes(),
+                array("i", self._key_lens).tobytes(),
+                array("i", self._value_lens).tobytes(),
+                headers_lens,
+                tag_idx,
+                *self._keys,
+                *self._values,
+                *self._headers,
+            )
+        )
+        return _assemble(n, n - 1, base_ts, self._t0 + max(self._ts), len(tag_bytes), body)
+
+
+def _assemble(
+    record_count: int,
+    last_offset_delta: int,
+    base_ts: int,
+    max_ts: int,
+    tag_table_length: int,
+    body: bytes,
+    base_offset: int = 0,
+    append_time_ms: int = -1,
+) -> bytes:
+    length = HEADER_SIZE + len(body)
+    # The CRC covers magic..end; base_offset, length and append_time are outside it.
+    covered = (
+        struct.pack("<BBiiqqI", MAGIC, 0, record_count, last_offset_delta, base_ts, max_ts, tag_table_length)
+        + body
+    )
+    crc = crc32c(covered)
+    return struct.pack("<qiqI", base_offset, length, append_time_ms, crc) + covered
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """The per-record columns of one batch, as zero-copy views."""
+
+    offset_deltas: memoryview
+    timestamp_deltas: memoryview
+    key_lengths: memoryview
+    value_lengths: memoryview
+    headers_lengths: memoryview
+    tag_indexes: memoryview
+    #: Where the keys start; values follow the keys, headers follow the values.
+    data_start: int
+
+    def regions(self) -> tuple[int, int, int, int]:
+        """(keys_start, values_start, headers_start, end) of the data section."""
+        keys = self.data_start
+        values = keys + sum(self.key_lengths) + self.key_lengths.tolist().count(NO_KEY)
+        headers = values + sum(self.value_lengths)
+        return keys, values, headers, headers + sum(self.headers_lengths)
+
+
+def columns(buf: bytes | memoryview, pos: int, header: BatchHeader) -> Columns:
+    """Views on the columns of the batch at ``pos`` (bounds already validated)."""
+    n = header.record_count
+    mv = memoryview(buf)
+    p = pos + HEADER_SIZE + header.tag_table_length
+    offset_deltas = mv[p : p + 4 * n].cast("i")
+    p += 4 * n
+    timestamp_deltas = mv[p : p + 8 * n].cast("q")
+    p += 8 * n
+    key_lengths = mv[p : p + 4 * n].cast("i")
+    p += 4 * n
+    value_lengths = mv[p : p + 4 * n].cast("i")
+    p += 4 * n
+    headers_lengths = mv[p : p + 4 * n].cast("i")
+    p += 4 * n
+    tag_idx = mv[p : p + 2 * n].cast("H")
+    return Columns(
+        offset_deltas, timestamp_deltas, key_lengths, value_lengths, headers_lengths, tag_idx, p + 2 * n
+    )
+
+
+def validate_batch(
+    buf: bytes | memoryview, pos: int, max_batch_bytes: int, require_dense: bool = False
+) -> BatchHeader:
+    """Fully check the batch at ``pos``: framing, CRC, counts and column sums.
+
+    Caller: the broker on produce (``require_dense``: a producer's batch holds
+    offsets 0..n-1 exactly) and log recovery. Costs one CRC pass plus a few
+    C-level reductions over the columns.
+    """
+    h = read_header(buf, pos)
+    if h.length < HEADER_SIZE + 2:
+        raise CorruptBatch(f"batch length {h.length} is smaller than a header")
+    if h.length > max_batch_bytes:
+        raise BatchTooLarge(f"batch of {h.length} bytes exceeds the limit of {max_batch_bytes} bytes")
+    end = pos + h.length
+    if end > len(buf):
+        raise CorruptBatch(f"batch claims {h.length} bytes but only {len(buf) - pos} remain")
+    if h.magic != MAGIC:
+        raise CorruptBatch(f"unsupported batch magic {h.magic}")
+    if h.attributes != 0:
+        raise CorruptBatch(f"unsupported batch attributes {h.attributes}")
+    mv = memoryview(buf)
+    if crc32c(mv[pos + CRC_START : end]) != h.crc:
+        raise CorruptBatch("batch CRC32C mismatch")
+    n = h.record_count
+    if not 0 < n <= MAX_RECORDS_PER_BATCH:
+        raise CorruptBatch(f"record count {n} is out of range")
+    if h.last_offset_delta < n - 1:
+        raise CorruptBatch("last offset delta is smaller than the record count")
+    tags = read_tags(buf, pos, h)
+    cols_start = pos + HEADER_SIZE + h.tag_table_length
+    if cols_start + COLUMN_BYTES * n > end:
+        raise CorruptBatch("record columns do not fit in the batch")
+    c = columns(buf, pos, h)
+    if min(c.key_lengths) < NO_KEY or min(c.value_lengths) < 0 or min(c.headers_lengths) < 0:
+        raise CorruptBatch("negative record length")
+    if min(c.timestamp_deltas) < 0:
+        raise CorruptBatch("negative timestamp delta")
+    deltas = c.offset_deltas
+    if require_dense:
+        # One C-level comparison instead of a Python loop over the records.
+        if h.last_offset_delta != n - 1 or deltas.tobytes() != array("i", range(n)).tobytes():
+            raise CorruptBatch("a produced batch must hold offset deltas 0..record_count-1")
+    else:
+        if deltas[0] < 0 or deltas[n - 1] > h.last_offset_delta:
+            raise CorruptBatch("offset deltas fall outside the batch")
+        if n > 1 and any(b <= a for a, b in itertools.pairwise(deltas)):
+            raise CorruptBatch("offset deltas are not increasing")
+    used_tags = set(c.tag_indexes.tolist())
+    used_tags.discard(NO_TAG)
+    if used_tags and max(used_tags) >= len(tags):
+        raise CorruptBatch("record tag index is out of range")
+    key_bytes = sum(c.key_lengths) + c.key_lengths.tolist().count(NO_KEY)
+    data_len = key_bytes + sum(c.value_lengths) + sum(c.headers_lengths)
+    if c.data_start + data_len != end:
+        raise CorruptBatch("record lengths do not add up to the batch length")
+    return h
+
+
+def stamp(batch: bytearray | memoryview, pos: int, base_offset: int, append_time_ms: int) -> None:
+    """Write the broker-assigned base offset and append time in place (outside the CRC)."""
+    _OFFSET_FIELD.pack_into(batch, pos, base_offset)
+    struct.pack_into("<q", batch, pos + 12, append_time_ms)
+
+
+def iter_headers(
+    buf: bytes | memoryview, pos: int = 0, end: int | None = None
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Walk batch headers from ``pos`` without decoding records. Stops at a short tail."""
+    stop = len(buf) if end is None else end
+    while pos + HEADER_SIZE <= stop:
+        h = BatchHeader(*HEADER.unpack_from(buf, pos))
+        if h.length < HEADER_SIZE or pos + h.length > stop:
+            return
+        yield pos, h
+        pos += h.length
+
+
+class Record:
+    """A consumed record. Identity: (topic, partition, offset)."""
+
+    __slots__ = ("headers", "key", "offset", "partition", "tag", "timestamp", "topic", "value")
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes,
+        tag: str | None,
+        headers: Headers,
+        timestamp: int,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.value = value
+        self.tag = tag
+        self.headers = headers
+        self.timestamp = timestamp
+
+    def __repr__(self) -> str:
+        return (
+            f"Record(topic={self.topic!r}, partition={self.partition}, offset={self.offset}, "
+            f"key={self.key!r}, value={self.value!r}, tag={self.tag!r}, timestamp={self.timestamp})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        return all(getattr(self, s) == getattr(other, s) for s in self.__slots__)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_EMPTY_HEADERS: Headers = {}
+
+
+def decode_records(
+    buf: bytes,
+    topic: str,
+    partition: int,
+    start_offset: int = 0,
+    verify_crc: bool = True,
+) -> list[Record]:
+    """Decode every record in a run of concatenated batches.
+
+    Records below ``start_offset`` are dropped (a fetch returns whole batches,
+    which may begin before the requested offset). A short tail is ignored, as
+    a fetch may cut the last batch.
+    """
+    out: list[Record] = []
+    append = out.append
+    mv = memoryview(buf)
+    for pos, h in iter_headers(buf):
+        if h.next_offset <= start_offset:
+            continue
+        if verify_crc and crc32c(mv[pos + CRC_START : pos + h.length]) != h.crc:
+            raise CorruptBatch(f"batch at offset {h.base_offset} failed its CRC check")
+        tags = read_tags(buf, pos, h)
+        c = columns(buf, pos, h)
+        kp, vp, hp, _ = c.regions()
+        base = h.base_offset
+        base_ts = h.base_timestamp
+        for od, td, kl, vl, hl, ti in zip(
+            c.offset_deltas,
+            c.timestamp_deltas,
+            c.key_lengths,
+            c.value_lengths,
+            c.headers_lengths,
+            c.tag_indexes,
+            strict=True,
+        ):
+            if kl >= 0:
+                key: bytes | None = buf[kp : kp + kl]
+                kp += kl
+            else:
+                key = None
+            value = buf[vp : vp + vl]
+            vp += vl
+            if hl:
+                headers = decode_headers(mv[hp : hp + hl])
+                hp += hl
+            else:
+                headers = _EMPTY_HEADERS
+            offset = base + od
+            if offset >= start_offset:
+                append(
+                    Record(
+                        topic,
+                        partition,
+                        offset,
+                        key,
+                        value,
+                        tags[ti] if ti != NO_TAG else None,
+                        headers,
+                        base_ts + td,
+                    )
+                )
+    return out
+
+
+def filter_batch(buf: bytes, pos: int, h: BatchHeader, keep_tags: frozenset[str]) -> bytes | None:
+    """Rebuild the batch at ``pos`` keeping only records whose tag is in ``keep_tags``.
+
+    Returns None when no record matches. The result keeps the original base
+    offset, offsets and last_offset_delta, so the consumer's position still
+    moves past every filtered-out record.
+    """
+    tags = read_tags(buf, pos, h)
+    keep_idx = {i for i, t in enumerate(tags) if t in keep_tags}
+    if not keep_idx:
+        return None
+    if len(keep_idx) == len(tags) and NO_TAG not in columns(buf, pos, h).tag_indexes:
+        return bytes(buf[pos : pos + h.length])
+    c = columns(buf, pos, h)
+    sel_od: list[int] = []
+    sel_td: list[int] = []
+    sel_kl: list[int] = []
+    sel_vl: list[int] = []
+    sel_hl: list[int] = []
+    sel_ti: list[int] = []
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    headers: list[bytes] = []
+    kp, vp, hp, _ = c.regions()
+    new_tag_of: dict[int, int] = {}
+    new_tags: list[str] = []
+    for od, td, kl, vl, hl, ti in zip(
+        c.offset_deltas,
+        c.timestamp_deltas,
+        c.key_lengths,
+        c.value_lengths,
+        c.headers_lengths,
+        c.tag_indexes,
+        strict=True,
+    ):
+        klen = max(kl, 0)
+        if ti in keep_idx:
+            nt = new_tag_of.get(ti)
+            if nt is None:
+                nt = new_tag_of[ti] = len(new_tags)
+                new_tags.append(tags[ti])
+            sel_od.append(od)
+            sel_td.append(td)
+            sel_kl.append(kl)
+            sel_vl.append(vl)
+            sel_hl.append(hl)
+            sel_ti.append(nt)
+            keys.append(buf[kp : kp + klen])
+            values.append(buf[vp : vp + vl])
+            headers.append(buf[hp : hp + hl])
+        kp += klen
+        vp += vl
+        hp += hl
+    table = [_U16.pack(len(new_tags))]
+    for t in new_tags:
+        raw = t.encode()
+        table += (_U16.pack(len(raw)), raw)
+    tag_bytes = b"".join(table)
+    body = b"".join(
+        (
+            tag_bytes,
+            array("i", sel_od).tobytes(),
+            array("q", sel_td).tobytes(),
+            array("i", sel_kl).tobytes(),
+            array("i", sel_vl).tobytes(),
+            array("i", sel_hl).tobytes(),
+            array("H", sel_ti).tobytes(),
+            *keys,
+            *values,
+            *headers,
+        )
+    )
+    return _assemble(
+        len(sel_od),
+        h.last_offset_delta,
+        h.base_timestamp,
+        h.max_timestamp,
+        len(tag_bytes),
+        body,
+        base_offset=h.base_offset,
+        append_time_ms=h.append_time_ms,
+    )
+
+
+def encode_records(
+    records: Iterable[tuple[bytes, bytes | None, str | None, Headers | None, int]],
+) -> bytes:
+    """Encode (value, key, tag, headers, timestamp_ms) tuples as one batch (tests, tools)."""
+    b = BatchBuilder()
+    for value, key, tag, headers, ts in records:
+        b.append(value, key, tag, headers, ts)
+    return b.build()
+
+
+def batch_tags(buf: bytes | memoryview, pos: int, h: BatchHeader) -> Sequence[str]:
+    return read_tags(buf, pos, h)

@@ -1,0 +1,47 @@
+"""Durations and sizes as people write them: ``250ms``, ``5s``, ``7d``; ``64MiB``, ``1GiB``.
+
+One parser for service configs, SDK configs and the CLI.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from sluice.errors import InvalidArgument
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_SIZE = re.compile(r"^\s*(\d+)\s*(b|kib|mib|gib|kb|mb|gb)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    None: 1,
+    "b": 1,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+}
+
+
+def parse_duration(text: str | int | float | timedelta) -> timedelta:
+    """'250ms' / '5s' / '2m' / '1h' / '7d' / a number of seconds -> timedelta."""
+    if isinstance(text, timedelta):
+        return text
+    if isinstance(text, int | float):
+        return timedelta(seconds=text)
+    m = _DURATION.match(text)
+    if not m:
+        raise InvalidArgument(f"invalid duration {text!r}: use e.g. 250ms, 5s, 2m, 1h or 7d")
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def parse_size(text: str | int) -> int:
+    """'64MiB' / '1gb' / a number of bytes -> int."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(text)
+    if not m:
+        raise InvalidArgument(f"invalid size {text!r}: use e.g. 1048576, 64MiB or 1GiB")
+    return int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower() or None]

@@ -1,0 +1,217 @@
+"""Pushing partition changes to brokers (``sluice.v1.Broker/UpdatePartitions``), best effort, in order.
+
+Brokers also learn everything from heartbeats (a full assignment whenever their version differs), so a push
+only makes a change visible sooner: CreateTopic waits for the brokers' acknowledgements so that a produce
+right after it succeeds.
+
+Correctness rests on one broker-side rule and one coordinator-side rule (docs/coordinator.md):
+
+- broker: apply an update only if its ``metadata_version`` is greater than the version it has applied (a
+  full update with an equal version is harmless); a broker with nothing applied yet (version 0, e.g. just
+  restarted) accepts only a full update. So a broker's version only grows, and every state it reaches is a
+  consistent snapshot at that version.
+- coordinator (here): per broker, pushes go one at a time in version order; a delta ``base -> version`` is
+  sent only when the broker is known to be at exactly ``base`` (from its last acknowledgement or heartbeat);
+  otherwise the broker gets its full assignment. After a failed push we know nothing (``UNKNOWN``) until
+  the next heartbeat, so the next push is a full one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+import grpc
+from grpc import aio
+
+from sluice.common.rpc import CHANNEL_OPTIONS
+from sluice.coordinator.cluster.model import BrokerUpdate, Endpoint, MetadataChange, PartitionRef
+from sluice.coordinator.convert import broker_update_to_proto
+from sluice.v1 import broker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_VERSION = -1
+
+
+@dataclass
+class _Pending:
+    base_version: int
+    delta: BrokerUpdate
+    done: asyncio.Future[bool]
+
+
+@dataclass
+class _Link:
+    broker_id: int
+    endpoint: Endpoint
+    channel: aio.Channel
+    stub: broker_pb2_grpc.BrokerAsyncStub
+    known_version: int = UNKNOWN_VERSION
+    queue: deque[_Pending] = field(default_factory=deque)
+    #: Removals that failed to reach the broker: sent again with its next update.
+    unsent_removals: set[PartitionRef] = field(default_factory=set)
+    worker: asyncio.Task[None] | None = None
+
+
+class BrokerNotifier:
+    """One ordered push queue per broker.
+
+    Caller: the service layer, under its write lock for ``registered``/``observed``/``submit`` (so pushes
+    are queued in version order). Affects: soft state only (channels, what each broker is known to have).
+    """
+
+    def __init__(
+        self,
+        full_update: Callable[[int], BrokerUpdate],
+        timeout_s: float,
+        on_result: Callable[[bool], None] | None = None,
+    ) -> None:
+        self._full_update = full_update
+        self._timeout_s = timeout_s
+        self._on_result = on_result
+        self._links: dict[int, _Link] = {}
+        self._closed = False
+        self._retired: set[asyncio.Task[None]] = set()
+
+    def registered(self, broker_id: int, endpoint: Endpoint, known_version: int = UNKNOWN_VERSION) -> None:
+        """A broker (re)registered or was recovered from the store. A new incarnation starts at version 0."""
+        link = self._links.get(broker_id)
+        if link is None or link.endpoint != endpoint:
+            if link is not None:
+                self._close_channel(link.channel)
+            channel = aio.insecure_channel(str(endpoint), options=CHANNEL_OPTIONS)
+            new = _Link(broker_id, endpoint, channel, broker_pb2_grpc.BrokerStub(channel))
+            if link is not None:
+                # Keep queued work: the worker below sends it over the new channel.
+                new.queue, new.worker, new.unsent_removals = link.queue, link.worker, link.unsent_removals
+            self._links[broker_id] = new
+            link = new
+        link.known_version = known_version
+
+    def observed(self, broker_id: int, reported_version: int) -> None:
+        """A heartbeat told us the broker's applied version."""
+        link = self._links.get(broker_id)
+        if link is not None:
+            link.known_version = reported_version
+
+    def submit(self, change: MetadataChange, live_brokers: Iterable[int]) -> list[asyncio.Future[bool]]:
+        """Queue ``change`` for every live broker (unaffected ones get an empty delta: it keeps their
+        deltas contiguous). Returns futures for the affected brokers: True once acknowledged."""
+        loop = asyncio.get_running_loop()
+        affected = change.affected
+        futures = []
+        for broker_id in live_brokers:
+            link = self._links.get(broker_id)
+            done: asyncio.Future[bool] = loop.create_future()
+            if link is None or self._closed:
+                done.set_result(False)
+            else:
+                link.queue.append(_Pending(change.base_version, change.delta_for(broker_id), done))
+                if link.worker is None:
+                    link.worker = loop.create_task(self._drain(broker_id), name=f"push-broker-{broker_id}")
+            if broker_id in affected:
+                futures.append(done)
+        return futures
+
+    async def _drain(self, broker_id: int) -> None:
+        try:
+            while True:
+                link = self._links[broker_id]  # looked up each round: re-registration may swap the channel
+                if not link.queue:
+                    return
+                head = link.queue[0]
+                if link.known_version == head.base_version and link.known_version > 0:
+                    update = _with_removals(head.delta, link.unsent_removals)
+                else:
+                    queued = [r for p in link.queue for r in p.delta.remove]
+                    update = _with_removals(self._full_update(broker_id), [*link.unsent_removals, *queued])
+                ok = await self._send(link, update)
+                link = self._links[broker_id]
+                if ok:
+                    link.unsent_removals.difference_update(update.remove)
+                    link.known_version = update.metadata_version
+                    # The update covers every queued change up to its version (a full one covers all).
+                    while link.queue and link.queue[0].delta.metadata_version <= update.metadata_version:
+                        _resolve(link.queue.popleft().done, True)
+                    if link.queue and link.queue[0] is head:  # cannot happen: a full is never older
+                        _resolve(link.queue.popleft().done, False)
+                else:
+                    link.known_version = UNKNOWN_VERSION
+                    link.unsent_removals.update(update.remove)
+                    while link.queue:
+                        pending = link.queue.popleft()
+                        link.unsent_removals.update(pending.delta.remove)
+                        _resolve(pending.done, False)
+        finally:
+            current = self._links.get(broker_id)
+            if current is not None:
+                current.worker = None
+
+    async def _send(self, link: _Link, update: BrokerUpdate) -> bool:
+        try:
+            await link.stub.UpdatePartitions(broker_update_to_proto(update), timeout=self._timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, aio.AioRpcError) else None
+            log.warning(
+                "UpdatePartitions (version %d, full=%s) to broker %d at %s failed: %s; heartbeats reconcile",
+                update.metadata_version,
+                update.full,
+                link.broker_id,
+                link.endpoint,
+                code or exc,
+            )
+            self._count(False)
+            return False
+        self._count(True)
+        return True
+
+    def _count(self, ok: bool) -> None:
+        if self._on_result is not None:
+            self._on_result(ok)
+
+    def _close_channel(self, channel: aio.Channel) -> None:
+        task = asyncio.get_running_loop().create_task(channel.close(None))
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    async def close(self) -> None:
+        self._closed = True
+        workers = [link.worker for link in self._links.values() if link.worker is not None]
+        for w in workers:
+            w.cancel()
+        for w in workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await w
+        for link in self._links.values():
+            while link.queue:
+                _resolve(link.queue.popleft().done, False)
+            await link.channel.close(None)
+        if self._retired:
+            await asyncio.gather(*self._retired, return_exceptions=True)
+        self._links.clear()
+
+
+def _with_removals(update: BrokerUpdate, extra: Iterable[PartitionRef]) -> BrokerUpdate:
+    """``update`` plus removals it would otherwise lose.
+
+    A full update tells a broker what to serve, but brokers delete a partition's data only on an explicit
+    removal (matched by topic_id, so repeating one is harmless). So a full update carries the removals of
+    the queued deltas it replaces, and any update carries removals that failed to reach the broker before.
+    Removals of partitions the update assigns (a topic deleted and re-created) are left out: the new
+    topic_id already tells the broker to replace the old log.
+    """
+    assigned = {(r.topic, r.partition) for r in update.assign}
+    removals = {*update.remove, *(r for r in extra if (r.topic, r.partition) not in assigned)}
+    if len(removals) == len(update.remove):
+        return update
+    return replace(update, remove=tuple(sorted(removals)))
+
+
+def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)

@@ -1,0 +1,185 @@
+"""``sluice coordinator`` settings: defaults < TOML file (--config) < SLUICE_COORDINATOR_* env < flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sluice.coordinator.cluster.model import Endpoint
+from sluice.coordinator.cluster.state import ClusterSettings
+from sluice.coordinator.election import validate_election
+from sluice.coordinator.groups.model import GroupSettings
+from sluice.errors import InvalidArgument
+
+ENV_PREFIX = "SLUICE_COORDINATOR_"
+DEFAULT_PORT = 7600
+DEFAULT_METRICS_PORT = 9600
+
+
+def _ms(d: timedelta) -> int:
+    return int(d.total_seconds() * 1000)
+
+
+@dataclass
+class CoordinatorConfig:
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind the gRPC server to"})
+    port: int = field(default=DEFAULT_PORT, metadata={"help": "gRPC port; 0 picks a free one"})
+    metrics_port: int = field(
+        default=DEFAULT_METRICS_PORT, metadata={"help": "HTTP port of /metrics; 0 picks a free one"}
+    )
+    redis_url: str = field(
+        default="",
+        metadata={"help": "Redis holding the cluster metadata, e.g. redis://127.0.0.1:6379/0 (required)"},
+    )
+    key_prefix: str = field(
+        default="sluice", metadata={"help": "prefix of every Redis key this service uses"}
+    )
+    broker_session_timeout: timedelta = field(
+        default=timedelta(seconds=10),
+        metadata={"help": "a broker silent for longer is marked not alive (no new partitions go to it)"},
+    )
+    broker_heartbeat_interval: timedelta = field(
+        default=timedelta(seconds=2), metadata={"help": "how often brokers are told to heartbeat"}
+    )
+    dispatcher_session_timeout: timedelta = field(
+        default=timedelta(seconds=10),
+        metadata={"help": "a dispatcher silent for longer is marked not alive (its partitions re-route)"},
+    )
+    dispatcher_heartbeat_interval: timedelta = field(
+        default=timedelta(seconds=2),
+        metadata={"help": "how often dispatchers are told to re-register (their heartbeat)"},
+    )
+    broker_update_timeout: timedelta = field(
+        default=timedelta(seconds=2),
+        metadata={"help": "deadline of one UpdatePartitions push to a broker (heartbeats reconcile a miss)"},
+    )
+    group_heartbeat_interval: timedelta = field(
+        default=timedelta(seconds=3),
+        metadata={
+            "help": "default heartbeat interval of consumer-group members (a group's config overrides it)"
+        },
+    )
+    group_session_timeout: timedelta = field(
+        default=timedelta(seconds=45),
+        metadata={"help": "a group member silent for longer is removed and its partitions reassigned"},
+    )
+    group_rebalance_timeout: timedelta = field(
+        default=timedelta(seconds=60),
+        metadata={"help": "a member that does not release a revoked partition within this is fenced"},
+    )
+    group_assignment_interval: timedelta = field(
+        default=timedelta(milliseconds=100),
+        metadata={"help": "a group's target assignment is recomputed at most this often (joins are batched)"},
+    )
+    group_lag_interval: timedelta = field(
+        default=timedelta(seconds=10),
+        metadata={"help": "how often consumer lag metrics are refreshed (0 turns the refresh off)"},
+    )
+    offset_store: str = field(
+        default="", metadata={"help": "offset-store address (host:port) that Metadata hands to clients"}
+    )
+    advertised_host: str = field(
+        default="",
+        metadata={
+            "help": "host clients should use to reach this coordinator (default: --host, or this "
+            "machine's name when --host is a wildcard)"
+        },
+    )
+    election: str = field(
+        default="none",
+        metadata={
+            "help": "leader election among coordinator replicas: redis (a lease key in --redis-url), "
+            "kubernetes (a coordination.k8s.io Lease; the Helm chart sets this) or none (one coordinator; "
+            "each start takes over from the last)"
+        },
+    )
+    lease_name: str = field(
+        default="", metadata={"help": "--election kubernetes: name of the Lease (the chart sets it)"}
+    )
+    lease_namespace: str = field(
+        default="",
+        metadata={"help": "--election kubernetes: namespace of the Lease (default: $POD_NAMESPACE)"},
+    )
+    identity: str = field(
+        default="",
+        metadata={"help": "this replica's name in the election (default: $POD_NAME, else hostname:pid)"},
+    )
+    lease_duration: timedelta = field(
+        default=timedelta(seconds=15),
+        metadata={"help": "a standby takes over from a leader that has not renewed its lease for this long"},
+    )
+    renew_deadline: timedelta = field(
+        default=timedelta(seconds=10),
+        metadata={
+            "help": "a leader that could not renew for this long stops leading; shorter than "
+            "--lease-duration, so it stops before a standby may take over"
+        },
+    )
+    retry_period: timedelta = field(
+        default=timedelta(seconds=2),
+        metadata={"help": "how often the leader renews its lease and standbys look at it"},
+    )
+    log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+
+    def validate(self) -> CoordinatorConfig:
+        """Reject contradictory or missing settings with a message that names the flag."""
+        if not self.redis_url:
+            raise InvalidArgument(
+                f"--redis-url (or {ENV_PREFIX}REDIS_URL) is required: "
+                "the coordinator keeps its metadata in Redis"
+            )
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise InvalidArgument(f"--redis-url {self.redis_url!r}: expected redis://, rediss:// or unix://")
+        for name in ("port", "metrics_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                raise InvalidArgument(f"--{name.replace('_', '-')} {value} is outside 0-65535")
+        if not self.key_prefix:
+            raise InvalidArgument("--key-prefix must not be empty")
+        for kind in ("broker", "dispatcher"):
+            interval: timedelta = getattr(self, f"{kind}_heartbeat_interval")
+            timeout: timedelta = getattr(self, f"{kind}_session_timeout")
+            if interval <= timedelta(0) or timeout <= interval:
+                raise InvalidArgument(
+                    f"--{kind}-heartbeat-interval ({interval.total_seconds():g}s) must be positive and "
+                    f"shorter than --{kind}-session-timeout ({timeout.total_seconds():g}s)"
+                )
+        if not timedelta(0) < self.group_heartbeat_interval < self.group_session_timeout:
+            raise InvalidArgument(
+                f"--group-heartbeat-interval ({self.group_heartbeat_interval.total_seconds():g}s) must be "
+                f"positive and shorter than --group-session-timeout "
+                f"({self.group_session_timeout.total_seconds():g}s)"
+            )
+        if self.group_rebalance_timeout <= timedelta(0) or self.group_assignment_interval < timedelta(0):
+            raise InvalidArgument(
+                "--group-rebalance-timeout must be positive, --group-assignment-interval >= 0"
+            )
+        if self.group_lag_interval < timedelta(0):
+            raise InvalidArgument("--group-lag-interval must be >= 0")
+        if self.broker_update_timeout <= timedelta(0):
+            raise InvalidArgument("--broker-update-timeout must be positive")
+        if self.offset_store:
+            Endpoint.parse(self.offset_store)
+        validate_election(self)
+        return self
+
+    def cluster_settings(self) -> ClusterSettings:
+        return ClusterSettings(
+            broker_heartbeat_interval_ms=_ms(self.broker_heartbeat_interval),
+            broker_session_timeout_ms=_ms(self.broker_session_timeout),
+            dispatcher_heartbeat_interval_ms=_ms(self.dispatcher_heartbeat_interval),
+            dispatcher_session_timeout_ms=_ms(self.dispatcher_session_timeout),
+        )
+
+    def group_settings(self) -> GroupSettings:
+        interval = _ms(self.group_heartbeat_interval)
+        return GroupSettings(
+            heartbeat_interval_ms=interval,
+            session_timeout_ms=_ms(self.group_session_timeout),
+            rebalance_timeout_ms=_ms(self.group_rebalance_timeout),
+            assignment_interval_ms=_ms(self.group_assignment_interval),
+            reconcile_heartbeat_interval_ms=min(interval, max(100, interval // 10)),
+        )
+
+    def offset_store_endpoint(self) -> Endpoint | None:
+        return Endpoint.parse(self.offset_store) if self.offset_store else None

@@ -1,0 +1,240 @@
+"""Protobuf <-> domain conversions for the coordinator (the only module besides the servicer and the broker
+notifier that knows the wire types)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sluice.coordinator.cluster.model import (
+    BrokerUpdate,
+    Endpoint,
+    MetadataView,
+    PartitionRef,
+    TopicConfig,
+    TopicView,
+)
+from sluice.coordinator.groups.lag import LagRow
+from sluice.coordinator.groups.model import (
+    AssignedPartition,
+    ConflictPolicy,
+    GroupConfig,
+    GroupDescription,
+    GroupState,
+    GroupSummary,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    MessageModel,
+)
+from sluice.errors import InvalidArgument, InvalidRequest
+from sluice.v1 import broker_pb2, coordinator_pb2
+
+
+def endpoint_from_proto(msg: coordinator_pb2.Endpoint, present: bool, what: str) -> Endpoint:
+    if not present:
+        raise InvalidRequest(f"{what}: endpoint is required")
+    return Endpoint(msg.host, msg.port)
+
+
+def endpoint_to_proto(ep: Endpoint) -> coordinator_pb2.Endpoint:
+    return coordinator_pb2.Endpoint(host=ep.host, port=ep.port)
+
+
+def topic_config_from_proto(msg: broker_pb2.TopicConfig) -> TopicConfig:
+    return TopicConfig(
+        retention_ms=msg.retention_ms,
+        retention_bytes=msg.retention_bytes,
+        segment_bytes=msg.segment_bytes,
+        segment_ms=msg.segment_ms,
+        max_batch_bytes=msg.max_batch_bytes,
+    )
+
+
+def topic_config_to_proto(config: TopicConfig) -> broker_pb2.TopicConfig:
+    return broker_pb2.TopicConfig(
+        retention_ms=config.retention_ms,
+        retention_bytes=config.retention_bytes,
+        segment_bytes=config.segment_bytes,
+        segment_ms=config.segment_ms,
+        max_batch_bytes=config.max_batch_bytes,
+    )
+
+
+def topic_to_proto(topic: TopicView) -> coordinator_pb2.TopicDescription:
+    return coordinator_pb2.TopicDescription(
+        name=topic.name,
+        topic_id=topic.topic_id,
+        partitions=[
+            coordinator_pb2.PartitionDescription(
+                partition=p.partition, broker_id=p.broker_id, dispatcher_id=p.dispatcher_id
+            )
+            for p in topic.partitions
+        ],
+        config=topic_config_to_proto(topic.config),
+        created_ms=topic.created_ms,
+    )
+
+
+def _assignment(ref: PartitionRef) -> broker_pb2.PartitionAssignment:
+    return broker_pb2.PartitionAssignment(
+        topic=ref.topic,
+        topic_id=ref.topic_id,
+        partition=ref.partition,
+        config=topic_config_to_proto(ref.config),
+    )
+
+
+def broker_update_to_proto(update: BrokerUpdate) -> broker_pb2.UpdatePartitionsRequest:
+    return broker_pb2.UpdatePartitionsRequest(
+        metadata_version=update.metadata_version,
+        full=update.full,
+        assign=[_assignment(r) for r in update.assign],
+        remove=[_assignment(r) for r in update.remove],
+    )
+
+
+def metadata_to_proto(
+    view: MetadataView, coordinator: Endpoint | None, offset_store: Endpoint | None
+) -> coordinator_pb2.MetadataResponse:
+    response = coordinator_pb2.MetadataResponse(
+        brokers=[
+            coordinator_pb2.BrokerDescription(
+                broker_id=b.broker_id, endpoint=endpoint_to_proto(b.endpoint), alive=b.alive
+            )
+            for b in view.brokers
+        ],
+        dispatchers=[
+            coordinator_pb2.DispatcherDescription(
+                dispatcher_id=d.dispatcher_id, endpoint=endpoint_to_proto(d.endpoint), alive=d.alive
+            )
+            for d in view.dispatchers
+        ],
+        topics=[topic_to_proto(t) for t in view.topics],
+        unknown_topics=list(view.unknown_topics),
+        metadata_version=view.metadata_version,
+    )
+    if coordinator is not None:
+        response.coordinator.CopyFrom(endpoint_to_proto(coordinator))
+    if offset_store is not None:
+        response.offset_store.CopyFrom(endpoint_to_proto(offset_store))
+    return response
+
+
+# ---- consumer groups ---------------------------------------------------------------------------------
+
+_MODELS = {
+    coordinator_pb2.MESSAGE_MODEL_CLUSTERING: MessageModel.CLUSTERING,
+    coordinator_pb2.MESSAGE_MODEL_BROADCASTING: MessageModel.BROADCASTING,
+}
+_MODELS_BACK = {v: k for k, v in _MODELS.items()}
+
+
+def heartbeat_from_proto(msg: coordinator_pb2.GroupHeartbeatRequest) -> HeartbeatRequest:
+    model = _MODELS.get(msg.message_model)
+    if model is None:
+        raise InvalidArgument(f"unknown message_model {msg.message_model}: use clustering or broadcasting")
+    return HeartbeatRequest(
+        group=msg.group,
+        member_id=msg.member_id,
+        member_epoch=msg.member_epoch,
+        instance_id=msg.instance_id,
+        subscription=dict(msg.subscription),
+        assignor=msg.assignor,
+        message_model=model,
+        owned=frozenset((tp.topic, tp.partition) for tp in msg.owned),
+        rebalance_timeout_ms=msg.rebalance_timeout_ms,
+        session_timeout_ms=msg.session_timeout_ms,
+        client_id=msg.client_id,
+    )
+
+
+def _assigned(parts: Iterable[AssignedPartition]) -> list[coordinator_pb2.AssignedPartition]:
+    return [
+        coordinator_pb2.AssignedPartition(
+            topic=a.topic, partition=a.partition, filter=a.filter, track=a.track
+        )
+        for a in parts
+    ]
+
+
+def heartbeat_to_proto(response: HeartbeatResponse) -> coordinator_pb2.GroupHeartbeatResponse:
+    out = coordinator_pb2.GroupHeartbeatResponse(
+        member_id=response.member_id,
+        member_epoch=response.member_epoch,
+        heartbeat_interval_ms=response.heartbeat_interval_ms,
+    )
+    if response.error is not None:
+        out.error.CopyFrom(response.error.to_proto())
+    if response.assignment is not None:
+        out.assignment.partitions.extend(_assigned(response.assignment))
+    return out
+
+
+def group_config_from_proto(msg: coordinator_pb2.GroupConfig) -> tuple[GroupConfig, bool]:
+    """The config and whether it sets the conflict policy (empty fields leave the current value)."""
+    policy = ConflictPolicy.parse(msg.conflict_policy) if msg.conflict_policy else ConflictPolicy.REJECT
+    for name in ("session_timeout_ms", "heartbeat_interval_ms", "rebalance_timeout_ms"):
+        if getattr(msg, name) < 0:
+            raise InvalidArgument(
+                f"group config {name} must be >= 0 (0 = unchanged), got {getattr(msg, name)}"
+            )
+    config = GroupConfig(
+        policy, msg.assignor, msg.session_timeout_ms, msg.heartbeat_interval_ms, msg.rebalance_timeout_ms
+    )
+    return config, bool(msg.conflict_policy)
+
+
+def group_config_to_proto(config: GroupConfig) -> coordinator_pb2.GroupConfig:
+    return coordinator_pb2.GroupConfig(
+        conflict_policy=config.conflict_policy.value,
+        assignor=config.assignor,
+        session_timeout_ms=config.session_timeout_ms,
+        heartbeat_interval_ms=config.heartbeat_interval_ms,
+        rebalance_timeout_ms=config.rebalance_timeout_ms,
+    )
+
+
+def group_summary_to_proto(summary: GroupSummary) -> coordinator_pb2.GroupSummary:
+    return coordinator_pb2.GroupSummary(
+        group=summary.group, state=summary.state.value, members=summary.members
+    )
+
+
+def describe_group_to_proto(
+    group: str, description: GroupDescription | None, rows: Sequence[LagRow]
+) -> coordinator_pb2.DescribeGroupResponse:
+    lag = [
+        coordinator_pb2.PartitionLag(
+            topic=r.topic,
+            partition=r.partition,
+            track=r.track,
+            committed=r.committed,
+            high_watermark=r.high_watermark,
+            lag=r.lag,
+            member_id=r.member_id,
+        )
+        for r in rows
+    ]
+    if description is None:
+        return coordinator_pb2.DescribeGroupResponse(
+            group=group, state=GroupState.EMPTY.value, config=group_config_to_proto(GroupConfig()), lag=lag
+        )
+    return coordinator_pb2.DescribeGroupResponse(
+        group=description.group,
+        state=description.state.value,
+        group_epoch=description.group_epoch,
+        config=group_config_to_proto(description.config),
+        members=[
+            coordinator_pb2.MemberDescription(
+                member_id=m.member_id,
+                instance_id=m.instance_id,
+                client_id=m.client_id,
+                member_epoch=m.member_epoch,
+                subscription=dict(m.subscription),
+                assigned=_assigned(m.assigned),
+                pending_revocation=_assigned(m.pending_revocation),
+            )
+            for m in description.members
+        ],
+        lag=lag,
+        conflicts=list(description.conflicts),
+    )

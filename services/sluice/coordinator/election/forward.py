@@ -1,0 +1,99 @@
+"""A standby answers ``Metadata`` by forwarding it to the leader.
+
+Clients bootstrap from any replica (in Kubernetes the coordinator Service picks one), so ``Metadata`` must
+give a correct answer everywhere: a standby has no current state of its own (liveness and the latest
+topics live in the leader), so it asks the leader and relays the answer, whose ``coordinator`` field is
+the leader's address. Every other RPC is refused with ``NOT_COORDINATOR`` (guard.py) and the SDK goes to
+that address.
+
+At most one hop: a forwarded request carries the header ``sluice-forwarded-by``, and a replica that is
+not the leader either refuses it rather than forwarding again (two standbys with stale views cannot
+bounce a request between them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from grpc import aio
+
+from sluice.common.rpc import CHANNEL_OPTIONS
+from sluice.coordinator.election.base import Elector
+from sluice.coordinator.election.guard import not_leader
+from sluice.errors import NotCoordinator, SluiceError, error_for_code
+from sluice.server.interceptors import ERROR_CODE_KEY
+from sluice.v1 import coordinator_pb2 as pb
+from sluice.v1 import coordinator_pb2_grpc
+
+__all__ = ["FORWARDED_HEADER", "MetadataForwarder"]
+
+log = logging.getLogger(__name__)
+
+FORWARDED_HEADER = "sluice-forwarded-by"
+FORWARD_TIMEOUT_S = 5.0
+
+
+def _leader_error(exc: aio.AioRpcError) -> SluiceError | None:
+    """The typed error the leader answered with (its ``sluice-error-code`` trailer), or None when the
+    call failed in transport (unreachable, timed out). The SDK's ``error_from_rpc`` does the same; it is
+    not imported so that the coordinator does not load the client package."""
+    trailers: Any = exc.trailing_metadata() or ()
+    for key, value in trailers:
+        if key == ERROR_CODE_KEY:
+            return error_for_code(int(value), exc.details() or "")
+    return None
+
+
+class MetadataForwarder:
+    """Caller: the coordinator servicer's ``Metadata`` when this replica is not the leader."""
+
+    def __init__(self, elector: Elector, timeout_s: float = FORWARD_TIMEOUT_S) -> None:
+        self._elector = elector
+        self._timeout_s = timeout_s
+        self._channels: dict[str, aio.Channel] = {}
+        # Closing a channel is async; old ones wait here for close() (there is one per leader change).
+        self._retired: list[aio.Channel] = []
+
+    async def metadata(
+        self, request: pb.MetadataRequest, invocation_metadata: Iterable[Any] | None = None
+    ) -> pb.MetadataResponse:
+        for item in invocation_metadata or ():
+            key = item[0] if isinstance(item, tuple) else getattr(item, "key", "")
+            if key == FORWARDED_HEADER:
+                raise not_leader(self._elector, " (a forwarded request is not forwarded again)")
+        leader = self._elector.leader()
+        if leader is None or leader.identity == self._elector.identity:
+            raise not_leader(self._elector)
+        stub = coordinator_pb2_grpc.CoordinatorStub(self._channel(leader.address))
+        try:
+            response: pb.MetadataResponse = await stub.Metadata(
+                request,
+                timeout=self._timeout_s,
+                metadata=((FORWARDED_HEADER, self._elector.identity),),
+            )
+        except aio.AioRpcError as exc:
+            error = _leader_error(exc)
+            if error is None or isinstance(error, NotCoordinator):
+                # The leader we know of is gone or no longer leads: the election will tell.
+                why = error.message if error is not None else f"{exc.code().name}: {exc.details()}"
+                raise not_leader(self._elector, f" (the leader did not answer: {why})") from None
+            raise error from None  # the leader's own answer (e.g. INVALID_TOPIC): relay it as is
+        return response
+
+    def _channel(self, address: str) -> aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            # A new leader: the old one's channel is of no further use.
+            for old in self._channels.values():
+                self._retired.append(old)
+            self._channels = {address: aio.insecure_channel(address, options=CHANNEL_OPTIONS)}
+            channel = self._channels[address]
+        return channel
+
+    async def close(self) -> None:
+        channels = [*self._retired, *self._channels.values()]
+        self._channels, self._retired = {}, []
+        for channel in channels:
+            await channel.close(None)

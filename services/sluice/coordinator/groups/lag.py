@@ -1,0 +1,344 @@
+"""Consumer lag: committed offsets (Redis, the offset store's keys) against high watermarks (brokers'
+``ListOffsets``). The I/O lives in :class:`LagReader`; :func:`lag_rows` and :func:`record_timestamp` are
+pure.
+
+Lag = high watermark - committed offset, per (track, topic, partition) - and per member for broadcasting
+groups, whose members commit their own offsets. It stays visible while a group has no members: the
+committed offsets outlive the members, and ``default`` is always read.
+
+Lag in seconds = now - the timestamp of the first unconsumed record (the one at the committed offset).
+:meth:`LagReader.record_timestamps` reads it with one sessionless ``Fetch`` per broker covering every
+lagging partition at its committed offset, with a small ``partition_max_bytes``: only the first batch
+matters, and its timestamp column gives the record's time without decoding a record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import grpc
+from grpc import aio
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from sluice.codec.batch import HEADER_SIZE, columns, read_header
+from sluice.common.rpc import CHANNEL_OPTIONS
+from sluice.coordinator.cluster.state import ClusterState
+from sluice.coordinator.groups.model import DEFAULT_TRACK, GroupDescription, MessageModel, Slot
+from sluice.coordinator.groups.redis_ops import GroupKeys
+from sluice.errors import CorruptBatch, StorageError
+from sluice.offsetstore.keys import Keys, split_field
+from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LagReader", "LagRow", "lag_rows", "record_timestamp"]
+
+
+#: ListOffsets' "latest" sentinel (broker.proto): the high watermark.
+LATEST = -1
+UNKNOWN = -1
+
+#: Reading first-unconsumed timestamps. The broker returns whole batches, and a batch larger than the
+#: room left is returned only when it is the first data of the response (Kafka's minOneMessage): such a
+#: partition comes back empty and is fetched again on its own, which always returns its first batch.
+PEEK_PARTITION_BYTES = 64 * 1024
+PEEK_RESPONSE_BYTES = 8 * 1024 * 1024
+#: Single-partition fetches per call at most (oversized batches, offsets below the log start); the
+#: partitions beyond it have no lag in seconds until a later refresh.
+MAX_SINGLE_PEEKS = 64
+
+#: (topic, partition, offset): "the record at this offset" (or the first one after it).
+Position = tuple[str, int, int]
+
+
+@dataclass(frozen=True, order=True)
+class LagRow:
+    topic: str
+    partition: int
+    track: str
+    member_id: str
+    committed: int
+    high_watermark: int
+    lag: int
+
+
+#: (track, topic, partition, member or "") -> committed offset.
+Committed = Mapping[tuple[str, str, int, str], int]
+
+
+def lag_rows(
+    description: GroupDescription | None,
+    committed: Committed,
+    high_watermarks: Mapping[tuple[str, int], int],
+) -> list[LagRow]:
+    """One row per partition the group reads or has committed, per track (and per member when
+    broadcasting). ``lag`` is -1 when either side is unknown."""
+    keys: set[tuple[str, str, int, str]] = set(committed)
+    if description is not None:
+        broadcasting = description.message_model is MessageModel.BROADCASTING
+        for m in description.members:
+            for a in m.assigned + m.pending_revocation:
+                keys.add((a.track, a.topic, a.partition, m.member_id if broadcasting else ""))
+        if not broadcasting:
+            for topic, _, track in description.track_entries:
+                count = description.topics.get(topic, 0)
+                keys.update((track, topic, p, "") for p in range(count))
+    owners: Mapping[Slot, str] = description.owners if description is not None else {}
+    rows = []
+    for track, topic, partition, member in sorted(keys):
+        offset = committed.get((track, topic, partition, member), UNKNOWN)
+        if offset == UNKNOWN and member:
+            offset = committed.get((track, topic, partition, ""), UNKNOWN)
+        hw = high_watermarks.get((topic, partition), UNKNOWN)
+        lag = max(0, hw - offset) if offset >= 0 and hw >= 0 else UNKNOWN
+        rows.append(
+            LagRow(
+                topic, partition, track, member or owners.get((track, topic, partition), ""), offset, hw, lag
+            )
+        )
+    return rows
+
+
+def record_timestamp(records: bytes, offset: int) -> int | None:
+    """The timestamp (ms) of the record at ``offset`` (or the first one after it: a compacted or
+    filtered gap) in ``records``, batches as ``Fetch`` returns them; None if none is there.
+
+    Reads batch headers and one timestamp column entry: ``base_timestamp + timestamp_deltas[i]`` where
+    ``offset_deltas[i]`` is the first delta >= ``offset - base_offset``. Never decodes a record.
+    """
+    pos, end = 0, len(records)
+    try:
+        while end - pos >= HEADER_SIZE:
+            header = read_header(records, pos)
+            if header.length < HEADER_SIZE or pos + header.length > end:
+                return None  # truncated: the response was cut at its byte limit
+            if header.last_offset >= offset:
+                cols = columns(records, pos, header)
+                delta = offset - header.base_offset
+                deltas = cols.offset_deltas
+                # Dense batches (everything the log stores) have offset_deltas[i] == i.
+                if 0 <= delta < len(deltas) and deltas[delta] == delta:
+                    return header.base_timestamp + int(cols.timestamp_deltas[delta])
+                for i, d in enumerate(deltas):
+                    if d >= delta:
+                        return header.base_timestamp + int(cols.timestamp_deltas[i])
+            pos += header.length
+    except (CorruptBatch, TypeError, ValueError, IndexError):
+        return None  # not a batch we can read: lag in seconds stays unknown, nothing breaks
+    return None
+
+
+class LagReader:
+    """Reads committed offsets from Redis and high watermarks from the brokers."""
+
+    def __init__(self, redis: Redis, key_prefix: str, timeout_s: float = 2.0) -> None:
+        self._redis = redis
+        self._keys = GroupKeys(key_prefix)
+        self._offset_keys = Keys(key_prefix)
+        self._timeout = timeout_s
+        self._channels: dict[str, aio.Channel] = {}
+
+    async def committed(
+        self, group: str, tracks: Iterable[str], broadcast_members: Iterable[str] = ()
+    ) -> dict[tuple[str, str, int, str], int]:
+        tracks = sorted(set(tracks) | {DEFAULT_TRACK})
+        members = sorted(broadcast_members)
+        sources: list[tuple[str, str, str]] = []  # (redis key, track, member)
+        for track in tracks:
+            sources.append((self._keys.offsets(group, track), track, ""))
+            for mid in members:
+                sources.append((self._offset_keys.member_offsets(group, track, mid), track, mid))
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key, _, _ in sources:
+                    pipe.hgetall(key)
+                replies = await pipe.execute()
+        except RedisError as exc:
+            raise StorageError(f"cannot read the committed offsets of group {group!r}: {exc}") from exc
+        out: dict[tuple[str, str, int, str], int] = {}
+        for (_, track, mid), reply in zip(sources, replies, strict=True):
+            for raw_field, raw_value in reply.items():
+                field = raw_field.decode() if isinstance(raw_field, bytes) else str(raw_field)
+                try:
+                    topic, partition = split_field(field)
+                    out[(track, topic, partition, mid)] = int(raw_value)
+                except ValueError:
+                    continue  # not an offset field; not ours to judge
+        return out
+
+    async def high_watermarks(
+        self, cluster: ClusterState, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> high watermark, for those whose broker answers (one call per broker)."""
+        plan: dict[str, broker_pb2.ListOffsetsRequest] = {}
+        for topic, partition in sorted(set(partitions)):
+            record = cluster.topics.get(topic)
+            if record is None or not 0 <= partition < record.partitions:
+                continue
+            broker = cluster.brokers.get(record.placement[partition])
+            if broker is None:
+                continue
+            request = plan.setdefault(str(broker.endpoint), broker_pb2.ListOffsetsRequest())
+            request.partitions.add(topic=topic, partition=partition, timestamp=LATEST)
+        replies = await asyncio.gather(*(self._list_offsets(a, r) for a, r in plan.items()))
+        out = {}
+        for reply in replies:
+            for item in reply.partitions if reply is not None else ():
+                if item.error.code == common_pb2.NONE:
+                    out[(item.topic, item.partition)] = item.offset
+        return out
+
+    async def _list_offsets(
+        self, address: str, request: broker_pb2.ListOffsetsRequest
+    ) -> broker_pb2.ListOffsetsResponse | None:
+        try:
+            response: broker_pb2.ListOffsetsResponse = await broker_pb2_grpc.BrokerStub(
+                self._channel(address)
+            ).ListOffsets(request, timeout=self._timeout)
+            return response
+        except grpc.RpcError as exc:
+            # Lag is best effort: a broker that does not answer leaves its partitions' lag unknown.
+            log.debug("ListOffsets to %s failed: %s", address, exc)
+            return None
+
+    async def record_timestamps(
+        self, cluster: ClusterState, positions: Iterable[Position]
+    ) -> dict[Position, int]:
+        """Position -> timestamp (ms) of the record there, for those that could be read.
+
+        One ``Fetch`` per broker covers one position per partition; a partition that comes back without
+        its record (a batch bigger than ``PEEK_PARTITION_BYTES``, a second position of the same
+        partition, an offset retention already deleted: then the oldest record still there counts) is
+        fetched again on its own, at most ``MAX_SINGLE_PEEKS`` of them.
+        """
+        first: dict[tuple[str, int], int] = {}
+        later: list[Position] = []
+        for topic, partition, offset in sorted(set(positions)):
+            if (topic, partition) in first:
+                later.append((topic, partition, offset))  # one fetch position per partition per request
+            else:
+                first[(topic, partition)] = offset
+        plan: dict[str, list[Position]] = {}
+        for (topic, partition), offset in first.items():
+            address = self._address_of(cluster, topic, partition)
+            if address is not None:
+                plan.setdefault(address, []).append((topic, partition, offset))
+        out: dict[Position, int] = {}
+        retry: list[tuple[Position, int]] = [(p, p[2]) for p in later]  # (position, offset to fetch)
+        replies = await asyncio.gather(*(self._peek(a, ps) for a, ps in plan.items()))
+        for wanted, reply in zip(plan.values(), replies, strict=True):
+            self._take_peeks(wanted, reply, out, retry)
+        pending = retry[:MAX_SINGLE_PEEKS]
+        if len(retry) > MAX_SINGLE_PEEKS:
+            log.debug("lag in seconds: %d partitions left for a later refresh", len(retry) - MAX_SINGLE_PEEKS)
+        for position, fetch_at in pending:
+            address = self._address_of(cluster, position[0], position[1])
+            if address is None:
+                continue
+            reply = await self._peek(address, [(position[0], position[1], fetch_at)])
+            self._take_peeks([position], reply, out, None)
+        return out
+
+    @staticmethod
+    def _address_of(cluster: ClusterState, topic: str, partition: int) -> str | None:
+        record = cluster.topics.get(topic)
+        if record is None or not 0 <= partition < record.partitions:
+            return None
+        broker = cluster.brokers.get(record.placement[partition])
+        return str(broker.endpoint) if broker is not None else None
+
+    @staticmethod
+    def _take_peeks(
+        wanted: list[Position],
+        reply: broker_pb2.FetchResponse | None,
+        out: dict[Position, int],
+        retry: list[tuple[Position, int]] | None,
+    ) -> None:
+        """Read each wanted position's timestamp from ``reply`` (partitions answer in request order);
+        queue on ``retry`` what a fetch of that partition alone may still find."""
+        if reply is None:
+            return
+        answers = {(p.topic, p.partition): p for p in reply.partitions}
+        for position in wanted:
+            topic, partition, offset = position
+            answer = answers.get((topic, partition))
+            if answer is None:
+                continue
+            if answer.error.code == common_pb2.NONE:
+                # A single-partition retry may have been sent at the log start instead of ``offset``.
+                stamp = record_timestamp(answer.records, max(offset, answer.log_start_offset))
+                if stamp is not None:
+                    out[position] = stamp
+                elif retry is not None and offset < answer.high_watermark:
+                    retry.append((position, offset))
+            elif (
+                answer.error.code == common_pb2.OFFSET_OUT_OF_RANGE
+                and retry is not None
+                and 0 <= offset < answer.log_start_offset < answer.high_watermark
+            ):
+                # Retention deleted the committed record: the oldest one left is what the group has
+                # to read next.
+                retry.append((position, answer.log_start_offset))
+
+    async def _peek(self, address: str, positions: list[Position]) -> broker_pb2.FetchResponse | None:
+        request = broker_pb2.FetchRequest(
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=PEEK_RESPONSE_BYTES,
+            session_id=0,
+            session_epoch=-1,  # sessionless: nothing is left open on the broker
+            client_id="sluice-coordinator-lag",
+        )
+        for topic, partition, offset in positions:
+            request.partitions.add(
+                topic=topic,
+                partition=partition,
+                fetch_offset=offset,
+                partition_max_bytes=PEEK_PARTITION_BYTES,
+            )
+        try:
+            response: broker_pb2.FetchResponse = await broker_pb2_grpc.BrokerStub(
+                self._channel(address)
+            ).Fetch(request, timeout=self._timeout)
+        except grpc.RpcError as exc:
+            log.debug("Fetch (lag timestamps) to %s failed: %s", address, exc)
+            return None
+        if response.error.code != common_pb2.NONE:
+            log.debug("Fetch (lag timestamps) to %s refused: %s", address, response.error.message)
+            return None
+        return response
+
+    def _channel(self, address: str) -> aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return channel
+
+    async def rows(
+        self, cluster: ClusterState, description: GroupDescription | None, group: str
+    ) -> list[LagRow]:
+        tracks = description.tracks if description is not None else (DEFAULT_TRACK,)
+        broadcast = (
+            [m.member_id for m in description.members]
+            if description is not None and description.message_model is MessageModel.BROADCASTING
+            else []
+        )
+        committed = await self.committed(group, tracks, broadcast)
+        wanted = {(t, p) for (_, t, p, _) in committed}
+        if description is not None:
+            wanted |= {(t, p) for t, n in description.topics.items() for p in range(n)}
+        high_watermarks = await self.high_watermarks(cluster, wanted)
+        if len(wanted) < 512:
+            return lag_rows(description, committed, high_watermarks)
+        # Thousands of partitions take tens of milliseconds: in a worker thread the event loop keeps
+        # answering heartbeats meanwhile (the inputs are this call's own copies).
+        return await asyncio.to_thread(lag_rows, description, committed, high_watermarks)
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close(None)
+        self._channels.clear()

@@ -1,0 +1,343 @@
+"""The group protocol's persisted records (version 1), built only through the factories below.
+
+They share the coordinator's record hash and codec (``records.py``), so one handler's group records land in
+one atomic write, together with the ownership keys the offset store reads (``redis_ops.py``).
+
+| TYPE           | id                    | holds                                                           |
+|----------------|-----------------------|-----------------------------------------------------------------|
+| ``grpconfig``  | group                 | conflict policy, assignor, timeouts (SetGroupConfig)            |
+| ``group``      | group                 | group epoch, target assignment epoch, offset tracks            |
+| ``gmember``    | ``group/member``      | subscription, instance id, assignor, message model, timeouts    |
+| ``gtarget``    | ``group/member``      | the member's partitions in the target assignment               |
+| ``gcurrent``   | ``group/member``      | member epoch, reconciliation state, assigned + pending revocation |
+
+(Kafka: ConsumerGroupMetadataRecord, ConsumerGroupMemberMetadataRecord, ConsumerGroupTargetAssignment*,
+ConsumerGroupCurrentMemberAssignmentRecord.) A member leaves by tombstoning its three records. Liveness
+(sessions, rebalance deadlines) is soft state and never persisted: heartbeats that change nothing write
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+from sluice.coordinator.groups.model import ConflictPolicy, GroupConfig, MessageModel, Slot
+from sluice.coordinator.records import RecordValue, Tombstone
+
+__all__ = [
+    "GROUP_RECORD_TYPES",
+    "CurrentAssignmentRecord",
+    "GroupConfigRecord",
+    "GroupMetadataRecord",
+    "MemberRecord",
+    "TargetAssignmentRecord",
+    "TrackEntry",
+    "decode_slots",
+    "encode_slots",
+    "member_key",
+]
+
+
+def member_key(group: str, member_id: str) -> str:
+    # Group names never contain '/' (validate_group), so the split is unambiguous.
+    return f"{group}/{member_id}"
+
+
+def encode_slots(slots: Iterable[Slot]) -> dict[str, dict[str, list[int]]]:
+    """{track: {topic: [partitions]}}: compact, and stable (sorted) so equal sets encode equally."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for track, topic, partition in sorted(slots):
+        out.setdefault(track, {}).setdefault(topic, []).append(partition)
+    return out
+
+
+def decode_slots(data: Mapping[str, Mapping[str, Iterable[int]]]) -> frozenset[Slot]:
+    return frozenset(
+        (str(track), str(topic), int(p))
+        for track, topics in data.items()
+        for topic, partitions in topics.items()
+        for p in partitions
+    )
+
+
+@dataclass(frozen=True)
+class GroupConfigRecord(RecordValue):
+    TYPE: ClassVar[str] = "grpconfig"
+    VERSION: ClassVar[int] = 1
+
+    group: str
+    config: GroupConfig
+
+    @property
+    def record_id(self) -> str:
+        return self.group
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "group": self.group,
+            "conflict_policy": c.conflict_policy.value,
+            "assignor": c.assignor,
+            "session_timeout_ms": c.session_timeout_ms,
+            "heartbeat_interval_ms": c.heartbeat_interval_ms,
+            "rebalance_timeout_ms": c.rebalance_timeout_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, version: int, data: Mapping[str, Any]) -> Self:
+        return cls(
+            str(data["group"]),
+            GroupConfig(
+                ConflictPolicy(str(data.get("conflict_policy", "reject"))),
+                str(data.get("assignor", "")),
+                int(data.get("session_timeout_ms", 0)),
+                int(data.get("heartbeat_interval_ms", 0)),
+                int(data.get("rebalance_timeout_ms", 0)),
+            ),
+        )
+
+
+@dataclass(frozen=True, order=True)
+class TrackEntry:
+    """Members subscribing ``topic`` with ``filter`` commit under offset track ``track``.
+
+    ``source`` is the track whose committed offsets the track was started from ("" for the default
+    track, which never starts from another).
+    """
+
+    topic: str
+    filter: str
+    track: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class GroupMetadataRecord(RecordValue):
+    TYPE: ClassVar[str] = "group"
+    VERSION: ClassVar[int] = 1
+
+    group: str
+    #: Bumped on every change of membership, subscriptions or subscribed topics' partitions.
+    group_epoch: int
+    #: The group epoch the target assignment was computed at (<= group_epoch).
+    assignment_epoch: int
+    tracks: tuple[TrackEntry, ...]
+    created_ms: int
+
+    @property
+    def record_id(self) -> str:
+        return self.group
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "group_epoch": self.group_epoch,
+            "assignment_epoch": self.assignment_epoch,
+            "tracks": [[t.topic, t.filter, t.track, t.source] for t in self.tracks],
+            "created_ms": self.created_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, version: int, data: Mapping[str, Any]) -> Self:
+        return cls(
+            str(data["group"]),
+            int(data["group_epoch"]),
+            int(data["assignment_epoch"]),
+            tuple(TrackEntry(str(a), str(b), str(c), str(d)) for a, b, c, d in data.get("tracks", [])),
+            int(data["created_ms"]),
+        )
+
+
+@dataclass(frozen=True)
+class MemberRecord(RecordValue):
+    TYPE: ClassVar[str] = "gmember"
+    VERSION: ClassVar[int] = 1
+
+    group: str
+    member_id: str
+    instance_id: str
+    client_id: str
+    #: topic -> normalised filter expression (``parse_filter(...).expression``).
+    subscription: Mapping[str, str]
+    assignor: str
+    message_model: MessageModel
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+
+    @property
+    def record_id(self) -> str:
+        return member_key(self.group, self.member_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "member_id": self.member_id,
+            "instance_id": self.instance_id,
+            "client_id": self.client_id,
+            "subscription": dict(sorted(self.subscription.items())),
+            "assignor": self.assignor,
+            "message_model": self.message_model.value,
+            "rebalance_timeout_ms": self.rebalance_timeout_ms,
+            "session_timeout_ms": self.session_timeout_ms,
+        }
+
+    @classmethod
+    def from_dict(cls, version: int, data: Mapping[str, Any]) -> Self:
+        return cls(
+            str(data["group"]),
+            str(data["member_id"]),
+            str(data.get("instance_id", "")),
+            str(data.get("client_id", "")),
+            {str(k): str(v) for k, v in data["subscription"].items()},
+            str(data.get("assignor", "")),
+            MessageModel(str(data.get("message_model", "clustering"))),
+            int(data.get("rebalance_timeout_ms", 0)),
+            int(data.get("session_timeout_ms", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class TargetAssignmentRecord(RecordValue):
+    TYPE: ClassVar[str] = "gtarget"
+    VERSION: ClassVar[int] = 1
+
+    group: str
+    member_id: str
+    slots: frozenset[Slot]
+
+    @property
+    def record_id(self) -> str:
+        return member_key(self.group, self.member_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group": self.group, "member_id": self.member_id, "slots": encode_slots(self.slots)}
+
+    @classmethod
+    def from_dict(cls, version: int, data: Mapping[str, Any]) -> Self:
+        return cls(str(data["group"]), str(data["member_id"]), decode_slots(data["slots"]))
+
+
+@dataclass(frozen=True)
+class CurrentAssignmentRecord(RecordValue):
+    """What a member owns now: ``assigned`` plus ``pending`` (being revoked: still its own until its
+    heartbeat no longer lists them). Ownership = assigned | pending, exclusive per slot."""
+
+    TYPE: ClassVar[str] = "gcurrent"
+    VERSION: ClassVar[int] = 1
+
+    group: str
+    member_id: str
+    member_epoch: int
+    previous_member_epoch: int
+    state: str
+    assigned: frozenset[Slot]
+    pending: frozenset[Slot]
+
+    @property
+    def record_id(self) -> str:
+        return member_key(self.group, self.member_id)
+
+    @property
+    def owned(self) -> frozenset[Slot]:
+        return self.assigned | self.pending
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "member_id": self.member_id,
+            "member_epoch": self.member_epoch,
+            "previous_member_epoch": self.previous_member_epoch,
+            "state": self.state,
+            "assigned": encode_slots(self.assigned),
+            "pending": encode_slots(self.pending),
+        }
+
+    @classmethod
+    def from_dict(cls, version: int, data: Mapping[str, Any]) -> Self:
+        return cls(
+            str(data["group"]),
+            str(data["member_id"]),
+            int(data["member_epoch"]),
+            int(data["previous_member_epoch"]),
+            str(data["state"]),
+            decode_slots(data["assigned"]),
+            decode_slots(data["pending"]),
+        )
+
+
+#: Replay order on recovery: a group's config and metadata before its members.
+GROUP_RECORD_TYPES: tuple[type[RecordValue], ...] = (
+    GroupConfigRecord,
+    GroupMetadataRecord,
+    MemberRecord,
+    TargetAssignmentRecord,
+    CurrentAssignmentRecord,
+)
+
+
+# ---- factories ---------------------------------------------------------------------------------
+
+
+def new_group_config_record(group: str, config: GroupConfig) -> GroupConfigRecord:
+    return GroupConfigRecord(group, config)
+
+
+def new_group_metadata_record(
+    group: str, group_epoch: int, assignment_epoch: int, tracks: Iterable[TrackEntry], created_ms: int
+) -> GroupMetadataRecord:
+    return GroupMetadataRecord(group, group_epoch, assignment_epoch, tuple(sorted(tracks)), created_ms)
+
+
+def new_member_record(
+    group: str,
+    member_id: str,
+    *,
+    instance_id: str,
+    client_id: str,
+    subscription: Mapping[str, str],
+    assignor: str,
+    message_model: MessageModel,
+    rebalance_timeout_ms: int,
+    session_timeout_ms: int,
+) -> MemberRecord:
+    return MemberRecord(
+        group,
+        member_id,
+        instance_id,
+        client_id,
+        dict(subscription),
+        assignor,
+        message_model,
+        rebalance_timeout_ms,
+        session_timeout_ms,
+    )
+
+
+def new_target_record(group: str, member_id: str, slots: Iterable[Slot]) -> TargetAssignmentRecord:
+    return TargetAssignmentRecord(group, member_id, frozenset(slots))
+
+
+def new_current_record(
+    group: str,
+    member_id: str,
+    member_epoch: int,
+    previous_member_epoch: int,
+    state: str,
+    assigned: Iterable[Slot],
+    pending: Iterable[Slot],
+) -> CurrentAssignmentRecord:
+    return CurrentAssignmentRecord(
+        group, member_id, member_epoch, previous_member_epoch, state, frozenset(assigned), frozenset(pending)
+    )
+
+
+def new_member_tombstones(group: str, member_id: str) -> tuple[Tombstone, ...]:
+    """A member leaves: its current assignment first (frees its partitions), then target and metadata."""
+    key = member_key(group, member_id)
+    return (
+        Tombstone(CurrentAssignmentRecord.TYPE, key),
+        Tombstone(TargetAssignmentRecord.TYPE, key),
+        Tombstone(MemberRecord.TYPE, key),
+    )

@@ -1,0 +1,238 @@
+"""The Redis keys the offset store reads, derived from the group records of one write. Pure.
+
+The coordinator writes them in the same Lua call that persists its records (``store.py``), so the offset
+store's commit script always sees exactly the coordinator's view (docs/redis-schema.md):
+
+- ``{P}:grp:{G}:members``  member -> current member epoch;
+- ``{P}:grp:{G}:owners``   ``topic/partition`` -> owning member, for the ``default`` track;
+  ``{P}:grp:{G}:owners:{T}`` the same for split track ``T`` (a partition has one owner per track);
+- ``{P}:grp:{G}:live``     number of members;
+- ``{P}:off:{G}:{T}``      a new split track's offsets are copied from its source track; a retired track's
+  offsets are deleted.
+
+An owner field is written for ``assigned | pending``: the old owner keeps committing until it releases
+a partition, and the field passes to the new owner in the write that hands it over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sluice.coordinator.groups.group import Group
+from sluice.coordinator.groups.model import DEFAULT_TRACK, MessageModel, Slot
+from sluice.coordinator.groups.records import (
+    CurrentAssignmentRecord,
+    GroupMetadataRecord,
+    MemberRecord,
+    TrackEntry,
+)
+from sluice.coordinator.groups.state import GroupsState
+from sluice.coordinator.records import Record, Tombstone
+
+# The offset store publishes the key layout; importing it (dataclasses only, no service code) keeps the
+# two sides from drifting apart.
+from sluice.offsetstore.keys import Keys, partition_field
+
+__all__ = ["GroupKeys", "RedisOp", "full_sync_ops", "group_ops"]
+
+
+@dataclass(frozen=True)
+class RedisOp:
+    """One key operation inside the fenced write: ``HSET key a b``, ``HDEL key a``, ``SET key a``,
+    ``DEL key``, or ``HCOPY key a b`` (copy field ``b`` of hash ``a`` into hash ``key``; delete it there
+    when ``a`` has none)."""
+
+    op: str
+    key: str
+    a: str = ""
+    b: str = ""
+
+
+class GroupKeys:
+    def __init__(self, prefix: str) -> None:
+        self._keys = Keys(prefix)
+
+    def members(self, group: str) -> str:
+        return self._keys.members(group)
+
+    def live(self, group: str) -> str:
+        return self._keys.live(group)
+
+    def owners(self, group: str, track: str) -> str:
+        return self._keys.owners(group, track)
+
+    def offsets(self, group: str, track: str) -> str:
+        return self._keys.offsets(group, track)
+
+
+class _Overlay:
+    """One group's state as the records of this write change it, seeded lazily from the replayed state."""
+
+    def __init__(self, group: Group | None) -> None:
+        self.group = group
+        self.members: dict[str, MemberRecord | None] = {}
+        self.current: dict[str, CurrentAssignmentRecord | None] = {}
+        self.owner: dict[Slot, str | None] = {}
+        self.tracks: dict[tuple[str, str], TrackEntry] | None = None
+        self.membership_changed = False
+
+    def member(self, mid: str) -> MemberRecord | None:
+        if mid in self.members:
+            return self.members[mid]
+        return self.group.members.get(mid) if self.group else None
+
+    def cur(self, mid: str) -> CurrentAssignmentRecord | None:
+        if mid in self.current:
+            return self.current[mid]
+        return self.group.current.get(mid) if self.group else None
+
+    def owner_of(self, slot: Slot) -> str | None:
+        if slot in self.owner:
+            return self.owner[slot]
+        return self.group.owner.get(slot) if self.group else None
+
+    def track_table(self) -> dict[tuple[str, str], TrackEntry]:
+        if self.tracks is not None:
+            return self.tracks
+        return dict(self.group.tracks) if self.group else {}
+
+    def member_count(self) -> int:
+        ids = set(self.group.members) if self.group else set()
+        for mid, m in self.members.items():
+            if m is None:
+                ids.discard(mid)
+            else:
+                ids.add(mid)
+        return len(ids)
+
+
+def group_ops(state: GroupsState, records: Sequence[Record], keys: GroupKeys) -> list[RedisOp]:
+    """The key operations that keep the offset store's view equal to the state after ``records``."""
+    overlays: dict[str, _Overlay] = {}
+    ops: list[RedisOp] = []
+
+    def overlay(group: str) -> _Overlay:
+        o = overlays.get(group)
+        if o is None:
+            o = overlays[group] = _Overlay(state.groups.get(group))
+        return o
+
+    for record in records:
+        if isinstance(record, Tombstone):
+            group, _, mid = record.id.partition("/")
+            if record.type == CurrentAssignmentRecord.TYPE:
+                o = overlay(group)
+                old = o.cur(mid)
+                ops.append(RedisOp("HDEL", keys.members(group), mid))
+                _release(o, group, mid, old.owned if old else frozenset(), frozenset(), keys, ops)
+                o.current[mid] = None
+            elif record.type == MemberRecord.TYPE:
+                o = overlay(group)
+                o.members[mid] = None
+                o.membership_changed = True
+        elif isinstance(record, MemberRecord):
+            o = overlay(record.group)
+            o.membership_changed = o.membership_changed or o.member(record.member_id) is None
+            o.members[record.member_id] = record
+        elif isinstance(record, CurrentAssignmentRecord):
+            o = overlay(record.group)
+            old = o.cur(record.member_id)
+            ops.append(
+                RedisOp("HSET", keys.members(record.group), record.member_id, str(record.member_epoch))
+            )
+            member = o.member(record.member_id)
+            if member is None or member.message_model is MessageModel.CLUSTERING:
+                _release(
+                    o,
+                    record.group,
+                    record.member_id,
+                    old.owned if old else frozenset(),
+                    record.owned,
+                    keys,
+                    ops,
+                )
+                for slot in sorted(record.owned):
+                    if o.owner_of(slot) != record.member_id:
+                        track, topic, partition = slot
+                        ops.append(
+                            RedisOp(
+                                "HSET",
+                                keys.owners(record.group, track),
+                                partition_field(topic, partition),
+                                record.member_id,
+                            )
+                        )
+                        o.owner[slot] = record.member_id
+            o.current[record.member_id] = record
+        elif isinstance(record, GroupMetadataRecord):
+            o = overlay(record.group)
+            _track_ops(state, record, o.track_table(), keys, ops)
+            o.tracks = {(t.topic, t.filter): t for t in record.tracks}
+    for group, o in sorted(overlays.items()):
+        if o.membership_changed:
+            ops.append(RedisOp("SET", keys.live(group), str(o.member_count())))
+    return ops
+
+
+def _release(
+    o: _Overlay,
+    group: str,
+    mid: str,
+    old: Iterable[Slot],
+    new: frozenset[Slot],
+    keys: GroupKeys,
+    ops: list[RedisOp],
+) -> None:
+    for slot in sorted(set(old) - new):
+        if o.owner_of(slot) == mid:  # never clear a field another member took over in this write
+            track, topic, partition = slot
+            ops.append(RedisOp("HDEL", keys.owners(group, track), partition_field(topic, partition)))
+            o.owner[slot] = None
+
+
+def _track_ops(
+    state: GroupsState,
+    record: GroupMetadataRecord,
+    old: dict[tuple[str, str], TrackEntry],
+    keys: GroupKeys,
+    ops: list[RedisOp],
+) -> None:
+    new = {(t.topic, t.filter): t for t in record.tracks}
+    topics = state.topics.topics
+    g = record.group
+    for key, entry in sorted(new.items()):
+        if old.get(key) == entry or entry.track == DEFAULT_TRACK or not entry.source:
+            continue
+        count = topics[entry.topic].partitions if entry.topic in topics else 0
+        src, dst = keys.offsets(g, entry.source), keys.offsets(g, entry.track)
+        for p in range(count):
+            ops.append(RedisOp("HCOPY", dst, src, partition_field(entry.topic, p)))
+    live_tracks = {e.track for e in new.values()}
+    for key, entry in sorted(old.items()):
+        if key in new or entry.track == DEFAULT_TRACK:
+            continue
+        if entry.track not in live_tracks:
+            # Nothing reads the track any more: drop it whole (also covers topics deleted meanwhile).
+            ops.append(RedisOp("DEL", keys.offsets(g, entry.track)))
+            ops.append(RedisOp("DEL", keys.owners(g, entry.track)))
+        elif entry.topic in topics:
+            for p in range(topics[entry.topic].partitions):
+                ops.append(RedisOp("HDEL", keys.offsets(g, entry.track), partition_field(entry.topic, p)))
+
+
+def full_sync_ops(state: GroupsState, keys: GroupKeys) -> list[RedisOp]:
+    """Rewrite every group's ownership keys from the replayed state (at startup): whatever drifted, the
+    offset store sees the coordinator's view again. Nothing is reassigned."""
+    ops: list[RedisOp] = []
+    for name, g in sorted(state.groups.items()):
+        ops.append(RedisOp("DEL", keys.members(name)))
+        for track in g.active_tracks():
+            ops.append(RedisOp("DEL", keys.owners(name, track)))
+        for mid, cur in sorted(g.current.items()):
+            ops.append(RedisOp("HSET", keys.members(name), mid, str(cur.member_epoch)))
+        for slot, mid in sorted(g.owner.items()):
+            track, topic, partition = slot
+            ops.append(RedisOp("HSET", keys.owners(name, track), partition_field(topic, partition), mid))
+        ops.append(RedisOp("SET", keys.live(name), str(len(g.members))))
+    return ops

@@ -1,0 +1,118 @@
+"""``sluice coordinator``: run the coordinator service until SIGTERM/SIGINT.
+
+Startup: connect to Redis, take the writer epoch (fencing older coordinators), rebuild the state from the
+stored records, then serve gRPC (+ health) and /metrics and print the ready line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import socket
+import sys
+
+from redis.asyncio import Redis
+
+from sluice.coordinator.cluster.model import Endpoint
+from sluice.coordinator.config import ENV_PREFIX, CoordinatorConfig
+from sluice.coordinator.election import CoordinatorElection, ElectingGrpcServer
+from sluice.coordinator.service import CoordinatorService
+from sluice.coordinator.servicer import SERVICE_NAME, registrar
+from sluice.errors import SluiceError
+from sluice.server.config import add_arguments, load
+from sluice.server.runtime import GrpcServer, configure_logging, serve
+
+log = logging.getLogger("sluice.coordinator")
+
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def advertised_host(config: CoordinatorConfig) -> str:
+    if config.advertised_host:
+        return config.advertised_host
+    if config.host in _WILDCARDS:
+        return socket.gethostname()
+    return config.host
+
+
+async def run(config: CoordinatorConfig) -> None:
+    redis = Redis.from_url(config.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    server: GrpcServer | None = None
+
+    def coordinator_endpoint() -> Endpoint | None:
+        if server is None or server.bound_port == 0:
+            return None
+        return Endpoint(advertised_host(config), server.bound_port)
+
+    # With an election the server starts as a standby and the service starts when elected (wiring.py).
+    election = CoordinatorElection.from_config(config, redis)
+    service = CoordinatorService.from_config(config, redis, coordinator_endpoint, election)
+
+    async def stop() -> None:
+        if election is not None:
+            await election.close()  # resign: a standby takes over without waiting out the lease
+        await service.close()
+
+    elected = asyncio.Event()
+
+    async def on_elected(epoch: int) -> None:
+        await service.start(epoch)
+        elected.set()
+
+    async def before_ready() -> None:
+        # Announce readiness once this replica leads, so `sluice up` and tests can use it at once.
+        # A standby (another replica leads) stops waiting after two lease periods and serves as one.
+        if election is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(elected.wait(), 2 * config.lease_duration.total_seconds())
+
+    try:
+        if election is None:
+            await service.start()
+        else:
+            election.attach(on_elected=on_elected, on_lost=service.step_down)
+        server = ElectingGrpcServer(
+            service="coordinator",
+            registrars=[registrar(service)],
+            host=config.host,
+            port=config.port,
+            metrics_port=config.metrics_port,
+            health_names=[SERVICE_NAME],
+            election=election,
+            advertised_host=advertised_host(config),
+        )
+        await serve(server, on_stop=stop, before_ready=before_ready)
+    finally:
+        await stop()
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="sluice coordinator",
+        description="Run the Sluice coordinator: cluster metadata (brokers, topics, placement) in Redis. "
+        f"Every flag can also be set as {ENV_PREFIX}<FLAG> or in a TOML file (--config).",
+    )
+    add_arguments(parser, CoordinatorConfig)
+    args = parser.parse_args(argv)
+    try:
+        config = load(CoordinatorConfig, ENV_PREFIX, args).validate()
+    except SluiceError as exc:
+        print(f"sluice coordinator: {exc.message}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_level)
+    try:
+        asyncio.run(run(config))
+    except SluiceError as exc:
+        log.error("coordinator failed: %s", exc)
+        return 1
+    except OSError as exc:
+        log.error("coordinator failed: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""``sluice.v1.Coordinator`` over gRPC: protobuf in, domain call, protobuf out. Nothing else.
+
+Errors are raised as ``SluiceError``s; the shared interceptor maps them to a status and the
+``sluice-error-code`` trailer. Heartbeat answers protocol refusals in its response's ``error`` field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpc import aio
+
+from sluice.coordinator.convert import (
+    broker_update_to_proto,
+    describe_group_to_proto,
+    endpoint_from_proto,
+    group_config_from_proto,
+    group_config_to_proto,
+    group_summary_to_proto,
+    heartbeat_from_proto,
+    heartbeat_to_proto,
+    metadata_to_proto,
+    topic_config_from_proto,
+    topic_to_proto,
+)
+from sluice.coordinator.service import CoordinatorService
+from sluice.server.runtime import Registrar
+from sluice.v1 import coordinator_pb2 as pb
+from sluice.v1 import coordinator_pb2_grpc
+
+Context = aio.ServicerContext[Any, Any]
+
+SERVICE_NAME = "sluice.v1.Coordinator"
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
+    def __init__(self, service: CoordinatorService) -> None:
+        self._service = service
+
+    # ---- cluster membership --------------------------------------------------------------------------
+
+    async def RegisterBroker(
+        self, request: pb.RegisterBrokerRequest, context: Context
+    ) -> pb.RegisterBrokerResponse:
+        endpoint = endpoint_from_proto(
+            request.endpoint, request.HasField("endpoint"), f"broker {request.broker_id}"
+        )
+        reg = await self._service.register_broker(request.broker_id, endpoint, request.incarnation)
+        return pb.RegisterBrokerResponse(
+            broker_epoch=reg.epoch,
+            heartbeat_interval_ms=reg.heartbeat_interval_ms,
+            session_timeout_ms=reg.session_timeout_ms,
+        )
+
+    async def BrokerHeartbeat(
+        self, request: pb.BrokerHeartbeatRequest, context: Context
+    ) -> pb.BrokerHeartbeatResponse:
+        result = await self._service.broker_heartbeat(
+            request.broker_id, request.broker_epoch, request.metadata_version
+        )
+        response = pb.BrokerHeartbeatResponse()
+        if result.error is not None:
+            response.error.CopyFrom(result.error.to_proto())
+        if result.update is not None:
+            response.update.CopyFrom(broker_update_to_proto(result.update))
+        return response
+
+    async def RegisterDispatcher(
+        self, request: pb.RegisterDispatcherRequest, context: Context
+    ) -> pb.RegisterDispatcherResponse:
+        endpoint = endpoint_from_proto(
+            request.endpoint, request.HasField("endpoint"), f"dispatcher {request.dispatcher_id}"
+        )
+        reg = await self._service.register_dispatcher(request.dispatcher_id, endpoint, request.incarnation)
+        return pb.RegisterDispatcherResponse(
+            dispatcher_epoch=reg.epoch, heartbeat_interval_ms=reg.heartbeat_interval_ms
+        )
+
+    # ---- topics and routing --------------------------------------------------------------------------
+
+    async def CreateTopic(self, request: pb.CreateTopicRequest, context: Context) -> pb.CreateTopicResponse:
+        topic = await self._service.create_topic(
+            request.name, request.partitions, topic_config_from_proto(request.config)
+        )
+        return pb.CreateTopicResponse(topic=topic_to_proto(topic))
+
+    async def AddPartitions(
+        self, request: pb.AddPartitionsRequest, context: Context
+    ) -> pb.AddPartitionsResponse:
+        topic = await self._service.add_partitions(request.name, request.partitions)
+        return pb.AddPartitionsResponse(topic=topic_to_proto(topic))
+
+    async def DeleteTopic(self, request: pb.DeleteTopicRequest, context: Context) -> pb.DeleteTopicResponse:
+        await self._service.delete_topic(request.name)
+        return pb.DeleteTopicResponse()
+
+    async def ListTopics(self, request: pb.ListTopicsRequest, context: Context) -> pb.ListTopicsResponse:
+        return pb.ListTopicsResponse(topics=[topic_to_proto(t) for t in self._service.list_topics()])
+
+    async def DescribeTopic(
+        self, request: pb.DescribeTopicRequest, context: Context
+    ) -> pb.DescribeTopicResponse:
+        return pb.DescribeTopicResponse(topic=topic_to_proto(self._service.describe_topic(request.name)))
+
+    async def Metadata(self, request: pb.MetadataRequest, context: Context) -> pb.MetadataResponse:
+        election = self._service.election
+        if election is not None and not election.is_leader():
+            # A standby relays the leader's answer (its ``coordinator`` is the leader): docs/election.md.
+            return await election.forward_metadata(request, context.invocation_metadata())
+        view = self._service.metadata(list(request.topics))
+        return metadata_to_proto(view, self._service.coordinator_endpoint, self._service.offset_store)
+
+    # ---- consumer groups ---------------------------------------------------------------------------
+
+    async def Heartbeat(
+        self, request: pb.GroupHeartbeatRequest, context: Context
+    ) -> pb.GroupHeartbeatResponse:
+        return heartbeat_to_proto(await self._service.heartbeat(heartbeat_from_proto(request)))
+
+    async def LeaveGroup(self, request: pb.LeaveGroupRequest, context: Context) -> pb.LeaveGroupResponse:
+        await self._service.leave_group(request.group, request.member_id, request.member_epoch)
+        return pb.LeaveGroupResponse()
+
+    async def ListGroups(self, request: pb.ListGroupsRequest, context: Context) -> pb.ListGroupsResponse:
+        return pb.ListGroupsResponse(groups=[group_summary_to_proto(g) for g in self._service.list_groups()])
+
+    async def DescribeGroup(
+        self, request: pb.DescribeGroupRequest, context: Context
+    ) -> pb.DescribeGroupResponse:
+        description, rows = await self._service.describe_group(request.group)
+        return describe_group_to_proto(request.group, description, rows)
+
+    async def SetGroupConfig(
+        self, request: pb.SetGroupConfigRequest, context: Context
+    ) -> pb.SetGroupConfigResponse:
+        config, policy_given = group_config_from_proto(request.config)
+        merged = await self._service.set_group_config(request.group, config, policy_given)
+        return pb.SetGroupConfigResponse(config=group_config_to_proto(merged))
+
+
+def registrar(service: CoordinatorService) -> Registrar:
+    """A ``GrpcServer`` registrar that adds the Coordinator servicer."""
+
+    def register(server: aio.Server) -> None:
+        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(service), server)
+
+    return register

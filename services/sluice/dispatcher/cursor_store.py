@@ -1,0 +1,125 @@
+"""Durable cursors in the offset store: load one, save many in batches.
+
+Writes are batched: the service marks cursors dirty as acks arrive, and :meth:`CursorStore.flush`
+(every ``cursor_flush_interval``, and once more on a graceful stop) sends every dirty cursor in as few
+``SaveCursors`` calls as the offset store's limits allow. A cursor is converted to its protobuf form
+synchronously inside the flush (no copy of its ranges is kept), so a 500,000-range cursor costs its
+8 MB array plus, briefly, the request's own buffer.
+
+Fencing: each cursor carries ``owner_epoch`` = this dispatcher's registration epoch. The offset store
+refuses (``FENCED_MEMBER_EPOCH``) a write older than the stored epoch: another dispatcher owns the
+partition now, and this one must stop serving it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from sluice.common.rpc import error_from_rpc
+from sluice.dispatcher.cursor import PartitionCursor
+from sluice.errors import StorageError
+from sluice.v1 import common_pb2, offset_store_pb2, offset_store_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CursorKey", "CursorStore", "DirtyCursor"]
+
+MAX_CURSORS_PER_SAVE = 1000
+MAX_RANGE_VALUES_PER_SAVE = 4_000_000
+RPC_TIMEOUT = 10.0
+
+CursorKey = tuple[str, str, int]  # (topic, subscription, partition)
+
+
+@dataclass(frozen=True, slots=True)
+class DirtyCursor:
+    topic: str
+    subscription: str
+    cursor: PartitionCursor
+
+
+class CursorStore:
+    """The offset store client for cursors. ``address`` comes from the coordinator's Metadata."""
+
+    def __init__(self, stub_for: Callable[[str], offset_store_pb2_grpc.OffsetStoreAsyncStub]) -> None:
+        self._stub_for = stub_for
+        self.address = ""
+        self.saves = 0
+
+    def _stub(self) -> offset_store_pb2_grpc.OffsetStoreAsyncStub:
+        if not self.address:
+            raise StorageError(
+                "no offset store is known: run `sluice offset-store` and pass the coordinator --offset-store"
+            )
+        return self._stub_for(self.address)
+
+    async def load(self, topic: str, subscription: str, partition: int) -> PartitionCursor | None:
+        try:
+            resp = await self._stub().LoadCursor(
+                offset_store_pb2.LoadCursorRequest(
+                    topic=topic, partition=partition, subscription=subscription
+                ),
+                timeout=RPC_TIMEOUT,
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        if not resp.found:
+            return None
+        c = resp.cursor
+        return PartitionCursor(partition, c.mark_delete, c.acked_ranges, dict(c.redelivery_counts))
+
+    async def save(self, dirty: Sequence[DirtyCursor], owner_epoch: int) -> list[DirtyCursor]:
+        """Persist ``dirty``; mark each saved one; return those another dispatcher fenced off."""
+        fenced: list[DirtyCursor] = []
+        i = 0
+        while i < len(dirty):
+            chunk: list[tuple[DirtyCursor, int]] = []
+            request = offset_store_pb2.SaveCursorsRequest()
+            values = 0
+            while i < len(dirty) and len(chunk) < MAX_CURSORS_PER_SAVE:
+                d = dirty[i]
+                n = len(d.cursor.acked.flat)
+                if chunk and values + n > MAX_RANGE_VALUES_PER_SAVE:
+                    break
+                snap = d.cursor.snapshot()
+                request.cursors.append(
+                    offset_store_pb2.Cursor(
+                        topic=d.topic,
+                        partition=snap.partition,
+                        subscription=d.subscription,
+                        mark_delete=snap.mark_delete,
+                        acked_ranges=snap.acked_ranges,
+                        redelivery_counts=snap.redelivery_counts,
+                        owner_epoch=owner_epoch,
+                    )
+                )
+                chunk.append((d, snap.version))
+                values += n
+                i += 1
+            try:
+                resp = await self._stub().SaveCursors(request, timeout=RPC_TIMEOUT)
+            except grpc.RpcError as exc:
+                raise error_from_rpc(exc) from None
+            del request
+            self.saves += 1
+            for (d, version), err in zip(chunk, resp.errors, strict=False):
+                if err.code == common_pb2.NONE:
+                    d.cursor.mark_saved(version)
+                elif err.code == common_pb2.FENCED_MEMBER_EPOCH:
+                    log.warning(
+                        "cursor %s/%s/%d fenced: %s", d.topic, d.subscription, d.cursor.partition, err.message
+                    )
+                    fenced.append(d)
+                else:
+                    log.warning(
+                        "cursor %s/%s/%d not saved: %s",
+                        d.topic,
+                        d.subscription,
+                        d.cursor.partition,
+                        err.message,
+                    )
+        return fenced

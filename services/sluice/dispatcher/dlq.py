@@ -1,0 +1,66 @@
+"""Dead letters: messages past ``max_redeliver`` go to ``<topic>.<subscription>.DLQ``, then are acked.
+
+The DLQ topic is created through the coordinator when missing (one partition). Messages keep their
+key, tag, headers, value and timestamp, and are produced in one batch per call with ``acks=1``; the
+subscription acknowledges them only after the broker confirmed the append, so a crash in between
+produces them again (at least once) rather than losing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+
+from sluice.codec.batch import BatchBuilder
+from sluice.common.rpc import error_from_rpc
+from sluice.dispatcher.cluster import ChannelCache, CoordinatorLink
+from sluice.dispatcher.messages import Message
+from sluice.errors import raise_for_proto
+from sluice.v1 import broker_pb2, broker_pb2_grpc
+
+__all__ = ["DeadLetterSink", "dlq_topic"]
+
+RPC_TIMEOUT = 10.0
+
+
+def dlq_topic(topic: str, subscription: str) -> str:
+    return f"{topic}.{subscription}.DLQ"
+
+
+class DeadLetterSink:
+    def __init__(self, link: CoordinatorLink, channels: ChannelCache) -> None:
+        self._link = link
+        self._channels = channels
+
+    async def publish(self, topic: str, subscription: str, messages: Sequence[Message]) -> None:
+        """Append ``messages`` to the DLQ topic; raises the typed error if that fails."""
+        name = dlq_topic(topic, subscription)
+        desc = await self._link.ensure_topic(name)
+        builder = BatchBuilder()
+        for m in messages:
+            r = m.record
+            builder.append(r.value, r.key, r.tag, r.headers or None, r.timestamp)
+        partition = 0
+        address = self._link.view.route(name, partition)
+        broker = address.broker if address is not None else ""
+        if not broker:
+            broker = (await self._link.refresh()).route(name, partition).broker  # type: ignore[union-attr]
+        stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
+        try:
+            resp = await stub.Produce(
+                broker_pb2.ProduceRequest(
+                    acks=1,
+                    timeout_ms=int(RPC_TIMEOUT * 1000),
+                    partitions=[
+                        broker_pb2.ProducePartition(
+                            topic=desc.name, partition=partition, records=builder.build()
+                        )
+                    ],
+                ),
+                timeout=RPC_TIMEOUT,
+            )
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        for part in resp.partitions:
+            raise_for_proto(part.error)

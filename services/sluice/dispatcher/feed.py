@@ -1,0 +1,191 @@
+"""One long-poll fetch loop per partition with active subscriptions.
+
+The feed asks the partition's broker for records from the lowest read position among the
+subscriptions that have read-ahead room, decodes each response once (``decode_records``), encodes each
+record once (``encode_messages``), and offers the same message objects to every subscription whose read
+position falls inside what was fetched. A subscription that is full (read-ahead bytes reached) is left
+behind and caught up by a later fetch from its own position; the fetch never waits for it.
+
+While every subscription is caught up the fetch parks on the broker (``max_wait_ms``) and returns as soon
+as records are appended, which is what keeps end-to-end latency low. A subscription joining at an
+earlier position, or freeing read-ahead room, ``kick``s the feed, which cancels a parked fetch that no
+longer starts at the right place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+import grpc
+
+from sluice.codec.batch import decode_records
+from sluice.common.rpc import error_from_rpc
+from sluice.dispatcher.cluster import ChannelCache, CoordinatorLink, list_offsets_request
+from sluice.dispatcher.messages import Message, encode_messages
+from sluice.errors import OffsetOutOfRange, SluiceError, error_for_code
+from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FeedTarget", "PartitionFeed"]
+
+
+class FeedTarget(Protocol):
+    """A subscription as its feed sees it (``service.SubscriptionRuntime``)."""
+
+    def read_position(self, partition: int) -> int | None: ...
+    def wants(self, partition: int) -> bool: ...
+    def offer(self, partition: int, messages: list[Message], start: int, next_offset: int) -> None: ...
+    def skip_to(self, partition: int, position: int) -> None: ...
+
+
+class PartitionFeed:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        link: CoordinatorLink,
+        channels: ChannelCache,
+        targets: Callable[[], list[FeedTarget]],
+        max_wait_ms: int,
+        max_bytes: int,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._link = link
+        self._channels = channels
+        self._targets = targets
+        self._max_wait_ms = max_wait_ms
+        self._max_bytes = max_bytes
+        self._kick = asyncio.Event()
+        self._fetch_offset = -1
+        self.high_watermark = -1
+        self.log_start_offset = 0
+        self.fetches = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"feed-{self.topic}-{self.partition}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def kick(self) -> None:
+        """Something changed (a subscription joined, read-ahead room freed): look again."""
+        self._kick.set()
+
+    def _wanted_offset(self) -> int | None:
+        p = self.partition
+        positions = [pos for t in self._targets() if t.wants(p) and (pos := t.read_position(p)) is not None]
+        return min(positions) if positions else None
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            offset = self._wanted_offset()
+            if offset is None:
+                self._kick.clear()
+                if self._wanted_offset() is None:
+                    await self._kick.wait()
+                continue
+            try:
+                resp = await self._fetch(offset)
+            except (SluiceError, grpc.RpcError) as exc:
+                log.warning("fetch %s/%d at %d: %s", self.topic, self.partition, offset, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                with contextlib.suppress(SluiceError, grpc.RpcError):
+                    await self._link.refresh()
+                continue
+            backoff = 0.05
+            if resp is not None:
+                self._deliver(offset, resp)
+
+    async def _fetch(self, offset: int) -> broker_pb2.FetchPartitionResponse | None:
+        """One fetch; None when a kick made it pointless (it was cancelled)."""
+        broker = self._link.broker_for(self.topic, self.partition)
+        stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
+        request = broker_pb2.FetchRequest(
+            max_wait_ms=self._max_wait_ms,
+            min_bytes=1,
+            max_bytes=self._max_bytes,
+            session_epoch=-1,
+            partitions=[
+                broker_pb2.FetchPartition(
+                    topic=self.topic,
+                    partition=self.partition,
+                    fetch_offset=offset,
+                    partition_max_bytes=self._max_bytes,
+                )
+            ],
+            client_id=f"dispatcher-{self._link.dispatcher_id}",
+        )
+        self._kick.clear()
+        call = stub.Fetch(request, timeout=self._max_wait_ms / 1000 + 10)
+        fetching: asyncio.Future[broker_pb2.FetchResponse] = asyncio.ensure_future(call)
+        kicked = asyncio.ensure_future(self._kick.wait())
+        try:
+            await asyncio.wait((fetching, kicked), return_when=asyncio.FIRST_COMPLETED)
+            if not fetching.done():
+                new = self._wanted_offset()
+                if new is not None and new < offset:
+                    fetching.cancel()
+                    return None
+            resp = await fetching
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        finally:
+            kicked.cancel()
+        self.fetches += 1
+        if resp.error.code != common_pb2.NONE:
+            raise error_for_code(resp.error.code, resp.error.message)
+        part = resp.partitions[0]
+        if part.error.code == common_pb2.OFFSET_OUT_OF_RANGE:
+            await self._out_of_range(offset)
+            return None
+        if part.error.code != common_pb2.NONE:
+            raise error_for_code(part.error.code, part.error.message)
+        self.high_watermark = part.high_watermark
+        self.log_start_offset = part.log_start_offset
+        return part
+
+    async def _out_of_range(self, offset: int) -> None:
+        """The log no longer starts where subscriptions are (retention): move them to the log start."""
+        broker = self._link.broker_for(self.topic, self.partition)
+        stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
+        resp = await stub.ListOffsets(list_offsets_request(self.topic, [self.partition], -2), timeout=10)
+        start = resp.partitions[0].offset
+        if offset < start:
+            log.warning(
+                "%s/%d: offset %d is below the log start %d; skipping ahead",
+                self.topic,
+                self.partition,
+                offset,
+                start,
+            )
+            for t in self._targets():
+                t.skip_to(self.partition, start)
+        else:
+            raise OffsetOutOfRange(f"{self.topic}/{self.partition}: offset {offset} is beyond the log end")
+
+    def _deliver(self, offset: int, part: broker_pb2.FetchPartitionResponse) -> None:
+        next_offset = part.next_offset
+        if next_offset <= offset:
+            return
+        messages = (
+            encode_messages(decode_records(part.records, self.topic, self.partition, offset))
+            if part.records
+            else []
+        )
+        for t in self._targets():
+            pos = t.read_position(self.partition)
+            if pos is not None and offset <= pos < next_offset:
+                t.offer(self.partition, messages, offset, next_offset)

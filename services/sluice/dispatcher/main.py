@@ -1,0 +1,79 @@
+"""``sluice dispatcher``: run one dispatcher process.
+
+Serves the Dispatcher gRPC service (Consume streams, ListSubscriptions, DescribeSubscription),
+``/metrics`` and health; registers with ``--coordinator`` and learns brokers, the offset store and
+partition routing from its Metadata. SIGTERM or Ctrl-C: streams end, every durable cursor is written
+to the offset store, feeds stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from grpc import aio
+
+from sluice.dispatcher.config import ENV_PREFIX, DispatcherConfig
+from sluice.dispatcher.metrics import dispatcher_metrics
+from sluice.dispatcher.service import DispatcherService
+from sluice.dispatcher.servicer import DispatcherServicer, add_to_server
+from sluice.server.config import add_arguments, load
+from sluice.server.runtime import GrpcServer, serve, service_main
+
+log = logging.getLogger(__name__)
+
+
+class _DispatcherGrpcServer(GrpcServer):
+    """Starts the coordinator link once bound, so registration advertises the real port."""
+
+    service_ref: DispatcherService | None = None
+    advertised_host: str = ""
+
+    async def start(self) -> int:
+        port = await super().start()
+        if self.service_ref is not None:
+            self.service_ref.start(self.advertised_host, port)
+        return port
+
+
+def parse_config(argv: list[str]) -> DispatcherConfig:
+    parser = argparse.ArgumentParser(
+        prog="sluice dispatcher",
+        description="Run one Sluice dispatcher: push subscriptions (Exclusive, Shared, Failover, Key_Shared)",
+    )
+    add_arguments(parser, DispatcherConfig)
+    return load(DispatcherConfig, ENV_PREFIX, parser.parse_args(argv))
+
+
+async def run(config: DispatcherConfig) -> None:
+    service = DispatcherService(config, dispatcher_metrics())
+    servicer = DispatcherServicer(service)
+
+    def register(server: aio.Server) -> None:
+        add_to_server(servicer, server)
+
+    server = _DispatcherGrpcServer(
+        "dispatcher", [register], host=config.host, port=config.port, metrics_port=config.metrics_port
+    )
+    server.service_ref = service
+    server.advertised_host = config.advertised
+    stopped = False
+
+    async def on_stop() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            await service.stop()
+
+    try:
+        await serve(server, on_stop=on_stop)
+    finally:
+        await on_stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return service_main("dispatcher", argv, parse_config, run)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,214 @@
+"""A loaded subscription with its I/O attached: streams, timer, dead-letter queue, feed hooks.
+
+``SubscriptionRuntime`` wraps the pure :class:`~sluice.dispatcher.subscription.Subscription`: every call
+into the machine goes through here with the current time, and the returned effects are carried out
+by :meth:`SubscriptionRuntime.apply` (encode and queue message batches, send active-consumer events,
+hand dead letters to the DLQ task, re-arm the one timer, wake the partition feeds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sluice.dispatcher.consumer import Consumer
+from sluice.dispatcher.messages import Message, encode_batch_event
+from sluice.dispatcher.model import Effects, SubscriptionSettings
+from sluice.dispatcher.subscription import Subscription
+from sluice.errors import SluiceError
+from sluice.v1 import dispatcher_pb2 as pb
+
+if TYPE_CHECKING:
+    from sluice.dispatcher.service import DispatcherService
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ConsumerStream", "SubscriptionRuntime"]
+
+Outgoing = bytes | pb.DispatcherEvent | None
+
+
+class ConsumerStream:
+    """The outgoing side of one Consume stream: a queue the servicer's generator drains."""
+
+    def __init__(self, peer: str = "") -> None:
+        self.peer = peer
+        self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()
+        self.runtime: SubscriptionRuntime | None = None
+        self.consumer: Consumer | None = None
+        self.closed = False
+
+    def send(self, item: bytes | pb.DispatcherEvent) -> None:
+        if not self.closed:
+            self.queue.put_nowait(item)
+
+    def error(self, err: SluiceError) -> None:
+        self.send(pb.DispatcherEvent(error=err.to_proto()))
+
+    def fail(self, err: SluiceError) -> None:
+        """Send the error, then end the stream."""
+        self.error(err)
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.queue.put_nowait(None)
+
+
+class SubscriptionRuntime:
+    """One loaded (topic, subscription). Caller: ``DispatcherService`` and the partition feeds."""
+
+    def __init__(
+        self, service: DispatcherService, topic: str, name: str, settings: SubscriptionSettings
+    ) -> None:
+        self.service = service
+        self.machine = Subscription(topic, name, settings)
+        self.topic = topic
+        self.name = name
+        self.streams: dict[str, ConsumerStream] = {}
+        self.loaded = asyncio.Event()
+        self.load_error: SluiceError | None = None
+        self.closing = False
+        self.closed = asyncio.Event()
+        self.linger: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_due: int | None = None
+        self._dead: list[tuple[Message, int]] = []
+        self._dlq_task: asyncio.Task[None] | None = None
+        metrics = service.metrics
+        self._m_messages = metrics.dispatched_messages.labels(topic, name)
+        self._m_bytes = metrics.dispatched_bytes.labels(topic, name)
+        self._m_redeliveries = metrics.redeliveries.labels(topic, name)
+        self._m_dlq = metrics.dlq.labels(topic, name)
+        self.m_acks = metrics.acks.labels(topic, name)
+
+    @property
+    def durable(self) -> bool:
+        return self.machine.settings.durable
+
+    # ---- the feed's view (FeedTarget) -----------------------------------------------------------------
+
+    def read_position(self, partition: int) -> int | None:
+        return self.machine.read_position(partition)
+
+    def wants(self, partition: int) -> bool:
+        return not self.closing and self.machine.wants(partition)
+
+    def offer(self, partition: int, messages: list[Message], start: int, next_offset: int) -> None:
+        self.apply(self.machine.offer(partition, messages, next_offset, self.service.now_ms()))
+
+    def skip_to(self, partition: int, position: int) -> None:
+        self.apply(self.machine.skip_to(partition, position, self.service.now_ms()))
+
+    # ---- effects -------------------------------------------------------------------------------------
+
+    def apply(self, fx: Effects) -> None:
+        """Carry out what the state machine decided."""
+        if fx.deliveries:
+            topic = self.topic
+            sent = sent_bytes = 0
+            for cid, d in fx.deliveries.items():
+                stream = self.streams.get(cid)
+                if stream is None:
+                    continue
+                if any(d.counts):
+                    framed = [m.framed(n) for m, n in zip(d.messages, d.counts, strict=True)]
+                else:
+                    framed = [m.wire for m in d.messages]
+                payload = encode_batch_event(topic, framed)
+                stream.send(payload)
+                sent += len(framed)
+                sent_bytes += len(payload)
+            self._m_messages.inc(sent)
+            self._m_bytes.inc(sent_bytes)
+        for cid, partition, active in fx.active_changes:
+            stream = self.streams.get(cid)
+            if stream is not None:
+                stream.send(
+                    pb.DispatcherEvent(
+                        active_change=pb.ActiveConsumerChange(partition=partition, is_active=active)
+                    )
+                )
+        if fx.redelivered:
+            self._m_redeliveries.inc(fx.redelivered)
+        if fx.dead_letters:
+            self._dead += fx.dead_letters
+            if self._dlq_task is None or self._dlq_task.done():
+                self._dlq_task = asyncio.create_task(
+                    self._publish_dead(), name=f"dlq-{self.topic}-{self.name}"
+                )
+        self._arm_timer()
+        if fx.deliveries:
+            self.service.kick_feeds(self)
+
+    def call(self, fn: Callable[[int], Effects]) -> None:
+        self.apply(fn(self.service.now_ms()))
+
+    # ---- timer ---------------------------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        due = self.machine.next_deadline()
+        if due is None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = self._timer_due = None
+            return
+        if self._timer is not None and self._timer_due is not None and self._timer_due <= due:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timer_due = due
+        # +1 ms: loop.time() rounding must not fire the timer just before the deadline.
+        self._timer = loop.call_at((due + 1) / 1000, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = self._timer_due = None
+        if not self.closing:
+            self.apply(self.machine.tick(self.service.now_ms()))
+
+    # ---- dead letters --------------------------------------------------------------------------------
+
+    async def _publish_dead(self) -> None:
+        delay = 0.2
+        while self._dead and not self.closing:
+            batch, self._dead = self._dead, []
+            try:
+                await self.service.dlq.publish(self.topic, self.name, [m for m, _ in batch])
+            except (SluiceError, OSError) as exc:
+                log.warning(
+                    "dead-lettering %d messages of %s/%s failed: %s", len(batch), self.topic, self.name, exc
+                )
+                self._dead = batch + self._dead
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.2
+            self._m_dlq.inc(len(batch))
+            by_partition: dict[int, list[int]] = defaultdict(list)
+            for m, _ in batch:
+                by_partition[m.record.partition].append(m.offset)
+            for p, offsets in by_partition.items():
+                self.apply(self.machine.dead_lettered(p, offsets, self.service.now_ms()))
+
+    # ---- shutdown ------------------------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        """Stop timers and background work (the service flushes cursors and detaches feeds)."""
+        self.closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.linger is not None:
+            self.linger.cancel()
+            self.linger = None
+        if self._dlq_task is not None:
+            self._dlq_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dlq_task
+        self.machine.close()

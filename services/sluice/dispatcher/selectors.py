@@ -1,0 +1,156 @@
+"""Who gets which message: one dispatch pass per subscription type (Pulsar's dispatchers).
+
+Each pass hands out as much as the consumers' capacities (``Consumer.capacity()``: permits, bounded by
+``max_unacked``) allow, redeliveries before new messages, and starts from a rotating partition so a
+consumer holding a single permit (a zero-queue consumer) is served from every partition in turn.
+
+- Exclusive / Failover: each partition's active consumer takes it in offset order.
+- Shared: round-robin, ``SHARED_BATCH`` messages at a time, among consumers with capacity.
+- Key_Shared: a message goes to the owner of its key hash, and only if no *other* consumer still holds
+  unacknowledged messages of that hash (Pulsar 4's draining hashes: after ranges move, only hashes
+  in flight at their previous owner wait); once a message of a hash must wait, every later message of
+  that hash waits too (per-key order), while other hashes keep flowing.
+
+Caller: ``Subscription._finish``; pure like it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import islice
+from typing import TYPE_CHECKING
+
+from sluice.dispatcher.model import SubscriptionType
+
+if TYPE_CHECKING:
+    from sluice.dispatcher.consumer import Consumer
+    from sluice.dispatcher.messages import Message
+    from sluice.dispatcher.subscription import PartitionState, Subscription
+
+__all__ = ["SHARED_BATCH", "dispatch"]
+
+#: Messages handed to one Shared consumer before moving to the next (Pulsar's round-robin batch is 20;
+#: larger chunks cost less per message and still spread evenly).
+SHARED_BATCH = 50
+
+
+def _rotated(sub: Subscription) -> list[PartitionState]:
+    """Partitions with work, starting after the one served last (``Subscription.deliver`` records it)."""
+    parts = [ps for ps in sub.partitions.values() if ps.replay or ps.pending]
+    if len(parts) > 1:
+        parts.sort(key=lambda ps: ps.partition)
+        last = sub.partition_rr
+        k = next((i for i, ps in enumerate(parts) if ps.partition > last), 0)
+        parts = parts[k:] + parts[:k]
+    return parts
+
+
+def dispatch(sub: Subscription, now_ms: int) -> None:
+    kind = sub.settings.type
+    if kind == SubscriptionType.SHARED:
+        _shared(sub, now_ms)
+    elif kind == SubscriptionType.KEY_SHARED:
+        _key_shared(sub, now_ms)
+    else:
+        _single_active(sub, now_ms)
+
+
+def _single_active(sub: Subscription, now_ms: int) -> None:
+    for ps in _rotated(sub):
+        c = ps.active
+        if c is None:
+            continue
+        n = c.capacity()
+        if n:
+            msgs = ps.take_ordered(n)
+            if msgs:
+                sub.deliver(c, ps, msgs, now_ms)
+
+
+def _next_consumer(sub: Subscription, ring: list[Consumer], partition: int) -> Consumer | None:
+    """The next consumer in round-robin order with capacity that serves ``partition``."""
+    n = len(ring)
+    start = sub.consumer_rr
+    for i in range(n):
+        c = ring[(start + i) % n]
+        if c.serves(partition) and c.capacity():
+            sub.consumer_rr = (start + i + 1) % n
+            return c
+    return None
+
+
+def _shared(sub: Subscription, now_ms: int) -> None:
+    ring = sorted(sub.consumers.values(), key=lambda c: c.join_seq)
+    parts = _rotated(sub)
+    while parts:
+        still: list[PartitionState] = []
+        for ps in parts:
+            c = _next_consumer(sub, ring, ps.partition)
+            if c is None:
+                continue
+            msgs = ps.take_ordered(min(c.capacity(), SHARED_BATCH))
+            if msgs:
+                sub.deliver(c, ps, msgs, now_ms)
+            if ps.replay or ps.pending:
+                still.append(ps)
+        parts = still
+
+
+def _key_shared(sub: Subscription, now_ms: int) -> None:
+    table = sub.owner_table
+    if not table:
+        return
+    caps: dict[Consumer, int] = {c: c.capacity() for c in sub.consumers.values()}
+    if not any(caps.values()):
+        return
+    holder = sub.hash_holder
+    # Hashes with a message waiting out its nack delay wait too: nothing may overtake it.
+    blocked: set[int] = {m.key_hash for ps in sub.partitions.values() for m in ps.delayed.values()}
+    for ps in _rotated(sub):
+        p = ps.partition
+        out: dict[Consumer, list[Message]] = {}
+
+        def eligible(m: Message, p: int = p) -> Consumer | None:
+            h = m.key_hash
+            if h in blocked:
+                return None
+            c = table[h]
+            if c is None or not caps.get(c) or not c.serves(p):
+                blocked.add(h)
+                return None
+            held_by = holder.get(h)
+            if held_by is not None and held_by is not c:
+                blocked.add(h)  # draining: the previous owner still holds this hash
+                return None
+            return c
+
+        if ps.replay:
+            for o in sorted(ps.replay):
+                m = ps.replay[o]
+                c = eligible(m)
+                if c is not None:
+                    del ps.replay[o]
+                    out.setdefault(c, []).append(m)
+                    caps[c] -= 1
+            ps.replay_heap = sorted(ps.replay)
+        if ps.pending and any(caps.values()):
+            kept: deque[Message] = deque()
+            taken_bytes = 0
+            pending = ps.pending
+            for i, m in enumerate(pending):
+                c = eligible(m)
+                if c is None:
+                    kept.append(m)
+                    continue
+                out.setdefault(c, []).append(m)
+                taken_bytes += m.size
+                caps[c] -= 1
+                if not caps[c] and not any(caps.values()):
+                    kept.extend(islice(pending, i + 1, None))
+                    break
+            ps.pending = kept
+            ps.pending_bytes -= taken_bytes
+        for c, msgs in out.items():
+            sub.deliver(c, ps, msgs, now_ms)
+        if not any(caps.values()):
+            return

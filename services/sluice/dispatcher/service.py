@@ -1,0 +1,540 @@
+"""The dispatcher's service layer: routing, subscription loading, feeds, cursor flushes, describe.
+
+Everything runs on one asyncio loop; the state machines are synchronous, so no locks guard them.
+Caller: ``servicer.DispatcherServicer`` (one method per client command) and ``main`` (start/stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import defaultdict
+
+import grpc
+
+from sluice.codec.filter import parse_filter
+from sluice.common.names import validate_group, validate_topic
+from sluice.common.rpc import error_from_rpc
+from sluice.dispatcher.cluster import ChannelCache, ClusterView, CoordinatorLink, list_offsets_request
+from sluice.dispatcher.config import DispatcherConfig, ms
+from sluice.dispatcher.consumer import ConsumerSpec
+from sluice.dispatcher.cursor import PartitionCursor
+from sluice.dispatcher.cursor_store import CursorStore, DirtyCursor
+from sluice.dispatcher.dlq import DeadLetterSink
+from sluice.dispatcher.feed import FeedTarget, PartitionFeed
+from sluice.dispatcher.keyshared import parse_sticky_ranges
+from sluice.dispatcher.metrics import DispatcherMetrics, GaugeRow
+from sluice.dispatcher.model import SubscriptionSettings, SubscriptionType
+from sluice.dispatcher.runtime import ConsumerStream, SubscriptionRuntime
+from sluice.errors import (
+    BrokerNotAvailable,
+    InvalidArgument,
+    InvalidPermits,
+    NotDispatcher,
+    ProtocolViolation,
+    SluiceError,
+    UnknownMessageId,
+    UnknownTopicOrPartition,
+    raise_for_proto,
+)
+from sluice.v1 import broker_pb2_grpc, dispatcher_pb2, offset_store_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DispatcherService"]
+
+SubKey = tuple[str, str]
+FeedKey = tuple[str, int]
+_POSITIONS = {dispatcher_pb2.INITIAL_POSITION_EARLIEST: -2, dispatcher_pb2.INITIAL_POSITION_LATEST: -1}
+
+
+class DispatcherService:
+    def __init__(self, config: DispatcherConfig, metrics: DispatcherMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.dispatcher_id = config.resolved_id
+        self.channels = ChannelCache()
+        self.link = CoordinatorLink(
+            config.coordinator,
+            self.dispatcher_id,
+            self.channels,
+            config.metadata_refresh_interval.total_seconds(),
+            self._on_view,
+        )
+        self.store = CursorStore(lambda a: offset_store_pb2_grpc.OffsetStoreStub(self.channels.get(a)))
+        self.dlq = DeadLetterSink(self.link, self.channels)
+        self.runtimes: dict[SubKey, SubscriptionRuntime] = {}
+        self.feeds: dict[FeedKey, PartitionFeed] = {}
+        self._feed_targets: dict[FeedKey, list[SubscriptionRuntime]] = defaultdict(list)
+        self._save_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop = asyncio.get_running_loop()
+        metrics.state.source = self.gauge_rows
+
+    def now_ms(self) -> int:
+        return int(self._loop.time() * 1000)
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self, host: str, port: int) -> None:
+        self._tasks.append(asyncio.create_task(self.link.run(host, port), name="coordinator-link"))
+        self._tasks.append(asyncio.create_task(self._flush_loop(), name="cursor-flush"))
+
+    async def stop(self) -> None:
+        """Graceful stop: end every stream, persist every cursor, stop feeds."""
+        for rt in list(self.runtimes.values()):
+            for stream in list(rt.streams.values()):
+                stream.close()
+            await self._drop(rt)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        await self.channels.close()
+
+    # ---- subscribe -------------------------------------------------------------------------------------
+
+    def _spec(self, req: dispatcher_pb2.Subscribe) -> tuple[ConsumerSpec, SubscriptionSettings]:
+        validate_topic(req.topic)
+        validate_group(req.subscription, "subscription")
+        if req.type not in dispatcher_pb2.SubscriptionType.values():
+            raise InvalidArgument(f"unknown subscription type {req.type}")
+        for name in ("max_unacked", "ack_timeout_ms", "nack_delay_ms", "max_redeliver"):
+            if getattr(req, name) < 0:
+                raise InvalidArgument(
+                    f"{name} must be >= 0 (0: the dispatcher default), got {getattr(req, name)}"
+                )
+        if any(p < 0 for p in req.partitions):
+            raise InvalidArgument(f"partitions must be >= 0, got {list(req.partitions)}")
+        cfg = self.config
+        kind = SubscriptionType(req.type)
+        sticky = (
+            kind == SubscriptionType.KEY_SHARED
+            and req.key_shared_policy.mode == dispatcher_pb2.KEY_SHARED_MODE_STICKY
+        )
+        settings = SubscriptionSettings(
+            type=kind,
+            durable=req.durable,
+            filter=parse_filter(req.filter),
+            sticky=sticky,
+            read_ahead_bytes=cfg.read_ahead_bytes,
+        )
+        spec = ConsumerSpec(
+            consumer_id=req.consumer_id or uuid.uuid4().hex,
+            name=req.consumer_name or req.consumer_id,
+            priority=req.priority,
+            partitions=frozenset(req.partitions) if req.partitions else None,
+            max_unacked=req.max_unacked or cfg.max_unacked,
+            ack_timeout_ms=req.ack_timeout_ms or ms(cfg.ack_timeout),
+            nack_delay_ms=req.nack_delay_ms or ms(cfg.nack_delay),
+            max_redeliver=req.max_redeliver or cfg.max_redeliver,
+            nack_backoff_max_ms=ms(cfg.nack_backoff_max),
+            sticky_ranges=parse_sticky_ranges(req.key_shared_policy.ranges) if sticky else None,
+        )
+        return spec, settings
+
+    async def subscribe(self, stream: ConsumerStream, req: dispatcher_pb2.Subscribe) -> None:
+        """Attach ``stream`` as a consumer; raises the typed error (the servicer reports it)."""
+        spec, settings = self._spec(req)
+        try:
+            await asyncio.wait_for(self.link.registered.wait(), 10)
+        except TimeoutError:
+            raise BrokerNotAvailable("the dispatcher is not registered with the coordinator yet") from None
+        desc = await self.link.topic(req.topic)
+        count = len(desc.partitions)
+        wanted = sorted(set(req.partitions)) if req.partitions else list(range(count))
+        if wanted and wanted[-1] >= count:
+            raise UnknownTopicOrPartition(f"topic {req.topic!r} has {count} partitions, not {wanted[-1] + 1}")
+        view = self.link.view
+        for attempt in range(2):
+            mine = set(view.partitions_of(req.topic, self.dispatcher_id))
+            foreign = [p for p in wanted if p not in mine]
+            if req.partitions and not foreign:
+                break
+            if not req.partitions and mine:
+                break
+            if attempt == 0:
+                view = await self.link.refresh()
+        else:
+            raise view.not_dispatcher(req.topic, foreign or wanted)
+        rt = await self._runtime(req, settings, sorted(mine))
+        consumer, fx = rt.machine.add_consumer(spec, settings, self.now_ms())
+        if rt.linger is not None:
+            rt.linger.cancel()
+            rt.linger = None
+        old = rt.streams.get(spec.consumer_id)
+        if old is not None and old is not stream:
+            old.close()  # the same consumer reconnected: the old stream is over
+        rt.streams[spec.consumer_id] = stream
+        stream.runtime, stream.consumer = rt, consumer
+        stream.send(
+            dispatcher_pb2.DispatcherEvent(subscribed=dispatcher_pb2.Subscribed(consumer_id=spec.consumer_id))
+        )
+        rt.apply(fx)
+        log.info(
+            "consumer %s joined %s/%s (%s)",
+            spec.consumer_id,
+            req.topic,
+            req.subscription,
+            settings.type.label,
+        )
+
+    async def _runtime(
+        self, req: dispatcher_pb2.Subscribe, settings: SubscriptionSettings, partitions: list[int]
+    ) -> SubscriptionRuntime:
+        key = (req.topic, req.subscription)
+        rt: SubscriptionRuntime | None = None
+        while True:
+            rt = self.runtimes.get(key)
+            if rt is not None and rt.closing:
+                await rt.closed.wait()
+                continue
+            if rt is not None and not rt.machine.consumers and rt.durable != settings.durable:
+                await self._drop(rt)  # an idle subscription changes durability: start over
+                continue
+            break
+        if rt is None:
+            rt = SubscriptionRuntime(self, req.topic, req.subscription, settings)
+            self.runtimes[key] = rt
+            try:
+                await self._load(rt, req, partitions)
+            except SluiceError as err:
+                rt.load_error = err
+                self.runtimes.pop(key, None)
+                rt.closed.set()
+                raise
+            finally:
+                rt.loaded.set()
+        else:
+            await rt.loaded.wait()
+            if rt.load_error is not None:
+                raise rt.load_error
+        return rt
+
+    async def _load(
+        self, rt: SubscriptionRuntime, req: dispatcher_pb2.Subscribe, partitions: list[int]
+    ) -> None:
+        """Read the durable cursors (or resolve the initial position) and start the feeds."""
+        cursors: dict[int, PartitionCursor] = {}
+        if rt.durable:
+            loaded = await asyncio.gather(*(self.store.load(rt.topic, rt.name, p) for p in partitions))
+            cursors = {p: c for p, c in zip(partitions, loaded, strict=True) if c is not None}
+        missing = [p for p in partitions if p not in cursors]
+        if missing:
+            starts = await self._initial_positions(rt.topic, missing, req)
+            for p in missing:
+                cur = PartitionCursor(p, mark_delete=starts[p])
+                if rt.durable:
+                    cur.version += 1  # a new durable cursor is persisted at its starting position
+                cursors[p] = cur
+        for p in partitions:
+            rt.machine.attach_partition(cursors[p], cursors[p].mark_delete)
+        rt.call(rt.machine.activate)
+        for p in partitions:
+            self._attach_feed(rt, p)
+
+    async def _initial_positions(
+        self, topic: str, partitions: list[int], req: dispatcher_pb2.Subscribe
+    ) -> dict[int, int]:
+        earliest = await self._list_offsets(topic, partitions, -2)
+        latest = await self._list_offsets(topic, partitions, -1)
+        if req.initial_position == dispatcher_pb2.INITIAL_POSITION_OFFSET:
+            return {p: min(max(req.initial_offset, earliest[p]), latest[p]) for p in partitions}
+        return earliest if _POSITIONS.get(req.initial_position) == -2 else latest
+
+    async def _list_offsets(self, topic: str, partitions: list[int], timestamp: int) -> dict[int, int]:
+        by_broker: dict[str, list[int]] = defaultdict(list)
+        for p in partitions:
+            by_broker[self.link.broker_for(topic, p)].append(p)
+        out: dict[int, int] = {}
+        for broker, parts in by_broker.items():
+            stub = broker_pb2_grpc.BrokerStub(self.channels.get(broker))
+            try:
+                resp = await stub.ListOffsets(list_offsets_request(topic, parts, timestamp), timeout=10)
+            except grpc.RpcError as exc:
+                raise error_from_rpc(exc) from None
+            for r in resp.partitions:
+                raise_for_proto(r.error)
+                out[r.partition] = r.offset
+        return out
+
+    # ---- feeds -----------------------------------------------------------------------------------------
+
+    def _attach_feed(self, rt: SubscriptionRuntime, partition: int) -> None:
+        key = (rt.topic, partition)
+        self._feed_targets[key].append(rt)
+        feed = self.feeds.get(key)
+        if feed is None:
+            targets = self._feed_targets[key]
+
+            def current() -> list[FeedTarget]:
+                return list(targets)
+
+            cfg = self.config
+            feed = PartitionFeed(
+                rt.topic,
+                partition,
+                self.link,
+                self.channels,
+                current,
+                ms(cfg.fetch_max_wait),
+                cfg.fetch_max_bytes,
+            )
+            self.feeds[key] = feed
+            feed.start()
+        feed.kick()
+
+    async def _detach_feeds(self, rt: SubscriptionRuntime) -> None:
+        for p in list(rt.machine.partitions):
+            key = (rt.topic, p)
+            targets = self._feed_targets.get(key)
+            if targets is not None and rt in targets:
+                targets.remove(rt)
+            if not targets:
+                self._feed_targets.pop(key, None)
+                feed = self.feeds.pop(key, None)
+                if feed is not None:
+                    await feed.stop()
+
+    def kick_feeds(self, rt: SubscriptionRuntime) -> None:
+        for p in rt.machine.partitions:
+            feed = self.feeds.get((rt.topic, p))
+            if feed is not None:
+                feed.kick()
+
+    # ---- commands on a subscribed stream ---------------------------------------------------------------
+
+    @staticmethod
+    def _attached(stream: ConsumerStream) -> tuple[SubscriptionRuntime, ConsumerSpec]:
+        if stream.runtime is None or stream.consumer is None:
+            raise ProtocolViolation("send Subscribe first")
+        return stream.runtime, stream.consumer.spec
+
+    def flow(self, stream: ConsumerStream, permits: int) -> None:
+        rt, _ = self._attached(stream)
+        if permits <= 0:
+            raise InvalidPermits(f"Flow permits must be > 0, got {permits}")
+        consumer = stream.consumer
+        assert consumer is not None
+        rt.apply(rt.machine.flow(consumer, permits, self.now_ms()))
+
+    def ack(self, stream: ConsumerStream, ids: dict[int, list[int]], cumulative: bool) -> None:
+        rt, _ = self._attached(stream)
+        consumer = stream.consumer
+        assert consumer is not None
+        before = consumer.unacked
+        fx, bad = rt.machine.ack(consumer, ids, cumulative, self.now_ms())
+        rt.m_acks.inc(max(before - consumer.unacked, 0))
+        rt.apply(fx)
+        if bad:
+            raise _unknown_ids(bad, "acknowledge")
+
+    def nack(self, stream: ConsumerStream, ids: dict[int, list[int]]) -> None:
+        rt, _ = self._attached(stream)
+        consumer = stream.consumer
+        assert consumer is not None
+        fx, bad = rt.machine.nack(consumer, ids, self.now_ms())
+        rt.apply(fx)
+        if bad:
+            raise _unknown_ids(bad, "nack")
+
+    def disconnect(self, stream: ConsumerStream) -> None:
+        """The stream ended (client gone, error, or replaced by a reconnect)."""
+        stream.close()
+        rt, consumer = stream.runtime, stream.consumer
+        if rt is None or consumer is None or rt.closing:
+            return
+        if rt.streams.get(consumer.consumer_id) is stream:
+            del rt.streams[consumer.consumer_id]
+        rt.apply(rt.machine.remove_consumer(consumer, self.now_ms()))
+        if not rt.machine.consumers:
+            if not rt.durable:
+                asyncio.get_running_loop().create_task(self._drop(rt))
+            elif rt.linger is None:
+                linger = self.config.idle_subscription_linger.total_seconds()
+                rt.linger = asyncio.get_running_loop().call_later(linger, self._drop_idle, rt)
+
+    def _drop_idle(self, rt: SubscriptionRuntime) -> None:
+        rt.linger = None
+        if not rt.machine.consumers and not rt.closing:
+            asyncio.get_running_loop().create_task(self._drop(rt))
+
+    async def _drop(self, rt: SubscriptionRuntime) -> None:
+        """Unload a subscription: persist its cursors, stop its feeds, forget it."""
+        if rt.closing:
+            await rt.closed.wait()
+            return
+        await rt.shutdown()
+        try:
+            if rt.durable:
+                dirty = [DirtyCursor(rt.topic, rt.name, ps.cursor) for ps in rt.machine.partitions.values()]
+                dirty = [d for d in dirty if d.cursor.dirty]
+                if dirty:
+                    try:
+                        async with self._save_lock:
+                            await self.store.save(dirty, self.link.epoch)
+                    except SluiceError as exc:
+                        log.error("could not persist the cursors of %s/%s: %s", rt.topic, rt.name, exc)
+            await self._detach_feeds(rt)
+        finally:
+            if self.runtimes.get((rt.topic, rt.name)) is rt:
+                del self.runtimes[(rt.topic, rt.name)]
+            rt.closed.set()
+
+    # ---- cursors ---------------------------------------------------------------------------------------
+
+    def dirty_cursors(self) -> list[DirtyCursor]:
+        return [
+            DirtyCursor(rt.topic, rt.name, ps.cursor)
+            for rt in self.runtimes.values()
+            if rt.durable and not rt.closing
+            for ps in rt.machine.partitions.values()
+            if ps.cursor.dirty
+        ]
+
+    async def flush_cursors(self) -> None:
+        dirty = self.dirty_cursors()
+        if not dirty or not self.link.epoch:
+            return
+        async with self._save_lock:
+            try:
+                fenced = await self.store.save(dirty, self.link.epoch)
+            except SluiceError as exc:
+                self.metrics.cursor_flushes.labels("error").inc()
+                log.warning("cursor flush of %d cursors failed: %s", len(dirty), exc)
+                return
+        self.metrics.cursor_flushes.labels("ok").inc()
+        for key in {(d.topic, d.subscription) for d in fenced}:
+            rt = self.runtimes.get(key)
+            if rt is not None:
+                err = NotDispatcher(f"another dispatcher took over {key[0]}/{key[1]}; reconnect")
+                for stream in list(rt.streams.values()):
+                    stream.fail(err)
+                await self._drop(rt)
+
+    async def _flush_loop(self) -> None:
+        interval = self.config.cursor_flush_interval.total_seconds()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.flush_cursors()
+            except Exception:  # never let the flusher die
+                log.exception("cursor flush failed")
+
+    # ---- routing changes -------------------------------------------------------------------------------
+
+    def _on_view(self, view: ClusterView) -> None:
+        self.store.address = view.offset_store
+        for rt in list(self.runtimes.values()):
+            if rt.closing or not rt.loaded.is_set():
+                continue
+            now_mine = set(view.partitions_of(rt.topic, self.dispatcher_id))
+            attached = set(rt.machine.partitions)
+            t = view.topics.get(rt.topic)
+            moved = [
+                p
+                for p in attached
+                if p not in now_mine
+                and t is not None
+                and p < len(t.partitions)
+                and t.partitions[p].dispatcher_id
+            ]
+            gone = t is None
+            grown = bool(now_mine - attached)
+            if moved or gone or grown:
+                log.info(
+                    "routing of %s/%s changed (moved %s, new %s): consumers reconnect",
+                    rt.topic,
+                    rt.name,
+                    moved,
+                    sorted(now_mine - attached),
+                )
+                err = (
+                    UnknownTopicOrPartition(f"topic {rt.topic!r} was deleted")
+                    if gone
+                    else view.not_dispatcher(rt.topic, moved or sorted(now_mine - attached))
+                )
+                for stream in list(rt.streams.values()):
+                    stream.fail(err)
+                asyncio.get_running_loop().create_task(self._drop(rt))
+
+    # ---- describe --------------------------------------------------------------------------------------
+
+    def _backlog(self, rt: SubscriptionRuntime) -> int:
+        total = 0
+        for p, ps in rt.machine.partitions.items():
+            feed = self.feeds.get((rt.topic, p))
+            end = max(feed.high_watermark if feed is not None else -1, ps.read_position)
+            total += max(end - ps.cursor.mark_delete - ps.cursor.acked.count(), 0)
+        return total
+
+    def summary(self, rt: SubscriptionRuntime) -> dispatcher_pb2.SubscriptionSummary:
+        return dispatcher_pb2.SubscriptionSummary(
+            topic=rt.topic,
+            subscription=rt.name,
+            type=int(rt.machine.settings.type),  # type: ignore[arg-type]
+            consumers=len(rt.machine.consumers),
+            backlog=self._backlog(rt),
+        )
+
+    def list_subscriptions(self, topic: str) -> dispatcher_pb2.ListSubscriptionsResponse:
+        return dispatcher_pb2.ListSubscriptionsResponse(
+            subscriptions=[
+                self.summary(rt)
+                for rt in sorted(self.runtimes.values(), key=lambda r: (r.topic, r.name))
+                if not topic or rt.topic == topic
+            ]
+        )
+
+    def describe(self, topic: str, subscription: str) -> dispatcher_pb2.DescribeSubscriptionResponse:
+        rt = self.runtimes.get((topic, subscription))
+        if rt is None:
+            raise UnknownTopicOrPartition(
+                f"subscription {subscription!r} of topic {topic!r} is not loaded on dispatcher "
+                f"{self.dispatcher_id!r} (no consumer connected recently, or another dispatcher serves it)"
+            )
+        return dispatcher_pb2.DescribeSubscriptionResponse(
+            summary=self.summary(rt),
+            consumers=[
+                dispatcher_pb2.ConsumerDescription(
+                    consumer_id=c.consumer_id,
+                    consumer_name=c.spec.name,
+                    permits=c.permits,
+                    unacked=c.unacked,
+                    blocked=c.blocked,
+                    active_partitions=sorted(c.active_partitions),
+                )
+                for c in sorted(rt.machine.consumers.values(), key=lambda c: c.join_seq)
+            ],
+        )
+
+    def gauge_rows(self) -> list[GaugeRow]:
+        rows = []
+        for rt in list(self.runtimes.values()):
+            consumers = list(rt.machine.consumers.values())
+            rows.append(
+                GaugeRow(
+                    rt.topic,
+                    rt.name,
+                    len(consumers),
+                    sum(c.permits for c in consumers),
+                    sum(c.unacked for c in consumers),
+                    sum(1 for c in consumers if c.blocked),
+                    self._backlog(rt),
+                    sum(1 for ps in list(rt.machine.partitions.values()) if rt.durable and ps.cursor.dirty),
+                )
+            )
+        return rows
+
+
+def _unknown_ids(bad: list[tuple[int, int]], what: str) -> UnknownMessageId:
+    shown = ", ".join(f"{p}/{o}" for p, o in bad[:20])
+    more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
+    return UnknownMessageId(
+        f"cannot {what} {len(bad)} message id(s) not delivered to this consumer (unknown, not sent yet, or "
+        f"another consumer's): {shown}{more}; the others were applied"
+    )

@@ -1,0 +1,143 @@
+"""The Dispatcher gRPC servicer: protobuf <-> service calls, nothing else.
+
+``Consume`` is a bidirectional stream. A reader task takes client commands in order and calls the
+service; the generator yields what the service queued for this stream (pre-encoded message batches
+as ``bytes``, events as messages; :func:`add_to_server` registers a serializer that passes ``bytes``
+through). Errors on an attached stream become ``Error`` events and the stream stays usable; a bad
+first message or a failed Subscribe ends the stream after its ``Error`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from sluice.dispatcher.runtime import ConsumerStream, Outgoing
+from sluice.dispatcher.service import DispatcherService
+from sluice.errors import ProtocolViolation, SluiceError
+from sluice.v1 import dispatcher_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DispatcherServicer", "add_to_server"]
+
+Context = aio.ServicerContext[Any, Any]
+
+
+def _by_partition(ids: Any) -> dict[int, list[int]]:
+    """Group message ids by partition (two C-level comprehensions in the usual one-partition case)."""
+    partitions = {i.partition for i in ids}
+    if len(partitions) == 1:
+        return {partitions.pop(): [i.offset for i in ids]}
+    out: dict[int, list[int]] = {p: [] for p in partitions}
+    for i in ids:
+        out[i.partition].append(i.offset)
+    return out
+
+
+class DispatcherServicer:
+    def __init__(self, service: DispatcherService) -> None:
+        self._service = service
+
+    async def Consume(
+        self, request_iterator: AsyncIterator[pb.ConsumerCommand], context: Context
+    ) -> AsyncIterator[Outgoing]:
+        stream = ConsumerStream(context.peer())
+        reader = asyncio.create_task(self._read(request_iterator, stream), name="consume-reader")
+        try:
+            while True:
+                item = await stream.queue.get()
+                if item is None:
+                    return
+                yield item
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            self._service.disconnect(stream)
+
+    async def _read(self, commands: AsyncIterator[pb.ConsumerCommand], stream: ConsumerStream) -> None:
+        service = self._service
+        try:
+            async for cmd in commands:
+                kind = cmd.WhichOneof("command")
+                if stream.consumer is None:
+                    if kind != "subscribe":
+                        stream.fail(
+                            ProtocolViolation(
+                                "the first message of a Consume stream must be Subscribe, "
+                                f"got {kind or 'nothing'}"
+                            )
+                        )
+                        return
+                    try:
+                        await service.subscribe(stream, cmd.subscribe)
+                    except SluiceError as err:
+                        stream.fail(err)
+                        return
+                    continue
+                try:
+                    if kind == "flow":
+                        service.flow(stream, cmd.flow.permits)
+                    elif kind == "ack":
+                        service.ack(stream, _by_partition(cmd.ack.ids), cmd.ack.cumulative)
+                    elif kind == "nack":
+                        service.nack(stream, _by_partition(cmd.nack.ids))
+                    elif kind == "subscribe":
+                        raise ProtocolViolation(
+                            "this stream is already subscribed; open another stream for another subscription"
+                        )
+                    else:
+                        raise ProtocolViolation("empty ConsumerCommand")
+                except SluiceError as err:
+                    stream.error(err)
+        except asyncio.CancelledError:
+            raise
+        except (grpc.RpcError, aio.AioRpcError) as exc:
+            log.debug("consume stream from %s ended: %s", stream.peer, exc)
+        except Exception:
+            log.exception("consume stream from %s failed", stream.peer)
+        finally:
+            stream.close()
+
+    async def ListSubscriptions(
+        self, request: pb.ListSubscriptionsRequest, context: Context
+    ) -> pb.ListSubscriptionsResponse:
+        return self._service.list_subscriptions(request.topic)
+
+    async def DescribeSubscription(
+        self, request: pb.DescribeSubscriptionRequest, context: Context
+    ) -> pb.DescribeSubscriptionResponse:
+        return self._service.describe(request.topic, request.subscription)
+
+
+def _serialize_event(item: bytes | pb.DispatcherEvent) -> bytes:
+    return item if isinstance(item, bytes) else item.SerializeToString()
+
+
+def add_to_server(servicer: DispatcherServicer, server: aio.Server) -> None:
+    """Like the generated ``add_DispatcherServicer_to_server``, with a bytes-friendly Consume serializer."""
+    handlers = {
+        "Consume": grpc.stream_stream_rpc_method_handler(
+            servicer.Consume,
+            request_deserializer=pb.ConsumerCommand.FromString,
+            response_serializer=_serialize_event,
+        ),
+        "ListSubscriptions": grpc.unary_unary_rpc_method_handler(
+            servicer.ListSubscriptions,
+            request_deserializer=pb.ListSubscriptionsRequest.FromString,
+            response_serializer=pb.ListSubscriptionsResponse.SerializeToString,
+        ),
+        "DescribeSubscription": grpc.unary_unary_rpc_method_handler(
+            servicer.DescribeSubscription,
+            request_deserializer=pb.DescribeSubscriptionRequest.FromString,
+            response_serializer=pb.DescribeSubscriptionResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("sluice.v1.Dispatcher", handlers),))

@@ -1,0 +1,624 @@
+"""The subscription state machine: one (topic, subscription) on the partitions this dispatcher serves.
+
+Pure: no I/O and no clock. Every public method takes ``now_ms``, changes state and returns
+:class:`~sluice.dispatcher.model.Effects` (deliveries per consumer, active-consumer changes, dead
+letters) for the service layer to carry out. Who gets which message is decided by the type, in
+``selectors.py``; this module owns the bookkeeping every type shares:
+
+- per partition (:class:`PartitionState`): the cursor, the read position in the log, ``pending``
+  (read, never sent), ``replay`` (sent, came back, to be sent again first, in offset order),
+  ``inflight`` (sent and unacknowledged: offset -> consumer), ``delayed`` (nacked, waiting for the nack
+  delay) and ``dead`` (handed to the DLQ producer, waiting for its confirmation);
+- per consumer (:class:`~sluice.dispatcher.consumer.Consumer`): permits, unacked, blocked;
+- one timer heap for nack delays and ack timeouts.
+
+Redelivery counts live in the cursor, so they are persisted with it and survive a restart: a message
+read again from the log after a crash carries the count it had.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterable
+
+from sluice.dispatcher import selectors
+from sluice.dispatcher.consumer import Consumer, ConsumerSpec, ConsumerState
+from sluice.dispatcher.cursor import PartitionCursor
+from sluice.dispatcher.keyshared import AutoSplitRanges, StickyRanges
+from sluice.dispatcher.messages import Message
+from sluice.dispatcher.model import (
+    SUBSCRIPTION_TRANSITIONS,
+    Effects,
+    SubscriptionSettings,
+    SubscriptionState,
+    SubscriptionType,
+)
+from sluice.dispatcher.timers import TimerHeap
+from sluice.errors import ConsumerBusy, InvalidArgument, InvalidRequest, SubscriptionTypeMismatch
+
+__all__ = ["PartitionState", "Subscription"]
+
+# Timer items: ("nack", partition, offset) or ("ack", consumer, partition, offsets, delivery_seq).
+TimerItem = tuple[object, ...]
+
+
+class PartitionState:
+    """One partition of a subscription. Caller: the subscription and ``selectors``."""
+
+    __slots__ = (
+        "active",
+        "cursor",
+        "dead",
+        "delayed",
+        "delivery_seq",
+        "inflight",
+        "partition",
+        "pending",
+        "pending_bytes",
+        "read_position",
+        "replay",
+        "replay_heap",
+    )
+
+    def __init__(self, cursor: PartitionCursor, read_position: int) -> None:
+        self.partition = cursor.partition
+        self.cursor = cursor
+        self.read_position = read_position
+        self.pending: deque[Message] = deque()
+        self.pending_bytes = 0
+        self.replay: dict[int, Message] = {}
+        # Offsets of ``replay`` as a heap; entries no longer in ``replay`` are skipped lazily.
+        self.replay_heap: list[int] = []
+        self.inflight: dict[int, Consumer] = {}
+        self.delivery_seq: dict[int, int] = {}
+        self.delayed: dict[int, Message] = {}
+        self.dead: dict[int, Message] = {}
+        #: Exclusive/Failover: the consumer receiving this partition.
+        self.active: Consumer | None = None
+
+    def has_work(self) -> bool:
+        return bool(self.replay or self.pending)
+
+    def add_replay(self, m: Message) -> None:
+        self.replay[m.offset] = m
+        heapq.heappush(self.replay_heap, m.offset)
+
+    def take_ordered(self, n: int) -> list[Message]:
+        """Up to ``n`` messages: redeliveries first (lowest offset first), then new ones."""
+        out: list[Message] = []
+        replay = self.replay
+        if replay:
+            heap = self.replay_heap
+            while heap and len(out) < n:
+                m = replay.pop(heapq.heappop(heap), None)
+                if m is not None:
+                    out.append(m)
+            if not replay:
+                heap.clear()
+        k = min(n - len(out), len(self.pending))
+        if k > 0:
+            pending = self.pending
+            popleft = pending.popleft
+            taken = [popleft() for _ in range(k)]
+            self.pending_bytes -= sum(m.size for m in taken)
+            out += taken
+        return out
+
+    def unacked_messages(self) -> int:
+        """Read and not acknowledged, in any state."""
+        return len(self.pending) + len(self.replay) + len(self.inflight) + len(self.delayed) + len(self.dead)
+
+
+class Subscription:
+    """One (topic, subscription) on this dispatcher."""
+
+    def __init__(self, topic: str, name: str, settings: SubscriptionSettings) -> None:
+        self.topic = topic
+        self.name = name
+        self.settings = settings
+        self.state = SubscriptionState.LOADING
+        self.partitions: dict[int, PartitionState] = {}
+        self.consumers: dict[str, Consumer] = {}
+        self._join_seq = itertools.count()
+        self._delivery_seq = itertools.count(1)
+        self.timers: TimerHeap[TimerItem] = TimerHeap()
+        # Rotation points so that permits are shared fairly between partitions and consumers: the
+        # partition served last, and the next consumer's index in the Shared ring.
+        self.partition_rr = -1
+        self.consumer_rr = 0
+        # Key_Shared: hash ownership, and the consumer still holding unacknowledged messages of a hash.
+        self.ranges: AutoSplitRanges | StickyRanges = StickyRanges() if settings.sticky else AutoSplitRanges()
+        self.owner_table: list[Consumer | None] = []
+        self.hash_holder: dict[int, Consumer] = {}
+        self.hash_held: dict[int, int] = {}
+        self.fx = Effects()
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+
+    def transition(self, to: SubscriptionState) -> None:
+        assert to in SUBSCRIPTION_TRANSITIONS.get(self.state, set()), f"subscription {self.state} -> {to}"
+        self.state = to
+
+    def attach_partition(self, cursor: PartitionCursor, read_position: int) -> None:
+        """Serve a partition from ``read_position`` (the cursor says what below it is acked)."""
+        self.partitions[cursor.partition] = PartitionState(cursor, max(read_position, cursor.mark_delete))
+
+    def activate(self, now_ms: int) -> Effects:
+        self.transition(SubscriptionState.ACTIVE)
+        return self._finish(now_ms)
+
+    def detach_partition(self, partition: int, now_ms: int) -> Effects:
+        """Stop serving a partition (it moved to another dispatcher): forget its in-flight messages."""
+        ps = self.partitions.pop(partition, None)
+        if ps is not None:
+            for c in self.consumers.values():
+                gone = c.inflight.pop(partition, None)
+                if gone:
+                    for m in gone.values():
+                        self._release_hash(c, m)
+                    c.on_released(len(gone))
+                if partition in c.active_partitions:
+                    c.active_partitions.discard(partition)
+                    self.fx.active_changes.append((c.consumer_id, partition, False))
+        return self._finish(now_ms)
+
+    def close(self) -> None:
+        if self.state != SubscriptionState.CLOSED:
+            self.transition(SubscriptionState.CLOSED)
+
+    # ---- consumers ----------------------------------------------------------------------------------
+
+    def check_join(self, spec: ConsumerSpec, settings: SubscriptionSettings) -> None:
+        """Raise the typed error a Subscribe with these values would get; change nothing."""
+        others = [c for c in self.consumers.values() if c.consumer_id != spec.consumer_id]
+        if others:
+            why = self.settings.mismatch(settings)
+            if why is not None:
+                raise SubscriptionTypeMismatch(
+                    f"subscription {self.name!r} on {self.topic!r} has {len(others)} connected consumer(s) "
+                    f"and its {why}; disconnect them first or use another subscription name"
+                )
+            if settings.type == SubscriptionType.EXCLUSIVE:
+                raise ConsumerBusy(
+                    f"exclusive subscription {self.name!r} on {self.topic!r} already has consumer "
+                    f"{others[0].spec.name or others[0].consumer_id!r}"
+                )
+        if settings.type == SubscriptionType.KEY_SHARED and settings.sticky:
+            if spec.sticky_ranges is None:
+                raise InvalidArgument("sticky Key_Shared needs key_shared_policy.ranges")
+            probe = StickyRanges()
+            for c in others:
+                if c.spec.sticky_ranges:
+                    probe.add(c.consumer_id, c.spec.sticky_ranges)
+            probe.add(spec.consumer_id, spec.sticky_ranges)
+
+    def add_consumer(
+        self, spec: ConsumerSpec, settings: SubscriptionSettings, now_ms: int
+    ) -> tuple[Consumer, Effects]:
+        """Add (or, for a known consumer_id, replace) a consumer. Raises as :meth:`check_join`.
+
+        A replaced consumer (a reconnect) is closed and its unacknowledged messages go back to the
+        subscription, exactly as on a disconnect.
+        """
+        self.check_join(spec, settings)
+        old = self.consumers.get(spec.consumer_id)
+        if old is not None:
+            self._drop_consumer(old, now_ms)
+        if not self.consumers and settings != self.settings:
+            self._replace_settings(settings)
+        c = Consumer(spec, next(self._join_seq))
+        self.consumers[spec.consumer_id] = c
+        if self.settings.type == SubscriptionType.KEY_SHARED:
+            if isinstance(self.ranges, StickyRanges):
+                assert spec.sticky_ranges is not None
+                self.ranges.add(c.consumer_id, spec.sticky_ranges)
+            else:
+                self.ranges.add(c.consumer_id)
+            self._rebuild_owner_table()
+        if self.settings.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            self._reassign_active(now_ms, joined=c)
+        return c, self._finish(now_ms)
+
+    def remove_consumer(self, consumer: Consumer, now_ms: int) -> Effects:
+        """The consumer's stream ended. A consumer already replaced by a reconnect is ignored."""
+        if self.consumers.get(consumer.consumer_id) is consumer:
+            self._drop_consumer(consumer, now_ms)
+        return self._finish(now_ms)
+
+    def _drop_consumer(self, c: Consumer, now_ms: int) -> None:
+        del self.consumers[c.consumer_id]
+        c.transition(ConsumerState.CLOSED)
+        for partition, msgs in c.inflight.items():
+            ps = self.partitions.get(partition)
+            if ps is None:
+                continue
+            for o in sorted(msgs):
+                m = msgs[o]
+                del ps.inflight[o]
+                ps.delivery_seq.pop(o, None)
+                self._release_hash(c, m)
+                self._return(ps, m, c, 0, now_ms, bump=True)
+        c.inflight.clear()
+        c.unacked = 0
+        if self.settings.type == SubscriptionType.KEY_SHARED:
+            self.ranges.remove(c.consumer_id)
+            self._rebuild_owner_table()
+        if self.settings.type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            for p in c.active_partitions:
+                ps = self.partitions.get(p)
+                if ps is not None and ps.active is c:
+                    ps.active = None
+            c.active_partitions.clear()
+            self._reassign_active(now_ms)
+
+    def _replace_settings(self, settings: SubscriptionSettings) -> None:
+        """An empty subscription takes the settings of its new first consumer."""
+        self.settings = settings
+        self.ranges = StickyRanges() if settings.sticky else AutoSplitRanges()
+        self.owner_table = []
+
+    def _rebuild_owner_table(self) -> None:
+        by_id = self.consumers
+        self.owner_table = [by_id.get(cid) if cid else None for cid in self.ranges.owner_table()]
+
+    def _reassign_active(self, now_ms: int, joined: Consumer | None = None) -> None:
+        """Exclusive/Failover: pick each partition's active consumer; report changes.
+
+        Failover: among the consumers serving the partition, those with the best (lowest) priority,
+        sorted by name then id; partition p goes to the (p mod n)-th, so partitions spread.
+        """
+        fx = self.fx
+        consumers = sorted(
+            self.consumers.values(), key=lambda c: (c.spec.priority, c.spec.name, c.consumer_id)
+        )
+        for p, ps in sorted(self.partitions.items()):
+            cands = [c for c in consumers if c.serves(p)]
+            new: Consumer | None = None
+            if cands:
+                best = cands[0].spec.priority
+                top = [c for c in cands if c.spec.priority == best]
+                new = top[p % len(top)]
+            old = ps.active
+            if new is old:
+                if joined is not None and joined.serves(p) and joined is not new:
+                    fx.active_changes.append((joined.consumer_id, p, False))
+                continue
+            if old is not None:
+                # The old active consumer's unacknowledged messages go to the new one, in order. Not
+                # counted as redeliveries: the consumer did nothing wrong.
+                msgs = old.inflight.pop(p, {})
+                for o in sorted(msgs):
+                    del ps.inflight[o]
+                    ps.delivery_seq.pop(o, None)
+                    self._return(ps, msgs[o], old, 0, now_ms, bump=False)
+                if msgs:
+                    old.on_released(len(msgs))
+                old.active_partitions.discard(p)
+                fx.active_changes.append((old.consumer_id, p, False))
+            ps.active = new
+            if new is not None:
+                new.active_partitions.add(p)
+                fx.active_changes.append((new.consumer_id, p, True))
+            if joined is not None and joined.serves(p) and joined is not new:
+                fx.active_changes.append((joined.consumer_id, p, False))
+
+    # ---- flow, acks, nacks --------------------------------------------------------------------------
+
+    def flow(self, consumer: Consumer, permits: int, now_ms: int) -> Effects:
+        """Grant permits (validated > 0 by the caller)."""
+        consumer.permits += permits
+        return self._finish(now_ms)
+
+    def ack(
+        self, consumer: Consumer, by_partition: dict[int, list[int]], cumulative: bool, now_ms: int
+    ) -> tuple[Effects, list[tuple[int, int]]]:
+        """Acknowledge; returns the effects and the ids that were unknown or another consumer's.
+
+        Individually: an id is accepted if it is in flight at this consumer, waiting for redelivery
+        (it came back from a consumer and was not resent yet) or already acknowledged (a repeat,
+        ignored). Cumulatively (Exclusive/Failover only): the id itself must be accepted; then every
+        message of that partition up to it that this consumer holds, or that waits for redelivery,
+        is acknowledged.
+        """
+        if cumulative and self.settings.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
+            raise InvalidRequest(
+                f"cumulative acknowledgement is not allowed on a {self.settings.type.label} subscription: "
+                "messages of one partition go to several consumers; acknowledge individually"
+            )
+        bad: list[tuple[int, int]] = []
+        released = 0
+        for p, given in by_partition.items():
+            ps = self.partitions.get(p)
+            if ps is None:
+                bad += [(p, o) for o in given]
+                continue
+            offsets = given
+            if cumulative:
+                top = max(given)
+                if not self._ackable(consumer, ps, top):
+                    bad.append((p, top))
+                    continue
+                mine = consumer.inflight.get(p, {})
+                chosen = {o for o in mine if o <= top}
+                chosen.update(o for o in itertools.chain(ps.replay, ps.delayed) if o <= top)
+                chosen.add(top)
+                offsets = list(chosen)
+            released += self._ack_partition(consumer, ps, offsets, bad)
+        if released:
+            consumer.on_released(released)
+        return self._finish(now_ms), bad
+
+    def _ackable(self, consumer: Consumer, ps: PartitionState, o: int) -> bool:
+        owner = ps.inflight.get(o)
+        if owner is not None:
+            return owner is consumer
+        return o in ps.replay or o in ps.delayed or (o < ps.read_position and ps.cursor.is_acked(o))
+
+    def _ack_partition(
+        self, consumer: Consumer, ps: PartitionState, offsets: Iterable[int], bad: list[tuple[int, int]]
+    ) -> int:
+        pinf = ps.inflight
+        cinf = consumer.inflight.get(ps.partition)
+        done: list[int] = []
+        released = 0
+        key_shared = self.settings.type == SubscriptionType.KEY_SHARED
+        for o in set(offsets):
+            owner = pinf.get(o)
+            if owner is consumer:
+                del pinf[o]
+                assert cinf is not None
+                m = cinf.pop(o)
+                if key_shared:
+                    self._release_hash(consumer, m)
+                done.append(o)
+                released += 1
+            elif owner is None:
+                if ps.replay.pop(o, None) is not None or ps.delayed.pop(o, None) is not None:
+                    done.append(o)
+                elif not (o < ps.read_position and ps.cursor.is_acked(o)):
+                    bad.append((ps.partition, o))
+            else:
+                bad.append((ps.partition, o))
+        if done:
+            if ps.delivery_seq:
+                for o in done:
+                    ps.delivery_seq.pop(o, None)
+            done.sort()
+            ps.cursor.ack_sorted(done)
+        return released
+
+    def nack(
+        self, consumer: Consumer, by_partition: dict[int, list[int]], now_ms: int
+    ) -> tuple[Effects, list[tuple[int, int]]]:
+        """Negative acknowledgement: redeliver after the consumer's nack delay (with backoff)."""
+        bad: list[tuple[int, int]] = []
+        released = 0
+        spec = consumer.spec
+        for p, offsets in by_partition.items():
+            ps = self.partitions.get(p)
+            if ps is None:
+                bad += [(p, o) for o in offsets]
+                continue
+            cinf = consumer.inflight.get(p)
+            for o in sorted(set(offsets)):
+                if ps.inflight.get(o) is not consumer or cinf is None:
+                    bad.append((p, o))
+                    continue
+                del ps.inflight[o]
+                ps.delivery_seq.pop(o, None)
+                m = cinf.pop(o)
+                self._release_hash(consumer, m)
+                released += 1
+                count = ps.cursor.redelivery_count(o) + 1
+                delay = spec.nack_delay_ms
+                if spec.nack_backoff_max_ms and delay:
+                    delay = min(delay << min(count - 1, 30), spec.nack_backoff_max_ms)
+                self._return(ps, m, consumer, delay, now_ms, bump=True)
+        if released:
+            consumer.on_released(released)
+        return self._finish(now_ms), bad
+
+    def _return(
+        self, ps: PartitionState, m: Message, c: Consumer, delay_ms: int, now_ms: int, bump: bool
+    ) -> None:
+        """A message went back unacknowledged: count it, then dead-letter, delay or replay it."""
+        count = ps.cursor.bump_redelivery(m.offset) if bump else ps.cursor.redelivery_count(m.offset)
+        limit = c.spec.max_redeliver
+        self.fx.redelivered += 1
+        if limit and count > limit:
+            ps.dead[m.offset] = m
+            self.fx.dead_letters.append((m, count))
+        elif delay_ms > 0:
+            ps.delayed[m.offset] = m
+            self.timers.push(now_ms + delay_ms, ("nack", ps.partition, m.offset))
+        else:
+            ps.add_replay(m)
+
+    def dead_lettered(self, partition: int, offsets: Iterable[int], now_ms: int) -> Effects:
+        """The DLQ producer stored these messages: acknowledge them."""
+        ps = self.partitions.get(partition)
+        if ps is not None:
+            done = sorted(o for o in offsets if ps.dead.pop(o, None) is not None)
+            ps.cursor.ack_sorted(done)
+        return self._finish(now_ms)
+
+    # ---- reading -------------------------------------------------------------------------------------
+
+    def read_position(self, partition: int) -> int | None:
+        ps = self.partitions.get(partition)
+        return None if ps is None else ps.read_position
+
+    def wants(self, partition: int) -> bool:
+        """Whether the feed should read more for this partition (read-ahead not full)."""
+        ps = self.partitions.get(partition)
+        return (
+            ps is not None
+            and self.state == SubscriptionState.ACTIVE
+            and ps.pending_bytes < self.settings.read_ahead_bytes
+        )
+
+    def offer(self, partition: int, messages: list[Message], next_offset: int, now_ms: int) -> Effects:
+        """Records read from the log, in offset order, covering ``[first fetched, next_offset)``.
+
+        Offsets below the read position are skipped (another subscription asked for them); acked ones
+        (a restarted cursor with holes) are skipped; filtered-out records and offsets missing from the
+        log count as acknowledged.
+        """
+        ps = self.partitions.get(partition)
+        if ps is None or next_offset <= ps.read_position:
+            return self._finish(now_ms)
+        pos = ps.read_position
+        cursor = ps.cursor
+        flt = self.settings.filter
+        tags = flt.tags
+        acked = cursor.acked
+        md = cursor.mark_delete
+        skip: list[tuple[int, int]] = []  # runs to acknowledge (gaps, filtered)
+        expected = pos
+        added = 0
+        append = ps.pending.append
+        for m in messages:
+            o = m.offset
+            if o < pos:
+                continue
+            if o > expected:
+                skip.append((expected, o))
+            expected = o + 1
+            if o < md or (acked and o in acked):
+                continue
+            if tags is not None and m.record.tag not in tags:
+                if skip and skip[-1][1] == o:
+                    skip[-1] = (skip[-1][0], o + 1)
+                else:
+                    skip.append((o, o + 1))
+                continue
+            append(m)
+            added += m.size
+        if next_offset > expected:
+            skip.append((expected, next_offset))
+        ps.pending_bytes += added
+        ps.read_position = next_offset
+        for s, e in skip:
+            cursor.ack_range(s, e)
+        return self._finish(now_ms)
+
+    def skip_to(self, partition: int, position: int, now_ms: int) -> Effects:
+        """The log no longer holds anything below ``position`` (retention): move past it."""
+        ps = self.partitions.get(partition)
+        if ps is not None and position > ps.read_position:
+            ps.cursor.skip_to(position)
+            ps.read_position = position
+        return self._finish(now_ms)
+
+    # ---- time ----------------------------------------------------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        return self.timers.next_due()
+
+    def tick(self, now_ms: int) -> Effects:
+        """Fire due timers: nack delays end, ack timeouts return what was never acknowledged."""
+        for item in self.timers.pop_due(now_ms):
+            if item[0] == "nack":
+                _, p, o = item
+                ps = self.partitions.get(p)  # type: ignore[call-overload]
+                if ps is not None:
+                    m = ps.delayed.pop(o, None)
+                    if m is not None:
+                        ps.add_replay(m)
+            else:
+                _, c, p, offsets, seq = item
+                self._ack_timeout(c, p, offsets, seq, now_ms)  # type: ignore[arg-type]
+        return self._finish(now_ms)
+
+    def _ack_timeout(self, c: Consumer, partition: int, offsets: list[int], seq: int, now_ms: int) -> None:
+        ps = self.partitions.get(partition)
+        cinf = c.inflight.get(partition)
+        if ps is None or cinf is None or c.state != ConsumerState.CONNECTED:
+            return
+        n = 0
+        for o in offsets:
+            if ps.inflight.get(o) is c and ps.delivery_seq.get(o) == seq:
+                del ps.inflight[o]
+                del ps.delivery_seq[o]
+                m = cinf.pop(o)
+                self._release_hash(c, m)
+                self._return(ps, m, c, 0, now_ms, bump=True)
+                n += 1
+        if n:
+            c.on_released(n)
+
+    # ---- dispatch ------------------------------------------------------------------------------------
+
+    def deliver(self, c: Consumer, ps: PartitionState, msgs: list[Message], now_ms: int) -> None:
+        """Hand ``msgs`` (taken from ``ps``) to ``c``. Caller: ``selectors``."""
+        counts_map = ps.cursor.redeliveries
+        limit = c.spec.max_redeliver
+        if counts_map and limit:
+            # Read again after a restart with a count already past the limit: straight to the DLQ.
+            keep = []
+            for m in msgs:
+                n = counts_map.get(m.offset, 0)
+                if n > limit:
+                    ps.dead[m.offset] = m
+                    self.fx.dead_letters.append((m, n))
+                else:
+                    keep.append(m)
+            msgs = keep
+            if not msgs:
+                return
+        p = ps.partition
+        self.partition_rr = p
+        cinf = c.inflight.get(p)
+        if cinf is None:
+            cinf = c.inflight[p] = {}
+        pinf = ps.inflight
+        for m in msgs:
+            o = m.offset
+            cinf[o] = m
+            pinf[o] = c
+        d = self.fx.delivery(c.consumer_id)
+        d.messages += msgs
+        if counts_map:
+            get = counts_map.get
+            d.counts += [get(m.offset, 0) for m in msgs]
+        else:
+            d.counts += [0] * len(msgs)
+        c.on_sent(len(msgs))
+        if self.settings.type == SubscriptionType.KEY_SHARED:
+            holder, held = self.hash_holder, self.hash_held
+            for m in msgs:
+                h = m.key_hash
+                holder[h] = c
+                held[h] = held.get(h, 0) + 1
+        if c.spec.ack_timeout_ms:
+            seq = next(self._delivery_seq)
+            offsets = [m.offset for m in msgs]
+            for o in offsets:
+                ps.delivery_seq[o] = seq
+            self.timers.push(now_ms + c.spec.ack_timeout_ms, ("ack", c, p, offsets, seq))
+
+    def _release_hash(self, c: Consumer, m: Message) -> None:
+        if self.settings.type != SubscriptionType.KEY_SHARED:
+            return
+        h = m.key_hash
+        if self.hash_holder.get(h) is c:
+            n = self.hash_held[h] - 1
+            if n:
+                self.hash_held[h] = n
+            else:
+                del self.hash_held[h]
+                del self.hash_holder[h]
+
+    def _finish(self, now_ms: int) -> Effects:
+        """Dispatch what can go now, then hand the accumulated effects over."""
+        if self.state == SubscriptionState.ACTIVE and self.consumers:
+            selectors.dispatch(self, now_ms)
+        fx, self.fx = self.fx, Effects()
+        return fx
+
+    # ---- introspection -------------------------------------------------------------------------------
+
+    def unacked_total(self) -> int:
+        return sum(len(ps.inflight) for ps in self.partitions.values())

@@ -1,0 +1,256 @@
+"""Typed errors shared by the services and the SDK.
+
+Every error has a wire ``code`` (``sluice.v1.ErrorCode``), a ``retriable`` flag
+and a human-readable message. One registry maps a wire code to its class, so
+neither side writes if-chains per call site: the server interceptor turns a
+raised ``SluiceError`` into a gRPC status carrying the code, and the SDK turns
+that status (or a per-partition ``Error`` message) back into the same class.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from sluice.v1 import common_pb2
+
+__all__ = ["SluiceError", "error_for_code", "registry"]
+
+_REGISTRY: dict[int, type[SluiceError]] = {}
+
+
+class SluiceError(Exception):
+    """Root of every Sluice error. ``code`` is the wire error code."""
+
+    code: ClassVar[int] = common_pb2.UNKNOWN
+    retriable: ClassVar[bool] = False
+    #: The gRPC status name used when this error ends an RPC.
+    grpc_status: ClassVar[str] = "UNKNOWN"
+
+    def __init__(self, message: str = "", **fields: object) -> None:
+        super().__init__(message or self.code_name)
+        self.message = message or self.code_name
+        self.fields = fields
+
+    @property
+    def code_name(self) -> str:
+        return common_pb2.ErrorCode.Name(self.code)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return f"{self.code_name}: {self.message}"
+
+    def to_proto(self) -> common_pb2.Error:
+        return common_pb2.Error(code=self.code, message=self.message)  # type: ignore[arg-type]
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            if cls.code in _REGISTRY:
+                raise TypeError(f"error code {cls.code} registered twice")
+            _REGISTRY[cls.code] = cls
+
+
+_REGISTRY[common_pb2.UNKNOWN] = SluiceError
+
+
+def registry() -> dict[int, type[SluiceError]]:
+    """A copy of the code -> class registry (for tests and docs)."""
+    return dict(_REGISTRY)
+
+
+def error_for_code(code: int, message: str = "") -> SluiceError:
+    """Build the typed error for a wire code; unknown codes become SluiceError."""
+    cls = _REGISTRY.get(code, SluiceError)
+    return cls(message)
+
+
+def raise_for_proto(err: common_pb2.Error | None) -> None:
+    """Raise the typed error carried by a per-item ``Error`` message, if any."""
+    if err is not None and err.code != common_pb2.NONE:
+        raise error_for_code(err.code, err.message)
+
+
+# ---- Generic -----------------------------------------------------------------
+
+
+class InvalidArgument(SluiceError, ValueError):
+    code = common_pb2.INVALID_ARGUMENT
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class InvalidRequest(SluiceError, ValueError):
+    code = common_pb2.INVALID_REQUEST
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class Unauthenticated(SluiceError):
+    code = common_pb2.UNAUTHENTICATED
+    grpc_status = "UNAUTHENTICATED"
+
+
+class RequestTimedOut(SluiceError, TimeoutError):
+    code = common_pb2.REQUEST_TIMED_OUT
+    retriable = True
+    grpc_status = "DEADLINE_EXCEEDED"
+
+
+class StorageError(SluiceError):
+    code = common_pb2.STORAGE_ERROR
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
+# ---- Topics and the log -------------------------------------------------------
+
+
+class UnknownTopicOrPartition(SluiceError, LookupError):
+    code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+    grpc_status = "NOT_FOUND"
+
+
+class InvalidTopic(SluiceError, ValueError):
+    code = common_pb2.INVALID_TOPIC
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class TopicAlreadyExists(SluiceError):
+    code = common_pb2.TOPIC_ALREADY_EXISTS
+    grpc_status = "ALREADY_EXISTS"
+
+
+class InvalidPartitions(SluiceError, ValueError):
+    code = common_pb2.INVALID_PARTITIONS
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class OffsetOutOfRange(SluiceError):
+    code = common_pb2.OFFSET_OUT_OF_RANGE
+    grpc_status = "OUT_OF_RANGE"
+
+
+class CorruptBatch(SluiceError, ValueError):
+    code = common_pb2.CORRUPT_BATCH
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class BatchTooLarge(SluiceError, ValueError):
+    code = common_pb2.BATCH_TOO_LARGE
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class NotLeader(SluiceError):
+    """The partition is not (or not yet) hosted by this broker: refresh metadata."""
+
+    code = common_pb2.NOT_LEADER
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
+class InvalidFilter(SluiceError, ValueError):
+    code = common_pb2.INVALID_FILTER
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class FetchSessionNotFound(SluiceError):
+    code = common_pb2.FETCH_SESSION_NOT_FOUND
+    retriable = True
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class InvalidFetchSessionEpoch(SluiceError):
+    code = common_pb2.INVALID_FETCH_SESSION_EPOCH
+    retriable = True
+    grpc_status = "FAILED_PRECONDITION"
+
+
+# ---- Cluster -------------------------------------------------------------------
+
+
+class NotCoordinator(SluiceError):
+    """This coordinator replica is not the leader; the message names the leader."""
+
+    code = common_pb2.NOT_COORDINATOR
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
+class BrokerNotAvailable(SluiceError):
+    code = common_pb2.BROKER_NOT_AVAILABLE
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
+# ---- Consumer groups --------------------------------------------------------------
+
+
+class UnknownGroup(SluiceError, LookupError):
+    code = common_pb2.UNKNOWN_GROUP
+    grpc_status = "NOT_FOUND"
+
+
+class UnknownMember(SluiceError):
+    code = common_pb2.UNKNOWN_MEMBER
+    grpc_status = "NOT_FOUND"
+
+
+class InconsistentSubscription(SluiceError):
+    code = common_pb2.INCONSISTENT_SUBSCRIPTION
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class StaleMemberEpoch(SluiceError):
+    code = common_pb2.STALE_MEMBER_EPOCH
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class FencedMemberEpoch(SluiceError):
+    code = common_pb2.FENCED_MEMBER_EPOCH
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class NotOwner(SluiceError):
+    code = common_pb2.NOT_OWNER
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class UnknownAssignor(SluiceError, ValueError):
+    code = common_pb2.UNKNOWN_ASSIGNOR
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class GroupNotEmpty(SluiceError):
+    code = common_pb2.GROUP_NOT_EMPTY
+    grpc_status = "FAILED_PRECONDITION"
+
+
+# ---- Push subscriptions -----------------------------------------------------------
+
+
+class ConsumerBusy(SluiceError):
+    code = common_pb2.CONSUMER_BUSY
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class InvalidPermits(SluiceError, ValueError):
+    code = common_pb2.INVALID_PERMITS
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class SubscriptionTypeMismatch(SluiceError):
+    code = common_pb2.SUBSCRIPTION_TYPE_MISMATCH
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class UnknownMessageId(SluiceError):
+    code = common_pb2.UNKNOWN_MESSAGE_ID
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class ProtocolViolation(SluiceError):
+    code = common_pb2.PROTOCOL_VIOLATION
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class NotDispatcher(SluiceError):
+    code = common_pb2.NOT_DISPATCHER
+    retriable = True
+    grpc_status = "UNAVAILABLE"

@@ -1,0 +1,67 @@
+"""``sluice offset-store``: group offsets and push cursors over gRPC, kept in Redis."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from sluice.errors import InvalidArgument, StorageError
+from sluice.offsetstore.config import ENV_PREFIX, OffsetStoreConfig
+from sluice.offsetstore.keys import Keys
+from sluice.offsetstore.resolver import BrokerOffsetResolver
+from sluice.offsetstore.service import OffsetStoreService
+from sluice.offsetstore.servicer import OffsetStoreServicer
+from sluice.offsetstore.storage import PositionStore, connect
+from sluice.server.config import add_arguments, load
+from sluice.server.runtime import GrpcServer, serve, service_main
+from sluice.v1 import offset_store_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE = "offset-store"
+HEALTH_NAME = "sluice.v1.OffsetStore"
+
+
+def parse_config(argv: list[str] | None) -> OffsetStoreConfig:
+    parser = argparse.ArgumentParser(
+        prog="sluice offset-store",
+        description="Committed offsets of consumer groups and cursors of push subscriptions, in Redis.",
+    )
+    add_arguments(parser, OffsetStoreConfig)
+    config = load(OffsetStoreConfig, ENV_PREFIX, parser.parse_args(argv))
+    if not config.redis_url:
+        raise InvalidArgument(f"--redis-url (or {ENV_PREFIX}REDIS_URL) is required")
+    if not config.key_prefix or any(c in config.key_prefix for c in "{} "):
+        raise InvalidArgument(
+            f"--key-prefix {config.key_prefix!r} must be non-empty, without braces or spaces"
+        )
+    return config
+
+
+async def run(config: OffsetStoreConfig) -> None:
+    store = PositionStore(connect(config.redis_url), Keys(config.key_prefix))
+    try:
+        await store.load_scripts()
+    except StorageError as exc:
+        # Not fatal: requests fail with STORAGE_ERROR until Redis is back, and
+        # the scripts load on first use.
+        log.warning("Redis is not reachable yet (%s); serving anyway", exc)
+    resolver = BrokerOffsetResolver(config.coordinator) if config.coordinator else None
+    service = OffsetStoreService(store, resolver)
+    servicer = OffsetStoreServicer(service)
+    server = GrpcServer(
+        SERVICE,
+        [lambda s: offset_store_pb2_grpc.add_OffsetStoreServicer_to_server(servicer, s)],
+        host=config.host,
+        port=config.port,
+        metrics_port=config.metrics_port,
+        health_names=[HEALTH_NAME],
+    )
+    try:
+        await serve(server)
+    finally:
+        await service.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return service_main("offset-store", argv, parse_config, run)

@@ -1,0 +1,215 @@
+"""The offset store's service layer: validation, routing to storage, error mapping, metrics.
+
+It speaks domain objects (model.py) only; the servicer translates protobuf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+from sluice.errors import FencedMemberEpoch, InvalidArgument, SluiceError, StorageError
+from sluice.offsetstore import validation
+from sluice.offsetstore.cursor_codec import CursorCodecError, CursorState, decode_cursor, encode_cursor
+from sluice.offsetstore.metrics import OffsetStoreMetrics, offset_store_metrics
+from sluice.offsetstore.model import (
+    CommitOutcome,
+    CursorKey,
+    CursorWrite,
+    MessageModel,
+    OffsetCommit,
+    ResetRequest,
+    ResetSpec,
+    StoredCursor,
+    TopicPartition,
+)
+from sluice.offsetstore.storage import PositionStore, group_not_empty
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Encoding or decoding this many range values takes tens of milliseconds: do it
+# in a worker thread so other RPCs (commits) keep flowing meanwhile.
+_OFFLOAD_VALUES = 50_000
+
+
+class OffsetResolver(Protocol):
+    """Looks up offsets the broker knows (see resolver.BrokerOffsetResolver)."""
+
+    async def partitions(self, topic: str) -> list[int]: ...
+
+    async def resolve(
+        self, topic: str, partitions: Sequence[int], spec: ResetSpec, value: int
+    ) -> dict[int, int]: ...
+
+    async def close(self) -> None: ...
+
+
+class OffsetStoreService:
+    def __init__(
+        self,
+        store: PositionStore,
+        resolver: OffsetResolver | None = None,
+        metrics: OffsetStoreMetrics | None = None,
+    ) -> None:
+        self._store = store
+        self._resolver = resolver
+        self._metrics = metrics or offset_store_metrics()
+
+    async def close(self) -> None:
+        if self._resolver is not None:
+            await self._resolver.close()
+        await self._store.close()
+
+    # ---- group offsets ---------------------------------------------------------
+
+    async def commit(
+        self,
+        group: str,
+        member_id: str,
+        member_epoch: int,
+        commits: Sequence[OffsetCommit],
+        model: MessageModel = MessageModel.CLUSTERING,
+    ) -> list[CommitOutcome]:
+        """Commit offsets; one outcome per entry (refusals are per partition)."""
+        validation.validate_commit(group, member_id, member_epoch, commits)
+        outcomes = await self._store.commit(group, member_id, member_epoch, commits, model)
+        for commit, outcome in zip(commits, outcomes, strict=True):
+            code = outcome.error.code_name if outcome.error else "NONE"
+            self._metrics.commits.labels(code).inc()
+            if outcome.error is None and model is MessageModel.CLUSTERING:
+                self._metrics.committed(
+                    group, commit.track, commit.topic, commit.partition, member_id, outcome.offset
+                )
+        return outcomes
+
+    async def fetch(
+        self,
+        group: str,
+        track: str,
+        partitions: Sequence[TopicPartition] = (),
+        member_id: str = "",
+    ) -> dict[TopicPartition, int]:
+        """Committed offsets (-1 for a listed partition that has none)."""
+        validation.validate_fetch(group, track, partitions, member_id)
+        found = await self._store.fetch(group, validation.track_name(track), partitions, member_id)
+        return dict(sorted(found.items(), key=lambda kv: (kv[0].topic, kv[0].partition)))
+
+    async def reset(self, request: ResetRequest) -> dict[int, int]:
+        """Set a topic's offsets exactly; only while the group has no live members."""
+        try:
+            offsets = await self._reset(request)
+        except SluiceError as err:
+            self._metrics.resets.labels(err.code_name).inc()
+            raise
+        self._metrics.resets.labels("NONE").inc()
+        return offsets
+
+    async def _reset(self, request: ResetRequest) -> dict[int, int]:
+        validation.validate_reset(request)
+        group, topic, track = request.group, request.topic, validation.track_name(request.track)
+        needs_broker = request.spec is not ResetSpec.OFFSET
+        if needs_broker and self._resolver is None:
+            raise InvalidArgument(
+                f"this offset store cannot resolve {request.spec.name.lower()} offsets: it runs without a "
+                "coordinator address (--coordinator). Only explicit offsets (RESET_SPEC_OFFSET) can be set; "
+                "configure the coordinator or look the offsets up with the broker's ListOffsets"
+            )
+        # Fail fast before asking brokers; the Lua script checks again atomically.
+        live = await self._store.live_members(group)
+        if live > 0:
+            raise group_not_empty(group, live)
+        partitions = list(request.partitions)
+        if not partitions:
+            if self._resolver is not None:
+                partitions = await self._resolver.partitions(topic)
+            else:
+                partitions = await self._store.committed_partitions(group, track, topic)
+            if not partitions:
+                raise InvalidArgument(
+                    f"group {group!r} has no committed offsets for topic {topic!r} on track {track!r}: "
+                    "list the partitions to reset explicitly"
+                )
+        if needs_broker:
+            assert self._resolver is not None
+            offsets = await self._resolver.resolve(topic, partitions, request.spec, request.value)
+        else:
+            offsets = dict.fromkeys(partitions, request.value)
+        await self._store.reset(group, track, topic, offsets)
+        for partition, offset in offsets.items():
+            self._metrics.committed_offset.labels(group, track, topic, partition).set(offset)
+        log.info("reset offsets of group %s track %s topic %s: %s", group, track, topic, offsets)
+        return dict(sorted(offsets.items()))
+
+    # ---- cursors ---------------------------------------------------------------
+
+    async def save_cursors(self, writes: Sequence[CursorWrite]) -> list[SluiceError | None]:
+        """Persist a batch of cursors; per cursor None or the fencing error."""
+        validation.validate_cursor_batch(
+            len(writes),
+            sum(len(w.state.acked_ranges) for w in writes),
+            sum(len(w.state.redelivery_counts) for w in writes),
+        )
+        for i, w in enumerate(writes):
+            validation.validate_cursor_key(w.key, f"cursors[{i}]")
+            validation.validate_owner_epoch(w.owner_epoch, f"cursors[{i}] ({w.key})")
+        if not writes:
+            return []
+        blobs = await self._offload(
+            sum(len(w.state.acked_ranges) + len(w.state.redelivery_counts) for w in writes),
+            lambda: [_encode(i, w) for i, w in enumerate(writes)],
+        )
+        fenced_by = await self._store.save_cursors(
+            [(w.key, w.owner_epoch, blob) for w, blob in zip(writes, blobs, strict=True)]
+        )
+        results: list[SluiceError | None] = []
+        for w, blob, stored_epoch in zip(writes, blobs, fenced_by, strict=True):
+            if stored_epoch is None:
+                results.append(None)
+                self._metrics.cursor_saves.labels("NONE").inc()
+                self._metrics.cursor_bytes.observe(len(blob))
+                self._metrics.cursor_bytes_written.inc(len(blob))
+            else:
+                err = FencedMemberEpoch(
+                    f"cursor {w.key} is owned by dispatcher epoch {stored_epoch}, newer than this writer's "
+                    f"{w.owner_epoch}: the partition moved to another dispatcher; stop serving it",
+                    subscription=w.key.subscription,
+                    topic=w.key.topic,
+                    partition=w.key.partition,
+                    owner_epoch=stored_epoch,
+                )
+                results.append(err)
+                self._metrics.cursor_saves.labels(err.code_name).inc()
+        return results
+
+    async def load_cursor(self, key: CursorKey) -> StoredCursor | None:
+        validation.validate_cursor_key(key, "cursor")
+        stored = await self._store.load_cursor(key)
+        if stored is None:
+            return None
+        blob = stored.blob
+        try:
+            # Loads are rare (a dispatcher starting or taking over) and a small
+            # blob may hold a million ranges: always decode off the event loop.
+            state = await asyncio.to_thread(decode_cursor, blob)
+        except CursorCodecError as exc:
+            log.error("stored cursor %s is corrupt: %s", key, exc)
+            raise StorageError(f"the stored cursor {key} is corrupt: {exc}") from None
+        return StoredCursor(key, stored.owner_epoch, state, len(blob))
+
+    @staticmethod
+    async def _offload(work: int, fn: Callable[[], T]) -> T:
+        if work < _OFFLOAD_VALUES:
+            return fn()
+        return await asyncio.to_thread(fn)
+
+
+def _encode(index: int, write: CursorWrite) -> bytes:
+    state: CursorState = write.state
+    try:
+        return encode_cursor(state.mark_delete, state.acked_ranges, state.redelivery_counts)
+    except CursorCodecError as exc:
+        raise InvalidArgument(f"cursors[{index}] ({write.key}): {exc}") from None

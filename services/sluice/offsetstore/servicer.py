@@ -1,0 +1,148 @@
+"""gRPC servicer: translates between ``sluice.v1`` protobuf and the service layer.
+
+No rules live here.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from grpc import aio
+
+from sluice.errors import InvalidArgument
+from sluice.offsetstore.cursor_codec import CursorState
+from sluice.offsetstore.model import (
+    CursorKey,
+    CursorWrite,
+    MessageModel,
+    OffsetCommit,
+    ResetRequest,
+    ResetSpec,
+    TopicPartition,
+)
+from sluice.offsetstore.service import OffsetStoreService
+from sluice.offsetstore.validation import track_name
+from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
+
+Context = aio.ServicerContext[Any, Any]
+
+_MODELS: dict[int, MessageModel] = {
+    coordinator_pb2.MESSAGE_MODEL_CLUSTERING: MessageModel.CLUSTERING,
+    coordinator_pb2.MESSAGE_MODEL_BROADCASTING: MessageModel.BROADCASTING,
+}
+
+
+def message_model(value: int) -> MessageModel:
+    model = _MODELS.get(value)
+    if model is None:
+        raise InvalidArgument(
+            f"unknown message model {value}: use MESSAGE_MODEL_CLUSTERING or MESSAGE_MODEL_BROADCASTING"
+        )
+    return model
+
+
+def reset_spec(value: int) -> ResetSpec:
+    try:
+        return ResetSpec(value)
+    except ValueError:
+        raise InvalidArgument(
+            f"unknown reset spec {value}: use RESET_SPEC_OFFSET, _EARLIEST, _LATEST or _TIMESTAMP"
+        ) from None
+
+
+def cursor_write(cursor: offset_store_pb2.Cursor) -> CursorWrite:
+    key = CursorKey(cursor.subscription, cursor.topic, cursor.partition)
+    state = CursorState(cursor.mark_delete, array("q", cursor.acked_ranges), dict(cursor.redelivery_counts))
+    return CursorWrite(key, cursor.owner_epoch, state)
+
+
+class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
+    def __init__(self, service: OffsetStoreService) -> None:
+        self._service = service
+
+    async def CommitOffsets(
+        self, request: offset_store_pb2.CommitOffsetsRequest, context: Context
+    ) -> offset_store_pb2.CommitOffsetsResponse:
+        commits = [
+            OffsetCommit(o.topic, o.partition, o.offset, o.track or "default") for o in request.offsets
+        ]
+        outcomes = await self._service.commit(
+            request.group,
+            request.member_id,
+            request.member_epoch,
+            commits,
+            message_model(request.message_model),
+        )
+        response = offset_store_pb2.CommitOffsetsResponse()
+        for outcome in outcomes:
+            result = response.results.add(
+                topic=outcome.topic, partition=outcome.partition, offset=outcome.offset
+            )
+            if outcome.error is not None:
+                result.error.CopyFrom(outcome.error.to_proto())
+        return response
+
+    async def FetchOffsets(
+        self, request: offset_store_pb2.FetchOffsetsRequest, context: Context
+    ) -> offset_store_pb2.FetchOffsetsResponse:
+        partitions = [TopicPartition(tp.topic, tp.partition) for tp in request.partitions]
+        found = await self._service.fetch(request.group, request.track, partitions, request.member_id)
+        track = track_name(request.track)
+        return offset_store_pb2.FetchOffsetsResponse(
+            offsets=[
+                offset_store_pb2.PartitionOffset(
+                    topic=tp.topic, partition=tp.partition, offset=off, track=track
+                )
+                for tp, off in found.items()
+            ]
+        )
+
+    async def ResetOffsets(
+        self, request: offset_store_pb2.ResetOffsetsRequest, context: Context
+    ) -> offset_store_pb2.ResetOffsetsResponse:
+        reset = ResetRequest(
+            group=request.group,
+            topic=request.topic,
+            partitions=tuple(request.partitions),
+            spec=reset_spec(request.spec),
+            value=request.value,
+            track=request.track,
+        )
+        offsets = await self._service.reset(reset)
+        track = track_name(request.track)
+        return offset_store_pb2.ResetOffsetsResponse(
+            offsets=[
+                offset_store_pb2.PartitionOffset(topic=request.topic, partition=p, offset=off, track=track)
+                for p, off in offsets.items()
+            ]
+        )
+
+    async def SaveCursors(
+        self, request: offset_store_pb2.SaveCursorsRequest, context: Context
+    ) -> offset_store_pb2.SaveCursorsResponse:
+        errors = await self._service.save_cursors([cursor_write(c) for c in request.cursors])
+        # One Error per cursor, in request order; code NONE when it was saved.
+        return offset_store_pb2.SaveCursorsResponse(
+            errors=[e.to_proto() if e is not None else common_pb2.Error() for e in errors]
+        )
+
+    async def LoadCursor(
+        self, request: offset_store_pb2.LoadCursorRequest, context: Context
+    ) -> offset_store_pb2.LoadCursorResponse:
+        stored = await self._service.load_cursor(
+            CursorKey(request.subscription, request.topic, request.partition)
+        )
+        if stored is None:
+            return offset_store_pb2.LoadCursorResponse(found=False)
+        state = stored.state
+        cursor = offset_store_pb2.Cursor(
+            topic=stored.key.topic,
+            partition=stored.key.partition,
+            subscription=stored.key.subscription,
+            mark_delete=state.mark_delete,
+            owner_epoch=stored.owner_epoch,
+            redelivery_counts=state.redelivery_counts,
+        )
+        cursor.acked_ranges.extend(state.acked_ranges)
+        return offset_store_pb2.LoadCursorResponse(found=True, cursor=cursor)

@@ -1,0 +1,346 @@
+"""Durable positions in Redis: group offsets and push-subscription cursors.
+
+The storage layer knows keys, Lua and Redis errors, and nothing of protobuf.
+It does not validate input (the service layer does) but it does enforce every
+rule that needs Redis state atomically: fencing by member epoch and partition
+owner, increase-only commits, resets only while a group is empty, and cursor
+fencing by owner epoch. Every request is one script call or one pipeline.
+
+Redis failures become :class:`~sluice.errors.StorageError` (retriable). The
+client reconnects by itself: a dead connection is dropped from the pool and the
+next command opens a new one; a script missing after a Redis restart is loaded
+again on ``NOSCRIPT`` by redis-py's ``Script`` objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from sluice.errors import GroupNotEmpty, NotOwner, SluiceError, StaleMemberEpoch, StorageError, UnknownMember
+from sluice.offsetstore import scripts
+from sluice.offsetstore.keys import Keys, partition_field, split_field
+from sluice.offsetstore.model import CommitOutcome, CursorKey, MessageModel, OffsetCommit, TopicPartition
+from sluice.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+NO_OFFSET = -1
+
+
+@dataclass(frozen=True, slots=True)
+class CursorBlob:
+    """A stored cursor as bytes, with the epoch of the dispatcher that owns it."""
+
+    blob: bytes
+    owner_epoch: int
+
+
+def connect(url: str) -> aioredis.Redis:
+    """A Redis client that survives a Redis restart.
+
+    Commands fail fast (StorageError) while Redis is down, after a short
+    retry that covers the common case of one broken pooled connection.
+    """
+    return aioredis.Redis.from_url(
+        url,
+        decode_responses=False,
+        socket_timeout=5.0,
+        socket_connect_timeout=2.0,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        health_check_interval=10,
+    )
+
+
+class PositionStore:
+    """Group offsets and cursors in Redis, every write fenced in Lua."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self._redis = client
+        self.keys = keys
+        self._commit = client.register_script(scripts.COMMIT)
+        self._reset = client.register_script(scripts.RESET)
+        self._save_cursors = client.register_script(scripts.SAVE_CURSORS)
+
+    async def load_scripts(self) -> None:
+        """SCRIPT LOAD every script now, so requests only ever send EVALSHA."""
+        async with _storage_errors("loading Lua scripts"):
+            for script in (self._commit, self._reset, self._save_cursors):
+                script.sha = await self._redis.script_load(script.script)
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except RedisError:
+            return False
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    # ---- group offsets ---------------------------------------------------------
+
+    async def commit(
+        self,
+        group: str,
+        member_id: str,
+        member_epoch: int,
+        commits: Sequence[OffsetCommit],
+        model: MessageModel = MessageModel.CLUSTERING,
+    ) -> list[CommitOutcome]:
+        """Apply a commit atomically; return one outcome per entry, in order.
+
+        Clustering: each partition must be owned by ``member_id`` at
+        ``member_epoch``. Broadcasting: the member must exist at that epoch, and
+        the offsets go to its own hash. Either way a lower offset is ignored and
+        the stored one returned.
+        """
+        if not commits:
+            return []
+        k = self.keys
+        broadcasting = model is MessageModel.BROADCASTING
+        keys = [k.members(group)]
+        key_index: dict[str, int] = {}
+        argv: list[str | int] = ["member" if broadcasting else "group", member_id, member_epoch]
+        for c in commits:
+            index = key_index.get(c.track)
+            if index is None:
+                index = len(keys) + 1  # Lua arrays are 1-based
+                key_index[c.track] = index
+                if broadcasting:
+                    keys.append(k.member_offsets(group, c.track, member_id))
+                else:
+                    keys.append(k.offsets(group, c.track))
+                keys.append(k.member_index(group, c.track))
+                keys.append(k.owners(group, c.track))
+            argv += [index, partition_field(c.topic, c.partition), c.offset]
+        async with _storage_errors(f"committing offsets of group {group!r}"):
+            raw = await self._commit(keys=keys, args=argv)
+        current = _text(raw[0])
+        outcomes = []
+        for i, c in enumerate(commits):
+            code, stored, owner = int(raw[1 + 3 * i]), int(raw[2 + 3 * i]), _text(raw[3 + 3 * i])
+            error = _commit_error(
+                code,
+                group=group,
+                member_id=member_id,
+                member_epoch=member_epoch,
+                current=current,
+                commit=c,
+                owner=owner,
+            )
+            outcomes.append(CommitOutcome(c.topic, c.partition, stored, error))
+        return outcomes
+
+    async def fetch(
+        self,
+        group: str,
+        track: str,
+        partitions: Sequence[TopicPartition] = (),
+        member_id: str = "",
+    ) -> dict[TopicPartition, int]:
+        """Committed offsets; every partition with one when ``partitions`` is empty.
+
+        With ``member_id`` (broadcasting), the member's own offsets win and the
+        track's shared offsets (what a reset sets) fill in the rest. Listed
+        partitions without an offset map to ``NO_OFFSET``.
+        """
+        k = self.keys
+        sources = [k.offsets(group, track)]
+        if member_id:
+            sources.append(k.member_offsets(group, track, member_id))
+        fields = [partition_field(tp.topic, tp.partition) for tp in partitions]
+        async with (
+            _storage_errors(f"fetching offsets of group {group!r}"),
+            self._redis.pipeline(transaction=False) as pipe,
+        ):
+            for key in sources:
+                if fields:
+                    pipe.hmget(key, fields)
+                else:
+                    pipe.hgetall(key)
+            replies = await pipe.execute()
+        merged: dict[TopicPartition, int] = {}
+        if fields:
+            merged = dict.fromkeys(partitions, NO_OFFSET)
+            for reply in replies:  # later sources (the member's) override
+                for tp, value in zip(partitions, reply, strict=True):
+                    if value is not None:
+                        merged[tp] = int(value)
+            return merged
+        for reply in replies:
+            for field, value in reply.items():
+                topic, partition = split_field(_text(field))
+                merged[TopicPartition(topic, partition)] = int(value)
+        return merged
+
+    async def live_members(self, group: str) -> int:
+        async with _storage_errors(f"reading the live members of group {group!r}"):
+            raw = await self._redis.get(self.keys.live(group))
+        try:
+            return int(raw) if raw is not None else 0
+        except ValueError:
+            return 0
+
+    async def committed_partitions(self, group: str, track: str, topic: str) -> list[int]:
+        """Partitions of ``topic`` with a committed offset on ``track``."""
+        async with _storage_errors(f"listing committed partitions of group {group!r}"):
+            fields = await self._redis.hkeys(self.keys.offsets(group, track))
+        found = (split_field(_text(f)) for f in fields)
+        return sorted(p for t, p in found if t == topic)
+
+    async def reset(self, group: str, track: str, topic: str, offsets: dict[int, int]) -> None:
+        """Set offsets exactly (not increase-only); refused while members are live."""
+        k = self.keys
+        argv: list[str | int] = [k.member_offsets_prefix(group, track)]
+        for partition, offset in sorted(offsets.items()):
+            argv += [partition_field(topic, partition), offset]
+        async with _storage_errors(f"resetting offsets of group {group!r}"):
+            raw = await self._reset(
+                keys=[k.live(group), k.offsets(group, track), k.member_index(group, track)], args=argv
+            )
+        if int(raw[0]) == common_pb2.GROUP_NOT_EMPTY:
+            raise group_not_empty(group, int(raw[1]))
+
+    # ---- cursors ---------------------------------------------------------------
+
+    async def save_cursors(self, writes: Sequence[tuple[CursorKey, int, bytes]]) -> list[int | None]:
+        """Write encoded cursors; per write, None when saved or the epoch that fenced it.
+
+        One script call per subscription (its keys share a hash slot), all in
+        one pipeline: one round trip for the whole batch.
+        """
+        by_subscription: dict[str, list[int]] = defaultdict(list)
+        for i, (key, _epoch, _blob) in enumerate(writes):
+            by_subscription[key.subscription].append(i)
+        k = self.keys
+        calls: list[list[str | int | bytes]] = []
+        for indexes in by_subscription.values():
+            keys: list[str | int | bytes] = []
+            argv: list[str | int | bytes] = []
+            for i in indexes:
+                ck, epoch, blob = writes[i]
+                keys += [
+                    k.cursor(ck.subscription, ck.topic, ck.partition),
+                    k.cursor_epoch(ck.subscription, ck.topic, ck.partition),
+                ]
+                argv += [epoch, blob]
+            calls.append([len(keys), *keys, *argv])
+        async with _storage_errors("saving cursors"):
+            replies = await self._evalsha_pipeline(self._save_cursors, calls)
+        results: list[int | None] = [None] * len(writes)
+        for indexes, reply in zip(by_subscription.values(), replies, strict=True):
+            for i, fenced_by in zip(indexes, reply, strict=True):
+                results[i] = int(fenced_by) if fenced_by else None
+        return results
+
+    async def _evalsha_pipeline(self, script: AsyncScript, calls: list[list[str | int | bytes]]) -> list[Any]:
+        """Run ``script`` once per argument list in one pipeline (one round trip).
+
+        Unlike redis-py's pipeline script support this does not send SCRIPT
+        EXISTS first; a NOSCRIPT reply (Redis restarted) loads the script and
+        replays the batch, which is safe because a NOSCRIPT call did nothing
+        and the other calls are idempotent (same epochs, same blobs).
+        """
+        for attempt in (1, 2):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for argv in calls:
+                    pipe.evalsha(script.sha, *argv)  # type: ignore[arg-type]  # argv[0] is numkeys
+                replies: list[Any] = await pipe.execute(raise_on_error=False)
+            if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
+                script.sha = await self._redis.script_load(script.script)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+        raise AssertionError("unreachable")
+
+    async def load_cursor(self, key: CursorKey) -> CursorBlob | None:
+        k = self.keys
+        async with _storage_errors(f"loading cursor {key}"):
+            blob, epoch = await self._redis.mget(
+                [
+                    k.cursor(key.subscription, key.topic, key.partition),
+                    k.cursor_epoch(key.subscription, key.topic, key.partition),
+                ]
+            )
+        if blob is None:
+            return None
+        return CursorBlob(blob if isinstance(blob, bytes) else blob.encode(), int(epoch or 0))
+
+
+def group_not_empty(group: str, live: int) -> GroupNotEmpty:
+    return GroupNotEmpty(
+        f"group {group!r} has {live} live member(s); offsets can be reset only while it is empty: "
+        "stop its consumers (or let their session time out) and retry",
+        group=group,
+        live=live,
+    )
+
+
+def _commit_error(
+    code: int,
+    *,
+    group: str,
+    member_id: str,
+    member_epoch: int,
+    current: str,
+    commit: OffsetCommit,
+    owner: str,
+) -> SluiceError | None:
+    tp = partition_field(commit.topic, commit.partition)
+    if code == common_pb2.NONE:
+        return None
+    if code == common_pb2.UNKNOWN_MEMBER:
+        return UnknownMember(
+            f"member {member_id!r} is not in group {group!r} (it left, was removed after its session "
+            "timeout, or the group does not exist): rejoin with a heartbeat before committing",
+            group=group,
+            member_id=member_id,
+        )
+    if code == common_pb2.STALE_MEMBER_EPOCH:
+        return StaleMemberEpoch(
+            f"member {member_id!r} of group {group!r} committed {tp} with epoch {member_epoch} but its "
+            f"current epoch is {current}: a fenced (zombie) member cannot commit; heartbeat to get the "
+            "current epoch and assignment",
+            group=group,
+            member_id=member_id,
+            member_epoch=member_epoch,
+        )
+    if code == common_pb2.NOT_OWNER:
+        held = f"owned by member {owner!r}" if owner else "not owned by anyone (unassigned or in handoff)"
+        return NotOwner(
+            f"member {member_id!r} does not own {tp} in group {group!r}: it is {held}",
+            group=group,
+            member_id=member_id,
+            topic=commit.topic,
+            partition=commit.partition,
+        )
+    return StorageError(f"unexpected commit result code {code} for {tp}")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes | bytearray) else str(value)
+
+
+@asynccontextmanager
+async def _storage_errors(what: str) -> AsyncIterator[None]:
+    """Turn Redis failures into a retriable StorageError naming the operation."""
+    try:
+        yield
+    except RedisError as exc:
+        log.warning("redis error while %s: %s", what, exc)
+        raise StorageError(f"storage unavailable while {what}: {exc}") from exc

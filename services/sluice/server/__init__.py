@@ -1,0 +1,1 @@
+"""The one gRPC server bootstrap every Sluice service runs on."""

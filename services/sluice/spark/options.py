@@ -1,0 +1,158 @@
+"""Options of the ``sluice`` Spark source, parsed and validated once.
+
+Parsing is pure so that bad options fail at planning time with a typed error
+(``InvalidArgument``) and a message naming the option.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sluice.codec.filter import parse_filter
+from sluice.common.names import validate_group, validate_topic
+from sluice.errors import InvalidArgument
+
+EARLIEST = "earliest"
+LATEST = "latest"
+
+#: A position spec: "earliest", "latest", or explicit offsets per "topic/partition".
+OffsetSpec = str | dict[str, int]
+
+KNOWN = {
+    "bootstrap",
+    "topic",
+    "startingoffsets",
+    "endingoffsets",
+    "filter",
+    "maxrecordsperpartition",
+    "maxrecordspertrigger",
+    "failondataloss",
+    "committogroup",
+    "requesttimeoutms",
+    "path",
+}
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    bootstrap: str
+    topics: tuple[str, ...]
+    starting: OffsetSpec
+    ending: OffsetSpec
+    filter: str
+    max_records_per_partition: int | None
+    max_records_per_trigger: int | None
+    fail_on_data_loss: bool
+    commit_to_group: str | None
+    request_timeout_s: float
+
+
+def tp_key(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def parse_tp_key(key: str) -> tuple[str, int]:
+    topic, sep, part = key.rpartition("/")
+    if not sep or not part.isdigit():
+        raise InvalidArgument(f"invalid partition key {key!r}: expected 'topic/partition'")
+    return topic, int(part)
+
+
+def _offsets(name: str, raw: str | None, default: str, topics: tuple[str, ...]) -> OffsetSpec:
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip()
+    if text in (EARLIEST, LATEST):
+        return text
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(
+            f"option {name}: {text!r} is neither 'earliest', 'latest' nor JSON like "
+            f'{{"topic": {{"0": 42}}}}: {exc.msg}'
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"option {name}: the JSON must be an object of topic -> {{partition: offset}}")
+    out: dict[str, int] = {}
+    for topic, parts in data.items():
+        if topic not in topics:
+            raise InvalidArgument(
+                f"option {name}: topic {topic!r} is not among the subscribed topics {topics}"
+            )
+        if not isinstance(parts, dict):
+            raise InvalidArgument(f"option {name}: {topic!r} must map partitions to offsets")
+        for part, off in parts.items():
+            if not str(part).isdigit() or not isinstance(off, int) or isinstance(off, bool):
+                raise InvalidArgument(f"option {name}: {topic}/{part} -> {off!r} is not partition -> offset")
+            if off < -2:
+                raise InvalidArgument(f"option {name}: offset {off} for {topic}/{part} is negative")
+            out[tp_key(topic, int(part))] = off  # -2 earliest, -1 latest, like Kafka
+    return out
+
+
+def _positive(name: str, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"option {name}: {raw!r} is not an integer") from None
+    if value <= 0:
+        raise InvalidArgument(f"option {name}: must be positive, got {value}")
+    return value
+
+
+def _bool(name: str, raw: str | None, default: bool) -> bool:
+    if raw is None:
+        return default
+    low = raw.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise InvalidArgument(f"option {name}: {raw!r} is not a boolean")
+
+
+def parse_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
+    # Spark lower-cases option keys (CaseInsensitiveMap); accept either spelling.
+    opts = {k.lower(): v for k, v in options.items()}
+    unknown = set(opts) - KNOWN
+    if unknown:
+        raise InvalidArgument(f"unknown option(s) for the sluice source: {', '.join(sorted(unknown))}")
+    bootstrap = opts.get("bootstrap", "").strip()
+    if not bootstrap:
+        raise InvalidArgument("option bootstrap is required (the coordinator address, e.g. 127.0.0.1:7600)")
+    raw_topics = opts.get("topic") or opts.get("path") or ""
+    topics = tuple(t.strip() for t in raw_topics.split(",") if t.strip())
+    if not topics:
+        raise InvalidArgument("option topic is required (one topic or a comma-separated list)")
+    for t in topics:
+        validate_topic(t)
+    starting = _offsets(
+        "startingOffsets", opts.get("startingoffsets"), LATEST if streaming else EARLIEST, topics
+    )
+    ending = _offsets("endingOffsets", opts.get("endingoffsets"), LATEST, topics)
+    if streaming and "endingoffsets" in opts:
+        raise InvalidArgument("option endingOffsets applies to batch reads only")
+    if ending == EARLIEST:
+        raise InvalidArgument("option endingOffsets cannot be 'earliest'")
+    flt = opts.get("filter", "*")
+    parse_filter(flt)
+    group = opts.get("committogroup")
+    if group is not None:
+        validate_group(group)
+    timeout_ms = _positive("requestTimeoutMs", opts.get("requesttimeoutms")) or 30_000
+    return SourceOptions(
+        bootstrap=bootstrap,
+        topics=topics,
+        starting=starting,
+        ending=ending,
+        filter=flt,
+        max_records_per_partition=_positive("maxRecordsPerPartition", opts.get("maxrecordsperpartition")),
+        max_records_per_trigger=_positive("maxRecordsPerTrigger", opts.get("maxrecordspertrigger")),
+        fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss"), True),
+        commit_to_group=group,
+        request_timeout_s=timeout_ms / 1000,
+    )

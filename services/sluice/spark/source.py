@@ -1,0 +1,139 @@
+"""The ``sluice`` PySpark data source: batch and micro-batch streaming reads.
+
+Planning (offset resolution, splits, read limits) talks to the coordinator and
+brokers through the SDK; executors read their ranges with the SDK's fetcher,
+long-poll off, and hand Spark Arrow record batches, never per-row tuples.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from sluice.spark.options import SourceOptions, parse_options
+from sluice.spark.planning import OffsetRange, limit_offsets, split
+from sluice.spark.reading import SCHEMA_DDL, Planner, read_range
+
+log = logging.getLogger(__name__)
+
+
+class RangePartition(InputPartition):
+    """One input partition: a topic-partition offset range plus what the executor needs."""
+
+    def __init__(self, r: OffsetRange, options: SourceOptions) -> None:
+        super().__init__((r.topic, r.partition, r.start, r.end))
+        self.range = r
+        self.options = options
+
+
+class SluiceDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "sluice"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return SluiceBatchReader(parse_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return SluiceStreamReader(parse_options(self.options, streaming=True))
+
+
+class SluiceBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        # Resolve at construction so bad topics or an unreachable bootstrap fail
+        # while Spark plans the query, not inside a task.
+        with Planner(options) as planner:
+            start = planner.resolve(options.starting)
+            end = planner.resolve(options.ending, at_least=start)
+        self.ranges = [
+            piece
+            for key in sorted(end)
+            for piece in split(planner.range(key, start[key], end[key]), options.max_records_per_partition)
+        ]
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [RangePartition(r, self.options) for r in self.ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from read_range(partition.range, partition.options)
+
+
+class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets are ``{"topic/partition": next_offset}``."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._target: dict[str, int] | None = None
+        with Planner(options) as planner:
+            planner.check_topics()
+
+    def initialOffset(self) -> dict[str, int]:
+        with Planner(self.options) as planner:
+            return planner.resolve(self.options.starting)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_records_per_trigger is not None:
+            return ReadMaxRows(self.options.max_records_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        with Planner(self.options) as planner:
+            self._target = planner.resolve("latest")
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        with Planner(self.options) as planner:
+            latest = planner.resolve("latest")
+            start = planner.with_new_partitions(start, latest)
+        if self._target is not None:
+            # AvailableNow: never read past what existed when the query started;
+            # partitions added since are read up to their start.
+            latest = {k: min(v, self._target.get(k, start[k])) for k, v in latest.items()}
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return limit_offsets(start, latest, max_rows)
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        with Planner(self.options) as planner:
+            return planner.resolve("latest")
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        with Planner(self.options) as planner:
+            ranges = []
+            for key in sorted(end):
+                first = planner.checked_start(key, start.get(key), end[key])
+                ranges += split(planner.range(key, first, end[key]), self.options.max_records_per_partition)
+        return [RangePartition(r, self.options) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from read_range(partition.range, partition.options)
+
+    def commit(self, end: dict[str, int]) -> None:
+        # Spark calls this for a micro-batch when it runs the next one, so a group's offsets
+        # trail the query by one batch; the checkpoint stays the source of truth.
+        if self.options.commit_to_group is None:
+            return
+        with Planner(self.options) as planner:
+            try:
+                planner.commit_to_group(self.options.commit_to_group, end)
+            except Exception as exc:
+                log.warning(
+                    "could not commit Spark progress to group %s: %s", self.options.commit_to_group, exc
+                )
+
+    def stop(self) -> None:
+        return None

@@ -1,0 +1,1 @@
+"""Generated protobuf code. Regenerate with `make protos`; do not edit."""

@@ -1,0 +1,1 @@
+"""The chart's Grafana dashboards against a real Prometheus scraping the real services."""

@@ -1,0 +1,1 @@
+"""Unit tests for the partition assignors (pure functions, no network)."""

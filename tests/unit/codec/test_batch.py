@@ -1,0 +1,124 @@
+"""The batch format: encode once, validate, stamp, decode, filter."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sluice.codec import batch as b
+from sluice.errors import BatchTooLarge, CorruptBatch
+
+LIMIT = 1 << 20
+
+record_st = st.tuples(
+    st.binary(max_size=64),
+    st.one_of(st.none(), st.binary(max_size=16)),
+    st.one_of(st.none(), st.sampled_from(["tagA", "tagB", "tagC"])),
+    st.one_of(st.none(), st.dictionaries(st.text(max_size=5), st.binary(max_size=8), max_size=3)),
+    st.integers(min_value=0, max_value=2**40),
+)
+
+
+def _records(
+    n: int, tag_every: int = 2
+) -> list[tuple[bytes, bytes | None, str | None, b.Headers | None, int]]:
+    return [
+        (f"v{i}".encode(), f"k{i % 3}".encode(), "tagA" if i % tag_every else "tagB", None, 1_000 + i)
+        for i in range(n)
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(record_st, min_size=1, max_size=40), st.integers(0, 2**40))
+def test_round_trip_preserves_every_field(records: list, base: int) -> None:  # type: ignore[type-arg]
+    raw = bytearray(b.encode_records(records))
+    header = b.validate_batch(bytes(raw), 0, LIMIT)
+    assert header.record_count == len(records)
+    b.stamp(raw, 0, base, 77)
+    assert b.validate_batch(bytes(raw), 0, LIMIT).base_offset == base  # stamping is outside the CRC
+    decoded = b.decode_records(bytes(raw), "t", 3)
+    assert [(r.value, r.key, r.tag, r.headers or None, r.timestamp) for r in decoded] == [
+        (v, k, t, h or None, ts) for v, k, t, h, ts in records
+    ]
+    assert [r.offset for r in decoded] == list(range(base, base + len(records)))
+    assert {r.partition for r in decoded} == {3}
+
+
+def test_header_lists_distinct_tags_for_batch_skipping() -> None:
+    raw = b.encode_records(_records(10))
+    h = b.read_header(raw)
+    assert sorted(b.read_tags(raw, 0, h)) == ["tagA", "tagB"]
+
+
+def test_corruption_anywhere_in_the_crc_range_is_detected() -> None:
+    raw = b.encode_records(_records(5))
+    for pos in range(b.CRC_START, len(raw)):
+        bad = bytearray(raw)
+        bad[pos] ^= 0x01
+        with pytest.raises(CorruptBatch):
+            b.validate_batch(bytes(bad), 0, LIMIT)
+
+
+@pytest.mark.parametrize("cut", [1, 10, b.HEADER_SIZE - 1, b.HEADER_SIZE + 3])
+def test_truncated_batch_is_corrupt(cut: int) -> None:
+    raw = b.encode_records(_records(5))
+    with pytest.raises(CorruptBatch):
+        b.validate_batch(raw[: len(raw) - cut] if cut < len(raw) else raw[:cut], 0, LIMIT)
+
+
+def test_oversized_batch_is_rejected_with_its_size() -> None:
+    raw = b.encode_records([(b"x" * 5000, None, None, None, 1)])
+    with pytest.raises(BatchTooLarge, match="exceeds the limit of 4096"):
+        b.validate_batch(raw, 0, 4096)
+
+
+def test_inconsistent_lengths_with_a_valid_crc_are_caught() -> None:
+    """A producer bug (lengths that do not add up) must not reach the log even if its CRC is right."""
+    raw = bytearray(b.encode_records(_records(3)))
+    h = b.read_header(raw)
+    value_col = b.HEADER_SIZE + h.tag_table_length + 3 * (4 + 8 + 4)  # fourth column: value lengths
+    struct.pack_into("<i", raw, value_col, 1000)
+    struct.pack_into("<I", raw, 20, b.crc32c(bytes(raw[b.CRC_START :])))
+    with pytest.raises(CorruptBatch, match="do not add up"):
+        b.validate_batch(bytes(raw), 0, LIMIT)
+
+
+def test_decode_skips_records_before_start_offset_and_ignores_a_cut_tail() -> None:
+    first = bytearray(b.encode_records(_records(5)))
+    b.stamp(first, 0, 100, 1)
+    second = bytearray(b.encode_records(_records(5)))
+    b.stamp(second, 0, 105, 1)
+    buf = bytes(first + second[:-3])  # a fetch may cut the last batch
+    offsets = [r.offset for r in b.decode_records(buf, "t", 0, start_offset=102)]
+    assert offsets == [102, 103, 104]
+
+
+def test_filter_keeps_offsets_and_advances_past_filtered_records() -> None:
+    raw = bytearray(b.encode_records(_records(10)))
+    b.stamp(raw, 0, 50, 1)
+    h = b.read_header(raw)
+    kept = b.filter_batch(bytes(raw), 0, h, frozenset({"tagB"}))
+    assert kept is not None
+    fh = b.validate_batch(kept, 0, LIMIT)
+    assert fh.next_offset == h.next_offset == 60
+    assert [r.offset for r in b.decode_records(kept, "t", 0)] == [50, 52, 54, 56, 58]
+    assert {r.tag for r in b.decode_records(kept, "t", 0)} == {"tagB"}
+    assert b.filter_batch(bytes(raw), 0, h, frozenset({"nope"})) is None
+
+
+def test_untagged_records_never_match_a_tag_filter() -> None:
+    raw = b.encode_records([(b"a", None, None, None, 1), (b"b", None, "x", None, 1)])
+    kept = b.filter_batch(raw, 0, b.read_header(raw), frozenset({"x"}))
+    assert kept is not None
+    assert [r.value for r in b.decode_records(kept, "t", 0)] == [b"b"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_random_bytes_never_escape_as_anything_but_corrupt_batch(data: bytes) -> None:
+    with contextlib.suppress(CorruptBatch, BatchTooLarge):
+        b.validate_batch(data, 0, LIMIT)

@@ -1,0 +1,127 @@
+"""BrokerNotifier against a real in-process gRPC Broker peer that follows the documented broker contract.
+
+The peer applies an update only if its version is newer than what it has (and, while it has applied
+nothing, only a full one). Whatever the coordinator pushes - deltas, fulls, after failures - the peer must
+end up holding exactly the coordinator's assignment for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+from coordinator_context import ClusterContext
+from grpc import aio
+
+from sluice.coordinator.broker_updates import UNKNOWN_VERSION, BrokerNotifier
+from sluice.coordinator.cluster.model import Endpoint, MetadataChange
+from sluice.v1 import broker_pb2, broker_pb2_grpc
+
+
+class ContractBroker(broker_pb2_grpc.BrokerServicer):
+    def __init__(self) -> None:
+        self.version = 0
+        self.partitions: dict[tuple[str, int], str] = {}
+        self.received: list[broker_pb2.UpdatePartitionsRequest] = []
+        self.fail_next = 0
+        self.removed: list[tuple[str, int, str]] = []
+
+    async def UpdatePartitions(
+        self, request: broker_pb2.UpdatePartitionsRequest, context: aio.ServicerContext[Any, Any]
+    ) -> broker_pb2.UpdatePartitionsResponse:
+        if self.fail_next:
+            self.fail_next -= 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "injected failure")
+        self.received.append(request)
+        self.removed.extend((a.topic, a.partition, a.topic_id) for a in request.remove)
+        if request.full:
+            if request.metadata_version >= self.version:
+                self.partitions = {(a.topic, a.partition): a.topic_id for a in request.assign}
+                self.version = request.metadata_version
+        elif self.version > 0 and request.metadata_version > self.version:
+            for a in request.remove:
+                if self.partitions.get((a.topic, a.partition)) == a.topic_id:
+                    del self.partitions[(a.topic, a.partition)]
+            for a in request.assign:
+                self.partitions[(a.topic, a.partition)] = a.topic_id
+            self.version = request.metadata_version
+        return broker_pb2.UpdatePartitionsResponse()
+
+
+def expected(ctx: ClusterContext, broker_id: int) -> dict[tuple[str, int], str]:
+    return {(r.topic, r.partition): r.topic_id for r in ctx.state.broker_assignment(broker_id).assign}
+
+
+async def _scenario() -> None:
+    peer = ContractBroker()
+    server = aio.server()
+    broker_pb2_grpc.add_BrokerServicer_to_server(peer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ctx = ClusterContext()
+    notifier = BrokerNotifier(ctx.state.broker_assignment, timeout_s=2.0)
+    try:
+        reg = ctx.register_broker(1, port=port)
+        notifier.registered(1, Endpoint("127.0.0.1", port), known_version=0)
+        assert reg.change is not None
+        await asyncio.gather(*notifier.submit(reg.change, [1]))
+
+        async def change(c: MetadataChange) -> list[bool]:
+            return list(await asyncio.gather(*notifier.submit(c, ctx.state.live_brokers(ctx.now_ms))))
+
+        # A fresh broker (version 0) first gets a full update; then contiguous deltas.
+        assert await change(ctx.create_topic("a", 3).change) == [True]
+        assert await change(ctx.create_topic("b", 2).change) == [True]
+        # (The registration's change and topic "a" were still queued together: one full covers both.)
+        assert [r.full for r in peer.received] == [True, False]
+        assert (peer.version, peer.partitions) == (ctx.state.metadata_version, expected(ctx, 1))
+
+        # A failed push: we no longer know the broker's version, so the next push is a full one.
+        peer.fail_next = 1
+        assert await change(ctx.delete_topic("a").change) == [False]
+        assert peer.partitions != expected(ctx, 1)
+        assert await change(ctx.create_topic("c", 1).change) == [True]
+        assert peer.received[-1].full
+        # The removal that failed travels with the next update, so the broker can delete the data.
+        assert {(r.topic, r.partition) for r in peer.received[-1].remove} == {("a", p) for p in range(3)}
+        assert (peer.version, peer.partitions) == (ctx.state.metadata_version, expected(ctx, 1))
+
+        # Several changes queued at once are sent in version order and all acknowledged.
+        futures = []
+        for name in ("d", "e", "f"):
+            futures += notifier.submit(ctx.create_topic(name, 2).change, [1])
+        futures += notifier.submit(ctx.delete_topic("b").change, [1])
+        assert all(await asyncio.gather(*futures))
+        assert (peer.version, peer.partitions) == (ctx.state.metadata_version, expected(ctx, 1))
+        versions = [r.metadata_version for r in peer.received]
+        assert versions == sorted(versions)
+        assert not peer.received[-1].full
+        assert {r.topic for r in peer.received[-1].remove} == {"b"}
+
+        # A heartbeat report resets what we know; a report older than us means the next push is full.
+        notifier.observed(1, 1)
+        assert await change(ctx.create_topic("g", 1).change) == [True]
+        assert peer.received[-1].full
+        assert (peer.version, peer.partitions) == (ctx.state.metadata_version, expected(ctx, 1))
+
+        # Deleted (push lost) and re-created: the new topic_id replaces the log; no removal may hit it.
+        peer.fail_next = 1
+        assert await change(ctx.delete_topic("g").change) == [False]
+        assert await change(ctx.create_topic("g", 1).change) == [True]
+        assert not any(r.topic == "g" for r in peer.received[-1].remove)
+        assert peer.partitions[("g", 0)] == ctx.state.topics["g"].topic_id
+        assert (peer.version, peer.partitions) == (ctx.state.metadata_version, expected(ctx, 1))
+
+        # A broker not registered with the notifier: nothing to push to, reported as not acknowledged.
+        ctx.register_broker(2, port=1)
+        unknown = notifier.submit(MetadataChange(0, 1, assign={2: ()}), [2])
+        assert [f.result() for f in unknown] == [False]
+        notifier.registered(2, Endpoint("127.0.0.1", 1), UNKNOWN_VERSION)
+    finally:
+        await notifier.close()
+        await server.stop(None)
+
+
+def test_pushes_keep_a_contract_following_broker_consistent() -> None:
+    asyncio.run(_scenario())

@@ -1,0 +1,116 @@
+"""Backoff, outbound coalescing, config validation and the nack backoff schedule."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+from sluice.client.push.backoff import Backoff
+from sluice.client.push.config import KeySharedPolicy, PushConsumerConfig, dlq_topic
+from sluice.client.push.nacks import NackScheduler, backoff_hold
+from sluice.client.push.outbound import Outbound
+from sluice.errors import InvalidArgument, InvalidFilter
+from sluice.v1 import dispatcher_pb2 as pb
+
+
+def test_backoff_doubles_to_60s_and_resets() -> None:
+    b = Backoff(0.1, 60.0, jitter=False)
+    delays = [b.next() for _ in range(12)]
+    assert delays[:4] == [0.1, 0.2, 0.4, 0.8]
+    assert delays[-1] == 60.0
+    assert max(delays) == 60.0
+    b.reset()
+    assert b.next() == 0.1
+    j = Backoff(0.1, 60.0)
+    assert 0.09 <= j.next() <= 0.1
+
+
+def test_outbound_coalesces_pending_commands_acks_first() -> None:
+    out = Outbound(pb.Subscribe(topic="t", subscription="s"))
+    it = iter(out)
+    assert next(it).WhichOneof("command") == "subscribe"
+    out.flow(3)
+    out.ack(0, 1)
+    out.ack(1, 7)
+    out.nack(2, 5)
+    out.ack_cumulative(3, 10)
+    out.ack_cumulative(3, 4)  # lower: ignored
+    out.flow(2)
+    cmds = [next(it) for _ in range(4)]
+    assert [c.WhichOneof("command") for c in cmds] == ["ack", "ack", "nack", "flow"]
+    assert [(i.partition, i.offset) for i in cmds[0].ack.ids] == [(0, 1), (1, 7)]
+    assert not cmds[0].ack.cumulative
+    assert cmds[1].ack.cumulative
+    assert [(i.partition, i.offset) for i in cmds[1].ack.ids] == [(3, 10)]
+    assert [(i.partition, i.offset) for i in cmds[2].nack.ids] == [(2, 5)]
+    assert cmds[3].flow.permits == 5
+    assert out.sent == {"flow": 1, "ack": 2, "nack": 1, "permits": 5}
+
+
+def test_outbound_writer_waits_and_finish_drains_first() -> None:
+    out = Outbound(pb.Subscribe())
+    got: list[pb.ConsumerCommand] = []
+    t = threading.Thread(target=lambda: got.extend(out))
+    t.start()
+    out.ack(0, 1)
+    out.finish()
+    t.join(5)
+    assert not t.is_alive()
+    assert [c.WhichOneof("command") for c in got] == ["subscribe", "ack"]
+    closed = Outbound(pb.Subscribe())
+    closed.ack(0, 1)
+    closed.close()
+    assert [c.WhichOneof("command") for c in closed] == ["subscribe"]  # close drops the rest
+
+
+def test_config_converts_and_rejects() -> None:
+    cfg = PushConsumerConfig().replace(
+        nack_delay="250ms", initial_position="42", key_shared_policy=[(0, 100)]
+    )
+    assert cfg.nack_delay == timedelta(milliseconds=250)
+    assert cfg.initial_position == 42
+    assert cfg.key_shared_policy == KeySharedPolicy.sticky((0, 100))
+    sub = cfg.to_subscribe("t", "s", "key_shared", "cid", "name", [1, 2])
+    assert sub.initial_position == pb.INITIAL_POSITION_OFFSET
+    assert sub.initial_offset == 42
+    assert sub.nack_delay_ms == 250
+    assert list(sub.partitions) == [1, 2]
+    assert sub.type == pb.SUBSCRIPTION_TYPE_KEY_SHARED
+    assert sub.key_shared_policy.mode == pb.KEY_SHARED_MODE_STICKY
+    assert list(sub.key_shared_policy.ranges) == [
+        0,
+        100,
+    ]
+    for bad in (
+        {"receiver_queue_size": -1},
+        {"receiver_queue_size": True},
+        {"initial_position": "middle"},
+        {"max_unacked": 2**31},
+        {"nack_delay": "soon"},
+        {"reconnect_backoff": 0},
+        {"no_such_setting": 1},
+        {"key_shared_policy": [(5, 1)]},
+        {"message_listener": 3},
+    ):
+        with pytest.raises(InvalidArgument):
+            PushConsumerConfig().replace(**bad)
+    with pytest.raises(InvalidFilter):
+        PushConsumerConfig(filter="a ||")
+    assert dlq_topic("orders", "s") == "orders.s.DLQ"
+
+
+def test_nack_backoff_schedule() -> None:
+    assert backoff_hold(0.1, 60, 0) == 0.0  # first nack: the dispatcher's delay alone
+    assert backoff_hold(0.1, 60, 1) == pytest.approx(0.1)  # 200 ms in all
+    assert backoff_hold(0.1, 60, 2) == pytest.approx(0.3)  # 400 ms in all
+    assert backoff_hold(0.1, 1.0, 10) == pytest.approx(0.9)  # capped
+    s = NackScheduler()
+    fired: list[int] = []
+    done = threading.Event()
+    s.schedule(0.05, lambda: (fired.append(2), done.set()))
+    s.schedule(0.01, lambda: fired.append(1))
+    assert done.wait(2)
+    assert fired == [1, 2]
+    s.close()
