@@ -1,9 +1,10 @@
 """One long-poll fetch loop per partition with active subscriptions.
 
 The feed asks the partition's broker for records from the lowest read position among the
-subscriptions that have read-ahead room, decodes each response once (``decode_records``), encodes each
-record once (``encode_messages``), and offers the same message objects to every subscription whose read
-position falls inside what was fetched. A subscription that is full (read-ahead bytes reached) is left
+subscriptions that have read-ahead room, indexes each fetched batch once (``batch_views``: header,
+columns, offsets; CRC checked, no record decoded) with one ``Message`` per record pointing into it
+(``messages_of``), and offers the same message objects to every subscription whose read position falls
+inside what was fetched. A subscription that is full (read-ahead bytes reached) is left
 behind and caught up by a later fetch from its own position; the fetch never waits for it.
 
 While every subscription is caught up the fetch parks on the broker (``max_wait_ms``) and returns as soon
@@ -22,10 +23,10 @@ from typing import Protocol
 
 import grpc
 
-from sluice.codec.batch import decode_records
+from sluice.codec.batch import batch_views
 from sluice.common.rpc import error_from_rpc
 from sluice.dispatcher.cluster import ChannelCache, CoordinatorLink, list_offsets_request
-from sluice.dispatcher.messages import Message, encode_messages
+from sluice.dispatcher.messages import Message, messages_of
 from sluice.errors import OffsetOutOfRange, SluiceError, error_for_code
 from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
@@ -180,11 +181,7 @@ class PartitionFeed:
         next_offset = part.next_offset
         if next_offset <= offset:
             return
-        messages = (
-            encode_messages(decode_records(part.records, self.topic, self.partition, offset))
-            if part.records
-            else []
-        )
+        messages = messages_of(batch_views(part.records), self.partition, offset) if part.records else []
         for t in self._targets():
             pos = t.read_position(self.partition)
             if pos is not None and offset <= pos < next_offset:

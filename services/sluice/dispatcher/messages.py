@@ -1,27 +1,44 @@
-"""Messages as the dispatcher holds them: a decoded record plus its pre-encoded wire form.
+"""Messages as the dispatcher holds them: a record's place in a fetched log batch, nothing decoded.
 
-A partition feed decodes each fetched batch once (``codec.batch.decode_records``) and encodes each
-record once as a ``PushedMessage`` already framed as field 2 of ``MessageBatch``. Every subscription
-of the partition shares these objects, and sending a batch of N messages to a consumer is one
-``b"".join`` instead of N protobuf constructions. A redelivered message appends its
-``redelivery_count`` field (protobuf merges repeated occurrences of a message's fields), so the
-shared encoding never changes.
+A partition feed indexes each fetched batch once (``codec.batch.BatchView``: header, columns, record
+offsets) and makes one small :class:`Message` per record pointing into it; every subscription of the
+partition shares these objects. No record is decoded or re-encoded on the hot path:
+
+- a consumer that subscribed with ``record_batches`` (the SDK) gets the log batches themselves,
+  cut down to the records it was given (:func:`encode_batches_event`; a cut is a handful of slices
+  of the columnar layout plus a CRC, whatever the number of records);
+- an older consumer gets one ``PushedMessage`` per record (:attr:`Message.wire`), encoded on first
+  use and cached, exactly as before. A redelivered message appends its ``redelivery_count`` field
+  (protobuf merges repeated occurrences of a message's fields), so the cached encoding never changes.
+
+Filters read the tag column, Key_Shared reads the key (both per record, only for subscriptions that
+need them), and the DLQ decodes the few records it publishes (:attr:`Message.record`).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
-from sluice.codec.batch import Record
+from sluice.codec.batch import BatchView, Record
 from sluice.dispatcher.keyshared import key_hash
 from sluice.v1 import dispatcher_pb2 as pb
 
-__all__ = ["Message", "encode_batch_event", "encode_messages", "varint"]
+__all__ = [
+    "Message",
+    "encode_batch_event",
+    "encode_batches_event",
+    "encode_pushed",
+    "messages_of",
+    "varint",
+]
 
 _MESSAGES_FIELD = b"\x12"  # MessageBatch.messages (2, length-delimited)
 _TOPIC_FIELD = b"\x0a"  # MessageBatch.topic (1, length-delimited)
 _EVENT_MESSAGES_FIELD = b"\x12"  # DispatcherEvent.messages (2, length-delimited)
 _REDELIVERY_FIELD = b"\x10"  # PushedMessage.redelivery_count (2, varint)
+#: What a message counts for against read-ahead limits on top of its share of the batch bytes.
+_OVERHEAD = 48
 
 
 def varint(n: int) -> bytes:
@@ -37,98 +54,116 @@ def varint(n: int) -> bytes:
 
 
 class Message:
-    """One record of a partition, shared by every subscription of that partition."""
+    """One record of a partition (record ``index`` of ``view``), shared by every subscription.
 
-    __slots__ = ("_hash", "_head", "offset", "record", "size", "wire")
+    ``_hash`` and ``_wire`` are filled on first use (an unset slot raises AttributeError), which
+    keeps construction, once per record read, to five stores.
+    """
 
-    def __init__(self, record: Record, body: bytes) -> None:
-        self.record = record
-        self.offset = record.offset
-        n = len(body)
-        # The encoded ``PushedMessage`` (without ``redelivery_count``), framed as one
-        # ``MessageBatch.messages`` element: what a first delivery sends as it is.
-        if n < 0x80:
-            self.wire = b"\x12" + bytes((n,)) + body
-            self._head = 2
-        else:
-            head = _MESSAGES_FIELD + varint(n)
-            self.wire = head + body
-            self._head = len(head)
+    __slots__ = ("_hash", "_head", "_wire", "index", "offset", "partition", "size", "view")
+
+    _hash: int
+    _head: int
+    _wire: bytes
+
+    def __init__(self, view: BatchView, index: int, offset: int, partition: int, size: int) -> None:
+        self.view = view
+        self.index = index
+        self.offset = offset
+        self.partition = partition
         #: What this message counts for against read-ahead limits.
-        self.size = n + 70
-        self._hash = -1
+        self.size = size
+
+    @property
+    def record(self) -> Record:
+        """The decoded record (its ``topic`` is empty: a message does not know it)."""
+        return self.view.record("", self.partition, self.index)
+
+    @property
+    def tag(self) -> str | None:
+        return self.view.tag(self.index)
 
     @property
     def key_hash(self) -> int:
-        h = self._hash
-        if h < 0:
-            h = self._hash = key_hash(self.record.key)
-        return h
+        try:
+            return self._hash
+        except AttributeError:
+            h = self._hash = key_hash(self.view.key(self.index))
+            return h
+
+    @property
+    def wire(self) -> bytes:
+        """This message as one ``MessageBatch.messages`` element (the ``PushedMessage`` path)."""
+        try:
+            return self._wire
+        except AttributeError:
+            body = encode_pushed(self.record)
+            head = _MESSAGES_FIELD + varint(len(body))
+            self._head = len(head)
+            w = self._wire = head + body
+            return w
 
     def framed(self, redelivery_count: int) -> bytes:
-        """This message as one ``MessageBatch.messages`` element."""
+        """:attr:`wire` with the ``redelivery_count`` field when it is not 0."""
+        wire = self.wire
         if not redelivery_count:
-            return self.wire
-        body = self.wire[self._head :] + _REDELIVERY_FIELD + varint(redelivery_count)
+            return wire
+        body = wire[self._head :] + _REDELIVERY_FIELD + varint(redelivery_count)
         return _MESSAGES_FIELD + varint(len(body)) + body
 
     def __repr__(self) -> str:
-        return f"Message(partition={self.record.partition}, offset={self.offset}, key={self.record.key!r})"
+        return f"Message(partition={self.partition}, offset={self.offset})"
 
 
-def _encode_with_headers(r: Record) -> bytes:
-    """The general (slower) path: a record with headers, through the protobuf runtime."""
-    m = pb.PushedMessage(
-        id=pb.MessageId(partition=r.partition, offset=r.offset), value=r.value, timestamp=r.timestamp
-    )
-    if r.key is not None:
-        m.key = r.key
-    if r.tag:
-        m.tag = r.tag
-    m.headers.update(r.headers)
-    return m.SerializeToString()
+def messages_of(views: Sequence[BatchView], partition: int, start: int) -> list[Message]:
+    """Messages for the records of ``views`` at offsets ``>= start`` (a fetch returns whole batches,
+    which may begin before the offset asked for). Caller: the partition feed, once per fetch."""
+    out: list[Message] = []
+    for v in views:
+        h = v.header
+        if h.next_offset <= start:
+            continue
+        offsets = v.offsets
+        size = h.length // h.record_count + _OVERHEAD
+        first = bisect_left(offsets, start) if offsets[0] < start else 0
+        out += [Message(v, i, o, partition, size) for i, o in enumerate(offsets[first:], first)]
+    return out
 
 
-def encode_messages(records: Sequence[Record]) -> list[Message]:
-    """Encode decoded records once; the partition feed calls this per fetched chunk.
+def encode_pushed(r: Record) -> bytes:
+    """A record as a serialized ``PushedMessage`` (without ``redelivery_count``).
 
     Records without headers (the common case) are encoded by hand, field by field in field-number
-    order exactly as the protobuf runtime would (about twice as fast as building a ``PushedMessage``);
-    the unit tests compare both encodings.
+    order exactly as the protobuf runtime would; the unit tests compare both encodings.
     """
-    out: list[Message] = []
-    append = out.append
+    if r.headers:
+        m = pb.PushedMessage(
+            id=pb.MessageId(partition=r.partition, offset=r.offset), value=r.value, timestamp=r.timestamp
+        )
+        if r.key is not None:
+            m.key = r.key
+        if r.tag:
+            m.tag = r.tag
+        m.headers.update(r.headers)
+        return m.SerializeToString()
     v = varint
-    last_ts = None
-    ts_field = b""
-    pid = b""
-    last_partition = -1
-    for r in records:
-        if r.headers:
-            append(Message(r, _encode_with_headers(r)))
-            continue
-        if r.partition != last_partition:
-            last_partition = r.partition
-            pid = b"\x08" + v(r.partition) if r.partition else b""
-        mid = pid + b"\x10" + v(r.offset) if r.offset else pid
-        parts = [b"\x0a", v(len(mid)), mid]
-        key = r.key
-        if key:
-            parts += (b"\x1a", v(len(key)), key)
-        value = r.value
-        if value:
-            parts += (b"\x22", v(len(value)), value)
-        tag = r.tag
-        if tag:
-            raw = tag.encode()
-            parts += (b"\x2a", v(len(raw)), raw)
-        ts = r.timestamp
-        if ts != last_ts:
-            last_ts = ts
-            ts_field = b"\x38" + v(ts if ts >= 0 else ts + (1 << 64)) if ts else b""
-        parts.append(ts_field)
-        append(Message(r, b"".join(parts)))
-    return out
+    pid = b"\x08" + v(r.partition) if r.partition else b""
+    mid = pid + b"\x10" + v(r.offset) if r.offset else pid
+    parts = [b"\x0a", v(len(mid)), mid]
+    key = r.key
+    if key:
+        parts += (b"\x1a", v(len(key)), key)
+    value = r.value
+    if value:
+        parts += (b"\x22", v(len(value)), value)
+    tag = r.tag
+    if tag:
+        raw = tag.encode()
+        parts += (b"\x2a", v(len(raw)), raw)
+    ts = r.timestamp
+    if ts:
+        parts += (b"\x38", v(ts if ts >= 0 else ts + (1 << 64)))
+    return b"".join(parts)
 
 
 def encode_batch_event(topic: str, framed: Sequence[bytes]) -> bytes:
@@ -136,3 +171,52 @@ def encode_batch_event(topic: str, framed: Sequence[bytes]) -> bytes:
     raw_topic = topic.encode()
     batch = b"".join((_TOPIC_FIELD, varint(len(raw_topic)), raw_topic, *framed))
     return _EVENT_MESSAGES_FIELD + varint(len(batch)) + batch
+
+
+def encode_batches_event(topic: str, messages: Sequence[Message], counts: Sequence[int]) -> bytes:
+    """A serialized ``DispatcherEvent{messages: MessageBatch{topic, batches}}`` carrying ``messages``
+    (with their redelivery ``counts``) as cuts of their log batches, in the order given.
+
+    Consecutive messages of one log batch with increasing indexes share one cut; a message of
+    another batch (or an earlier index, e.g. a redelivery after new messages) starts the next one.
+    """
+    batch = pb.MessageBatch(topic=topic)
+    add = batch.batches.add
+    view: BatchView | None = None
+    partition = 0
+    runs: list[tuple[int, int]] = []
+    start = end = -1
+    first = 0  # index in ``messages`` of the group's first message
+    for k, m in enumerate(messages):
+        v, i = m.view, m.index
+        if v is view and i >= end:
+            if i == end:
+                end += 1
+                continue
+            runs.append((start, end))
+            start, end = i, i + 1
+            continue
+        if view is not None:
+            runs.append((start, end))
+            _add_cut(add, partition, view, runs, counts, first, k)
+        view, partition, runs, start, end, first = v, m.partition, [], i, i + 1, k
+    if view is not None:
+        runs.append((start, end))
+        _add_cut(add, partition, view, runs, counts, first, len(messages))
+    payload = batch.SerializeToString()
+    return _EVENT_MESSAGES_FIELD + varint(len(payload)) + payload
+
+
+def _add_cut(
+    add: object,
+    partition: int,
+    view: BatchView,
+    runs: list[tuple[int, int]],
+    counts: Sequence[int],
+    first: int,
+    end: int,
+) -> None:
+    entry = add(partition=partition, records=view.cut(runs))  # type: ignore[operator]
+    group = counts[first:end]
+    if any(group):
+        entry.redelivery_counts.extend(group)

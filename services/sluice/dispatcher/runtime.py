@@ -2,8 +2,9 @@
 
 ``SubscriptionRuntime`` wraps the pure :class:`~sluice.dispatcher.subscription.Subscription`: every call
 into the machine goes through here with the current time, and the returned effects are carried out
-by :meth:`SubscriptionRuntime.apply` (encode and queue message batches, send active-consumer events,
-hand dead letters to the DLQ task, re-arm the one timer, wake the partition feeds).
+by :meth:`SubscriptionRuntime.apply` (encode and queue message batches: cut log batches or
+``PushedMessage``s, send active-consumer events, hand dead letters to the DLQ task, re-arm the one
+timer, wake the partition feeds).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sluice.dispatcher.consumer import Consumer
-from sluice.dispatcher.messages import Message, encode_batch_event
+from sluice.dispatcher.messages import Message, encode_batch_event, encode_batches_event
 from sluice.dispatcher.model import Effects, SubscriptionSettings
 from sluice.dispatcher.subscription import Subscription
 from sluice.errors import SluiceError
@@ -40,6 +41,8 @@ class ConsumerStream:
         self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()
         self.runtime: SubscriptionRuntime | None = None
         self.consumer: Consumer | None = None
+        #: The consumer asked for ``Subscribe.record_batches``: send log batches, not PushedMessages.
+        self.record_batches = False
         self.closed = False
 
     def send(self, item: bytes | pb.DispatcherEvent) -> None:
@@ -116,13 +119,16 @@ class SubscriptionRuntime:
                 stream = self.streams.get(cid)
                 if stream is None:
                     continue
-                if any(d.counts):
-                    framed = [m.framed(n) for m, n in zip(d.messages, d.counts, strict=True)]
+                if stream.record_batches:
+                    payload = encode_batches_event(topic, d.messages, d.counts)
+                elif any(d.counts):
+                    payload = encode_batch_event(
+                        topic, [m.framed(n) for m, n in zip(d.messages, d.counts, strict=True)]
+                    )
                 else:
-                    framed = [m.wire for m in d.messages]
-                payload = encode_batch_event(topic, framed)
+                    payload = encode_batch_event(topic, [m.wire for m in d.messages])
                 stream.send(payload)
-                sent += len(framed)
+                sent += len(d.messages)
                 sent_bytes += len(payload)
             self._m_messages.inc(sent)
             self._m_bytes.inc(sent_bytes)
@@ -192,7 +198,7 @@ class SubscriptionRuntime:
             self._m_dlq.inc(len(batch))
             by_partition: dict[int, list[int]] = defaultdict(list)
             for m, _ in batch:
-                by_partition[m.record.partition].append(m.offset)
+                by_partition[m.partition].append(m.offset)
             for p, offsets in by_partition.items():
                 self.apply(self.machine.dead_lettered(p, offsets, self.service.now_ms()))
 

@@ -171,8 +171,13 @@ class DispatcherService:
             old.close()  # the same consumer reconnected: the old stream is over
         rt.streams[spec.consumer_id] = stream
         stream.runtime, stream.consumer = rt, consumer
+        stream.record_batches = req.record_batches
         stream.send(
-            dispatcher_pb2.DispatcherEvent(subscribed=dispatcher_pb2.Subscribed(consumer_id=spec.consumer_id))
+            dispatcher_pb2.DispatcherEvent(
+                subscribed=dispatcher_pb2.Subscribed(
+                    consumer_id=spec.consumer_id, record_batches=req.record_batches
+                )
+            )
         )
         rt.apply(fx)
         log.info(

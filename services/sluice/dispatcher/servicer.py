@@ -20,7 +20,7 @@ from grpc import aio
 
 from sluice.dispatcher.runtime import ConsumerStream, Outgoing
 from sluice.dispatcher.service import DispatcherService
-from sluice.errors import ProtocolViolation, SluiceError
+from sluice.errors import InvalidArgument, ProtocolViolation, SluiceError
 from sluice.v1 import dispatcher_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 __all__ = ["DispatcherServicer", "add_to_server"]
 
 Context = aio.ServicerContext[Any, Any]
+#: A consumer holds at most max_unacked messages, so a longer ack range cannot be valid; refusing it
+#: keeps a malformed range from making the dispatcher expand billions of offsets.
+MAX_ACK_RANGE = 10_000_000
 
 
 def _by_partition(ids: Any) -> dict[int, list[int]]:
@@ -38,6 +41,24 @@ def _by_partition(ids: Any) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {p: [] for p in partitions}
     for i in ids:
         out[i.partition].append(i.offset)
+    return out
+
+
+def _ack_ids(ack: pb.Ack) -> dict[int, list[int]]:
+    """Every offset an ``Ack`` names, by partition: its ``ids`` plus its ``ranges`` expanded (a C-level
+    ``range`` per run; the state machine checks each offset anyway)."""
+    out = _by_partition(ack.ids) if ack.ids else {}
+    for r in ack.ranges:
+        b = r.bounds
+        if len(b) % 2:
+            raise InvalidArgument(f"Ack.ranges of partition {r.partition} has an odd number of bounds")
+        offsets: list[int] = []
+        for i in range(0, len(b), 2):
+            if b[i + 1] - b[i] > MAX_ACK_RANGE:
+                raise InvalidArgument(f"Ack range [{b[i]}, {b[i + 1]}) is longer than {MAX_ACK_RANGE}")
+            offsets += range(b[i], b[i + 1])
+        if offsets:
+            out.setdefault(r.partition, []).extend(offsets)
     return out
 
 
@@ -86,7 +107,7 @@ class DispatcherServicer:
                     if kind == "flow":
                         service.flow(stream, cmd.flow.permits)
                     elif kind == "ack":
-                        service.ack(stream, _by_partition(cmd.ack.ids), cmd.ack.cumulative)
+                        service.ack(stream, _ack_ids(cmd.ack), cmd.ack.cumulative)
                     elif kind == "nack":
                         service.nack(stream, _by_partition(cmd.nack.ids))
                     elif kind == "subscribe":

@@ -488,7 +488,7 @@ class Subscription:
             expected = o + 1
             if o < md or (acked and o in acked):
                 continue
-            if tags is not None and m.record.tag not in tags:
+            if tags is not None and m.tag not in tags:
                 if skip and skip[-1][1] == o:
                     skip[-1] = (skip[-1][0], o + 1)
                 else:

@@ -116,6 +116,7 @@ class Subscribe(_message.Message):
     NACK_DELAY_MS_FIELD_NUMBER: _builtins.int
     MAX_REDELIVER_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    RECORD_BATCHES_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscription: _builtins.str
     type: Global___SubscriptionType.ValueType
@@ -131,6 +132,11 @@ class Subscribe(_message.Message):
     ack_timeout_ms: _builtins.int
     nack_delay_ms: _builtins.int
     max_redeliver: _builtins.int
+    record_batches: _builtins.bool
+    """(17 is reserved for the proposed nack_backoff_max_ms, docs/dispatcher.md.)
+    The consumer decodes the codec's record batches: the dispatcher sends MessageBatch.batches
+    (log batches forwarded as the broker stored them) instead of one PushedMessage per record.
+    """
     @_builtins.property
     def key_shared_policy(self) -> Global___KeySharedPolicy: ...
     @_builtins.property
@@ -156,10 +162,11 @@ class Subscribe(_message.Message):
         nack_delay_ms: _builtins.int = ...,
         max_redeliver: _builtins.int = ...,
         partitions: _abc.Iterable[_builtins.int] | None = ...,
+        record_batches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key_shared_policy", b"key_shared_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_timeout_ms", b"ack_timeout_ms", "consumer_id", b"consumer_id", "consumer_name", b"consumer_name", "durable", b"durable", "filter", b"filter", "initial_offset", b"initial_offset", "initial_position", b"initial_position", "key_shared_policy", b"key_shared_policy", "max_redeliver", b"max_redeliver", "max_unacked", b"max_unacked", "nack_delay_ms", b"nack_delay_ms", "partitions", b"partitions", "priority", b"priority", "subscription", b"subscription", "topic", b"topic", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_timeout_ms", b"ack_timeout_ms", "consumer_id", b"consumer_id", "consumer_name", b"consumer_name", "durable", b"durable", "filter", b"filter", "initial_offset", b"initial_offset", "initial_position", b"initial_position", "key_shared_policy", b"key_shared_policy", "max_redeliver", b"max_redeliver", "max_unacked", b"max_unacked", "nack_delay_ms", b"nack_delay_ms", "partitions", b"partitions", "priority", b"priority", "record_batches", b"record_batches", "subscription", b"subscription", "topic", b"topic", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -207,23 +214,54 @@ class MessageId(_message.Message):
 Global___MessageId: _TypeAlias = MessageId  # noqa: Y015
 
 @_typing.final
+class OffsetRanges(_message.Message):
+    """Offsets of one partition as half-open ranges [bounds[0], bounds[1]), [bounds[2], bounds[3]), ..."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    BOUNDS_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    @_builtins.property
+    def bounds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        bounds: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds", "partition", b"partition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetRanges: _TypeAlias = OffsetRanges  # noqa: Y015
+
+@_typing.final
 class Ack(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     IDS_FIELD_NUMBER: _builtins.int
     CUMULATIVE_FIELD_NUMBER: _builtins.int
+    RANGES_FIELD_NUMBER: _builtins.int
     cumulative: _builtins.bool
     @_builtins.property
     def ids(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageId]: ...
+    @_builtins.property
+    def ranges(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetRanges]:
+        """Individual acks as ranges (not with cumulative): the same as listing every offset in `ids`."""
+
     def __init__(
         self,
         *,
         ids: _abc.Iterable[Global___MessageId] | None = ...,
         cumulative: _builtins.bool = ...,
+        ranges: _abc.Iterable[Global___OffsetRanges] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cumulative", b"cumulative", "ids", b"ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cumulative", b"cumulative", "ids", b"ids", "ranges", b"ranges"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -343,23 +381,62 @@ class PushedMessage(_message.Message):
 Global___PushedMessage: _TypeAlias = PushedMessage  # noqa: Y015
 
 @_typing.final
+class RecordBatches(_message.Message):
+    """Records of one partition in the codec's batch format (services/sluice/codec/batch.py)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
+    REDELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    records: _builtins.bytes
+    """Concatenated batches as the broker stored them (offsets stamped), each cut down to the records
+    of this delivery: a cut batch keeps its base offset and offset deltas, so offsets stay exact.
+    """
+    @_builtins.property
+    def redelivery_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Per record of `records`, in order; empty when every count is 0 (first deliveries)."""
+
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        records: _builtins.bytes = ...,
+        redelivery_counts: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "records", b"records", "redelivery_counts", b"redelivery_counts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordBatches: _TypeAlias = RecordBatches  # noqa: Y015
+
+@_typing.final
 class MessageBatch(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOPIC_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___PushedMessage]: ...
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecordBatches]:
+        """Subscribe.record_batches consumers get their records here (and nothing in `messages`)."""
+
     def __init__(
         self,
         *,
         topic: _builtins.str = ...,
         messages: _abc.Iterable[Global___PushedMessage] | None = ...,
+        batches: _abc.Iterable[Global___RecordBatches] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "messages", b"messages", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -370,15 +447,21 @@ class Subscribed(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONSUMER_ID_FIELD_NUMBER: _builtins.int
+    RECORD_BATCHES_FIELD_NUMBER: _builtins.int
     consumer_id: _builtins.str
+    record_batches: _builtins.bool
+    """The dispatcher honours Subscribe.record_batches: it sends MessageBatch.batches and accepts
+    Ack.ranges (an older dispatcher leaves this false; the client then acks by ids).
+    """
     def __init__(
         self,
         *,
         consumer_id: _builtins.str = ...,
+        record_batches: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_id", b"consumer_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_id", b"consumer_id", "record_batches", b"record_batches"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from sluice.codec.batch import Record
+from sluice.codec.batch import BatchBuilder, batch_views, stamp
 from sluice.codec.filter import parse_filter
 from sluice.dispatcher.consumer import Consumer, ConsumerSpec
 from sluice.dispatcher.cursor import PartitionCursor
-from sluice.dispatcher.messages import Message, encode_messages
+from sluice.dispatcher.messages import Message, messages_of
 from sluice.dispatcher.model import Effects, SubscriptionSettings, SubscriptionType
 from sluice.dispatcher.subscription import Subscription
 
@@ -55,17 +55,17 @@ class Ctx:
     def apply(self, fx: Effects) -> Effects:
         for cid, d in fx.deliveries.items():
             for m, n in zip(d.messages, d.counts, strict=True):
-                self.received[cid].append((m.record.partition, m.offset, n))
+                self.received[cid].append((m.partition, m.offset, n))
                 self.messages[cid].append(m)
         for cid, p, on in fx.active_changes:
             self.active[cid][p] = on
             self.active_log.append((cid, p, on))
         for m, n in fx.dead_letters:
-            self.dead.append((m.record.partition, m.offset, n))
+            self.dead.append((m.partition, m.offset, n))
         if fx.dead_letters and self.auto_dlq:
             by_part: dict[int, list[int]] = defaultdict(list)
             for m, _ in fx.dead_letters:
-                by_part[m.record.partition].append(m.offset)
+                by_part[m.partition].append(m.offset)
             for p, offs in by_part.items():
                 self.apply(self.sub.dead_lettered(p, offs, self.now))
         return fx
@@ -82,13 +82,16 @@ class Ctx:
         start = self.next_offset[partition]
         key_list = list(keys) if keys is not None else [None] * n
         tag_list = list(tags) if tags is not None else [None] * len(key_list)
-        records = [
-            Record("t", partition, start + i, k, f"v{start + i}".encode(), t, {}, 1000 + i)
-            for i, (k, t) in enumerate(zip(key_list, tag_list, strict=True))
-        ]
-        self.next_offset[partition] = start + len(records)
-        self.apply(self.sub.offer(partition, encode_messages(records), start + len(records), self.now))
-        return [r.offset for r in records]
+        # One log batch, stamped as the broker would, read the way the partition feed reads it.
+        builder = BatchBuilder()
+        for i, (k, t) in enumerate(zip(key_list, tag_list, strict=True)):
+            builder.append(f"v{start + i}".encode(), k, t, None, 1000 + i)
+        raw = bytearray(builder.build())
+        stamp(raw, 0, start, 1)
+        msgs = messages_of(batch_views(bytes(raw)), partition, start)
+        self.next_offset[partition] = start + len(msgs)
+        self.apply(self.sub.offer(partition, msgs, start + len(msgs), self.now))
+        return [m.offset for m in msgs]
 
     def join(self, cid: str, permits: int = 0, **spec: object) -> Consumer:
         s = ConsumerSpec(consumer_id=cid, name=str(spec.pop("name", cid)), **spec)  # type: ignore[arg-type]

@@ -1,12 +1,24 @@
-"""The hand-written PushedMessage encoding equals the protobuf runtime's, byte for byte."""
+"""What the dispatcher puts on the wire for a delivery, compared with the protobuf runtime.
+
+- the ``PushedMessage`` path (consumers without ``record_batches``): the hand-written encoding equals the
+  protobuf runtime's, byte for byte, and the redelivery count merges in;
+- the record-batch path: the cut log batches decode to exactly the delivered records, in delivery order,
+  with their redelivery counts, whatever subset of a batch a consumer got.
+"""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.codec.batch import Record
-from sluice.dispatcher.messages import encode_batch_event, encode_messages
+from sluice.codec.batch import BatchBuilder, Record, batch_views, decode_records, stamp, validate_batch
+from sluice.dispatcher.messages import (
+    Message,
+    encode_batch_event,
+    encode_batches_event,
+    encode_pushed,
+    messages_of,
+)
 from sluice.v1 import dispatcher_pb2 as pb
 
 
@@ -39,14 +51,72 @@ records = st.builds(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(records, min_size=1, max_size=5), st.integers(0, 1000))
-def test_hand_encoding_matches_protobuf(recs: list[Record], count: int) -> None:
-    msgs = encode_messages(recs)
-    for r, m in zip(recs, msgs, strict=True):
-        body = m.wire[m._head :]
-        if not r.headers:
-            assert body == reference(r).SerializeToString()
-        assert pb.PushedMessage.FromString(body) == reference(r)
-    event = pb.DispatcherEvent.FromString(encode_batch_event("topic-1", [m.framed(count) for m in msgs]))
+@given(records)
+def test_hand_encoding_matches_protobuf(r: Record) -> None:
+    body = encode_pushed(r)
+    if not r.headers:
+        assert body == reference(r).SerializeToString()
+    assert pb.PushedMessage.FromString(body) == reference(r)
+
+
+def log_batch(
+    partition: int, base: int, rows: list[tuple[bytes | None, bytes, str | None, dict[str, bytes]]]
+) -> list[Message]:
+    b = BatchBuilder()
+    for i, (key, value, tag, headers) in enumerate(rows):
+        b.append(value, key, tag, headers or None, 5_000 + i)
+    raw = bytearray(b.build())
+    stamp(raw, 0, base, 7)
+    return messages_of(batch_views(bytes(raw)), partition, base)
+
+
+rows = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.binary(min_size=1, max_size=8)),
+        st.binary(max_size=40),
+        st.one_of(st.none(), st.sampled_from(["a", "b", "c"])),
+        st.dictionaries(st.sampled_from(["h", "i"]), st.binary(max_size=5), max_size=2),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows, rows, st.data())
+def test_batches_event_carries_exactly_the_delivered_records(
+    rows_a: list[tuple[bytes | None, bytes, str | None, dict[str, bytes]]],
+    rows_b: list[tuple[bytes | None, bytes, str | None, dict[str, bytes]]],
+    data: st.DataObject,
+) -> None:
+    msgs = log_batch(3, 100, rows_a) + log_batch(3, 100 + len(rows_a), rows_b) + log_batch(0, 7, rows_a)
+    # Any subset, in any order (redeliveries go before new messages, Key_Shared skips around).
+    chosen = data.draw(st.lists(st.sampled_from(msgs), unique_by=id, min_size=1))
+    counts = data.draw(st.lists(st.integers(0, 5), min_size=len(chosen), max_size=len(chosen)))
+    event = pb.DispatcherEvent.FromString(encode_batches_event("topic-1", chosen, counts))
     assert event.messages.topic == "topic-1"
-    assert list(event.messages.messages) == [reference(r, count) for r in recs]
+    assert not event.messages.messages
+    got: list[tuple[int, Record, int]] = []
+    for entry in event.messages.batches:
+        validate_batch(entry.records, 0, 1 << 20)
+        recs = decode_records(entry.records, "", entry.partition)
+        n = list(entry.redelivery_counts) or [0] * len(recs)
+        assert len(n) == len(recs)
+        got += [(entry.partition, r, c) for r, c in zip(recs, n, strict=True)]
+    assert got == [(m.partition, m.record, c) for m, c in zip(chosen, counts, strict=True)]
+
+
+def test_pushed_path_encodes_records_of_log_batches() -> None:
+    msgs = log_batch(2, 40, [(b"k", b"v1", "a", {}), (None, b"v2", None, {"h": b"x"})])
+    event = pb.DispatcherEvent.FromString(encode_batch_event("t", [msgs[0].framed(0), msgs[1].framed(3)]))
+    got = list(event.messages.messages)
+    assert [(m.id.partition, m.id.offset, m.redelivery_count) for m in got] == [(2, 40, 0), (2, 41, 3)]
+    assert (got[0].key, got[0].tag, got[0].value) == (b"k", "a", b"v1")
+    assert (dict(got[1].headers), got[1].timestamp) == ({"h": b"x"}, 5_001)
+
+
+def test_messages_of_skips_records_below_the_start() -> None:
+    msgs = log_batch(0, 10, [(None, b"x", None, {})] * 5)
+    views = list({id(m.view): m.view for m in msgs}.values())
+    assert [m.offset for m in messages_of(views, 0, 12)] == [12, 13, 14]
+    assert messages_of(views, 0, 15) == []

@@ -228,6 +228,8 @@ class PushConsumerConfig:
             nack_delay_ms=_ms(self.nack_delay),
             max_redeliver=self.max_redeliver,
             partitions=list(partitions),
+            # Log batches as the broker stored them, decoded here (docs/push-consumer.md).
+            record_batches=True,
         )
         if self.key_shared_policy is not None:
             sub.key_shared_policy.CopyFrom(self.key_shared_policy.to_proto())

@@ -37,7 +37,7 @@ from sluice.client.metadata import MetadataCache
 from sluice.client.push.backoff import Backoff
 from sluice.client.push.config import PushConsumerConfig
 from sluice.client.push.flow import FlowControl, Grant
-from sluice.client.push.message import Message
+from sluice.client.push.message import Message, messages_of
 from sluice.client.push.nacks import NackScheduler, backoff_hold
 from sluice.client.push.stats import PushConsumerStats, StreamInfo
 from sluice.client.push.stream import ConsumeStream, Session, StreamState
@@ -486,8 +486,7 @@ class PushConsumer:
             self._cond.notify_all()  # the constructor waits for this
 
     def on_messages(self, session: Session, batch: pb.MessageBatch) -> None:
-        topic = batch.topic or self.topic
-        msgs = [Message(topic, pm, session) for pm in batch.messages]
+        msgs = messages_of(batch, batch.topic or self.topic, session)
         if not msgs:
             return
         with self._lock:

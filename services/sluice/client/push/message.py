@@ -1,17 +1,22 @@
 """A pushed message as the application sees it.
 
-Fields are read from the wire message only when asked for: the receive path
-stays one object per message with no per-field copies, and a consumer that only
-acks (or only reads ``value``) never pays for the headers map.
+The dispatcher forwards the broker's record batches (``MessageBatch.batches``, cut down to the
+records this consumer got). The SDK indexes each batch once (``codec.batch.BatchView``: offsets and
+column views) and makes one small :class:`Message` per record; key, value, tag, headers and
+timestamp are read from the batch only when asked for. So the receive path is one object per
+message with no per-field copies, and a consumer that only acks (or only reads ``value``) never
+pays for the rest. A dispatcher that sends ``PushedMessage``s instead (one predating
+``record_batches``) gets :class:`PushedMessageView`s with the same interface.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from sluice.codec.batch import BatchView, batch_views
 from sluice.v1 import dispatcher_pb2
 
-__all__ = ["Message", "MessageId"]
+__all__ = ["Message", "MessageId", "PushedMessageView", "messages_of"]
 
 
 class MessageId(NamedTuple):
@@ -28,21 +33,73 @@ class Message:
     Pass it back to ``ack``/``nack``/``ack_cumulative`` of the consumer that received it.
     """
 
-    __slots__ = ("_pm", "_session", "offset", "partition", "topic")
+    __slots__ = ("_i", "_session", "_view", "offset", "partition", "redelivery_count", "topic")
 
-    def __init__(self, topic: str, pm: dispatcher_pb2.PushedMessage, session: object) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        session: object,
+        view: BatchView | None,
+        index: int,
+        redelivery_count: int,
+    ) -> None:
         self.topic = topic
-        self._pm = pm
+        self.partition = partition
+        self.offset = offset
         # Identity of the stream session that delivered it: acks go back on that
         # session and are dropped if the session is gone (the dispatcher redelivers).
         self._session = session
-        mid = pm.id
-        self.partition: int = mid.partition
-        self.offset: int = mid.offset
+        self._view = view
+        self._i = index
+        self.redelivery_count = redelivery_count
 
     @property
     def message_id(self) -> MessageId:
         return MessageId(self.partition, self.offset)
+
+    @property
+    def key(self) -> bytes | None:
+        assert self._view is not None
+        return self._view.key(self._i)
+
+    @property
+    def value(self) -> bytes:
+        assert self._view is not None
+        return self._view.value(self._i)
+
+    @property
+    def tag(self) -> str | None:
+        assert self._view is not None
+        return self._view.tag(self._i)
+
+    @property
+    def headers(self) -> dict[str, bytes]:
+        assert self._view is not None
+        return self._view.headers(self._i)
+
+    @property
+    def timestamp(self) -> int:
+        assert self._view is not None
+        return self._view.timestamp(self._i)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Message {self.topic}[{self.partition}]@{self.offset} key={self.key!r} tag={self.tag!r} "
+            f"redelivery_count={self.redelivery_count} value={self.value[:32]!r}>"
+        )
+
+
+class PushedMessageView(Message):
+    """A message that came as a ``PushedMessage`` (a dispatcher without ``record_batches``)."""
+
+    __slots__ = ("_pm",)
+
+    def __init__(self, topic: str, pm: dispatcher_pb2.PushedMessage, session: object) -> None:
+        mid = pm.id
+        super().__init__(topic, mid.partition, mid.offset, session, None, 0, pm.redelivery_count)
+        self._pm = pm
 
     @property
     def key(self) -> bytes | None:
@@ -65,12 +122,23 @@ class Message:
     def timestamp(self) -> int:
         return self._pm.timestamp
 
-    @property
-    def redelivery_count(self) -> int:
-        return self._pm.redelivery_count
 
-    def __repr__(self) -> str:
-        return (
-            f"<Message {self.topic}[{self.partition}]@{self.offset} key={self.key!r} tag={self.tag!r} "
-            f"redelivery_count={self.redelivery_count} value={self.value[:32]!r}>"
-        )
+def messages_of(batch: dispatcher_pb2.MessageBatch, topic: str, session: object) -> list[Message]:
+    """The messages of one ``MessageBatch``, in order: its record batches (CRC-checked, indexed once
+    per batch) and any ``PushedMessage``s."""
+    out: list[Message] = []
+    for entry in batch.batches:
+        p = entry.partition
+        counts = list(entry.redelivery_counts)
+        k = 0
+        for v in batch_views(entry.records):
+            offsets = v.offsets
+            if counts:
+                c = counts[k : k + len(offsets)]
+                out += [Message(topic, p, o, session, v, i, c[i]) for i, o in enumerate(offsets)]
+                k += len(offsets)
+            else:
+                out += [Message(topic, p, o, session, v, i, 0) for i, o in enumerate(offsets)]
+    if batch.messages:
+        out += [PushedMessageView(topic, pm, session) for pm in batch.messages]
+    return out

@@ -5,7 +5,9 @@ I/O); gRPC's request thread iterates it and gets protobuf commands. Whatever pil
 up while the previous command was being written goes out coalesced: every pending
 ack in one ``Ack``, every nack in one ``Nack``, the permits summed into one
 ``Flow``. So there is no ack timer: a lone ack leaves at once, and under load acks
-batch themselves.
+batch themselves. When the dispatcher takes acks as ranges (``Subscribed.record_batches``)
+an ``Ack`` carries ``[start, end)`` runs per partition instead of one id per message:
+consecutive offsets, the usual case, cost one pair of numbers.
 
 Acks go before permits in each round, so a consumer blocked on ``max_unacked`` is
 unblocked before it asks for more.
@@ -19,7 +21,7 @@ from collections.abc import Iterator
 
 from sluice.v1 import dispatcher_pb2 as pb
 
-__all__ = ["Outbound"]
+__all__ = ["Outbound", "ack_ranges"]
 
 # Bound one Ack message (and the time the writer holds the batch) under a flood of acks.
 MAX_IDS_PER_COMMAND = 10_000
@@ -42,6 +44,9 @@ class Outbound:
         self._closed = False
         self._finishing = False
         self._writer_waiting = False
+        #: Send individual acks as ``Ack.ranges`` (set by the stream once the dispatcher said it
+        #: takes them); else as ``Ack.ids``.
+        self.ack_ranges = False
         #: Commands written so far, by kind (for tests and stats).
         self.sent = {"flow": 0, "ack": 0, "nack": 0, "permits": 0}
 
@@ -122,9 +127,14 @@ class Outbound:
         # Built in place inside the command: ConsumerCommand(ack=...) would copy every id.
         if acks:
             cmd = pb.ConsumerCommand()
-            add = cmd.ack.ids.add
-            for p, o in acks:
-                add(partition=p, offset=o)
+            if self.ack_ranges:
+                add_ranges = cmd.ack.ranges.add
+                for p, bounds in ack_ranges(acks).items():
+                    add_ranges(partition=p, bounds=bounds)
+            else:
+                add = cmd.ack.ids.add
+                for p, o in acks:
+                    add(partition=p, offset=o)
             self.sent["ack"] += 1
             yield cmd
         if cumulative:
@@ -148,3 +158,30 @@ class Outbound:
                 self.sent["flow"] += 1
                 self.sent["permits"] += n
                 yield pb.ConsumerCommand(flow=pb.Flow(permits=n))
+
+
+def ack_ranges(acks: list[tuple[int, int]]) -> dict[int, list[int]]:
+    """``(partition, offset)`` pairs -> per partition the flat ``[start, end)`` bounds of their runs.
+
+    >>> ack_ranges([(0, 5), (0, 3), (1, 9), (0, 4), (0, 7)])
+    {0: [3, 6, 7, 8], 1: [9, 10]}
+    """
+    by: dict[int, list[int]] = {}
+    for p, o in acks:
+        offsets = by.get(p)
+        if offsets is None:
+            by[p] = [o]
+        else:
+            offsets.append(o)
+    out: dict[int, list[int]] = {}
+    for p, offsets in by.items():
+        offsets.sort()
+        bounds = [offsets[0]]
+        end = offsets[0] + 1
+        for o in offsets:
+            if o > end:
+                bounds += (end, o)
+            end = o + 1 if o >= end else end
+        bounds.append(end)
+        out[p] = bounds
+    return out

@@ -246,6 +246,8 @@ class ConsumeStream:
                     self.owner.on_messages(session, event.messages)
                 elif kind == "subscribed":
                     session.subscribed = True
+                    # A dispatcher that sends record batches also takes acks as ranges.
+                    outbound.ack_ranges = event.subscribed.record_batches
                     self.backoff.reset()
                     self._transition(StreamState.SUBSCRIBED)
                     self.owner.on_subscribed(session)
