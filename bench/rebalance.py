@@ -3,16 +3,20 @@ stable again, in heartbeat intervals?
 
 Stable = the coordinator reports the group ``stable`` (every member at the target epoch, nothing pending
 revocation) **and** every simulated member holds exactly the partitions it was last assigned. Members
-behave as the SDK consumer does (docs/groups.md): heartbeat every ``heartbeat_interval_ms`` of the last
-answer, adopt each assignment, release revoked partitions at once and heartbeat right after releasing
-(committing is not simulated). Their phases are spread over one interval, as independent consumers'
-would be. Repeated ``--trials`` times on fresh groups; reports each trial and the median and worst.
+behave as the SDK consumer does (docs/groups.md, docs/consumer.md): each has its own
+``ConsumerGroupStream`` (``--unary``: one ``Heartbeat`` RPC per heartbeat, as before the stream), heartbeats
+every ``heartbeat_interval_ms`` of the last answer, adopts each assignment, releases revoked partitions at
+once and heartbeats right after releasing (committing is not simulated), and heartbeats at once when the
+coordinator sends ``heartbeat_now`` (after the answer of a heartbeat in flight). Their phases are spread
+over one interval, as independent consumers' would be. Repeated ``--trials`` times on fresh groups;
+reports each trial and the median and worst.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import statistics
 import time
@@ -33,16 +37,48 @@ class Member:
     interval_s: float = 3.0
     #: Slept once before the next heartbeat: spreads the members' phases over the interval.
     shift_s: float = 0.0
+    #: Set by ``heartbeat_now`` (stream members): the wait for the next heartbeat ends early.
+    wake: asyncio.Event | None = None
+    call: Any = None
+    answer: asyncio.Future[Any] | None = None
+    nudges: int = 0
 
 
 class Group:
-    def __init__(self, stub: Any, pb: Any, common: Any, name: str) -> None:
+    def __init__(self, stub: Any, pb: Any, common: Any, name: str, unary: bool) -> None:
         self.stub, self.pb, self.common, self.name = stub, pb, common, name
+        self.unary = unary
         self.members: list[Member] = []
         self.running = True
         #: Set after every heartbeat answer: the group's state changes only through heartbeats, so the
         #: waiter looks at it exactly when it may have changed.
         self.answered = asyncio.Event()
+
+    async def send(self, m: Member, request: Any) -> Any:
+        if self.unary:
+            return await self.stub.Heartbeat(request, timeout=10)
+        if m.call is None:
+            m.call = self.stub.ConsumerGroupStream()
+            asyncio.get_running_loop().create_task(self.read(m))
+        m.answer = asyncio.get_running_loop().create_future()
+        assert m.wake is not None
+        m.wake.clear()  # this heartbeat carries the latest state; a push from now on asks for another
+        await m.call.write(self.pb.GroupStreamRequest(heartbeat=request))
+        return await asyncio.wait_for(m.answer, 10)
+
+    async def read(self, m: Member) -> None:
+        from grpc import aio
+
+        while True:
+            message = await m.call.read()
+            if message is aio.EOF:
+                return
+            if message.WhichOneof("kind") == "heartbeat_now":
+                m.nudges += 1
+                assert m.wake is not None
+                m.wake.set()
+            elif m.answer is not None and not m.answer.done():
+                m.answer.set_result(message.heartbeat)
 
     async def heartbeat(self, m: Member) -> None:
         request = self.pb.GroupHeartbeatRequest(
@@ -52,7 +88,7 @@ class Group:
             subscription={TOPIC: "*"},
             owned=[self.common.TopicPartition(topic=TOPIC, partition=p) for p in sorted(m.owned)],
         )
-        response = await self.stub.Heartbeat(request, timeout=10)
+        response = await self.send(m, request)
         if response.HasField("error") and response.error.code != 0:
             raise RuntimeError(f"member {m.member_id}: {response.error.message}")
         m.member_id, m.epoch = response.member_id, response.member_epoch
@@ -65,13 +101,24 @@ class Group:
             if released:
                 await self.heartbeat(m)  # tell the coordinator at once (SDK rule 3)
 
+    async def pause(self, m: Member, seconds: float) -> None:
+        """Sleep until the next heartbeat is due, or until the coordinator asks for one."""
+        assert m.wake is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(m.wake.wait(), seconds)
+
     async def run(self, m: Member, phase_s: float) -> None:
-        await self.heartbeat(m)
-        await asyncio.sleep(phase_s)
-        while self.running:
+        m.wake = asyncio.Event()
+        try:
             await self.heartbeat(m)
-            await asyncio.sleep(m.interval_s + m.shift_s)
-            m.shift_s = 0.0
+            await self.pause(m, phase_s)
+            while self.running:
+                await self.heartbeat(m)
+                await self.pause(m, m.interval_s + m.shift_s)
+                m.shift_s = 0.0
+        finally:
+            if m.call is not None:
+                m.call.cancel()
 
     async def wait_stable(self, joiner: Member | None = None) -> None:
         await self.answered.wait()  # the group exists once someone joined
@@ -91,14 +138,14 @@ class Group:
         return str(response.state)
 
 
-async def trial(address: str, n: int, index: int) -> dict[str, float]:
+async def trial(address: str, n: int, index: int, unary: bool) -> dict[str, float]:
     from grpc import aio
 
     from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
     async with aio.insecure_channel(address) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-        group = Group(stub, coordinator_pb2, common_pb2, f"rebalance-{index}")
+        group = Group(stub, coordinator_pb2, common_pb2, f"rebalance-{index}", unary)
         tasks = []
         for _ in range(n):
             m = Member(group.name)
@@ -121,7 +168,12 @@ async def trial(address: str, n: int, index: int) -> dict[str, float]:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        return {"seconds": round(took, 3), "intervals": round(took / interval, 3)}
+        nudges = sum(m.nudges for m in group.members)
+        return {
+            "seconds": round(took, 3),
+            "intervals": round(took / interval, 3),
+            "heartbeat_now_pushes": nudges,
+        }
 
 
 def main() -> None:
@@ -131,17 +183,20 @@ def main() -> None:
     parser.add_argument("--members", type=int, default=10)
     parser.add_argument("--partitions", type=int, default=100)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--unary", action="store_true", help="one Heartbeat RPC per heartbeat, no stream")
+    parser.add_argument("--name", default="rebalance", help="results file name")
     args = parser.parse_args()
     with stack() as s:
         from sluice import Client
 
         with Client(s.bootstrap) as client:
             client.admin.create_topic(TOPIC, partitions=args.partitions)
-        results = [asyncio.run(trial(s.bootstrap, args.members, i)) for i in range(args.trials)]
+        results = [asyncio.run(trial(s.bootstrap, args.members, i, args.unary)) for i in range(args.trials)]
     intervals = [r["intervals"] for r in results]
     save(
-        "rebalance",
+        args.name,
         {
+            "transport": "unary" if args.unary else "stream",
             "members_before_join": args.members,
             "partitions": args.partitions,
             "heartbeat_interval_s": 3.0,

@@ -122,6 +122,10 @@ class CoordinatorService:
         )
         self._update_timeout_s = update_timeout_s
         self._timer: asyncio.Task[None] | None = None
+        #: (group, member id) -> how to tell that member to heartbeat now (its open heartbeat stream).
+        self._watchers: dict[tuple[str, str], Callable[[], None]] = {}
+        #: How to end each open heartbeat stream (at close, so the server's graceful stop need not wait).
+        self._streams: set[Callable[[], None]] = set()
 
     @classmethod
     def from_config(
@@ -218,6 +222,8 @@ class CoordinatorService:
         self._group_tasks = []
 
     async def close(self) -> None:
+        for end in list(self._streams):
+            end()
         await self._stop_timers()
         await self._notifier.close()
         await self._lag.close()
@@ -265,18 +271,24 @@ class CoordinatorService:
     # ---- the write path ------------------------------------------------------------------------------
 
     async def _write(
-        self, handler: Callable[[int], Result[T]], on_commit: Callable[[T], None] | None = None
+        self,
+        handler: Callable[[int], Result[T]],
+        on_commit: Callable[[T], None] | None = None,
+        requester: Callable[[T], tuple[str, str] | None] | None = None,
     ) -> T:
         """Run ``handler`` on the current state, persist its records atomically, replay them, then run
-        ``on_commit`` (still under the lock, so pushes queue in version order)."""
+        ``on_commit`` (still under the lock, so pushes queue in version order) and tell the streaming
+        members the write concerns to heartbeat now (except ``requester(response)``, who has its answer)."""
         async with self._lock:
             self._check_leader()
             if self._reload_needed:
                 await self._reload()
             result = handler(self._clock.now_ms())
+            nudge: list[tuple[str, str]] = []
             if result.records:
                 touched = self.groups.touched_groups(result.records)
                 ops = group_ops(self.groups, result.records, self._group_keys) if touched else []
+                epochs = self._assignment_epochs(touched) if touched and self._watchers else None
                 try:
                     await self._store.write(self._epoch, result.records, ops)
                 except NotCoordinator as exc:
@@ -295,9 +307,24 @@ class CoordinatorService:
                 self._observe_rebalances(touched, self._clock.now_ms())
                 if len(touched) < len(result.records):
                     self._refresh_metrics()
+                if epochs is not None:
+                    nudge = self.groups.members_to_nudge(result.records, epochs)
             if on_commit is not None:
                 on_commit(result.response)
+            if nudge:
+                skip = requester(result.response) if requester is not None else None
+                for key in nudge:
+                    watcher = self._watchers.get(key)
+                    if watcher is not None and key != skip:
+                        watcher()
             return result.response
+
+    def _assignment_epochs(self, groups: set[str]) -> dict[str, int]:
+        epochs = {}
+        for name in groups:
+            g = self.groups.groups.get(name)
+            epochs[name] = g.assignment_epoch if g is not None else 0
+        return epochs
 
     def _publish(self, change: MetadataChange | None) -> list[asyncio.Future[bool]]:
         if change is None:
@@ -413,9 +440,39 @@ class CoordinatorService:
     # ---- consumer groups -----------------------------------------------------------------------------
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+        if request.member_epoch > 0 and not self._reload_needed:
+            # A heartbeat that changes nothing durable is answered without the write lock, so steady
+            # heartbeats never queue behind a write waiting for Redis (groups.md, "Speed").
+            self._check_leader()
+            quick = self.groups.quick_heartbeat(request, self._clock.now_ms())
+            if quick is not None:
+                return quick
         # Only a join may need a new member id: a steady heartbeat does not pay for a uuid (a syscall).
         new_id = uuid.uuid4().hex if request.member_epoch == JOIN_EPOCH and not request.member_id else ""
-        return await self._write(lambda now: self.groups.heartbeat(request, now, new_id))
+        group = request.group
+        return await self._write(
+            lambda now: self.groups.heartbeat(request, now, new_id),
+            requester=lambda response: (group, response.member_id),
+        )
+
+    def watch(self, group: str, member_id: str, nudge: Callable[[], None]) -> Callable[[], None]:
+        """Call ``nudge`` (sync, cheap) whenever a write means this member must heartbeat now to make
+        progress (members_to_nudge). One watcher per member: the newest stream wins. Returns the
+        function that removes this watcher (a no-op once a newer one replaced it).
+        Caller: the servicer's heartbeat stream."""
+        key = (group, member_id)
+        self._watchers[key] = nudge
+
+        def unwatch() -> None:
+            if self._watchers.get(key) is nudge:
+                del self._watchers[key]
+
+        return unwatch
+
+    def stream_opened(self, end: Callable[[], None]) -> Callable[[], None]:
+        """Register an open heartbeat stream; ``end()`` finishes it. Returns the deregistration."""
+        self._streams.add(end)
+        return lambda: self._streams.discard(end)
 
     async def leave_group(self, group: str, member_id: str, member_epoch: int) -> None:
         await self._write(lambda now: self.groups.leave(group, member_id, member_epoch, now))

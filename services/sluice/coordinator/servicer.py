@@ -6,6 +6,7 @@ Errors are raised as ``SluiceError``s; the shared interceptor maps them to a sta
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from grpc import aio
@@ -23,6 +24,7 @@ from sluice.coordinator.convert import (
     topic_config_from_proto,
     topic_to_proto,
 )
+from sluice.coordinator.heartbeat_stream import HeartbeatStream
 from sluice.coordinator.service import CoordinatorService
 from sluice.server.runtime import Registrar
 from sluice.v1 import coordinator_pb2 as pb
@@ -116,6 +118,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.GroupHeartbeatRequest, context: Context
     ) -> pb.GroupHeartbeatResponse:
         return heartbeat_to_proto(await self._service.heartbeat(heartbeat_from_proto(request)))
+
+    async def ConsumerGroupStream(
+        self, request_iterator: AsyncIterator[pb.GroupStreamRequest], context: Context
+    ) -> AsyncIterator[pb.GroupStreamResponse]:
+        async for response in HeartbeatStream(self._service).run(request_iterator):
+            yield response
 
     async def LeaveGroup(self, request: pb.LeaveGroupRequest, context: Context) -> pb.LeaveGroupResponse:
         await self._service.leave_group(request.group, request.member_id, request.member_epoch)

@@ -702,6 +702,77 @@ class GroupHeartbeatResponse(_message.Message):
 Global___GroupHeartbeatResponse: _TypeAlias = GroupHeartbeatResponse  # noqa: Y015
 
 @_typing.final
+class GroupStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def heartbeat(self) -> Global___GroupHeartbeatRequest:
+        """Required: one heartbeat, with exactly the fields and rules of Heartbeat."""
+
+    def __init__(
+        self,
+        *,
+        heartbeat: Global___GroupHeartbeatRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GroupStreamRequest: _TypeAlias = GroupStreamRequest  # noqa: Y015
+
+@_typing.final
+class GroupStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_NOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def heartbeat(self) -> Global___GroupHeartbeatResponse:
+        """The answer to the stream's oldest unanswered heartbeat. Refusals and
+        malformed requests come back in its `error`; the stream stays open.
+        """
+
+    @_builtins.property
+    def heartbeat_now(self) -> Global___HeartbeatNow:
+        """Unasked: the member's target changed, a partition it waits for came
+        free, or it was removed. Heartbeat now (after any heartbeat in flight).
+        """
+
+    def __init__(
+        self,
+        *,
+        heartbeat: Global___GroupHeartbeatResponse | None = ...,
+        heartbeat_now: Global___HeartbeatNow | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "heartbeat_now", b"heartbeat_now", "kind", b"kind"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat", "heartbeat_now", b"heartbeat_now", "kind", b"kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["heartbeat", "heartbeat_now"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___GroupStreamResponse: _TypeAlias = GroupStreamResponse  # noqa: Y015
+
+@_typing.final
+class HeartbeatNow(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatNow: _TypeAlias = HeartbeatNow  # noqa: Y015
+
+@_typing.final
 class Assignment(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

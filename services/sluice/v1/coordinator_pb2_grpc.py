@@ -86,6 +86,11 @@ class CoordinatorStub:
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.ConsumerGroupStream = channel.stream_stream(
+                '/sluice.v1.Coordinator/ConsumerGroupStream',
+                request_serializer=sluice_dot_v1_dot_coordinator__pb2.GroupStreamRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_coordinator__pb2.GroupStreamResponse.FromString,
+                _registered_method=True)
         self.LeaveGroup = channel.unary_unary(
                 '/sluice.v1.Coordinator/LeaveGroup',
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.LeaveGroupRequest.SerializeToString,
@@ -178,6 +183,17 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConsumerGroupStream(self, request_iterator, context):
+        """The same heartbeats over one long-lived stream per member: each request is
+        answered in order, and the coordinator also sends `heartbeat_now` unasked
+        when the group changed in a way the member must act on, so a rebalance does
+        not wait for heartbeat intervals. Closing the stream is not leaving: the
+        member keeps its session until it times out (or leaves with epoch -1/-2).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LeaveGroup(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -254,6 +270,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatResponse.SerializeToString,
+            ),
+            'ConsumerGroupStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ConsumerGroupStream,
+                    request_deserializer=sluice_dot_v1_dot_coordinator__pb2.GroupStreamRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_coordinator__pb2.GroupStreamResponse.SerializeToString,
             ),
             'LeaveGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.LeaveGroup,
@@ -548,6 +569,33 @@ class Coordinator:
             '/sluice.v1.Coordinator/Heartbeat',
             sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatRequest.SerializeToString,
             sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsumerGroupStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sluice.v1.Coordinator/ConsumerGroupStream',
+            sluice_dot_v1_dot_coordinator__pb2.GroupStreamRequest.SerializeToString,
+            sluice_dot_v1_dot_coordinator__pb2.GroupStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,13 @@ class CoordinatorStub:
     Metadata: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.MetadataRequest, _coordinator_pb2.MetadataResponse]
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]
     """Consumer groups (server-side assignment, KIP-848 style)."""
+    ConsumerGroupStream: _grpc.StreamStreamMultiCallable[_coordinator_pb2.GroupStreamRequest, _coordinator_pb2.GroupStreamResponse]
+    """The same heartbeats over one long-lived stream per member: each request is
+    answered in order, and the coordinator also sends `heartbeat_now` unasked
+    when the group changed in a way the member must act on, so a rebalance does
+    not wait for heartbeat intervals. Closing the stream is not leaving: the
+    member keeps its session until it times out (or leaves with epoch -1/-2).
+    """
     LeaveGroup: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.LeaveGroupRequest, _coordinator_pb2.LeaveGroupResponse]
     ListGroups: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListGroupsRequest, _coordinator_pb2.ListGroupsResponse]
     DescribeGroup: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeGroupRequest, _coordinator_pb2.DescribeGroupResponse]
@@ -79,6 +86,13 @@ class CoordinatorAsyncStub(CoordinatorStub):
     Metadata: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.MetadataRequest, _coordinator_pb2.MetadataResponse]  # type: ignore[assignment]
     Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]  # type: ignore[assignment]
     """Consumer groups (server-side assignment, KIP-848 style)."""
+    ConsumerGroupStream: _aio.StreamStreamMultiCallable[_coordinator_pb2.GroupStreamRequest, _coordinator_pb2.GroupStreamResponse]  # type: ignore[assignment]
+    """The same heartbeats over one long-lived stream per member: each request is
+    answered in order, and the coordinator also sends `heartbeat_now` unasked
+    when the group changed in a way the member must act on, so a rebalance does
+    not wait for heartbeat intervals. Closing the stream is not leaving: the
+    member keeps its session until it times out (or leaves with epoch -1/-2).
+    """
     LeaveGroup: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.LeaveGroupRequest, _coordinator_pb2.LeaveGroupResponse]  # type: ignore[assignment]
     ListGroups: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListGroupsRequest, _coordinator_pb2.ListGroupsResponse]  # type: ignore[assignment]
     DescribeGroup: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeGroupRequest, _coordinator_pb2.DescribeGroupResponse]  # type: ignore[assignment]
@@ -164,6 +178,19 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.GroupHeartbeatResponse, _abc.Awaitable[_coordinator_pb2.GroupHeartbeatResponse]]:
         """Consumer groups (server-side assignment, KIP-848 style)."""
+
+    @_abc_1.abstractmethod
+    def ConsumerGroupStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_coordinator_pb2.GroupStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_coordinator_pb2.GroupStreamResponse], _abc.AsyncIterator[_coordinator_pb2.GroupStreamResponse]]:
+        """The same heartbeats over one long-lived stream per member: each request is
+        answered in order, and the coordinator also sends `heartbeat_now` unasked
+        when the group changed in a way the member must act on, so a rebalance does
+        not wait for heartbeat intervals. Closing the stream is not leaving: the
+        member keeps its session until it times out (or leaves with epoch -1/-2).
+        """
 
     @_abc_1.abstractmethod
     def LeaveGroup(

@@ -132,6 +132,12 @@ class ConsumerConfig:
     request_timeout: timedelta = timedelta(seconds=30)
     """How long one heartbeat, commit or offset lookup RPC may take."""
 
+    heartbeat_stream: bool = True
+    """Heartbeat over one long-lived ``ConsumerGroupStream`` (cheaper for the coordinator,
+    and it tells the member at once when a rebalance needs it). Falls back to the unary
+    ``Heartbeat`` RPC by itself when the coordinator does not implement the stream;
+    ``False`` always uses the unary RPC."""
+
     check_crcs: bool = True
     """Verify each fetched batch's CRC32C before decoding it."""
 

@@ -6,15 +6,28 @@ heartbeat is due or asked for, sends it, feeds the answer to the state machine a
 hands the resulting events to the consumer's ``on_events`` callback (which queues
 them for ``poll()``).
 
+Heartbeats go over one long-lived ``ConsumerGroupStream`` (:class:`HeartbeatStream`)
+unless ``heartbeat_stream`` is off or the coordinator does not implement it (then the
+unary ``Heartbeat`` RPC, one call each). On the stream, answers are read by a reader
+thread, and the coordinator may send ``heartbeat_now`` unasked when a rebalance needs
+this member (a new target, a partition it waits for came free): the next heartbeat
+then goes at once instead of at the interval. A broken stream is not a lost
+membership: the heartbeat in flight fails like a failed RPC (retried with backoff
+on a new stream), and only a whole session timeout without an answer loses it.
+
 Caller: the Consumer. Thread-safe.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import grpc
 
 from sluice.client.consumer.config import ConsumerConfig
 from sluice.client.consumer.membership import (
@@ -26,11 +39,11 @@ from sluice.client.consumer.membership import (
     TargetPartition,
 )
 from sluice.client.metadata import MetadataCache
-from sluice.client.rpc import call
-from sluice.errors import RequestTimedOut, SluiceError, error_for_code
+from sluice.client.rpc import call, error_from_rpc
+from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_for_code
 from sluice.v1 import common_pb2, coordinator_pb2
 
-__all__ = ["GroupMember"]
+__all__ = ["GroupMember", "HeartbeatStream"]
 
 log = logging.getLogger("sluice.consumer.member")
 
@@ -39,6 +52,55 @@ _MODELS = {
     "clustering": coordinator_pb2.MESSAGE_MODEL_CLUSTERING,
     "broadcasting": coordinator_pb2.MESSAGE_MODEL_BROADCASTING,
 }
+
+
+class HeartbeatStream:
+    """One open ``ConsumerGroupStream`` call (sync gRPC). Requests are queued and sent by
+    gRPC's own thread; a reader thread hands every message to ``on_message`` and the end
+    of the call (None: ended by the server; else the error) to ``on_closed``, once."""
+
+    def __init__(
+        self,
+        stub: Any,
+        on_message: Callable[[HeartbeatStream, coordinator_pb2.GroupStreamResponse], None],
+        on_closed: Callable[[HeartbeatStream, grpc.RpcError | None], None],
+        name: str,
+    ) -> None:
+        self._requests: queue.SimpleQueue[coordinator_pb2.GroupStreamRequest | None] = queue.SimpleQueue()
+        self._on_message = on_message
+        self._on_closed = on_closed
+        # No deadline: the call lives as long as the member; each heartbeat has its own timeout.
+        self._call = stub.ConsumerGroupStream(self._outgoing())
+        self._reader = threading.Thread(target=self._read, name=name, daemon=True)
+        self._reader.start()
+
+    def send(self, request: coordinator_pb2.GroupHeartbeatRequest) -> None:
+        self._requests.put(coordinator_pb2.GroupStreamRequest(heartbeat=request))
+
+    def close(self) -> None:
+        """End the call (half-close, then cancel); the reader reports it closed."""
+        self._requests.put(None)
+        self._call.cancel()
+
+    def _outgoing(self) -> Iterator[coordinator_pb2.GroupStreamRequest]:
+        while True:
+            request = self._requests.get()
+            if request is None:
+                return
+            yield request
+
+    def _read(self) -> None:
+        error: grpc.RpcError | None = None
+        try:
+            for message in self._call:
+                self._on_message(self, message)
+        except grpc.RpcError as exc:
+            error = exc
+        except Exception:  # never let the reader die silently
+            log.exception("heartbeat stream reader failed")
+            self._call.cancel()
+        self._requests.put(None)  # ends gRPC's sending thread
+        self._on_closed(self, error)
 
 
 class GroupMember:
@@ -66,6 +128,10 @@ class GroupMember:
         self._rpc_timeout = min(
             config.request_timeout.total_seconds(), config.session_timeout.total_seconds()
         )
+        self._use_stream = config.heartbeat_stream
+        self._stream: HeartbeatStream | None = None
+        #: When the heartbeat in flight on the stream times out (None: none in flight there).
+        self._stream_deadline: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"sluice-heartbeat-{group}", daemon=True)
 
     # ---- lifecycle (Caller: Consumer) ------------------------------------------------------------------
@@ -92,7 +158,10 @@ class GroupMember:
         with self._cond:
             self._stopping = True
             plan = self._m.leave()
+            stream, self._stream = self._stream, None
             self._cond.notify_all()
+        if stream is not None:
+            stream.close()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(self._rpc_timeout + 1)
         if plan is None or not leave:
@@ -161,25 +230,48 @@ class GroupMember:
 
     # ---- the heartbeat thread ---------------------------------------------------------------------------
 
+    @property
+    def streaming(self) -> bool:
+        """Whether heartbeats go over the stream (False after falling back to the unary RPC)."""
+        return self._use_stream
+
     def _run(self) -> None:
         while True:
+            events: list[Event] = []
+            plan: HeartbeatPlan | None = None
             with self._cond:
                 while True:
                     if self._stopping:
                         return
                     now = time.monotonic()
+                    if self._stream_deadline is not None and now >= self._stream_deadline:
+                        events = self._stream_failed(
+                            now, RequestTimedOut(f"no heartbeat answer within {self._rpc_timeout:g} s")
+                        )
+                        break
                     due = self._m.next_due()
                     if due is not None and due <= now:
                         plan = self._m.request(now)
+                        if self._use_stream:
+                            events = self._send_on_stream(plan, now)
+                            plan = None
                         break
-                    self._cond.wait(None if due is None else due - now)
-            events = self._heartbeat(plan)
-            if events:
-                self._on_events(events)
+                    wake = [t for t in (due, self._stream_deadline) if t is not None]
+                    self._cond.wait(min(wake) - now if wake else None)
+            if plan is not None:
+                events = self._heartbeat(plan)
+            self._deliver(events)
 
-    def _heartbeat(self, plan: HeartbeatPlan) -> list[Event]:
+    def _deliver(self, events: list[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, Fatal):
+                log.error("group %s: %s", self.group, ev.error)
+        if events:
+            self._on_events(events)
+
+    def _request(self, plan: HeartbeatPlan) -> coordinator_pb2.GroupHeartbeatRequest:
         cfg = self._config
-        request = coordinator_pb2.GroupHeartbeatRequest(
+        return coordinator_pb2.GroupHeartbeatRequest(
             group=self.group,
             member_id=plan.member_id,
             member_epoch=plan.member_epoch,
@@ -192,38 +284,121 @@ class GroupMember:
             session_timeout_ms=cfg.session_timeout_ms,
             client_id=self._client_id,
         )
+
+    # ---- the unary RPC ---------------------------------------------------------------------------------
+
+    def _heartbeat(self, plan: HeartbeatPlan) -> list[Event]:
+        request = self._request(plan)
         error: SluiceError | None = None
         resp = None
         try:
             resp = call(self._metadata.coordinator_stub().Heartbeat, request, self._rpc_timeout)
-            if resp.error.code != common_pb2.NONE:
-                error = error_for_code(resp.error.code, resp.error.message)
         except SluiceError as exc:
             error = exc
         except Exception as exc:  # never let the heartbeat thread die silently
             log.exception("group %s: heartbeat failed", self.group)
             error = SluiceError(f"heartbeat failed: {exc!r}")
         with self._cond:
-            now = time.monotonic()
-            if error is not None or resp is None:
-                assert error is not None
-                if error.retriable:
-                    log.debug("group %s: heartbeat failed, retrying: %s", self.group, error)
-                else:
-                    log.info("group %s: heartbeat refused: %s", self.group, error)
-                events = self._m.on_error(now, error)
-            else:
-                assignment = None
-                if resp.HasField("assignment"):
-                    assignment = [
-                        TargetPartition(p.topic, p.partition, p.track or "default", p.filter or "*")
-                        for p in resp.assignment.partitions
-                    ]
-                events = self._m.on_response(
-                    now, resp.member_id, resp.member_epoch, resp.heartbeat_interval_ms, assignment
-                )
+            events = self._absorb(time.monotonic(), resp, error)
             self._cond.notify_all()
-        for ev in events:
-            if isinstance(ev, Fatal):
-                log.error("group %s: %s", self.group, ev.error)
         return events
+
+    def _absorb(
+        self, now: float, resp: coordinator_pb2.GroupHeartbeatResponse | None, error: SluiceError | None
+    ) -> list[Event]:
+        """Feed one heartbeat's outcome to the state machine. Caller holds the condition."""
+        if error is None and resp is not None and resp.error.code != common_pb2.NONE:
+            error = error_for_code(resp.error.code, resp.error.message)
+        if error is not None or resp is None:
+            error = error or SluiceError("heartbeat answered nothing")
+            if error.retriable:
+                log.debug("group %s: heartbeat failed, retrying: %s", self.group, error)
+            else:
+                log.info("group %s: heartbeat refused: %s", self.group, error)
+            return self._m.on_error(now, error)
+        assignment = None
+        if resp.HasField("assignment"):
+            assignment = [
+                TargetPartition(p.topic, p.partition, p.track or "default", p.filter or "*")
+                for p in resp.assignment.partitions
+            ]
+        return self._m.on_response(
+            now, resp.member_id, resp.member_epoch, resp.heartbeat_interval_ms, assignment
+        )
+
+    # ---- the stream ------------------------------------------------------------------------------------
+
+    def _send_on_stream(self, plan: HeartbeatPlan, now: float) -> list[Event]:
+        """Send ``plan`` on the stream, opening one if needed. Caller holds the condition."""
+        request = self._request(plan)
+        try:
+            if self._stream is None:
+                self._stream = HeartbeatStream(
+                    self._metadata.coordinator_stub(),
+                    self._on_stream_message,
+                    self._on_stream_closed,
+                    f"sluice-heartbeat-stream-{self.group}",
+                )
+            self._stream.send(request)
+        except Exception as exc:  # e.g. the client was closed: like a failed RPC
+            self._stream = None
+            return self._m.on_error(now, BrokerNotAvailable(f"cannot open the heartbeat stream: {exc!r}"))
+        self._stream_deadline = now + self._rpc_timeout
+        return []
+
+    def _stream_failed(self, now: float, error: SluiceError) -> list[Event]:
+        """The heartbeat in flight on the stream failed: drop the stream (the next heartbeat opens a new
+        one) and count a failed heartbeat. Caller holds the condition."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+        self._stream_deadline = None
+        return self._m.on_error(now, error) if self._m.in_flight else []
+
+    def _on_stream_message(
+        self, stream: HeartbeatStream, message: coordinator_pb2.GroupStreamResponse
+    ) -> None:
+        events: list[Event] = []
+        with self._cond:
+            if stream is not self._stream or self._stopping:
+                return  # a stream given up on: its late answers mean nothing
+            now = time.monotonic()
+            kind = message.WhichOneof("kind")
+            if kind == "heartbeat" and self._stream_deadline is not None:
+                self._stream_deadline = None
+                events = self._absorb(now, message.heartbeat, None)
+                code = message.heartbeat.error.code
+                if code != common_pb2.NONE and error_for_code(code, "").retriable:
+                    # NOT_COORDINATOR and the like: the next heartbeat opens a new stream, which may
+                    # reach another coordinator.
+                    self._stream = None
+                    stream.close()
+            elif kind == "heartbeat_now":
+                self._m.heartbeat_now(now)
+            self._cond.notify_all()
+        self._deliver(events)
+
+    def _on_stream_closed(self, stream: HeartbeatStream, error: grpc.RpcError | None) -> None:
+        events: list[Event] = []
+        with self._cond:
+            if stream is not self._stream or self._stopping:
+                return
+            self._stream = None
+            now = time.monotonic()
+            in_flight = self._stream_deadline is not None
+            self._stream_deadline = None
+            if error is not None and error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                log.info("group %s: the coordinator has no heartbeat stream; using the unary RPC", self.group)
+                self._use_stream = False
+                if in_flight:
+                    self._m.resend(now)
+            elif in_flight:
+                failure = error_from_rpc(error) if error is not None else None
+                if failure is None or not failure.retriable:
+                    # A stream failing is the transport's doing, never a refusal of this member.
+                    failure = BrokerNotAvailable(
+                        f"heartbeat stream closed: {failure or 'by the coordinator'}"
+                    )
+                events = self._m.on_error(now, failure)
+            self._cond.notify_all()
+        self._deliver(events)

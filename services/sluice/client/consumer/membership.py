@@ -187,6 +187,9 @@ class Membership:
     #: When the next heartbeat is due (monotonic seconds); 0 = now.
     due: float = 0.0
     in_flight: bool = False
+    #: Asked to heartbeat at once while one was in flight: the next one goes right after its answer
+    #: (the one in flight may predate what prompted the request).
+    again: bool = False
     failures: int = 0
     #: Counts answered heartbeats, so a waiter can tell "a heartbeat happened since".
     answered: int = 0
@@ -211,6 +214,7 @@ class Membership:
             self.state = self.state.move(MemberState.JOINING)
             self.member_epoch = JOIN_EPOCH
         self.in_flight = True
+        self.again = False
         return HeartbeatPlan(self.member_id, self.member_epoch, tuple(sorted(self.owned)))
 
     def on_response(
@@ -230,7 +234,8 @@ class Membership:
             return []  # left or fenced meanwhile: a late answer means nothing
         if heartbeat_interval_ms > 0:
             self.heartbeat_interval = heartbeat_interval_ms / 1000
-        self.due = now + self.heartbeat_interval
+        self.due = now if self.again else now + self.heartbeat_interval
+        self.again = False
         self.member_id = member_id or self.member_id
         self.member_epoch = member_epoch
         joined = self.state is MemberState.JOINING
@@ -249,6 +254,7 @@ class Membership:
     def on_error(self, now: float, error: SluiceError) -> list[Event]:
         """A heartbeat failed: a refusal in the response, or the RPC itself."""
         self.in_flight = False
+        self.again = False  # a retry (after the backoff) carries the latest state anyway
         if self.state in (MemberState.LEFT, MemberState.FENCED, MemberState.FATAL):
             return []
         if isinstance(error, FencedMemberEpoch | StaleMemberEpoch | UnknownMember):
@@ -292,7 +298,17 @@ class Membership:
         self.heartbeat_now(now)
 
     def heartbeat_now(self, now: float) -> None:
+        """Heartbeat at once: the consumer released partitions, or the coordinator asked
+        (``heartbeat_now`` on the stream). With one in flight, right after its answer."""
+        if self.in_flight:
+            self.again = True
         self.due = min(self.due, now)
+
+    def resend(self, now: float) -> None:
+        """The heartbeat in flight was never delivered (e.g. the coordinator does not
+        implement the stream): send it again at once, without counting a failure."""
+        self.in_flight = False
+        self.due = now
 
     def lost_handled(self, now: float) -> None:
         """The consumer dropped everything after a Lost event: rejoin with epoch 0."""

@@ -51,6 +51,9 @@ class Group:
         self.owned_tps: dict[str, frozenset[tuple[str, int]]] = {}
         #: Members with partitions pending revocation: the only ones a rebalance deadline applies to.
         self.revoking: set[str] = set()
+        #: Members waiting for partitions other members still hold (UNRELEASED_PARTITIONS): the ones to
+        #: tell at once when a partition comes free.
+        self.waiting: set[str] = set()
         #: Whether a metadata record exists (a config may be set before anyone joins).
         self.exists = False
 
@@ -108,11 +111,14 @@ class Group:
         self.owned_tps[record.member_id] = frozenset((t, p) for _, t, p in record.owned)
         if record.pending:
             self.revoking.add(record.member_id)
+        if record.state == MemberState.UNRELEASED_PARTITIONS.value:
+            self.waiting.add(record.member_id)
 
     def remove_current(self, member_id: str) -> None:
         old = self.current.pop(member_id, None)
         self.owned_tps.pop(member_id, None)
         self.revoking.discard(member_id)
+        self.waiting.discard(member_id)
         if old is not None:
             for slot in old.owned:
                 if self.owner.get(slot) == member_id:

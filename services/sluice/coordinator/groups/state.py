@@ -426,23 +426,7 @@ class GroupsState:
         fingerprint: tuple[object, ...] | None = None,
     ) -> Result[HeartbeatResponse]:
         before = g.reconciled(member_id) if member_id in g.current else None
-        current = before or Reconciled(0, -1, MemberState.STABLE, frozenset(), frozenset())
-        exclusive = change.members[member_id].message_model is MessageModel.CLUSTERING
-        owner = g.owner
-        removed = change.removed
-
-        def is_free(slot: Slot) -> bool:
-            holder = owner.get(slot)
-            return holder is None or holder == member_id or holder in removed
-
-        after = reconcile(
-            current,
-            change.assignment_epoch,
-            change.targets.get(member_id, frozenset()),
-            req.owned,
-            is_free,
-            exclusive,
-        )
+        after = self._reconcile(g, change, member_id, req, before)
         records = change.records
         if after != before:
             records.append(
@@ -456,9 +440,77 @@ class GroupsState:
                     after.pending,
                 )
             )
+        response = self._respond(
+            g, change, member_id, req, now_ms, after, joined, fingerprint or _fingerprint(req)
+        )
+        return Result(response, tuple(records))
+
+    def quick_heartbeat(self, req: HeartbeatRequest, now_ms: int) -> HeartbeatResponse | None:
+        """The answer to a regular heartbeat that changes nothing durable, or None when it may change
+        something (the caller then runs :meth:`heartbeat` under the write lock).
+
+        Touches soft state only when it answers. Caller: the service, *without* the write lock: the
+        answer is the one :meth:`heartbeat` would give on the current state and it writes nothing, so it
+        is as if it ran just before any write still in flight. The checks are the ones
+        :meth:`_heartbeat` makes: an unchanged fingerprint means the subscription, model and timeouts
+        were validated when it was stored, and an unchanged reconciliation means no record.
+        """
+        if req.member_epoch <= 0:
+            return None
+        g = self.groups.get(req.group)
+        if g is None or req.member_id not in g.current:
+            return None
+        soft = self.soft.members.get((req.group, req.member_id))
+        if soft is None or soft.fingerprint is None:
+            return None
+        cur = g.reconciled(req.member_id)
+        if req.member_epoch != cur.member_epoch or soft.fingerprint != _fingerprint(req):
+            return None
+        for _, partition in req.owned:
+            if partition < 0:
+                return None  # the full path refuses it
+        change = _Change(g, g.members, g.tracks, g.targets, g.group_epoch, g.assignment_epoch, g.config)
+        after = self._reconcile(g, change, req.member_id, req, cur)
+        if after != cur:
+            return None
+        return self._respond(g, change, req.member_id, req, now_ms, after, False, soft.fingerprint)
+
+    def _reconcile(
+        self, g: Group, change: _Change, member_id: str, req: HeartbeatRequest, before: Reconciled | None
+    ) -> Reconciled:
+        current = before or Reconciled(0, -1, MemberState.STABLE, frozenset(), frozenset())
+        exclusive = change.members[member_id].message_model is MessageModel.CLUSTERING
+        owner = g.owner
+        removed = change.removed
+
+        def is_free(slot: Slot) -> bool:
+            holder = owner.get(slot)
+            return holder is None or holder == member_id or holder in removed
+
+        return reconcile(
+            current,
+            change.assignment_epoch,
+            change.targets.get(member_id, frozenset()),
+            req.owned,
+            is_free,
+            exclusive,
+        )
+
+    def _respond(
+        self,
+        g: Group,
+        change: _Change,
+        member_id: str,
+        req: HeartbeatRequest,
+        now_ms: int,
+        after: Reconciled,
+        joined: bool,
+        fingerprint: tuple[object, ...],
+    ) -> HeartbeatResponse:
+        """The answer for ``after``, and the member's soft state (liveness, fingerprint, deadline)."""
         soft = self.soft.touch(g.group_id, member_id, now_ms)
         soft.away = False
-        soft.fingerprint = fingerprint if fingerprint is not None else _fingerprint(req)
+        soft.fingerprint = fingerprint
         if after.pending:
             if soft.revoke_deadline_ms is None:
                 soft.revoke_deadline_ms = now_ms + self._rebalance_timeout(g, change.members[member_id])
@@ -484,10 +536,7 @@ class GroupsState:
             # target is being computed only its newcomers hurry: thousands of members heartbeating at
             # the short interval through a join storm would multiply the coordinator's load by ten.
             interval = min(interval, self.settings.reconcile_heartbeat_interval_ms)
-        return Result(
-            HeartbeatResponse(member_id, after.member_epoch, interval, assignment),
-            tuple(records),
-        )
+        return HeartbeatResponse(member_id, after.member_epoch, interval, assignment)
 
     def _rebalance_timeout(self, g: Group, member: MemberRecord) -> int:
         """How long the member may hold a revoked partition: its own ``rebalance_timeout_ms``, bounded by
@@ -791,6 +840,49 @@ class GroupsState:
             owners=dict(g.owner),
             topics=self._partitions(g.members.values()),
         )
+
+    def members_to_nudge(
+        self, records: Iterable[Record], assignment_epochs: Mapping[str, int]
+    ) -> list[tuple[str, str]]:
+        """After ``records`` were replayed: the (group, member)s that can make progress only by
+        heartbeating, so a streaming member is told to heartbeat now instead of at its next interval.
+        ``assignment_epochs``: each touched group's assignment epoch before the write.
+
+        - a member whose target changed (it has partitions to release or to take);
+        - the members waiting for partitions (UNRELEASED_PARTITIONS) when someone's current assignment
+          changed or went away: the partition may be free now;
+        - a removed member (fenced, expired): it learns at once that it must rejoin;
+        - when a small group's assignment epoch moved, every member not at it yet (the group is
+          reconciling until each has heartbeated). Big groups' members with an unchanged target move
+          their epoch at their regular heartbeat: telling thousands at once would be a heartbeat storm.
+        """
+        out: dict[str, set[str]] = {}
+        freed: set[str] = set()
+        for r in records:
+            if isinstance(r, TargetAssignmentRecord):
+                out.setdefault(r.group, set()).add(r.member_id)
+            elif isinstance(r, CurrentAssignmentRecord):
+                freed.add(r.group)
+            elif isinstance(r, Tombstone) and r.type in (CurrentAssignmentRecord.TYPE, MemberRecord.TYPE):
+                group_id, _, member_id = r.id.partition("/")
+                freed.add(group_id)
+                if r.type == MemberRecord.TYPE:
+                    out.setdefault(group_id, set()).add(member_id)
+        for group_id in freed:
+            g = self.groups.get(group_id)
+            if g is not None and g.waiting:
+                out.setdefault(group_id, set()).update(g.waiting)
+        for group_id, before in assignment_epochs.items():
+            g = self.groups.get(group_id)
+            if (
+                g is not None
+                and g.assignment_epoch != before
+                and len(g.members) < self.settings.assignment_batch_min_members
+            ):
+                epoch = g.assignment_epoch
+                behind = {mid for mid, cur in g.current.items() if cur.member_epoch != epoch}
+                out.setdefault(group_id, set()).update(behind)
+        return [(group_id, mid) for group_id in sorted(out) for mid in sorted(out[group_id])]
 
     def touched_groups(self, records: Iterable[Record]) -> set[str]:
         """Groups that ``records`` change (for metrics after a write)."""
