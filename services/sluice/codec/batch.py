@@ -747,11 +747,15 @@ class BatchView:
 
 def batch_views(buf: bytes, verify_crc: bool = True) -> list[BatchView]:
     """A view per batch of a run of concatenated batches (a short tail is ignored, as a fetch may cut
-    the last batch)."""
+    the last batch).
+
+    Each view owns a copy of its batch's bytes (one memcpy per batch; none when ``buf`` is exactly
+    one batch), so a record kept alive keeps its batch, not the whole fetch response.
+    """
     out: list[BatchView] = []
     mv = memoryview(buf)
     for pos, h in iter_headers(buf):
         if verify_crc and crc32c(mv[pos + CRC_START : pos + h.length]) != h.crc:
             raise CorruptBatch(f"batch at offset {h.base_offset} failed its CRC check")
-        out.append(BatchView(buf, pos, h))
+        out.append(BatchView(buf[pos : pos + h.length], 0, h))
     return out

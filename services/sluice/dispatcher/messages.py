@@ -18,7 +18,7 @@ need them), and the DLQ decodes the few records it publishes (:attr:`Message.rec
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from sluice.codec.batch import BatchView, Record
 from sluice.dispatcher.keyshared import key_hash
@@ -26,6 +26,7 @@ from sluice.v1 import dispatcher_pb2 as pb
 
 __all__ = [
     "Message",
+    "compact",
     "encode_batch_event",
     "encode_batches_event",
     "encode_pushed",
@@ -220,3 +221,54 @@ def _add_cut(
     group = counts[first:end]
     if any(group):
         entry.redelivery_counts.extend(group)
+
+
+#: Batches smaller than this are never compacted: keeping them whole costs little.
+COMPACT_MIN_BATCH_BYTES = 64 * 1024
+#: A batch is compacted when the messages still held account for less than 1/COMPACT_RATIO of it.
+COMPACT_RATIO = 8
+
+
+def compact(held: Iterable[Message]) -> int:
+    """Move long-held messages out of mostly-finished large batches; returns the bytes released.
+
+    A message keeps its whole log batch alive (up to the producer's batch size, 1 MiB by default).
+    When a consumer leaves a few messages of a large batch unacknowledged (poison messages, slow
+    work), the batch would stay in memory for them: here those messages get a batch of their own,
+    cut from the old one (their cached hash and encoding stay valid). Caller: the runtime, every few
+    seconds, with every message a subscription holds (in flight, waiting for redelivery, dead).
+    """
+    by_view: dict[int, list[Message]] = {}
+    for m in held:
+        group = by_view.get(id(m.view))
+        if group is None:
+            by_view[id(m.view)] = [m]
+        else:
+            group.append(m)
+    released = 0
+    for group in by_view.values():
+        view = group[0].view
+        length = view.header.length
+        if length < COMPACT_MIN_BATCH_BYTES or len(group) * COMPACT_RATIO * group[0].size > length:
+            continue
+        # Other holders (another subscription, a pending queue) may still reference the old view;
+        # messages are shared, so moving them here moves them for every subscription.
+        indexes = sorted({m.index for m in group})
+        small = BatchView(view.cut(list(_runs(indexes))))
+        new_index = {i: k for k, i in enumerate(indexes)}
+        for m in group:
+            if m.view is view:
+                m.index = new_index[m.index]
+                m.view = small
+        released += length - small.header.length
+    return released
+
+
+def _runs(indexes: list[int]) -> Iterator[tuple[int, int]]:
+    start = end = indexes[0]
+    for i in indexes:
+        if i != end:
+            yield start, end
+            start = i
+        end = i + 1
+    yield start, end

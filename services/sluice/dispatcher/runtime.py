@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sluice.dispatcher.consumer import Consumer
-from sluice.dispatcher.messages import Message, encode_batch_event, encode_batches_event
+from sluice.dispatcher.messages import Message, compact, encode_batch_event, encode_batches_event
 from sluice.dispatcher.model import Effects, SubscriptionSettings
 from sluice.dispatcher.subscription import Subscription
 from sluice.errors import SluiceError
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 __all__ = ["ConsumerStream", "SubscriptionRuntime"]
 
 Outgoing = bytes | pb.DispatcherEvent | None
+#: Seconds between looks for long-held messages pinning large batches (``messages.compact``).
+COMPACT_INTERVAL = 5.0
 
 
 class ConsumerStream:
@@ -82,6 +84,7 @@ class SubscriptionRuntime:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due: int | None = None
         self._dead: list[tuple[Message, int]] = []
+        self._compactor: asyncio.TimerHandle | None = None
         self._dlq_task: asyncio.Task[None] | None = None
         metrics = service.metrics
         self._m_messages = metrics.dispatched_messages.labels(topic, name)
@@ -151,6 +154,8 @@ class SubscriptionRuntime:
         self._arm_timer()
         if fx.deliveries:
             self.service.kick_feeds(self)
+            if self._compactor is None:
+                self._compactor = asyncio.get_running_loop().call_later(COMPACT_INTERVAL, self._compact)
 
     def call(self, fn: Callable[[int], Effects]) -> None:
         self.apply(fn(self.service.now_ms()))
@@ -177,6 +182,18 @@ class SubscriptionRuntime:
         self._timer = self._timer_due = None
         if not self.closing:
             self.apply(self.machine.tick(self.service.now_ms()))
+
+    def _compact(self) -> None:
+        """Every COMPACT_INTERVAL while messages are held: free large batches that only a few held
+        messages keep alive. Re-armed by the next delivery once nothing is held."""
+        self._compactor = None
+        held = list(self.machine.held_messages())
+        if self.closing or not held:
+            return
+        released = compact(held)
+        if released:
+            log.debug("%s/%s: compacted held messages, %d bytes released", self.topic, self.name, released)
+        self._compactor = asyncio.get_running_loop().call_later(COMPACT_INTERVAL, self._compact)
 
     # ---- dead letters --------------------------------------------------------------------------------
 
@@ -213,6 +230,9 @@ class SubscriptionRuntime:
         if self.linger is not None:
             self.linger.cancel()
             self.linger = None
+        if self._compactor is not None:
+            self._compactor.cancel()
+            self._compactor = None
         if self._dlq_task is not None:
             self._dlq_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from sluice.dispatcher import selectors
 from sluice.dispatcher.consumer import Consumer, ConsumerSpec, ConsumerState
@@ -622,3 +622,14 @@ class Subscription:
 
     def unacked_total(self) -> int:
         return sum(len(ps.inflight) for ps in self.partitions.values())
+
+    def held_messages(self) -> Iterator[Message]:
+        """Every message sent and not acknowledged, or waiting for redelivery or the DLQ (what may stay
+        in memory for long; ``messages.compact`` looks at these)."""
+        for c in self.consumers.values():
+            for msgs in c.inflight.values():
+                yield from msgs.values()
+        for ps in self.partitions.values():
+            yield from ps.replay.values()
+            yield from ps.delayed.values()
+            yield from ps.dead.values()

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from sluice.codec.batch import BatchBuilder, Record, batch_views, decode_records, stamp, validate_batch
 from sluice.dispatcher.messages import (
+    COMPACT_MIN_BATCH_BYTES,
     Message,
+    compact,
     encode_batch_event,
     encode_batches_event,
     encode_pushed,
@@ -120,3 +122,25 @@ def test_messages_of_skips_records_below_the_start() -> None:
     views = list({id(m.view): m.view for m in msgs}.values())
     assert [m.offset for m in messages_of(views, 0, 12)] == [12, 13, 14]
     assert messages_of(views, 0, 15) == []
+
+
+def test_compact_moves_few_held_messages_out_of_a_large_batch() -> None:
+    rows = [(f"k{i}".encode(), bytes([i % 251]) * 100, "a" if i % 2 else None, {}) for i in range(2000)]
+    msgs = log_batch(1, 500, rows)
+    big = msgs[0].view
+    assert big.header.length > COMPACT_MIN_BATCH_BYTES
+    held = [msgs[3], msgs[4], msgs[1500]]
+    before = [(m.offset, m.record, m.key_hash) for m in held]
+    released = compact(held)
+    assert released > big.header.length * 0.9
+    assert all(m.view is not big for m in held)
+    assert held[0].view is held[2].view, "one small batch for the group"
+    assert [(m.offset, m.record, m.key_hash) for m in held] == before
+    # Delivering them afterwards still carries exactly these records.
+    event = pb.DispatcherEvent.FromString(encode_batches_event("t", held, [0, 2, 0]))
+    (entry,) = event.messages.batches
+    assert [r.offset for r in decode_records(entry.records, "", 1)] == [503, 504, 2000]
+    assert list(entry.redelivery_counts) == [0, 2, 0]
+    # Many held messages of a batch: it stays as it is.
+    assert compact(msgs[:1000]) == 0
+    assert msgs[0].view is big
