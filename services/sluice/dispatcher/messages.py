@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat
 
 from sluice.codec.batch import BatchView, Record
 from sluice.dispatcher.keyshared import key_hash
@@ -127,7 +128,9 @@ def messages_of(views: Sequence[BatchView], partition: int, start: int) -> list[
         offsets = v.offsets
         size = h.length // h.record_count + _OVERHEAD
         first = bisect_left(offsets, start) if offsets[0] < start else 0
-        out += [Message(v, i, o, partition, size) for i, o in enumerate(offsets[first:], first)]
+        # map() with repeat(): about half the cost of a list comprehension calling the class.
+        n = len(offsets)
+        out += map(Message, repeat(v), range(first, n), offsets[first:], repeat(partition), repeat(size))
     return out
 
 

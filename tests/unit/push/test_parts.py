@@ -1,16 +1,20 @@
-"""Backoff, outbound coalescing, config validation and the nack backoff schedule."""
+"""Backoff, outbound coalescing (acks as ranges), config validation, the nack backoff schedule and
+reading messages out of forwarded record batches."""
 
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
 
 from sluice.client.push.backoff import Backoff
 from sluice.client.push.config import KeySharedPolicy, PushConsumerConfig, dlq_topic
+from sluice.client.push.message import messages_of
 from sluice.client.push.nacks import NackScheduler, backoff_hold
-from sluice.client.push.outbound import Outbound
+from sluice.client.push.outbound import ACK_BATCH, Outbound, ack_ranges
+from sluice.codec.batch import BatchBuilder, BatchView, stamp
 from sluice.errors import InvalidArgument, InvalidFilter
 from sluice.v1 import dispatcher_pb2 as pb
 
@@ -114,3 +118,77 @@ def test_nack_backoff_schedule() -> None:
     assert done.wait(2)
     assert fired == [1, 2]
     s.close()
+
+
+def test_outbound_acks_linger_then_leave_as_ranges() -> None:
+    out = Outbound(pb.Subscribe())
+    out.ack_ranges = True
+    it = iter(out)
+    next(it)  # subscribe
+    got: list[pb.ConsumerCommand] = []
+    t = threading.Thread(target=lambda: got.append(next(it)))
+    t.start()
+    time.sleep(0.05)  # the writer is waiting for work
+    start = time.monotonic()
+    for o in (5, 3, 4, 9):
+        out.ack(0, o)
+    out.ack(2, 1)
+    t.join(5)
+    assert time.monotonic() - start < 1.0, "a lone batch of acks leaves after the linger"
+    (cmd,) = got
+    assert not cmd.ack.ids
+    assert [(r.partition, list(r.bounds)) for r in cmd.ack.ranges] == [(0, [3, 6, 9, 10]), (2, [1, 2])]
+    # A full batch does not wait for the linger; a flow takes pending acks along at once.
+    for o in range(ACK_BATCH):
+        out.ack(1, o)
+    assert [(r.partition, list(r.bounds)) for r in next(it).ack.ranges] == [(1, [0, ACK_BATCH])]
+    out.ack(1, 1000)
+    out.flow(1)
+    assert [c.WhichOneof("command") for c in (next(it), next(it))] == ["ack", "flow"]
+    assert out.sent["ack"] == 3
+
+
+def test_ack_ranges_merge_runs_and_repeats() -> None:
+    assert ack_ranges([(0, 5), (0, 3), (1, 9), (0, 4), (0, 7)]) == {0: [3, 6, 7, 8], 1: [9, 10]}
+    assert ack_ranges([(0, 1), (0, 1), (0, 2)]) == {0: [1, 3]}
+
+
+def test_messages_of_forwarded_batches_read_fields_lazily() -> None:
+    b = BatchBuilder()
+    b.append(b"v0", b"k0", "a", {"h": b"1"}, 1_000)
+    b.append(b"v1", None, None, None, 1_005)
+    b.append(b"v2", b"k2", "b", None, 1_010)
+    raw = bytearray(b.build())
+    stamp(raw, 0, 40, 1)
+    view = BatchView(bytes(raw))
+    cut = view.cut([(0, 1), (2, 3)])  # what a consumer given offsets 40 and 42 gets
+    batch = pb.MessageBatch(topic="t")
+    batch.batches.add(partition=3, records=cut, redelivery_counts=[0, 2])
+    batch.batches.add(partition=3, records=bytes(raw))
+    session = object()
+    msgs = messages_of(batch, "t", session)
+    assert [(m.partition, m.offset, m.redelivery_count) for m in msgs] == [
+        (3, 40, 0),
+        (3, 42, 2),
+        (3, 40, 0),
+        (3, 41, 0),
+        (3, 42, 0),
+    ]
+    first, second = msgs[0], msgs[1]
+    assert (first.key, first.value, first.tag, first.headers, first.timestamp) == (
+        b"k0",
+        b"v0",
+        "a",
+        {"h": b"1"},
+        1_000,
+    )
+    assert (second.key, second.value, second.tag, second.headers, second.timestamp) == (
+        b"k2",
+        b"v2",
+        "b",
+        {},
+        1_010,
+    )
+    assert msgs[3].key is None
+    assert msgs[3].tag is None
+    assert all(m._session is session for m in msgs)

@@ -11,6 +11,7 @@ pays for the rest. A dispatcher that sends ``PushedMessage``s instead (one preda
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import NamedTuple
 
 from sluice.codec.batch import BatchView, batch_views
@@ -133,12 +134,11 @@ def messages_of(batch: dispatcher_pb2.MessageBatch, topic: str, session: object)
         k = 0
         for v in batch_views(entry.records):
             offsets = v.offsets
-            if counts:
-                c = counts[k : k + len(offsets)]
-                out += [Message(topic, p, o, session, v, i, c[i]) for i, o in enumerate(offsets)]
-                k += len(offsets)
-            else:
-                out += [Message(topic, p, o, session, v, i, 0) for i, o in enumerate(offsets)]
+            n = len(offsets)
+            # map() with repeat(): about half the cost of a list comprehension calling the class.
+            c = counts[k : k + n] if counts else repeat(0)
+            k += n
+            out += map(Message, repeat(topic), repeat(p), offsets, repeat(session), repeat(v), range(n), c)
     if batch.messages:
         out += [PushedMessageView(topic, pm, session) for pm in batch.messages]
     return out

@@ -4,10 +4,13 @@ Application threads hand commands to :class:`Outbound` (a lock and a few lists, 
 I/O); gRPC's request thread iterates it and gets protobuf commands. Whatever piled
 up while the previous command was being written goes out coalesced: every pending
 ack in one ``Ack``, every nack in one ``Nack``, the permits summed into one
-``Flow``. So there is no ack timer: a lone ack leaves at once, and under load acks
-batch themselves. When the dispatcher takes acks as ranges (``Subscribed.record_batches``)
-an ``Ack`` carries ``[start, end)`` runs per partition instead of one id per message:
-consecutive offsets, the usual case, cost one pair of numbers.
+``Flow``. Acks alone linger a little (``ACK_LINGER``, or until ``ACK_BATCH`` are
+pending): waking the writer for every ack made one ``Ack`` command per message or two
+under load, which cost both sides far more than the acks themselves. Anything else
+pending (permits, nacks, a close) sends the acks with it at once. When the dispatcher
+takes acks as ranges (``Subscribed.record_batches``) an ``Ack`` carries ``[start, end)``
+runs per partition instead of one id per message: consecutive offsets, the usual case,
+cost one pair of numbers.
 
 Acks go before permits in each round, so a consumer blocked on ``max_unacked`` is
 unblocked before it asks for more.
@@ -16,6 +19,7 @@ unblocked before it asks for more.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 
@@ -25,6 +29,11 @@ __all__ = ["Outbound", "ack_ranges"]
 
 # Bound one Ack message (and the time the writer holds the batch) under a flood of acks.
 MAX_IDS_PER_COMMAND = 10_000
+#: Acks wait at most this long for company before they are written (Pulsar groups acks for
+#: 100 ms by default; this only needs to turn a stream of acks into a few commands).
+ACK_LINGER = 0.002
+#: ... or until this many are pending.
+ACK_BATCH = 256
 
 
 class Outbound:
@@ -44,6 +53,8 @@ class Outbound:
         self._closed = False
         self._finishing = False
         self._writer_waiting = False
+        #: The writer waits (with a timeout) for more acks to join those pending.
+        self._lingering = False
         #: Send individual acks as ``Ack.ranges`` (set by the stream once the dispatcher said it
         #: takes them); else as ``Ack.ids``.
         self.ack_ranges = False
@@ -58,8 +69,11 @@ class Outbound:
             self._wake()
 
     def ack(self, partition: int, offset: int) -> None:
-        self._acks.append((partition, offset))
-        if self._writer_waiting:
+        acks = self._acks
+        acks.append((partition, offset))
+        # Wake a writer waiting for work (it then lingers for more acks), or end its linger at
+        # ACK_BATCH; acks during the linger need no wake-up. Read after the append (see __init__).
+        if self._writer_waiting and (not self._lingering or len(acks) >= ACK_BATCH):
             with self._cond:
                 self._cond.notify()
 
@@ -100,14 +114,27 @@ class Outbound:
         yield pb.ConsumerCommand(subscribe=self._subscribe)
         while True:
             with self._cond:
+                linger_until = 0.0
                 while True:
                     self._writer_waiting = True
-                    if self._closed or self._acks or self._cumulative or self._nacks or self._permits:
+                    if self._closed or self._cumulative or self._nacks or self._permits:
                         break
+                    if self._acks:
+                        if self._finishing or len(self._acks) >= ACK_BATCH:
+                            break
+                        now = time.monotonic()
+                        if not linger_until:
+                            linger_until = now + ACK_LINGER
+                        elif now >= linger_until:
+                            break
+                        self._lingering = True
+                        self._cond.wait(linger_until - now)
+                        continue
                     if self._finishing:
                         return
+                    self._lingering = False
                     self._cond.wait()
-                self._writer_waiting = False
+                self._writer_waiting = self._lingering = False
                 if self._closed:
                     return
                 pending, popleft = self._acks, self._acks.popleft
