@@ -9,6 +9,7 @@ to the offset store, feeds stop.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 
 from grpc import aio
@@ -21,6 +22,12 @@ from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main
 
 log = logging.getLogger(__name__)
+
+#: Generation-0 threshold of the cyclic GC. The dispatcher makes a few small objects per record it
+#: reads (freed by reference counting: messages hold no cycles), so with the default of 700 the
+#: collector ran every few hundred records and walked the young messages each time, a sizeable share
+#: of the per-record cost. 20,000 keeps each young collection well under a millisecond.
+GC_GEN0_THRESHOLD = 20_000
 
 
 class _DispatcherGrpcServer(GrpcServer):
@@ -46,6 +53,8 @@ def parse_config(argv: list[str]) -> DispatcherConfig:
 
 
 async def run(config: DispatcherConfig) -> None:
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
+    gc.freeze()  # what startup made lives forever: later collections need not walk it
     service = DispatcherService(config, dispatcher_metrics())
     servicer = DispatcherServicer(service)
 

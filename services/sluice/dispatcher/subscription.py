@@ -22,6 +22,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Iterable, Iterator
+from itertools import repeat
 
 from sluice.dispatcher import selectors
 from sluice.dispatcher.consumer import Consumer, ConsumerSpec, ConsumerState
@@ -361,10 +362,21 @@ class Subscription:
     ) -> int:
         pinf = ps.inflight
         cinf = consumer.inflight.get(ps.partition)
-        done: list[int] = []
-        released = 0
         key_shared = self.settings.type == SubscriptionType.KEY_SHARED
-        for o in set(offsets):
+        unique = set(offsets)
+        if cinf is not None and not key_shared and cinf.keys() >= unique:
+            # The common case (every id is in flight at this consumer): bulk C-level dict work
+            # instead of a Python loop per id.
+            deque(map(pinf.pop, unique), 0)
+            deque(map(cinf.pop, unique), 0)
+            done = sorted(unique)
+            if ps.delivery_seq:
+                deque(map(ps.delivery_seq.pop, done, repeat(None)), 0)
+            ps.cursor.ack_sorted(done)
+            return len(done)
+        done = []
+        released = 0
+        for o in unique:
             owner = pinf.get(o)
             if owner is consumer:
                 del pinf[o]
@@ -573,11 +585,9 @@ class Subscription:
         cinf = c.inflight.get(p)
         if cinf is None:
             cinf = c.inflight[p] = {}
-        pinf = ps.inflight
-        for m in msgs:
-            o = m.offset
-            cinf[o] = m
-            pinf[o] = c
+        offsets = [m.offset for m in msgs]
+        cinf.update(zip(offsets, msgs, strict=True))
+        ps.inflight.update(zip(offsets, repeat(c)))
         d = self.fx.delivery(c.consumer_id)
         d.messages += msgs
         if counts_map:
@@ -594,7 +604,6 @@ class Subscription:
                 held[h] = held.get(h, 0) + 1
         if c.spec.ack_timeout_ms:
             seq = next(self._delivery_seq)
-            offsets = [m.offset for m in msgs]
             for o in offsets:
                 ps.delivery_seq[o] = seq
             self.timers.push(now_ms + c.spec.ack_timeout_ms, ("ack", c, p, offsets, seq))

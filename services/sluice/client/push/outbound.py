@@ -55,6 +55,8 @@ class Outbound:
         self._writer_waiting = False
         #: The writer waits (with a timeout) for more acks to join those pending.
         self._lingering = False
+        #: The waiting writer was notified already (more notifies would only contend the lock).
+        self._woken = False
         #: Send individual acks as ``Ack.ranges`` (set by the stream once the dispatcher said it
         #: takes them); else as ``Ack.ids``.
         self.ack_ranges = False
@@ -73,9 +75,11 @@ class Outbound:
         acks.append((partition, offset))
         # Wake a writer waiting for work (it then lingers for more acks), or end its linger at
         # ACK_BATCH; acks during the linger need no wake-up. Read after the append (see __init__).
-        if self._writer_waiting and (not self._lingering or len(acks) >= ACK_BATCH):
+        # One wake-up per writer wait: notifying on every ack past the threshold made the
+        # acking thread fight the waking writer for the lock (a convoy costing microseconds per ack).
+        if self._writer_waiting and not self._woken and (not self._lingering or len(acks) >= ACK_BATCH):
             with self._cond:
-                self._cond.notify()
+                self._wake()
 
     def ack_cumulative(self, partition: int, offset: int) -> None:
         with self._cond:
@@ -105,7 +109,9 @@ class Outbound:
         return self._closed
 
     def _wake(self) -> None:
-        if self._writer_waiting:
+        """Under the lock."""
+        if self._writer_waiting and not self._woken:
+            self._woken = True
             self._cond.notify()
 
     # ---- the writer (gRPC's request thread) ----------------------------------------------
@@ -117,6 +123,7 @@ class Outbound:
                 linger_until = 0.0
                 while True:
                     self._writer_waiting = True
+                    self._woken = False
                     if self._closed or self._cumulative or self._nacks or self._permits:
                         break
                     if self._acks:
