@@ -124,6 +124,14 @@ class Prometheus:
                 raise PrometheusError(f"not every target was scraped after {moment} within {timeout}s")
             time.sleep(0.2)
 
+    def wait_until(self, expr: str, timeout: float = 30) -> None:
+        """Until ``expr`` (e.g. ``increase(x[15s]) > 0``) has a result: what a panel needs was scraped."""
+        deadline = time.monotonic() + timeout
+        while not has_number(self.query(expr)):
+            if time.monotonic() > deadline:
+                raise PrometheusError(f"no result for {expr} within {timeout}s")
+            time.sleep(0.2)
+
 
 def has_number(series: list[dict[str, Any]]) -> bool:
     """True when some sample of an instant or range result is a number (not NaN): a panel would draw it."""

@@ -137,6 +137,13 @@ def observed(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             workload.scenario()
             workload.start()
             workload.wait_for_dead_letters()
+            # The rebalances above may all fall between two scrapes of a loaded machine; one more, once
+            # Prometheus holds the group's rebalance count, is one its rate() must see.
+            selector = f'namespace="{NAMESPACE}", group="{GROUP}"'
+            rebalances = f"sluice_coordinator_rebalance_duration_seconds_count{{{selector}}}"
+            prom.wait_until(rebalances)
+            workload.join_and_leave()
+            prom.wait_until(f"increase({rebalances}[15s]) > 0")
             # A few scrapes after the last series appeared, so rate() has two samples of it at
             # several steps of the range queries.
             prom.wait_scraped_after(time.time() + 3, f'namespace="{NAMESPACE}"', len(targets))

@@ -166,6 +166,20 @@ class Workload:
                  lambda: total(scrape(coordinator), "sluice_coordinator_fenced_members_total") > fenced, 20,
                  lambda: second.poll(0.1))  # fmt: skip
 
+    def join_and_leave(self) -> None:
+        """A third member joins and, once the group has settled with it, leaves: two more rebalances,
+        while the steady traffic (and the scrapes) run."""
+        coordinator = self.metrics["coordinator"]
+        name, group = "sluice_coordinator_rebalance_duration_seconds_count", f'group="{GROUP}"'
+        settled = total(scrape(coordinator), name, group)
+        extra = self.client.consumer(GROUP, TOPIC, auto_offset_reset="earliest", max_poll_records=50)
+        try:
+            wait_for("the group to settle with a third member",
+                     lambda: total(scrape(coordinator), name, group) > settled, 20,
+                     lambda: extra.poll(0.1))  # fmt: skip
+        finally:
+            extra.close()
+
     # ---- steady traffic ------------------------------------------------------------------------------------
 
     def start(self) -> None:

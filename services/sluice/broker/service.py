@@ -223,6 +223,20 @@ class BrokerService:
 
     async def produce(self, acks: int, timeout_ms: int, items: Sequence[ProduceItem]) -> list[ProduceResult]:
         """Append each partition's batches; per-partition results, in request order."""
+        results, durable = self.append(acks, timeout_ms, items)
+        if durable:
+            await self.wait_durable(results, timeout_ms)
+        return results
+
+    def append(
+        self, acks: int, timeout_ms: int, items: Sequence[ProduceItem]
+    ) -> tuple[list[ProduceResult], bool]:
+        """The synchronous half of a produce: validate and append, in the caller's order.
+
+        Returns the per-partition results and whether the acknowledgement must wait for an
+        fsync (``wait_durable``). Split from ``produce`` so ProduceStream appends each
+        request the moment it is read, in stream order, while earlier ones await their fsync.
+        """
         self._check_running()
         if not items:
             raise InvalidRequest("the produce request names no partitions")
@@ -230,14 +244,17 @@ class BrokerService:
             raise InvalidArgument(f"acks must be 0 or 1 (-1 means the same as 1), got {acks}")
         if not 0 <= timeout_ms <= MAX_PRODUCE_TIMEOUT_MS:
             raise InvalidArgument(f"timeout_ms must be in [0, {MAX_PRODUCE_TIMEOUT_MS}], got {timeout_ms}")
+        results = [self._append(item) for item in items]
+        if acks == 0:
+            self.flusher.kick()
+            return results, False
+        durable = self.flusher.policy is FlushPolicy.ALWAYS and any(r.error is None for r in results)
+        return results, durable
+
+    async def wait_durable(self, results: list[ProduceResult], timeout_ms: int) -> None:
+        """Wait until the appends behind ``results`` are fsynced; a failure is set on each result."""
         with self._inflight.track():
-            results = [self._append(item) for item in items]
-            if acks == 0:
-                self.flusher.kick()
-                return results
-            if self.flusher.policy is FlushPolicy.ALWAYS and any(r.error is None for r in results):
-                await self._wait_durable(results, timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS)
-            return results
+            await self._wait_durable(results, timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS)
 
     def _append(self, item: ProduceItem) -> ProduceResult:
         topic, partition = item.topic, item.partition

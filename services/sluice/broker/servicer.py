@@ -7,10 +7,23 @@ converters are also used by the coordinator link for heartbeat-carried updates.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
 from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment, TopicOverrides
 from sluice.broker.fetch import PartitionRead, PartitionSpec
-from sluice.broker.service import BrokerService, FetchOutcome, FetchParams, OffsetQuery, ProduceItem
+from sluice.broker.service import (
+    BrokerService,
+    FetchOutcome,
+    FetchParams,
+    OffsetQuery,
+    ProduceItem,
+    ProduceResult,
+)
 from sluice.errors import SluiceError
+from sluice.server.metrics import MethodRecorder
 from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 
@@ -76,32 +89,119 @@ def fetch_response_to_proto(outcome: FetchOutcome) -> broker_pb2.FetchResponse:
     )
 
 
+def _produce_items(request: broker_pb2.ProduceRequest) -> list[ProduceItem]:
+    return [ProduceItem(p.topic, p.partition, p.records) for p in request.partitions]
+
+
+def produce_response_to_proto(results: list[ProduceResult], request_id: int) -> broker_pb2.ProduceResponse:
+    return broker_pb2.ProduceResponse(
+        partitions=[
+            broker_pb2.ProducePartitionResponse(
+                topic=r.topic,
+                partition=r.partition,
+                error=_error(r.error),
+                base_offset=r.base_offset,
+                log_append_time_ms=r.append_time_ms,
+                log_start_offset=r.log_start_offset,
+            )
+            for r in results
+        ],
+        request_id=request_id,
+    )
+
+
+# ProduceStream requests appended but not yet answered, per stream.
+MAX_STREAM_PIPELINE = 64
+
+
+@dataclass(slots=True)
+class _StreamedProduce:
+    """A ProduceStream request already appended, waiting (maybe) for its fsync."""
+
+    request_id: int
+    timeout_ms: int
+    started: float
+    results: list[ProduceResult]
+    durable: bool  # the answer waits for wait_durable
+    error: SluiceError | None
+
+
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     def __init__(self, service: BrokerService) -> None:
         self.service = service
+        self._produce_metrics = MethodRecorder("broker", "Produce")
+        self._fetch_metrics = MethodRecorder("broker", "Fetch")
 
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: object
     ) -> broker_pb2.ProduceResponse:
-        items = [ProduceItem(p.topic, p.partition, p.records) for p in request.partitions]
-        results = await self.service.produce(request.acks, request.timeout_ms, items)
-        return broker_pb2.ProduceResponse(
-            partitions=[
-                broker_pb2.ProducePartitionResponse(
-                    topic=r.topic,
-                    partition=r.partition,
-                    error=_error(r.error),
-                    base_offset=r.base_offset,
-                    log_append_time_ms=r.append_time_ms,
-                    log_start_offset=r.log_start_offset,
-                )
-                for r in results
-            ]
-        )
+        results = await self.service.produce(request.acks, request.timeout_ms, _produce_items(request))
+        return produce_response_to_proto(results, request.request_id)
 
     async def Fetch(self, request: broker_pb2.FetchRequest, context: object) -> broker_pb2.FetchResponse:
         outcome = await self.service.fetch(fetch_params_from_proto(request))
-        return fetch_response_to_proto(outcome)
+        response = fetch_response_to_proto(outcome)
+        response.request_id = request.request_id
+        return response
+
+    async def ProduceStream(
+        self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: object
+    ) -> AsyncIterator[broker_pb2.ProduceResponse]:
+        """Appends each request as soon as it is read (stream order is append order), and
+        answers in that order once each is durable. A reader task keeps appending while an
+        earlier request awaits its fsync, so one group commit serves every request in flight."""
+        # Bounded: a client pipelining without limit waits here, not in the broker's memory.
+        appended: asyncio.Queue[_StreamedProduce | None] = asyncio.Queue(MAX_STREAM_PIPELINE)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await appended.put(self._append(request))
+            finally:
+                await appended.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await appended.get()) is not None:
+                if item.durable:
+                    await self.service.wait_durable(item.results, item.timeout_ms)
+                yield self._produce_answer(item)
+            await reader  # the transport's error, if the stream ended with one
+        finally:
+            reader.cancel()
+
+    def _append(self, request: broker_pb2.ProduceRequest) -> _StreamedProduce:
+        started = time.perf_counter()
+        try:
+            results, durable = self.service.append(request.acks, request.timeout_ms, _produce_items(request))
+        except SluiceError as err:
+            return _StreamedProduce(request.request_id, request.timeout_ms, started, [], False, err)
+        return _StreamedProduce(request.request_id, request.timeout_ms, started, results, durable, None)
+
+    def _produce_answer(self, item: _StreamedProduce) -> broker_pb2.ProduceResponse:
+        if item.error is not None:
+            self._produce_metrics.record(item.error.code_name, item.started)
+            return broker_pb2.ProduceResponse(error=item.error.to_proto(), request_id=item.request_id)
+        self._produce_metrics.record("OK", item.started)
+        return produce_response_to_proto(item.results, item.request_id)
+
+    async def FetchStream(
+        self, request_iterator: AsyncIterator[broker_pb2.FetchRequest], context: object
+    ) -> AsyncIterator[broker_pb2.FetchResponse]:
+        """One fetch at a time per stream, answered in order (a client wanting several
+        fetches in flight to one broker opens several streams)."""
+        async for request in request_iterator:
+            started = time.perf_counter()
+            try:
+                outcome = await self.service.fetch(fetch_params_from_proto(request))
+            except SluiceError as err:
+                self._fetch_metrics.record(err.code_name, started)
+                yield broker_pb2.FetchResponse(error=err.to_proto(), request_id=request.request_id)
+                continue
+            response = fetch_response_to_proto(outcome)
+            response.request_id = request.request_id
+            self._fetch_metrics.record("OK", started)
+            yield response
 
     async def ListOffsets(
         self, request: broker_pb2.ListOffsetsRequest, context: object

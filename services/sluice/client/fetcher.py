@@ -1,8 +1,9 @@
 """The low-level fetch API: read partitions from given positions, no group.
 
 ``client.fetcher(positions, filters)`` keeps a position per (topic, partition)
-and, on each ``fetch()``, keeps at most one Fetch RPC in flight per broker, using
-an incremental fetch session per broker (see ``fetch_session``). When a response
+and, on each ``fetch()``, keeps at most one Fetch request in flight per broker, using
+an incremental fetch session per broker (see ``fetch_session``). Requests travel on
+one long-lived FetchStream per broker (``client.streams``). When a response
 arrives the positions advance to each partition's ``next_offset`` — also when a
 tag filter matched nothing — and the next request to that broker is sent
 *before* the records are decoded, so the broker works while this process
@@ -35,7 +36,8 @@ import grpc
 from sluice.client.fetch_session import FetchSession, PartitionFetchState, SessionRequest
 from sluice.client.metadata import MetadataCache
 from sluice.client.offsets import list_offsets
-from sluice.client.rpc import MAX_MESSAGE_BYTES, ChannelPool, result_of
+from sluice.client.rpc import MAX_MESSAGE_BYTES, ChannelPool
+from sluice.client.streams import RequestStream
 from sluice.codec.batch import Record, decode_records, iter_headers
 from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_topic
@@ -92,6 +94,7 @@ class _Broker:
     in_flight: SessionRequest | None = None
     backoff_until: float = 0.0
     failures: int = 0
+    stream: RequestStream[broker_pb2.FetchRequest, broker_pb2.FetchResponse] | None = None
 
 
 @dataclass
@@ -257,6 +260,9 @@ class Fetcher:
     def close(self) -> None:
         """Stop; answers still in flight are dropped."""
         self._closed = True
+        for broker in self._brokers.values():
+            if broker.stream is not None:
+                broker.stream.close()
         self._wakeup.set()
 
     def __enter__(self) -> Fetcher:
@@ -338,13 +344,18 @@ class Fetcher:
         broker.in_flight = req
         address = broker.address
         try:
-            stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
-            future = stub.Fetch.future(request, timeout=self._max_wait_ms / 1000 + self._request_timeout)
-        except (grpc.RpcError, ValueError) as exc:
+            if broker.stream is None:
+                stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
+                broker.stream = RequestStream(stub.FetchStream, f"fetch-{address}")
+        except (SluiceError, grpc.RpcError, ValueError) as exc:
             self._completions.put((address, BrokerNotAvailable(f"cannot fetch from {address}: {exc}")))
             return
         completions = self._completions
-        future.add_done_callback(lambda f: completions.put((address, f)))
+        broker.stream.send(
+            request,
+            self._max_wait_ms / 1000 + self._request_timeout,
+            lambda outcome: completions.put((address, outcome)),
+        )
 
     # ---- responses ----------------------------------------------------------------------
 
@@ -358,7 +369,7 @@ class Fetcher:
         try:
             if isinstance(outcome, SluiceError):
                 raise outcome
-            resp: broker_pb2.FetchResponse = result_of(outcome)
+            resp: broker_pb2.FetchResponse = outcome
             if resp.error.code:
                 raise error_for_code(resp.error.code, resp.error.message)
         except (FetchSessionNotFound, InvalidFetchSessionEpoch) as exc:

@@ -17,7 +17,7 @@ from sluice.common.rpc import (
     call,
     error_from_rpc,
 )
-from sluice.errors import BrokerNotAvailable, SluiceError
+from sluice.errors import SluiceError
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -27,7 +27,6 @@ __all__ = [
     "ChannelPool",
     "call",
     "error_from_rpc",
-    "result_of",
 ]
 
 S = TypeVar("S")
@@ -43,16 +42,6 @@ CLIENT_CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
 )
-
-
-def result_of(future: grpc.Future[Any]) -> Any:
-    """The response of a completed ``stub.Method.future(...)`` call, or its typed error."""
-    try:
-        return future.result()
-    except grpc.RpcError as exc:
-        raise error_from_rpc(exc) from None
-    except grpc.FutureCancelledError:
-        raise BrokerNotAvailable("request cancelled") from None
 
 
 class ChannelPool:

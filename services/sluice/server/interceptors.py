@@ -19,7 +19,7 @@ from grpc import aio
 
 from sluice.common.rpc import ERROR_CODE_KEY
 from sluice.errors import SluiceError, Unauthenticated
-from sluice.server.metrics import rpc_metrics
+from sluice.server.metrics import MethodRecorder
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
     """
 
     def __init__(self, service: str, authenticator: Authenticator | None = None) -> None:
-        self._metrics = rpc_metrics(service)
+        self._service = service
         self._auth: Authenticator | None = (
             None if isinstance(authenticator, AllowAll | None) else authenticator
         )
@@ -81,18 +81,8 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def _wrap(self, full: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         method = _method_name(full)
-        metrics = self._metrics
         auth = self._auth
-        ok_requests = metrics.requests.labels(method, "OK")
-        latency = metrics.latency.labels(method)
-
-        def record(code: str, started: float) -> None:
-            latency.observe(time.perf_counter() - started)
-            if code == "OK":
-                ok_requests.inc()
-            else:
-                metrics.requests.labels(method, code).inc()
-                metrics.errors.labels(method, code).inc()
+        record = MethodRecorder(self._service, method).record
 
         def authenticate(context: aio.ServicerContext[Any, Any]) -> None:
             if auth is not None:

@@ -6,6 +6,7 @@ several services in one process do not register a name twice.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from threading import Lock
 
@@ -71,3 +72,31 @@ def rpc_metrics(service: str) -> RpcMetrics:
             )
             _cache[service] = m
         return m
+
+
+class MethodRecorder:
+    """The rate, latency and error series of one method, resolved once.
+
+    Used by the interceptor for every call, and by stream handlers that carry many
+    requests over one call (Broker.ProduceStream): each message is recorded under the
+    unary method it stands for, so dashboards count requests however they travel.
+    """
+
+    __slots__ = ("_errors", "_latency", "_method", "_ok", "_requests")
+
+    def __init__(self, service: str, method: str) -> None:
+        metrics = rpc_metrics(service)
+        self._method = method
+        self._requests = metrics.requests
+        self._errors = metrics.errors
+        self._ok = metrics.requests.labels(method, "OK")
+        self._latency = metrics.latency.labels(method)
+
+    def record(self, code: str, started: float) -> None:
+        """One request ended with ``code`` ("OK" or an error code name); ``started`` is perf_counter()."""
+        self._latency.observe(time.perf_counter() - started)
+        if code == "OK":
+            self._ok.inc()
+        else:
+            self._requests.labels(self._method, code).inc()
+            self._errors.labels(self._method, code).inc()

@@ -15,6 +15,7 @@ Every service process runs through :func:`serve`:
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -133,6 +134,10 @@ async def serve(
     await server.start()
     if before_ready is not None:
         await before_ready()
+    # Everything allocated at start-up (modules, protobuf descriptors, the loaded logs'
+    # indexes) lives as long as the process: move it out of the collector's reach, so a
+    # full collection scans only what requests allocate and its pause stays short.
+    gc.freeze()
     print(server.ready_line(), flush=True)
     log.info("%s serving on %s", server.service, server.address)
     await stop_requested.wait()

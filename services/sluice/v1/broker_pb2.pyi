@@ -26,11 +26,14 @@ class ProduceRequest(_message.Message):
     ACKS_FIELD_NUMBER: _builtins.int
     TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     acks: _builtins.int
     """0: no acknowledgement wanted (the response is sent before the append is
     durable); 1: acknowledged after the append and, under flush=always, fsync.
     """
     timeout_ms: _builtins.int
+    request_id: _builtins.int
+    """Echoed in the response; matches answers to requests on ProduceStream."""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProducePartition]: ...
     def __init__(
@@ -39,10 +42,11 @@ class ProduceRequest(_message.Message):
         acks: _builtins.int = ...,
         timeout_ms: _builtins.int = ...,
         partitions: _abc.Iterable[Global___ProducePartition] | None = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks", "partitions", b"partitions", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks", "partitions", b"partitions", "request_id", b"request_id", "timeout_ms", b"timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -79,16 +83,27 @@ class ProduceResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProducePartitionResponse]: ...
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """Set when the whole request was refused (ProduceStream only; the unary
+        Produce fails the call instead).
+        """
+
     def __init__(
         self,
         *,
         partitions: _abc.Iterable[Global___ProducePartitionResponse] | None = ...,
+        error: _common_pb2.Error | None = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "partitions", b"partitions", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -143,6 +158,7 @@ class FetchRequest(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     FORGOTTEN_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     max_wait_ms: _builtins.int
     min_bytes: _builtins.int
     max_bytes: _builtins.int
@@ -154,6 +170,8 @@ class FetchRequest(_message.Message):
     """
     session_epoch: _builtins.int
     client_id: _builtins.str
+    request_id: _builtins.int
+    """Echoed in the response; matches answers to requests on FetchStream."""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___FetchPartition]: ...
     @_builtins.property
@@ -169,10 +187,11 @@ class FetchRequest(_message.Message):
         partitions: _abc.Iterable[Global___FetchPartition] | None = ...,
         forgotten: _abc.Iterable[_common_pb2.TopicPartition] | None = ...,
         client_id: _builtins.str = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "forgotten", b"forgotten", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "forgotten", b"forgotten", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "request_id", b"request_id", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -217,7 +236,9 @@ class FetchResponse(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
+    request_id: _builtins.int
     @_builtins.property
     def error(self) -> _common_pb2.Error: ...
     @_builtins.property
@@ -228,10 +249,11 @@ class FetchResponse(_message.Message):
         error: _common_pb2.Error | None = ...,
         session_id: _builtins.int = ...,
         partitions: _abc.Iterable[Global___FetchPartitionResponse] | None = ...,
+        request_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "partitions", b"partitions", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "partitions", b"partitions", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,7 +27,8 @@ import grpc
 from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
 from sluice.client.producer.config import ProducerConfig
-from sluice.client.rpc import ChannelPool, result_of
+from sluice.client.rpc import ChannelPool
+from sluice.client.streams import RequestStream
 from sluice.errors import (
     BrokerNotAvailable,
     NotLeader,
@@ -85,6 +86,7 @@ class Sender:
         self._backoff_max = config.retry_backoff_max.total_seconds()
         self._responses: list[tuple[str, list[ProducerBatch], Any]] = []
         self._requests_in_flight: dict[str, int] = {}
+        self._streams: dict[str, RequestStream[broker_pb2.ProduceRequest, broker_pb2.ProduceResponse]] = {}
         #: Set by Producer.close when its timeout ran out: fail what is left and stop.
         self.force_close = False
         #: The exception that killed the thread, if any.
@@ -108,7 +110,9 @@ class Sender:
     def _run(self) -> None:
         try:
             self._loop()
+            self._close_streams()
         except BaseException as exc:
+            self._close_streams()
             log.exception("the producer's sender thread failed")
             self.failure = exc
             with self._cond:
@@ -195,19 +199,32 @@ class Sender:
                     for p, raw in runs.items()
                 ],
             )
-            stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
-            # A little more than the broker's own timeout, so its answer wins the race.
-            future = stub.Produce.future(request, timeout=self._request_timeout + 5.0)
+            stream = self._stream(address)
         except SluiceError as exc:
             self._on_done(address, batches, exc)
             return
         except (grpc.RpcError, ValueError) as exc:
             self._on_done(address, batches, BrokerNotAvailable(f"cannot send to broker {address}: {exc}"))
             return
-        future.add_done_callback(lambda f: self._on_done(address, batches, f))
+        # A little more than the broker's own timeout, so its answer wins the race.
+        stream.send(
+            request, self._request_timeout + 5.0, lambda outcome: self._on_done(address, batches, outcome)
+        )
+
+    def _stream(self, address: str) -> RequestStream[broker_pb2.ProduceRequest, broker_pb2.ProduceResponse]:
+        stream = self._streams.get(address)
+        if stream is None:
+            stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
+            stream = self._streams[address] = RequestStream(stub.ProduceStream, f"produce-{address}")
+        return stream
+
+    def _close_streams(self) -> None:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.close()
 
     def _on_done(self, address: str, batches: list[ProducerBatch], outcome: Any) -> None:
-        # Runs in a gRPC thread: only hand the response over to the sender thread.
+        # Runs in the stream's reader thread: only hand the response over to the sender thread.
         with self._cond:
             self._responses.append((address, batches, outcome))
             self._cond.notify_all()
@@ -223,7 +240,9 @@ class Sender:
             try:
                 if isinstance(outcome, SluiceError):
                     raise outcome
-                resp = result_of(outcome)
+                resp: broker_pb2.ProduceResponse = outcome
+                if resp.error.code:  # the broker refused the whole request
+                    raise error_for_code(resp.error.code, resp.error.message)
             except SluiceError as exc:
                 if isinstance(exc, BrokerNotAvailable):
                     exc = BrokerNotAvailable(f"broker {address}: {exc.message}")
