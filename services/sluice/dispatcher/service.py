@@ -306,10 +306,12 @@ class DispatcherService:
                     await feed.stop()
 
     def kick_feeds(self, rt: SubscriptionRuntime) -> None:
+        """``rt`` dispatched messages: its partitions' feeds may read for it again."""
         for p in rt.machine.partitions:
             feed = self.feeds.get((rt.topic, p))
-            if feed is not None:
-                feed.kick()
+            position = rt.read_position(p)
+            if feed is not None and position is not None and rt.wants(p):
+                feed.room(position)
 
     # ---- commands on a subscribed stream ---------------------------------------------------------------
 
