@@ -111,6 +111,13 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def save(name: str, data: dict[str, object]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     data = {"machine": f"{os.cpu_count()} cores", **data}

@@ -13,7 +13,7 @@ import multiprocessing as mp
 import struct
 import time
 
-from _stack import save, stack
+from _stack import cpu_seconds, save, stack
 from sluice import Client
 
 PARTITIONS = 4
@@ -21,15 +21,17 @@ PARTITIONS = 4
 
 def consume(bootstrap: str, total: int, ready: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
     latencies: list[float] = []
+    fetches = 0
     with Client(bootstrap) as client:
         fetcher = client.fetcher({("latency", p): 0 for p in range(PARTITIONS)}, max_wait_ms=500)
         ready.set()
         while len(latencies) < total:
+            fetches += 1
             for r in fetcher.fetch():
                 (sent,) = struct.unpack_from("<d", r.value)
                 latencies.append(time.perf_counter() - sent)
         fetcher.close()
-    out.put(latencies)
+    out.put((latencies, fetches))
 
 
 def main() -> None:
@@ -48,31 +50,40 @@ def main() -> None:
         ready.wait(60)
         # linger 0: latency mode sends each record as soon as the sender is free.
         producer = client.producer("latency", linger=0)
+        acks: list[float] = []  # send -> acknowledged, the producer's share of the latency
+        broker_cpu = cpu_seconds(s.broker.process.pid)
         interval = 1.0 / args.rate
         next_at = time.perf_counter()
         for _ in range(total):
             now = time.perf_counter()
             if now < next_at:
                 time.sleep(next_at - now)
-            producer.send(struct.pack("<d", time.perf_counter()) + b"x" * 92)
+            sent = time.perf_counter()
+            future = producer.send(struct.pack("<d", sent) + b"x" * 92)
+            future.add_done_callback(lambda _, sent=sent: acks.append(time.perf_counter() - sent))
             next_at += interval
         producer.flush()
-        latencies = sorted(out.get(timeout=120))
+        latencies, fetches = out.get(timeout=120)
+        broker_cpu = cpu_seconds(s.broker.process.pid) - broker_cpu
         consumer.join(30)
         producer.close()
-    ms = [x * 1000 for x in latencies]
 
-    def pct(p: float) -> float:
-        return round(ms[min(len(ms) - 1, int(len(ms) * p))], 3)
+    def pct(values: list[float], p: float) -> float:
+        ordered = sorted(values)
+        return round(ordered[min(len(ordered) - 1, int(len(ordered) * p))] * 1000, 3)
 
     save(
         f"e2e_latency_{args.flush}",
         {
             "rate": args.rate,
-            "records": len(ms),
-            "p50_ms": pct(0.5),
-            "p99_ms": pct(0.99),
-            "max_ms": round(ms[-1], 3),
+            "records": len(latencies),
+            "p50_ms": pct(latencies, 0.5),
+            "p99_ms": pct(latencies, 0.99),
+            "max_ms": pct(latencies, 1.0),
+            "ack_p50_ms": pct(acks, 0.5),
+            "ack_p99_ms": pct(acks, 0.99),
+            "records_per_fetch": round(len(latencies) / max(fetches, 1), 2),
+            "broker_cpu_us_per_record": round(broker_cpu / max(total, 1) * 1e6, 1),
         },
     )
 
