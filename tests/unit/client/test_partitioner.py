@@ -46,9 +46,9 @@ def test_sticky_stays_until_its_batch_closes() -> None:
     first = p.keyless()
     assert all(p.keyless() == first for _ in range(100))
     other = (first + 1) % 4
-    p.on_batch_closed(other)  # a keyed batch elsewhere closing does not move it
+    p.on_batch_closed(other, _never_busy)  # a keyed batch elsewhere closing does not move it
     assert p.keyless() == first
-    p.on_batch_closed(first)
+    p.on_batch_closed(first, _never_busy)
     assert p.keyless() != first
 
 
@@ -58,14 +58,37 @@ def test_sticky_visits_every_partition_over_time() -> None:
     for _ in range(5_000):
         cur = p.keyless()
         seen[cur] += 1
-        p.on_batch_closed(cur)
+        p.on_batch_closed(cur, _never_busy)
     assert set(seen) == set(range(5))
     assert min(seen.values()) > 800
 
 
+def _never_busy(partition: int) -> bool:
+    return False
+
+
+def test_sticky_moves_to_an_idle_partition_when_there_is_one() -> None:
+    """Records sent to a partition with a batch in flight wait behind it: prefer an idle one."""
+    for seed in range(50):
+        p = StickyPartitioner(4, random.Random(seed))
+        cur = p.keyless()
+        idle = (cur + 2) % 4
+        p.on_batch_closed(cur, lambda q, idle=idle: q != idle)
+        assert p.keyless() == idle
+    # Every other partition busy: it still moves on (randomly), never stays.
+    moved: Counter[int] = Counter()
+    for seed in range(200):
+        p = StickyPartitioner(4, random.Random(seed))
+        cur = p.keyless()
+        p.on_batch_closed(cur, lambda q: True)
+        assert p.keyless() != cur
+        moved[(p.keyless() - cur) % 4] += 1
+    assert set(moved) == {1, 2, 3}
+
+
 def test_sticky_single_partition() -> None:
     p = StickyPartitioner(1)
-    p.on_batch_closed(0)
+    p.on_batch_closed(0, _never_busy)
     assert p.keyless() == 0
 
 

@@ -168,7 +168,10 @@ class Accumulator:
         batch.transition(BatchState.QUEUED)
         self._queues[partition].append(batch)
         self.buffered += batch.size
-        self.partitioner.on_batch_closed(partition)
+        self.partitioner.on_batch_closed(partition, self._busy)
+
+    def _busy(self, partition: int) -> bool:
+        return bool(self._in_flight[partition] or self._queues[partition])
 
     # ---- sender side -------------------------------------------------------------------
 

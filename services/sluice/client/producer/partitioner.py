@@ -8,8 +8,11 @@ Any other SDK reproduces it with a standard CRC-32.
 
 Keyless records: the *sticky* partitioner (Kafka's KIP-480) keeps sending to one
 partition until that partition's batch is closed (full, or sent because its
-linger expired), then moves to another partition chosen at random. Batches stay
-large, and over time the load spreads evenly. ``round_robin`` rotates partition
+linger expired), then moves to another partition, chosen at random among those
+with nothing queued or in flight when there is one (the point of Kafka's
+KIP-794: records sent to a busy partition wait behind its batch, since a
+partition has one request in flight at a time). Batches stay large, and over
+time the load spreads evenly. ``round_robin`` rotates partition
 by partition instead (smaller batches; for tests and special cases).
 """
 
@@ -17,8 +20,13 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Callable
 
 __all__ = ["Partitioner", "RoundRobinPartitioner", "StickyPartitioner", "key_partition", "make_partitioner"]
+
+
+# How many partitions the sticky partitioner looks at for an idle one when it moves on.
+_IDLE_PROBES = 8
 
 
 def key_partition(key: bytes, partitions: int) -> int:
@@ -43,8 +51,10 @@ class Partitioner:
     def keyless(self) -> int:
         raise NotImplementedError
 
-    def on_batch_closed(self, partition: int) -> None:
-        """A batch of ``partition`` was closed; sticky partitioners move on."""
+    def on_batch_closed(self, partition: int, busy: Callable[[int], bool]) -> None:
+        """A batch of ``partition`` was closed; sticky partitioners move on.
+
+        ``busy(p)``: partition ``p`` has a batch queued or in flight now."""
 
 
 class StickyPartitioner(Partitioner):
@@ -60,12 +70,21 @@ class StickyPartitioner(Partitioner):
     def keyless(self) -> int:
         return self._current
 
-    def on_batch_closed(self, partition: int) -> None:
+    def on_batch_closed(self, partition: int, busy: Callable[[int], bool]) -> None:
         # Only the sticky partition's own batch moves it; a keyed batch closing elsewhere does not.
         if partition != self._current or self.partitions == 1:
             return
-        nxt = self._rng.randrange(self.partitions - 1)
-        self._current = nxt if nxt < partition else nxt + 1
+        others = self.partitions - 1
+        start = self._rng.randrange(others)
+        # From a random start, the first idle partition among the next few: O(1) per batch
+        # however many partitions the topic has, and random when every probed one is busy.
+        for step in range(min(others, _IDLE_PROBES)):
+            nxt = (start + step) % others
+            candidate = nxt if nxt < partition else nxt + 1
+            if not busy(candidate):
+                self._current = candidate
+                return
+        self._current = start if start < partition else start + 1
 
 
 class RoundRobinPartitioner(Partitioner):
