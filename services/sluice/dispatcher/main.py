@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 
 #: Generation-0 threshold of the cyclic GC. The dispatcher makes a few small objects per record it
 #: reads (freed by reference counting: messages hold no cycles), so with the default of 700 the
-#: collector ran every few hundred records and walked the young messages each time, a sizeable share
-#: of the per-record cost. 20,000 keeps each young collection well under a millisecond.
-GC_GEN0_THRESHOLD = 20_000
+#: collector ran every few hundred records and walked the young messages each time: ~3 % of the
+#: dispatcher's CPU per record in bench/push_throughput.py. At 10,000 a young collection takes about
+#: a millisecond here (measured 1.3-3.7 ms at 22,000 young objects), rare enough for latency.
+GC_GEN0_THRESHOLD = 10_000
 
 
 class _DispatcherGrpcServer(GrpcServer):
