@@ -1,29 +1,35 @@
 """Coordinator capacity: group heartbeats per second with thousands of simulated members.
 
 One stack (private Redis, coordinator, one broker). A topic with ``--members`` partitions, so every
-member ends up owning one. A separate client process (grpc.aio, several channels) then:
+member ends up owning one. ``--client-processes`` separate client processes (grpc.aio, ``--channels``
+channels each) simulate the members, split between them; each member has its **own**
+``ConsumerGroupStream``, as an SDK consumer does (docs/consumer.md). Then:
 
-1. **joins** every member (``--join-concurrency`` joins in flight) and keeps each one heartbeating at
-   the interval the coordinator asks for, releasing revoked partitions at once, until the group is
-   ``stable`` (every member holds its target): the join time and the time to stable;
-2. drives **steady-state heartbeats** open loop at each ``--rates`` value (heartbeat *i* is due at
-   ``start + i / rate``, round-robin over the members), for ``--duration`` seconds after a warm-up,
-   and reports the rate achieved, RPC latency p50/p99/max (send to answer) and the latency counted
-   from when each heartbeat was *due* (includes the client's own queueing: what coordinated omission
-   would hide).
+1. every member **joins** (``--join-concurrency`` joins in flight per process) and keeps heartbeating at
+   the interval the coordinator asks for, at once when the coordinator sends ``heartbeat_now``, and right
+   after releasing a revoked partition, until the group is ``stable`` (every member holds its target):
+   the join time and the time to stable;
+2. drives **steady-state heartbeats** open loop at each ``--rates`` value (heartbeat *i* of a process is
+   due at ``start + i / (rate / processes)``, round-robin over its members, so each member heartbeats
+   every ``members / rate`` seconds), for ``--duration`` seconds after a warm-up, and reports the rate
+   achieved, latency p50/p99/max (send to answer) and the latency counted from when each heartbeat was
+   *due* (includes the client's own queueing: what coordinated omission would hide). A member still
+   waiting for its previous answer when its next heartbeat is due skips it (counted): a member has one
+   heartbeat in flight at a time.
 
-It also reports the coordinator's CPU use and the Redis commands it sent during the steady phase
-(steady heartbeats must write nothing). The machine's cores are shared by the coordinator, Redis and
-the client process: the figures say what one Python client can drive against one coordinator here.
+It also reports the coordinator's CPU use, each client process's CPU use (so one can tell whether the
+clients were the bottleneck), and the Redis commands sent during the steady phase (steady heartbeats must
+write nothing). The machine's cores are shared by the coordinator, Redis and the client processes.
 
 ``--profile DIR`` runs ``py-spy record`` on the coordinator during the first steady rate
-(``.venv/bin/pip install py-spy``) and writes a flame graph there.
+(``.venv/bin/pip install py-spy``) and writes the collapsed stacks there.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import multiprocessing as mp
 import os
@@ -32,7 +38,7 @@ import subprocess
 import sys
 import time
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from _stack import save, stack
@@ -41,7 +47,7 @@ GROUP = "bench-hb"
 TOPIC = "bench-hb"
 
 
-# ---- the client process --------------------------------------------------------------------------------
+# ---- the client processes ------------------------------------------------------------------------------
 
 
 @dataclass
@@ -54,8 +60,13 @@ class Member:
     request: Any = None
     joined_at: float = 0.0
     errors: int = 0
-    changes: int = 0
-    history: list[str] = field(default_factory=list)
+    call: Any = None
+    #: The answer awaited for the heartbeat in flight (None: none in flight).
+    answer: asyncio.Future[Any] | None = None
+    wake: asyncio.Event | None = None
+    nudges: int = 0
+    #: A steady-phase heartbeat of this member is scheduled or in flight.
+    busy: bool = False
 
 
 def _percentile(values: array, q: float) -> float:  # type: ignore[type-arg]
@@ -66,60 +77,107 @@ def _percentile(values: array, q: float) -> float:  # type: ignore[type-arg]
 
 
 class Driver:
-    def __init__(self, address: str, members: int, channels: int) -> None:
+    def __init__(self, address: str, indexes: range, channels: int) -> None:
         from grpc import aio
 
         from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
+        self.aio = aio
         self.pb = coordinator_pb2
         self.common = common_pb2
         opts = (("grpc.enable_retries", 0),)
         self.channels = [aio.insecure_channel(address, options=opts) for _ in range(channels)]
         self.stubs = [coordinator_pb2_grpc.CoordinatorStub(c) for c in self.channels]
-        self.members = [Member(i) for i in range(members)]
+        self.members = [Member(i) for i in indexes]
         self.converging = True
+        self.extra_heartbeats = 0
 
     def build(self, m: Member) -> None:
-        m.request = self.pb.GroupHeartbeatRequest(
-            group=GROUP,
-            member_id=m.member_id,
-            member_epoch=m.epoch,
-            subscription={TOPIC: "*"},
-            owned=[self.common.TopicPartition(topic=TOPIC, partition=p) for p in sorted(m.owned)],
+        m.request = self.pb.GroupStreamRequest(
+            heartbeat=self.pb.GroupHeartbeatRequest(
+                group=GROUP,
+                member_id=m.member_id,
+                member_epoch=m.epoch,
+                subscription={TOPIC: "*"},
+                owned=[self.common.TopicPartition(topic=TOPIC, partition=p) for p in sorted(m.owned)],
+            )
         )
 
-    def absorb(self, m: Member, response: Any) -> None:
+    def open(self, m: Member) -> None:
+        m.call = self.stubs[m.index % len(self.stubs)].ConsumerGroupStream()
+        m.wake = m.wake or asyncio.Event()
+        asyncio.get_running_loop().create_task(self.read(m, m.call))
+
+    async def read(self, m: Member, call: Any) -> None:
+        """The member's reader: answers resolve the heartbeat in flight; ``heartbeat_now`` wakes it."""
+        try:
+            while True:
+                message = await call.read()
+                if message is self.aio.EOF:
+                    break
+                if message.WhichOneof("kind") == "heartbeat_now":
+                    m.nudges += 1
+                    assert m.wake is not None
+                    m.wake.set()
+                elif m.answer is not None and not m.answer.done():
+                    m.answer.set_result(message.heartbeat)
+        except Exception as exc:
+            if m.answer is not None and not m.answer.done():
+                m.answer.set_exception(exc)
+            return
+        if m.answer is not None and not m.answer.done():
+            m.answer.set_exception(ConnectionError("stream ended"))
+
+    async def send(self, m: Member) -> Any:
+        """One heartbeat on the member's stream; its answer."""
+        if m.call is None or m.call.done():
+            self.open(m)
+        assert m.wake is not None
+        m.wake.clear()  # this heartbeat carries the latest state; a push from now on asks for another
+        m.answer = asyncio.get_running_loop().create_future()
+        try:
+            await m.call.write(m.request)
+            return await asyncio.wait_for(m.answer, 30)
+        except Exception:
+            m.call.cancel()
+            m.call = None
+            raise
+        finally:
+            m.answer = None
+
+    def absorb(self, m: Member, response: Any) -> bool:
         """What an SDK consumer does with an answer: take the epoch, adopt the assignment (releasing
-        anything no longer listed at once: nothing to commit here)."""
+        anything no longer listed at once: nothing to commit here). True if the member released
+        something (it must tell the coordinator at once)."""
         if response.HasField("error") and response.error.code != 0:
             m.errors += 1
             m.member_id, m.epoch, m.owned = "", 0, frozenset()  # fenced/unknown: join again
             self.build(m)
-            return
+            return False
         changed = response.member_epoch != m.epoch or response.member_id != m.member_id
         m.member_id, m.epoch = response.member_id, response.member_epoch
+        released = False
         if response.HasField("assignment"):
             owned = frozenset(a.partition for a in response.assignment.partitions)
+            released = bool(m.owned - owned)
             changed = changed or owned != m.owned
             m.owned = owned
         if response.heartbeat_interval_ms > 0:
             m.interval_s = response.heartbeat_interval_ms / 1000
         if changed:
-            m.changes += 1
             self.build(m)
+        return released
 
     async def heartbeat(self, m: Member) -> None:
-        stub = self.stubs[m.index % len(self.stubs)]
-        try:
-            response = await stub.Heartbeat(m.request, timeout=30)
-        except Exception:  # counted; the member tries again
-            m.errors += 1
-            return
-        previous = m.owned
-        self.absorb(m, response)
-        if m.owned < previous:
+        while True:
+            try:
+                response = await self.send(m)
+            except Exception:  # counted; the member tries again on a new stream
+                m.errors += 1
+                return
+            if not self.absorb(m, response):
+                return
             # Released something: tell the coordinator at once (docs/groups.md, SDK rule 3).
-            await self.heartbeat(m)
 
     async def member_loop(self, m: Member, gate: asyncio.Semaphore) -> None:
         self.build(m)
@@ -127,7 +185,9 @@ class Driver:
             await self.heartbeat(m)
             m.joined_at = time.perf_counter()
         while self.converging:
-            await asyncio.sleep(m.interval_s)
+            assert m.wake is not None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(m.wake.wait(), m.interval_s)
             if self.converging:
                 await self.heartbeat(m)
 
@@ -138,7 +198,7 @@ class Driver:
                 return g.state, g.members
         return "absent", 0
 
-    async def join_all(self, concurrency: int) -> dict[str, float]:
+    async def join_all(self, concurrency: int, total: int) -> dict[str, float]:
         gate = asyncio.Semaphore(concurrency)
         started = time.perf_counter()
         loops = [asyncio.create_task(self.member_loop(m, gate)) for m in self.members]
@@ -146,61 +206,78 @@ class Driver:
             await asyncio.sleep(0.1)
             state, count = await self.group_state()
             everyone_holds = all(len(m.owned) == 1 for m in self.members)
-            if state == "stable" and count == len(self.members) and everyone_holds:
+            if state == "stable" and count == total and everyone_holds:
                 break
         stable = time.perf_counter() - started
         joined = max(m.joined_at for m in self.members) - started
         self.converging = False
-        for task in loops:
-            task.cancel()
+        for m in self.members:
+            assert m.wake is not None
+            m.wake.set()
         await asyncio.gather(*loops, return_exceptions=True)
-        return {"join_s": round(joined, 2), "join_to_stable_s": round(stable, 2)}
+        return {
+            "join_s": round(joined, 2),
+            "join_to_stable_s": round(stable, 2),
+            "errors": sum(m.errors for m in self.members),
+            "heartbeat_now_pushes": sum(m.nudges for m in self.members),
+        }
 
-    async def steady(self, rate: float, duration: float, warmup: float, max_in_flight: int) -> dict[str, Any]:
+    async def steady(self, rate: float, duration: float, warmup: float) -> dict[str, Any]:
         members = self.members
         n = len(members)
         rpc = array("d")
         from_due = array("d")
         errors = changes = skipped = 0
         error_samples: list[str] = []
-        in_flight = 0
         loop = asyncio.get_running_loop()
-        done_event = asyncio.Event()
         start = loop.time() + 0.05
         measure_from = start + warmup
         end = measure_from + duration
         sent = 0
         completed_in_window = 0
+        nudges_before = sum(m.nudges for m in members)
 
         async def one(m: Member, due: float) -> None:
-            nonlocal in_flight, errors, changes, completed_in_window
-            stub = self.stubs[m.index % len(self.stubs)]
+            nonlocal errors, changes, completed_in_window
             t0 = time.perf_counter()
             try:
-                response = await stub.Heartbeat(m.request, timeout=30)
+                response = await self.send(m)
             except Exception as exc:
                 errors += 1
                 if len(error_samples) < 3:
                     error_samples.append(repr(exc)[:300])
-            else:
-                t1 = time.perf_counter()
-                if (
-                    response.HasField("assignment")
-                    or response.member_epoch != m.epoch
-                    or (response.HasField("error") and response.error.code != 0)
-                ):
-                    changes += 1
-                    self.absorb(m, response)
-                now = loop.time()
-                if measure_from <= due < end:
-                    rpc.append(t1 - t0)
-                    from_due.append(now - due)
-                    completed_in_window += 1
-            in_flight -= 1
-            if in_flight == 0 and sent_all:
-                done_event.set()
+                return
+            finally:
+                m.busy = False
+            t1 = time.perf_counter()
+            if (
+                response.HasField("assignment")
+                or response.member_epoch != m.epoch
+                or (response.HasField("error") and response.error.code != 0)
+            ):
+                changes += 1
+                self.absorb(m, response)
+            if measure_from <= due < end:
+                if t1 - t0 > 0.05:
+                    bucket = int(time.time() * 10)
+                    slow_at[bucket] = slow_at.get(bucket, 0) + 1
+                rpc.append(t1 - t0)
+                from_due.append(loop.time() - due)
+                completed_in_window += 1
 
-        sent_all = False
+        lags = array("d")
+        slow_at: dict[int, int] = {}  # wall-clock 100 ms bucket -> answers slower than 50 ms in it
+
+        async def probe() -> None:
+            # This process's own event-loop lag: a late wake-up here delays answers it measures, so
+            # the clients' share of a latency figure can be told from the coordinator's.
+            while loop.time() < end:
+                t = loop.time()
+                await asyncio.sleep(0.005)
+                if loop.time() >= measure_from:
+                    lags.append(loop.time() - t - 0.005)
+
+        prober = loop.create_task(probe())
         tasks: set[asyncio.Task[None]] = set()
         while True:
             now = loop.time()
@@ -211,54 +288,55 @@ class Driver:
                 due = start + sent / rate
                 m = members[sent % n]
                 sent += 1
-                if in_flight >= max_in_flight:
-                    skipped += 1  # the coordinator (or the client) cannot keep up: counted, not queued
+                if m.busy:
+                    skipped += 1  # its previous heartbeat is still unanswered: one in flight per member
                     continue
-                in_flight += 1
+                m.busy = True
                 task = loop.create_task(one(m, due))
                 tasks.add(task)  # a task nobody references may be collected mid-call (CANCELLED)
                 task.add_done_callback(tasks.discard)
             await asyncio.sleep(0.002)
-        sent_all = True
-        if in_flight:
-            await asyncio.wait_for(done_event.wait(), 60)
-        window_sent = int(duration * rate)
+        if tasks:
+            await asyncio.wait(tasks, timeout=60)
+        await prober
         return {
-            "target_rate": rate,
-            "achieved_rate": round(completed_in_window / duration),
-            "sent_in_window": window_sent,
-            "skipped_at_in_flight_cap": skipped,
+            "loop_lag_p99_ms": round(_percentile(lags, 0.99) * 1000, 2),
+            "loop_lag_max_ms": round(max(lags, default=float("nan")) * 1000, 2),
+            "slow_at": slow_at,
+            "completed_in_window": completed_in_window,
+            "skipped_in_flight": skipped,
             "errors": errors,
             "error_samples": error_samples,
             "state_changes": changes,
-            "rpc_p50_ms": round(_percentile(rpc, 0.50) * 1000, 2),
-            "rpc_p99_ms": round(_percentile(rpc, 0.99) * 1000, 2),
-            "rpc_max_ms": round(max(rpc, default=float("nan")) * 1000, 2),
-            "from_due_p50_ms": round(_percentile(from_due, 0.50) * 1000, 2),
-            "from_due_p99_ms": round(_percentile(from_due, 0.99) * 1000, 2),
+            "heartbeat_now_pushes": sum(m.nudges for m in members) - nudges_before,
+            "rpc": rpc,
+            "from_due": from_due,
         }
 
     async def close(self) -> None:
+        for m in self.members:
+            if m.call is not None:
+                m.call.cancel()
         for c in self.channels:
             await c.close(None)
 
 
 def client_main(
     address: str,
-    members: int,
+    indexes: range,
+    total: int,
     channels: int,
     join_concurrency: int,
     rates: list[float],
     duration: float,
     warmup: float,
-    max_in_flight: int,
     commands: Any,
     results: Any,
 ) -> None:
     async def run() -> None:
-        driver = Driver(address, members, channels)
+        driver = Driver(address, indexes, channels)
         try:
-            results.put(("join", await driver.join_all(join_concurrency)))
+            results.put(("join", await driver.join_all(join_concurrency, total)))
             # The members' state is long-lived: keep the client's collector off it, so the client's own
             # GC pauses do not show up as coordinator latency.
             gc.collect()
@@ -266,7 +344,7 @@ def client_main(
             for rate in rates:
                 results.put(("ready", rate))
                 commands.get()  # the parent samples CPU and Redis counters, maybe starts the profiler
-                results.put(("steady", await driver.steady(rate, duration, warmup, max_in_flight)))
+                results.put(("steady", await driver.steady(rate, duration, warmup)))
         finally:
             await driver.close()
 
@@ -289,6 +367,45 @@ def redis_commands(url: str) -> int:
         return int(r.info("stats")["total_commands_processed"])
 
 
+def merge_steady(parts: list[dict[str, Any]], rate: float, duration: float) -> dict[str, Any]:
+    rpc: array = array("d")  # type: ignore[type-arg]
+    from_due: array = array("d")  # type: ignore[type-arg]
+    for p in parts:
+        rpc.extend(p["rpc"])
+        from_due.extend(p["from_due"])
+    return {
+        "target_rate": rate,
+        "achieved_rate": round(sum(p["completed_in_window"] for p in parts) / duration),
+        "skipped_in_flight": sum(p["skipped_in_flight"] for p in parts),
+        "errors": sum(p["errors"] for p in parts),
+        "error_samples": [s for p in parts for s in p["error_samples"]][:3],
+        "state_changes": sum(p["state_changes"] for p in parts),
+        "heartbeat_now_pushes": sum(p["heartbeat_now_pushes"] for p in parts),
+        "client_loop_lag_p99_ms": [p["loop_lag_p99_ms"] for p in parts],
+        "client_loop_lag_max_ms": [p["loop_lag_max_ms"] for p in parts],
+        # 100 ms windows with answers slower than 50 ms, and in how many client processes: a stall of
+        # the coordinator shows in every process at once, a client's own stall in one.
+        "slow_windows": _slow_windows(parts),
+        "rpc_p50_ms": round(_percentile(rpc, 0.50) * 1000, 2),
+        "rpc_p99_ms": round(_percentile(rpc, 0.99) * 1000, 2),
+        "rpc_max_ms": round(max(rpc, default=float("nan")) * 1000, 2),
+        "from_due_p50_ms": round(_percentile(from_due, 0.50) * 1000, 2),
+        "from_due_p99_ms": round(_percentile(from_due, 0.99) * 1000, 2),
+    }
+
+
+def _slow_windows(parts: list[dict[str, Any]]) -> dict[str, int]:
+    seen: dict[int, int] = {}
+    for p in parts:
+        for bucket in p["slow_at"]:
+            seen[bucket] = seen.get(bucket, 0) + 1
+    return {
+        "total": len(seen),
+        "in_every_process": sum(1 for c in seen.values() if c == len(parts)),
+        "in_one_process": sum(1 for c in seen.values() if c == 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -297,12 +414,13 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=[5000.0])
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds per rate")
     parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--channels", type=int, default=8)
-    parser.add_argument("--join-concurrency", type=int, default=500)
-    parser.add_argument("--max-in-flight", type=int, default=2000)
-    parser.add_argument("--profile", default="", help="directory for a py-spy flame graph of the coordinator")
+    parser.add_argument("--client-processes", type=int, default=3)
+    parser.add_argument("--channels", type=int, default=8, help="channels per client process")
+    parser.add_argument("--join-concurrency", type=int, default=200, help="joins in flight per process")
+    parser.add_argument("--profile", default="", help="directory for a py-spy profile of the coordinator")
     parser.add_argument("--name", default="coordinator_heartbeats", help="results file name")
     args = parser.parse_args()
+    procs_n = args.client_processes
 
     with stack() as s:
         from sluice import Client
@@ -312,47 +430,65 @@ def main() -> None:
         coordinator_pid = s.coordinator.process.pid
         redis_url = _redis_url_of(s)
         ctx = mp.get_context("spawn")
-        commands, results = ctx.Queue(), ctx.Queue()
-        proc = ctx.Process(
-            target=client_main,
-            args=(
-                s.bootstrap,
-                args.members,
-                args.channels,
-                args.join_concurrency,
-                args.rates,
-                args.duration,
-                args.warmup,
-                args.max_in_flight,
-                commands,
-                results,
-            ),
-        )
+        results = ctx.Queue()
+        commands = [ctx.Queue() for _ in range(procs_n)]
+        procs = [
+            ctx.Process(
+                target=client_main,
+                args=(
+                    s.bootstrap,
+                    range(k, args.members, procs_n),
+                    args.members,
+                    args.channels,
+                    args.join_concurrency,
+                    [r / procs_n for r in args.rates],
+                    args.duration,
+                    args.warmup,
+                    commands[k],
+                    results,
+                ),
+            )
+            for k in range(procs_n)
+        ]
         cpu0 = cpu_seconds(coordinator_pid)
-        proc.start()
-        kind, join = results.get(timeout=1800)
-        assert kind == "join", kind
-        join["coordinator_cpu_s"] = round(cpu_seconds(coordinator_pid) - cpu0, 1)
+        for p in procs:
+            p.start()
+        joins = [_expect(results, "join", 1800) for _ in procs]
+        join = {
+            "join_s": max(j["join_s"] for j in joins),
+            "join_to_stable_s": max(j["join_to_stable_s"] for j in joins),
+            "errors": sum(j["errors"] for j in joins),
+            "heartbeat_now_pushes": sum(j["heartbeat_now_pushes"] for j in joins),
+            "coordinator_cpu_s": round(cpu_seconds(coordinator_pid) - cpu0, 1),
+        }
         print("join:", join, flush=True)
         steady: list[dict[str, Any]] = []
-        for _ in args.rates:
-            kind, _rate = results.get(timeout=600)
-            assert kind == "ready", kind
+        for rate in args.rates:
+            for _ in procs:
+                _expect(results, "ready", 600)
             spy = None
             if args.profile and not steady:
                 spy = _start_profiler(coordinator_pid, args.profile, args.warmup + args.duration)
+            pids = [p.pid for p in procs if p.pid is not None]
             cpu0, cmd0, t0 = cpu_seconds(coordinator_pid), redis_commands(redis_url), time.perf_counter()
-            commands.put("go")
-            kind, figures = results.get(timeout=600)
+            clients0 = [cpu_seconds(pid) for pid in pids]
+            for q in commands:
+                q.put("go")
+            parts = [_expect(results, "steady", 600) for _ in procs]
             elapsed = time.perf_counter() - t0
+            figures = merge_steady(parts, rate, args.duration)
             figures["coordinator_cpu_pct"] = round(100 * (cpu_seconds(coordinator_pid) - cpu0) / elapsed)
+            figures["client_cpu_pct"] = [
+                round(100 * (cpu_seconds(pid) - c0) / elapsed) for pid, c0 in zip(pids, clients0, strict=True)
+            ]
             # The lag refresh reads committed offsets every 10 s; heartbeats themselves must add nothing.
             figures["redis_commands_during_phase"] = redis_commands(redis_url) - cmd0 - 1
             if spy is not None:
                 spy.wait(timeout=120)
             print("steady:", figures, flush=True)
             steady.append(figures)
-        proc.join(timeout=60)
+        for p in procs:
+            p.join(timeout=60)
         if os.environ.get("BENCH_SHOW_LOG"):  # e.g. with PYTHONASYNCIODEBUG=1: the slow callbacks
             print("".join(s.coordinator.output[-60:]))
     save(
@@ -360,12 +496,25 @@ def main() -> None:
         {
             "members": args.members,
             "partitions": args.members,
-            "channels": args.channels,
-            "client_processes": 1,
+            "transport": "one ConsumerGroupStream per member",
+            "client_processes": procs_n,
+            "channels_per_process": args.channels,
+            "load_average_at_end": os.getloadavg(),
             "join": join,
             "steady": steady,
         },
     )
+
+
+_early: dict[str, list[Any]] = {}
+
+
+def _expect(results: Any, kind: str, timeout: float) -> Any:
+    """The next message of ``kind`` from any client process (others' messages of other kinds wait)."""
+    while not _early.get(kind):
+        got, value = results.get(timeout=timeout)
+        _early.setdefault(got, []).append(value)
+    return _early[kind].pop(0)
 
 
 def _redis_url_of(s: Any) -> str:

@@ -20,6 +20,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from sluice.coordinator.convert import heartbeat_from_proto, heartbeat_to_proto
+from sluice.coordinator.groups.model import HeartbeatRequest, HeartbeatResponse
 from sluice.coordinator.service import CoordinatorService
 from sluice.errors import InvalidRequest, SluiceError
 from sluice.v1 import coordinator_pb2 as pb
@@ -54,6 +55,12 @@ class HeartbeatStream:
         self._room = asyncio.Semaphore(_INBOX)
         self._push_queued = False
         self._watching: tuple[str, str] | None = None
+        # A member repeats the same heartbeat and gets the same answer while nothing changes: the last
+        # conversion each way is kept, so a steady heartbeat converts nothing.
+        self._last_in: pb.GroupHeartbeatRequest | None = None
+        self._last_request: HeartbeatRequest | None = None
+        self._last_response: HeartbeatResponse | None = None
+        self._last_out: pb.GroupStreamResponse | None = None
         self._unwatch: Callable[[], None] | None = None
 
     async def run(
@@ -71,7 +78,7 @@ class HeartbeatStream:
                     yield _NUDGE
                     continue
                 self._room.release()
-                yield pb.GroupStreamResponse(heartbeat=await self._answer(item))
+                yield await self._answer(item)
         finally:
             pump.cancel()
             closed()
@@ -98,27 +105,36 @@ class HeartbeatStream:
             self._push_queued = True
             self._inbox.put_nowait(_PUSH)
 
-    async def _answer(self, message: pb.GroupStreamRequest) -> pb.GroupHeartbeatResponse:
+    async def _answer(self, message: pb.GroupStreamRequest) -> pb.GroupStreamResponse:
         group = ""
         try:
             if not message.HasField("heartbeat"):
                 raise InvalidRequest("a ConsumerGroupStream message must carry a heartbeat")
-            request = heartbeat_from_proto(message.heartbeat)
+            if message.heartbeat == self._last_in and self._last_request is not None:
+                request = self._last_request
+            else:
+                request = heartbeat_from_proto(message.heartbeat)
+                self._last_in, self._last_request = message.heartbeat, request
             group = request.group
             response = await self._service.heartbeat(request)
         except SluiceError as err:
             # A malformed heartbeat (or NOT_COORDINATOR, STORAGE_ERROR) fails this message, not the
             # stream; the member reacts to the error as it would to the unary RPC's.
             self._follow(None)
-            return pb.GroupHeartbeatResponse(
-                member_id=message.heartbeat.member_id,
-                member_epoch=message.heartbeat.member_epoch,
-                error=err.to_proto(),
+            return pb.GroupStreamResponse(
+                heartbeat=pb.GroupHeartbeatResponse(
+                    member_id=message.heartbeat.member_id,
+                    member_epoch=message.heartbeat.member_epoch,
+                    error=err.to_proto(),
+                )
             )
         self._follow(
             (group, response.member_id) if response.error is None and response.member_epoch > 0 else None
         )
-        return heartbeat_to_proto(response)
+        if response != self._last_response or self._last_out is None:
+            self._last_response = response
+            self._last_out = pb.GroupStreamResponse(heartbeat=heartbeat_to_proto(response))
+        return self._last_out
 
     def _follow(self, key: tuple[str, str] | None) -> None:
         """Be the watcher of the member this stream heartbeats for (none once it left or was refused)."""

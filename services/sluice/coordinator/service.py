@@ -51,6 +51,7 @@ from sluice.coordinator.groups.model import (
 )
 from sluice.coordinator.groups.redis_ops import GroupKeys, full_sync_ops, group_ops
 from sluice.coordinator.groups.state import GroupsState
+from sluice.coordinator.heap import HeapKeeper
 from sluice.coordinator.metrics import CoordinatorMetrics, LagKey, coordinator_metrics
 from sluice.coordinator.records import Result
 from sluice.coordinator.state import CoordinatorState
@@ -122,6 +123,7 @@ class CoordinatorService:
         )
         self._update_timeout_s = update_timeout_s
         self._timer: asyncio.Task[None] | None = None
+        self._heap = HeapKeeper()
         #: (group, member id) -> how to tell that member to heartbeat now (its open heartbeat stream).
         self._watchers: dict[tuple[str, str], Callable[[], None]] = {}
         #: How to end each open heartbeat stream (at close, so the server's graceful stop need not wait).
@@ -288,7 +290,9 @@ class CoordinatorService:
             if result.records:
                 touched = self.groups.touched_groups(result.records)
                 ops = group_ops(self.groups, result.records, self._group_keys) if touched else []
-                epochs = self._assignment_epochs(touched) if touched and self._watchers else None
+                basis = (
+                    self.groups.nudge_basis(result.records, touched) if touched and self._watchers else None
+                )
                 try:
                     await self._store.write(self._epoch, result.records, ops)
                 except NotCoordinator as exc:
@@ -307,8 +311,8 @@ class CoordinatorService:
                 self._observe_rebalances(touched, self._clock.now_ms())
                 if len(touched) < len(result.records):
                     self._refresh_metrics()
-                if epochs is not None:
-                    nudge = self.groups.members_to_nudge(result.records, epochs)
+                if basis is not None:
+                    nudge = self.groups.members_to_nudge(result.records, basis)
             if on_commit is not None:
                 on_commit(result.response)
             if nudge:
@@ -318,13 +322,6 @@ class CoordinatorService:
                     if watcher is not None and key != skip:
                         watcher()
             return result.response
-
-    def _assignment_epochs(self, groups: set[str]) -> dict[str, int]:
-        epochs = {}
-        for name in groups:
-            g = self.groups.groups.get(name)
-            epochs[name] = g.assignment_epoch if g is not None else 0
-        return epochs
 
     def _publish(self, change: MetadataChange | None) -> list[asyncio.Future[bool]]:
         if change is None:
@@ -523,6 +520,7 @@ class CoordinatorService:
                 log.warning("group timer: %s", exc)
             if n % gauges_every == 0:
                 self._exported_groups = self._metrics.refresh_groups(self.groups, self._exported_groups)
+                self._heap.tick()
 
     async def _assign_due_groups(self) -> None:
         """Compute the throttled target assignments in a worker thread, from a snapshot, outside the

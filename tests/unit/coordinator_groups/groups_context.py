@@ -75,6 +75,8 @@ class GroupsContext:
         self.ids = 0
         self.removed: list[tuple[str, str, str]] = []
         self.writes = 0
+        #: Heartbeats quick_heartbeat answered (the fast path is exercised, not only skipped).
+        self.quick_answers = 0
         self.apply(self.root.cluster.register_broker(1, Endpoint("127.0.0.1", 9001), "i1", now_ms))
 
     @property
@@ -124,7 +126,15 @@ class GroupsContext:
             owned=frozenset(owned),
             rebalance_timeout_ms=rebalance_timeout_ms,
         )
-        return self.apply(self.groups.heartbeat(request, self.now_ms, f"m{self.ids:03d}"))
+        # The service answers steady heartbeats without the write lock (quick_heartbeat): whenever it
+        # answers, the full handler must agree and write nothing. Checked on every heartbeat of every test.
+        quick = self.groups.quick_heartbeat(request, self.now_ms)
+        result = self.groups.heartbeat(request, self.now_ms, f"m{self.ids:03d}")
+        if quick is not None:
+            assert not result.records, f"quick answer for a heartbeat that writes {result.records}"
+            assert quick == result.response, (quick, result.response)
+        self.quick_answers += quick is not None
+        return self.apply(result)
 
     def records_of(self, request: HeartbeatRequest) -> int:
         return len(self.groups.heartbeat(request, self.now_ms, "unused").records)

@@ -141,6 +141,10 @@ class Group:
             return m.message_model
         return MessageModel.CLUSTERING
 
+    def message_model_of(self, member_id: str) -> MessageModel:
+        member = self.members.get(member_id)
+        return member.message_model if member is not None else MessageModel.CLUSTERING
+
     def active_tracks(self) -> list[str]:
         return sorted({DEFAULT_TRACK} | {t.track for t in self.tracks.values()})
 

@@ -48,6 +48,7 @@ from sluice.coordinator.groups.model import (
     MessageModel,
     Slot,
     TickOutcome,
+    TopicPartition,
 )
 from sluice.coordinator.groups.reconcile import MemberState, Reconciled, reconcile
 from sluice.coordinator.groups.records import (
@@ -65,7 +66,7 @@ from sluice.coordinator.groups.records import (
     new_member_tombstones,
     new_target_record,
 )
-from sluice.coordinator.groups.sessions import GroupSoftState
+from sluice.coordinator.groups.sessions import GroupSoftState, MemberSoft
 from sluice.coordinator.groups.targets import choose_assignor, compute_targets
 from sluice.coordinator.groups.tracks import plan_tracks, split_conflicts
 from sluice.coordinator.records import Record, RecordValue, Result, Tombstone
@@ -81,7 +82,9 @@ from sluice.errors import (
     UnknownTopicOrPartition,
 )
 
-__all__ = ["GroupsState", "TopicSource"]
+__all__ = ["GroupsState", "NudgeBasis", "TopicSource"]
+
+_STABLE = MemberState.STABLE.value
 
 # Refusals answered in the heartbeat response's ``error`` (the member acts on them); anything else raised
 # by a handler (a malformed request) fails the RPC.
@@ -118,6 +121,16 @@ class _Change:
     config: GroupConfig
     removed: set[str] = field(default_factory=set)
     records: list[Record] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NudgeBasis:
+    """The state :meth:`GroupsState.members_to_nudge` compares with, taken before a write's replay."""
+
+    #: Touched group -> its assignment epoch.
+    assignment_epochs: Mapping[str, int]
+    #: Group -> slots the write takes from their owners (released, revoked, or the owner removed).
+    freed: Mapping[str, set[Slot]]
 
 
 class GroupsState:
@@ -458,22 +471,56 @@ class GroupsState:
         if req.member_epoch <= 0:
             return None
         g = self.groups.get(req.group)
-        if g is None or req.member_id not in g.current:
+        record = g.current.get(req.member_id) if g is not None else None
+        if g is None or record is None or req.member_epoch != record.member_epoch:
             return None
         soft = self.soft.members.get((req.group, req.member_id))
-        if soft is None or soft.fingerprint is None:
+        if soft is None or soft.fingerprint is None or soft.fingerprint != _fingerprint(req):
             return None
+        owned = g.owned_tps[req.member_id]
+        if owned != req.owned:
+            for _, partition in req.owned:
+                if partition < 0:
+                    return None  # the full path refuses it
+        if (
+            record.state == _STABLE
+            and not record.pending
+            and record.member_epoch == g.assignment_epoch
+            and g.message_model_of(req.member_id) is MessageModel.CLUSTERING
+        ):
+            # The steady state (most heartbeats): reconcile() would return the member unchanged.
+            return self._steady_answer(g, req, now_ms, soft, owned)
         cur = g.reconciled(req.member_id)
-        if req.member_epoch != cur.member_epoch or soft.fingerprint != _fingerprint(req):
-            return None
-        for _, partition in req.owned:
-            if partition < 0:
-                return None  # the full path refuses it
         change = _Change(g, g.members, g.tracks, g.targets, g.group_epoch, g.assignment_epoch, g.config)
         after = self._reconcile(g, change, req.member_id, req, cur)
         if after != cur:
             return None
         return self._respond(g, change, req.member_id, req, now_ms, after, False, soft.fingerprint)
+
+    def _steady_answer(
+        self, g: Group, req: HeartbeatRequest, now_ms: int, soft: MemberSoft, owned: frozenset[TopicPartition]
+    ) -> HeartbeatResponse:
+        """:meth:`_respond` for a member that holds exactly its target at the assignment epoch (nothing
+        pending, so ``owned`` is what it is assigned)."""
+        mid = req.member_id
+        self.soft.touch(g.group_id, mid, now_ms)
+        soft.away = False
+        soft.revoke_deadline_ms = None
+        assignment = None
+        if owned != req.owned:
+            subscription = g.members[mid].subscription
+            assignment = tuple(
+                sorted(
+                    AssignedPartition(t, p, tr, subscription.get(t, "*"))
+                    for tr, t, p in g.current[mid].assigned
+                )
+            )
+        interval = g.settings_for(self.settings)[0]
+        if g.assignment_epoch < g.group_epoch and (
+            len(g.members) < self.settings.assignment_batch_min_members or mid not in g.targets
+        ):
+            interval = min(interval, self.settings.reconcile_heartbeat_interval_ms)
+        return HeartbeatResponse(mid, g.assignment_epoch, interval, assignment)
 
     def _reconcile(
         self, g: Group, change: _Change, member_id: str, req: HeartbeatRequest, before: Reconciled | None
@@ -841,38 +888,54 @@ class GroupsState:
             topics=self._partitions(g.members.values()),
         )
 
-    def members_to_nudge(
-        self, records: Iterable[Record], assignment_epochs: Mapping[str, int]
-    ) -> list[tuple[str, str]]:
+    def nudge_basis(self, records: Iterable[Record], groups: Iterable[str]) -> NudgeBasis:
+        """What :meth:`members_to_nudge` compares with, read *before* ``records`` are replayed: each
+        touched group's assignment epoch, and the slots the records take from their owners."""
+        epochs = {}
+        for name in groups:
+            g = self.groups.get(name)
+            epochs[name] = g.assignment_epoch if g is not None else 0
+        freed: dict[str, set[Slot]] = {}
+        for r in records:
+            if isinstance(r, CurrentAssignmentRecord):
+                group_id, member_id, now_owned = r.group, r.member_id, r.owned
+            elif isinstance(r, Tombstone) and r.type == CurrentAssignmentRecord.TYPE:
+                group_id, _, member_id = r.id.partition("/")
+                now_owned = frozenset()
+            else:
+                continue
+            g = self.groups.get(group_id)
+            old = g.current.get(member_id) if g is not None else None
+            if old is not None and not old.owned <= now_owned:
+                freed.setdefault(group_id, set()).update(old.owned - now_owned)
+        return NudgeBasis(epochs, freed)
+
+    def members_to_nudge(self, records: Iterable[Record], basis: NudgeBasis) -> list[tuple[str, str]]:
         """After ``records`` were replayed: the (group, member)s that can make progress only by
         heartbeating, so a streaming member is told to heartbeat now instead of at its next interval.
-        ``assignment_epochs``: each touched group's assignment epoch before the write.
 
         - a member whose target changed (it has partitions to release or to take);
-        - the members waiting for partitions (UNRELEASED_PARTITIONS) when someone's current assignment
-          changed or went away: the partition may be free now;
+        - a member waiting for partitions (UNRELEASED_PARTITIONS) one of which the write freed;
         - a removed member (fenced, expired): it learns at once that it must rejoin;
         - when a small group's assignment epoch moved, every member not at it yet (the group is
           reconciling until each has heartbeated). Big groups' members with an unchanged target move
           their epoch at their regular heartbeat: telling thousands at once would be a heartbeat storm.
         """
         out: dict[str, set[str]] = {}
-        freed: set[str] = set()
         for r in records:
             if isinstance(r, TargetAssignmentRecord):
                 out.setdefault(r.group, set()).add(r.member_id)
-            elif isinstance(r, CurrentAssignmentRecord):
-                freed.add(r.group)
-            elif isinstance(r, Tombstone) and r.type in (CurrentAssignmentRecord.TYPE, MemberRecord.TYPE):
+            elif isinstance(r, Tombstone) and r.type == MemberRecord.TYPE:
                 group_id, _, member_id = r.id.partition("/")
-                freed.add(group_id)
-                if r.type == MemberRecord.TYPE:
-                    out.setdefault(group_id, set()).add(member_id)
-        for group_id in freed:
+                out.setdefault(group_id, set()).add(member_id)
+        for group_id, slots in basis.freed.items():
             g = self.groups.get(group_id)
-            if g is not None and g.waiting:
-                out.setdefault(group_id, set()).update(g.waiting)
-        for group_id, before in assignment_epochs.items():
+            if g is None:
+                continue
+            for mid in g.waiting:
+                if not g.targets.get(mid, frozenset()).isdisjoint(slots):
+                    out.setdefault(group_id, set()).add(mid)
+        for group_id, before in basis.assignment_epochs.items():
             g = self.groups.get(group_id)
             if (
                 g is not None
