@@ -202,3 +202,36 @@ def test_illegal_transitions_are_asserted() -> None:
     with pytest.raises(AssertionError):
         MemberState.LEFT.move(MemberState.STABLE)
     assert MemberState.UNKNOWN.move(MemberState.STABLE) is MemberState.STABLE
+
+
+def test_heartbeat_now_while_one_is_in_flight_sends_the_next_right_after_its_answer() -> None:
+    """A release (or the coordinator's heartbeat_now) while a heartbeat is out: the one in flight may
+    predate it, so the next one goes as soon as it is answered instead of an interval later."""
+    ctx = Ctx()
+    ctx.answer(1, [tp(0), tp(1)])
+    ctx.m.set_owned(frozenset({("orders", 0), ("orders", 1)}))
+    ctx.advance(3.0)
+    ctx.m.request(ctx.now)  # in flight
+    ctx.m.released(frozenset({("orders", 1)}), ctx.now)
+    assert ctx.m.next_due() is None  # still one at a time
+    ctx.m.on_response(ctx.now, "m-1", 1, 3000, None)
+    assert ctx.due_now()
+    plan = ctx.m.request(ctx.now)
+    assert plan.owned == (("orders", 0),)
+    ctx.m.on_response(ctx.now, "m-1", 1, 3000, None)
+    assert not ctx.due_now()  # back to the interval
+    ctx.advance(3.0)
+    assert ctx.due_now()
+
+
+def test_heartbeat_now_when_idle_is_due_at_once_and_resend_counts_no_failure() -> None:
+    ctx = Ctx()
+    ctx.answer(1, [tp(0)])
+    assert not ctx.due_now()
+    ctx.m.heartbeat_now(ctx.now)
+    assert ctx.due_now()
+    ctx.m.request(ctx.now)
+    ctx.m.resend(ctx.now)  # e.g. the coordinator has no stream: the same heartbeat goes unary, now
+    assert ctx.due_now()
+    assert ctx.m.failures == 0
+    assert ctx.m.state is MemberState.STABLE
