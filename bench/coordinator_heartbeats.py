@@ -67,6 +67,7 @@ class Member:
     nudges: int = 0
     #: A steady-phase heartbeat of this member is scheduled or in flight.
     busy: bool = False
+    sent: int = 0
 
 
 def _percentile(values: array, q: float) -> float:  # type: ignore[type-arg]
@@ -135,9 +136,12 @@ class Driver:
         assert m.wake is not None
         m.wake.clear()  # this heartbeat carries the latest state; a push from now on asks for another
         m.answer = asyncio.get_running_loop().create_future()
+        m.sent += 1
         try:
             await m.call.write(m.request)
-            return await asyncio.wait_for(m.answer, 30)
+            # No per-heartbeat timer (it would cost the client more than the heartbeat): the reader fails
+            # this future when the stream ends, and the phase itself is bounded.
+            return await m.answer
         except Exception:
             m.call.cancel()
             m.call = None
@@ -220,6 +224,7 @@ class Driver:
             "join_to_stable_s": round(stable, 2),
             "errors": sum(m.errors for m in self.members),
             "heartbeat_now_pushes": sum(m.nudges for m in self.members),
+            "heartbeats": sum(m.sent for m in self.members),
         }
 
     async def steady(self, rate: float, duration: float, warmup: float) -> dict[str, Any]:
@@ -459,6 +464,7 @@ def main() -> None:
             "join_to_stable_s": max(j["join_to_stable_s"] for j in joins),
             "errors": sum(j["errors"] for j in joins),
             "heartbeat_now_pushes": sum(j["heartbeat_now_pushes"] for j in joins),
+            "heartbeats": sum(j["heartbeats"] for j in joins),
             "coordinator_cpu_s": round(cpu_seconds(coordinator_pid) - cpu0, 1),
         }
         print("join:", join, flush=True)

@@ -8,13 +8,15 @@ declined when the heartbeat changes something.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sluice.coordinator.groups.model import HeartbeatRequest
 from sluice.coordinator.groups.state import NudgeBasis
 from sluice.coordinator.records import Result
 
-from .groups_context import GroupsContext, tps
+from .groups_context import SETTINGS, GroupsContext, tps
 
 
 @pytest.fixture
@@ -133,3 +135,21 @@ def test_a_removed_member_is_told(ctx: GroupsContext) -> None:
     tick = ctx.groups.tick(ctx.now_ms)
     who = nudged(ctx, tick)
     assert ("g", b.member_id) in who
+
+
+def test_a_big_group_pushes_targets_only_once_they_caught_up_with_the_membership() -> None:
+    ctx = GroupsContext(replace(SETTINGS, assignment_batch_min_members=2, assignment_interval_ms=100))
+    ctx.create_topic("t", 6)
+    a = ctx.heartbeat()
+    b = ctx.heartbeat()
+    ctx.now_ms += 100
+    job = ctx.groups.assignment_jobs(ctx.now_ms)[0]
+    ctx.apply(ctx.groups.apply_assignment(job, job.compute(), ctx.now_ms))  # caught up: a and b
+    c_join = ctx.groups.heartbeat(request("", 0, set()), ctx.now_ms, "m900")
+    assert nudged(ctx, c_join) == []  # the target is behind the membership: nobody is pushed yet
+    ctx.now_ms += 100
+    job = ctx.groups.assignment_jobs(ctx.now_ms)[0]
+    applied = ctx.groups.apply_assignment(job, job.compute(), ctx.now_ms)
+    who = nudged(ctx, applied)
+    assert ("g", "m900") in who
+    assert {("g", a.member_id), ("g", b.member_id)} & set(who)  # someone gives partitions to m900

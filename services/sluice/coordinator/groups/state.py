@@ -914,7 +914,10 @@ class GroupsState:
         """After ``records`` were replayed: the (group, member)s that can make progress only by
         heartbeating, so a streaming member is told to heartbeat now instead of at its next interval.
 
-        - a member whose target changed (it has partitions to release or to take);
+        - a member whose target changed (it has partitions to release or to take); in a big group only
+          once its target has caught up with its membership (a join storm moves targets every
+          assignment interval: members acting on each intermediate one would multiply the writes, so
+          meanwhile they heartbeat at their interval, as with unary heartbeats);
         - a member waiting for partitions (UNRELEASED_PARTITIONS) one of which the write freed;
         - a removed member (fenced, expired): it learns at once that it must rejoin;
         - when a small group's assignment epoch moved, every member not at it yet (the group is
@@ -922,9 +925,17 @@ class GroupsState:
           their epoch at their regular heartbeat: telling thousands at once would be a heartbeat storm.
         """
         out: dict[str, set[str]] = {}
+        settled: dict[str, bool] = {}
         for r in records:
             if isinstance(r, TargetAssignmentRecord):
-                out.setdefault(r.group, set()).add(r.member_id)
+                if r.group not in settled:
+                    g = self.groups.get(r.group)
+                    settled[r.group] = g is not None and (
+                        len(g.members) < self.settings.assignment_batch_min_members
+                        or g.assignment_epoch == g.group_epoch
+                    )
+                if settled[r.group]:
+                    out.setdefault(r.group, set()).add(r.member_id)
             elif isinstance(r, Tombstone) and r.type == MemberRecord.TYPE:
                 group_id, _, member_id = r.id.partition("/")
                 out.setdefault(group_id, set()).add(member_id)
