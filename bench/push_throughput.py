@@ -7,7 +7,8 @@ first message to the last.
 
 Phase 2, latency: a producer (linger 0) sends at a fixed rate (default 2,000 records/s)
 records stamped with CLOCK_MONOTONIC; one push consumer in another process receives
-and acks them. Figures: p50/p99/max of send -> received.
+and acks them. Figures: p50/p99/max of send -> received, and the dispatcher's and broker's CPU per
+record meanwhile.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def throughput(bootstrap: str, n: int, queue_size: int, dispatcher_pid: int) -> 
     }
 
 
-def latency(bootstrap: str, rate: int, seconds: float) -> dict[str, object]:
+def latency(bootstrap: str, rate: int, seconds: float, pids: dict[str, int]) -> dict[str, object]:
     import struct
 
     from sluice import Client
@@ -150,6 +151,7 @@ def latency(bootstrap: str, rate: int, seconds: float) -> dict[str, object]:
         consumer.start()
         assert ready.wait(60)
         producer = client.producer("push-latency", linger=0)
+        cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
         interval = 1.0 / rate
         next_at = time.perf_counter()
         clock, mono = time.clock_gettime, time.CLOCK_MONOTONIC
@@ -161,6 +163,7 @@ def latency(bootstrap: str, rate: int, seconds: float) -> dict[str, object]:
             next_at += interval
         producer.flush()
         lat = out.get(timeout=120)
+        cpu = {name: cpu_seconds(pid) - cpu[name] for name, pid in pids.items()}
         consumer.join()
         producer.close()
     ms = sorted(x * 1000 for x in lat)
@@ -174,6 +177,8 @@ def latency(bootstrap: str, rate: int, seconds: float) -> dict[str, object]:
         "p50_ms": pct(0.5),
         "p99_ms": pct(0.99),
         "max_ms": round(ms[-1], 3),
+        # CPU per record while records flow at this rate (idle long-polls included).
+        **{f"{name}_cpu_us_per_record": round(c / len(ms) * 1e6, 1) for name, c in cpu.items()},
     }
 
 
@@ -193,7 +198,8 @@ def main() -> None:
             result["throughput"] = throughput(s.bootstrap, args.records, args.receiver_queue, dispatcher_pid)
             print(result["throughput"], flush=True)
         if not args.skip_latency:
-            result["latency"] = latency(s.bootstrap, args.rate, args.seconds)
+            pids = {"dispatcher": s.extra[-1].process.pid, "broker": s.broker.process.pid}
+            result["latency"] = latency(s.bootstrap, args.rate, args.seconds, pids)
             print(result["latency"], flush=True)
     save("push_throughput", result)
 

@@ -159,3 +159,23 @@ def test_key_shared_cuts_keep_per_key_order_and_mixed_consumers_agree(cluster: C
     assert offsets == sorted(offsets), "per-key (and here per-consumer) order"
     fast.close()
     old.close()
+
+
+def test_subscription_joining_behind_a_parked_fetch_is_served_and_the_feed_keeps_going(
+    cluster: Cluster,
+) -> None:
+    # The feed's fetch parks at the log end for the first subscription; a second one joining at the
+    # start makes it cancel that fetch (and its FetchStream call) and read from 0 on a new call.
+    cluster.create_topic("rbp")
+    cluster.produce("rbp", 0, [b"a", b"b", b"c"])
+    late = subscribe_batches(cluster, "rbp", "late", type=SHARED, initial_position=pb.INITIAL_POSITION_LATEST)
+    late.flow(100)
+    assert not arriving(late, 0.3)  # parked at offset 3
+    early = subscribe_batches(cluster, "rbp", "early", type=SHARED, initial_position=EARLIEST)
+    early.flow(100)
+    assert [r.value for r, _ in receive_batches(early, 3, timeout=5)] == [b"a", b"b", b"c"]
+    cluster.produce("rbp", 0, [b"d"])
+    assert [(r.offset, r.value) for r, _ in receive_batches(late, 1)] == [(3, b"d")]
+    assert [(r.offset, r.value) for r, _ in receive_batches(early, 1)] == [(3, b"d")]
+    late.close()
+    early.close()
