@@ -46,6 +46,12 @@ __all__ = ["FeedTarget", "PartitionFeed"]
 FETCH_GRACE = 10.0
 
 
+def _current_task_cancelling() -> bool:
+    """Whether the running task itself is being cancelled (the feed stops), not just a fetch."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class FeedTarget(Protocol):
     """A subscription as its feed sees it (``service.SubscriptionRuntime``)."""
 
@@ -96,6 +102,9 @@ class PartitionFeed:
         self._kick = asyncio.Event()
         self._fetch_offset = -1
         self._call: _FetchCall | None = None
+        #: The fetch in flight, and whether kick()/room() cancelled it (a wasted long-poll).
+        self._fetching: asyncio.Future[broker_pb2.FetchResponse] | None = None
+        self._fetch_cancelled = False
         #: The broker answered FetchStream with UNIMPLEMENTED: use unary Fetch.
         self._unary = False
         self.high_watermark = -1
@@ -132,17 +141,30 @@ class PartitionFeed:
         return asyncio.ensure_future(self._call.fetch(request))
 
     def kick(self) -> None:
-        """Something changed (a subscription joined, read-ahead room freed): look again."""
+        """Something changed (a subscription joined, read-ahead room freed): look again. A parked
+        fetch that starts beyond where reading must now start is cancelled."""
         self._kick.set()
+        if self._fetch_offset >= 0:
+            new = self._wanted_offset()
+            if new is not None and new < self._fetch_offset:
+                self._cancel_fetch()
 
     def room(self, position: int) -> None:
-        """A subscription at ``position`` has read-ahead room (it dispatched messages). Kick only
+        """A subscription at ``position`` has read-ahead room (it dispatched messages). Act only
         when that matters: the feed is idle, or its parked fetch starts beyond ``position``. Waking
         the parked fetch on every dispatch (thousands of times a second at a steady rate) cost
         dispatcher CPU for nothing."""
         fetching = self._fetch_offset
-        if fetching < 0 or position < fetching:
+        if fetching < 0:
             self._kick.set()
+        elif position < fetching:
+            self._cancel_fetch()
+
+    def _cancel_fetch(self) -> None:
+        f = self._fetching
+        if f is not None and not f.done():
+            self._fetch_cancelled = True
+            f.cancel()
 
     def _wanted_offset(self) -> int | None:
         p = self.partition
@@ -191,21 +213,20 @@ class PartitionFeed:
         )
         self._kick.clear()
         self._fetch_offset = offset
-        fetching = self._send(broker, request)
-        kicked = asyncio.ensure_future(self._kick.wait())
-        deadline = asyncio.get_running_loop().time() + self._max_wait_ms / 1000 + FETCH_GRACE
+        self._fetch_cancelled = False
+        # One future per fetch, cancelled directly by kick()/room() when it no longer starts at the
+        # right place: no second task per fetch to watch for kicks.
+        fetching = self._fetching = self._send(broker, request)
         try:
-            while not fetching.done():
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= 0:
-                    raise BrokerNotAvailable(f"broker {broker} did not answer a fetch in time")
-                await asyncio.wait((fetching, kicked), timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                if kicked.done() and not fetching.done():
-                    new = self._wanted_offset()
-                    if new is not None and new < offset:
-                        return None  # the finally cancels the fetch (and its stream)
-                    kicked = asyncio.ensure_future(self._kick.wait())
-            resp = fetching.result()
+            resp = await asyncio.wait_for(fetching, self._max_wait_ms / 1000 + FETCH_GRACE)
+        except asyncio.CancelledError:
+            self._close_call()
+            if self._fetch_cancelled and not _current_task_cancelling():
+                return None
+            raise
+        except TimeoutError:
+            self._close_call()
+            raise BrokerNotAvailable(f"broker {broker} did not answer a fetch in time") from None
         except SluiceError:
             self._close_call()
             raise
@@ -220,11 +241,8 @@ class PartitionFeed:
                 self._unary = True
             raise error_from_rpc(exc) from None
         finally:
-            kicked.cancel()
             self._fetch_offset = -1
-            if not fetching.done():
-                fetching.cancel()
-                self._close_call()
+            self._fetching = None
         self.fetches += 1
         if resp.error.code != common_pb2.NONE:
             raise error_for_code(resp.error.code, resp.error.message)
