@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment, TopicOverrides
 from sluice.broker.fetch import PartitionRead, PartitionSpec
+from sluice.broker.flusher import FlushPolicy
 from sluice.broker.service import (
     BrokerService,
     FetchOutcome,
@@ -147,9 +148,22 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def ProduceStream(
         self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: object
     ) -> AsyncIterator[broker_pb2.ProduceResponse]:
-        """Appends each request as soon as it is read (stream order is append order), and
-        answers in that order once each is durable. A reader task keeps appending while an
-        earlier request awaits its fsync, so one group commit serves every request in flight."""
+        """Appends each request as soon as it is read (stream order is append order) and answers
+        in that order, once each is durable when answers wait for an fsync (flush=always)."""
+        if self.service.flusher.policy is FlushPolicy.ALWAYS:
+            async for answer in self._produce_pipelined(request_iterator):
+                yield answer
+            return
+        # Nothing to wait for: answer each request as it is appended, with no task or queue
+        # between reading and writing (a stream message's cost is the latency budget here).
+        async for request in request_iterator:
+            yield self._produce_answer(self._append(request))
+
+    async def _produce_pipelined(
+        self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest]
+    ) -> AsyncIterator[broker_pb2.ProduceResponse]:
+        """A reader task keeps appending while earlier requests await their fsync, so one group
+        commit releases every request in flight on the stream."""
         # Bounded: a client pipelining without limit waits here, not in the broker's memory.
         appended: asyncio.Queue[_StreamedProduce | None] = asyncio.Queue(MAX_STREAM_PIPELINE)
 
