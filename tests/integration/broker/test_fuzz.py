@@ -7,7 +7,9 @@ Nothing malformed reaches the log: the whole log still decodes with every CRC ch
 
 from __future__ import annotations
 
+import queue
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -16,6 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from sluice.client.rpc import ERROR_CODE_KEY
+from sluice.client.streams import RequestStream
 from sluice.codec.batch import CRC_START, crc32c, decode_records, validate_batch
 from sluice.errors import BatchTooLarge, CorruptBatch
 from sluice.v1 import broker_pb2 as pb
@@ -206,6 +209,107 @@ def test_fuzz_fetch(
             decode_records(p.records, p.topic, p.partition)  # every returned batch passes its CRC
         else:
             assert p.records == b""
+
+
+@pytest.fixture(scope="module")
+def produce_stream(fuzz_broker: Broker) -> Iterator[RequestStream[pb.ProduceRequest, pb.ProduceResponse]]:
+    """One ProduceStream for every example: no input may end it."""
+    stream = RequestStream(fuzz_broker.stub.ProduceStream, "fuzz-produce")
+    yield stream
+    stream.close()
+
+
+@pytest.fixture(scope="module")
+def fetch_stream(fuzz_broker: Broker) -> Iterator[RequestStream[pb.FetchRequest, pb.FetchResponse]]:
+    stream = RequestStream(fuzz_broker.stub.FetchStream, "fuzz-fetch")
+    yield stream
+    stream.close()
+
+
+def _answers(count: int, results: queue.SimpleQueue[object]) -> list[object]:
+    return [results.get(timeout=20) for _ in range(count)]
+
+
+@settings(SETTINGS, max_examples=150)
+@given(
+    requests=st.lists(
+        st.tuples(
+            produce_payload(),
+            st.sampled_from([0, 1, 7, -1]),
+            st.sampled_from([TOPIC, TOPIC, "nope", ""]),
+            st.sampled_from([1, 1, 0, -1, 5]),
+            st.sampled_from([0, 0, -3, 10**9]),
+            st.booleans(),  # no partitions at all
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_fuzz_produce_stream(
+    produce_stream: RequestStream[pb.ProduceRequest, pb.ProduceResponse],
+    requests: list[tuple[bytes, int, str, int, int, bool]],
+) -> None:
+    """Pipelined garbage on one ProduceStream: each request gets its own answer, in order, with a
+    typed code (request-level errors in ``error``); the stream itself never ends."""
+    results: queue.SimpleQueue[object] = queue.SimpleQueue()
+    for payload, partition, topic, acks, timeout_ms, empty in requests:
+        req = pb.ProduceRequest(acks=acks, timeout_ms=timeout_ms)
+        if not empty:
+            req.partitions.add(topic=topic, partition=partition, records=payload)
+        produce_stream.send(req, 10, results.put)
+    for answer, (payload, _partition, _topic, acks, timeout_ms, empty) in zip(
+        _answers(len(requests), results), requests, strict=True
+    ):
+        assert isinstance(answer, pb.ProduceResponse), answer  # not a transport failure
+        if empty or acks not in (-1, 0, 1) or not 0 <= timeout_ms <= 300_000:
+            assert answer.error.code in (common_pb2.INVALID_REQUEST, common_pb2.INVALID_ARGUMENT), answer
+            assert not answer.partitions
+            continue
+        assert answer.error.code == common_pb2.NONE
+        (r,) = answer.partitions
+        assert r.error.code in PRODUCE_CODES, r.error
+        if r.error.code == common_pb2.NONE:
+            assert _locally_valid(payload)
+
+
+@settings(SETTINGS, max_examples=150)
+@given(
+    requests=st.lists(
+        st.tuples(
+            st.sampled_from([TOPIC, "nope", "bad topic"]),
+            st.sampled_from([0, 1, 3]),
+            st.integers(-5, 400),
+            filters,
+            st.sampled_from([0, 0, 10, -1, 10**6]),  # max_wait_ms
+            st.sampled_from([(0, -1), (0, -1), (12345, 1), (99, -5)]),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_fuzz_fetch_stream(
+    fetch_stream: RequestStream[pb.FetchRequest, pb.FetchResponse],
+    requests: list[tuple[str, int, int, str, int, tuple[int, int]]],
+) -> None:
+    results: queue.SimpleQueue[object] = queue.SimpleQueue()
+    for topic, partition, offset, flt, max_wait_ms, session in requests:
+        req = pb.FetchRequest(
+            max_wait_ms=max_wait_ms,
+            session_id=session[0],
+            session_epoch=session[1],
+            partitions=[pb.FetchPartition(topic=topic, partition=partition, fetch_offset=offset, filter=flt)],
+        )
+        fetch_stream.send(req, 10, results.put)
+    for answer in _answers(len(requests), results):
+        assert isinstance(answer, pb.FetchResponse), answer  # not a transport failure
+        assert answer.error.code in {
+            common_pb2.NONE,
+            common_pb2.INVALID_ARGUMENT,
+            common_pb2.FETCH_SESSION_NOT_FOUND,
+            common_pb2.INVALID_FETCH_SESSION_EPOCH,
+        }, answer.error
+        for p in answer.partitions:
+            assert p.error.code in FETCH_CODES, p.error
 
 
 def test_after_fuzzing_the_broker_is_alive_and_the_log_is_clean(fuzz_broker: Broker) -> None:
