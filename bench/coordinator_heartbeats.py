@@ -268,9 +268,16 @@ class Driver:
                     slow_at[bucket] = slow_at.get(bucket, 0) + 1
                 rpc.append(t1 - t0)
                 from_due.append(loop.time() - due)
+                wall = time.time()
+                spans.append(int((wall - (t1 - t0)) * 10))
+                spans.append(int(wall * 10))
                 completed_in_window += 1
 
         lags = array("d")
+        # 100 ms wall-clock windows in which this client's own event loop stalled (> 20 ms late), and
+        # each answer's (sent, answered) windows: answers overlapping a client stall can be told apart.
+        stalled: set[int] = set()
+        spans = array("q")
         slow_at: dict[int, int] = {}  # wall-clock 100 ms bucket -> answers slower than 50 ms in it
 
         async def probe() -> None:
@@ -280,7 +287,10 @@ class Driver:
                 t = loop.time()
                 await asyncio.sleep(0.005)
                 if loop.time() >= measure_from:
-                    lags.append(loop.time() - t - 0.005)
+                    lag = loop.time() - t - 0.005
+                    lags.append(lag)
+                    if lag > 0.02:
+                        stalled.add(int(time.time() * 10))
 
         prober = loop.create_task(probe())
         tasks: set[asyncio.Task[None]] = set()
@@ -308,6 +318,8 @@ class Driver:
             "loop_lag_p99_ms": round(_percentile(lags, 0.99) * 1000, 2),
             "loop_lag_max_ms": round(max(lags, default=float("nan")) * 1000, 2),
             "slow_at": slow_at,
+            "stalled": stalled,
+            "spans": spans,
             "completed_in_window": completed_in_window,
             "skipped_in_flight": skipped,
             "errors": errors,
@@ -391,12 +403,29 @@ def merge_steady(parts: list[dict[str, Any]], rate: float, duration: float) -> d
         # 100 ms windows with answers slower than 50 ms, and in how many client processes: a stall of
         # the coordinator shows in every process at once, a client's own stall in one.
         "slow_windows": _slow_windows(parts),
+        "client_stall_windows": len(set().union(*(p["stalled"] for p in parts))),
+        # Diagnostic, not the figure: the p99 of answers during which no client process stalled. When
+        # the machine is overloaded (other work on the shared cores), every process stalls at once and
+        # the plain p99 measures that; this one shows what is left when the clients ran freely.
+        "rpc_p99_ms_outside_client_stalls": round(_p99_outside_stalls(parts) * 1000, 2),
         "rpc_p50_ms": round(_percentile(rpc, 0.50) * 1000, 2),
         "rpc_p99_ms": round(_percentile(rpc, 0.99) * 1000, 2),
         "rpc_max_ms": round(max(rpc, default=float("nan")) * 1000, 2),
         "from_due_p50_ms": round(_percentile(from_due, 0.50) * 1000, 2),
         "from_due_p99_ms": round(_percentile(from_due, 0.99) * 1000, 2),
     }
+
+
+def _p99_outside_stalls(parts: list[dict[str, Any]]) -> float:
+    stalled: set[int] = set().union(*(p["stalled"] for p in parts))
+    kept: array = array("d")  # type: ignore[type-arg]
+    for p in parts:
+        spans = p["spans"]
+        for i, latency in enumerate(p["rpc"]):
+            first, last = spans[2 * i], spans[2 * i + 1]
+            if not any(b in stalled for b in range(first, last + 1)):
+                kept.append(latency)
+    return _percentile(kept, 0.99)
 
 
 def _slow_windows(parts: list[dict[str, Any]]) -> dict[str, int]:
@@ -478,6 +507,7 @@ def main() -> None:
             pids = [p.pid for p in procs if p.pid is not None]
             cpu0, cmd0, t0 = cpu_seconds(coordinator_pid), redis_commands(redis_url), time.perf_counter()
             clients0 = [cpu_seconds(pid) for pid in pids]
+            load0 = os.getloadavg()[0]
             for q in commands:
                 q.put("go")
             parts = [_expect(results, "steady", 600) for _ in procs]
@@ -487,6 +517,9 @@ def main() -> None:
             figures["client_cpu_pct"] = [
                 round(100 * (cpu_seconds(pid) - c0) / elapsed) for pid, c0 in zip(pids, clients0, strict=True)
             ]
+            # The machine is shared: other work's load is part of every figure.
+            figures["load_average_1m"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
+            figures["cpu_pressure_avg10"] = _cpu_pressure()
             # The lag refresh reads committed offsets every 10 s; heartbeats themselves must add nothing.
             figures["redis_commands_during_phase"] = redis_commands(redis_url) - cmd0 - 1
             if spy is not None:
@@ -521,6 +554,15 @@ def _expect(results: Any, kind: str, timeout: float) -> Any:
         got, value = results.get(timeout=timeout)
         _early.setdefault(got, []).append(value)
     return _early[kind].pop(0)
+
+
+def _cpu_pressure() -> float | None:
+    """Share of the last 10 s in which some runnable task waited for a CPU (Linux PSI), in percent."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return float(f.readline().split()[1].split("=")[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _redis_url_of(s: Any) -> str:
