@@ -94,7 +94,21 @@ class GroupsContext:
             else:
                 self.store[field] = value
             self.root.replay(record)
+        self.check_indexes()
         return result.response
+
+    def check_indexes(self) -> None:
+        """The derived indexes the hot paths read equal what they summarise (checked after every write)."""
+        for g in self.groups.groups.values():
+            unsettled = {
+                mid
+                for mid, cur in g.current.items()
+                if cur.member_epoch != g.assignment_epoch or cur.state != "stable"
+            }
+            assert g.unsettled == unsettled, (g.unsettled, unsettled)
+            assert g.waiting == {m for m, c in g.current.items() if c.state == "unreleased_partitions"}
+            if g.message_model.value == "clustering":
+                assert g.target_owner == {s: m for m, slots in g.targets.items() for s in slots}
 
     def create_topic(self, name: str, partitions: int) -> None:
         self.apply(self.root.cluster.create_topic(name, partitions, TopicConfig(), f"id-{name}", self.now_ms))

@@ -54,6 +54,12 @@ class Group:
         #: Members waiting for partitions other members still hold (UNRELEASED_PARTITIONS): the ones to
         #: tell at once when a partition comes free.
         self.waiting: set[str] = set()
+        #: slot -> the member whose target has it (clustering: one each), so a freed slot finds the
+        #: member waiting for it without scanning the waiting members.
+        self.target_owner: dict[Slot, str] = {}
+        #: Members not (yet) STABLE at the assignment epoch: the group is stable when it is empty, so
+        #: state() costs O(1) however big the group (it runs after every group write).
+        self.unsettled: set[str] = set()
         #: Whether a metadata record exists (a config may be set before anyone joins).
         self.exists = False
 
@@ -65,7 +71,10 @@ class Group:
     def replay_metadata(self, record: GroupMetadataRecord) -> None:
         self.exists = True
         self.group_epoch = record.group_epoch
+        moved = record.assignment_epoch != self.assignment_epoch
         self.assignment_epoch = record.assignment_epoch
+        if moved:  # once per computed target, not per heartbeat
+            self.unsettled = {mid for mid, cur in self.current.items() if not self._settled(cur)}
         self.created_ms = record.created_ms
         self.tracks = {(t.topic, t.filter): t for t in record.tracks}
 
@@ -92,10 +101,16 @@ class Group:
                 self.holders.pop(topic, None)
 
     def replay_target(self, record: TargetAssignmentRecord) -> None:
+        self.remove_target(record.member_id)
         self.targets[record.member_id] = record.slots
+        for slot in record.slots:
+            self.target_owner[slot] = record.member_id
 
     def remove_target(self, member_id: str) -> None:
-        self.targets.pop(member_id, None)
+        old = self.targets.pop(member_id, None)
+        for slot in old or ():
+            if self.target_owner.get(slot) == member_id:
+                del self.target_owner[slot]
 
     def replay_current(self, record: CurrentAssignmentRecord) -> None:
         self.remove_current(record.member_id)
@@ -113,12 +128,18 @@ class Group:
             self.revoking.add(record.member_id)
         if record.state == MemberState.UNRELEASED_PARTITIONS.value:
             self.waiting.add(record.member_id)
+        if not self._settled(record):
+            self.unsettled.add(record.member_id)
+
+    def _settled(self, record: CurrentAssignmentRecord) -> bool:
+        return record.member_epoch == self.assignment_epoch and record.state == MemberState.STABLE.value
 
     def remove_current(self, member_id: str) -> None:
         old = self.current.pop(member_id, None)
         self.owned_tps.pop(member_id, None)
         self.revoking.discard(member_id)
         self.waiting.discard(member_id)
+        self.unsettled.discard(member_id)
         if old is not None:
             for slot in old.owned:
                 if self.owner.get(slot) == member_id:
@@ -165,10 +186,7 @@ class Group:
             return GroupState.EMPTY
         if self.assignment_epoch < self.group_epoch:
             return GroupState.ASSIGNING
-        for cur in self.current.values():
-            if cur.member_epoch != self.assignment_epoch or cur.state != MemberState.STABLE.value:
-                return GroupState.RECONCILING
-        return GroupState.STABLE
+        return GroupState.RECONCILING if self.unsettled else GroupState.STABLE
 
     def filter_of(self, member_id: str, topic: str) -> str:
         member = self.members.get(member_id)

@@ -941,10 +941,11 @@ class GroupsState:
                 out.setdefault(group_id, set()).add(member_id)
         for group_id, slots in basis.freed.items():
             g = self.groups.get(group_id)
-            if g is None:
+            if g is None or not g.waiting:
                 continue
-            for mid in g.waiting:
-                if not g.targets.get(mid, frozenset()).isdisjoint(slots):
+            for slot in slots:
+                mid = g.target_owner.get(slot)
+                if mid is not None and mid in g.waiting:
                     out.setdefault(group_id, set()).add(mid)
         for group_id, before in basis.assignment_epochs.items():
             g = self.groups.get(group_id)
