@@ -112,5 +112,8 @@ def test_kill_9_of_a_consumer_process(cluster: Cluster) -> None:
     taken_over = [t for m in survivors for p, _, t in m.processed if p in victim_parts and t > killed_at]
     assert taken_over
     waited = min(taken_over) - killed_at
-    assert SESSION_TIMEOUT * 0.8 <= waited < SESSION_TIMEOUT + 5, waited
+    # The session runs from the victim's last heartbeat, which on a loaded machine can be well before
+    # the kill (its heartbeat thread starved); half the timeout still tells an expiry from a takeover
+    # at the moment its connection dropped.
+    assert SESSION_TIMEOUT * 0.5 <= waited < SESSION_TIMEOUT + 5, waited
     print(f"partitions moved {waited:.2f} s after the kill; {len(duplicates)} duplicates of {len(written)}")
