@@ -19,7 +19,7 @@ import os
 import resource
 import time
 
-from _stack import save, stack
+from _stack import cpu_seconds, save, stack
 
 VALUE = b"x" * 100
 IDLE_END = 3.0  # a consumer stops after this long without a message
@@ -87,13 +87,6 @@ def latency_consumer(bootstrap: str, topic: str, total: int, ready: mp.Event, ou
             pass
         pc.close()
     out.put(lat)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (from /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def throughput(bootstrap: str, n: int, queue_size: int, dispatcher_pid: int) -> dict[str, object]:
