@@ -26,22 +26,26 @@ HEADER = struct.Struct("<dB")
 PADDING = b"x" * (100 - HEADER.size)
 
 
-def consume(bootstrap: str, total: int, ready: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def consume(bootstrap: str, total: int, warmup: int, ready: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
     latencies: list[float] = []
     fetches = 0
     with Client(bootstrap) as client:
         fetcher = client.fetcher({("latency", p): 0 for p in range(PARTITIONS)}, max_wait_ms=500)
         ready.set()
         seen = 0
+        cpu = 0.0
         while seen < total:
+            if seen >= warmup and not cpu:
+                cpu = time.process_time()
             fetches += 1
             for r in fetcher.fetch():
                 seen += 1
                 sent, warmup = HEADER.unpack_from(r.value)
                 if not warmup:
                     latencies.append(time.perf_counter() - sent)
+        cpu = time.process_time() - cpu
         fetcher.close()
-    out.put((latencies, fetches))
+    out.put((latencies, fetches, cpu))
 
 
 def main() -> None:
@@ -57,18 +61,19 @@ def main() -> None:
         client.admin.create_topic("latency", partitions=PARTITIONS)
         ctx = mp.get_context("spawn")
         ready, out = ctx.Event(), ctx.Queue()
-        consumer = ctx.Process(target=consume, args=(s.bootstrap, total, ready, out))
+        consumer = ctx.Process(target=consume, args=(s.bootstrap, total, warmup, ready, out))
         consumer.start()
         ready.wait(60)
         # linger 0: latency mode sends each record as soon as the sender is free.
         producer = client.producer("latency", linger=0)
         acks: list[float] = []  # send -> acknowledged, the producer's share of the latency
-        broker_cpu = 0.0
+        broker_cpu = producer_cpu = 0.0
         interval = 1.0 / args.rate
         next_at = time.perf_counter()
         for i in range(total):
             if i == warmup:
                 broker_cpu = cpu_seconds(s.broker.process.pid)
+                producer_cpu = time.process_time()
             now = time.perf_counter()
             if now < next_at:
                 time.sleep(next_at - now)
@@ -78,8 +83,9 @@ def main() -> None:
                 future.add_done_callback(lambda _, sent=sent: acks.append(time.perf_counter() - sent))
             next_at += interval
         producer.flush()
-        latencies, fetches = out.get(timeout=120)
+        latencies, fetches, consumer_cpu = out.get(timeout=120)
         broker_cpu = cpu_seconds(s.broker.process.pid) - broker_cpu
+        producer_cpu = time.process_time() - producer_cpu
         consumer.join(30)
         producer.close()
 
@@ -99,7 +105,10 @@ def main() -> None:
             "ack_p50_ms": pct(acks, 0.5),
             "ack_p99_ms": pct(acks, 0.99),
             "records_per_fetch": round(total / max(fetches, 1), 2),
+            # CPU per record of each process: what decides how much contention the latency sees.
             "broker_cpu_us_per_record": round(broker_cpu / max(len(latencies), 1) * 1e6, 1),
+            "producer_cpu_us_per_record": round(producer_cpu / max(len(latencies), 1) * 1e6, 1),
+            "consumer_cpu_us_per_record": round(consumer_cpu / max(len(latencies), 1) * 1e6, 1),
         },
     )
 
