@@ -86,6 +86,9 @@ class RequestStream(Generic[Req, Resp]):
         self._next_id = 1
         self._closed = False
         self._watchdog: threading.Thread | None = None
+        #: When the watchdog wakes next (monotonic), and how long it sleeps while nothing waits.
+        self._wake_at = 0.0
+        self._idle_span = 1.0
 
     def send(self, request: Req, timeout: float, on_done: Callback) -> None:
         """Send ``request``; ``on_done`` later gets its response or a SluiceError (never both)."""
@@ -99,10 +102,13 @@ class RequestStream(Generic[Req, Resp]):
                     call = self._open()
                 request.request_id = self._next_id
                 self._next_id += 1
-                was_idle = not call.waiting
-                call.waiting.append(_Waiting(request.request_id, time.monotonic() + timeout, on_done))
+                deadline = time.monotonic() + timeout
+                call.waiting.append(_Waiting(request.request_id, deadline, on_done))
                 call.requests.put(request)
-                if was_idle:
+                self._idle_span = timeout
+                # The watchdog already wakes before this deadline (it does for a stream whose
+                # requests share one timeout): no thread wake-up on the request path.
+                if deadline < self._wake_at:
                     self._deadline_changed.notify()
         if error is not None:
             on_done(error)
@@ -177,21 +183,24 @@ class RequestStream(Generic[Req, Resp]):
             while not self._closed:
                 call = self._call
                 head = call.waiting[0] if call is not None and call.waiting else None
+                now = time.monotonic()
                 if head is None:
-                    self._deadline_changed.wait()
-                    continue
-                remaining = head.deadline - time.monotonic()
-                if remaining > 0:
-                    self._deadline_changed.wait(remaining)
-                    continue
-                assert call is not None
-                if call.rpc is not None and not call.cancelled:
-                    log.warning(
-                        "%s: request %d timed out; cancelling the stream", self._name, head.request_id
-                    )
-                    call.cancelled = True
-                    call.rpc.cancel()  # the reader fails what is waiting, with RequestTimedOut
-                self._deadline_changed.wait(0.05)  # the reader ends the call (or is still opening it)
+                    # Idle: wake after one request timeout anyway. A request sent meanwhile has a
+                    # deadline past that wake-up when it uses the same timeout, so send() need not
+                    # wake this thread; one with a shorter timeout does (see send()).
+                    self._wake_at = now + self._idle_span
+                elif head.deadline > now:
+                    self._wake_at = head.deadline
+                else:
+                    assert call is not None
+                    if call.rpc is not None and not call.cancelled:
+                        log.warning(
+                            "%s: request %d timed out; cancelling the stream", self._name, head.request_id
+                        )
+                        call.cancelled = True
+                        call.rpc.cancel()  # the reader fails what is waiting, with RequestTimedOut
+                    self._wake_at = now + 0.05  # the reader ends the call (or is still opening it)
+                self._deadline_changed.wait(self._wake_at - now)
 
 
 class _OutOfOrder(Exception):
