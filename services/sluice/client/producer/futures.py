@@ -43,7 +43,16 @@ class BatchResult:
     Caller: the sender completes it exactly once (``complete``); futures read it.
     """
 
-    __slots__ = ("_callbacks", "_event", "base_offset", "error", "log_append_time", "partition", "topic")
+    __slots__ = (
+        "_callbacks",
+        "_done",
+        "_event",
+        "base_offset",
+        "error",
+        "log_append_time",
+        "partition",
+        "topic",
+    )
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -51,26 +60,40 @@ class BatchResult:
         self.base_offset = -1
         self.log_append_time = -1
         self.error: SluiceError | None = None
-        self._event = threading.Event()
+        self._done = False
+        # Made by the first wait() that has to block: most batches are never waited on (callbacks,
+        # flush), and with linger=0 every record is a batch of its own.
+        self._event: threading.Event | None = None
         self._callbacks: list[Callable[[], None]] | None = None
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        if self._done:
+            return True
+        with _CALLBACKS_LOCK:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     def complete(self, base_offset: int, log_append_time: int, error: SluiceError | None) -> None:
         """Set the outcome and run the callbacks (in the calling thread: the sender's)."""
         with _CALLBACKS_LOCK:
-            if self._event.is_set():
+            if self._done:
                 return
             self.base_offset = base_offset
             self.log_append_time = log_append_time
             self.error = error
-            self._event.set()
+            self._done = True
+            event = self._event
             callbacks, self._callbacks = self._callbacks, None
+        if event is not None:
+            event.set()
         for fn in callbacks or ():
             try:
                 fn()
@@ -79,7 +102,7 @@ class BatchResult:
 
     def add_callback(self, fn: Callable[[], None]) -> None:
         with _CALLBACKS_LOCK:
-            if not self._event.is_set():
+            if not self._done:
                 if self._callbacks is None:
                     self._callbacks = []
                 self._callbacks.append(fn)
