@@ -14,6 +14,9 @@ The rules it encodes:
   starts partitions that appear in it and revokes the ones that left it: stop
   fetching, finish processing, commit, ``on_revoke``, and only then report them gone
   from ``owned`` (:meth:`Membership.released` asks for that heartbeat at once);
+* the coordinator's ``heartbeat_now`` (on the heartbeat stream) and a release ask for a
+  heartbeat at once; with one in flight, the next goes right after its answer
+  (:meth:`Membership.heartbeat_now`), since the one in flight may predate the news;
 * FENCED_MEMBER_EPOCH / UNKNOWN_MEMBER / STALE_MEMBER_EPOCH: this member is a zombie.
   Its partitions are lost (no commit: another member may own them already). Once the
   consumer has dropped them (:meth:`Membership.lost_handled`), it rejoins with epoch 0
