@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from sluice.codec.batch import HEADER_SIZE, columns, read_header
 from sluice.common.rpc import CHANNEL_OPTIONS
+from sluice.coordinator.cluster.records import TopicRecord
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.groups.model import DEFAULT_TRACK, GroupDescription, MessageModel, Slot
 from sluice.coordinator.groups.redis_ops import GroupKeys
@@ -132,6 +133,40 @@ def record_timestamp(records: bytes, offset: int) -> int | None:
     return None
 
 
+#: From this many partitions on, the per-partition work of a lag refresh runs in a worker thread.
+_THREAD_MIN = 512
+
+
+def _plan_list_offsets(
+    wanted: list[tuple[str, int]], placement: Mapping[str, TopicRecord], endpoints: Mapping[int, str]
+) -> dict[str, broker_pb2.ListOffsetsRequest]:
+    """One ListOffsets request (latest offsets) per broker address for ``wanted``."""
+    plan: dict[str, broker_pb2.ListOffsetsRequest] = {}
+    for topic, partition in wanted:
+        record = placement.get(topic)
+        if record is None or not 0 <= partition < record.partitions:
+            continue
+        address = endpoints.get(record.placement[partition])
+        if address is None:
+            continue
+        request = plan.get(address)
+        if request is None:
+            request = plan[address] = broker_pb2.ListOffsetsRequest()
+        request.partitions.add(topic=topic, partition=partition, timestamp=LATEST)
+    return plan
+
+
+def _high_watermarks_of(
+    replies: Iterable[broker_pb2.ListOffsetsResponse | None],
+) -> dict[tuple[str, int], int]:
+    out = {}
+    for reply in replies:
+        for item in reply.partitions if reply is not None else ():
+            if item.error.code == common_pb2.NONE:
+                out[(item.topic, item.partition)] = item.offset
+    return out
+
+
 class LagReader:
     """Reads committed offsets from Redis and high watermarks from the brokers."""
 
@@ -173,24 +208,24 @@ class LagReader:
     async def high_watermarks(
         self, cluster: ClusterState, partitions: Iterable[tuple[str, int]]
     ) -> dict[tuple[str, int], int]:
-        """(topic, partition) -> high watermark, for those whose broker answers (one call per broker)."""
-        plan: dict[str, broker_pb2.ListOffsetsRequest] = {}
-        for topic, partition in sorted(set(partitions)):
-            record = cluster.topics.get(topic)
-            if record is None or not 0 <= partition < record.partitions:
-                continue
-            broker = cluster.brokers.get(record.placement[partition])
-            if broker is None:
-                continue
-            request = plan.setdefault(str(broker.endpoint), broker_pb2.ListOffsetsRequest())
-            request.partitions.add(topic=topic, partition=partition, timestamp=LATEST)
+        """(topic, partition) -> high watermark, for those whose broker answers (one call per broker).
+
+        Thousands of partitions cost tens of milliseconds of request building and answer parsing: that
+        runs in a worker thread (from a snapshot of the placement taken here), so the event loop keeps
+        answering heartbeats meanwhile instead of stalling once per lag refresh."""
+        wanted = sorted(set(partitions))
+        topics = {t for t, _ in wanted}
+        placement = {t: cluster.topics[t] for t in topics if t in cluster.topics}
+        endpoints = {b.broker_id: str(b.endpoint) for b in cluster.brokers.values()}
+        big = len(wanted) >= _THREAD_MIN
+        if big:
+            plan = await asyncio.to_thread(_plan_list_offsets, wanted, placement, endpoints)
+        else:
+            plan = _plan_list_offsets(wanted, placement, endpoints)
         replies = await asyncio.gather(*(self._list_offsets(a, r) for a, r in plan.items()))
-        out = {}
-        for reply in replies:
-            for item in reply.partitions if reply is not None else ():
-                if item.error.code == common_pb2.NONE:
-                    out[(item.topic, item.partition)] = item.offset
-        return out
+        if big:
+            return await asyncio.to_thread(_high_watermarks_of, replies)
+        return _high_watermarks_of(replies)
 
     async def _list_offsets(
         self, address: str, request: broker_pb2.ListOffsetsRequest
@@ -332,7 +367,7 @@ class LagReader:
         if description is not None:
             wanted |= {(t, p) for t, n in description.topics.items() for p in range(n)}
         high_watermarks = await self.high_watermarks(cluster, wanted)
-        if len(wanted) < 512:
+        if len(wanted) < _THREAD_MIN:
             return lag_rows(description, committed, high_watermarks)
         # Thousands of partitions take tens of milliseconds: in a worker thread the event loop keeps
         # answering heartbeats meanwhile (the inputs are this call's own copies).
