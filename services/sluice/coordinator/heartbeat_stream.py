@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 
 from sluice.coordinator.convert import heartbeat_from_proto, heartbeat_to_proto
 from sluice.coordinator.groups.model import HeartbeatRequest, HeartbeatResponse
 from sluice.coordinator.service import CoordinatorService
 from sluice.errors import InvalidRequest, SluiceError
+from sluice.server.metrics import MethodRecorder
 from sluice.v1 import coordinator_pb2 as pb
 
 __all__ = ["HeartbeatStream"]
@@ -33,6 +35,16 @@ log = logging.getLogger(__name__)
 #: stops a misbehaving client from queueing without limit (HTTP/2 flow control then holds it back).
 _INBOX = 8
 _NUDGE = pb.GroupStreamResponse(heartbeat_now=pb.HeartbeatNow())
+
+
+_recorders: list[MethodRecorder] = []
+
+
+def _recorder() -> MethodRecorder:
+    """The coordinator's ``Heartbeat`` series (resolved once per process)."""
+    if not _recorders:
+        _recorders.append(MethodRecorder("coordinator", "Heartbeat"))
+    return _recorders[0]
 
 
 class _Push:
@@ -61,6 +73,9 @@ class HeartbeatStream:
         self._last_request: HeartbeatRequest | None = None
         self._last_response: HeartbeatResponse | None = None
         self._last_out: pb.GroupStreamResponse | None = None
+        # Each message is counted and timed as a Heartbeat request, so heartbeat rates and latencies read
+        # the same however members send them (docs/metrics.md); the stream itself is counted once.
+        self._recorder = _recorder()
         self._unwatch: Callable[[], None] | None = None
 
     async def run(
@@ -106,6 +121,7 @@ class HeartbeatStream:
             self._inbox.put_nowait(_PUSH)
 
     async def _answer(self, message: pb.GroupStreamRequest) -> pb.GroupStreamResponse:
+        started = time.perf_counter()
         group = ""
         try:
             if not message.HasField("heartbeat"):
@@ -120,6 +136,7 @@ class HeartbeatStream:
         except SluiceError as err:
             # A malformed heartbeat (or NOT_COORDINATOR, STORAGE_ERROR) fails this message, not the
             # stream; the member reacts to the error as it would to the unary RPC's.
+            self._recorder.record(err.code_name, started)
             self._follow(None)
             return pb.GroupStreamResponse(
                 heartbeat=pb.GroupHeartbeatResponse(
@@ -131,6 +148,7 @@ class HeartbeatStream:
         self._follow(
             (group, response.member_id) if response.error is None and response.member_epoch > 0 else None
         )
+        self._recorder.record("OK", started)
         if response != self._last_response or self._last_out is None:
             self._last_response = response
             self._last_out = pb.GroupStreamResponse(heartbeat=heartbeat_to_proto(response))

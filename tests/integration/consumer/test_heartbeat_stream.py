@@ -4,8 +4,10 @@ messages, and a closed stream that is not a leave."""
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
@@ -71,6 +73,15 @@ def streams(cluster: Cluster) -> Iterator[list[RawStream]]:
         s.close()
 
 
+def heartbeats_counted(cluster: Cluster, code: str) -> float:
+    """``sluice_coordinator_rpc_requests_total{method="Heartbeat",code=...}`` from /metrics."""
+    with urllib.request.urlopen(f"http://{cluster.coordinator.metrics}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    pattern = rf'^sluice_coordinator_rpc_requests_total{{code="{code}",method="Heartbeat"}} (\S+)$'
+    found = re.search(pattern, text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
 def owned_of(response: coordinator_pb2.GroupHeartbeatResponse) -> list[common_pb2.TopicPartition]:
     return [
         common_pb2.TopicPartition(topic=a.topic, partition=a.partition)
@@ -82,6 +93,7 @@ def test_bad_messages_are_answered_with_errors_and_the_stream_stays_open(
     cluster: Cluster, streams: list[RawStream]
 ) -> None:
     topic = cluster.topic(2)
+    ok_before = heartbeats_counted(cluster, "OK")
     s = RawStream(cluster.bootstrap)
     streams.append(s)
     s.send(coordinator_pb2.GroupStreamRequest())  # no heartbeat at all
@@ -96,6 +108,10 @@ def test_bad_messages_are_answered_with_errors_and_the_stream_stays_open(
     assert joined.error.code == common_pb2.NONE
     assert joined.member_epoch > 0
     assert len(joined.assignment.partitions) == 2
+    # Every message is counted as a Heartbeat request, as the unary RPC would be: the refusal in the
+    # answer and the join as OK, the malformed ones under their error codes.
+    assert heartbeats_counted(cluster, "OK") - ok_before >= 2
+    assert heartbeats_counted(cluster, "INVALID_REQUEST") >= 1
 
 
 def test_closing_the_stream_is_not_leaving(cluster: Cluster, streams: list[RawStream]) -> None:
