@@ -290,6 +290,17 @@ class Accumulator:
             self.buffered -= b.size
         return expired
 
+    def next_expiry(self) -> float | None:
+        """The earliest delivery deadline of an open or queued batch (None if there is none):
+        the sender wakes then to fail what nothing else would wake it for."""
+        best: float | None = None
+        for p in range(self.partitions):
+            q = self._queues[p]
+            for b in (q[0] if q else None, self.open[p]):
+                if b is not None and (best is None or b.deadline < best):
+                    best = b.deadline
+        return best
+
     def abort(self, include_in_flight: bool) -> list[ProducerBatch]:
         """Remove and return every open and queued batch (and in-flight ones if asked)."""
         out: list[ProducerBatch] = []

@@ -74,6 +74,7 @@ class Producer:
         )
         self._open = self._acc.open
         self._batch_size = config.batch_size
+        self._send_at_once = config.linger.total_seconds() == 0
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._closed = False
@@ -146,11 +147,17 @@ class Producer:
         lock.acquire()
         try:
             batch = self._open[partition]
+            rolled = False
             if batch is None or batch.builder.size + size > self._batch_size:  # type: ignore[union-attr]
                 batch = self._new_batch(partition, size, sticky)
+                rolled = True
             index = batch.builder.append(value, key, tag, headers, timestamp)  # type: ignore[union-attr]
         finally:
             lock.release()
+        if rolled and self._send_at_once:
+            # linger=0: the new batch goes out from this thread, now, instead of waking the
+            # sender thread to send it (a thread wake-up per record).
+            self._sender.send_ready()
         # FutureRecordMetadata(batch.result, index, timestamp) without the Python-level
         # __init__ call: ~100 ns less per record.
         future = _new_future(FutureRecordMetadata)
@@ -172,7 +179,8 @@ class Producer:
         acc = self._acc
         if self._open[partition] is not None:
             acc.close_open(partition)  # it has no room for this record
-            self._cond.notify_all()
+            if not self._send_at_once:
+                self._cond.notify_all()
             if sticky:
                 # The sticky partition moved on when its batch closed: follow it.
                 partition = self._partitioner.keyless()
@@ -183,8 +191,9 @@ class Producer:
         if acc.buffered >= self.config.buffer_memory:
             self._wait_for_space()
         batch = acc.roll(partition)
-        # A new batch starts its linger clock: let the sender schedule it.
-        self._cond.notify_all()
+        if not self._send_at_once:
+            # A new batch starts its linger clock: let the sender schedule it.
+            self._cond.notify_all()
         return batch
 
     def _wait_for_space(self) -> None:

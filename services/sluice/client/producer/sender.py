@@ -49,6 +49,11 @@ _ROUTING_ERRORS = (NotLeader, UnknownTopicOrPartition, BrokerNotAvailable, Reque
 # (batch, base_offset, log_append_time_ms, error) to settle outside the lock.
 _Outcome = tuple[ProducerBatch, int, int, SluiceError | None]
 
+_Stream = RequestStream[broker_pb2.ProduceRequest, broker_pb2.ProduceResponse]
+# One Produce request to make: broker address, its stream (or why there is none), the batches
+# (grouped by partition).
+_Request = tuple[str, _Stream | SluiceError, list[ProducerBatch]]
+
 
 class Sender:
     """Moves batches from the accumulator to the brokers and settles their results.
@@ -84,9 +89,10 @@ class Sender:
         self._request_timeout = config.request_timeout.total_seconds()
         self._backoff = config.retry_backoff.total_seconds()
         self._backoff_max = config.retry_backoff_max.total_seconds()
-        self._responses: list[tuple[str, list[ProducerBatch], Any]] = []
         self._requests_in_flight: dict[str, int] = {}
-        self._streams: dict[str, RequestStream[broker_pb2.ProduceRequest, broker_pb2.ProduceResponse]] = {}
+        self._streams: dict[str, _Stream] = {}
+        #: The loop has ended: answers arriving now belong to batches already failed.
+        self._stopped = False
         #: Set by Producer.close when its timeout ran out: fail what is left and stop.
         self.force_close = False
         #: The exception that killed the thread, if any.
@@ -112,6 +118,8 @@ class Sender:
             self._loop()
             self._close_streams()
         except BaseException as exc:
+            with self._cond:
+                self._stopped = True
             self._close_streams()
             log.exception("the producer's sender thread failed")
             self.failure = exc
@@ -125,12 +133,11 @@ class Sender:
     def _loop(self) -> None:
         while True:
             done: list[_Outcome] = []
-            sends: list[tuple[str, list[ProducerBatch]]] = []
+            sends: list[_Request] = []
             refresh = stop = False
             with self._cond:
                 while True:
                     now = self._clock()
-                    self._take_responses(now, done)
                     for b in self._acc.expire(now):
                         done.append((b, -1, -1, _expired(b, self._cfg)))
                     if self.force_close:
@@ -149,18 +156,33 @@ class Sender:
                     if self._need_metadata:
                         at = self._last_refresh + self._refresh_interval
                         next_at = at if next_at is None else min(next_at, at)
+                    expiry = self._acc.next_expiry()
+                    if expiry is not None:
+                        next_at = expiry if next_at is None else min(next_at, expiry)
                     self._cond.wait(None if next_at is None else max(next_at - now, 0.0))
+                if stop:
+                    self._stopped = True
                 self._cond.notify_all()  # buffer space may have been freed
             for batch, base_offset, append_time, error in done:
                 batch.result.complete(base_offset, append_time, error)
             if refresh:
                 self._refresh_metadata()
-            for address, batches in sends:
-                self._send(address, batches)
+            self._transmit(sends)
             if stop:
                 return
 
-    def _drain(self, ready: list[int]) -> list[tuple[str, list[ProducerBatch]]]:
+    def send_ready(self) -> None:
+        """Send what is ready now from the calling thread (``send()`` under ``linger=0``).
+
+        Anything unusual (metadata to refresh, closing) is left to the sender thread."""
+        with self._cond:
+            if self._need_metadata or self._stopped or self.force_close or self._acc.closing:
+                self._cond.notify_all()
+                return
+            sends = self._drain(self._acc.ready(self._clock())[0])
+        self._transmit(sends)
+
+    def _drain(self, ready: list[int]) -> list[_Request]:
         """Group ready partitions by broker and take their batches (lock held)."""
         by_broker: dict[str, list[int]] = {}
         for p in ready:
@@ -174,17 +196,24 @@ class Sender:
             batches = self._acc.drain(parts, self._cfg.max_request_size)
             if batches:
                 self._requests_in_flight[address] = self._requests_in_flight.get(address, 0) + 1
-                sends.append((address, batches))
+                sends.append((address, self._stream(address), batches))
         return sends
 
     # ---- requests and responses ----------------------------------------------------------
 
-    def _send(self, address: str, batches: list[ProducerBatch]) -> None:
-        """Encode (first attempt only) and send one Produce request, asynchronously.
+    def _transmit(self, sends: list[_Request]) -> None:
+        for address, stream, batches in sends:
+            self._send(address, stream, batches)
+
+    def _send(self, address: str, stream: _Stream | SluiceError, batches: list[ProducerBatch]) -> None:
+        """Encode (first attempt only) and send one Produce request, asynchronously (lock not held).
 
         ``batches`` come grouped by partition; a partition's batches travel
         concatenated in one ProducePartition and are appended in that order.
         """
+        if isinstance(stream, SluiceError):
+            self._on_done(address, batches, stream)
+            return
         try:
             runs: dict[int, list[bytes]] = {}
             for b in batches:
@@ -199,73 +228,96 @@ class Sender:
                     for p, raw in runs.items()
                 ],
             )
-            stream = self._stream(address)
         except SluiceError as exc:
             self._on_done(address, batches, exc)
-            return
-        except (grpc.RpcError, ValueError) as exc:
-            self._on_done(address, batches, BrokerNotAvailable(f"cannot send to broker {address}: {exc}"))
             return
         # A little more than the broker's own timeout, so its answer wins the race.
         stream.send(
             request, self._request_timeout + 5.0, lambda outcome: self._on_done(address, batches, outcome)
         )
 
-    def _stream(self, address: str) -> RequestStream[broker_pb2.ProduceRequest, broker_pb2.ProduceResponse]:
+    def _stream(self, address: str) -> _Stream | SluiceError:
+        """The ProduceStream to ``address`` (lock held; the call itself opens on first use)."""
         stream = self._streams.get(address)
         if stream is None:
-            stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
+            try:
+                stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
+            except (SluiceError, grpc.RpcError, ValueError) as exc:  # e.g. the client was closed
+                return BrokerNotAvailable(f"cannot send to broker {address}: {exc}")
             stream = self._streams[address] = RequestStream(stub.ProduceStream, f"produce-{address}")
         return stream
 
     def _close_streams(self) -> None:
-        streams, self._streams = self._streams, {}
+        with self._cond:
+            streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream.close()
 
     def _on_done(self, address: str, batches: list[ProducerBatch], outcome: Any) -> None:
-        # Runs in the stream's reader thread: only hand the response over to the sender thread.
+        """A request's answer or failure (the stream's reader thread, or a failed send): settle
+        it, complete its futures and send what it made ready, all in this thread."""
+        done: list[_Outcome] = []
+        sends: list[_Request] = []
         with self._cond:
-            self._responses.append((address, batches, outcome))
-            self._cond.notify_all()
+            if self._stopped:
+                return  # the loop already failed these batches
+            now = self._clock()
+            self._settle(address, batches, outcome, now, done)
+            acc = self._acc
+            if not (self._need_metadata or self.force_close):
+                sends = self._drain(acc.ready(now)[0])
+            # Wake the sender thread or flush()/close()/send() only when one of them has work:
+            # a batch put back for a retry (a timer), metadata to refresh, or someone waiting.
+            if (
+                len(done) < len(batches)
+                or self._need_metadata
+                or acc.flushing
+                or acc.closing
+                or acc.waiting_for_space
+            ):
+                self._cond.notify_all()
+        for batch, base_offset, append_time, error in done:
+            batch.result.complete(base_offset, append_time, error)
+        self._transmit(sends)
 
-    def _take_responses(self, now: float, done: list[_Outcome]) -> None:
-        responses, self._responses = self._responses, []
-        for address, batches, outcome in responses:
-            n = self._requests_in_flight.get(address, 1) - 1
-            if n > 0:
-                self._requests_in_flight[address] = n
-            else:
-                self._requests_in_flight.pop(address, None)
-            try:
-                if isinstance(outcome, SluiceError):
-                    raise outcome
-                resp: broker_pb2.ProduceResponse = outcome
-                if resp.error.code:  # the broker refused the whole request
-                    raise error_for_code(resp.error.code, resp.error.message)
-            except SluiceError as exc:
-                if isinstance(exc, BrokerNotAvailable):
-                    exc = BrokerNotAvailable(f"broker {address}: {exc.message}")
-                for b in batches:
-                    self._retry_or_fail(b, exc, now, done)
-                continue
-            by_partition = {r.partition: r for r in resp.partitions if r.topic == self._topic}
-            next_offset: dict[int, int] = {}
+    def _settle(
+        self, address: str, batches: list[ProducerBatch], outcome: Any, now: float, done: list[_Outcome]
+    ) -> None:
+        """Apply one request's outcome to its batches (lock held)."""
+        n = self._requests_in_flight.get(address, 1) - 1
+        if n > 0:
+            self._requests_in_flight[address] = n
+        else:
+            self._requests_in_flight.pop(address, None)
+        try:
+            if isinstance(outcome, SluiceError):
+                raise outcome
+            resp: broker_pb2.ProduceResponse = outcome
+            if resp.error.code:  # the broker refused the whole request
+                raise error_for_code(resp.error.code, resp.error.message)
+        except SluiceError as exc:
+            if isinstance(exc, BrokerNotAvailable):
+                exc = BrokerNotAvailable(f"broker {address}: {exc.message}")
             for b in batches:
-                r = by_partition.get(b.partition)
-                if r is None:
-                    err: SluiceError = BrokerNotAvailable(
-                        f"broker {address} did not answer for partition {b.partition}"
-                    )
-                    self._retry_or_fail(b, err, now, done)
-                elif r.error.code:
-                    self._retry_or_fail(b, error_for_code(r.error.code, r.error.message), now, done)
-                else:
-                    # Batches of one partition were appended in order: offsets follow on.
-                    base = next_offset.get(b.partition, r.base_offset)
-                    next_offset[b.partition] = base + b.record_count if base >= 0 else base
-                    self._acc.complete(b)
-                    done.append((b, base, r.log_append_time_ms, None))
+                self._retry_or_fail(b, exc, now, done)
+            return
+        by_partition = {r.partition: r for r in resp.partitions if r.topic == self._topic}
+        next_offset: dict[int, int] = {}
+        for b in batches:
+            r = by_partition.get(b.partition)
+            if r is None:
+                err: SluiceError = BrokerNotAvailable(
+                    f"broker {address} did not answer for partition {b.partition}"
+                )
+                self._retry_or_fail(b, err, now, done)
+            elif r.error.code:
+                self._retry_or_fail(b, error_for_code(r.error.code, r.error.message), now, done)
+            else:
+                # Batches of one partition were appended in order: offsets follow on.
+                base = next_offset.get(b.partition, r.base_offset)
+                next_offset[b.partition] = base + b.record_count if base >= 0 else base
+                self._acc.complete(b)
+                done.append((b, base, r.log_append_time_ms, None))
 
     def _retry_or_fail(
         self, batch: ProducerBatch, err: SluiceError, now: float, done: list[_Outcome]
