@@ -41,7 +41,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from _stack import save, stack
+from _stack import cpu_seconds, save, stack
 
 GROUP = "bench-hb"
 TOPIC = "bench-hb"
@@ -369,12 +369,6 @@ def client_main(
 
 
 # ---- the parent: stack, counters, profiler -------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def redis_commands(url: str) -> int:
