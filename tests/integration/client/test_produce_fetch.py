@@ -102,6 +102,27 @@ def test_flush_waits_for_every_record_and_close_is_final(
     assert client.list_offsets(topic, "latest") == {0: 6, 1: 5}
 
 
+@pytest.mark.parametrize("linger", ["0ms", "20ms"])
+def test_a_steady_stream_of_records_is_delivered_without_flush(
+    client: Client, new_topic: Callable[..., str], linger: str
+) -> None:
+    """Only the producer's own wake-ups may send a lingering batch. Records every ~0.3 ms (closer
+    than a round trip) land in a new batch while the partition's previous one is still in flight;
+    once that is answered, the new batch must go out when its linger passes, with no flush(), no
+    close() and no further batch to nudge the sender."""
+    topic = new_topic(partitions=2)
+    producer = client.producer(topic, linger=linger, partitioner="round_robin")
+    futures = []
+    for i in range(1_500):
+        futures.append(producer.send(b"%d" % i))
+        time.sleep(0.0003)
+    deadline = time.monotonic() + 10
+    for f in futures:
+        f.result(timeout=max(deadline - time.monotonic(), 0.01))
+    assert sum(client.list_offsets(topic, "latest").values()) == 1_500
+    producer.close(timeout=10)
+
+
 def test_callbacks_and_acks_zero(client: Client, new_topic: Callable[..., str]) -> None:
     topic = new_topic()
     seen: list[RecordMetadata] = []

@@ -264,12 +264,16 @@ class Sender:
             now = self._clock()
             self._settle(address, batches, outcome, now, done)
             acc = self._acc
+            ready, next_at = acc.ready(now)
             if not (self._need_metadata or self.force_close):
-                sends = self._drain(acc.ready(now)[0])
-            # Wake the sender thread or flush()/close()/send() only when one of them has work:
-            # a batch put back for a retry (a timer), metadata to refresh, or someone waiting.
+                sends = self._drain(ready)
+            # Wake the sender thread or flush()/close()/send() only when one of them has work: a
+            # batch that becomes ready later (its linger or retry backoff: the sender's timer), a
+            # batch put back for a retry, metadata to refresh, or someone waiting. Under linger=0
+            # none of these holds in steady state, so no thread is woken per answer.
             if (
-                len(done) < len(batches)
+                next_at is not None
+                or len(done) < len(batches)
                 or self._need_metadata
                 or acc.flushing
                 or acc.closing
