@@ -154,7 +154,7 @@ class RequestStream(Generic[Req, Resp]):
             error = BrokerNotAvailable(f"{self._name}: the broker ended the stream")
         except grpc.RpcError as exc:
             error = error_from_rpc(exc)
-            if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.CANCELLED:
+            if call.cancelled:  # the watchdog ended it, not the broker
                 error = RequestTimedOut(f"{self._name}: no answer within the request's timeout")
         except _OutOfOrder as exc:
             log.error("%s: %s; reopening the stream", self._name, exc)

@@ -1,12 +1,26 @@
 """The producer's background sender: drains ready batches into Produce requests.
 
 One thread per producer. It sleeps on the producer's Condition until a batch is
-ready (full, lingered, flushed), a response arrives or a retry backoff ends — no
-polling. Each wake-up it sends ONE Produce request per broker holding the ready
-batches of every partition that broker hosts (at most ``max_in_flight`` requests
-per broker, at most one batch per partition). Requests are asynchronous gRPC
-futures; their completion callbacks only queue the response and notify the
-Condition, and the sender thread itself settles batches and runs user callbacks.
+ready (full, lingered, flushed), a retry backoff or a delivery deadline ends, or
+metadata must be refreshed — no polling. Each wake-up it sends ONE Produce request
+per broker holding the ready batches of every partition that broker hosts (at most
+``max_in_flight`` requests per broker, at most one batch per partition). Requests
+travel on one long-lived ProduceStream per broker (``client.streams``), pipelined
+and answered in order.
+
+Two shortcuts keep thread wake-ups off the per-record path (each costs tens of
+microseconds of CPU and a GIL hand-over, and with one request per record the
+producer's CPU is what latency under load depends on):
+- the stream's reader thread settles each answer itself (``_on_done``, under the
+  producer's lock), completes the futures, sends what the answer made ready (the
+  partition's next batch), and wakes this thread only when it has work: a batch
+  that becomes ready later (linger, retry backoff), metadata to refresh, or
+  flush/close/space waiters;
+- with ``linger=0`` the thread calling ``send()`` sends a new batch at once
+  (``send_ready``).
+
+Callbacks of one partition still run in order: a partition has one request in
+flight, and its next batch is sent only after the previous one is settled.
 
 Retriable errors (``SluiceError.retriable``, plus UNKNOWN_TOPIC_OR_PARTITION while
 the coordinator still knows the topic) put the batch back at the head of its
