@@ -82,11 +82,12 @@ def _partition_response(part: PartitionRead) -> broker_pb2.FetchPartitionRespons
     )
 
 
-def fetch_response_to_proto(outcome: FetchOutcome) -> broker_pb2.FetchResponse:
+def fetch_response_to_proto(outcome: FetchOutcome, request_id: int) -> broker_pb2.FetchResponse:
     return broker_pb2.FetchResponse(
         error=_error(outcome.error),
         session_id=outcome.session_id,
         partitions=[_partition_response(p) for p in outcome.partitions],
+        request_id=request_id,
     )
 
 
@@ -141,9 +142,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     async def Fetch(self, request: broker_pb2.FetchRequest, context: object) -> broker_pb2.FetchResponse:
         outcome = await self.service.fetch(fetch_params_from_proto(request))
-        response = fetch_response_to_proto(outcome)
-        response.request_id = request.request_id
-        return response
+        return fetch_response_to_proto(outcome, request.request_id)
 
     async def ProduceStream(
         self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: object
@@ -212,10 +211,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 self._fetch_metrics.record(err.code_name, started)
                 yield broker_pb2.FetchResponse(error=err.to_proto(), request_id=request.request_id)
                 continue
-            response = fetch_response_to_proto(outcome)
-            response.request_id = request.request_id
             self._fetch_metrics.record("OK", started)
-            yield response
+            yield fetch_response_to_proto(outcome, request.request_id)
 
     async def ListOffsets(
         self, request: broker_pb2.ListOffsetsRequest, context: object
