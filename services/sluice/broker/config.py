@@ -9,6 +9,7 @@ from pathlib import Path
 from sluice.broker.fetch import FetchCaps
 from sluice.broker.flusher import FlushPolicy
 from sluice.broker.log.config import LogConfig
+from sluice.common.wire import wire_listen_port, wire_port_help
 from sluice.errors import InvalidArgument
 
 ENV_PREFIX = "SLUICE_BROKER_"
@@ -28,6 +29,7 @@ class BrokerConfig:
         default="127.0.0.1", metadata={"help": "address to bind the gRPC and metrics servers to"}
     )
     port: int = field(default=7601, metadata={"help": "gRPC port; 0 picks a free one"})
+    wire_port: int | None = field(default=None, metadata={"help": wire_port_help(7611)})
     advertised_host: str = field(
         default="", metadata={"help": "host clients should connect to (default: --host)"}
     )
@@ -97,6 +99,7 @@ class BrokerConfig:
             raise InvalidArgument(f"broker_id must be >= 0, got {self.broker_id}")
         if not 0 <= self.port <= 65535 or not 0 <= self.metrics_port <= 65535:
             raise InvalidArgument("ports must be in [0, 65535]")
+        wire_listen_port(self.port, self.wire_port)  # validates
         if self.flush_interval <= timedelta(0) or self.retention_check_interval <= timedelta(0):
             raise InvalidArgument("flush_interval and retention_check_interval must be positive")
         if self.max_wait < timedelta(0) or self.max_fetch_bytes <= 0 or self.filter_scan_bytes <= 0:
@@ -104,6 +107,11 @@ class BrokerConfig:
         if self.max_fetch_sessions < 0:
             raise InvalidArgument("max_fetch_sessions must be >= 0")
         self.log_defaults()  # validates the log settings
+
+    @property
+    def wire_listen_port(self) -> int | None:
+        """The wire port to bind (0: any free one), or None to serve none."""
+        return wire_listen_port(self.port, self.wire_port)
 
     @property
     def flush_policy(self) -> FlushPolicy:

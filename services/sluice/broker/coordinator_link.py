@@ -49,6 +49,8 @@ class CoordinatorLink:
         self.broker_id = broker_id
         self.host = host
         self.port = port
+        #: The wire-protocol port to advertise (0: none); set once bound, like ``port``.
+        self.wire_port = 0
         self.incarnation = uuid.uuid4().hex
         self._apply = apply_update
         self._version = metadata_version
@@ -86,7 +88,7 @@ class CoordinatorLink:
         resp = await stub.RegisterBroker(
             coordinator_pb2.RegisterBrokerRequest(
                 broker_id=self.broker_id,
-                endpoint=coordinator_pb2.Endpoint(host=self.host, port=self.port),
+                endpoint=coordinator_pb2.Endpoint(host=self.host, port=self.port, wire_port=self.wire_port),
                 incarnation=self.incarnation,
             ),
             timeout=RPC_TIMEOUT_S,

@@ -17,11 +17,14 @@ from grpc import aio
 
 from sluice.broker.config import ENV_PREFIX, BrokerConfig
 from sluice.broker.coordinator_link import CoordinatorLink
+from sluice.broker.handlers import RequestHandlers
 from sluice.broker.log.manager import LogManager
 from sluice.broker.service import BrokerService
 from sluice.broker.servicer import BrokerServicer
+from sluice.broker.wire_server import broker_wire_listener
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main
+from sluice.server.wire import WireListener
 from sluice.v1 import broker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -32,7 +35,10 @@ REGISTRATION_WAIT_S = 10.0
 
 @dataclass
 class _BrokerGrpcServer(GrpcServer):
-    """GrpcServer that signals when it is bound, so registration can advertise the real port."""
+    """The gRPC server plus the wire listener; signals when both are bound, so registration
+    can advertise the real ports."""
+
+    wire: WireListener | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -40,8 +46,14 @@ class _BrokerGrpcServer(GrpcServer):
 
     async def start(self) -> int:
         port = await super().start()
+        if self.wire is not None:
+            await self.wire.start()
         self.started.set()
         return port
+
+    def ready_line(self) -> str:
+        line = super().ready_line()
+        return line if self.wire is None else f"{line} wire={self.host}:{self.wire.bound_port}"
 
 
 def parse_config(argv: list[str]) -> BrokerConfig:
@@ -60,13 +72,21 @@ async def run(config: BrokerConfig) -> None:
     logs.open_all()
     service = BrokerService(config, logs)
     await service.start()
-    servicer = BrokerServicer(service)
+    handlers = RequestHandlers(service)
+    servicer = BrokerServicer(service, handlers)
+    wire_port = config.wire_listen_port
+    wire = broker_wire_listener(handlers, config.host, wire_port) if wire_port is not None else None
 
     def register(server: aio.Server) -> None:
         broker_pb2_grpc.add_BrokerServicer_to_server(servicer, server)
 
     server = _BrokerGrpcServer(
-        "broker", [register], host=config.host, port=config.port, metrics_port=config.metrics_port
+        "broker",
+        [register],
+        host=config.host,
+        port=config.port,
+        metrics_port=config.metrics_port,
+        wire=wire,
     )
     link_task: asyncio.Task[None] | None = None
     link: CoordinatorLink | None = None
@@ -79,7 +99,7 @@ async def run(config: BrokerConfig) -> None:
             apply_update=service.update_partitions,
             metadata_version=lambda: service.metadata_version,
         )
-        link_task = asyncio.create_task(_run_link(link, server), name="coordinator-link")
+        link_task = asyncio.create_task(_run_link(link, server, wire), name="coordinator-link")
 
     async def before_ready() -> None:
         # Announce readiness once registered, so a topic can be created right away;
@@ -89,6 +109,8 @@ async def run(config: BrokerConfig) -> None:
                 await asyncio.wait_for(link.registered.wait(), REGISTRATION_WAIT_S)
 
     async def on_stop() -> None:
+        if wire is not None:
+            await wire.stop()
         if link_task is not None:
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -101,9 +123,10 @@ async def run(config: BrokerConfig) -> None:
         await on_stop()  # idempotent; covers a failed start
 
 
-async def _run_link(link: CoordinatorLink, server: _BrokerGrpcServer) -> None:
+async def _run_link(link: CoordinatorLink, server: _BrokerGrpcServer, wire: WireListener | None) -> None:
     await server.started.wait()
     link.port = server.bound_port
+    link.wire_port = wire.bound_port if wire is not None else 0
     await link.run()
 
 

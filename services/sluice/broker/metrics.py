@@ -10,6 +10,7 @@
   ``sluice_broker_group_commit_waiters``: produce requests released per round.
 - ``sluice_broker_fetch_parked``: fetch requests parked in long-poll now;
   ``sluice_broker_fetch_sessions``: open incremental fetch sessions.
+- ``sluice_broker_wire_connections``: open wire-protocol connections (``sluice.server.wire``).
 
 Metric objects are process-wide (the default registry), created once.
 """

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from sluice.v1 import common_pb2 as sluice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/broker.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\"w\n\x0eProduceRequest\x12\x0c\n\x04\x61\x63ks\x18\x01 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x05\x12/\n\npartitions\x18\x03 \x03(\x0b\x32\x1b.sluice.v1.ProducePartition\x12\x12\n\nrequest_id\x18\x04 \x01(\x04\"E\n\x10ProducePartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07records\x18\x03 \x01(\x0c\"\x7f\n\x0fProduceResponse\x12\x37\n\npartitions\x18\x01 \x03(\x0b\x32#.sluice.v1.ProducePartitionResponse\x12\x1f\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"\xa8\x01\n\x18ProducePartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x13\n\x0b\x62\x61se_offset\x18\x04 \x01(\x03\x12\x1a\n\x12log_append_time_ms\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\"\xf8\x01\n\x0c\x46\x65tchRequest\x12\x13\n\x0bmax_wait_ms\x18\x01 \x01(\x05\x12\x11\n\tmin_bytes\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\x12\x12\n\nsession_id\x18\x04 \x01(\x03\x12\x15\n\rsession_epoch\x18\x05 \x01(\x05\x12-\n\npartitions\x18\x06 \x03(\x0b\x32\x19.sluice.v1.FetchPartition\x12,\n\tforgotten\x18\x07 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\x11\n\tclient_id\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\x04\"u\n\x0e\x46\x65tchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x04 \x01(\x05\x12\x0e\n\x06\x66ilter\x18\x05 \x01(\t\"\x8f\x01\n\rFetchResponse\x12\x1f\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x35\n\npartitions\x18\x03 \x03(\x0b\x32!.sluice.v1.FetchPartitionResponse\x12\x12\n\nrequest_id\x18\x04 \x01(\x04\"\xb3\x01\n\x16\x46\x65tchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x16\n\x0ehigh_watermark\x18\x04 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x03\x12\x0f\n\x07records\x18\x07 \x01(\x0c\"I\n\x12ListOffsetsRequest\x12\x33\n\npartitions\x18\x01 \x03(\x0b\x32\x1f.sluice.v1.ListOffsetsPartition\"K\n\x14ListOffsetsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x11\n\ttimestamp\x18\x03 \x01(\x03\"R\n\x13ListOffsetsResponse\x12;\n\npartitions\x18\x01 \x03(\x0b\x32\'.sluice.v1.ListOffsetsPartitionResponse\"\x84\x01\n\x1cListOffsetsPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x11\n\ttimestamp\x18\x05 \x01(\x03\"q\n\x13PartitionAssignment\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08topic_id\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12&\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x16.sluice.v1.TopicConfig\"\x80\x01\n\x0bTopicConfig\x12\x14\n\x0cretention_ms\x18\x01 \x01(\x03\x12\x17\n\x0fretention_bytes\x18\x02 \x01(\x03\x12\x15\n\rsegment_bytes\x18\x03 \x01(\x03\x12\x12\n\nsegment_ms\x18\x04 \x01(\x03\x12\x17\n\x0fmax_batch_bytes\x18\x05 \x01(\x05\"\xa1\x01\n\x17UpdatePartitionsRequest\x12\x18\n\x10metadata_version\x18\x01 \x01(\x03\x12\x0c\n\x04\x66ull\x18\x02 \x01(\x08\x12.\n\x06\x61ssign\x18\x03 \x03(\x0b\x32\x1e.sluice.v1.PartitionAssignment\x12.\n\x06remove\x18\x04 \x03(\x0b\x32\x1e.sluice.v1.PartitionAssignment\"\x1a\n\x18UpdatePartitionsResponse2\xc3\x03\n\x06\x42roker\x12@\n\x07Produce\x12\x19.sluice.v1.ProduceRequest\x1a\x1a.sluice.v1.ProduceResponse\x12:\n\x05\x46\x65tch\x12\x17.sluice.v1.FetchRequest\x1a\x18.sluice.v1.FetchResponse\x12J\n\rProduceStream\x12\x19.sluice.v1.ProduceRequest\x1a\x1a.sluice.v1.ProduceResponse(\x01\x30\x01\x12\x44\n\x0b\x46\x65tchStream\x12\x17.sluice.v1.FetchRequest\x1a\x18.sluice.v1.FetchResponse(\x01\x30\x01\x12L\n\x0bListOffsets\x12\x1d.sluice.v1.ListOffsetsRequest\x1a\x1e.sluice.v1.ListOffsetsResponse\x12[\n\x10UpdatePartitions\x12\".sluice.v1.UpdatePartitionsRequest\x1a#.sluice.v1.UpdatePartitionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/broker.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\"w\n\x0eProduceRequest\x12\x0c\n\x04\x61\x63ks\x18\x01 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x05\x12/\n\npartitions\x18\x03 \x03(\x0b\x32\x1b.sluice.v1.ProducePartition\x12\x12\n\nrequest_id\x18\x04 \x01(\x04\"E\n\x10ProducePartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07records\x18\x03 \x01(\x0c\"\x7f\n\x0fProduceResponse\x12\x37\n\npartitions\x18\x01 \x03(\x0b\x32#.sluice.v1.ProducePartitionResponse\x12\x1f\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"\xa8\x01\n\x18ProducePartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x13\n\x0b\x62\x61se_offset\x18\x04 \x01(\x03\x12\x1a\n\x12log_append_time_ms\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\"\x8c\x02\n\x0c\x46\x65tchRequest\x12\x13\n\x0bmax_wait_ms\x18\x01 \x01(\x05\x12\x11\n\tmin_bytes\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\x12\x12\n\nsession_id\x18\x04 \x01(\x03\x12\x15\n\rsession_epoch\x18\x05 \x01(\x05\x12-\n\npartitions\x18\x06 \x03(\x0b\x32\x19.sluice.v1.FetchPartition\x12,\n\tforgotten\x18\x07 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\x11\n\tclient_id\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\x04\x12\x12\n\ncontinuous\x18\n \x01(\x08\"u\n\x0e\x46\x65tchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x04 \x01(\x05\x12\x0e\n\x06\x66ilter\x18\x05 \x01(\t\"\x8f\x01\n\rFetchResponse\x12\x1f\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x35\n\npartitions\x18\x03 \x03(\x0b\x32!.sluice.v1.FetchPartitionResponse\x12\x12\n\nrequest_id\x18\x04 \x01(\x04\"\xb3\x01\n\x16\x46\x65tchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x16\n\x0ehigh_watermark\x18\x04 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x03\x12\x0f\n\x07records\x18\x07 \x01(\x0c\"I\n\x12ListOffsetsRequest\x12\x33\n\npartitions\x18\x01 \x03(\x0b\x32\x1f.sluice.v1.ListOffsetsPartition\"K\n\x14ListOffsetsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x11\n\ttimestamp\x18\x03 \x01(\x03\"R\n\x13ListOffsetsResponse\x12;\n\npartitions\x18\x01 \x03(\x0b\x32\'.sluice.v1.ListOffsetsPartitionResponse\"\x84\x01\n\x1cListOffsetsPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x11\n\ttimestamp\x18\x05 \x01(\x03\"q\n\x13PartitionAssignment\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08topic_id\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12&\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x16.sluice.v1.TopicConfig\"\x80\x01\n\x0bTopicConfig\x12\x14\n\x0cretention_ms\x18\x01 \x01(\x03\x12\x17\n\x0fretention_bytes\x18\x02 \x01(\x03\x12\x15\n\rsegment_bytes\x18\x03 \x01(\x03\x12\x12\n\nsegment_ms\x18\x04 \x01(\x03\x12\x17\n\x0fmax_batch_bytes\x18\x05 \x01(\x05\"\xa1\x01\n\x17UpdatePartitionsRequest\x12\x18\n\x10metadata_version\x18\x01 \x01(\x03\x12\x0c\n\x04\x66ull\x18\x02 \x01(\x08\x12.\n\x06\x61ssign\x18\x03 \x03(\x0b\x32\x1e.sluice.v1.PartitionAssignment\x12.\n\x06remove\x18\x04 \x03(\x0b\x32\x1e.sluice.v1.PartitionAssignment\"\x1a\n\x18UpdatePartitionsResponse2\xc3\x03\n\x06\x42roker\x12@\n\x07Produce\x12\x19.sluice.v1.ProduceRequest\x1a\x1a.sluice.v1.ProduceResponse\x12:\n\x05\x46\x65tch\x12\x17.sluice.v1.FetchRequest\x1a\x18.sluice.v1.FetchResponse\x12J\n\rProduceStream\x12\x19.sluice.v1.ProduceRequest\x1a\x1a.sluice.v1.ProduceResponse(\x01\x30\x01\x12\x44\n\x0b\x46\x65tchStream\x12\x17.sluice.v1.FetchRequest\x1a\x18.sluice.v1.FetchResponse(\x01\x30\x01\x12L\n\x0bListOffsets\x12\x1d.sluice.v1.ListOffsetsRequest\x1a\x1e.sluice.v1.ListOffsetsResponse\x12[\n\x10UpdatePartitions\x12\".sluice.v1.UpdatePartitionsRequest\x1a#.sluice.v1.UpdatePartitionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,29 +41,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRODUCEPARTITIONRESPONSE']._serialized_start=383
   _globals['_PRODUCEPARTITIONRESPONSE']._serialized_end=551
   _globals['_FETCHREQUEST']._serialized_start=554
-  _globals['_FETCHREQUEST']._serialized_end=802
-  _globals['_FETCHPARTITION']._serialized_start=804
-  _globals['_FETCHPARTITION']._serialized_end=921
-  _globals['_FETCHRESPONSE']._serialized_start=924
-  _globals['_FETCHRESPONSE']._serialized_end=1067
-  _globals['_FETCHPARTITIONRESPONSE']._serialized_start=1070
-  _globals['_FETCHPARTITIONRESPONSE']._serialized_end=1249
-  _globals['_LISTOFFSETSREQUEST']._serialized_start=1251
-  _globals['_LISTOFFSETSREQUEST']._serialized_end=1324
-  _globals['_LISTOFFSETSPARTITION']._serialized_start=1326
-  _globals['_LISTOFFSETSPARTITION']._serialized_end=1401
-  _globals['_LISTOFFSETSRESPONSE']._serialized_start=1403
-  _globals['_LISTOFFSETSRESPONSE']._serialized_end=1485
-  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_start=1488
-  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_end=1620
-  _globals['_PARTITIONASSIGNMENT']._serialized_start=1622
-  _globals['_PARTITIONASSIGNMENT']._serialized_end=1735
-  _globals['_TOPICCONFIG']._serialized_start=1738
-  _globals['_TOPICCONFIG']._serialized_end=1866
-  _globals['_UPDATEPARTITIONSREQUEST']._serialized_start=1869
-  _globals['_UPDATEPARTITIONSREQUEST']._serialized_end=2030
-  _globals['_UPDATEPARTITIONSRESPONSE']._serialized_start=2032
-  _globals['_UPDATEPARTITIONSRESPONSE']._serialized_end=2058
-  _globals['_BROKER']._serialized_start=2061
-  _globals['_BROKER']._serialized_end=2512
+  _globals['_FETCHREQUEST']._serialized_end=822
+  _globals['_FETCHPARTITION']._serialized_start=824
+  _globals['_FETCHPARTITION']._serialized_end=941
+  _globals['_FETCHRESPONSE']._serialized_start=944
+  _globals['_FETCHRESPONSE']._serialized_end=1087
+  _globals['_FETCHPARTITIONRESPONSE']._serialized_start=1090
+  _globals['_FETCHPARTITIONRESPONSE']._serialized_end=1269
+  _globals['_LISTOFFSETSREQUEST']._serialized_start=1271
+  _globals['_LISTOFFSETSREQUEST']._serialized_end=1344
+  _globals['_LISTOFFSETSPARTITION']._serialized_start=1346
+  _globals['_LISTOFFSETSPARTITION']._serialized_end=1421
+  _globals['_LISTOFFSETSRESPONSE']._serialized_start=1423
+  _globals['_LISTOFFSETSRESPONSE']._serialized_end=1505
+  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_start=1508
+  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_end=1640
+  _globals['_PARTITIONASSIGNMENT']._serialized_start=1642
+  _globals['_PARTITIONASSIGNMENT']._serialized_end=1755
+  _globals['_TOPICCONFIG']._serialized_start=1758
+  _globals['_TOPICCONFIG']._serialized_end=1886
+  _globals['_UPDATEPARTITIONSREQUEST']._serialized_start=1889
+  _globals['_UPDATEPARTITIONSREQUEST']._serialized_end=2050
+  _globals['_UPDATEPARTITIONSRESPONSE']._serialized_start=2052
+  _globals['_UPDATEPARTITIONSRESPONSE']._serialized_end=2078
+  _globals['_BROKER']._serialized_start=2081
+  _globals['_BROKER']._serialized_end=2532
 # @@protoc_insertion_point(module_scope)

@@ -159,6 +159,7 @@ class FetchRequest(_message.Message):
     FORGOTTEN_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CONTINUOUS_FIELD_NUMBER: _builtins.int
     max_wait_ms: _builtins.int
     min_bytes: _builtins.int
     max_bytes: _builtins.int
@@ -172,6 +173,15 @@ class FetchRequest(_message.Message):
     client_id: _builtins.str
     request_id: _builtins.int
     """Echoed in the response; matches answers to requests on FetchStream."""
+    continuous: _builtins.bool
+    """Wire protocol only (docs/wire.md): keep fetching. After each answer the
+    broker fetches again from the answer's next offsets, with the same limits,
+    and answers again (same request_id), for as long as no other fetch frame
+    arrives on the connection and no partition answered with an error. The
+    client's reading paces it: the broker serves the next round only once the
+    previous answer could be written. Sessionless only (session_epoch = -1);
+    refused with INVALID_REQUEST on gRPC and with a session.
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___FetchPartition]: ...
     @_builtins.property
@@ -188,10 +198,11 @@ class FetchRequest(_message.Message):
         forgotten: _abc.Iterable[_common_pb2.TopicPartition] | None = ...,
         client_id: _builtins.str = ...,
         request_id: _builtins.int = ...,
+        continuous: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "forgotten", b"forgotten", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "request_id", b"request_id", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "continuous", b"continuous", "forgotten", b"forgotten", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "request_id", b"request_id", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

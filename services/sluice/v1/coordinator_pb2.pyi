@@ -43,17 +43,23 @@ class Endpoint(_message.Message):
 
     HOST_FIELD_NUMBER: _builtins.int
     PORT_FIELD_NUMBER: _builtins.int
+    WIRE_PORT_FIELD_NUMBER: _builtins.int
     host: _builtins.str
     port: _builtins.int
+    wire_port: _builtins.int
+    """Brokers and dispatchers: the port of the Sluice wire protocol (the data
+    plane framed over plain TCP, docs/wire.md) on the same host; 0: none.
+    """
     def __init__(
         self,
         *,
         host: _builtins.str = ...,
         port: _builtins.int = ...,
+        wire_port: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "port", b"port"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "port", b"port", "wire_port", b"wire_port"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

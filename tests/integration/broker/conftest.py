@@ -20,6 +20,7 @@ from sluice.errors import SluiceError
 from sluice.v1 import broker_pb2 as pb
 from sluice.v1 import broker_pb2_grpc, common_pb2
 from tests.harness import ServiceProcess, start_service
+from tests.wire_client import wire_address
 
 
 def make_batch(
@@ -58,6 +59,11 @@ class Broker:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.proc.metrics}/metrics"
+
+    @property
+    def wire_address(self) -> str:
+        """The wire-protocol listener, from the ready line (``wire=host:port``)."""
+        return wire_address(self.proc.output)
 
     def assign(
         self, topic: str, partitions: int = 1, topic_id: str = "id-1", full: bool = False, **config: int

@@ -1,0 +1,175 @@
+"""Framing of the Sluice wire protocol, shared by the broker and the clients.
+
+The wire protocol is the broker's data plane: Produce and Fetch as the same protobuf
+messages the Broker gRPC service takes, framed over plain TCP (``proto/sluice/v1/wire.proto``
+describes it; ``docs/wire.md`` says why it exists). This module only cuts a byte stream into
+frames and builds frames; what a frame means is the broker's and the client's business.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Protocol
+
+from sluice.common.rpc import MAX_MESSAGE_BYTES
+from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, error_for_code
+from sluice.v1 import common_pb2
+
+__all__ = [
+    "HEADER",
+    "MAX_FRAME_BYTES",
+    "PROTOCOL_VERSION",
+    "WIRE_PORT_OFFSET",
+    "FrameReader",
+    "FrameType",
+    "WireProtocolError",
+    "WireRequest",
+    "error_from_frame",
+    "frame",
+    "frame_parts",
+    "split_address",
+    "wire_listen_port",
+    "wire_port_help",
+]
+
+PROTOCOL_VERSION = 1
+
+#: The length prefix (counting the type byte and the payload) and the type byte.
+HEADER = struct.Struct(">IB")
+_LENGTH = struct.Struct(">I")
+
+#: The largest frame either side accepts: what a gRPC message may be, so a request that
+#: fits one transport fits the other.
+MAX_FRAME_BYTES = MAX_MESSAGE_BYTES
+
+
+class FrameType(enum.IntEnum):
+    HELLO = 1
+    #: Broker: ProduceRequest in, ProduceResponse out.
+    PRODUCE = 2
+    #: Broker: FetchRequest in, FetchResponse out.
+    FETCH = 3
+    #: Dispatcher: ConsumerCommand in, DispatcherEvent out (one Consume stream per connection).
+    CONSUME = 4
+    #: Broker -> client, then the broker closes: the connection broke the protocol.
+    ERROR = 127
+
+
+#: Where a service's wire port goes when not configured: this far above its gRPC port.
+WIRE_PORT_OFFSET = 10
+
+
+def wire_listen_port(grpc_port: int, wire_port: int | None) -> int | None:
+    """The wire port to bind (0: any free one), or None to serve none.
+
+    ``wire_port`` unset: the gRPC port + ``WIRE_PORT_OFFSET``, or a free port when the gRPC port
+    is 0 (ephemeral everything, as tests and ``sluice up --port 0`` ask); -1: none.
+    """
+    if wire_port is None:
+        port = grpc_port + WIRE_PORT_OFFSET if grpc_port else 0
+        if port > 65535:
+            raise InvalidArgument(f"gRPC port {grpc_port} leaves no room for the wire port: set wire_port")
+        return port
+    if not -1 <= wire_port <= 65535:
+        raise InvalidArgument(f"wire_port must be -1 (none) or in [0, 65535], got {wire_port}")
+    return None if wire_port < 0 else wire_port
+
+
+def wire_port_help(default: int) -> str:
+    return (
+        "port of the wire protocol (the data plane over plain TCP, what the SDK uses); 0 picks a free "
+        f"one, -1 serves none (clients then use gRPC); unset: --port + {WIRE_PORT_OFFSET} ({default}), "
+        "or a free one when --port is 0"
+    )
+
+
+class WireProtocolError(InvalidRequest):
+    """The peer sent bytes that are not a valid frame; the connection cannot go on."""
+
+
+class WireRequest(Protocol):
+    """What a client sends: a protobuf request carrying the id its answer echoes."""
+
+    request_id: int
+
+    def SerializeToString(self) -> bytes: ...
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 as ``[::1]:7611``) -> (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def error_from_frame(payload: bytes, peer: str) -> SluiceError:
+    """The typed error an error frame carries (the server closes the connection after it)."""
+    err = common_pb2.Error.FromString(payload)
+    return error_for_code(err.code, f"{peer} closed the connection: {err.message}")
+
+
+#: Payloads up to this size are copied behind their header (one buffer, one send); larger ones
+#: are sent after it as they are, since copying megabytes costs more than a second send.
+COALESCE_BYTES = 64 * 1024
+
+
+def frame(kind: FrameType, payload: bytes) -> bytes:
+    """One frame: header and payload in a single buffer (one send, one syscall)."""
+    return HEADER.pack(len(payload) + 1, kind) + payload
+
+
+def frame_parts(kind: FrameType, payload: bytes) -> tuple[bytes, ...]:
+    """One frame as the buffers to send in order: one for a small payload, else header and payload."""
+    if len(payload) <= COALESCE_BYTES:
+        return (HEADER.pack(len(payload) + 1, kind) + payload,)
+    return HEADER.pack(len(payload) + 1, kind), payload
+
+
+class FrameReader:
+    """Cuts received bytes into ``(type, payload)`` frames.
+
+    ``feed`` takes whatever the socket gave and returns every frame now complete; a partial
+    frame waits in the buffer for the next call. A frame whose declared length is zero or
+    above ``max_frame_bytes`` raises WireProtocolError before its payload is buffered, so a
+    hostile length cannot make the reader allocate it.
+    """
+
+    __slots__ = ("_buffer", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._buffer = bytearray()
+        self.max_frame_bytes = max_frame_bytes
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes | memoryview) -> list[tuple[int, bytes]]:
+        """Every frame ``data`` completes. ``data`` may be reused by the caller afterwards:
+        what is kept of it is copied."""
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            view: bytes | bytearray | memoryview = buffer
+        else:
+            view = data  # the common case: the data holds whole frames, no copy into the buffer
+        frames: list[tuple[int, bytes]] = []
+        pos = 0
+        end = len(view)
+        while end - pos >= 4:
+            (length,) = _LENGTH.unpack_from(view, pos)
+            if length == 0 or length > self.max_frame_bytes:
+                raise WireProtocolError(
+                    f"frame of {length} bytes: frames hold 1 to {self.max_frame_bytes} bytes"
+                )
+            stop = pos + 4 + length
+            if stop > end:
+                break
+            frames.append((view[pos + 4], bytes(view[pos + 5 : stop])))
+            pos = stop
+        if view is buffer:
+            del buffer[:pos]
+        elif pos < end:
+            buffer += view[pos:]
+        return frames

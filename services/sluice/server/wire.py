@@ -1,0 +1,254 @@
+"""The server side of the wire protocol (``docs/wire.md``), shared by the broker and the dispatcher.
+
+:class:`WireListener` accepts connections; each is a :class:`WireConnection`, an
+``asyncio.BufferedProtocol``: the event loop reads into its buffer and it cuts the bytes into
+frames itself, so a frame costs no task switch and no thread hand-off. This module owns what
+every wire connection does alike: the hello (version, the authenticator), protocol errors (an
+error frame, then close), writing frames, and back-pressure (stop reading while the service's
+work for this connection piles up or the peer does not read). A service subclasses
+:class:`WireConnection` for what its frames mean (``on_frame``, ``backlog``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, cast
+
+from google.protobuf.message import DecodeError
+from prometheus_client import Gauge
+
+from sluice.common.wire import (
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    FrameReader,
+    FrameType,
+    WireProtocolError,
+    frame_parts,
+)
+from sluice.errors import InvalidRequest, SluiceError
+from sluice.server.interceptors import AllowAll, Authenticator
+from sluice.v1 import wire_pb2
+
+__all__ = ["WireConnection", "WireListener", "parse_frame"]
+
+log = logging.getLogger(__name__)
+
+#: Requests one connection may have queued or owe answers to; past this it is not read from
+#: (a wire connection, or a Broker.ProduceStream call under flush=always).
+MAX_BACKLOG = 64
+
+_GAUGES: dict[str, Gauge] = {}
+
+
+def _connections_gauge(service: str) -> Gauge:
+    """``sluice_<service>_wire_connections``: one per service and process (the default registry)."""
+    name = f"sluice_{service.replace('-', '_')}_wire_connections"
+    gauge = _GAUGES.get(name)
+    if gauge is None:
+        gauge = _GAUGES[name] = Gauge(name, "Open wire-protocol connections (past the hello)")
+    return gauge
+
+
+class WireListener:
+    """Listens on a service's wire port. ``start()`` returns the bound port; ``stop()`` is idempotent."""
+
+    def __init__(
+        self,
+        service: str,
+        connection: Callable[[WireListener], WireConnection],
+        host: str,
+        port: int,
+        authenticator: Authenticator | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+    ) -> None:
+        self.service = service
+        self._connection = connection
+        self.host = host
+        self.port = port
+        self.authenticator: Authenticator = authenticator or AllowAll()
+        self.max_frame_bytes = max_frame_bytes
+        self.bound_port = 0
+        self.connections: set[WireConnection] = set()
+        self.connections_gauge = _connections_gauge(service)
+        self._server: asyncio.Server | None = None
+
+    @property
+    def method(self) -> str:
+        """The method name the authenticator sees for a wire connection to this service."""
+        return f"/sluice.v1.{self.service.title().replace('-', '')}/Wire"
+
+    async def start(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: self._connection(self), self.host, self.port)
+        self.bound_port = self._server.sockets[0].getsockname()[1]
+        return self.bound_port
+
+    async def stop(self) -> None:
+        """Stop accepting, then close every connection (after what was already written)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for conn in list(self.connections):
+            conn.close()
+
+
+#: Bytes one socket read may bring (the receive buffer every connection reuses).
+READ_BUFFER_BYTES = 256 * 1024
+
+
+class WireConnection(asyncio.BufferedProtocol):
+    """One client connection. Everything here runs on the event loop thread.
+
+    A buffered protocol: the loop reads into this connection's own buffer (``get_buffer``), so
+    a read allocates nothing; the frame reader copies out only what it keeps.
+    """
+
+    def __init__(self, listener: WireListener) -> None:
+        self.listener = listener
+        self._reader = FrameReader(listener.max_frame_bytes)
+        self._buffer = bytearray(READ_BUFFER_BYTES)
+        self._view = memoryview(self._buffer)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self._greeted = False
+        self.closing = False
+        self._reading_paused = False
+        self._writing_paused = False
+        #: Set while the transport takes writes; producers of large answers wait on it, so a
+        #: client that does not read holds at most one such answer in the service's memory.
+        self.writable = asyncio.Event()
+        self.writable.set()
+
+    # ---- what a service defines -----------------------------------------------------------
+
+    def on_frame(self, kind: int, payload: bytes) -> None:
+        """A frame after the hello. Raise a SluiceError to end the connection with it."""
+        raise WireProtocolError(f"unknown frame type {kind}")
+
+    def backlog(self) -> int:
+        """Work queued or answers owed on this connection (reading pauses at MAX_BACKLOG)."""
+        return 0
+
+    def opened(self) -> None:
+        """The hello was accepted."""
+
+    def lost(self) -> None:
+        """The connection is gone: stop its work."""
+
+    # ---- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's does not subclass asyncio.Transport, so no isinstance).
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.listener.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.listener.connections.discard(self)
+        self.writable.set()  # nothing waits for a transport that is gone
+        if self._greeted:
+            self.listener.connections_gauge.dec()
+            self.lost()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self.writable.clear()
+        self.update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self.writable.set()
+        self.update_reading()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._view[:nbytes])
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        if self.closing:
+            return
+        try:
+            for kind, payload in self._reader.feed(data):
+                if self.closing:
+                    return
+                if self._greeted:
+                    if kind == FrameType.HELLO:
+                        raise WireProtocolError("a second hello on one connection")
+                    self.on_frame(kind, payload)
+                elif kind == FrameType.HELLO:
+                    self._hello(parse_frame(wire_pb2.WireHello, payload, "hello"))
+                else:
+                    raise WireProtocolError(f"the first frame must be a hello (type 1), got type {kind}")
+        except SluiceError as err:
+            self.fail(err)
+            return
+        self.update_reading()
+
+    # ---- for subclasses -------------------------------------------------------------------
+
+    def write(self, kind: FrameType, payload: bytes) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(frame_parts(kind, payload))
+
+    def update_reading(self) -> None:
+        """Read only while this connection's work keeps up (see the module docstring)."""
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        pause = self._writing_paused or self.backlog() >= MAX_BACKLOG
+        if pause != self._reading_paused:
+            self._reading_paused = pause
+            if pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def fail(self, err: SluiceError) -> None:
+        """The peer broke the protocol: say why in an error frame, then close."""
+        log.info("wire connection from %s closed: %s", self.peer, err.message)
+        self.write(FrameType.ERROR, err.to_proto().SerializeToString())
+        self.close()
+
+    def close(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # ---- the hello ------------------------------------------------------------------------
+
+    def _hello(self, hello: wire_pb2.WireHello) -> None:
+        if hello.version < 1:
+            raise WireProtocolError(
+                f"protocol version {hello.version} is not supported (this server speaks 1)"
+            )
+        listener = self.listener
+        answer = wire_pb2.WireHelloResponse(
+            version=min(hello.version, PROTOCOL_VERSION), max_frame_bytes=listener.max_frame_bytes
+        )
+        try:
+            listener.authenticator.authenticate(listener.method, tuple(hello.metadata.items()))
+        except SluiceError as err:
+            answer.error.CopyFrom(err.to_proto())
+            self.write(FrameType.HELLO, answer.SerializeToString())
+            log.info("wire connection from %s refused: %s", self.peer, err.message)
+            self.close()
+            return
+        self._greeted = True
+        self.listener.connections_gauge.inc()
+        self.write(FrameType.HELLO, answer.SerializeToString())
+        self.opened()
+
+
+def parse_frame(message_type: Any, payload: bytes, what: str) -> Any:
+    """A frame's protobuf payload; InvalidRequest (ending the connection) when it does not parse."""
+    try:
+        return message_type.FromString(payload)
+    except DecodeError as exc:
+        raise InvalidRequest(f"a {what} frame that is not a valid {message_type.__name__}: {exc}") from exc
