@@ -13,8 +13,9 @@ import shlex
 from dataclasses import dataclass, field
 
 import pytest
+import yaml
 
-from tests.chart.chartlib import ROOT
+from tests.chart.chartlib import CHART, ROOT
 
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 DOCKERIGNORE = ROOT / "deploy" / "Dockerfile.dockerignore"
@@ -123,6 +124,26 @@ def test_final_image_runs_sluice_as_a_numeric_non_root_user(stages: list[Stage])
     env = " ".join(s for stage in stages if stage.name in ("runtime", final.name) for s in stage.all("ENV"))
     assert "PATH=/opt/sluice/bin:$PATH" in env
     assert effective(stages, final, "WORKDIR") == "/data"
+
+
+def exposed(stages: list[Stage], stage: Stage) -> set[int]:
+    """The ports a stage EXPOSEs, its own and those of the stages it was built FROM."""
+    ports = {int(p.partition("/")[0]) for arg in stage.all("EXPOSE") for p in arg.split()}
+    parent = next((s for s in stages if s.name == stage.base), None)
+    return ports | exposed(stages, parent) if parent else ports
+
+
+def test_image_exposes_every_port_the_chart_gives_a_sluice_service(stages: list[Stage]) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    sluice = {k: v for k, v in values["components"].items() if "metrics" in v}
+    assert set(sluice) == {"broker", "coordinator", "offsetStore", "dispatcher"}
+    ports = {v["service"]["port"] for v in sluice.values()} | {v["metrics"]["port"] for v in sluice.values()}
+    ports |= {values["components"][name]["wire"]["port"] for name in ("broker", "dispatcher")}
+    assert 7611 in ports, "the broker's wire port"
+    assert 7613 in ports, "the dispatcher's wire port"
+    for stage in (stages[-1], next(s for s in stages if s.name == "dev")):
+        missing = ports - exposed(stages, stage)
+        assert not missing, f"{stage.name} does not EXPOSE {sorted(missing)}"
 
 
 def test_dev_stage_for_tilt_keeps_the_non_root_user(stages: list[Stage]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 import subprocess
 import tomllib
@@ -19,6 +20,9 @@ SLUICE_WORKLOADS = {
     "sluice-offset-store": ("Deployment", 7602, 9602),
     "sluice-dispatcher": ("Deployment", 7603, 9603),
 }
+# Ports a workload has besides grpc and metrics: the wire port (plain-TCP data plane) of the broker
+# and of the dispatcher; the coordinator and the offset store have none.
+EXTRA_PORTS = {"sluice-broker": {"wire": 7611}, "sluice-dispatcher": {"wire": 7613}}
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +72,116 @@ def test_broker_is_a_statefulset_with_a_volume_per_pod_and_a_stable_name(default
     assert headless["spec"]["clusterIP"] == "None"
     assert headless["spec"]["publishNotReadyAddresses"] is True
     assert one(defaults, "Service", "sluice-broker")["spec"]["type"] == "ClusterIP"
+
+
+def service_ports(service: Manifest) -> dict[str, dict[str, Any]]:
+    return {p["name"]: p for p in service["spec"]["ports"]}
+
+
+def policy_ports(rule: dict[str, Any]) -> list[int]:
+    return [p["port"] for p in rule["ports"]]
+
+
+def assert_broker_wire_port(m: list[Manifest], wire: int, grpc: int = 7601) -> None:
+    """The wire port is exposed like the gRPC port: container, both Services, the flag, the policy."""
+    sts = one(m, "StatefulSet", "sluice-broker")
+    c = container(sts)
+    ports = {p["name"]: p for p in c["ports"]}
+    assert ports["wire"] == {"name": "wire", "containerPort": wire, "protocol": "TCP"}
+    assert ports["grpc"]["containerPort"] == grpc
+    # The broker's config field wire_port comes from the flag, as port and metrics_port do.
+    assert f"--wire-port={wire}" in c["args"]
+    assert [a for a in c["args"] if a.startswith("--wire-port")] == [f"--wire-port={wire}"]
+    assert f"--port={grpc}" in c["args"]
+    # Clients connect to the advertised host, the pod's headless DNS name, on both ports; the
+    # headless Service that gives the pod that name lists the wire port as it lists gRPC.
+    assert sts["spec"]["serviceName"] == "sluice-broker-headless"
+    assert any(a.startswith("--advertised-host=$(POD_NAME).sluice-broker-headless.") for a in c["args"])
+    for name in ("sluice-broker", "sluice-broker-headless"):
+        svc = service_ports(one(m, "Service", name))
+        assert svc["wire"] == {"name": "wire", "port": wire, "targetPort": "wire", "protocol": "TCP"}, name
+        assert svc["grpc"]["port"] == grpc, name
+    policy = one(m, "NetworkPolicy", "sluice-broker")
+    grpc_rules = [r for r in policy["spec"]["ingress"] if grpc in policy_ports(r)]
+    assert grpc_rules, "no rule admits the gRPC port"
+    for rule in grpc_rules:
+        # Whoever may reach the gRPC port may reach the wire port, from the same peers.
+        assert policy_ports(rule) == [grpc, wire]
+        assert all(p["protocol"] == "TCP" for p in rule["ports"])
+
+
+def test_broker_exposes_the_wire_port_like_the_grpc_port() -> None:
+    m = render(sets=["networkPolicy.enabled=true"])
+    assert_broker_wire_port(m, 7611)
+    (rule, metrics_rule) = one(m, "NetworkPolicy", "sluice-broker")["spec"]["ingress"]
+    assert "from" not in rule, "allowExternal (the default) lets any pod reach gRPC and wire"
+    assert policy_ports(metrics_rule) == [9601]
+
+
+def assert_dispatcher_wire_port(m: list[Manifest], wire: int, grpc: int = 7603) -> None:
+    """The wire port is exposed like the gRPC port: container, Service, the flag, the policy."""
+    dep = one(m, "Deployment", "sluice-dispatcher")
+    c = container(dep)
+    ports = {p["name"]: p for p in c["ports"]}
+    assert ports["wire"] == {"name": "wire", "containerPort": wire, "protocol": "TCP"}
+    assert ports["grpc"]["containerPort"] == grpc
+    # The dispatcher's config field wire_port comes from the flag, as port and metrics_port do.
+    assert [a for a in c["args"] if a.startswith("--wire-port")] == [f"--wire-port={wire}"]
+    assert f"--port={grpc}" in c["args"]
+    # Consumers connect to the host the dispatcher advertises on both ports: with a wildcard --host
+    # and no --advertised-host that is POD_IP, this pod's own address, where the containerPort listens.
+    assert "--host=0.0.0.0" in c["args"]
+    assert not [a for a in c["args"] if a.startswith("--advertised-host")]
+    assert env_of(c)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    svc = service_ports(one(m, "Service", "sluice-dispatcher"))
+    assert svc["wire"] == {"name": "wire", "port": wire, "targetPort": "wire", "protocol": "TCP"}
+    assert svc["grpc"]["port"] == grpc
+    policy = one(m, "NetworkPolicy", "sluice-dispatcher")
+    grpc_rules = [r for r in policy["spec"]["ingress"] if grpc in policy_ports(r)]
+    assert grpc_rules, "no rule admits the gRPC port"
+    for rule in grpc_rules:
+        # Whoever may reach the gRPC port (push consumers) may reach the wire port, from the same peers.
+        assert policy_ports(rule) == [grpc, wire]
+        assert all(p["protocol"] == "TCP" for p in rule["ports"])
+
+
+def test_dispatcher_exposes_the_wire_port_like_the_grpc_port() -> None:
+    m = render(sets=["networkPolicy.enabled=true"])
+    assert_dispatcher_wire_port(m, 7613)
+    (rule, metrics_rule) = one(m, "NetworkPolicy", "sluice-dispatcher")["spec"]["ingress"]
+    assert "from" not in rule, "allowExternal (the default) lets any pod reach gRPC and wire"
+    assert policy_ports(metrics_rule) == [9603]
+
+
+def test_the_broker_and_the_dispatcher_have_a_wire_port_and_nothing_else_does(
+    all_features: list[Manifest],
+) -> None:
+    assert_broker_wire_port(all_features, 7611)
+    assert_dispatcher_wire_port(all_features, 7613)
+    for name in ("sluice-coordinator", "sluice-offset-store"):
+        kind, _, _ = SLUICE_WORKLOADS[name]
+        c = container(one(all_features, kind, name))
+        assert "wire" not in {p["name"] for p in c["ports"]}, name
+        assert not [a for a in c["args"] if a.startswith("--wire-port")], name
+        assert "wire" not in service_ports(one(all_features, "Service", name)), name
+        for rule in one(all_features, "NetworkPolicy", name)["spec"]["ingress"]:
+            assert not {7611, 7613} & set(policy_ports(rule)), name
+
+
+@pytest.mark.parametrize("wire", [7700, 17611])
+def test_changing_the_wire_port_moves_the_port_and_the_broker_config_together(wire: int) -> None:
+    m = render([CI / "values-all-features.yaml"], sets=[f"components.broker.wire.port={wire}"])
+    assert_broker_wire_port(m, wire)
+    assert_dispatcher_wire_port(m, 7613)
+    assert not re.search(r"(?<!\d)7611(?!\d)", str(m)), "the default wire port is left somewhere"
+
+
+@pytest.mark.parametrize("wire", [7700, 17613])
+def test_changing_the_wire_port_moves_the_port_and_the_dispatcher_config_together(wire: int) -> None:
+    m = render([CI / "values-all-features.yaml"], sets=[f"components.dispatcher.wire.port={wire}"])
+    assert_dispatcher_wire_port(m, wire)
+    assert_broker_wire_port(m, 7611)
+    assert not re.search(r"(?<!\d)7613(?!\d)", str(m)), "the default wire port is left somewhere"
 
 
 def test_coordinator_elects_a_leader_through_a_lease_with_lease_only_rbac(defaults: list[Manifest]) -> None:
@@ -131,7 +245,9 @@ def test_every_service_has_grpc_health_probes_security_and_resources(
     c = container(workload)
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"] == {"port": port}, probe
-    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": port, "metrics": metrics}
+    extra = EXTRA_PORTS.get(name, {})
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": port, "metrics": metrics, **extra}
+    assert all(p["protocol"] == "TCP" for p in c["ports"])
     assert f"--port={port}" in c["args"]
     assert f"--metrics-port={metrics}" in c["args"]
     assert "--host=0.0.0.0" in c["args"]
@@ -289,10 +405,15 @@ def test_network_policies_keep_redis_private(all_features: list[Manifest]) -> No
     assert components == {"coordinator", "offset-store"}
     broker = one(all_features, "NetworkPolicy", "sluice-broker")
     grpc_rule = broker["spec"]["ingress"][0]
-    assert grpc_rule["ports"] == [{"port": 7601, "protocol": "TCP"}]
+    assert grpc_rule["ports"] == [{"port": 7601, "protocol": "TCP"}, {"port": 7611, "protocol": "TCP"}]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}} in grpc_rule[
         "from"
     ]
+    # Push consumers stream from the dispatcher's wire port: the same peers as its gRPC port.
+    dispatcher = one(all_features, "NetworkPolicy", "sluice-dispatcher")
+    consumer_rule = dispatcher["spec"]["ingress"][0]
+    assert consumer_rule["ports"] == [{"port": 7603, "protocol": "TCP"}, {"port": 7613, "protocol": "TCP"}]
+    assert consumer_rule["from"] == grpc_rule["from"]
 
 
 def test_helm_test_pod_produces_and_consumes_with_a_group_and_a_subscription(

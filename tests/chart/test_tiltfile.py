@@ -95,6 +95,11 @@ def test_port_forwards_cover_the_coordinator_and_metrics(tilt: tuple[ast.Module,
     tree, _ = tilt
     forwards = {ast.literal_eval(c.args[0]) for c in calls(tree, "port_forward")}
     assert {7600, 9600, 9601, 9602, 9603} <= forwards
+    # Clients reach brokers at their advertised in-cluster names, so forwarding a broker's gRPC (7601)
+    # or wire (7611) port to localhost would not help them; the chart exposes both in the cluster.
+    assert not forwards & {7601, 7611}
+    # Push consumers likewise stream from a dispatcher's wire port (7613) at the pod IP it advertises.
+    assert 7613 not in forwards
 
 
 def test_protos_are_regenerated_when_proto_changes(tilt: tuple[ast.Module, dict[str, Any]]) -> None:

@@ -23,6 +23,12 @@ COMPONENTS = ("broker", "coordinator", "offsetStore", "dispatcher", "redis")
         ),
         ("components.broker.flush=sometimes", "/components/broker/flush"),
         ("components.dispatcher.service.port=70000", "/components/dispatcher/service/port"),
+        ("components.broker.wire.port=0", "/components/broker/wire/port"),
+        ("components.broker.wire.port=-1", "/components/broker/wire/port"),
+        ("components.broker.wire.port=seven", "/components/broker/wire/port"),
+        ("components.dispatcher.wire.port=0", "/components/dispatcher/wire/port"),
+        ("components.dispatcher.wire.port=65536", "/components/dispatcher/wire/port"),
+        ("components.dispatcher.wire.port=seven", "/components/dispatcher/wire/port"),
         ("components.broker.persistence.size=lots", "/components/broker/persistence/size"),
         ("monitoring.kind=Probe", "/monitoring/kind"),
         ("externalRedis.url=http://redis:6379", "/externalRedis/url"),
@@ -36,7 +42,18 @@ def test_schema_rejects_a_wrong_type_or_value(setting: str, complaint: str) -> N
 
 
 @pytest.mark.parametrize(
-    "setting", ["components.broker.replicaz=3", "components.kafka.enabled=true", "bogus=1"]
+    "setting",
+    [
+        "components.broker.replicaz=3",
+        "components.kafka.enabled=true",
+        "bogus=1",
+        "components.broker.wire.portz=7611",
+        "components.broker.service.wirePort=7611",
+        "components.coordinator.wire.port=7610",
+        "components.offsetStore.wire.port=7612",
+        "components.dispatcher.wire.portz=7613",
+        "components.dispatcher.service.wirePort=7613",
+    ],
 )
 def test_schema_rejects_unknown_keys(setting: str) -> None:
     err = render_error(sets=[setting])
@@ -83,6 +100,18 @@ def render_values() -> dict[str, Any]:
         ),
         (["components.redis.replicas=3"], "the bundled Redis is a single node"),
         (["components.broker.replicas=0"], "components.broker.replicas is 0: run at least one broker"),
+        (
+            ["components.broker.wire.port=7601"],
+            "components.broker.service.port (7601), wire.port (7601) and metrics.port (9601) must all differ",
+        ),
+        (["components.broker.wire.port=9601"], "must all differ"),
+        (
+            ["components.dispatcher.wire.port=7603"],
+            "components.dispatcher.service.port (7603), wire.port (7603) and metrics.port (9603) must all"
+            " differ",
+        ),
+        (["components.dispatcher.wire.port=9603"], "components.dispatcher.service.port (7603)"),
+        (["components.dispatcher.metrics.port=7613"], "components.dispatcher.service.port (7603)"),
         (
             ["components.coordinator.election.enabled=false"],
             "more than one coordinator needs leader election",

@@ -6,11 +6,12 @@ import asyncio
 
 import grpc
 import pytest
+import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.common.rpc import error_from_rpc
-from sluice.errors import Unauthenticated
-from sluice.server.runtime import GrpcServer
+from sluice.errors import InvalidArgument, Unauthenticated
+from sluice.server.runtime import EVENT_LOOP_ENV, GrpcServer, event_loop_runner
 
 
 class TokenAuth:
@@ -41,3 +42,13 @@ def test_authenticator_refuses_with_a_typed_error_and_admits_with_a_token() -> N
             await server.stop(0)  # idempotent
 
     asyncio.run(scenario())
+
+
+def test_services_run_on_uvloop_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(EVENT_LOOP_ENV, raising=False)
+    assert event_loop_runner() is uvloop.run
+    monkeypatch.setenv(EVENT_LOOP_ENV, "asyncio")
+    assert event_loop_runner() is asyncio.run
+    monkeypatch.setenv(EVENT_LOOP_ENV, "twisted")
+    with pytest.raises(InvalidArgument, match="SLUICE_EVENT_LOOP must be uvloop or asyncio"):
+        event_loop_runner()

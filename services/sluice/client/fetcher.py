@@ -31,13 +31,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
-import grpc
-
 from sluice.client.fetch_session import FetchSession, PartitionFetchState, SessionRequest
+from sluice.client.links import BrokerLink, open_fetch_link
 from sluice.client.metadata import MetadataCache
 from sluice.client.offsets import list_offsets
 from sluice.client.rpc import MAX_MESSAGE_BYTES, ChannelPool
-from sluice.client.streams import RequestStream
 from sluice.codec.batch import Record, decode_records, iter_headers
 from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_topic
@@ -51,7 +49,7 @@ from sluice.errors import (
     UnknownTopicOrPartition,
     error_for_code,
 )
-from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from sluice.v1 import broker_pb2, common_pb2
 
 __all__ = ["AutoOffsetReset", "Fetcher", "TopicPartition"]
 
@@ -94,7 +92,7 @@ class _Broker:
     in_flight: SessionRequest | None = None
     backoff_until: float = 0.0
     failures: int = 0
-    stream: RequestStream[broker_pb2.FetchRequest, broker_pb2.FetchResponse] | None = None
+    stream: BrokerLink | None = None
 
 
 @dataclass
@@ -345,9 +343,8 @@ class Fetcher:
         address = broker.address
         try:
             if broker.stream is None:
-                stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
-                broker.stream = RequestStream(stub.FetchStream, f"fetch-{address}")
-        except (SluiceError, grpc.RpcError, ValueError) as exc:
+                broker.stream = open_fetch_link(self._channels, self._metadata, address, self._client_id)
+        except SluiceError as exc:
             self._completions.put((address, BrokerNotAvailable(f"cannot fetch from {address}: {exc}")))
             return
         completions = self._completions

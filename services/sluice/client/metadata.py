@@ -67,11 +67,21 @@ class BrokerInfo:
     host: str
     port: int
     alive: bool = True
+    #: The wire-protocol port on ``host`` (0: the broker serves none).
+    wire_port: int = 0
 
     @property
     def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        """The gRPC address: identifies the broker within the SDK."""
+        return _join(self.host, self.port)
+
+    @property
+    def wire_address(self) -> str | None:
+        return _join(self.host, self.wire_port) if self.wire_port else None
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +90,16 @@ class DispatcherInfo:
     host: str
     port: int
     alive: bool = True
+    #: The wire-protocol port on ``host`` (0: the dispatcher serves none).
+    wire_port: int = 0
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return _join(self.host, self.port)
+
+    @property
+    def wire_address(self) -> str | None:
+        return _join(self.host, self.wire_port) if self.wire_port else None
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,13 @@ class ClusterMetadata:
             p = next((q for q in t.partitions if q.partition == partition), p)
         b = self.brokers.get(p.broker_id)
         return b if b is not None and b.alive else None
+
+    def wire_address(self, address: str) -> str | None:
+        """The wire-protocol address of the broker whose gRPC address is ``address``, if any."""
+        for b in self.brokers.values():
+            if b.address == address:
+                return b.wire_address
+        return None
 
     def leader_address(self, topic: str, partition: int) -> str | None:
         b = self.leader(topic, partition)
@@ -195,11 +218,15 @@ class MetadataCache:
         else:
             resp = call(self.coordinator_stub().Metadata, request, self._timeout)
         brokers = {
-            b.broker_id: BrokerInfo(b.broker_id, b.endpoint.host, b.endpoint.port, b.alive)
+            b.broker_id: BrokerInfo(
+                b.broker_id, b.endpoint.host, b.endpoint.port, b.alive, b.endpoint.wire_port
+            )
             for b in resp.brokers
         }
         dispatchers = {
-            d.dispatcher_id: DispatcherInfo(d.dispatcher_id, d.endpoint.host, d.endpoint.port, d.alive)
+            d.dispatcher_id: DispatcherInfo(
+                d.dispatcher_id, d.endpoint.host, d.endpoint.port, d.alive, d.endpoint.wire_port
+            )
             for d in resp.dispatchers
         }
         fetched = {t.name: TopicInfo.from_proto(t) for t in resp.topics}

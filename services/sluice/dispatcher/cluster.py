@@ -80,6 +80,8 @@ class ClusterView:
 
     topics: dict[str, coordinator_pb2.TopicDescription] = field(default_factory=dict)
     brokers: dict[int, str] = field(default_factory=dict)
+    #: A broker's gRPC address -> its wire-protocol address, for brokers that serve one.
+    broker_wire: dict[str, str] = field(default_factory=dict)
     dispatchers: dict[str, str] = field(default_factory=dict)
     offset_store: str = ""
     version: int = 0
@@ -89,6 +91,11 @@ class ClusterView:
         return cls(
             topics={t.name: t for t in md.topics},
             brokers={b.broker_id: _address(b.endpoint) for b in md.brokers},
+            broker_wire={
+                _address(b.endpoint): f"{b.endpoint.host}:{b.endpoint.wire_port}"
+                for b in md.brokers
+                if b.endpoint.host and b.endpoint.wire_port
+            },
             dispatchers={d.dispatcher_id: _address(d.endpoint) for d in md.dispatchers},
             offset_store=_address(md.offset_store),
             version=md.metadata_version,
@@ -142,6 +149,8 @@ class CoordinatorLink:
         self.view = ClusterView()
         self._refreshing: asyncio.Future[ClusterView] | None = None
         self.endpoint: tuple[str, int] = ("", 0)
+        #: The wire-protocol port this dispatcher serves consumers on (0: none).
+        self.wire_port = 0
 
     @property
     def stub(self) -> coordinator_pb2_grpc.CoordinatorAsyncStub:
@@ -152,7 +161,7 @@ class CoordinatorLink:
         resp = await self.stub.RegisterDispatcher(
             coordinator_pb2.RegisterDispatcherRequest(
                 dispatcher_id=self.dispatcher_id,
-                endpoint=coordinator_pb2.Endpoint(host=host, port=port),
+                endpoint=coordinator_pb2.Endpoint(host=host, port=port, wire_port=self.wire_port),
                 incarnation=self.incarnation,
             ),
             timeout=RPC_TIMEOUT,
@@ -164,9 +173,10 @@ class CoordinatorLink:
             self.heartbeat_s = resp.heartbeat_interval_ms / 1000
         self.registered.set()
 
-    async def run(self, host: str, port: int) -> None:
+    async def run(self, host: str, port: int, wire_port: int = 0) -> None:
         """Register until it works, then keep the session and the metadata fresh. Runs until cancelled."""
         self.endpoint = (host, port)
+        self.wire_port = wire_port
         delay = 0.1
         while True:
             try:
@@ -239,6 +249,10 @@ class CoordinatorLink:
             if not isinstance(err, TopicAlreadyExists):
                 raise err from None
         return await self.topic(name)
+
+    def wire_for(self, broker: str) -> str | None:
+        """The wire-protocol address of the broker at gRPC address ``broker``, if it serves one."""
+        return self.view.broker_wire.get(broker)
 
     def broker_for(self, topic: str, partition: int) -> str:
         route = self.view.route(topic, partition)

@@ -7,6 +7,7 @@ import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from sluice.common.wire import wire_listen_port, wire_port_help
 from sluice.errors import InvalidArgument
 
 ENV_PREFIX = "SLUICE_DISPATCHER_"
@@ -32,6 +33,7 @@ class DispatcherConfig:
         default="127.0.0.1", metadata={"help": "address to bind the gRPC and metrics servers to"}
     )
     port: int = field(default=7603, metadata={"help": "gRPC port; 0 picks a free one"})
+    wire_port: int | None = field(default=None, metadata={"help": wire_port_help(7613)})
     metrics_port: int = field(default=9603, metadata={"help": "Prometheus /metrics port; 0 picks a free one"})
     advertised_host: str = field(
         default="",
@@ -87,6 +89,7 @@ class DispatcherConfig:
             raise InvalidArgument("--coordinator is required (host:port of the coordinator)")
         if not 0 <= self.port <= 65535 or not 0 <= self.metrics_port <= 65535:
             raise InvalidArgument("ports must be in [0, 65535]")
+        wire_listen_port(self.port, self.wire_port)  # validates
         for name in ("cursor_flush_interval", "metadata_refresh_interval", "fetch_max_wait"):
             if getattr(self, name) <= timedelta(0):
                 raise InvalidArgument(f"{name} must be positive")

@@ -13,10 +13,14 @@ earlier position ``kick``s the feed, which cancels a parked fetch that no longer
 place; a subscription that dispatched messages tells the feed it has ``room`` again, which kicks only an
 idle feed or one whose parked fetch starts beyond that subscription's position.
 
-Fetches travel on a ``Broker.FetchStream`` call kept open per feed (one request at a time, as a
-long-poll must be): a message on an open stream costs the broker about half the CPU of a unary call
-under grpc.aio, and the dispatcher less too, which is what latency at a steady rate depends on. Cancelling
-a parked fetch (a kick) cancels the call; the next fetch opens a new one. A broker without FetchStream
+Fetches travel on a connection kept open per feed, one request at a time (as a long-poll must be):
+the broker's wire port (``docs/wire.md``) when it advertises one, else a ``Broker.FetchStream`` call.
+On the wire the fetch is continuous: the broker fetches again from each answer's end by itself,
+so a feed that keeps up sends one request and then only reads answers; a feed that must read from
+elsewhere (a kick, a subscription behind) starts over on a new connection.
+Per message the wire costs both sides a fraction of what a gRPC stream does, and a stream message a
+fraction of a unary call, which is what latency at a steady rate depends on. Cancelling a parked fetch
+(a kick) closes the connection; the next fetch opens a new one. A broker without FetchStream
 (``UNIMPLEMENTED``) is asked with unary ``Fetch`` from then on.
 """
 
@@ -33,6 +37,8 @@ from grpc import aio
 
 from sluice.codec.batch import batch_views
 from sluice.common.rpc import error_from_rpc
+from sluice.common.wire import FrameType
+from sluice.common.wire_aio import AsyncWireConnection
 from sluice.dispatcher.cluster import ChannelCache, CoordinatorLink, list_offsets_request
 from sluice.dispatcher.messages import Message, messages_of
 from sluice.errors import BrokerNotAvailable, OffsetOutOfRange, SluiceError, error_for_code
@@ -61,6 +67,9 @@ class FeedTarget(Protocol):
     def skip_to(self, partition: int, position: int) -> None: ...
 
 
+_WireFetch = AsyncWireConnection[broker_pb2.FetchRequest, broker_pb2.FetchResponse]
+
+
 class _FetchCall:
     """One open ``FetchStream`` to one broker: a request, then its answer, one at a time."""
 
@@ -77,7 +86,7 @@ class _FetchCall:
             raise BrokerNotAvailable(f"broker {self.broker} ended the fetch stream")
         return resp
 
-    def cancel(self) -> None:
+    def close(self) -> None:
         self.call.cancel()
 
 
@@ -101,7 +110,11 @@ class PartitionFeed:
         self._max_bytes = max_bytes
         self._kick = asyncio.Event()
         self._fetch_offset = -1
-        self._call: _FetchCall | None = None
+        #: The connection fetches travel on, and the broker (gRPC address) it leads to.
+        self._call: _FetchCall | _WireFetch | None = None
+        self._call_broker = ""
+        #: On a wire connection: the offset the broker's continuous fetch reads from next, or -1.
+        self._following = -1
         #: The fetch in flight, and whether kick()/room() cancelled it (a wasted long-poll).
         self._fetching: asyncio.Future[broker_pb2.FetchResponse] | None = None
         self._fetch_cancelled = False
@@ -124,20 +137,44 @@ class PartitionFeed:
         self._close_call()
 
     def _close_call(self) -> None:
+        self._following = -1
         if self._call is not None:
-            self._call.cancel()
+            self._call.close()
             self._call = None
 
     def _send(
         self, broker: str, request: broker_pb2.FetchRequest
     ) -> asyncio.Future[broker_pb2.FetchResponse]:
-        """Start one fetch on this feed's stream to ``broker`` (opened when missing or elsewhere)."""
+        """Start one fetch on this feed's connection to ``broker`` (opened when missing or elsewhere):
+        the broker's wire port when it serves one, else a FetchStream call."""
+        if self._call is not None and self._call_broker != broker:
+            self._close_call()
+        wire = self._link.wire_for(broker)
+        if wire is not None:
+            if self._call is None:
+                self._call = AsyncWireConnection(
+                    wire, FrameType.FETCH, broker_pb2.FetchResponse, f"dispatcher-{self._link.dispatcher_id}"
+                )
+                self._call_broker = broker
+            if isinstance(self._call, AsyncWireConnection):
+                offset = request.partitions[0].fetch_offset
+                if self._following == offset:
+                    # The broker is already fetching from here (continuous): read its next answer.
+                    return asyncio.ensure_future(self._call.answer())
+                if self._following >= 0:  # following from elsewhere: start over on a new connection
+                    self._close_call()
+                    return self._send(broker, request)
+                request.continuous = True
+                self._following = offset
+                return asyncio.ensure_future(self._call.request(request))
+            self._close_call()  # the broker gained a wire port since this call opened
         stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
         if self._unary:
             return asyncio.ensure_future(stub.Fetch(request, timeout=self._max_wait_ms / 1000 + FETCH_GRACE))
-        if self._call is None or self._call.broker != broker:
-            self._close_call()
+        if self._call is None:
             self._call = _FetchCall(broker, stub)
+            self._call_broker = broker
+        assert isinstance(self._call, _FetchCall)
         return asyncio.ensure_future(self._call.fetch(request))
 
     def kick(self) -> None:
@@ -182,8 +219,12 @@ class PartitionFeed:
                 continue
             try:
                 resp = await self._fetch(offset)
-            except (SluiceError, grpc.RpcError) as exc:
-                log.warning("fetch %s/%d at %d: %s", self.topic, self.partition, offset, exc)
+            except Exception as exc:
+                if isinstance(exc, SluiceError | grpc.RpcError):
+                    log.warning("fetch %s/%d at %d: %s", self.topic, self.partition, offset, exc)
+                else:  # a bug: say so loudly, and keep the feed alive (a dead feed delivers nothing)
+                    log.exception("fetch %s/%d at %d failed", self.topic, self.partition, offset)
+                    self._close_call()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 with contextlib.suppress(SluiceError, grpc.RpcError):
@@ -245,8 +286,12 @@ class PartitionFeed:
             self._fetching = None
         self.fetches += 1
         if resp.error.code != common_pb2.NONE:
+            self._close_call()
             raise error_for_code(resp.error.code, resp.error.message)
         part = resp.partitions[0]
+        if self._following >= 0:
+            # The broker goes on from this answer's end, unless the partition failed.
+            self._following = part.next_offset if part.error.code == common_pb2.NONE else -1
         if part.error.code == common_pb2.OFFSET_OUT_OF_RANGE:
             await self._out_of_range(offset)
             return None

@@ -14,12 +14,15 @@ import logging
 
 from grpc import aio
 
+from sluice.common.wire import wire_listen_port
 from sluice.dispatcher.config import ENV_PREFIX, DispatcherConfig
 from sluice.dispatcher.metrics import dispatcher_metrics
 from sluice.dispatcher.service import DispatcherService
 from sluice.dispatcher.servicer import DispatcherServicer, add_to_server
+from sluice.dispatcher.wire_server import dispatcher_wire_listener
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main
+from sluice.server.wire import WireListener
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +35,23 @@ GC_GEN0_THRESHOLD = 10_000
 
 
 class _DispatcherGrpcServer(GrpcServer):
-    """Starts the coordinator link once bound, so registration advertises the real port."""
+    """The gRPC server plus the wire listener; starts the coordinator link once both are bound, so
+    registration advertises the real ports."""
 
     service_ref: DispatcherService | None = None
     advertised_host: str = ""
+    wire: WireListener | None = None
 
     async def start(self) -> int:
         port = await super().start()
+        wire_port = await self.wire.start() if self.wire is not None else 0
         if self.service_ref is not None:
-            self.service_ref.start(self.advertised_host, port)
+            self.service_ref.start(self.advertised_host, port, wire_port)
         return port
+
+    def ready_line(self) -> str:
+        line = super().ready_line()
+        return line if self.wire is None else f"{line} wire={self.host}:{self.wire.bound_port}"
 
 
 def parse_config(argv: list[str]) -> DispatcherConfig:
@@ -67,12 +77,17 @@ async def run(config: DispatcherConfig) -> None:
     )
     server.service_ref = service
     server.advertised_host = config.advertised
+    wire_port = wire_listen_port(config.port, config.wire_port)
+    if wire_port is not None:
+        server.wire = dispatcher_wire_listener(servicer, config.host, wire_port)
     stopped = False
 
     async def on_stop() -> None:
         nonlocal stopped
         if not stopped:
             stopped = True
+            if server.wire is not None:
+                await server.wire.stop()
             await service.stop()
 
     try:

@@ -36,11 +36,14 @@ COMPACT_INTERVAL = 5.0
 
 
 class ConsumerStream:
-    """The outgoing side of one Consume stream: a queue the servicer's generator drains."""
+    """The outgoing side of one Consume stream: what the service sends goes to ``sink`` at once
+    (a transport that writes events itself: the wire protocol), or else into a queue that the
+    servicer's gRPC generator drains. ``None`` marks the end of the stream."""
 
-    def __init__(self, peer: str = "") -> None:
+    def __init__(self, peer: str = "", sink: Callable[[Outgoing], None] | None = None) -> None:
         self.peer = peer
         self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()
+        self._put = sink or self.queue.put_nowait
         self.runtime: SubscriptionRuntime | None = None
         self.consumer: Consumer | None = None
         #: The consumer asked for ``Subscribe.record_batches``: send log batches, not PushedMessages.
@@ -49,7 +52,7 @@ class ConsumerStream:
 
     def send(self, item: bytes | pb.DispatcherEvent) -> None:
         if not self.closed:
-            self.queue.put_nowait(item)
+            self._put(item)
 
     def error(self, err: SluiceError) -> None:
         self.send(pb.DispatcherEvent(error=err.to_proto()))
@@ -62,7 +65,7 @@ class ConsumerStream:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self.queue.put_nowait(None)
+            self._put(None)
 
 
 class SubscriptionRuntime:

@@ -78,8 +78,8 @@ class DispatcherService:
 
     # ---- lifecycle -------------------------------------------------------------------------------------
 
-    def start(self, host: str, port: int) -> None:
-        self._tasks.append(asyncio.create_task(self.link.run(host, port), name="coordinator-link"))
+    def start(self, host: str, port: int, wire_port: int = 0) -> None:
+        self._tasks.append(asyncio.create_task(self.link.run(host, port, wire_port), name="coordinator-link"))
         self._tasks.append(asyncio.create_task(self._flush_loop(), name="cursor-flush"))
 
     async def stop(self) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import grpc
 from grpc import aio
@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 __all__ = ["DispatcherServicer", "add_to_server"]
 
 Context = aio.ServicerContext[Any, Any]
+
+
+class PeerContext(Protocol):
+    """What ``Consume`` needs of its context: a gRPC one, or the wire listener's (``wire_server``)."""
+
+    def peer(self) -> str: ...
+
+
 #: A consumer holds at most max_unacked messages, so a longer ack range cannot be valid; refusing it
 #: keeps a malformed range from making the dispatcher expand billions of offsets.
 MAX_ACK_RANGE = 10_000_000
@@ -67,7 +75,7 @@ class DispatcherServicer:
         self._service = service
 
     async def Consume(
-        self, request_iterator: AsyncIterator[pb.ConsumerCommand], context: Context
+        self, request_iterator: AsyncIterator[pb.ConsumerCommand], context: PeerContext
     ) -> AsyncIterator[Outgoing]:
         stream = ConsumerStream(context.peer())
         reader = asyncio.create_task(self._read(request_iterator, stream), name="consume-reader")
@@ -81,6 +89,19 @@ class DispatcherServicer:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+            self._service.disconnect(stream)
+
+    async def consume_into(
+        self, commands: AsyncIterator[pb.ConsumerCommand], peer: str, sink: Callable[[Outgoing], None]
+    ) -> None:
+        """``Consume`` for a transport that writes events itself (the wire protocol): each event
+        goes to ``sink`` as the service sends it, ``None`` last, with no queue or task between.
+        Returns when the stream ended (the commands ended, or the service ended the stream)."""
+        stream = ConsumerStream(peer, sink)
+        try:
+            await self._read(commands, stream)
+        finally:
+            stream.close()
             self._service.disconnect(stream)
 
     async def _read(self, commands: AsyncIterator[pb.ConsumerCommand], stream: ConsumerStream) -> None:

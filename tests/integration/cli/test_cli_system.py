@@ -351,6 +351,12 @@ def test_sigterm_stops_every_service_and_redis(tmp_path: Path) -> None:
     stack = start_up(tmp_path / "data")
     try:
         assert {"redis", "coordinator", "broker"} <= set(stack.pids)
+        # The banner names the data-plane (wire) ports of the broker and the dispatcher.
+        banner = {line.split()[0]: line for line in stack.stdout if line.startswith("  ")}
+        assert re.search(r" wire 127\.0\.0\.1:\d+$", banner["broker"].rstrip()), banner["broker"]
+        if "dispatcher" in banner:
+            assert " wire " in banner["dispatcher"]
+        assert " wire " not in banner["coordinator"]
         # Everything it started is a direct child, and it started nothing else.
         assert set(stack.pids.values()) == children_of(stack.process.pid)
         assert stack.stop() == 0

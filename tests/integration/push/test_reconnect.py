@@ -63,7 +63,8 @@ def test_dispatcher_kill_9_mid_stream(cluster: PushCluster, client: Client, topi
     assert skipped <= set(after_kill)
     assert not set(after_kill) & acked_before  # nothing acked (and flushed) came back
     stats = pc.stats()
-    assert stats.streams[0].reconnects >= 1
+    # It reconnected: the same stream again, or new streams for a routing that changed meanwhile.
+    assert stats.streams[0].reconnects + stats.reroutes >= 1
     assert stats.streams[0].state == "subscribed"
     assert nothing_more(pc, 0.3)
     pc.close()

@@ -36,13 +36,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
+from sluice.client.links import BrokerLink, open_produce_link
 from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
 from sluice.client.producer.config import ProducerConfig
 from sluice.client.rpc import ChannelPool
-from sluice.client.streams import RequestStream
 from sluice.errors import (
     BrokerNotAvailable,
     NotLeader,
@@ -51,7 +49,7 @@ from sluice.errors import (
     UnknownTopicOrPartition,
     error_for_code,
 )
-from sluice.v1 import broker_pb2, broker_pb2_grpc
+from sluice.v1 import broker_pb2
 
 __all__ = ["Sender"]
 
@@ -63,7 +61,7 @@ _ROUTING_ERRORS = (NotLeader, UnknownTopicOrPartition, BrokerNotAvailable, Reque
 # (batch, base_offset, log_append_time_ms, error) to settle outside the lock.
 _Outcome = tuple[ProducerBatch, int, int, SluiceError | None]
 
-_Stream = RequestStream[broker_pb2.ProduceRequest, broker_pb2.ProduceResponse]
+_Stream = BrokerLink
 # One Produce request to make: broker address, its stream (or why there is none), the batches
 # (grouped by partition).
 _Request = tuple[str, _Stream | SluiceError, list[ProducerBatch]]
@@ -251,14 +249,14 @@ class Sender:
         )
 
     def _stream(self, address: str) -> _Stream | SluiceError:
-        """The ProduceStream to ``address`` (lock held; the call itself opens on first use)."""
+        """The link to ``address`` (lock held; the connection itself opens on first use)."""
         stream = self._streams.get(address)
         if stream is None:
             try:
-                stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
-            except (SluiceError, grpc.RpcError, ValueError) as exc:  # e.g. the client was closed
-                return BrokerNotAvailable(f"cannot send to broker {address}: {exc}")
-            stream = self._streams[address] = RequestStream(stub.ProduceStream, f"produce-{address}")
+                stream = open_produce_link(self._channels, self._metadata, address)
+            except SluiceError as exc:
+                return exc
+            self._streams[address] = stream
         return stream
 
     def _close_streams(self) -> None:

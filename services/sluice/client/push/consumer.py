@@ -29,10 +29,11 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from types import TracebackType
 from typing import Any
 
+from sluice.client.links import use_wire
 from sluice.client.metadata import MetadataCache
 from sluice.client.push.backoff import Backoff
 from sluice.client.push.config import PushConsumerConfig
@@ -40,7 +41,8 @@ from sluice.client.push.flow import FlowControl, Grant
 from sluice.client.push.message import Message, messages_of
 from sluice.client.push.nacks import NackScheduler, backoff_hold
 from sluice.client.push.stats import PushConsumerStats, StreamInfo
-from sluice.client.push.stream import ConsumeStream, Session, StreamState
+from sluice.client.push.stream import ConsumeCall, ConsumeStream, Session, StreamState
+from sluice.client.push.wire_call import WireConsumeCall
 from sluice.client.rpc import ChannelPool
 from sluice.errors import InvalidArgument, RequestTimedOut, SluiceError
 from sluice.v1 import dispatcher_pb2 as pb
@@ -102,6 +104,7 @@ class PushConsumer:
         self._handoff_delay = self._handoff_base
         self._permit_since = 0.0
         self._handoffs = 0
+        self._reroutes = 0
         try:
             with self._lock:
                 self._reroute_locked(self._compute_plan(refresh=False))
@@ -339,6 +342,7 @@ class PushConsumer:
                 stale_acks=self._stale,
                 command_errors=self._command_errors,
                 handoffs=self._handoffs,
+                reroutes=self._reroutes,
                 streams=streams,
                 active_partitions=frozenset(self._active),
             )
@@ -452,8 +456,14 @@ class PushConsumer:
             return None
         return d.address
 
-    def stub_for(self, address: str) -> object:
-        return self._channels.stub(address, dispatcher_pb2_grpc.DispatcherStub)
+    def open_consume(
+        self, dispatcher_id: str, address: str, commands: Iterator[pb.ConsumerCommand]
+    ) -> ConsumeCall:
+        d = self._metadata.current().dispatchers.get(dispatcher_id)
+        if d is not None and d.wire_address is not None and use_wire():
+            return WireConsumeCall(d.wire_address, commands, self.consumer_name)
+        stub = self._channels.stub(address, dispatcher_pb2_grpc.DispatcherStub)
+        return stub.Consume(commands)
 
     def subscribe_request(self, stream: ConsumeStream) -> pb.Subscribe:
         return self.config.to_subscribe(
@@ -473,6 +483,7 @@ class PushConsumer:
             if self._closed or plan == self._plan:
                 return False
             log.info("routing of %s changed: %s -> %s", self.topic, self._plan, plan)
+            self._reroutes += 1
             self._reroute_locked(plan)
             self._cond.notify_all()
             return True

@@ -35,5 +35,8 @@ class PushConsumerStats:
     command_errors: int
     #: Zero-queue: times the one permit was moved off an idle dispatcher.
     handoffs: int
+    #: Times the coordinator's routing changed and every stream was replaced (their
+    #: ``reconnects`` start again from 0).
+    reroutes: int
     streams: tuple[StreamInfo, ...]
     active_partitions: frozenset[int]

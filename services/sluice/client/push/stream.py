@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from typing import Protocol
 
 import grpc
@@ -90,12 +90,26 @@ class Session:
         self.unacked: set[tuple[int, int]] = set()
 
 
+class ConsumeCall(Protocol):
+    """A Consume stream: iterate it for events (on the stream's thread), cancel it from any thread.
+    gRPC's call object is one; ``wire_call.WireConsumeCall`` is the other."""
+
+    def __iter__(self) -> Iterator[pb.DispatcherEvent]: ...
+
+    def cancel(self) -> object: ...
+
+
 class StreamOwner(Protocol):
     """What a stream needs from its consumer. Every call comes from the stream's thread."""
 
     def address_of(self, dispatcher_id: str) -> str | None: ...
     def subscribe_request(self, stream: ConsumeStream) -> pb.Subscribe: ...
-    def stub_for(self, address: str) -> object: ...
+    def open_consume(
+        self, dispatcher_id: str, address: str, commands: Iterator[pb.ConsumerCommand]
+    ) -> ConsumeCall:
+        """A Consume stream to the dispatcher (its wire port when it serves one, else gRPC)."""
+        ...
+
     def on_subscribed(self, session: Session) -> None: ...
     def on_messages(self, session: Session, batch: pb.MessageBatch) -> None: ...
     def on_active_change(self, session: Session, partition: int, active: bool) -> None: ...
@@ -132,7 +146,7 @@ class ConsumeStream:
         self._stop = threading.Event()
         self._handoff = False
         self._lock = threading.Lock()
-        self._call: grpc.Future[object] | None = None
+        self._call: ConsumeCall | None = None
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"sluice-push-{dispatcher_id}")
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -231,12 +245,11 @@ class ConsumeStream:
             self.reconnects += 1
         outbound = Outbound(self.owner.subscribe_request(self))
         session = Session(self, self.sessions, outbound)
-        stub = self.owner.stub_for(address)
         with self._lock:
             if self._stop.is_set():
                 return None
             self.session = session
-            call = stub.Consume(iter(outbound))  # type: ignore[attr-defined]
+            call = self.owner.open_consume(self.dispatcher_id, address, iter(outbound))
             self._call = call
         reason: SluiceError | None = None
         try:
@@ -264,6 +277,8 @@ class ConsumeStream:
                 reason = BrokerNotAvailable(f"dispatcher {self.dispatcher_id} ended the stream")
         except grpc.RpcError as exc:
             reason = reason or error_from_rpc(exc)
+        except SluiceError as exc:  # a wire connection's failure
+            reason = reason or exc
         finally:
             outbound.close()
             with self._lock:

@@ -1,0 +1,80 @@
+"""The dispatcher's wire-protocol connections: one Consume stream per connection (``docs/wire.md``).
+
+A connection carries exactly what one ``Dispatcher.Consume`` gRPC stream carries, and is served
+by the same servicer code (``DispatcherServicer.consume_into``): consume frames from the client
+become the servicer's command iterator, and every event the service sends is written as a
+consume frame right away, with no queue or task between (message batches are already encoded;
+they are written as they are). For a push consumer this replaces grpcio's
+thread hand-offs on both sides with one socket read per batch (the broker's wire port exists
+for the same reason; ``docs/wire.md`` has the measurements).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from sluice.common.wire import FrameType, WireProtocolError
+from sluice.dispatcher.runtime import Outgoing
+from sluice.dispatcher.servicer import DispatcherServicer
+from sluice.server.interceptors import Authenticator
+from sluice.server.wire import WireConnection, WireListener, parse_frame
+from sluice.v1 import dispatcher_pb2 as pb
+
+__all__ = ["dispatcher_wire_listener"]
+
+log = logging.getLogger(__name__)
+
+
+def dispatcher_wire_listener(
+    servicer: DispatcherServicer, host: str, port: int, authenticator: Authenticator | None = None
+) -> WireListener:
+    def connection(listener: WireListener) -> WireConnection:
+        return _ConsumeConnection(listener, servicer)
+
+    return WireListener("dispatcher", connection, host, port, authenticator)
+
+
+class _ConsumeConnection(WireConnection):
+    def __init__(self, listener: WireListener, servicer: DispatcherServicer) -> None:
+        super().__init__(listener)
+        self._servicer = servicer
+        #: Commands read and not yet taken by the servicer; None ends them (the client is gone).
+        self._commands: asyncio.Queue[pb.ConsumerCommand | None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def backlog(self) -> int:
+        return self._commands.qsize()
+
+    def opened(self) -> None:
+        serve = self._servicer.consume_into(self._command_iterator(), f"wire:{self.peer}", self._send)
+        self._task = asyncio.get_running_loop().create_task(serve, name=f"consume-wire-{self.peer}")
+
+    def lost(self) -> None:
+        self._commands.put_nowait(None)
+
+    def eof_received(self) -> bool:
+        """The consumer half-closed (a graceful stop, its acks sent): end the commands, and keep
+        the connection open until the servicer ends the stream."""
+        self._commands.put_nowait(None)
+        return True
+
+    def on_frame(self, kind: int, payload: bytes) -> None:
+        if kind != FrameType.CONSUME:
+            raise WireProtocolError(f"unknown frame type {kind} (a dispatcher takes consume frames, type 4)")
+        self._commands.put_nowait(parse_frame(pb.ConsumerCommand, payload, "consume"))
+
+    async def _command_iterator(self) -> AsyncIterator[pb.ConsumerCommand]:
+        commands = self._commands
+        while (command := await commands.get()) is not None:
+            yield command
+            self.update_reading()
+
+    def _send(self, event: Outgoing) -> None:
+        """The servicer's sink: write each event at once (permits bound what a consumer is sent);
+        the end of the stream closes the connection, after what was written."""
+        if event is None:
+            self.close()
+        else:
+            self.write(FrameType.CONSUME, event if isinstance(event, bytes) else event.SerializeToString())
