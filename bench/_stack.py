@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -13,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "services"))
@@ -123,3 +125,31 @@ def save(name: str, data: dict[str, object]) -> None:
     data = {"machine": f"{os.cpu_count()} cores", **data}
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(data, indent=2))
+
+
+class StreamMember(Protocol):
+    """A benchmark's group member heartbeating on ``Coordinator.ConsumerGroupStream``."""
+
+    answer: asyncio.Future[Any] | None
+    wake: asyncio.Event | None
+    nudges: int
+
+
+async def read_group_stream(m: StreamMember, call: Any) -> None:
+    """The member's stream reader: an answer resolves the heartbeat in flight, ``heartbeat_now``
+    wakes the member; a stream that fails or ends fails the heartbeat in flight."""
+    from grpc import aio
+
+    error: Exception = ConnectionError("the coordinator ended the stream")
+    try:
+        while (message := await call.read()) is not aio.EOF:
+            if message.WhichOneof("kind") == "heartbeat_now":
+                m.nudges += 1
+                assert m.wake is not None
+                m.wake.set()
+            elif m.answer is not None and not m.answer.done():
+                m.answer.set_result(message.heartbeat)
+    except Exception as exc:
+        error = exc
+    if m.answer is not None and not m.answer.done():
+        m.answer.set_exception(error)

@@ -41,7 +41,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from _stack import cpu_seconds, save, stack
+from _stack import cpu_seconds, read_group_stream, save, stack
 
 GROUP = "bench-hb"
 TOPIC = "bench-hb"
@@ -83,7 +83,6 @@ class Driver:
 
         from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
-        self.aio = aio
         self.pb = coordinator_pb2
         self.common = common_pb2
         opts = (("grpc.enable_retries", 0),)
@@ -107,27 +106,7 @@ class Driver:
     def open(self, m: Member) -> None:
         m.call = self.stubs[m.index % len(self.stubs)].ConsumerGroupStream()
         m.wake = m.wake or asyncio.Event()
-        asyncio.get_running_loop().create_task(self.read(m, m.call))
-
-    async def read(self, m: Member, call: Any) -> None:
-        """The member's reader: answers resolve the heartbeat in flight; ``heartbeat_now`` wakes it."""
-        try:
-            while True:
-                message = await call.read()
-                if message is self.aio.EOF:
-                    break
-                if message.WhichOneof("kind") == "heartbeat_now":
-                    m.nudges += 1
-                    assert m.wake is not None
-                    m.wake.set()
-                elif m.answer is not None and not m.answer.done():
-                    m.answer.set_result(message.heartbeat)
-        except Exception as exc:
-            if m.answer is not None and not m.answer.done():
-                m.answer.set_exception(exc)
-            return
-        if m.answer is not None and not m.answer.done():
-            m.answer.set_exception(ConnectionError("stream ended"))
+        asyncio.get_running_loop().create_task(read_group_stream(m, m.call))
 
     async def send(self, m: Member) -> Any:
         """One heartbeat on the member's stream; its answer."""

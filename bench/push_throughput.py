@@ -7,8 +7,9 @@ first message to the last.
 
 Phase 2, latency: a producer (linger 0) sends at a fixed rate (default 2,000 records/s)
 records stamped with CLOCK_MONOTONIC; one push consumer in another process receives
-and acks them. Figures: p50/p99/max of send -> received, and the dispatcher's and broker's CPU per
-record meanwhile.
+and acks them. The first second (``--warmup``) is sent at the same rate but not counted, as in
+``e2e_latency.py``: it holds the one-off costs of a new producer and subscription. Figures:
+p50/p99/max of send -> received, and every process's CPU per record meanwhile.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import argparse
 import multiprocessing as mp
 import os
 import resource
+import struct
 import time
 
 from _stack import cpu_seconds, save, stack
 
 VALUE = b"x" * 100
 IDLE_END = 3.0  # a consumer stops after this long without a message
+# A latency record: the send time (CLOCK_MONOTONIC), 1 if it belongs to the warm-up, padding to 100 B.
+LATENCY_HEADER = struct.Struct("<dB")
 
 
 def produce_backlog(bootstrap: str, topic: str, n: int) -> None:
@@ -66,27 +70,32 @@ def consume(bootstrap: str, topic: str, queue_size: int, ready: mp.Barrier, out:
 
 
 def latency_consumer(bootstrap: str, topic: str, total: int, ready: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
-    import struct
-
     from sluice import Client
 
     lat: list[float] = []
+    cpu = 0.0
     with Client(bootstrap) as client:
         pc = client.push_consumer(topic, "lat", "shared", initial_position="latest", receiver_queue_size=1000)
         ready.set()
         clock = time.clock_gettime
         mono = time.CLOCK_MONOTONIC
+        seen = 0
         try:
-            while len(lat) < total:
+            while seen < total:
                 msg = pc.receive(timeout=10)
                 now = clock(mono)
-                (sent,) = struct.unpack_from("<d", msg.value)
-                lat.append(now - sent)
+                seen += 1
+                sent, warmup = LATENCY_HEADER.unpack_from(msg.value)
+                if not warmup:
+                    if not lat:
+                        cpu = time.process_time()
+                    lat.append(now - sent)
                 pc.ack(msg)
         except TimeoutError:
             pass
+        cpu = time.process_time() - cpu
         pc.close()
-    out.put(lat)
+    out.put((lat, cpu))
 
 
 def throughput(bootstrap: str, n: int, queue_size: int, dispatcher_pid: int) -> dict[str, object]:
@@ -129,12 +138,13 @@ def throughput(bootstrap: str, n: int, queue_size: int, dispatcher_pid: int) -> 
     }
 
 
-def latency(bootstrap: str, rate: int, seconds: float, pids: dict[str, int]) -> dict[str, object]:
-    import struct
-
+def latency(
+    bootstrap: str, rate: int, seconds: float, warmup_s: float, pids: dict[str, int]
+) -> dict[str, object]:
     from sluice import Client
 
-    total = int(rate * seconds)
+    warmup = int(rate * warmup_s)
+    total = warmup + int(rate * seconds)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     ready = ctx.Event()
@@ -144,19 +154,26 @@ def latency(bootstrap: str, rate: int, seconds: float, pids: dict[str, int]) -> 
         consumer.start()
         assert ready.wait(60)
         producer = client.producer("push-latency", linger=0)
-        cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        cpu: dict[str, float] = {}
         interval = 1.0 / rate
         next_at = time.perf_counter()
         clock, mono = time.clock_gettime, time.CLOCK_MONOTONIC
-        for _ in range(total):
+        padding = b"x" * (100 - LATENCY_HEADER.size)
+        for i in range(total):
+            if i == warmup:
+                cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                cpu["producer"] = time.process_time()
             now = time.perf_counter()
             if now < next_at:
                 time.sleep(next_at - now)
-            producer.send(struct.pack("<d", clock(mono)) + b"x" * 92)
+            producer.send(LATENCY_HEADER.pack(clock(mono), i < warmup) + padding)
             next_at += interval
         producer.flush()
-        lat = out.get(timeout=120)
-        cpu = {name: cpu_seconds(pid) - cpu[name] for name, pid in pids.items()}
+        lat, consumer_cpu = out.get(timeout=120)
+        cpu = {name: cpu_seconds(pid) - cpu[name] for name, pid in pids.items()} | {
+            "producer": time.process_time() - cpu["producer"],
+            "consumer": consumer_cpu,
+        }
         consumer.join()
         producer.close()
     ms = sorted(x * 1000 for x in lat)
@@ -167,6 +184,7 @@ def latency(bootstrap: str, rate: int, seconds: float, pids: dict[str, int]) -> 
     return {
         "rate": rate,
         "records": len(ms),
+        "warmup_records": warmup,
         "p50_ms": pct(0.5),
         "p99_ms": pct(0.99),
         "max_ms": round(ms[-1], 3),
@@ -181,6 +199,9 @@ def main() -> None:
     parser.add_argument("--receiver-queue", type=int, default=1000)
     parser.add_argument("--rate", type=int, default=2000, help="latency phase: records per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency phase: duration")
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="latency phase: seconds sent first, not counted"
+    )
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
     args = parser.parse_args()
@@ -192,7 +213,7 @@ def main() -> None:
             print(result["throughput"], flush=True)
         if not args.skip_latency:
             pids = {"dispatcher": s.extra[-1].process.pid, "broker": s.broker.process.pid}
-            result["latency"] = latency(s.bootstrap, args.rate, args.seconds, pids)
+            result["latency"] = latency(s.bootstrap, args.rate, args.seconds, args.warmup, pids)
             print(result["latency"], flush=True)
     save("push_throughput", result)
 

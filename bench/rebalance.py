@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from _stack import save, stack
+from _stack import read_group_stream, save, stack
 
 TOPIC = "bench-rebalance"
 
@@ -59,26 +59,12 @@ class Group:
             return await self.stub.Heartbeat(request, timeout=10)
         if m.call is None:
             m.call = self.stub.ConsumerGroupStream()
-            asyncio.get_running_loop().create_task(self.read(m))
+            asyncio.get_running_loop().create_task(read_group_stream(m, m.call))
         m.answer = asyncio.get_running_loop().create_future()
         assert m.wake is not None
         m.wake.clear()  # this heartbeat carries the latest state; a push from now on asks for another
         await m.call.write(self.pb.GroupStreamRequest(heartbeat=request))
         return await asyncio.wait_for(m.answer, 10)
-
-    async def read(self, m: Member) -> None:
-        from grpc import aio
-
-        while True:
-            message = await m.call.read()
-            if message is aio.EOF:
-                return
-            if message.WhichOneof("kind") == "heartbeat_now":
-                m.nudges += 1
-                assert m.wake is not None
-                m.wake.set()
-            elif m.answer is not None and not m.answer.done():
-                m.answer.set_result(message.heartbeat)
 
     async def heartbeat(self, m: Member) -> None:
         request = self.pb.GroupHeartbeatRequest(

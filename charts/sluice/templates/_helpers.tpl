@@ -200,15 +200,44 @@ resources:
   {{- toYaml $c.resources | nindent 2 }}
 {{- end }}
 
-{{/* Named container ports of a Sluice service. */}}
+{{/* Named container ports of a Sluice service (and the broker's and dispatcher's wire port). */}}
 {{- define "sluice.containerPorts" -}}
 {{- $c := index .ctx.Values.components (include "sluice.valuesKey" .) -}}
 - name: grpc
   containerPort: {{ $c.service.port }}
   protocol: TCP
+{{- with $c.wire }}
+- name: wire
+  containerPort: {{ .port }}
+  protocol: TCP
+{{- end }}
 - name: metrics
   containerPort: {{ $c.metrics.port }}
   protocol: TCP
+{{- end }}
+
+{{/*
+Service ports of a Sluice service: gRPC, the broker's and dispatcher's wire port (plain TCP, Sluice's
+framed binary protocol, so no appProtocol) and metrics. The client and headless Services share them.
+*/}}
+{{- define "sluice.servicePorts" -}}
+{{- $c := index .ctx.Values.components (include "sluice.valuesKey" .) -}}
+- name: grpc
+  port: {{ $c.service.port }}
+  targetPort: grpc
+  protocol: TCP
+  appProtocol: grpc
+{{- with $c.wire }}
+- name: wire
+  port: {{ .port }}
+  targetPort: wire
+  protocol: TCP
+{{- end }}
+- name: metrics
+  port: {{ $c.metrics.port }}
+  targetPort: metrics
+  protocol: TCP
+  appProtocol: http
 {{- end }}
 
 {{/*
@@ -276,7 +305,7 @@ data:
     {{- end }}
 {{- end }}
 
-{{/* A component's client Service with its gRPC and metrics ports. */}}
+{{/* A component's client Service with its gRPC (and wire) and metrics ports. */}}
 {{- define "sluice.service" -}}
 {{- $c := index .ctx.Values.components (include "sluice.valuesKey" .) -}}
 apiVersion: v1
@@ -296,16 +325,7 @@ spec:
   selector:
     {{- include "sluice.selectorLabels" . | nindent 4 }}
   ports:
-    - name: grpc
-      port: {{ $c.service.port }}
-      targetPort: grpc
-      protocol: TCP
-      appProtocol: grpc
-    - name: metrics
-      port: {{ $c.metrics.port }}
-      targetPort: metrics
-      protocol: TCP
-      appProtocol: http
+    {{- include "sluice.servicePorts" . | nindent 4 }}
 {{- end }}
 
 {{/* "true" when a PDB bound is set: 0 counts, "" and null do not. Empty output means unset. */}}

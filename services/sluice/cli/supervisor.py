@@ -34,6 +34,7 @@ from sluice.cli.errors import CliError
 # What runtime.serve() prints once a service listens (see sluice.server.runtime).
 SERVICE_READY = re.compile(
     r"SLUICE_READY service=(?P<service>\S+) address=(?P<address>\S+) metrics=(?P<metrics>\S+)"
+    r"(?: wire=(?P<wire>\S+))?"
 )
 TAIL_LINES = 40
 # A stop signal counts as "hurry up" only this long after the first: tools such as

@@ -243,7 +243,9 @@ class Stack:
         if metrics != "-":
             metrics = f"http://{self.connect_host}:{metrics.rsplit(':', 1)[1]}/metrics"
         pid = self.sup.children[-1].pid
-        self.summary.append(f"  {name:<14}{self.addresses[name]:<22}metrics {metrics:<40}pid {pid}")
+        wire = ready.group("wire")
+        wire = f"  wire {self.connect_host}:{wire.rsplit(':', 1)[1]}" if wire else ""
+        self.summary.append(f"  {name:<14}{self.addresses[name]:<22}metrics {metrics:<40}pid {pid}{wire}")
         return True
 
     def start_all(self) -> bool:

@@ -32,11 +32,11 @@ from sluice.v1 import broker_pb2, coordinator_pb2
 def endpoint_from_proto(msg: coordinator_pb2.Endpoint, present: bool, what: str) -> Endpoint:
     if not present:
         raise InvalidRequest(f"{what}: endpoint is required")
-    return Endpoint(msg.host, msg.port)
+    return Endpoint(msg.host, msg.port, msg.wire_port)
 
 
 def endpoint_to_proto(ep: Endpoint) -> coordinator_pb2.Endpoint:
-    return coordinator_pb2.Endpoint(host=ep.host, port=ep.port)
+    return coordinator_pb2.Endpoint(host=ep.host, port=ep.port, wire_port=ep.wire_port)
 
 
 def topic_config_from_proto(msg: broker_pb2.TopicConfig) -> TopicConfig:

@@ -17,12 +17,16 @@ class Endpoint:
 
     host: str
     port: int
+    #: A broker's wire-protocol port on the same host; 0 when it serves none.
+    wire_port: int = 0
 
     def validate(self, what: str) -> Endpoint:
         if not self.host or len(self.host) > 255 or any(c.isspace() for c in self.host):
             raise InvalidRequest(f"{what}: endpoint host {self.host!r} is empty or invalid")
         if not 1 <= self.port <= 65535:
             raise InvalidRequest(f"{what}: endpoint port {self.port} is outside 1-65535")
+        if not 0 <= self.wire_port <= 65535:
+            raise InvalidRequest(f"{what}: wire port {self.wire_port} is outside 1-65535 (0: none)")
         return self
 
     @classmethod

@@ -34,7 +34,8 @@ __all__ = [
 
 
 def _endpoint(data: Mapping[str, Any]) -> Endpoint:
-    return Endpoint(str(data["host"]), int(data["port"]))
+    # Records written before brokers had a wire port lack the key: they serve none.
+    return Endpoint(str(data["host"]), int(data["port"]), int(data.get("wire_port", 0)))
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class BrokerRecord(RecordValue):
             "broker_id": self.broker_id,
             "host": self.endpoint.host,
             "port": self.endpoint.port,
+            "wire_port": self.endpoint.wire_port,
             "incarnation": self.incarnation,
             "epoch": self.broker_epoch,
             "registered_ms": self.registered_ms,
@@ -122,6 +124,7 @@ class DispatcherRecord(RecordValue):
             "dispatcher_id": self.dispatcher_id,
             "host": self.endpoint.host,
             "port": self.endpoint.port,
+            "wire_port": self.endpoint.wire_port,
             "incarnation": self.incarnation,
             "epoch": self.dispatcher_epoch,
             "registered_ms": self.registered_ms,
