@@ -71,6 +71,9 @@ def check_continuous(request: broker_pb2.FetchRequest, continuous_ok: bool) -> N
         )
     if request.session_epoch != -1:
         raise InvalidRequest("a continuous fetch is sessionless: set session_epoch to -1")
+    if request.max_wait_ms <= 0:
+        # It would answer again at once, forever: a busy loop on both sides.
+        raise InvalidRequest("a continuous fetch needs max_wait_ms > 0")
 
 
 def produce_items(request: broker_pb2.ProduceRequest) -> list[ProduceItem]:
@@ -112,7 +115,7 @@ class RequestHandlers:
     def __init__(self, service: BrokerService) -> None:
         self.service = service
         self._produce_metrics = MethodRecorder("broker", "Produce")
-        self._fetch_metrics = MethodRecorder("broker", "Fetch")
+        self.fetch_metrics = MethodRecorder("broker", "Fetch")
 
     @property
     def answers_wait_for_fsync(self) -> bool:
@@ -148,7 +151,7 @@ class RequestHandlers:
             check_continuous(request, continuous_ok)
             outcome = await self.service.fetch(fetch_params_from_proto(request))
         except SluiceError as err:
-            self._fetch_metrics.record(err.code_name, started)
+            self.fetch_metrics.record(err.code_name, started)
             return broker_pb2.FetchResponse(error=err.to_proto(), request_id=request.request_id)
-        self._fetch_metrics.record("OK", started)
+        self.fetch_metrics.record("OK", started)
         return fetch_response_to_proto(outcome, request.request_id)

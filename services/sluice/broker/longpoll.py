@@ -13,8 +13,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
+from typing import Protocol
 
 from sluice.broker.fetch import TopicPartitionKey
+
+
+class Watcher(Protocol):
+    """What watches partitions: a parked fetch's :class:`Waiter`, or a continuous fetch
+    (``sluice.broker.follow``), which reads and answers inside ``wake`` itself."""
+
+    keys: tuple[TopicPartitionKey, ...]
+
+    def wake(self, key: TopicPartitionKey | None) -> None:
+        """``key`` was appended to (or stopped being served here); None: the broker stops."""
 
 
 class Waiter:
@@ -43,13 +54,13 @@ class AppendWaiters:
     """Partition -> parked fetches. Caller: the service (watch/unwatch) and append listeners."""
 
     def __init__(self) -> None:
-        self._by_key: dict[TopicPartitionKey, set[Waiter]] = {}
-        self._all: set[Waiter] = set()
+        self._by_key: dict[TopicPartitionKey, set[Watcher]] = {}
+        self._all: set[Watcher] = set()
 
     def __len__(self) -> int:
         return len(self._all)
 
-    def watch(self, waiter: Waiter, keys: Iterable[TopicPartitionKey]) -> None:
+    def watch(self, waiter: Watcher, keys: Iterable[TopicPartitionKey]) -> None:
         """(Re)register ``waiter`` for exactly ``keys``."""
         self.unwatch(waiter)
         waiter.keys = tuple(keys)
@@ -57,7 +68,7 @@ class AppendWaiters:
             self._by_key.setdefault(key, set()).add(waiter)
         self._all.add(waiter)
 
-    def unwatch(self, waiter: Waiter) -> None:
+    def unwatch(self, waiter: Watcher) -> None:
         for key in waiter.keys:
             waiters = self._by_key.get(key)
             if waiters is not None:

@@ -12,12 +12,13 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
 from sluice.broker.config import BrokerConfig
 from sluice.broker.fetch import (
+    FetchLimits,
     FetchRead,
     PartitionRead,
     PartitionSpec,
@@ -314,15 +315,34 @@ class BrokerService:
                 return FetchOutcome(params.session_id, [], err)
             finally:
                 self.metrics.fetch_sessions.set(len(self.sessions))
-            read = new_read((self._route(spec) for spec in ctx.specs), limits, self.caps)
-            read.read()
+            read = self.begin_read(ctx.specs, limits)
             if not read.ready():
                 await self._park(read, limits.max_wait_ms)
-            parts = ctx.select(read.finish())
-            for part in parts:
-                if part.batches:
-                    self.metrics.fetched(part.key[0], part.batches)
-            return FetchOutcome(ctx.session_id, parts)
+            return FetchOutcome(ctx.session_id, ctx.select(self.finish_read(read)))
+
+    def begin_read(self, specs: Iterable[PartitionSpec], limits: FetchLimits) -> FetchRead:
+        """Route ``specs`` and read what is there now. Raises BrokerNotAvailable when stopping."""
+        self._check_running()
+        read = new_read((self._route(spec) for spec in specs), limits, self.caps)
+        read.read()
+        return read
+
+    def read_again(self, read: FetchRead, dirty: Collection[TopicPartitionKey]) -> None:
+        """Read the partitions an append (or a serving change) woke a parked read for; a
+        partition no longer served here fails with NOT_LEADER."""
+        served = self.registry.served
+        for part in read.parts:
+            if part.key in dirty and part.error is None and served.get(part.key) is not part.log:
+                part.fail(self.registry.not_served_error(*part.key))
+        read.read(dirty)
+
+    def finish_read(self, read: FetchRead) -> list[PartitionRead]:
+        """The read's partitions, marks refreshed, counted in the fetch metrics."""
+        parts = read.finish()
+        for part in parts:
+            if part.batches:
+                self.metrics.fetched(part.key[0], part.batches)
+        return parts
 
     def _route(self, spec: PartitionSpec) -> tuple[PartitionSpec, ReadableLog | None, SluiceError | None]:
         plog = self.registry.served.get(spec.key)
@@ -348,15 +368,7 @@ class BrokerService:
                         await waiter.event.wait()
                 except TimeoutError:
                     return
-                dirty = waiter.take_dirty()
-                for part in read.parts:
-                    if (
-                        part.key in dirty
-                        and part.error is None
-                        and self.registry.served.get(part.key) is not part.log
-                    ):
-                        part.fail(self.registry.not_served_error(*part.key))
-                read.read(dirty)
+                self.read_again(read, waiter.take_dirty())
                 if read.ready():
                     return
                 new_keys = read.waiting_keys()

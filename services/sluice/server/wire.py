@@ -197,6 +197,11 @@ class WireConnection(asyncio.BufferedProtocol):
         if transport is not None and not transport.is_closing():
             transport.writelines(frame_parts(kind, payload))
 
+    @property
+    def takes_writes(self) -> bool:
+        """Whether an answer written now goes out (the peer reads, the connection is open)."""
+        return not self._writing_paused and not self.closing
+
     def update_reading(self) -> None:
         """Read only while this connection's work keeps up (see the module docstring)."""
         transport = self.transport

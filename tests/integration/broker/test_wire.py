@@ -327,3 +327,92 @@ def test_a_continuous_fetch_over_grpc_is_refused_typed(broker: Broker, topic: st
     (answer,) = list(broker.stub.FetchStream(iter([request]), timeout=10))
     assert answer.error.code == common_pb2.INVALID_REQUEST
     assert "only on the wire protocol" in answer.error.message
+
+
+def _continuous(topic: str, request_id: int, max_wait_ms: int = 5000, pmax: int = 0) -> pb.FetchRequest:
+    return pb.FetchRequest(
+        max_wait_ms=max_wait_ms,
+        min_bytes=1,
+        session_epoch=-1,
+        partitions=[part(topic, pmax=pmax)],
+        continuous=True,
+        request_id=request_id,
+    )
+
+
+def test_a_continuous_fetch_drains_a_backlog_in_order_then_waits_for_appends(
+    broker: Broker, wire: RawWire, topic: str
+) -> None:
+    broker.assign(topic)
+    for i in range(20):
+        broker.produce(topic, 0, make_batch(vals(5, prefix=f"b{i}-", size=200)))
+    wire.hello()
+    wire.fetch(_continuous(topic, 7, pmax=2500))  # about two batches per answer
+    seen: list[int] = []
+    while len(seen) < 100:
+        answer = pb.FetchResponse.FromString(wire.answer(FrameType.FETCH))
+        assert answer.request_id == 7
+        p = answer.partitions[0]
+        assert p.error.code == common_pb2.NONE
+        got = [r.offset for r in records(p, start=len(seen))]
+        assert got, "an answer from a backlog is never empty"
+        assert p.next_offset == got[-1] + 1
+        seen += got
+    assert seen == list(range(100))
+    broker.produce(topic, 0, make_batch([b"late"]))
+    answer = pb.FetchResponse.FromString(wire.answer(FrameType.FETCH))
+    assert [r.value for r in records(answer.partitions[0], start=100)] == [b"late"]
+
+
+def test_a_continuous_fetch_answers_empty_every_max_wait_while_nothing_comes(
+    broker: Broker, wire: RawWire, topic: str
+) -> None:
+    broker.assign(topic)
+    wire.hello()
+    wire.fetch(_continuous(topic, 8, max_wait_ms=200))
+    started = time.monotonic()
+    for _ in range(3):
+        answer = pb.FetchResponse.FromString(wire.answer(FrameType.FETCH))
+        assert answer.request_id == 8
+        assert answer.partitions[0].records == b""
+        assert answer.partitions[0].next_offset == 0
+    # Three rounds of max_wait each: not at once (a busy loop), not much later (a lost timer).
+    assert 0.55 <= time.monotonic() - started < 3.0
+
+
+def test_a_continuous_fetch_stops_after_an_answer_with_an_error(
+    broker: Broker, wire: RawWire, topic: str
+) -> None:
+    """The partition moves away: the parked round answers NOT_LEADER at once and follows no more."""
+    broker.assign(topic)
+    broker.produce(topic, 0, make_batch([b"a"]))
+    wire.hello()
+    wire.fetch(_continuous(topic, 9, max_wait_ms=2000))
+    first = pb.FetchResponse.FromString(wire.answer(FrameType.FETCH))
+    assert first.partitions[0].next_offset == 1
+    started = time.monotonic()
+    gone = pb.PartitionAssignment(topic=topic, topic_id="id-1", partition=0)
+    broker.stub.UpdatePartitions(pb.UpdatePartitionsRequest(remove=[gone]), timeout=10)
+    moved = pb.FetchResponse.FromString(wire.answer(FrameType.FETCH))
+    assert time.monotonic() - started < 1.5, "the parked round did not wake for the move"
+    assert moved.request_id == 9
+    assert moved.partitions[0].error.code == common_pb2.NOT_LEADER
+    # Nothing more comes for request 9; the connection still serves new requests.
+    wire.sock.settimeout(2.5)
+    with pytest.raises(TimeoutError):
+        wire.recv()
+    wire.sock.settimeout(10)
+    broker.assign(topic)
+    wire.fetch(pb.FetchRequest(max_wait_ms=0, session_epoch=-1, partitions=[part(topic)], request_id=10))
+    again = pb.FetchResponse.FromString(wire.answer(FrameType.FETCH))
+    assert again.request_id == 10
+    assert again.partitions[0].error.code == common_pb2.NONE
+
+
+def test_a_continuous_fetch_without_max_wait_is_refused(broker: Broker, wire: RawWire, topic: str) -> None:
+    broker.assign(topic)
+    wire.hello()
+    wire.fetch(_continuous(topic, 11, max_wait_ms=0))
+    answer = pb.FetchResponse.FromString(wire.answer(FrameType.FETCH))
+    assert answer.error.code == common_pb2.INVALID_REQUEST
+    assert "max_wait_ms > 0" in answer.error.message
