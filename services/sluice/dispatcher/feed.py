@@ -1,6 +1,6 @@
-"""One long-poll fetch loop per partition with active subscriptions.
+"""One fetch loop per partition with active subscriptions.
 
-The feed asks the partition's broker for records from the lowest read position among the
+The feed reads the partition from its broker, starting at the lowest read position among the
 subscriptions that have read-ahead room, indexes each fetched batch once (``batch_views``: header,
 columns, offsets; CRC checked, no record decoded) with one ``Message`` per record pointing into it
 (``messages_of``), and offers the same message objects to every subscription whose read position falls
@@ -9,19 +9,29 @@ behind and caught up by a later fetch from its own position; the fetch never wai
 
 While every subscription is caught up the fetch parks on the broker (``max_wait_ms``) and returns as soon
 as records are appended, which is what keeps end-to-end latency low. A subscription joining at an
-earlier position ``kick``s the feed, which cancels a parked fetch that no longer starts at the right
-place; a subscription that dispatched messages tells the feed it has ``room`` again, which kicks only an
-idle feed or one whose parked fetch starts beyond that subscription's position.
+earlier position ``kick``s the feed, which starts reading again from there; a subscription that
+dispatched messages tells the feed it has ``room`` again, which matters only to an idle feed or one
+reading beyond that subscription's position: ``room`` runs on every dispatch (thousands of times a
+second at a steady rate), so it costs a comparison otherwise.
 
-Fetches travel on a connection kept open per feed, one request at a time (as a long-poll must be):
-the broker's wire port (``docs/wire.md``) when it advertises one, else a ``Broker.FetchStream`` call.
-On the wire the fetch is continuous: the broker fetches again from each answer's end by itself,
-so a feed that keeps up sends one request and then only reads answers; a feed that must read from
-elsewhere (a kick, a subscription behind) starts over on a new connection.
-Per message the wire costs both sides a fraction of what a gRPC stream does, and a stream message a
-fraction of a unary call, which is what latency at a steady rate depends on. Cancelling a parked fetch
-(a kick) closes the connection; the next fetch opens a new one. A broker without FetchStream
-(``UNIMPLEMENTED``) is asked with unary ``Fetch`` from then on.
+On the broker's wire port (``docs/wire.md``) the fetch is continuous: the broker fetches again from
+each answer's end by itself and sends answer after answer. The feed follows it with a
+``FetchFollower`` and does all its per-answer work (errors, watermarks, delivery, deciding whether to
+go on) in the follower's read callback. Why not a task awaiting each answer: at a steady rate of one
+record per answer, the coroutine, task, timeout and wake-up per answer were a fifth of the
+dispatcher's CPU. The feed task only does what must wait or may block: sleeping while nobody wants
+records, opening followers, backing off after a failure, moving subscriptions past a log start that
+moved (``ListOffsets``). The broker moves a continuous fetch only when a new request arrives, so a
+feed that must read from elsewhere (a subscription behind, or one ahead of a reader left behind)
+closes the follower and opens another there. While every subscription is full the follower stops
+reading: the broker then stops fetching once the socket buffers are full, and the feed goes on, from
+the answers it had not read yet, as soon as a subscription has room again.
+
+A broker without a wire port is read with one ``Broker.FetchStream`` call kept open per feed, one
+long-poll at a time; ``kick``/``room`` cancel a parked fetch that starts beyond where reading must
+now start (closing the call, the next fetch opens another), and a broker without FetchStream
+(``UNIMPLEMENTED``) is asked with unary ``Fetch`` from then on. ``SLUICE_CLIENT_TRANSPORT`` is the
+SDK's setting and does not apply here: a broker that serves a wire port serves the feeds on it.
 """
 
 from __future__ import annotations
@@ -37,9 +47,8 @@ from grpc import aio
 
 from sluice.codec.batch import batch_views
 from sluice.common.rpc import error_from_rpc
-from sluice.common.wire import FrameType
-from sluice.common.wire_aio import AsyncWireConnection
-from sluice.dispatcher.cluster import ChannelCache, CoordinatorLink, list_offsets_request
+from sluice.common.wire_aio import FetchFollower
+from sluice.dispatcher.cluster import ChannelCache, ClusterView, CoordinatorLink, list_offsets_request
 from sluice.dispatcher.messages import Message, messages_of
 from sluice.errors import BrokerNotAvailable, OffsetOutOfRange, SluiceError, error_for_code
 from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
@@ -50,6 +59,9 @@ __all__ = ["FeedTarget", "PartitionFeed"]
 
 #: Seconds a fetch may take beyond its max_wait before the broker is considered hung.
 FETCH_GRACE = 10.0
+
+_FIRST_BACKOFF = 0.05
+_MAX_BACKOFF = 2.0
 
 
 def _current_task_cancelling() -> bool:
@@ -65,9 +77,6 @@ class FeedTarget(Protocol):
     def wants(self, partition: int) -> bool: ...
     def offer(self, partition: int, messages: list[Message], start: int, next_offset: int) -> None: ...
     def skip_to(self, partition: int, position: int) -> None: ...
-
-
-_WireFetch = AsyncWireConnection[broker_pb2.FetchRequest, broker_pb2.FetchResponse]
 
 
 class _FetchCall:
@@ -108,20 +117,39 @@ class PartitionFeed:
         self._targets = targets
         self._max_wait_ms = max_wait_ms
         self._max_bytes = max_bytes
+        #: Wakes the feed task: something changed that it must look at.
         self._kick = asyncio.Event()
-        self._fetch_offset = -1
-        #: The connection fetches travel on, and the broker (gRPC address) it leads to.
-        self._call: _FetchCall | _WireFetch | None = None
-        self._call_broker = ""
-        #: On a wire connection: the offset the broker's continuous fetch reads from next, or -1.
+        self._backoff = _FIRST_BACKOFF
+        #: The offset the task is working at, for its log lines.
+        self._offset = -1
+
+        # ---- the wire: a continuous fetch followed in callbacks ----
+        self._follower: FetchFollower | None = None
+        #: Where the follower's next answer starts (its previous answer's end), or -1 without one.
         self._following = -1
+        #: The broker (gRPC address) the follower reads, and the metadata that said so.
+        self._follow_broker = ""
+        self._follow_view: ClusterView | None = None
+        #: Set while answers are offered to subscriptions: they dispatch, and so call room() back.
+        self._delivering = False
+        #: A follower's failure, or the offset its answer said is out of range: for the task.
+        self._failure: Exception | None = None
+        self._out_of_range_at = -1
+
+        # ---- gRPC: one long-poll at a time ----
+        #: The FetchStream call fetches travel on, and the broker (gRPC address) it leads to.
+        self._call: _FetchCall | None = None
+        self._call_broker = ""
+        self._fetch_offset = -1
         #: The fetch in flight, and whether kick()/room() cancelled it (a wasted long-poll).
         self._fetching: asyncio.Future[broker_pb2.FetchResponse] | None = None
         self._fetch_cancelled = False
         #: The broker answered FetchStream with UNIMPLEMENTED: use unary Fetch.
         self._unary = False
+
         self.high_watermark = -1
         self.log_start_offset = 0
+        #: Fetch answers received (each answer of a continuous fetch counts).
         self.fetches = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -135,109 +163,207 @@ class PartitionFeed:
                 await self._task
             self._task = None
         self._close_call()
+        self._close_follower()
 
-    def _close_call(self) -> None:
-        self._following = -1
-        if self._call is not None:
-            self._call.close()
-            self._call = None
-
-    def _send(
-        self, broker: str, request: broker_pb2.FetchRequest
-    ) -> asyncio.Future[broker_pb2.FetchResponse]:
-        """Start one fetch on this feed's connection to ``broker`` (opened when missing or elsewhere):
-        the broker's wire port when it serves one, else a FetchStream call."""
-        if self._call is not None and self._call_broker != broker:
-            self._close_call()
-        wire = self._link.wire_for(broker)
-        if wire is not None:
-            if self._call is None:
-                self._call = AsyncWireConnection(
-                    wire, FrameType.FETCH, broker_pb2.FetchResponse, f"dispatcher-{self._link.dispatcher_id}"
-                )
-                self._call_broker = broker
-            if isinstance(self._call, AsyncWireConnection):
-                offset = request.partitions[0].fetch_offset
-                if self._following == offset:
-                    # The broker is already fetching from here (continuous): read its next answer.
-                    return asyncio.ensure_future(self._call.answer())
-                if self._following >= 0:  # following from elsewhere: start over on a new connection
-                    self._close_call()
-                    return self._send(broker, request)
-                request.continuous = True
-                self._following = offset
-                return asyncio.ensure_future(self._call.request(request))
-            self._close_call()  # the broker gained a wire port since this call opened
-        stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
-        if self._unary:
-            return asyncio.ensure_future(stub.Fetch(request, timeout=self._max_wait_ms / 1000 + FETCH_GRACE))
-        if self._call is None:
-            self._call = _FetchCall(broker, stub)
-            self._call_broker = broker
-        assert isinstance(self._call, _FetchCall)
-        return asyncio.ensure_future(self._call.fetch(request))
+    # ---- what subscriptions call ----------------------------------------------------------------
 
     def kick(self) -> None:
-        """Something changed (a subscription joined, read-ahead room freed): look again. A parked
-        fetch that starts beyond where reading must now start is cancelled."""
+        """Something changed (a subscription joined, read-ahead room freed): look again. Reading that
+        is paused, or that goes on beyond where it must now start, is steered right away."""
         self._kick.set()
-        if self._fetch_offset >= 0:
+        if self._follower is not None:
+            if not self._delivering:
+                self._steer()
+        elif self._fetch_offset >= 0:
             new = self._wanted_offset()
             if new is not None and new < self._fetch_offset:
                 self._cancel_fetch()
 
     def room(self, position: int) -> None:
         """A subscription at ``position`` has read-ahead room (it dispatched messages). Act only
-        when that matters: the feed is idle, or its parked fetch starts beyond ``position``. Waking
-        the parked fetch on every dispatch (thousands of times a second at a steady rate) cost
-        dispatcher CPU for nothing."""
+        when that matters: the feed is idle or paused, or it reads beyond ``position``."""
+        if self._follower is not None:
+            if self._delivering:
+                return  # the answer being delivered is followed by a look at every subscription
+            if position < self._following:
+                self._restart()
+            elif self._follower.paused:
+                self._steer()
+            return
         fetching = self._fetch_offset
         if fetching < 0:
             self._kick.set()
         elif position < fetching:
             self._cancel_fetch()
 
-    def _cancel_fetch(self) -> None:
-        f = self._fetching
-        if f is not None and not f.done():
-            self._fetch_cancelled = True
-            f.cancel()
-
     def _wanted_offset(self) -> int | None:
         p = self.partition
         positions = [pos for t in self._targets() if t.wants(p) and (pos := t.read_position(p)) is not None]
         return min(positions) if positions else None
 
+    # ---- the feed task --------------------------------------------------------------------------
+
     async def _run(self) -> None:
-        backoff = 0.05
         while True:
-            offset = self._wanted_offset()
-            if offset is None:
-                self._kick.clear()
-                if self._wanted_offset() is None:
-                    await self._kick.wait()
-                continue
+            self._kick.clear()
             try:
-                resp = await self._fetch(offset)
+                busy = await self._step()
             except Exception as exc:
+                self._close_follower()
                 if isinstance(exc, SluiceError | grpc.RpcError):
-                    log.warning("fetch %s/%d at %d: %s", self.topic, self.partition, offset, exc)
+                    log.warning("fetch %s/%d at %d: %s", self.topic, self.partition, self._offset, exc)
                 else:  # a bug: say so loudly, and keep the feed alive (a dead feed delivers nothing)
-                    log.exception("fetch %s/%d at %d failed", self.topic, self.partition, offset)
+                    log.exception("fetch %s/%d at %d failed", self.topic, self.partition, self._offset)
                     self._close_call()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await asyncio.sleep(self._backoff)
+                self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
                 with contextlib.suppress(SluiceError, grpc.RpcError):
                     await self._link.refresh()
                 continue
-            backoff = 0.05
+            if not busy:
+                await self._kick.wait()
+
+    async def _step(self) -> bool:
+        """Do what the feed needs now; False when nothing more until a kick (or a follower's news)."""
+        failure = self._failure
+        if failure is not None:
+            self._failure = None
+            raise failure
+        if self._out_of_range_at >= 0:
+            self._offset, self._out_of_range_at = self._out_of_range_at, -1
+            await self._out_of_range(self._offset)
+            return True
+        wanted = self._wanted_offset()
+        if wanted is None:
+            if self._follower is not None:
+                self._follower.pause()
+            return False
+        offset = wanted
+        self._offset = offset
+        broker = self._link.broker_for(self.topic, self.partition)
+        wire = self._link.wire_for(broker)
+        if wire is None:  # no wire port (any more): gRPC
+            self._close_follower()
+            resp = await self._fetch(broker, offset)
+            self._backoff = _FIRST_BACKOFF
             if resp is not None:
                 self._deliver(offset, resp)
+            return True
+        self._close_call()  # the broker gained a wire port
+        follower = self._follower
+        if follower is not None and (self._follow_broker != broker or follower.address != wire):
+            self._close_follower()  # moved
+            follower = None
+        if follower is None:
+            await self._open_follower(broker, wire, offset)
+            return True  # and look again: things may have changed while it connected
+        self._steer()
+        return False
 
-    async def _fetch(self, offset: int) -> broker_pb2.FetchPartitionResponse | None:
-        """One fetch; None when a kick made it pointless (it was cancelled)."""
-        broker = self._link.broker_for(self.topic, self.partition)
-        request = broker_pb2.FetchRequest(
+    # ---- the wire -------------------------------------------------------------------------------
+
+    async def _open_follower(self, broker: str, wire: str, offset: int) -> None:
+        follower = self._follower = FetchFollower(
+            wire,
+            self._request(offset),
+            self._on_answer,
+            self._on_follow_error,
+            self._max_wait_ms / 1000 + FETCH_GRACE,
+            f"dispatcher-{self._link.dispatcher_id}",
+        )
+        self._following = offset
+        self._follow_broker = broker
+        self._follow_view = self._link.view
+        try:
+            await follower.open()
+        except BaseException:
+            if self._follower is follower:
+                self._close_follower()
+            raise
+
+    def _close_follower(self) -> None:
+        follower = self._follower
+        if follower is not None:
+            self._follower = None
+            self._following = -1
+            follower.close()
+
+    def _restart(self) -> None:
+        """Read from elsewhere: a new follower, opened by the task where reading must start."""
+        self._close_follower()
+        self._kick.set()
+
+    def _steer(self) -> None:
+        """Keep the follower reading where the feed must read: paused while nobody wants records,
+        restarted when the lowest wanting subscription is not where its next answer starts."""
+        follower = self._follower
+        if follower is None:
+            return
+        wanted = self._wanted_offset()
+        if wanted is None:
+            follower.pause()
+        elif wanted != self._following:
+            self._restart()
+        elif follower.paused:
+            follower.resume()
+
+    def _on_follow_error(self, err: Exception) -> None:
+        """The follower failed: the task logs it, backs off and opens another."""
+        if self._following >= 0:
+            self._offset = self._following
+        self._close_follower()
+        self._failure = err
+        self._kick.set()
+
+    def _on_answer(self, resp: broker_pb2.FetchResponse) -> None:
+        """One answer of the continuous fetch, in the follower's read callback: what the task would
+        do with a fetched answer, without the task."""
+        self.fetches += 1
+        start = self._following
+        if resp.error.code != common_pb2.NONE:
+            self._on_follow_error(error_for_code(resp.error.code, resp.error.message))
+            return
+        part = resp.partitions[0]
+        code = part.error.code
+        if code == common_pb2.OFFSET_OUT_OF_RANGE:  # the broker has stopped following too
+            self._close_follower()
+            self._out_of_range_at = start  # asks the broker for the log start: the task's job
+            self._kick.set()
+            return
+        if code != common_pb2.NONE:
+            self._on_follow_error(error_for_code(code, part.error.message))
+            return
+        self.high_watermark = part.high_watermark
+        self.log_start_offset = part.log_start_offset
+        self._following = part.next_offset
+        self._backoff = _FIRST_BACKOFF
+        self._delivering = True
+        try:
+            self._deliver(start, part)
+        finally:
+            self._delivering = False
+        if self._link.view is not self._follow_view and self._moved():
+            self._restart()
+        else:
+            self._steer()
+
+    def _moved(self) -> bool:
+        """Whether the metadata now puts the partition (or its broker's wire port) elsewhere. Asked only
+        when the metadata was refreshed since the follower last looked: a refresh replaces the view."""
+        self._follow_view = self._link.view
+        try:
+            broker = self._link.broker_for(self.topic, self.partition)
+        except SluiceError:
+            return True  # the task says why
+        follower = self._follower
+        return (
+            follower is None
+            or broker != self._follow_broker
+            or self._link.wire_for(broker) != follower.address
+        )
+
+    def _request(self, offset: int) -> broker_pb2.FetchRequest:
+        return broker_pb2.FetchRequest(
             max_wait_ms=self._max_wait_ms,
             min_bytes=1,
             max_bytes=self._max_bytes,
@@ -252,6 +378,38 @@ class PartitionFeed:
             ],
             client_id=f"dispatcher-{self._link.dispatcher_id}",
         )
+
+    # ---- gRPC -----------------------------------------------------------------------------------
+
+    def _close_call(self) -> None:
+        if self._call is not None:
+            self._call.close()
+            self._call = None
+
+    def _send(
+        self, broker: str, request: broker_pb2.FetchRequest
+    ) -> asyncio.Future[broker_pb2.FetchResponse]:
+        """Start one fetch on this feed's FetchStream call to ``broker`` (opened when missing or
+        elsewhere), or a unary Fetch."""
+        if self._call is not None and self._call_broker != broker:
+            self._close_call()
+        stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
+        if self._unary:
+            return asyncio.ensure_future(stub.Fetch(request, timeout=self._max_wait_ms / 1000 + FETCH_GRACE))
+        if self._call is None:
+            self._call = _FetchCall(broker, stub)
+            self._call_broker = broker
+        return asyncio.ensure_future(self._call.fetch(request))
+
+    def _cancel_fetch(self) -> None:
+        f = self._fetching
+        if f is not None and not f.done():
+            self._fetch_cancelled = True
+            f.cancel()
+
+    async def _fetch(self, broker: str, offset: int) -> broker_pb2.FetchPartitionResponse | None:
+        """One fetch over gRPC; None when a kick made it pointless (it was cancelled)."""
+        request = self._request(offset)
         self._kick.clear()
         self._fetch_offset = offset
         self._fetch_cancelled = False
@@ -289,9 +447,6 @@ class PartitionFeed:
             self._close_call()
             raise error_for_code(resp.error.code, resp.error.message)
         part = resp.partitions[0]
-        if self._following >= 0:
-            # The broker goes on from this answer's end, unless the partition failed.
-            self._following = part.next_offset if part.error.code == common_pb2.NONE else -1
         if part.error.code == common_pb2.OFFSET_OUT_OF_RANGE:
             await self._out_of_range(offset)
             return None
@@ -300,6 +455,8 @@ class PartitionFeed:
         self.high_watermark = part.high_watermark
         self.log_start_offset = part.log_start_offset
         return part
+
+    # ---- both -----------------------------------------------------------------------------------
 
     async def _out_of_range(self, offset: int) -> None:
         """The log no longer starts where subscriptions are (retention): move them to the log start."""
