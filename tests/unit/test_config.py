@@ -57,3 +57,12 @@ def test_bad_values_name_the_setting() -> None:
     with pytest.raises(InvalidArgument, match="--port: expected an integer"):
         load(Sample, "S_", _args("--port", "many"), env={})
     assert parse_size("64MiB") == 64 * 1024 * 1024
+
+
+def test_negative_integers_from_flags_and_env() -> None:
+    """-1 means "none" for settings such as --wire-port: flags and env must take it, as files do."""
+    assert load(Sample, "S_", _args("--port", "-1"), env={}).port == -1
+    assert load(Sample, "S_", _args(), env={"S_PORT": "-1"}).port == -1
+    assert load(Sample, "S_", _args("--port", "2KiB"), env={}).port == 2048
+    with pytest.raises(InvalidArgument, match="--port: expected an integer"):
+        load(Sample, "S_", _args("--port=-2KiB"), env={})

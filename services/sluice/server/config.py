@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import tomllib
 import types
 import typing
@@ -25,6 +26,8 @@ from sluice.errors import InvalidArgument
 __all__ = ["add_arguments", "load", "parse_duration", "parse_size"]
 
 T = TypeVar("T")
+
+_SIGNED_INT = re.compile(r"^\s*-?\d+\s*$")
 
 
 def _convert(name: str, tp: Any, raw: Any) -> Any:
@@ -46,6 +49,8 @@ def _convert(name: str, tp: Any, raw: Any) -> Any:
         raise InvalidArgument(f"{name}: expected a boolean, got {raw!r}")
     if tp is int:
         try:
+            if isinstance(raw, str) and _SIGNED_INT.match(raw):
+                return int(raw)  # plain integers may be negative (-1 means "none" for several settings)
             return parse_size(raw) if isinstance(raw, str) else int(raw)
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"{name}: expected an integer, got {raw!r}") from exc
