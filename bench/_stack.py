@@ -38,49 +38,50 @@ class Stack:
 def stack(
     flush: str = "interval", extra_broker_args: tuple[str, ...] = (), push: bool = False
 ) -> Iterator[Stack]:
-    with run_redis(appendonly=False) as redis, tempfile.TemporaryDirectory(prefix="sluice-bench-") as d:
+    with (
+        run_redis(appendonly=False) as redis,
+        tempfile.TemporaryDirectory(prefix="sluice-bench-") as d,
+        contextlib.ExitStack() as running,
+    ):
+
+        def started(sp: ServiceProcess) -> ServiceProcess:
+            # Stopped on the way out even when a later service fails to start (no leaked processes).
+            running.callback(sp.terminate)
+            return sp
+
         store_port = free_port()
         store_args = ("--offset-store", f"127.0.0.1:{store_port}") if push else ()
-        coord = start_service(
-            "coordinator", "--port", "0", "--metrics-port", "0", "--redis-url", redis.url, *store_args
+        coord = started(
+            start_service(
+                "coordinator", "--port", "0", "--metrics-port", "0", "--redis-url", redis.url, *store_args
+            )
         )
-        broker = start_service(
-            "broker",
-            "--port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--broker-id",
-            "0",
-            "--data-dir",
-            str(Path(d) / "broker"),
-            "--coordinator",
-            coord.address,
-            "--flush",
-            flush,
-            *extra_broker_args,
-        )
+        broker = started(
+            start_service(
+                "broker", "--port", "0", "--metrics-port", "0", "--broker-id", "0",
+                "--data-dir", str(Path(d) / "broker"), "--coordinator", coord.address,
+                "--flush", flush, *extra_broker_args,
+            )
+        )  # fmt: skip
         extra: list[ServiceProcess] = []
         if push:
             extra.append(
-                start_service(
-                    "offset-store", "--port", str(store_port), "--metrics-port", "0",
-                    "--redis-url", redis.url, "--coordinator", coord.address,
+                started(
+                    start_service(
+                        "offset-store", "--port", str(store_port), "--metrics-port", "0",
+                        "--redis-url", redis.url, "--coordinator", coord.address,
+                    )
                 )
             )  # fmt: skip
             extra.append(
-                start_service(
-                    "dispatcher", "--port", "0", "--metrics-port", "0", "--coordinator", coord.address,
-                    "--dispatcher-id", "bench",
+                started(
+                    start_service(
+                        "dispatcher", "--port", "0", "--metrics-port", "0", "--coordinator", coord.address,
+                        "--dispatcher-id", "bench",
+                    )
                 )
             )  # fmt: skip
-        try:
-            yield Stack(coord.address, broker, coord, Path(d), tuple(extra))
-        finally:
-            for sp in reversed(extra):
-                sp.terminate()
-            broker.terminate()
-            coord.terminate()
+        yield Stack(coord.address, broker, coord, Path(d), tuple(extra))
 
 
 VALUE = b"x" * 100
