@@ -121,9 +121,35 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def calibration_ms() -> float:
+    """How long a fixed single-threaded Python workload takes now (median of 5), in ms.
+
+    The machines benches run on are shared VMs whose speed drifts by a quarter or more within
+    an hour; every figure here is CPU-bound Python. Saved with each result, it tells whether two
+    results differ because the code did or because the machine did.
+    """
+    import statistics
+    import time
+
+    def work() -> int:
+        total = 0
+        table: dict[int, int] = {}
+        for i in range(200_000):
+            table[i & 1023] = i
+            total += table.get(i & 511, 0) & 7
+        return total
+
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        work()
+        runs.append((time.perf_counter() - t0) * 1000)
+    return round(statistics.median(runs), 1)
+
+
 def save(name: str, data: dict[str, object]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    data = {"machine": f"{os.cpu_count()} cores", **data}
+    data = {"machine": f"{os.cpu_count()} cores", "calibration_ms": calibration_ms(), **data}
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(data, indent=2))
 
