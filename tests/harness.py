@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -29,7 +30,33 @@ SERVICES = ROOT / "services"
 READY = re.compile(r"SLUICE_READY service=(\S+) address=(\S+) metrics=(\S+)")
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
+    """A free port for a service that must be told its port before it starts (the offset store and
+    the coordinator name each other).
+
+    Chosen below the kernel's ephemeral range: a port the kernel handed out with ``bind(0)`` is free
+    only until the kernel hands it out again, to any outgoing connection of any process, and a
+    service started a moment later then fails with EADDRINUSE (seen in CI). Ports below the range are
+    taken only by explicit binds, and the random choice makes two tests picking the same one unlikely.
+    """
+    low, _ = _ephemeral_range()
+    for _ in range(100):
+        # Below low - 20: a broker told its port serves its wire port at port + 10, also below the range.
+        port = random.randrange(max(1024, low - 12_000), low - 20)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -175,6 +202,7 @@ def start_service(service: str, *args: str, timeout: float = 30) -> ServiceProce
     threading.Thread(target=pump, daemon=True, name=f"pump-{service}").start()
     if not got.wait(timeout) or not ready:
         proc.kill()
+        proc.wait(10)  # reaped: an unreaped child surfaces as a ResourceWarning in some later test
         raise RuntimeError(f"{service} did not become ready:\n{''.join(output)[-4000:]}")
     m = ready[0]
     return ServiceProcess(service, list(args), proc, m.group(2), m.group(3), output)
