@@ -33,6 +33,7 @@ from google.protobuf.message import DecodeError
 
 from sluice.client.streams import Callback
 from sluice.common.wire import (
+    CONNECT_TIMEOUT_S,
     PROTOCOL_VERSION,
     FrameReader,
     FrameType,
@@ -54,7 +55,6 @@ log = logging.getLogger("sluice.client.wire")
 Req = TypeVar("Req", bound=WireRequest)
 Resp = TypeVar("Resp")
 
-CONNECT_TIMEOUT_S = 10.0
 _RECV_BYTES = 1 << 20
 
 
@@ -193,13 +193,10 @@ class WireConnection(Generic[Req, Resp]):
         address = self._address()
         if address is None:
             raise BrokerNotAvailable(f"{self._name}: the broker no longer advertises a wire port")
-        sock = socket.create_connection(split_address(address), timeout=self._connect_timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        link.sock = sock
+        sock = link.sock = socket.create_connection(split_address(address), timeout=self._connect_timeout)
         if link.ended:  # closed while connecting
             raise BrokerNotAvailable(f"{self._name}: the connection was closed")
-        greet(sock, self._hello, self._name)
-        sock.settimeout(None)
+        _greet_and_block(sock, self._hello, self._name)
         with self._send_lock:
             pending, link.pending = link.pending or [], None
             if pending:
@@ -290,13 +287,19 @@ def connect(endpoint: tuple[str, int], hello: bytes, name: str, timeout: float) 
     """A connected, greeted, blocking socket."""
     sock = socket.create_connection(endpoint, timeout=timeout)
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        greet(sock, hello, name)
-        sock.settimeout(None)
+        _greet_and_block(sock, hello, name)
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def _greet_and_block(sock: socket.socket, hello: bytes, name: str) -> None:
+    """A new connection: no Nagle delay (every frame is a whole request), the hello (within the
+    connect timeout still set on the socket), then blocking for good."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    greet(sock, hello, name)
+    sock.settimeout(None)
 
 
 def _shutdown(sock: socket.socket | None) -> None:

@@ -17,6 +17,7 @@ from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, error_fo
 from sluice.v1 import common_pb2
 
 __all__ = [
+    "CONNECT_TIMEOUT_S",
     "HEADER",
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+
+#: How long a client may take to connect and be greeted (the hello answered).
+CONNECT_TIMEOUT_S = 10.0
 
 #: The length prefix (counting the type byte and the payload) and the type byte.
 HEADER = struct.Struct(">IB")

@@ -27,6 +27,7 @@ from typing import cast
 from google.protobuf.message import DecodeError
 
 from sluice.common.wire import (
+    CONNECT_TIMEOUT_S,
     PROTOCOL_VERSION,
     FrameReader,
     FrameType,
@@ -38,9 +39,8 @@ from sluice.common.wire import (
 from sluice.errors import BrokerNotAvailable, error_for_code
 from sluice.v1 import broker_pb2, wire_pb2
 
-__all__ = ["CONNECT_TIMEOUT_S", "FetchFollower"]
+__all__ = ["FetchFollower"]
 
-CONNECT_TIMEOUT_S = 10.0
 
 #: The one request a follower sends: its answers all echo this id.
 _REQUEST_ID = 1

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 
 from google.protobuf.message import DecodeError
 
-from sluice.client.wire import CONNECT_TIMEOUT_S, connect
+from sluice.client.wire import connect
 from sluice.common.wire import (
+    CONNECT_TIMEOUT_S,
     PROTOCOL_VERSION,
     FrameReader,
     FrameType,
