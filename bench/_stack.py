@@ -9,8 +9,10 @@ import asyncio
 import contextlib
 import json
 import os
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,8 +130,6 @@ def calibration_ms() -> float:
     an hour; every figure here is CPU-bound Python. Saved with each result, it tells whether two
     results differ because the code did or because the machine did.
     """
-    import statistics
-    import time
 
     def work() -> int:
         total = 0
