@@ -122,3 +122,35 @@ def test_untagged_records_never_match_a_tag_filter() -> None:
 def test_random_bytes_never_escape_as_anything_but_corrupt_batch(data: bytes) -> None:
     with contextlib.suppress(CorruptBatch, BatchTooLarge):
         b.validate_batch(data, 0, LIMIT)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(record_st, min_size=1, max_size=40),
+    st.sets(st.sampled_from(["tagA", "tagB", "tagC"])),
+    st.integers(0, 45),
+)
+def test_decode_from_a_start_offset_inside_a_filtered_batch(
+    records: list,  # type: ignore[type-arg]
+    keep: set[str],
+    start: int,
+) -> None:
+    """Filtered batches have gaps in their offsets: records before the start are skipped by offset,
+    not by position, and every field of the rest survives."""
+    raw = bytearray(b.encode_records(records))
+    b.stamp(raw, 0, 1000, 1)
+    full = b.decode_records(bytes(raw), "t", 1)
+    kept = b.filter_batch(bytes(raw), 0, b.read_header(raw), frozenset(keep))
+    expected = [r for r in full if r.tag in keep and r.offset >= 1000 + start]
+    got = [] if kept is None else b.decode_records(kept, "t", 1, start_offset=1000 + start)
+    assert got == expected
+
+
+def test_each_record_has_headers_of_its_own_and_records_are_immutable() -> None:
+    raw = bytearray(b.encode_records(_records(3)))
+    b.stamp(raw, 0, 0, 1)
+    first, second, _ = b.decode_records(bytes(raw), "t", 0)
+    first.headers["x"] = b"1"
+    assert second.headers == {}
+    with pytest.raises(AttributeError):
+        first.value = b"changed"  # type: ignore[misc]
