@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -154,3 +155,51 @@ def test_each_record_has_headers_of_its_own_and_records_are_immutable() -> None:
     assert second.headers == {}
     with pytest.raises(AttributeError):
         first.value = b"changed"  # type: ignore[misc]
+
+
+def _column_at(raw: bytes | bytearray, index: int) -> int:
+    """Where column ``index`` (0 offset deltas .. 5 tag indexes) starts in a batch at 0."""
+    h = b.read_header(raw)
+    widths = (4, 8, 4, 4, 4, 2)
+    return b.HEADER_SIZE + h.tag_table_length + sum(widths[:index]) * h.record_count
+
+
+@pytest.mark.parametrize(
+    ("tagged", "column", "record", "fmt", "value", "message"),
+    [
+        (False, 0, 1, "<i", 5, "offset deltas 0..record_count-1"),
+        (False, 1, 2, "<q", -1, "negative timestamp delta"),
+        (False, 2, 0, "<i", -2, "negative record length"),
+        (False, 3, 2, "<i", -7, "negative record length"),
+        (False, 4, 1, "<i", -1, "negative record length"),
+        (False, 5, 1, "<H", 0, "tag index is out of range"),
+        (True, 5, 0, "<H", 2, "tag index is out of range"),
+    ],
+)
+def test_every_column_is_checked_even_with_a_valid_crc(
+    tagged: bool, column: int, record: int, fmt: str, value: int, message: str
+) -> None:
+    """A batch whose CRC is right but whose columns lie (a producer bug) never reaches the log."""
+    records = _records(3) if tagged else [(b"v", b"k", None, None, 5)] * 3
+    raw = bytearray(b.encode_records(records))
+    assert b.validate_batch(bytes(raw), 0, LIMIT, require_dense=True)
+    struct.pack_into(fmt, raw, _column_at(raw, column) + struct.calcsize(fmt) * record, value)
+    struct.pack_into("<I", raw, 20, b.crc32c(bytes(raw[b.CRC_START :])))
+    with pytest.raises(CorruptBatch, match=message):
+        b.validate_batch(bytes(raw), 0, LIMIT, require_dense=True)
+
+
+def test_absent_keys_are_valid_and_count_in_the_layout() -> None:
+    records = [(b"v1", None, None, None, 1), (b"v2", b"key", None, None, 2), (b"v3", None, "t", None, 3)]
+    raw = b.encode_records(records)
+    assert b.validate_batch(raw, 0, LIMIT, require_dense=True).record_count == 3
+    assert [(r.key, r.value) for r in b.decode_records(raw, "t", 0)] == [
+        (None, b"v1"),
+        (b"key", b"v2"),
+        (None, b"v3"),
+    ]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 1000, 3000, 1001])
+def test_dense_offset_deltas_of_any_length(n: int) -> None:
+    assert b.dense_offset_deltas(n) == array("i", range(n)).tobytes()
