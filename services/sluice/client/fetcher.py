@@ -1,13 +1,23 @@
 """The low-level fetch API: read partitions from given positions, no group.
 
-``client.fetcher(positions, filters)`` keeps a position per (topic, partition)
-and, on each ``fetch()``, keeps at most one Fetch request in flight per broker, using
-an incremental fetch session per broker (see ``fetch_session``). Requests travel on
-one long-lived FetchStream per broker (``client.streams``). When a response
-arrives the positions advance to each partition's ``next_offset`` — also when a
-tag filter matched nothing — and the next request to that broker is sent
-*before* the records are decoded, so the broker works while this process
-decodes. Records are decoded with ``codec.batch.decode_records`` (columnar).
+``client.fetcher(positions, filters)`` keeps a position per (topic, partition), and
+each answer moves the positions to each partition's ``next_offset`` (also when a tag
+filter matched nothing). Per broker, it fetches one of two ways:
+
+- **Following** (the broker's wire protocol, ``max_wait_ms > 0``): one continuous fetch
+  (``docs/wire.md``). The broker answers again from each answer's next offsets, so at a
+  steady rate a record costs one frame, not a request and an answer, and the broker skips
+  a request's parsing, validation and long-poll setup per round. The fetcher tracks where
+  the broker reads next; a seek, a filter change, a partition added or removed, or an
+  answer with an error makes it send a new fetch, which replaces the followed one. At most
+  ``_MAX_QUEUED_ANSWERS`` answers wait for ``fetch()``; past that the connection's reader
+  stops reading, and TCP stops the broker.
+- **Request by request** (gRPC ``FetchStream``, where the broker has no wire port): at most
+  one Fetch in flight per broker, with an incremental fetch session (``fetch_session``).
+  The next request is sent *before* the records of an answer are decoded, so the broker
+  works while this process decodes.
+
+Records are decoded with ``codec.batch.decode_records`` (columnar).
 
 Partition errors: OFFSET_OUT_OF_RANGE follows ``auto_offset_reset`` ("earliest"
 or "latest" reset the position through ListOffsets; "none" raises
@@ -36,6 +46,7 @@ from sluice.client.links import BrokerLink, open_fetch_link
 from sluice.client.metadata import MetadataCache
 from sluice.client.offsets import list_offsets
 from sluice.client.rpc import MAX_MESSAGE_BYTES, ChannelPool
+from sluice.client.wire import WireConnection
 from sluice.codec.batch import Record, decode_records, iter_headers
 from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_topic
@@ -62,6 +73,9 @@ MAX_WAIT_CAP_MS = 60_000
 # Room for the protobuf envelope of a response.
 _RESPONSE_OVERHEAD = 1024 * 1024
 _RETRY_BACKOFF = 0.1
+#: Answers of a followed fetch that may wait for ``fetch()`` before the reader stops reading:
+#: one being decoded and one ready keeps the broker busy without buffering more.
+_MAX_QUEUED_ANSWERS = 1
 _RETRY_BACKOFF_MAX = 2.0
 _RETRIABLE_PARTITION_CODES = frozenset(
     {
@@ -93,6 +107,10 @@ class _Broker:
     backoff_until: float = 0.0
     failures: int = 0
     stream: BrokerLink | None = None
+    #: While following: where the broker reads each partition next (it moves with each answer).
+    follow: dict[TopicPartition, PartitionFetchState] | None = None
+    #: Answers of a followed fetch put on the completion queue and not yet taken from it.
+    queued: int = 0
 
 
 @dataclass
@@ -158,7 +176,10 @@ class Fetcher:
         self._brokers: dict[str, _Broker] = {}
         self._leaders: dict[TopicPartition, str | None] = {}
         self._need_metadata = True
-        self._completions: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        #: (broker address, the request answered, its answer or a SluiceError, followed or not).
+        self._completions: queue.SimpleQueue[tuple[str, SessionRequest, Any, bool]] = queue.SimpleQueue()
+        #: A followed fetch's reader waits on it for room among the queued answers.
+        self._room = threading.Condition()
         self._errors: list[SluiceError] = []
         self._closed = False
         self._wakeup = threading.Event()
@@ -257,7 +278,9 @@ class Fetcher:
 
     def close(self) -> None:
         """Stop; answers still in flight are dropped."""
-        self._closed = True
+        with self._room:
+            self._closed = True
+            self._room.notify_all()
         for broker in self._brokers.values():
             if broker.stream is not None:
                 broker.stream.close()
@@ -299,6 +322,9 @@ class Fetcher:
             wanted.setdefault(address, {})[tp] = PartitionFetchState(
                 st.position, self._partition_max_bytes, self._filters.get(tp[0], "")
             )
+        for address, b in self._brokers.items():
+            if b.follow is not None and address not in wanted:
+                self._stop_following(b)  # nothing left to fetch there
         in_flight = False
         for b in self._brokers.values():
             if b.in_flight is not None:
@@ -308,6 +334,8 @@ class Fetcher:
             if broker is None:
                 broker = self._brokers[address] = _Broker(address, FetchSession(self._use_sessions))
             if broker.in_flight is not None:
+                if broker.follow is not None and broker.follow != parts:
+                    self._send(broker, parts)  # a seek, a filter, a partition changed: follow anew
                 continue
             if broker.backoff_until > now:
                 next_at = broker.backoff_until if next_at is None else min(next_at, broker.backoff_until)
@@ -319,8 +347,75 @@ class Fetcher:
         return max((next_at if next_at is not None else now + _RETRY_BACKOFF) - now, 0.0)
 
     def _send(self, broker: _Broker, parts: dict[TopicPartition, PartitionFetchState]) -> None:
+        address = broker.address
+        try:
+            if broker.stream is None:
+                broker.stream = open_fetch_link(self._channels, self._metadata, address, self._client_id)
+        except SluiceError as exc:
+            req = broker.in_flight = broker.session.build(parts)
+            broker.follow = None
+            self._completions.put(
+                (address, req, BrokerNotAvailable(f"cannot fetch from {address}: {exc}"), False)
+            )
+            return
+        link = broker.stream
+        if isinstance(link, WireConnection) and self._max_wait_ms > 0:
+            self._follow(broker, link, parts)
+            return
         req = broker.session.build(parts)
-        request = broker_pb2.FetchRequest(
+        broker.in_flight = req
+        broker.follow = None
+        completions = self._completions
+        link.send(
+            self._request(req, continuous=False),
+            self._max_wait_ms / 1000 + self._request_timeout,
+            lambda outcome: completions.put((address, req, outcome, False)),
+        )
+
+    def _follow(
+        self,
+        broker: _Broker,
+        link: WireConnection[Any, Any],
+        parts: dict[TopicPartition, PartitionFetchState],
+    ) -> None:
+        """Start following ``parts`` on ``broker`` (replacing what it followed)."""
+        req = SessionRequest(0, -1, dict(parts), [], dict(parts))  # sessionless, as continuous is
+        with self._room:
+            broker.in_flight = req
+            broker.follow = dict(parts)
+            self._room.notify_all()  # a reader held for the replaced fetch: its answers are stale
+        address = broker.address
+        completions = self._completions
+        room = self._room
+
+        def on_answer(outcome: Any) -> bool:  # the connection's reader thread
+            if isinstance(outcome, SluiceError):
+                # Never wait for this one: the connection may be ending on the fetching thread.
+                completions.put((address, req, outcome, True))
+                return False
+            with room:
+                while broker.queued >= _MAX_QUEUED_ANSWERS and broker.in_flight is req and not self._closed:
+                    room.wait()
+                broker.queued += 1
+            completions.put((address, req, outcome, True))
+            return not (outcome.error.code or any(p.error.code for p in outcome.partitions))
+
+        link.follow(
+            self._request(req, continuous=True), self._max_wait_ms / 1000 + self._request_timeout, on_answer
+        )
+
+    def _stop_following(self, broker: _Broker) -> None:
+        """End ``broker``'s followed fetch: close its connection (the next fetch opens another)."""
+        with self._room:
+            broker.in_flight = None
+            broker.follow = None
+            self._room.notify_all()
+        if broker.stream is not None:
+            broker.stream.close()
+            broker.stream = None
+
+    def _request(self, req: SessionRequest, continuous: bool) -> broker_pb2.FetchRequest:
+        return broker_pb2.FetchRequest(
             max_wait_ms=self._max_wait_ms,
             min_bytes=self._min_bytes,
             max_bytes=self._max_bytes,
@@ -338,31 +433,21 @@ class Fetcher:
             ],
             forgotten=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in req.forgotten],
             client_id=self._client_id,
-        )
-        broker.in_flight = req
-        address = broker.address
-        try:
-            if broker.stream is None:
-                broker.stream = open_fetch_link(self._channels, self._metadata, address, self._client_id)
-        except SluiceError as exc:
-            self._completions.put((address, BrokerNotAvailable(f"cannot fetch from {address}: {exc}")))
-            return
-        completions = self._completions
-        broker.stream.send(
-            request,
-            self._max_wait_ms / 1000 + self._request_timeout,
-            lambda outcome: completions.put((address, outcome)),
+            continuous=continuous,
         )
 
     # ---- responses ----------------------------------------------------------------------
 
-    def _handle(self, item: tuple[str, Any], chunks: list[RawChunk]) -> None:
-        address, outcome = item
+    def _handle(self, item: tuple[str, SessionRequest, Any, bool], chunks: list[RawChunk]) -> None:
+        address, req, outcome, followed = item
         broker = self._brokers.get(address)
-        if broker is None or broker.in_flight is None or self._closed:
-            return
-        req = broker.in_flight
-        broker.in_flight = None
+        if broker is not None and followed and not isinstance(outcome, SluiceError):
+            with self._room:
+                broker.queued -= 1
+                self._room.notify_all()
+        if broker is None or broker.in_flight is not req or self._closed:
+            return  # an answer to a request replaced or abandoned since
+        following = broker.follow
         try:
             if isinstance(outcome, SluiceError):
                 raise outcome
@@ -371,10 +456,10 @@ class Fetcher:
                 raise error_for_code(resp.error.code, resp.error.message)
         except (FetchSessionNotFound, InvalidFetchSessionEpoch) as exc:
             log.debug("fetch session with %s reset: %s", address, exc)
-            broker.session.reset()
+            self._end_request(broker)
             return
         except SluiceError as exc:
-            broker.session.reset()
+            self._end_request(broker)
             if not exc.retriable:
                 self._errors.append(exc)
                 return
@@ -384,13 +469,22 @@ class Fetcher:
             log.debug("fetch from %s failed: %s", address, exc)
             return
         broker.failures = 0
-        broker.session.on_response(req, resp.session_id)
+        if following is None:
+            broker.in_flight = None
+            broker.session.on_response(req, resp.session_id)
         # Advance positions first, then send the next request, then decode: the broker
         # prepares the next answer while this thread decodes the current one.
         parts = self._parts
+        ended = False
         for pr in resp.partitions:
             tp = (pr.topic, pr.partition)
-            sent = req.session.get(tp)
+            if following is None:
+                sent = req.session.get(tp)
+            else:
+                sent = following.get(tp)
+                if sent is not None:  # the broker reads on from here (it stops after an error)
+                    following[tp] = PartitionFetchState(pr.next_offset, sent.max_bytes, sent.filter)
+            ended = ended or bool(pr.error.code)
             st = parts.get(tp)
             if sent is None or st is None or st.position != sent.fetch_offset or st.paused:
                 continue  # removed or seeked while the request was in flight
@@ -405,8 +499,20 @@ class Fetcher:
             st.position = max(st.position, nxt)
             if data:
                 chunks.append(RawChunk(pr.topic, pr.partition, sent.fetch_offset, data))
+        if following is not None:
+            if not ended:
+                return  # the broker goes on by itself
+            self._end_request(broker)  # it stopped following at this answer
         if not self._closed and broker.backoff_until <= time.monotonic():
             self._send_to(broker)
+
+    def _end_request(self, broker: _Broker) -> None:
+        """The broker will not answer the request in flight again (an error, or it was answered)."""
+        broker.session.reset()
+        with self._room:
+            broker.in_flight = None
+            broker.follow = None
+            self._room.notify_all()
 
     def _send_to(self, broker: _Broker) -> None:
         """Send the next request to ``broker`` right away (pipelining), if it has work."""

@@ -62,7 +62,11 @@ _RECV_BYTES = 1 << 20
 class _Waiting:
     request_id: int
     deadline: float
-    on_done: Callback
+    #: An ordinary request's callback returns nothing; a followed one's says whether it goes on.
+    on_done: Callable[[Any], bool | None]
+    #: A followed request (``follow``): answered again and again, each answer due within this
+    #: many seconds of the previous one. 0 for an ordinary request, answered once.
+    span: float = 0.0
 
 
 class _Link:
@@ -121,6 +125,26 @@ class WireConnection(Generic[Req, Resp]):
 
     def send(self, request: Req, timeout: float, on_done: Callback) -> None:
         """Send ``request``; ``on_done`` later gets its response or a SluiceError (never both)."""
+        self._submit(request, timeout, on_done, follow=False)
+
+    def follow(self, request: Req, span: float, on_answer: Callable[[Any], bool]) -> None:
+        """Send a request the server answers again and again (a continuous fetch, ``docs/wire.md``).
+
+        ``on_answer`` gets every answer, and returns False for the one that ends it (the server
+        stops following after an answer with an error); a SluiceError, once, ends it too. Each
+        answer is due within ``span`` seconds of the previous one (counted from when
+        ``on_answer`` returned, so a callback that waits for room holds the deadline back with
+        the reading). A later request on the connection replaces a followed one: the first answer
+        to the later one ends it, and answers to it that were already on the way still come.
+
+        ``on_answer`` runs on the reader thread and may block it: reading stops meanwhile, and so,
+        once the socket's buffers fill, does the server. That is this connection's back-pressure.
+        """
+        self._submit(request, span, on_answer, follow=True)
+
+    def _submit(
+        self, request: Req, timeout: float, on_done: Callable[[Any], bool | None], follow: bool
+    ) -> None:
         with self._send_lock:
             with self._lock:
                 if self._closed:
@@ -131,7 +155,14 @@ class WireConnection(Generic[Req, Resp]):
                         link = self._open()
                     request.request_id = self._next_id
                     self._next_id += 1
-                    link.waiting.append(_Waiting(request.request_id, time.monotonic() + timeout, on_done))
+                    link.waiting.append(
+                        _Waiting(
+                            request.request_id,
+                            time.monotonic() + timeout,
+                            on_done,
+                            timeout if follow else 0.0,
+                        )
+                    )
                     self._idle_span = min(self._idle_span, timeout)
             if link is not None:
                 self._write(link, frame_parts(self._kind, request.SerializeToString()))
@@ -235,16 +266,33 @@ class WireConnection(Generic[Req, Resp]):
                         raise error_from_frame(payload, self._name)
                     raise WireProtocolError(f"{self._name}: unexpected frame type {kind}")
                 response = response_type.FromString(payload)
-                with self._lock:
-                    head = link.waiting.popleft() if link.waiting else None
-                if head is None or head.request_id != response.request_id:
-                    expected = "none" if head is None else str(head.request_id)
-                    if head is not None:
-                        link.waiting.appendleft(head)
-                    raise WireProtocolError(
-                        f"{self._name}: answer to request {response.request_id} arrived, expected {expected}"
-                    )
-                head.on_done(response)
+                head = self._answered(link, response.request_id)
+                if not head.span:
+                    head.on_done(response)
+                    continue
+                if head.on_done(response) is False:
+                    with self._lock:
+                        if link.waiting and link.waiting[0] is head:
+                            link.waiting.popleft()
+                else:
+                    head.deadline = time.monotonic() + head.span
+
+    def _answered(self, link: _Link, request_id: int) -> _Waiting:
+        """The request an answer belongs to: the oldest waiting one, which an ordinary request
+        leaves as it is answered and a followed one as soon as a later request is answered."""
+        with self._lock:
+            waiting = link.waiting
+            while len(waiting) > 1 and waiting[0].span and waiting[0].request_id < request_id:
+                waiting.popleft()  # a followed request, replaced by a later one
+            head = waiting[0] if waiting else None
+            if head is None or head.request_id != request_id:
+                expected = "none" if head is None else str(head.request_id)
+                raise WireProtocolError(
+                    f"{self._name}: answer to request {request_id} arrived, expected {expected}"
+                )
+            if not head.span:
+                waiting.popleft()
+            return head
 
     def _end(self, link: _Link, error: SluiceError) -> None:
         """The connection is over: every request it owes an answer fails with ``error``."""

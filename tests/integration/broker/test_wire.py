@@ -416,3 +416,97 @@ def test_a_continuous_fetch_without_max_wait_is_refused(broker: Broker, wire: Ra
     answer = pb.FetchResponse.FromString(wire.answer(FrameType.FETCH))
     assert answer.error.code == common_pb2.INVALID_REQUEST
     assert "max_wait_ms > 0" in answer.error.message
+
+
+class _Followed:
+    """What a followed request's ``on_answer`` got, and what it says about going on."""
+
+    def __init__(self) -> None:
+        self.answers: list[object] = []
+        self.arrived = threading.Condition()
+
+    def on_answer(self, outcome: object) -> bool:
+        with self.arrived:
+            self.answers.append(outcome)
+            self.arrived.notify_all()
+        if isinstance(outcome, SluiceError):
+            return False
+        assert isinstance(outcome, pb.FetchResponse)
+        return not any(p.error.code for p in outcome.partitions)  # the broker stops after an error
+
+    def wait_for(self, count: int, timeout: float = 10) -> list[object]:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.answers) >= count, timeout), self.answers
+            return list(self.answers)
+
+
+def test_the_sdk_connection_follows_and_a_later_request_replaces_the_followed_one(
+    broker: Broker, topic: str
+) -> None:
+    broker.assign(topic)
+    conn: WireConnection[pb.FetchRequest, pb.FetchResponse] = WireConnection(
+        broker.wire_address, FrameType.FETCH, pb.FetchResponse, "test-follow"
+    )
+    followed = _Followed()
+    try:
+        # Each answer is due within 1 s of the last; the broker answers at least every 300 ms.
+        conn.follow(_continuous(topic, 0, max_wait_ms=300), 1.0, followed.on_answer)
+        for i in range(3):
+            broker.produce(topic, 0, make_batch([b"v%d" % i]))
+        answers: list[pb.FetchResponse] = []
+        while sum(len(records(a.partitions[0])) for a in answers) < 3:
+            answers = [a for a in followed.wait_for(len(answers) + 1) if isinstance(a, pb.FetchResponse)]
+        assert {a.request_id for a in answers} == {1}
+        # A later request replaces it; once that is answered, nothing waits on the followed one.
+        replaced = threading.Event()
+        conn.send(
+            pb.FetchRequest(max_wait_ms=0, session_epoch=-1, partitions=[part(topic)]),
+            10,
+            lambda _answer: replaced.set(),
+        )
+        assert replaced.wait(10)
+        settled = len(followed.wait_for(0))
+        time.sleep(2.5)  # past the followed request's deadline: it must not fail the connection
+        assert not any(isinstance(a, SluiceError) for a in followed.answers), followed.answers
+        assert len(followed.answers) <= settled + 1  # at most one answer already on the way
+        again = threading.Event()
+        conn.send(
+            pb.FetchRequest(max_wait_ms=0, session_epoch=-1, partitions=[part(topic)]),
+            10,
+            lambda _a: again.set(),
+        )
+        assert again.wait(10)
+    finally:
+        conn.close()
+
+
+def test_the_sdk_connection_drops_a_followed_request_its_answer_ended(broker: Broker, topic: str) -> None:
+    """The broker stops following after an answer with an error; the connection must not then
+    wait for more (and fail with a timeout)."""
+    broker.assign(topic)
+    broker.produce(topic, 0, make_batch([b"a"]))
+    conn: WireConnection[pb.FetchRequest, pb.FetchResponse] = WireConnection(
+        broker.wire_address, FrameType.FETCH, pb.FetchResponse, "test-follow-end"
+    )
+    followed = _Followed()
+    try:
+        conn.follow(_continuous(topic, 0, max_wait_ms=300), 1.0, followed.on_answer)
+        followed.wait_for(1)
+        gone = pb.PartitionAssignment(topic=topic, topic_id="id-1", partition=0)
+        broker.stub.UpdatePartitions(pb.UpdatePartitionsRequest(remove=[gone]), timeout=10)
+        answers = followed.wait_for(2)
+        last = answers[-1]
+        assert isinstance(last, pb.FetchResponse)
+        assert last.partitions[0].error.code == common_pb2.NOT_LEADER
+        time.sleep(2.5)
+        assert len(followed.answers) == len(answers), followed.answers  # no timeout error came
+        broker.assign(topic)
+        again = threading.Event()
+        conn.send(
+            pb.FetchRequest(max_wait_ms=0, session_epoch=-1, partitions=[part(topic)]),
+            10,
+            lambda _a: again.set(),
+        )
+        assert again.wait(10)
+    finally:
+        conn.close()

@@ -1,0 +1,121 @@
+"""The fetcher follows a continuous fetch on the broker's wire port (docs/wire.md).
+
+One request serves answer after answer; whatever changes what the fetcher wants (a seek, a
+filter, a partition removed) replaces it; and a fetcher whose caller stops calling ``fetch()``
+holds at most a couple of answers, however large the backlog.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sluice import Client
+from sluice.client.fetcher import Fetcher
+from sluice.client.wire import WireConnection
+
+
+def _requests_sent(fetcher: Fetcher) -> int:
+    """How many fetch requests the fetcher's wire connections have sent."""
+    links = [b.stream for b in fetcher._brokers.values()]
+    assert links
+    assert all(isinstance(link, WireConnection) for link in links), links
+    return sum(link._next_id - 1 for link in links)  # type: ignore[union-attr]
+
+
+def _values(fetcher: Fetcher, expected: int) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while len(got) < expected and time.monotonic() < deadline:
+        got += [r.value for r in fetcher.fetch(timeout=5)]
+    return got
+
+
+def test_one_request_serves_a_steady_stream(client: Client, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(partitions=2)
+    with (
+        client.producer(topic, linger=0) as producer,
+        client.fetcher({(topic, 0): 0, (topic, 1): 0}, max_wait_ms=200) as fetcher,
+    ):
+        got: list[bytes] = []
+        for i in range(30):
+            producer.send(b"v%d" % i, partition=i % 2).result(timeout=10)
+            got += _values(fetcher, 1)
+        assert sorted(got) == sorted(b"v%d" % i for i in range(30))
+        # Request by request this would be about 30: one per answer.
+        assert _requests_sent(fetcher) <= 2
+
+
+def test_a_seek_while_following_reads_from_the_new_position(
+    client: Client, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=1)
+    with (
+        client.producer(topic, linger=0) as producer,
+        client.fetcher({(topic, 0): 0}, max_wait_ms=200) as fetcher,
+    ):
+        for i in range(10):
+            producer.send(b"v%d" % i).result(timeout=10)
+        assert _values(fetcher, 10) == [b"v%d" % i for i in range(10)]
+        fetcher.seek((topic, 0), 3)
+        assert _values(fetcher, 7) == [b"v%d" % i for i in range(3, 10)]
+        producer.send(b"v10").result(timeout=10)
+        assert _values(fetcher, 1) == [b"v10"]
+        assert fetcher.positions() == {(topic, 0): 11}
+
+
+def test_a_filter_set_while_following_applies_to_what_comes_next(
+    client: Client, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=1)
+    with (
+        client.producer(topic, linger=0) as producer,
+        client.fetcher({(topic, 0): 0}, max_wait_ms=200) as fetcher,
+    ):
+        producer.send(b"a1", tag="a").result(timeout=10)
+        producer.send(b"b1", tag="b").result(timeout=10)
+        assert _values(fetcher, 2) == [b"a1", b"b1"]
+        fetcher.set_filter(topic, "b")
+        fetcher.fetch(timeout=0.3)  # the new filter goes out with the next round
+        producer.send(b"a2", tag="a").result(timeout=10)
+        producer.send(b"b2", tag="b").result(timeout=10)
+        assert _values(fetcher, 1) == [b"b2"]
+        assert fetcher.positions() == {(topic, 0): 4}  # past the filtered-out record too
+
+
+def test_a_removed_partition_is_no_longer_fetched(client: Client, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(partitions=2)
+    with (
+        client.producer(topic, linger=0) as producer,
+        client.fetcher({(topic, 0): 0, (topic, 1): 0}, max_wait_ms=200) as fetcher,
+    ):
+        producer.send(b"p0", partition=0).result(timeout=10)
+        producer.send(b"p1", partition=1).result(timeout=10)
+        assert sorted(_values(fetcher, 2)) == [b"p0", b"p1"]
+        fetcher.remove((topic, 1))
+        fetcher.fetch(timeout=0.3)
+        producer.send(b"p1-late", partition=1).result(timeout=10)
+        producer.send(b"p0-late", partition=0).result(timeout=10)
+        assert _values(fetcher, 1) == [b"p0-late"]
+        assert fetcher.fetch(timeout=0.5) == []
+
+
+def test_a_caller_that_stops_fetching_holds_few_answers_and_loses_nothing(
+    client: Client, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=1)
+    value = b"x" * 1000
+    with client.producer(topic) as producer:
+        for i in range(20_000):  # about 20 MB: 320 answers of 64 KiB
+            producer.send(value, key=b"%d" % i)
+        producer.flush()
+    with client.fetcher({(topic, 0): 0}, max_wait_ms=200, partition_max_bytes=64 * 1024) as fetcher:
+        first = fetcher.fetch(timeout=10)
+        assert first
+        time.sleep(1.5)  # the broker could send the whole backlog meanwhile
+        assert fetcher._completions.qsize() <= 2
+        keys = [r.key for r in first]
+        deadline = time.monotonic() + 60
+        while len(keys) < 20_000 and time.monotonic() < deadline:
+            keys += [r.key for r in fetcher.fetch(timeout=5)]
+        assert keys == [b"%d" % i for i in range(20_000)]
