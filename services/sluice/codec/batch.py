@@ -308,13 +308,14 @@ def _assemble(
     append_time_ms: int = -1,
 ) -> bytes:
     length = HEADER_SIZE + len(body)
-    # The CRC covers magic..end; base_offset, length and append_time are outside it.
-    covered = (
-        struct.pack("<BBiiqqI", MAGIC, 0, record_count, last_offset_delta, base_ts, max_ts, tag_table_length)
-        + body
+    # The CRC covers magic..end; base_offset, length and append_time are outside it. It is
+    # computed in two steps so the body is copied once, into the result: every large copy is
+    # a fresh allocation whose pages fault in (about 0.5 ms per MiB here).
+    covered_header = struct.pack(
+        "<BBiiqqI", MAGIC, 0, record_count, last_offset_delta, base_ts, max_ts, tag_table_length
     )
-    crc = crc32c(covered)
-    return struct.pack("<qiqI", base_offset, length, append_time_ms, crc) + covered
+    crc = int(_crc32c.crc32c(body, _crc32c.crc32c(covered_header)))
+    return b"".join((struct.pack("<qiqI", base_offset, length, append_time_ms, crc), covered_header, body))
 
 
 @dataclass(frozen=True, slots=True)
