@@ -14,6 +14,8 @@ from sluice import Client
 from sluice.client.fetcher import Fetcher
 from sluice.client.wire import WireConnection
 
+from .conftest import run_cluster
+
 
 def _requests_sent(fetcher: Fetcher) -> int:
     """How many fetch requests the fetcher's wire connections have sent."""
@@ -119,3 +121,27 @@ def test_a_caller_that_stops_fetching_holds_few_answers_and_loses_nothing(
         while len(keys) < 20_000 and time.monotonic() < deadline:
             keys += [r.key for r in fetcher.fetch(timeout=5)]
         assert keys == [b"%d" % i for i in range(20_000)]
+
+
+def test_a_fetcher_following_a_broker_that_is_killed_goes_on_after_its_restart() -> None:
+    """kill -9, then a restart on new ports: the followed connection fails, the fetcher learns the
+    new address from the coordinator, follows again from its positions, and misses nothing."""
+    with run_cluster() as cluster, Client(cluster.bootstrap, request_timeout=5) as client:
+        topic = "follow-restart"
+        client.admin.create_topic(topic, partitions=2)
+        with client.fetcher({(topic, 0): 0, (topic, 1): 0}, max_wait_ms=200) as fetcher:
+            with client.producer(topic, linger=0) as producer:
+                for i in range(10):
+                    producer.send(b"before-%d" % i, partition=i % 2).result(timeout=10)
+            got = _values(fetcher, 10)
+            cluster.restart_broker(kill=True)
+            with client.producer(topic, linger=0) as producer:
+                for i in range(10):
+                    producer.send(b"after-%d" % i, partition=i % 2).result(timeout=30)
+            deadline = time.monotonic() + 30
+            while len(got) < 20 and time.monotonic() < deadline:
+                got += [r.value for r in fetcher.fetch(timeout=2)]
+            assert sorted(got) == sorted(
+                [b"before-%d" % i for i in range(10)] + [b"after-%d" % i for i in range(10)]
+            )
+            assert fetcher.positions() == {(topic, 0): 10, (topic, 1): 10}
