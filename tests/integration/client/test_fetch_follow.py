@@ -7,11 +7,13 @@ holds at most a couple of answers, however large the backlog.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from sluice import Client
 from sluice.client.fetcher import Fetcher
+from sluice.client.producer import Producer
 from sluice.client.wire import WireConnection
 
 from .conftest import run_cluster
@@ -33,12 +35,19 @@ def _values(fetcher: Fetcher, expected: int) -> list[bytes]:
     return got
 
 
-def test_one_request_serves_a_steady_stream(client: Client, new_topic: Callable[..., str]) -> None:
-    topic = new_topic(partitions=2)
+@contextlib.contextmanager
+def _producer_and_fetcher(client: Client, topic: str, partitions: int) -> Iterator[tuple[Producer, Fetcher]]:
+    """A producer that sends each record at once, and a fetcher of every partition from 0."""
     with (
         client.producer(topic, linger=0) as producer,
-        client.fetcher({(topic, 0): 0, (topic, 1): 0}, max_wait_ms=200) as fetcher,
+        client.fetcher({(topic, p): 0 for p in range(partitions)}, max_wait_ms=200) as fetcher,
     ):
+        yield producer, fetcher
+
+
+def test_one_request_serves_a_steady_stream(client: Client, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(partitions=2)
+    with _producer_and_fetcher(client, topic, 2) as (producer, fetcher):
         got: list[bytes] = []
         for i in range(30):
             producer.send(b"v%d" % i, partition=i % 2).result(timeout=10)
@@ -52,10 +61,7 @@ def test_a_seek_while_following_reads_from_the_new_position(
     client: Client, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic(partitions=1)
-    with (
-        client.producer(topic, linger=0) as producer,
-        client.fetcher({(topic, 0): 0}, max_wait_ms=200) as fetcher,
-    ):
+    with _producer_and_fetcher(client, topic, 1) as (producer, fetcher):
         for i in range(10):
             producer.send(b"v%d" % i).result(timeout=10)
         assert _values(fetcher, 10) == [b"v%d" % i for i in range(10)]
@@ -70,10 +76,7 @@ def test_a_filter_set_while_following_applies_to_what_comes_next(
     client: Client, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic(partitions=1)
-    with (
-        client.producer(topic, linger=0) as producer,
-        client.fetcher({(topic, 0): 0}, max_wait_ms=200) as fetcher,
-    ):
+    with _producer_and_fetcher(client, topic, 1) as (producer, fetcher):
         producer.send(b"a1", tag="a").result(timeout=10)
         producer.send(b"b1", tag="b").result(timeout=10)
         assert _values(fetcher, 2) == [b"a1", b"b1"]
@@ -87,10 +90,7 @@ def test_a_filter_set_while_following_applies_to_what_comes_next(
 
 def test_a_removed_partition_is_no_longer_fetched(client: Client, new_topic: Callable[..., str]) -> None:
     topic = new_topic(partitions=2)
-    with (
-        client.producer(topic, linger=0) as producer,
-        client.fetcher({(topic, 0): 0, (topic, 1): 0}, max_wait_ms=200) as fetcher,
-    ):
+    with _producer_and_fetcher(client, topic, 2) as (producer, fetcher):
         producer.send(b"p0", partition=0).result(timeout=10)
         producer.send(b"p1", partition=1).result(timeout=10)
         assert sorted(_values(fetcher, 2)) == [b"p0", b"p1"]
