@@ -282,14 +282,22 @@ class WireConnection(Generic[Req, Resp]):
         leaves as it is answered and a followed one as soon as a later request is answered."""
         with self._lock:
             waiting = link.waiting
-            while len(waiting) > 1 and waiting[0].span and waiting[0].request_id < request_id:
-                waiting.popleft()  # a followed request, replaced by a later one
-            head = waiting[0] if waiting else None
+            # Followed requests ahead of the one answered were replaced by it. They leave only
+            # once the answer is known to be in order: else ``_end`` still owes them the error.
+            replaced = 0
+            while replaced < len(waiting) - 1:
+                ahead = waiting[replaced]
+                if not ahead.span or ahead.request_id >= request_id:
+                    break
+                replaced += 1
+            head = waiting[replaced] if waiting else None
             if head is None or head.request_id != request_id:
-                expected = "none" if head is None else str(head.request_id)
+                expected = "none" if not waiting else str(waiting[0].request_id)
                 raise WireProtocolError(
                     f"{self._name}: answer to request {request_id} arrived, expected {expected}"
                 )
+            for _ in range(replaced):
+                waiting.popleft()
             if not head.span:
                 waiting.popleft()
             return head

@@ -24,7 +24,8 @@ from sluice.v1 import common_pb2, wire_pb2
 class Peer:
     """Accepts connections; ``mode`` (read at each connection) says how to answer produces:
     "ok", "swap" (pairs in reverse order), "end" (answer one of three, then close), "mute"
-    (never answer), "refuse" (refuse the hello)."""
+    (never answer), "refuse" (refuse the hello), "stray" (after two requests, answer one never
+    sent)."""
 
     def __init__(self) -> None:
         self.mode = "ok"
@@ -70,6 +71,10 @@ class Peer:
                             for r in reversed(held):
                                 sock.sendall(frame(FrameType.PRODUCE, _answer(r)))
                             held.clear()
+                    elif mode == "stray":
+                        held.append(request_id)
+                        if len(held) == 2:
+                            sock.sendall(frame(FrameType.PRODUCE, _answer(max(held) + 100)))
                     elif mode == "end":
                         held.append(request_id)
                         if len(held) == 3:
@@ -220,3 +225,24 @@ def test_each_connect_asks_again_where_the_broker_listens(peer: Peer) -> None:
         assert isinstance(second.wait()[0], pb.ProduceResponse)
     finally:
         conn.close()
+
+
+def test_a_stray_answer_fails_a_followed_request_and_the_one_after_it(peer: Peer) -> None:
+    """A followed request leaves the queue only for an answer in order: on a stray answer it is
+    still owed its error, as every other waiting request is."""
+    peer.mode = "stray"
+    conn = _connection(peer)
+    outcomes = Outcomes(2)
+
+    def on_answer(outcome: object) -> bool:
+        outcomes(outcome)
+        return not isinstance(outcome, SluiceError)
+
+    try:
+        conn.follow(pb.ProduceRequest(), 10, on_answer)
+        conn.send(pb.ProduceRequest(), 10, outcomes)
+        got = outcomes.wait()
+    finally:
+        conn.close()
+    assert len(got) == 2
+    assert all(isinstance(o, BrokerNotAvailable) and o.retriable for o in got), got
