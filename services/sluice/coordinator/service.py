@@ -32,6 +32,7 @@ from sluice.coordinator.cluster.model import (
     TopicConfig,
     TopicView,
 )
+from sluice.coordinator.cluster.redis_ops import copy_registrations, topic_ops, topic_sync_ops
 from sluice.coordinator.cluster.state import ClusterSettings, ClusterState
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
@@ -57,6 +58,7 @@ from sluice.coordinator.records import Result
 from sluice.coordinator.state import CoordinatorState
 from sluice.coordinator.store import MetadataStore
 from sluice.errors import NotCoordinator, SluiceError, StorageError, UnknownGroup
+from sluice.offsetstore.keys import Keys
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,7 @@ class CoordinatorService:
         self._state = CoordinatorState(settings=settings, group_settings=self._group_settings)
         self._store = MetadataStore(redis, key_prefix, self._state.codec)
         self._group_keys = GroupKeys(key_prefix)
+        self._keys = Keys(key_prefix)
         self._lag = LagReader(redis, key_prefix)
         self._lag_interval_s = lag_interval_s
         self._group_tasks: list[asyncio.Task[None]] = []
@@ -183,7 +186,14 @@ class CoordinatorService:
             self._refresh_metrics()
             # Whatever the ownership keys hold, the offset store must see exactly the recovered view. This
             # write reassigns nothing: it rewrites the same owners and epochs.
-            await self._store.write(self._epoch, (), full_sync_ops(self.groups, self._group_keys))
+            await self._store.write(
+                self._epoch,
+                (),
+                [
+                    *full_sync_ops(self.groups, self._group_keys),
+                    *topic_sync_ops(self.cluster.topics.values(), self._keys),
+                ],
+            )
         await self._stop_timers()  # a re-election: fresh timers for the new term
         loop = asyncio.get_running_loop()
         self._timer = loop.create_task(self._expiry_loop(), name="coordinator-expiry")
@@ -290,6 +300,10 @@ class CoordinatorService:
             if result.records:
                 touched = self.groups.touched_groups(result.records)
                 ops = group_ops(self.groups, result.records, self._group_keys) if touched else []
+                # Topic identity (and the purge of a deleted topic's offsets and cursors) lands in the
+                # same atomic write as the topic record: docs/redis-schema.md.
+                ops += copy_registrations(ops, self._keys)
+                ops += topic_ops(result.records, self._keys)
                 basis = (
                     self.groups.nudge_basis(result.records, touched) if touched and self._watchers else None
                 )

@@ -25,7 +25,13 @@ from sluice.offsetstore.model import (
     StoredCursor,
     TopicPartition,
 )
-from sluice.offsetstore.storage import PositionStore, group_not_empty
+from sluice.offsetstore.storage import (
+    FetchedOffsets,
+    PositionStore,
+    TopicRefusal,
+    group_not_empty,
+    topic_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +98,12 @@ class OffsetStoreService:
         track: str,
         partitions: Sequence[TopicPartition] = (),
         member_id: str = "",
-    ) -> dict[TopicPartition, int]:
-        """Committed offsets (-1 for a listed partition that has none)."""
+    ) -> FetchedOffsets:
+        """Committed offsets (-1 for a listed partition that has none) and their topics' current ids."""
         validation.validate_fetch(group, track, partitions, member_id)
         found = await self._store.fetch(group, validation.track_name(track), partitions, member_id)
-        return dict(sorted(found.items(), key=lambda kv: (kv[0].topic, kv[0].partition)))
+        offsets = dict(sorted(found.offsets.items(), key=lambda kv: (kv[0].topic, kv[0].partition)))
+        return FetchedOffsets(offsets, found.topic_ids)
 
     async def reset(self, request: ResetRequest) -> dict[int, int]:
         """Set a topic's offsets exactly; only while the group has no live members."""
@@ -138,6 +145,8 @@ class OffsetStoreService:
             offsets = await self._resolver.resolve(topic, partitions, request.spec, request.value)
         else:
             offsets = dict.fromkeys(partitions, request.value)
+        # The script refuses a topic that does not exist (UNKNOWN_TOPIC_OR_PARTITION): a reset must not
+        # create offsets that no topic delete would ever remove.
         await self._store.reset(group, track, topic, offsets)
         for partition, offset in offsets.items():
             self._metrics.committed_offset.labels(group, track, topic, partition).set(offset)
@@ -156,6 +165,7 @@ class OffsetStoreService:
         for i, w in enumerate(writes):
             validation.validate_cursor_key(w.key, f"cursors[{i}]")
             validation.validate_owner_epoch(w.owner_epoch, f"cursors[{i}] ({w.key})")
+            validation.validate_topic_id(w.topic_id, f"cursors[{i}] ({w.key})")
         if not writes:
             return []
         blobs = await self._offload(
@@ -163,11 +173,15 @@ class OffsetStoreService:
             lambda: [_encode(i, w) for i, w in enumerate(writes)],
         )
         fenced_by = await self._store.save_cursors(
-            [(w.key, w.owner_epoch, blob) for w, blob in zip(writes, blobs, strict=True)]
+            [(w.key, w.owner_epoch, blob, w.topic_id) for w, blob in zip(writes, blobs, strict=True)]
         )
         results: list[SluiceError | None] = []
         for w, blob, stored_epoch in zip(writes, blobs, fenced_by, strict=True):
-            if stored_epoch is None:
+            if isinstance(stored_epoch, TopicRefusal):
+                err = topic_error(stored_epoch, w.key.topic, w.topic_id, f"cursor {w.key}")
+                results.append(err)
+                self._metrics.cursor_saves.labels(err.code_name).inc()
+            elif stored_epoch is None:
                 results.append(None)
                 self._metrics.cursor_saves.labels("NONE").inc()
                 self._metrics.cursor_bytes.observe(len(blob))

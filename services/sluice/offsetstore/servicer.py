@@ -54,7 +54,7 @@ def reset_spec(value: int) -> ResetSpec:
 def cursor_write(cursor: offset_store_pb2.Cursor) -> CursorWrite:
     key = CursorKey(cursor.subscription, cursor.topic, cursor.partition)
     state = CursorState(cursor.mark_delete, array("q", cursor.acked_ranges), dict(cursor.redelivery_counts))
-    return CursorWrite(key, cursor.owner_epoch, state)
+    return CursorWrite(key, cursor.owner_epoch, state, cursor.topic_id)
 
 
 class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
@@ -65,7 +65,8 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
         self, request: offset_store_pb2.CommitOffsetsRequest, context: Context
     ) -> offset_store_pb2.CommitOffsetsResponse:
         commits = [
-            OffsetCommit(o.topic, o.partition, o.offset, o.track or "default") for o in request.offsets
+            OffsetCommit(o.topic, o.partition, o.offset, o.track or "default", o.topic_id)
+            for o in request.offsets
         ]
         outcomes = await self._service.commit(
             request.group,
@@ -92,9 +93,13 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
         return offset_store_pb2.FetchOffsetsResponse(
             offsets=[
                 offset_store_pb2.PartitionOffset(
-                    topic=tp.topic, partition=tp.partition, offset=off, track=track
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    offset=off,
+                    track=track,
+                    topic_id=found.topic_ids.get(tp.topic, ""),
                 )
-                for tp, off in found.items()
+                for tp, off in found.offsets.items()
             ]
         )
 

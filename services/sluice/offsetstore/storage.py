@@ -29,7 +29,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.errors import GroupNotEmpty, NotOwner, SluiceError, StaleMemberEpoch, StorageError, UnknownMember
+from sluice.errors import (
+    GroupNotEmpty,
+    NotOwner,
+    SluiceError,
+    StaleMemberEpoch,
+    StorageError,
+    UnknownMember,
+    UnknownTopicId,
+    UnknownTopicOrPartition,
+)
 from sluice.offsetstore import scripts
 from sluice.offsetstore.keys import Keys, partition_field, split_field
 from sluice.offsetstore.model import CommitOutcome, CursorKey, MessageModel, OffsetCommit, TopicPartition
@@ -46,6 +55,23 @@ class CursorBlob:
 
     blob: bytes
     owner_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedOffsets:
+    """Committed offsets, and the current ``topic_id`` of each of their topics that exists."""
+
+    offsets: dict[TopicPartition, int]
+    topic_ids: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRefusal:
+    """A write refused for its topic: ``code`` UNKNOWN_TOPIC_ID or UNKNOWN_TOPIC_OR_PARTITION, and the
+    topic's current id ("" when no topic has the name)."""
+
+    code: int
+    current_id: str
 
 
 def connect(url: str) -> aioredis.Redis:
@@ -113,6 +139,7 @@ class PositionStore:
         broadcasting = model is MessageModel.BROADCASTING
         keys = [k.members(group)]
         key_index: dict[str, int] = {}
+        topic_index: dict[str, int] = {}
         argv: list[str | int] = ["member" if broadcasting else "group", member_id, member_epoch]
         for c in commits:
             index = key_index.get(c.track)
@@ -125,13 +152,17 @@ class PositionStore:
                     keys.append(k.offsets(group, c.track))
                 keys.append(k.member_index(group, c.track))
                 keys.append(k.owners(group, c.track))
-            argv += [index, partition_field(c.topic, c.partition), c.offset]
+            t = topic_index.get(c.topic)
+            if t is None:
+                t = topic_index[c.topic] = len(keys) + 1
+                keys += [k.topic_id(c.topic), k.topic_refs(c.topic)]
+            argv += [index, t, partition_field(c.topic, c.partition), c.offset, c.topic_id]
         async with _storage_errors(f"committing offsets of group {group!r}"):
             raw = await self._commit(keys=keys, args=argv)
         current = _text(raw[0])
         outcomes = []
         for i, c in enumerate(commits):
-            code, stored, owner = int(raw[1 + 3 * i]), int(raw[2 + 3 * i]), _text(raw[3 + 3 * i])
+            code, stored, detail = int(raw[1 + 3 * i]), int(raw[2 + 3 * i]), _text(raw[3 + 3 * i])
             error = _commit_error(
                 code,
                 group=group,
@@ -139,7 +170,7 @@ class PositionStore:
                 member_epoch=member_epoch,
                 current=current,
                 commit=c,
-                owner=owner,
+                detail=detail,
             )
             outcomes.append(CommitOutcome(c.topic, c.partition, stored, error))
         return outcomes
@@ -150,41 +181,47 @@ class PositionStore:
         track: str,
         partitions: Sequence[TopicPartition] = (),
         member_id: str = "",
-    ) -> dict[TopicPartition, int]:
+    ) -> FetchedOffsets:
         """Committed offsets; every partition with one when ``partitions`` is empty.
 
         With ``member_id`` (broadcasting), the member's own offsets win and the
         track's shared offsets (what a reset sets) fill in the rest. Listed
-        partitions without an offset map to ``NO_OFFSET``.
+        partitions without an offset map to ``NO_OFFSET``. The topics' current
+        ids are read in the same transaction, so they name the incarnation the
+        offsets belong to (a purge by a topic delete cannot fall in between).
         """
         k = self.keys
         sources = [k.offsets(group, track)]
         if member_id:
             sources.append(k.member_offsets(group, track, member_id))
+        if not partitions:
+            async with _storage_errors(f"listing offsets of group {group!r}"):
+                listed: set[str] = set()
+                for key in sources:
+                    listed.update(_text(f) for f in await self._redis.hkeys(key))
+            found = [TopicPartition(*split_field(f)) for f in sorted(listed)]
+            if not found:
+                return FetchedOffsets({}, {})
+            fetched = await self.fetch(group, track, found, member_id)
+            present = {tp: off for tp, off in fetched.offsets.items() if off != NO_OFFSET}
+            return FetchedOffsets(present, fetched.topic_ids)
         fields = [partition_field(tp.topic, tp.partition) for tp in partitions]
+        topics = sorted({tp.topic for tp in partitions})
         async with (
             _storage_errors(f"fetching offsets of group {group!r}"),
-            self._redis.pipeline(transaction=False) as pipe,
+            self._redis.pipeline(transaction=True) as pipe,
         ):
             for key in sources:
-                if fields:
-                    pipe.hmget(key, fields)
-                else:
-                    pipe.hgetall(key)
-            replies = await pipe.execute()
-        merged: dict[TopicPartition, int] = {}
-        if fields:
-            merged = dict.fromkeys(partitions, NO_OFFSET)
-            for reply in replies:  # later sources (the member's) override
-                for tp, value in zip(partitions, reply, strict=True):
-                    if value is not None:
-                        merged[tp] = int(value)
-            return merged
-        for reply in replies:
-            for field, value in reply.items():
-                topic, partition = split_field(_text(field))
-                merged[TopicPartition(topic, partition)] = int(value)
-        return merged
+                pipe.hmget(key, fields)
+            pipe.mget([k.topic_id(t) for t in topics])
+            *replies, ids = await pipe.execute()
+        merged = dict.fromkeys(partitions, NO_OFFSET)
+        for reply in replies:  # later sources (the member's) override
+            for tp, value in zip(partitions, reply, strict=True):
+                if value is not None:
+                    merged[tp] = int(value)
+        topic_ids = {t: _text(i) for t, i in zip(topics, ids, strict=True) if i is not None}
+        return FetchedOffsets(merged, topic_ids)
 
     async def live_members(self, group: str) -> int:
         async with _storage_errors(f"reading the live members of group {group!r}"):
@@ -201,29 +238,45 @@ class PositionStore:
         found = (split_field(_text(f)) for f in fields)
         return sorted(p for t, p in found if t == topic)
 
-    async def reset(self, group: str, track: str, topic: str, offsets: dict[int, int]) -> None:
-        """Set offsets exactly (not increase-only); refused while members are live."""
+    async def reset(
+        self, group: str, track: str, topic: str, offsets: dict[int, int], topic_id: str = ""
+    ) -> None:
+        """Set offsets exactly (not increase-only); refused while members are live, and unless the
+        topic exists (as the incarnation ``topic_id`` when given)."""
         k = self.keys
-        argv: list[str | int] = [k.member_offsets_prefix(group, track)]
+        argv: list[str | int] = [k.member_offsets_prefix(group, track), topic_id]
         for partition, offset in sorted(offsets.items()):
             argv += [partition_field(topic, partition), offset]
         async with _storage_errors(f"resetting offsets of group {group!r}"):
             raw = await self._reset(
-                keys=[k.live(group), k.offsets(group, track), k.member_index(group, track)], args=argv
+                keys=[
+                    k.live(group),
+                    k.offsets(group, track),
+                    k.member_index(group, track),
+                    k.topic_id(topic),
+                    k.topic_refs(topic),
+                ],
+                args=argv,
             )
-        if int(raw[0]) == common_pb2.GROUP_NOT_EMPTY:
+        code = int(raw[0])
+        if code == common_pb2.GROUP_NOT_EMPTY:
             raise group_not_empty(group, int(raw[1]))
+        if code != common_pb2.NONE:
+            raise topic_error(TopicRefusal(code, _text(raw[1])), topic, topic_id, f"reset of group {group!r}")
 
     # ---- cursors ---------------------------------------------------------------
 
-    async def save_cursors(self, writes: Sequence[tuple[CursorKey, int, bytes]]) -> list[int | None]:
-        """Write encoded cursors; per write, None when saved or the epoch that fenced it.
+    async def save_cursors(
+        self, writes: Sequence[tuple[CursorKey, int, bytes, str]]
+    ) -> list[int | TopicRefusal | None]:
+        """Write encoded cursors (key, owner epoch, blob, topic_id); per write, None when saved, the
+        epoch that fenced it, or the refusal for its topic (deleted or re-created meanwhile).
 
         One script call per subscription (its keys share a hash slot), all in
         one pipeline: one round trip for the whole batch.
         """
         by_subscription: dict[str, list[int]] = defaultdict(list)
-        for i, (key, _epoch, _blob) in enumerate(writes):
+        for i, (key, _epoch, _blob, _topic_id) in enumerate(writes):
             by_subscription[key.subscription].append(i)
         k = self.keys
         calls: list[list[str | int | bytes]] = []
@@ -231,19 +284,21 @@ class PositionStore:
             keys: list[str | int | bytes] = []
             argv: list[str | int | bytes] = []
             for i in indexes:
-                ck, epoch, blob = writes[i]
+                ck, epoch, blob, topic_id = writes[i]
                 keys += [
                     k.cursor(ck.subscription, ck.topic, ck.partition),
                     k.cursor_epoch(ck.subscription, ck.topic, ck.partition),
+                    k.topic_id(ck.topic),
+                    k.topic_refs(ck.topic),
                 ]
-                argv += [epoch, blob]
+                argv += [epoch, blob, topic_id]
             calls.append([len(keys), *keys, *argv])
         async with _storage_errors("saving cursors"):
             replies = await self._evalsha_pipeline(self._save_cursors, calls)
-        results: list[int | None] = [None] * len(writes)
+        results: list[int | TopicRefusal | None] = [None] * len(writes)
         for indexes, reply in zip(by_subscription.values(), replies, strict=True):
-            for i, fenced_by in zip(indexes, reply, strict=True):
-                results[i] = int(fenced_by) if fenced_by else None
+            for i, raw in zip(indexes, reply, strict=True):
+                results[i] = _save_result(_text(raw))
         return results
 
     async def _evalsha_pipeline(self, script: AsyncScript, calls: list[list[str | int | bytes]]) -> list[Any]:
@@ -291,6 +346,29 @@ def group_not_empty(group: str, live: int) -> GroupNotEmpty:
     )
 
 
+def topic_error(refusal: TopicRefusal, topic: str, given: str, what: str) -> SluiceError:
+    """The typed refusal of a write whose topic is gone or is another incarnation now."""
+    if refusal.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION:
+        return UnknownTopicOrPartition(f"{what}: topic {topic!r} does not exist", topic=topic)
+    now = f"it was re-created with topic_id {refusal.current_id}" if refusal.current_id else "it was deleted"
+    return UnknownTopicId(
+        f"{what}: topic {topic!r} is not the incarnation {given} any more: {now}. The position belongs "
+        "to the old topic and was not written; re-read the metadata and start again from the new topic",
+        topic=topic,
+        topic_id=given,
+        current_topic_id=refusal.current_id,
+    )
+
+
+def _save_result(raw: str) -> int | TopicRefusal | None:
+    if not raw:
+        return None
+    if raw[0] == "E":
+        return int(raw[1:])
+    code, _, current = raw[1:].partition(":")
+    return TopicRefusal(int(code), current)
+
+
 def _commit_error(
     code: int,
     *,
@@ -299,11 +377,15 @@ def _commit_error(
     member_epoch: int,
     current: str,
     commit: OffsetCommit,
-    owner: str,
+    detail: str,
 ) -> SluiceError | None:
     tp = partition_field(commit.topic, commit.partition)
     if code == common_pb2.NONE:
         return None
+    if code in (common_pb2.UNKNOWN_TOPIC_ID, common_pb2.UNKNOWN_TOPIC_OR_PARTITION):
+        return topic_error(
+            TopicRefusal(code, detail), commit.topic, commit.topic_id, f"commit of {tp} by group {group!r}"
+        )
     if code == common_pb2.UNKNOWN_MEMBER:
         return UnknownMember(
             f"member {member_id!r} is not in group {group!r} (it left, was removed after its session "
@@ -321,6 +403,7 @@ def _commit_error(
             member_epoch=member_epoch,
         )
     if code == common_pb2.NOT_OWNER:
+        owner = detail
         held = f"owned by member {owner!r}" if owner else "not owned by anyone (unassigned or in handoff)"
         return NotOwner(
             f"member {member_id!r} does not own {tp} in group {group!r}: it is {held}",

@@ -48,10 +48,17 @@ class PartitionOffset(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     TRACK_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     offset: _builtins.int
     track: _builtins.str
+    topic_id: _builtins.str
+    """The topic incarnation (coordinator Metadata's topic_id). In a commit: the one the offset was read
+    from; the offset store refuses it with UNKNOWN_TOPIC_ID unless it is the topic's current id
+    (empty: only checks that the topic exists). In a FetchOffsets answer: the topic's current id.
+    (Numbered 15 so that fields appended meanwhile keep 5..14.)
+    """
     def __init__(
         self,
         *,
@@ -59,10 +66,11 @@ class PartitionOffset(_message.Message):
         partition: _builtins.int = ...,
         offset: _builtins.int = ...,
         track: _builtins.str = ...,
+        topic_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic", "track", b"track"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic", "topic_id", b"topic_id", "track", b"track"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -295,6 +303,7 @@ class Cursor(_message.Message):
     ACKED_RANGES_FIELD_NUMBER: _builtins.int
     REDELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
     OWNER_EPOCH_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     subscription: _builtins.str
@@ -302,6 +311,10 @@ class Cursor(_message.Message):
     """Everything below this offset is acknowledged."""
     owner_epoch: _builtins.int
     """Owner fencing: a dispatcher may write only with its current epoch."""
+    topic_id: _builtins.str
+    """The topic incarnation the cursor belongs to (Metadata's topic_id); a save for another incarnation
+    than the current one is refused with UNKNOWN_TOPIC_ID (empty: only checks that the topic exists).
+    """
     @_builtins.property
     def acked_ranges(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Individually acknowledged ranges above mark_delete, flattened as
@@ -322,10 +335,11 @@ class Cursor(_message.Message):
         acked_ranges: _abc.Iterable[_builtins.int] | None = ...,
         redelivery_counts: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
         owner_epoch: _builtins.int = ...,
+        topic_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_ranges", b"acked_ranges", "mark_delete", b"mark_delete", "owner_epoch", b"owner_epoch", "partition", b"partition", "redelivery_counts", b"redelivery_counts", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_ranges", b"acked_ranges", "mark_delete", b"mark_delete", "owner_epoch", b"owner_epoch", "partition", b"partition", "redelivery_counts", b"redelivery_counts", "subscription", b"subscription", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
