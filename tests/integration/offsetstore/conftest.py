@@ -19,7 +19,6 @@ import redis
 from sluice.v1 import offset_store_pb2_grpc
 from tests.harness import RedisServer, ServiceProcess, run_redis, start_service
 
-
 #: Topics that exist in every stack (their id keys are set), as if the coordinator had created them.
 TOPICS = ("t", "orders", "lag", "zombie", "standby", "empty", "default")
 

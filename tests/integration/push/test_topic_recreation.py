@@ -1,0 +1,251 @@
+"""Topic identity: a deleted topic leaves nothing in Redis, a re-created one starts clean for every old
+group and subscription, and a writer still holding the old topic's position cannot write it into the new
+one (docs/redis-schema.md, "Topic identity").
+
+A private cluster (redis, coordinator, broker, offset store, dispatcher): the Redis inventory is compared
+before and after, so no other test may write to this Redis meanwhile.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import redis
+
+from sluice import Client
+from sluice.client.consumer import Consumer
+from sluice.client.rpc import call
+from sluice.errors import UnknownTopicOrPartition
+from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
+from tests.harness import ROOT, _env
+from tests.integration.push.conftest import PushCluster, run_push_cluster
+from tests.integration.push.helpers import drain, eventually, produce
+
+FAST = {"session_timeout": "5s", "fetch_max_wait": "100ms", "enable_auto_commit": False}
+
+
+@pytest.fixture(scope="module")
+def own() -> Iterator[PushCluster]:
+    with run_push_cluster() as c:
+        yield c
+
+
+@pytest.fixture
+def rds(own: PushCluster) -> Iterator[redis.Redis]:
+    r = redis.Redis.from_url(own.redis.url)
+    yield r
+    r.close()
+
+
+def inventory(r: redis.Redis) -> set[str]:
+    """Every key, and every field of a hash and member of a set: what a deleted topic could leak
+    (group offsets live in hash fields, broadcasting members in index sets)."""
+    out: set[str] = set()
+    for raw in r.scan_iter(count=1000):
+        key = raw.decode()
+        out.add(key)
+        kind = r.type(raw).decode()
+        if kind == "hash":
+            out |= {f"{key} #{f.decode()}" for f in r.hkeys(raw)}
+        elif kind == "set":
+            out |= {f"{key} @{m.decode()}" for m in r.smembers(raw)}
+        elif kind != "string":
+            raise AssertionError(f"{key}: a {kind} key; teach inventory() to count inside it")
+    return out
+
+
+def poll_values(consumer: Consumer, n: int, timeout: float = 15.0) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"only {got} of {n} records arrived"
+        got += [r.value or b"" for r in consumer.poll(0.2)]
+    return got
+
+
+def consume_as_old_group(client: Client, topic: str, group: str, n: int) -> list[bytes]:
+    """Join ``group`` (earliest when nothing is committed), read ``n`` records, commit, leave."""
+    c = client.consumer(group, [topic], auto_offset_reset="earliest", **FAST)
+    try:
+        values = poll_values(c, n)
+        c.commit()
+    finally:
+        c.close()
+    return values
+
+
+def consume_as_old_subscription(client: Client, topic: str, subscription: str, n: int) -> list[bytes]:
+    """Read and ack ``n`` messages of a durable subscription (earliest when it has no cursor yet)."""
+    pc = client.push_consumer(topic, subscription, "exclusive", initial_position="earliest")
+    try:
+        return [m.value or b"" for m in drain(pc, n)]
+    finally:
+        pc.close()
+
+
+def not_loaded(own: PushCluster, client: Client, topic: str, subscription: str) -> bool:
+    try:
+        own.describe(client, topic, subscription)
+    except grpc.RpcError as exc:
+        return exc.code() == grpc.StatusCode.NOT_FOUND
+    return False
+
+
+def test_recreated_topic_starts_clean_and_the_delete_leaves_nothing(
+    own: PushCluster, rds: redis.Redis
+) -> None:
+    topic, group, sub = "recreated", "old-group", "old-sub"
+    with Client(own.bootstrap, request_timeout=10) as client:
+        # The group and the subscription exist before the topic does (they read another topic first), so
+        # everything of their own is in the "before" inventory and only the topic's data can differ.
+        client.admin.create_topic("elsewhere", partitions=1)
+        produce(client, "elsewhere", 1)
+        assert consume_as_old_group(client, "elsewhere", group, 1) == [b"0"]
+        assert consume_as_old_subscription(client, "elsewhere", sub, 1) == [b"0"]
+        eventually(lambda: rds.exists(f"sluice:cur:{{{sub}}}:elsewhere/0") == 1, what="cursor saved")
+        before = inventory(rds)
+
+        client.admin.create_topic(topic, partitions=1)
+        produce(client, topic, 3)
+        assert consume_as_old_group(client, topic, group, 3) == [b"0", b"1", b"2"]
+        assert consume_as_old_subscription(client, topic, sub, 3) == [b"0", b"1", b"2"]
+        # What used to make a re-created topic skip its first records: both positions are at 3.
+        assert rds.hget(f"sluice:off:{{{group}}}:default", f"{topic}/0") == b"3"
+        eventually(lambda: rds.exists(f"sluice:cur:{{{sub}}}:{topic}/0") == 1, what="cursor saved")
+        registered = {k.decode() for k in rds.hkeys(f"sluice:topic:{{{topic}}}:refs")}
+        assert registered == {
+            f"sluice:off:{{{group}}}:default",
+            f"sluice:cur:{{{sub}}}:{topic}/0",
+            f"sluice:cur:{{{sub}}}:{topic}/0:epoch",
+        }
+
+        client.admin.delete_topic(topic)
+        # The dispatcher drops the (lingering) subscription when it sees the delete; its last cursor
+        # save is refused by the offset store, so nothing comes back after the purge.
+        eventually(lambda: not_loaded(own, client, topic, sub), timeout=15, what="subscription unloaded")
+        after = inventory(rds)
+        assert after == before, f"left behind: {sorted(after - before)}; removed: {sorted(before - after)}"
+
+        client.admin.create_topic(topic, partitions=1)
+        # More records than the old positions (3), so a leftover position would skip the first three
+        # rather than fall off the log end (which auto_offset_reset would mend).
+        fresh = [b"new-%d" % i for i in range(5)]
+        with client.producer(topic, linger="1ms") as p:
+            for value in fresh:
+                p.send(value)
+            p.flush()
+        assert consume_as_old_group(client, topic, group, 5) == fresh
+        assert consume_as_old_subscription(client, topic, sub, 5) == fresh
+        # Deleted again, it leaves nothing either (and the dispatcher goes quiet for the next test).
+        client.admin.delete_topic(topic)
+        eventually(lambda: not_loaded(own, client, topic, sub), timeout=15, what="subscription unloaded")
+        assert inventory(rds) == before
+
+
+def _commit(
+    store: offset_store_pb2_grpc.OffsetStoreStub, group: str, topic: str, offset: int, topic_id: str
+) -> offset_store_pb2.PartitionOffsetResult:
+    """A broadcasting commit (membership checked, no partition owner needed) of ``topic``/0."""
+    request = offset_store_pb2.CommitOffsetsRequest(
+        group=group,
+        member_id="zombie",
+        member_epoch=1,
+        message_model=coordinator_pb2.MESSAGE_MODEL_BROADCASTING,
+        offsets=[
+            offset_store_pb2.PartitionOffset(topic=topic, partition=0, offset=offset, topic_id=topic_id)
+        ],
+    )
+    [result] = call(store.CommitOffsets, request, timeout=10).results
+    return result
+
+
+def _save(
+    store: offset_store_pb2_grpc.OffsetStoreStub, sub: str, topic: str, mark: int, topic_id: str
+) -> common_pb2.Error:
+    cursor = offset_store_pb2.Cursor(
+        topic=topic, partition=0, subscription=sub, mark_delete=mark, owner_epoch=1, topic_id=topic_id
+    )
+    request = offset_store_pb2.SaveCursorsRequest(cursors=[cursor])
+    [error] = call(store.SaveCursors, request, timeout=10).errors
+    return error
+
+
+def test_a_writer_holding_the_old_topics_position_is_fenced(own: PushCluster, rds: redis.Redis) -> None:
+    """Races the purge alone cannot close: a consumer or dispatcher still holding the deleted topic's
+    position writes it after the delete (it must not resurrect anything) or after the re-creation (it
+    must not land in the new topic). Both are refused by topic_id, atomically with the check."""
+    topic, group, sub = "fenced", "zombie-group", "zombie-sub"
+    # A broadcasting member the coordinator knows (its membership key, as the group protocol writes it).
+    rds.hset(f"sluice:grp:{{{group}}}:members", "zombie", "1")
+    start = inventory(rds)
+    with Client(own.bootstrap, request_timeout=10) as client:
+        store = client._channels.stub(own.offset_store.address, offset_store_pb2_grpc.OffsetStoreStub)
+        old = client.admin.create_topic(topic, partitions=1).topic_id
+        assert _commit(store, group, topic, 5, old).error.code == common_pb2.NONE
+        assert _save(store, sub, topic, 5, old).code == common_pb2.NONE
+        fetched = call(
+            store.FetchOffsets,
+            offset_store_pb2.FetchOffsetsRequest(
+                group=group, member_id="zombie", partitions=[common_pb2.TopicPartition(topic=topic)]
+            ),
+            timeout=10,
+        )
+        assert [(o.offset, o.topic_id) for o in fetched.offsets] == [(5, old)]
+        assert rds.smembers(f"sluice:off:{{{group}}}:default:members") == {b"zombie"}
+
+        client.admin.delete_topic(topic)
+        # Offsets (and the member's emptied hash and index entry), cursor, epoch, registry: all gone.
+        purged = inventory(rds)
+        assert purged == start, (sorted(purged - start), sorted(start - purged))
+        # After the delete: refused, and nothing is written (no key comes back).
+        late = _commit(store, group, topic, 9, old)
+        assert late.error.code == common_pb2.UNKNOWN_TOPIC_ID, late
+        assert "was deleted" in late.error.message
+        assert _save(store, sub, topic, 9, old).code == common_pb2.UNKNOWN_TOPIC_ID
+        # Without a topic_id a write to a topic that does not exist is refused too.
+        assert _commit(store, group, topic, 9, "").error.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+        assert _save(store, sub, topic, 9, "").code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+        assert inventory(rds) == purged
+
+        new = client.admin.create_topic(topic, partitions=1).topic_id
+        assert new != old
+        # After the re-creation: the old incarnation's positions stay out of the new topic.
+        stale = _commit(store, group, topic, 9, old)
+        assert stale.error.code == common_pb2.UNKNOWN_TOPIC_ID
+        assert new in stale.error.message
+        assert _save(store, sub, topic, 9, old).code == common_pb2.UNKNOWN_TOPIC_ID
+        assert rds.hget(f"sluice:off:{{{group}}}:default:m:zombie", f"{topic}/0") is None
+        assert rds.get(f"sluice:cur:{{{sub}}}:{topic}/0") is None
+        # The new incarnation's writers go through, and the delete removes them again.
+        assert _commit(store, group, topic, 1, new).error.code == common_pb2.NONE
+        assert _save(store, sub, topic, 1, new).code == common_pb2.NONE
+        client.admin.delete_topic(topic)
+    assert inventory(rds) == start
+
+
+def test_deleting_an_unknown_topic_is_a_typed_error(own: PushCluster) -> None:
+    with Client(own.bootstrap, request_timeout=10) as client:
+        with pytest.raises(UnknownTopicOrPartition, match="'never-was' does not exist"):
+            client.admin.delete_topic("never-was")
+        client.admin.create_topic("once", partitions=1)
+        client.admin.delete_topic("once")
+        with pytest.raises(UnknownTopicOrPartition, match="'once' does not exist"):
+            client.admin.delete_topic("once")
+    result = subprocess.run(
+        [sys.executable, "-m", "sluice", "--bootstrap", own.bootstrap, "topic", "delete", "never-was"],
+        capture_output=True,
+        timeout=60,
+        env=_env(),
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 1
+    err = result.stderr.decode()
+    assert err.startswith("error: UNKNOWN_TOPIC_OR_PARTITION: "), err
+    assert "never-was" in err
+    assert "Traceback" not in err
