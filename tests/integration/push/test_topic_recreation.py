@@ -8,6 +8,7 @@ before and after, so no other test may write to this Redis meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ import redis
 from sluice import Client
 from sluice.client.consumer import Consumer
 from sluice.client.rpc import call
-from sluice.errors import UnknownTopicOrPartition
+from sluice.errors import UnknownTopicId, UnknownTopicOrPartition
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
 from tests.harness import ROOT, _env
 from tests.integration.push.conftest import PushCluster, run_push_cluster
@@ -249,3 +250,41 @@ def test_deleting_an_unknown_topic_is_a_typed_error(own: PushCluster) -> None:
     assert err.startswith("error: UNKNOWN_TOPIC_OR_PARTITION: "), err
     assert "never-was" in err
     assert "Traceback" not in err
+
+
+def test_a_live_group_consumer_outliving_the_recreation_reads_the_new_topic_from_its_start(
+    own: PushCluster, rds: redis.Redis
+) -> None:
+    """A member that keeps its partition across a delete and re-create holds the old topic's position:
+    its commit is refused (UnknownTopicId), and it looks its position up again on the new topic, so no
+    record of the new topic is skipped (some may come twice: at least once)."""
+    topic, group = "live", "live-group"
+    with Client(own.bootstrap, request_timeout=10) as client:
+        client.admin.create_topic(topic, partitions=1)
+        produce(client, topic, 3)
+        c = client.consumer(group, [topic], auto_offset_reset="earliest", **FAST)
+        try:
+            assert poll_values(c, 3) == [b"0", b"1", b"2"]
+            c.commit()
+            client.admin.delete_topic(topic)
+            client.admin.create_topic(topic, partitions=1)
+            fresh = [b"new-%d" % i for i in range(5)]
+            with client.producer(topic, linger="1ms") as p:
+                for value in fresh:
+                    p.send(value)
+                p.flush()
+            got: list[bytes] = []
+            deadline = time.monotonic() + 20
+            while got[-5:] != fresh:
+                assert time.monotonic() < deadline, f"the new topic's records did not all arrive: {got}"
+                # The fetch that ran while no topic had the name says so once (an existing answer).
+                with contextlib.suppress(UnknownTopicOrPartition):
+                    got += [r.value or b"" for r in c.poll(0.2)]
+                with contextlib.suppress(UnknownTopicId):
+                    c.commit()  # refused while the position is the old topic's; then it starts over
+            assert set(fresh) <= set(got)
+            c.commit()
+            assert rds.hget(f"sluice:off:{{{group}}}:default", f"{topic}/0") == b"5"
+        finally:
+            c.close()
+        client.admin.delete_topic(topic)
