@@ -288,3 +288,62 @@ def test_a_live_group_consumer_outliving_the_recreation_reads_the_new_topic_from
         finally:
             c.close()
         client.admin.delete_topic(topic)
+
+
+def test_split_track_offsets_copied_by_the_coordinator_are_purged_too(
+    own: PushCluster, rds: redis.Redis
+) -> None:
+    """The coordinator copies offsets into a split track's hash (HCOPY in its fenced write): that copy is
+    registered like any other writer's, so the delete finds it while the group is still live."""
+    topic, group = "split-copy", "split-group"
+    with Client(own.bootstrap, request_timeout=10) as client:
+        coordinator = client._metadata.coordinator_stub()
+        store = client._channels.stub(own.offset_store.address, offset_store_pb2_grpc.OffsetStoreStub)
+        topic_id = client.admin.create_topic(topic, partitions=1).topic_id
+        call(
+            coordinator.SetGroupConfig,
+            coordinator_pb2.SetGroupConfigRequest(
+                group=group, config=coordinator_pb2.GroupConfig(conflict_policy="split")
+            ),
+            timeout=10,
+        )
+        a = call(
+            coordinator.Heartbeat,
+            coordinator_pb2.GroupHeartbeatRequest(group=group, subscription={topic: "tagA"}),
+            timeout=10,
+        )
+        request = offset_store_pb2.CommitOffsetsRequest(
+            group=group,
+            member_id=a.member_id,
+            member_epoch=a.member_epoch,
+            offsets=[offset_store_pb2.PartitionOffset(topic=topic, partition=0, offset=4, topic_id=topic_id)],
+        )
+        [result] = call(store.CommitOffsets, request, timeout=10).results
+        assert result.error.code == common_pb2.NONE, result
+        b = call(
+            coordinator.Heartbeat,
+            coordinator_pb2.GroupHeartbeatRequest(group=group, subscription={topic: "tagB"}),
+            timeout=10,
+        )
+        [track] = {p.track for p in b.assignment.partitions}
+        assert track != "default"
+        copied = f"sluice:off:{{{group}}}:{track}"
+        assert rds.hget(copied, f"{topic}/0") == b"4"  # the new track starts where the default one is
+        assert rds.hget(f"sluice:topic:{{{topic}}}:refs", copied) == b"h"
+        client.admin.delete_topic(topic)
+        leftovers = sorted(e for e in inventory(rds) if f"{topic}/" in e or f"{{{topic}}}" in e)
+        owners = [e for e in leftovers if f":grp:{{{group}}}:owners" in e]
+        # Only ownership stays until the group drops the partitions (the group protocol's state).
+        assert leftovers == owners, leftovers
+        for member in (a, b):
+            call(
+                coordinator.Heartbeat,
+                coordinator_pb2.GroupHeartbeatRequest(
+                    group=group, member_id=member.member_id, member_epoch=-1
+                ),
+                timeout=10,
+            )
+        eventually(
+            lambda: not [e for e in inventory(rds) if f"{topic}/" in e or f"{{{topic}}}" in e],
+            what="ownership released",
+        )
