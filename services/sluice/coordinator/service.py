@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar
 from redis.asyncio import Redis
 
 from sluice.coordinator.broker_updates import UNKNOWN_VERSION, BrokerNotifier
+from sluice.coordinator.cluster.adopt import adopt_legacy_positions
 from sluice.coordinator.cluster.model import (
     BrokerHeartbeatResult,
     BrokerUpdate,
@@ -106,6 +107,7 @@ class CoordinatorService:
         self._coordinator_endpoint = coordinator_endpoint
         self._offset_store = offset_store
         self._state = CoordinatorState(settings=settings, group_settings=self._group_settings)
+        self._redis = redis
         self._store = MetadataStore(redis, key_prefix, self._state.codec)
         self._group_keys = GroupKeys(key_prefix)
         self._keys = Keys(key_prefix)
@@ -193,6 +195,13 @@ class CoordinatorService:
                     *full_sync_ops(self.groups, self._group_keys),
                     *topic_sync_ops(self.cluster.topics.values(), self._keys),
                 ],
+            )
+            # Once per Redis: positions written before topic refs existed (cluster/adopt.py).
+            await adopt_legacy_positions(
+                self._redis,
+                self._keys,
+                frozenset(self.cluster.topics),
+                lambda ops: self._store.write(self._epoch, (), ops),
             )
         await self._stop_timers()  # a re-election: fresh timers for the new term
         loop = asyncio.get_running_loop()

@@ -94,10 +94,18 @@ class Keys:
         """
         return f"{self.prefix}:topic:{{{topic}}}:refs"
 
+    def member_hash_prefix(self, index_key: str) -> str:
+        """The prefix of the per-member hashes a ``member_index`` key lists (``<prefix><member_id>``)."""
+        return index_key.removesuffix(":members") + ":m:"
+
     # ---- push cursors (owned here) ----
     def cursor(self, subscription: str, topic: str, partition: int) -> str:
         """string: the encoded cursor (see cursor_codec)."""
         return f"{self.prefix}:cur:{{{subscription}}}:{topic}/{partition}"
+
+    def cursor_topic(self, key: str) -> str:
+        """The topic of a ``cursor`` or ``cursor_epoch`` key (``{P}:cur:{S}:T/p[:epoch]``)."""
+        return key.partition("}:")[2].partition("/")[0]
 
     def cursor_epoch(self, subscription: str, topic: str, partition: int) -> str:
         """string: owner epoch of the dispatcher allowed to write the cursor."""

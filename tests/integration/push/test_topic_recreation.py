@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -23,7 +24,7 @@ from sluice.client.consumer import Consumer
 from sluice.client.rpc import call
 from sluice.errors import UnknownTopicId, UnknownTopicOrPartition
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
-from tests.harness import ROOT, _env
+from tests.harness import ROOT, _env, restart, run_redis, start_service
 from tests.integration.push.conftest import PushCluster, run_push_cluster
 from tests.integration.push.helpers import drain, eventually, produce
 
@@ -347,3 +348,44 @@ def test_split_track_offsets_copied_by_the_coordinator_are_purged_too(
             lambda: not [e for e in inventory(rds) if f"{topic}/" in e or f"{{{topic}}}" in e],
             what="ownership released",
         )
+
+
+def test_positions_written_before_topic_refs_are_adopted_once_when_the_coordinator_starts() -> None:
+    """An upgrade: offsets and cursors an older offset store wrote are in no refs hash. The coordinator
+    registers them once, purging those of topics deleted long ago, so every later delete finds them."""
+    common = ("--port", "0", "--metrics-port", "0")
+    with run_redis() as rs, tempfile.TemporaryDirectory() as data:
+        coordinator = start_service("coordinator", *common, "--redis-url", rs.url)
+        broker = start_service(
+            "broker", *common, "--data-dir", data, "--broker-id", "1", "--coordinator", coordinator.address
+        )
+        r = redis.Redis.from_url(rs.url)
+        try:
+            with Client(coordinator.address, request_timeout=10) as client:
+                client.admin.create_topic("kept", partitions=1)
+            assert r.get("sluice:coordinator:refs-adopted") == b"1"  # a fresh Redis has nothing to adopt
+            r.delete("sluice:coordinator:refs-adopted")  # ... this one is as an older release left it:
+            r.hset("sluice:off:{g}:default", mapping={"ghost/0": 7, "kept/0": 3})
+            r.hset("sluice:off:{b}:default:m:m1", mapping={"ghost/0": 1})
+            r.sadd("sluice:off:{b}:default:members", "m1")
+            r.set("sluice:cur:{s}:ghost/0", b"cursor")
+            r.set("sluice:cur:{s}:ghost/0:epoch", 1)
+            r.set("sluice:cur:{s}:kept/0", b"cursor")
+            coordinator.terminate()
+            coordinator = restart(coordinator)
+            assert r.hgetall("sluice:off:{g}:default") == {b"kept/0": b"3"}
+            gone = ("sluice:off:{b}:default:m:m1", "sluice:off:{b}:default:members", "sluice:cur:{s}:ghost/0")
+            assert r.exists(*gone, "sluice:cur:{s}:ghost/0:epoch", "sluice:topic:{ghost}:refs") == 0
+            assert r.hgetall("sluice:topic:{kept}:refs") == {
+                b"sluice:off:{g}:default": b"h",
+                b"sluice:cur:{s}:kept/0": b"k",
+            }
+            assert r.get("sluice:coordinator:refs-adopted") == b"1"
+            with Client(coordinator.address, request_timeout=10) as client:
+                client.admin.delete_topic("kept")
+            assert r.hgetall("sluice:off:{g}:default") == {}
+            assert r.exists("sluice:cur:{s}:kept/0", "sluice:topic:{kept}:refs") == 0
+        finally:
+            r.close()
+            broker.terminate()
+            coordinator.terminate()
