@@ -389,3 +389,49 @@ def test_positions_written_before_topic_refs_are_adopted_once_when_the_coordinat
             r.close()
             broker.terminate()
             coordinator.terminate()
+
+
+def test_a_live_push_consumer_outliving_the_recreation_never_skips_the_new_topics_start(
+    own: PushCluster, rds: redis.Redis
+) -> None:
+    """The dispatcher unloads a subscription whose topic changed identity (its cursor saves are refused
+    anyway). Depending on when it notices, the consumer either fails with the typed error naming the
+    re-creation (and the subscription subscribed again starts at the new topic's first record), or its
+    reconnect already lands on the new topic and reads it from the first record. Never does it read on
+    from the old position alone."""
+    topic, sub = "live-push", "live-sub"
+    with Client(own.bootstrap, request_timeout=10) as client:
+        client.admin.create_topic(topic, partitions=1)
+        produce(client, topic, 3)
+        pc = client.push_consumer(topic, sub, "exclusive", initial_position="earliest")
+        got: list[bytes] = []
+        error: UnknownTopicOrPartition | None = None
+        try:
+            assert [m.value for m in drain(pc, 3)] == [b"0", b"1", b"2"]
+            eventually(lambda: rds.exists(f"sluice:cur:{{{sub}}}:{topic}/0") == 1, what="cursor saved")
+            client.admin.delete_topic(topic)
+            client.admin.create_topic(topic, partitions=1)
+            fresh = [b"new-%d" % i for i in range(5)]
+            with client.producer(topic, linger="1ms") as p:
+                for value in fresh:
+                    p.send(value)
+                p.flush()
+            deadline = time.monotonic() + 20
+            while got[-5:] != fresh:
+                assert time.monotonic() < deadline, f"neither an error nor the new topic's records: {got}"
+                try:
+                    msg = pc.receive(timeout=1.0)
+                except TimeoutError:
+                    continue
+                except UnknownTopicOrPartition as exc:
+                    error = exc
+                    break
+                got.append(msg.value or b"")
+                pc.ack(msg)
+        finally:
+            pc.close()
+        if error is not None:
+            assert "re-created" in str(error)
+            assert consume_as_old_subscription(client, topic, sub, 5) == fresh
+        client.admin.delete_topic(topic)
+        eventually(lambda: not_loaded(own, client, topic, sub), timeout=15, what="subscription unloaded")
