@@ -25,13 +25,8 @@ from sluice.offsetstore.model import (
     StoredCursor,
     TopicPartition,
 )
-from sluice.offsetstore.storage import (
-    FetchedOffsets,
-    PositionStore,
-    TopicRefusal,
-    group_not_empty,
-    topic_error,
-)
+from sluice.offsetstore.storage import FetchedOffsets, PositionStore, group_not_empty
+from sluice.offsetstore.topic_identity import TopicRefusal, topic_error
 
 log = logging.getLogger(__name__)
 

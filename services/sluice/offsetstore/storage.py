@@ -36,12 +36,11 @@ from sluice.errors import (
     StaleMemberEpoch,
     StorageError,
     UnknownMember,
-    UnknownTopicId,
-    UnknownTopicOrPartition,
 )
 from sluice.offsetstore import scripts
 from sluice.offsetstore.keys import Keys, partition_field, split_field
 from sluice.offsetstore.model import CommitOutcome, CursorKey, MessageModel, OffsetCommit, TopicPartition
+from sluice.offsetstore.topic_identity import TopicRefusal, parse_save_result, topic_error
 from sluice.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -63,15 +62,6 @@ class FetchedOffsets:
 
     offsets: dict[TopicPartition, int]
     topic_ids: dict[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class TopicRefusal:
-    """A write refused for its topic: ``code`` UNKNOWN_TOPIC_ID or UNKNOWN_TOPIC_OR_PARTITION, and the
-    topic's current id ("" when no topic has the name)."""
-
-    code: int
-    current_id: str
 
 
 def connect(url: str) -> aioredis.Redis:
@@ -298,7 +288,7 @@ class PositionStore:
         results: list[int | TopicRefusal | None] = [None] * len(writes)
         for indexes, reply in zip(by_subscription.values(), replies, strict=True):
             for i, raw in zip(indexes, reply, strict=True):
-                results[i] = _save_result(_text(raw))
+                results[i] = parse_save_result(_text(raw))
         return results
 
     async def _evalsha_pipeline(self, script: AsyncScript, calls: list[list[str | int | bytes]]) -> list[Any]:
@@ -344,29 +334,6 @@ def group_not_empty(group: str, live: int) -> GroupNotEmpty:
         group=group,
         live=live,
     )
-
-
-def topic_error(refusal: TopicRefusal, topic: str, given: str, what: str) -> SluiceError:
-    """The typed refusal of a write whose topic is gone or is another incarnation now."""
-    if refusal.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION:
-        return UnknownTopicOrPartition(f"{what}: topic {topic!r} does not exist", topic=topic)
-    now = f"it was re-created with topic_id {refusal.current_id}" if refusal.current_id else "it was deleted"
-    return UnknownTopicId(
-        f"{what}: topic {topic!r} is not the incarnation {given} any more: {now}. The position belongs "
-        "to the old topic and was not written; re-read the metadata and start again from the new topic",
-        topic=topic,
-        topic_id=given,
-        current_topic_id=refusal.current_id,
-    )
-
-
-def _save_result(raw: str) -> int | TopicRefusal | None:
-    if not raw:
-        return None
-    if raw[0] == "E":
-        return int(raw[1:])
-    code, _, current = raw[1:].partition(":")
-    return TopicRefusal(int(code), current)
 
 
 def _commit_error(

@@ -8,94 +8,29 @@ before and after, so no other test may write to this Redis meanwhile.
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
 
-import grpc
 import pytest
 import redis
 
 from sluice import Client
-from sluice.client.consumer import Consumer
 from sluice.client.rpc import call
-from sluice.errors import UnknownTopicId, UnknownTopicOrPartition
+from sluice.errors import UnknownTopicOrPartition
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
-from tests.harness import ROOT, _env, restart, run_redis, start_service
-from tests.integration.push.conftest import PushCluster, run_push_cluster
-from tests.integration.push.helpers import drain, eventually, produce
+from tests.harness import ROOT, _env
+from tests.integration.push.conftest import PushCluster
+from tests.integration.push.helpers import eventually, produce
+from tests.integration.push.identity_helpers import (
+    consume_as_old_group,
+    consume_as_old_subscription,
+    inventory,
+    not_loaded,
+    own,
+    rds,
+)
 
-FAST = {"session_timeout": "5s", "fetch_max_wait": "100ms", "enable_auto_commit": False}
-
-
-@pytest.fixture(scope="module")
-def own() -> Iterator[PushCluster]:
-    with run_push_cluster() as c:
-        yield c
-
-
-@pytest.fixture
-def rds(own: PushCluster) -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(own.redis.url)
-    yield r
-    r.close()
-
-
-def inventory(r: redis.Redis) -> set[str]:
-    """Every key, and every field of a hash and member of a set: what a deleted topic could leak
-    (group offsets live in hash fields, broadcasting members in index sets)."""
-    out: set[str] = set()
-    for raw in r.scan_iter(count=1000):
-        key = raw.decode()
-        out.add(key)
-        kind = r.type(raw).decode()
-        if kind == "hash":
-            out |= {f"{key} #{f.decode()}" for f in r.hkeys(raw)}
-        elif kind == "set":
-            out |= {f"{key} @{m.decode()}" for m in r.smembers(raw)}
-        elif kind != "string":
-            raise AssertionError(f"{key}: a {kind} key; teach inventory() to count inside it")
-    return out
-
-
-def poll_values(consumer: Consumer, n: int, timeout: float = 15.0) -> list[bytes]:
-    got: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < n:
-        assert time.monotonic() < deadline, f"only {got} of {n} records arrived"
-        got += [r.value or b"" for r in consumer.poll(0.2)]
-    return got
-
-
-def consume_as_old_group(client: Client, topic: str, group: str, n: int) -> list[bytes]:
-    """Join ``group`` (earliest when nothing is committed), read ``n`` records, commit, leave."""
-    c = client.consumer(group, [topic], auto_offset_reset="earliest", **FAST)
-    try:
-        values = poll_values(c, n)
-        c.commit()
-    finally:
-        c.close()
-    return values
-
-
-def consume_as_old_subscription(client: Client, topic: str, subscription: str, n: int) -> list[bytes]:
-    """Read and ack ``n`` messages of a durable subscription (earliest when it has no cursor yet)."""
-    pc = client.push_consumer(topic, subscription, "exclusive", initial_position="earliest")
-    try:
-        return [m.value or b"" for m in drain(pc, n)]
-    finally:
-        pc.close()
-
-
-def not_loaded(own: PushCluster, client: Client, topic: str, subscription: str) -> bool:
-    try:
-        own.describe(client, topic, subscription)
-    except grpc.RpcError as exc:
-        return exc.code() == grpc.StatusCode.NOT_FOUND
-    return False
+__all__ = ["own", "rds"]  # the fixtures, imported for pytest
 
 
 def test_recreated_topic_starts_clean_and_the_delete_leaves_nothing(
@@ -253,44 +188,6 @@ def test_deleting_an_unknown_topic_is_a_typed_error(own: PushCluster) -> None:
     assert "Traceback" not in err
 
 
-def test_a_live_group_consumer_outliving_the_recreation_reads_the_new_topic_from_its_start(
-    own: PushCluster, rds: redis.Redis
-) -> None:
-    """A member that keeps its partition across a delete and re-create holds the old topic's position:
-    its commit is refused (UnknownTopicId), and it looks its position up again on the new topic, so no
-    record of the new topic is skipped (some may come twice: at least once)."""
-    topic, group = "live", "live-group"
-    with Client(own.bootstrap, request_timeout=10) as client:
-        client.admin.create_topic(topic, partitions=1)
-        produce(client, topic, 3)
-        c = client.consumer(group, [topic], auto_offset_reset="earliest", **FAST)
-        try:
-            assert poll_values(c, 3) == [b"0", b"1", b"2"]
-            c.commit()
-            client.admin.delete_topic(topic)
-            client.admin.create_topic(topic, partitions=1)
-            fresh = [b"new-%d" % i for i in range(5)]
-            with client.producer(topic, linger="1ms") as p:
-                for value in fresh:
-                    p.send(value)
-                p.flush()
-            got: list[bytes] = []
-            deadline = time.monotonic() + 20
-            while got[-5:] != fresh:
-                assert time.monotonic() < deadline, f"the new topic's records did not all arrive: {got}"
-                # The fetch that ran while no topic had the name says so once (an existing answer).
-                with contextlib.suppress(UnknownTopicOrPartition):
-                    got += [r.value or b"" for r in c.poll(0.2)]
-                with contextlib.suppress(UnknownTopicId):
-                    c.commit()  # refused while the position is the old topic's; then it starts over
-            assert set(fresh) <= set(got)
-            c.commit()
-            assert rds.hget(f"sluice:off:{{{group}}}:default", f"{topic}/0") == b"5"
-        finally:
-            c.close()
-        client.admin.delete_topic(topic)
-
-
 def test_split_track_offsets_copied_by_the_coordinator_are_purged_too(
     own: PushCluster, rds: redis.Redis
 ) -> None:
@@ -348,90 +245,3 @@ def test_split_track_offsets_copied_by_the_coordinator_are_purged_too(
             lambda: not [e for e in inventory(rds) if f"{topic}/" in e or f"{{{topic}}}" in e],
             what="ownership released",
         )
-
-
-def test_positions_written_before_topic_refs_are_adopted_once_when_the_coordinator_starts() -> None:
-    """An upgrade: offsets and cursors an older offset store wrote are in no refs hash. The coordinator
-    registers them once, purging those of topics deleted long ago, so every later delete finds them."""
-    common = ("--port", "0", "--metrics-port", "0")
-    with run_redis() as rs, tempfile.TemporaryDirectory() as data:
-        coordinator = start_service("coordinator", *common, "--redis-url", rs.url)
-        broker = start_service(
-            "broker", *common, "--data-dir", data, "--broker-id", "1", "--coordinator", coordinator.address
-        )
-        r = redis.Redis.from_url(rs.url)
-        try:
-            with Client(coordinator.address, request_timeout=10) as client:
-                client.admin.create_topic("kept", partitions=1)
-            assert r.get("sluice:coordinator:refs-adopted") == b"1"  # a fresh Redis has nothing to adopt
-            r.delete("sluice:coordinator:refs-adopted")  # ... this one is as an older release left it:
-            r.hset("sluice:off:{g}:default", mapping={"ghost/0": 7, "kept/0": 3})
-            r.hset("sluice:off:{b}:default:m:m1", mapping={"ghost/0": 1})
-            r.sadd("sluice:off:{b}:default:members", "m1")
-            r.set("sluice:cur:{s}:ghost/0", b"cursor")
-            r.set("sluice:cur:{s}:ghost/0:epoch", 1)
-            r.set("sluice:cur:{s}:kept/0", b"cursor")
-            coordinator.terminate()
-            coordinator = restart(coordinator)
-            assert r.hgetall("sluice:off:{g}:default") == {b"kept/0": b"3"}
-            gone = ("sluice:off:{b}:default:m:m1", "sluice:off:{b}:default:members", "sluice:cur:{s}:ghost/0")
-            assert r.exists(*gone, "sluice:cur:{s}:ghost/0:epoch", "sluice:topic:{ghost}:refs") == 0
-            assert r.hgetall("sluice:topic:{kept}:refs") == {
-                b"sluice:off:{g}:default": b"h",
-                b"sluice:cur:{s}:kept/0": b"k",
-            }
-            assert r.get("sluice:coordinator:refs-adopted") == b"1"
-            with Client(coordinator.address, request_timeout=10) as client:
-                client.admin.delete_topic("kept")
-            assert r.hgetall("sluice:off:{g}:default") == {}
-            assert r.exists("sluice:cur:{s}:kept/0", "sluice:topic:{kept}:refs") == 0
-        finally:
-            r.close()
-            broker.terminate()
-            coordinator.terminate()
-
-
-def test_a_live_push_consumer_outliving_the_recreation_never_skips_the_new_topics_start(
-    own: PushCluster, rds: redis.Redis
-) -> None:
-    """The dispatcher unloads a subscription whose topic changed identity (its cursor saves are refused
-    anyway). Depending on when it notices, the consumer either fails with the typed error naming the
-    re-creation (and the subscription subscribed again starts at the new topic's first record), or its
-    reconnect already lands on the new topic and reads it from the first record. Never does it read on
-    from the old position alone."""
-    topic, sub = "live-push", "live-sub"
-    with Client(own.bootstrap, request_timeout=10) as client:
-        client.admin.create_topic(topic, partitions=1)
-        produce(client, topic, 3)
-        pc = client.push_consumer(topic, sub, "exclusive", initial_position="earliest")
-        got: list[bytes] = []
-        error: UnknownTopicOrPartition | None = None
-        try:
-            assert [m.value for m in drain(pc, 3)] == [b"0", b"1", b"2"]
-            eventually(lambda: rds.exists(f"sluice:cur:{{{sub}}}:{topic}/0") == 1, what="cursor saved")
-            client.admin.delete_topic(topic)
-            client.admin.create_topic(topic, partitions=1)
-            fresh = [b"new-%d" % i for i in range(5)]
-            with client.producer(topic, linger="1ms") as p:
-                for value in fresh:
-                    p.send(value)
-                p.flush()
-            deadline = time.monotonic() + 20
-            while got[-5:] != fresh:
-                assert time.monotonic() < deadline, f"neither an error nor the new topic's records: {got}"
-                try:
-                    msg = pc.receive(timeout=1.0)
-                except TimeoutError:
-                    continue
-                except UnknownTopicOrPartition as exc:
-                    error = exc
-                    break
-                got.append(msg.value or b"")
-                pc.ack(msg)
-        finally:
-            pc.close()
-        if error is not None:
-            assert "re-created" in str(error)
-            assert consume_as_old_subscription(client, topic, sub, 5) == fresh
-        client.admin.delete_topic(topic)
-        eventually(lambda: not_loaded(own, client, topic, sub), timeout=15, what="subscription unloaded")
