@@ -382,7 +382,7 @@ Global___PushedMessage: _TypeAlias = PushedMessage  # noqa: Y015
 
 @_typing.final
 class RecordBatches(_message.Message):
-    """Records of one partition in the codec's batch format (services/sluice/codec/batch.py)."""
+    """Records of one partition in the codec's batch format (services/sluice/codec/batch/)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
