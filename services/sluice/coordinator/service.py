@@ -513,7 +513,16 @@ class CoordinatorService:
                     for group, member, reason in outcome.removed:
                         log.warning("group %s: member %s removed (%s)", group, member, reason)
                         self._metrics.count_fenced(group, reason)
-                    if not outcome.removed and not outcome.assigned_groups:
+                    for group, topic, expr, track in outcome.expired_tracks:
+                        log.info(
+                            "group %s: offsets of topic %s read with filter %r (track %s) expired: "
+                            "unread for --group-offsets-retention",
+                            group,
+                            topic,
+                            expr,
+                            track,
+                        )
+                    if not outcome.changed:
                         break
                 await self._assign_due_groups()
             except SluiceError as exc:

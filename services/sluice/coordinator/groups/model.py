@@ -99,6 +99,9 @@ class GroupSettings:
     #: While a member waits for partitions (or the group for its assignment) it is told to heartbeat
     #: this often, so handoffs complete well within one regular heartbeat interval.
     reconcile_heartbeat_interval_ms: int = 300
+    #: A (topic, filter) that no member has read for this long loses its binding and its committed
+    #: offsets of that topic (Kafka's ``offsets.retention.minutes``, 7 days there too). 0: never.
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -218,3 +221,10 @@ class TickOutcome:
 
     removed: tuple[tuple[str, str, str], ...] = ()
     assigned_groups: tuple[str, ...] = ()
+    #: (group, topic, filter, track) bindings expired by the offsets retention, with their offsets.
+    expired_tracks: tuple[tuple[str, str, str, str], ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        """Whether the timer wrote: the caller calls again (one group per call)."""
+        return bool(self.removed or self.assigned_groups or self.expired_tracks)
