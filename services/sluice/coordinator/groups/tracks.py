@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 from sluice.coordinator.groups.group import Group
 from sluice.coordinator.groups.model import DEFAULT_TRACK, ConflictPolicy
@@ -147,22 +148,42 @@ def expire_tracks(
 
 
 def split_conflicts(group: Group) -> list[str]:
-    """Human-readable lines for topics that more than one filter reads (split groups)."""
+    """Human-readable lines for ``DescribeGroup.conflicts``: topics more than one filter reads (split
+    groups), and every handover, so an operator sees where a filter's position came from."""
     by_topic: dict[str, list[TrackEntry]] = {}
     for entry in group.tracks.values():
         by_topic.setdefault(entry.topic, []).append(entry)
     lines = []
     for topic in sorted(by_topic):
         entries = sorted(by_topic[topic], key=lambda e: (e.track != DEFAULT_TRACK, e.track))
-        if len(entries) < 2:
-            continue
-        parts = []
-        for e in entries:
-            holders = sorted(
-                m.member_id for m in group.members.values() if m.subscription.get(topic) == e.filter
+        if len(entries) >= 2:
+            parts = []
+            for e in entries:
+                holders = sorted(
+                    m.member_id for m in group.members.values() if m.subscription.get(topic) == e.filter
+                )
+                extra = f"; idle since {_when(e.idle_since_ms)}" if e.idle_since_ms else ""
+                if e.source and e.source != e.track:
+                    extra += (
+                        f"; handed the position of filter {e.inherited_filter!r} (track {e.source}) at "
+                        f"{_when(e.since_ms)}"
+                    )
+                parts.append(
+                    f"{e.filter!r} -> track {e.track} (members: {', '.join(holders) or 'none'}{extra})"
+                )
+            lines.append(
+                f"topic {topic!r} is read with {len(entries)} filters, split into tracks: " + "; ".join(parts)
             )
-            parts.append(f"{e.filter!r} -> track {e.track} (members: {', '.join(holders) or 'none'})")
-        lines.append(
-            f"topic {topic!r} is read with {len(entries)} filters, split into tracks: " + "; ".join(parts)
-        )
+        for e in entries:
+            if e.source == e.track:
+                lines.append(
+                    f"topic {topic!r}: filter {e.filter!r} took over track {e.track} from filter "
+                    f"{e.inherited_filter!r} at {_when(e.since_ms)}, with its position: records "
+                    f"{e.filter!r} matches that were already behind it were never delivered to "
+                    f"{e.filter!r} (`sluice track` names them SKIPPED_AT_HANDOVER)"
+                )
     return lines
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
