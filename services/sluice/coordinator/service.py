@@ -492,6 +492,8 @@ class CoordinatorService:
         rows = await self._lag.rows(self.cluster, description, group)
         if description is None and not any(r.committed >= 0 for r in rows):
             raise UnknownGroup(f"group {group!r} does not exist (no members, no committed offsets)")
+        if description is not None:
+            description = await self._lag.with_handovers(group, description)
         return description, rows
 
     async def _group_loop(self) -> None:

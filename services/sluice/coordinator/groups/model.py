@@ -31,6 +31,7 @@ __all__ = [
     "Slot",
     "TickOutcome",
     "TopicPartition",
+    "TrackBinding",
 ]
 
 #: (topic, partition).
@@ -197,6 +198,22 @@ class MemberDescription:
 
 
 @dataclass(frozen=True)
+class TrackBinding:
+    """One (topic, filter) -> offset track binding, for DescribeGroup (see ``records.TrackEntry``)."""
+
+    topic: str
+    filter: str
+    track: str
+    members: int
+    idle_since_ms: int
+    source_track: str
+    inherited_filter: str
+    since_ms: int
+    #: partition -> the offset the binding started from (filled from the offset store's keys).
+    handover_offsets: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class GroupDescription:
     group: str
     state: GroupState
@@ -213,6 +230,8 @@ class GroupDescription:
     owners: Mapping[Slot, str]
     #: Topics the group's members subscribe to, with their partition counts.
     topics: Mapping[str, int]
+    #: Every binding, read now or idle (DescribeGroup only; the lag refresh leaves it empty).
+    bindings: tuple[TrackBinding, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from sluice.coordinator.groups.model import (
     Slot,
     TickOutcome,
     TopicPartition,
+    TrackBinding,
 )
 from sluice.coordinator.groups.reconcile import MemberState, Reconciled, reconcile
 from sluice.coordinator.groups.records import (
@@ -877,6 +878,19 @@ class GroupsState:
             message_model=g.message_model,
             owners=dict(g.owner),
             topics=self._partitions(g.members.values()),
+            bindings=tuple(
+                TrackBinding(
+                    e.topic,
+                    e.filter,
+                    e.track,
+                    len(g.holders.get(e.topic, {}).get(e.filter, ())),
+                    e.idle_since_ms,
+                    e.source,
+                    e.inherited_filter,
+                    e.since_ms,
+                )
+                for e in sorted(g.tracks.values())
+            ),
         )
 
     def lag_view(self, group: str) -> GroupDescription:
