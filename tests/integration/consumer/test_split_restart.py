@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from sluice import Client
-from tests.harness import ROOT, restart
+from tests.harness import ROOT, restart, start_service
 from tests.integration.consumer.conftest import Cluster
 
 SCRIPT = Path(__file__).with_name("member_process.py")
@@ -166,3 +166,44 @@ def test_a_returning_tag_b_member_receives_every_tag_b_record_exactly_once(
     finally:
         for m in members:
             m.kill()
+
+
+def test_an_idle_filter_s_offsets_expire_after_a_shortened_retention(own_cluster: Cluster) -> None:
+    """``--group-offsets-retention`` on a real coordinator: kept while within it, gone after it."""
+    cluster = own_cluster
+    topic = cluster.topic(PARTITIONS, "retention")
+    cluster.coordinator.terminate()
+    cluster.coordinator = start_service(
+        "coordinator", *cluster.coordinator.args, "--group-offsets-retention", "2s"
+    )
+    admin = cluster.client()
+    wait_for("the broker back", lambda: any(b.alive for b in admin.metadata(refresh=True).brokers.values()))
+    group = "split-retention"
+    admin.admin.set_group_config(group, conflict_policy="split")
+    fast = {"auto_offset_reset": "earliest", "auto_commit_interval": "100ms", "fetch_max_wait": "100ms"}
+    a = cluster.client().consumer(group, {topic: "tagA"}, **fast)
+    b = cluster.client().consumer(group, {topic: "tagB"}, **fast)
+    produce(admin, topic, 4, 0)
+    got: list[object] = []
+    deadline = time.monotonic() + 20
+    while len(got) < 4:
+        assert time.monotonic() < deadline, got
+        a.poll(0.05)
+        got += b.poll(0.05)
+    tag_b_track = track_of(admin, group, topic, "tagB")
+    b.close()  # commits, leaves: the binding goes idle
+    assert committed(admin, group, tag_b_track) == dict.fromkeys(range(PARTITIONS), 2)
+    idle_since = time.monotonic()
+    [binding] = [t for t in admin.admin.describe_group(group).tracks if t.filter == "tagB"]
+    assert binding.members == 0
+    assert binding.idle_since_ms > 0
+
+    def expired() -> bool:
+        a.poll(0.05)  # tagA stays: only the idle filter expires
+        return not [t for t in admin.admin.describe_group(group).tracks if t.filter == "tagB"]
+
+    wait_for("the tagB binding to expire", expired, 15)
+    assert time.monotonic() - idle_since >= 1.5  # not before the retention
+    assert committed(admin, group, tag_b_track) == {}
+    assert committed(admin, group, "default") == dict.fromkeys(range(PARTITIONS), 2)
+    a.close()
