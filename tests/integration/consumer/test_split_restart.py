@@ -10,6 +10,7 @@ the restarted member was handed the default's position, silently skipping all of
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import pytest
 from sluice import Client
 from tests.harness import ROOT, restart, start_service
 from tests.integration.consumer.conftest import Cluster
+from tests.integration.consumer.test_seed_004 import sluice
 
 SCRIPT = Path(__file__).with_name("member_process.py")
 PARTITIONS = 4
@@ -118,9 +120,10 @@ def test_a_returning_tag_b_member_receives_every_tag_b_record_exactly_once(
     members: list[Member] = []
     try:
         a = Member(cluster, group, topic, "tagA")
+        members.append(a)
+        assert a.joined.wait(20)  # first, so tagA holds the default track and tagB gets its own
         b = Member(cluster, group, topic, "tagB")
-        members += [a, b]
-        assert a.joined.wait(20)
+        members.append(b)
         assert b.joined.wait(20)
         warm = produce(admin, topic, WARM_UP, 0)
         wait_for("the tagB member's warm-up records", lambda: len(b.records) >= WARM_UP)
@@ -145,6 +148,11 @@ def test_a_returning_tag_b_member_receives_every_tag_b_record_exactly_once(
         )
         assert committed(admin, group, tag_b_track) == before  # kept while nobody reads it
         assert track_of(admin, group, topic, "tagB") == tag_b_track
+        described = sluice(cluster, "group", "describe", group, "--format", "json")
+        assert described.returncode == 0, described.stderr
+        [idle] = [t for t in json.loads(described.stdout)["tracks"] if t["filter"] == "tagB"]
+        assert (idle["track"], idle["members"], idle["source_track"]) == (tag_b_track, 0, "default")
+        assert idle["idle_since_ms"] > 0
 
         back = Member(cluster, group, topic, "tagB")
         members.append(back)
