@@ -157,3 +157,32 @@ def test_split_track_reports_each_message_per_track(cluster: Cluster) -> None:
     }
     c1.close()
     c2.close()
+
+
+def test_reject_hands_the_position_to_the_next_filter_and_track_names_what_it_skipped(
+    cluster: Cluster,
+) -> None:
+    """Under ``reject`` a topic has one position: a tagB member joining once the tagA member left inherits
+    it, so the tagB records tagA's filtered fetches moved past never reach it. That is the documented rule;
+    what must not happen is that nobody can tell: describe records the handover, and ``sluice track``
+    says SKIPPED_AT_HANDOVER for exactly those records."""
+    topic = cluster.topic(4, "seed004h")
+    group = "seed004-handover"
+    c1 = cluster.client().consumer(group, {topic: "tagA"}, **FAST)
+    skipped = send_tag_b(cluster, topic)
+    drain([c1], lambda: committed(cluster, group) == dict.fromkeys(range(4), 2))
+    c1.close()
+    c2 = cluster.client().consumer(group, {topic: "tagB"}, **FAST)
+    later = send_tag_b(cluster, topic, 4, start=8)
+    got = drain([c2], lambda: committed(cluster, group) == dict.fromkeys(range(4), 3))
+    assert sorted(r.value for r in got[0]) == sorted(f"B{i}".encode() for i in range(8, 12))
+    [binding] = [t for t in cluster.client().admin.describe_group(group).tracks if t.topic == topic]
+    assert (binding.filter, binding.track, binding.inherited_filter) == ("tagB", "default", "tagA")
+    assert binding.handover_offsets == dict.fromkeys(range(4), 2)
+    described = sluice(cluster, "group", "describe", group)
+    assert "took over track default from filter 'tagA'" in described.stdout
+    for p, o in skipped:
+        assert track(cluster, topic, p, o, group) == {"tagB": "SKIPPED_AT_HANDOVER"}
+    for p, o in later:
+        assert track(cluster, topic, p, o, group) == {"tagB": "CONSUMED"}
+    c2.close()
