@@ -152,6 +152,21 @@ def describe_to_dict(d: Any) -> dict[str, Any]:
             for m in d.members
         ],
         "conflicts": d.conflicts,
+        # Every (topic, filter) -> track binding, idle ones included, with the handover that started it.
+        "tracks": [
+            {
+                "topic": t.topic,
+                "filter": t.filter,
+                "track": t.track,
+                "members": t.members,
+                "idle_since_ms": t.idle_since_ms or None,
+                "source_track": t.source_track or None,
+                "inherited_filter": t.inherited_filter or None,
+                "since_ms": t.since_ms or None,
+                "handover_offsets": {str(p): o for p, o in t.handover_offsets.items()},
+            }
+            for t in d.tracks
+        ],
         "offsets": [
             {
                 "topic": p.topic,

@@ -237,4 +237,18 @@ def describe_group_to_proto(
         ],
         lag=lag,
         conflicts=list(description.conflicts),
+        tracks=[
+            coordinator_pb2.TrackBinding(
+                topic=b.topic,
+                filter=b.filter,
+                track=b.track,
+                members=b.members,
+                idle_since_ms=b.idle_since_ms,
+                source_track=b.source_track,
+                inherited_filter=b.inherited_filter,
+                since_ms=b.since_ms,
+                handover_offsets=dict(b.handover_offsets),
+            )
+            for b in description.bindings
+        ],
     )

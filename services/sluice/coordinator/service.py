@@ -492,6 +492,8 @@ class CoordinatorService:
         rows = await self._lag.rows(self.cluster, description, group)
         if description is None and not any(r.committed >= 0 for r in rows):
             raise UnknownGroup(f"group {group!r} does not exist (no members, no committed offsets)")
+        if description is not None:
+            description = await self._lag.with_handovers(group, description)
         return description, rows
 
     async def _group_loop(self) -> None:
@@ -513,7 +515,16 @@ class CoordinatorService:
                     for group, member, reason in outcome.removed:
                         log.warning("group %s: member %s removed (%s)", group, member, reason)
                         self._metrics.count_fenced(group, reason)
-                    if not outcome.removed and not outcome.assigned_groups:
+                    for group, topic, expr, track in outcome.expired_tracks:
+                        log.info(
+                            "group %s: offsets of topic %s read with filter %r (track %s) expired: "
+                            "unread for --group-offsets-retention",
+                            group,
+                            topic,
+                            expr,
+                            track,
+                        )
+                    if not outcome.changed:
                         break
                 await self._assign_due_groups()
             except SluiceError as exc:

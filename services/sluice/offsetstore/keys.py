@@ -51,6 +51,11 @@ class Keys:
         """hash ``topic/partition`` -> next offset to consume, for one track."""
         return f"{self.prefix}:off:{{{group}}}:{track}"
 
+    def handover(self, group: str, track: str) -> str:
+        """hash ``topic/partition`` -> the offset a filter's binding to ``track`` started from (its
+        handover: docs/groups.md). Written by the coordinator, read by DescribeGroup."""
+        return f"{self.offsets(group, track)}:handover"
+
     def member_offsets_prefix(self, group: str, track: str) -> str:
         return f"{self.offsets(group, track)}:m:"
 

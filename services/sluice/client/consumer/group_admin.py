@@ -28,6 +28,7 @@ __all__ = [
     "GroupSummary",
     "MemberInfo",
     "PartitionLag",
+    "TrackInfo",
     "describe_group",
     "fetch_group_offsets",
     "list_groups",
@@ -85,6 +86,25 @@ class PartitionLag:
 
 
 @dataclass(frozen=True, slots=True)
+class TrackInfo:
+    """A (topic, filter) -> offset track binding (docs/groups.md, "Offset tracks"): it outlives its
+    members until the coordinator's offsets retention expires it."""
+
+    topic: str
+    filter: str
+    track: str
+    #: Members reading the topic with the filter now; 0: idle (since ``idle_since_ms``, unix ms).
+    members: int
+    idle_since_ms: int
+    #: The handover that started the binding: the track and filter whose position it took ("": none),
+    #: when (unix ms), and the offset it started from per partition.
+    source_track: str
+    inherited_filter: str
+    since_ms: int
+    handover_offsets: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
 class GroupConfigInfo:
     conflict_policy: str
     #: "" = the coordinator's default (sticky), or what most members ask for.
@@ -114,6 +134,7 @@ class GroupDescription:
     members: list[MemberInfo]
     lag: list[PartitionLag]
     conflicts: list[str] = field(default_factory=list)
+    tracks: list[TrackInfo] = field(default_factory=list)
 
     def filters(self, topic: str) -> dict[str, str]:
         """track -> the filter its live members read ``topic`` with."""
@@ -169,6 +190,20 @@ def describe_group(metadata: MetadataCache, group: str, timeout: float) -> Group
         sorted(members, key=lambda m: m.member_id),
         sorted(lag, key=lambda p: (p.topic, p.partition, p.track)),
         list(resp.conflicts),
+        [
+            TrackInfo(
+                b.topic,
+                b.filter,
+                b.track,
+                b.members,
+                b.idle_since_ms,
+                b.source_track,
+                b.inherited_filter,
+                b.since_ms,
+                dict(sorted(b.handover_offsets.items())),
+            )
+            for b in resp.tracks
+        ],
     )
 
 

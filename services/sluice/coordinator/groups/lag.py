@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from grpc import aio
@@ -187,6 +187,33 @@ class LagReader:
             sources.append((self._keys.offsets(group, track), track, ""))
             for mid in members:
                 sources.append((self._offset_keys.member_offsets(group, track, mid), track, mid))
+        return await self._read_offsets(group, sources)
+
+    async def with_handovers(self, group: str, description: GroupDescription) -> GroupDescription:
+        """``description`` with each handed-over binding's start offsets (the copy its handover made:
+        ``redis_ops.py``), read in one pipeline."""
+        handed = sorted({b.track for b in description.bindings if b.source_track})
+        if not handed:
+            return description
+        sources = [(self._offset_keys.handover(group, t), t, "") for t in handed]
+        started = await self._read_offsets(group, sources)
+        bindings = tuple(
+            replace(
+                b,
+                handover_offsets={
+                    p: o for (tr, t, p, _), o in started.items() if (tr, t) == (b.track, b.topic)
+                },
+            )
+            if b.source_track
+            else b
+            for b in description.bindings
+        )
+        return replace(description, bindings=bindings)
+
+    async def _read_offsets(
+        self, group: str, sources: list[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, int, str], int]:
+        """Read ``(redis key, track, member)`` offset hashes in one pipeline."""
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key, _, _ in sources:
