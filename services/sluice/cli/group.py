@@ -286,12 +286,18 @@ def consume_group(args: argparse.Namespace, out: BinaryIO) -> int:
 
     if getattr(args, "partition", None):
         raise UsageError("--partition cannot be used with --group: the group assigns the partitions")
+    if args.start.kind not in ("earliest", "latest"):
+        raise UsageError(
+            f"--from {args.start} cannot be used with --group: a group starts from its committed offsets "
+            "(--from earliest|latest applies where it has none); move them first with "
+            "'sluice group reset-offsets'"
+        )
     printer = Printer(out, args.format, args.max)
     with connect(args) as client:
         consumer = client.consumer(
             args.group,
             {args.topic: args.filter if args.filter is not None else "*"},
-            auto_offset_reset=args.start,
+            auto_offset_reset=args.start.kind,
         )
         try:
             idle_since = time.monotonic()
