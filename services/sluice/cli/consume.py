@@ -3,9 +3,9 @@
 Without ``--group`` or ``--subscription`` it reads every partition (or those given
 with ``--partition``) from ``--from earliest|latest|offset:N|time:ISO|-15m``
 (``positions.py``) with the SDK's low-level fetcher: no group, nothing committed.
-``--filter`` is applied by the broker, so only matching records travel. ``--max N`` stops after N records; ``--timeout S``
-stops after S seconds without a record (otherwise it follows the topic until
-Ctrl-C).
+``--filter`` is applied by the broker, so only matching records travel. ``--max N``
+stops after N records; ``--timeout S`` stops after S seconds without a record
+(otherwise it follows the topic until Ctrl-C).
 """
 
 from __future__ import annotations
