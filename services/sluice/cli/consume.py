@@ -152,7 +152,7 @@ def start_offsets(client: Client, topic: str, start: Start, partitions: list[int
     if start.kind in ("earliest", "latest"):
         return client.list_offsets(topic, start.kind, partitions=partitions)
     if start.kind == "time":
-        check_not_future(start.value, "--from")
+        check_not_future(start.value, "--from time:")
         return client.list_offsets(topic, start.value, partitions=partitions)
     first = client.list_offsets(topic, "earliest", partitions=partitions)
     end = client.list_offsets(topic, "latest", partitions=partitions)
