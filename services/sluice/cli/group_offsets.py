@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.cli.connect import connect
-from sluice.cli.positions import iso_ms, parse_datetime
+from sluice.cli.positions import parse_datetime
 from sluice.client.consumer.offset_reset import OffsetResetRow, ResetTo
+from sluice.common.units import iso_ms
 
 __all__ = ["add_parsers"]
 

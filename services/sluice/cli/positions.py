@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
-from sluice.common.units import parse_duration
+from sluice.common.units import iso_ms, parse_duration
 from sluice.errors import InvalidArgument, SluiceError
 
-__all__ = ["Start", "check_not_future", "iso_ms", "join_dash_values", "parse_datetime", "parse_start"]
+__all__ = ["Start", "check_not_future", "join_dash_values", "parse_datetime", "parse_start"]
 
 #: Options whose value may start with "-" (a relative time): argparse would take it for an option.
 DASH_VALUE_OPTIONS = ("--from",)
@@ -40,11 +40,6 @@ class Start:
         if self.kind == "time":
             return f"time:{iso_ms(self.value)}"
         return self.kind
-
-
-def iso_ms(ms: int) -> str:
-    """ms since the epoch as ISO 8601 in UTC (``2026-11-25T09:30:00.000Z``)."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def now_ms() -> int:

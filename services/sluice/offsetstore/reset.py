@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Protocol
 
+from sluice.common.units import iso_ms
 from sluice.errors import InvalidArgument, UnknownGroup
 from sluice.offsetstore.model import ResetOutcome, ResetRequest, ResetSpec, TopicPartition
 from sluice.offsetstore.storage import group_not_empty
@@ -56,16 +56,12 @@ class ResetStore(Protocol):
     async def reset(self, group: str, track: str, offsets: Mapping[TopicPartition, int]) -> None: ...
 
 
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def check_not_future(timestamp_ms: int, now_ms: int) -> None:
     """A reset to a time that has not come yet is a mistake (a wrong year or zone), not "latest"."""
     if timestamp_ms > now_ms:
         raise InvalidArgument(
-            f"reset to {_iso(timestamp_ms)}: that time is in the future (the offset store's clock reads "
-            f"{_iso(now_ms)}); give a past time, or reset to latest"
+            f"reset to {iso_ms(timestamp_ms)}: that time is in the future (the offset store's clock reads "
+            f"{iso_ms(now_ms)}); give a past time, or reset to latest"
         )
 
 
