@@ -75,7 +75,7 @@ def format_message(msg: Message, fmt: str) -> bytes:
 
 def consume_subscription(args: argparse.Namespace, out: BinaryIO) -> int:
     """``sluice consume TOPIC --subscription S``: print and ack until --max, --timeout or Ctrl-C."""
-    overrides: dict[str, Any] = {"initial_position": args.start}
+    overrides: dict[str, Any] = {"initial_position": args.start.kind}
     if args.receiver_queue is not None:
         overrides["receiver_queue_size"] = args.receiver_queue
     if args.filter is not None:

@@ -6,8 +6,9 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from sluice.client.consumer import group_admin
+from sluice.client.consumer import group_admin, offset_reset
 from sluice.client.consumer.group_admin import GroupConfigInfo, GroupDescription, GroupSummary
+from sluice.client.consumer.offset_reset import OffsetResetRow, ResetTo
 from sluice.client.metadata import TOPIC_CONFIG_KEYS, MetadataCache, TopicInfo, call_with_retry
 from sluice.client.rpc import ChannelPool, call
 from sluice.common.names import MAX_PARTITIONS, validate_topic
@@ -196,6 +197,38 @@ class Admin:
             track=track,
             timestamp=timestamp,
         )
+
+    def reset_group_offsets(
+        self,
+        group: str,
+        to: ResetTo,
+        topics: Mapping[str, Iterable[int] | None] | None = None,
+        *,
+        track: str = "default",
+        execute: bool = False,
+    ) -> list[OffsetResetRow]:
+        """Preview (default) or, with ``execute=True``, apply a reset of ``group``'s committed offsets
+        to ``to`` (``ResetTo.earliest()``, ``.latest()``, ``.offset(n)``, ``.datetime(dt)``,
+        ``.duration("15m")``, ``.shift(-10)``). ``topics``: {topic: partitions, or None for all};
+        None: every topic the group has committed offsets for. Each row says the committed offset
+        before, the new one, and whether the target was clamped into the log. One atomic write,
+        only while the group has no live members (GroupNotEmpty, also for a preview)."""
+        return offset_reset.reset_group_offsets(
+            self._channels,
+            self._metadata,
+            group,
+            to,
+            self._timeout,
+            topics=topics,
+            track=track,
+            execute=execute,
+        )
+
+    def delete_group(self, group: str) -> int:
+        """Delete ``group``: its state on the coordinator and its committed offsets on every track.
+        Refused with GroupNotEmpty while it has members; UnknownGroup if there is nothing to delete.
+        Returns the number of committed offsets deleted."""
+        return group_admin.delete_group(self._metadata, group, self._timeout)
 
     def set_group_offsets(
         self, group: str, topic: str, offsets: Mapping[int, int], *, track: str = "default"

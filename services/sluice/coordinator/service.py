@@ -20,6 +20,7 @@ from typing import Protocol, TypeVar
 
 from redis.asyncio import Redis
 
+from sluice.common.names import validate_group
 from sluice.coordinator.broker_updates import UNKNOWN_VERSION, BrokerNotifier
 from sluice.coordinator.cluster.model import (
     BrokerHeartbeatResult,
@@ -36,7 +37,8 @@ from sluice.coordinator.cluster.state import ClusterSettings, ClusterState
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
 from sluice.coordinator.groups.assignment import AssignmentJob
-from sluice.coordinator.groups.lag import LagReader, LagRow
+from sluice.coordinator.groups.deletion import delete_group, deletion_ops, find_group_keys
+from sluice.coordinator.groups.lag import LagReader, LagRow, lag_positions, time_lag
 from sluice.coordinator.groups.model import (
     JOIN_EPOCH,
     GroupConfig,
@@ -49,7 +51,7 @@ from sluice.coordinator.groups.model import (
     Slot,
     TickOutcome,
 )
-from sluice.coordinator.groups.redis_ops import GroupKeys, full_sync_ops, group_ops
+from sluice.coordinator.groups.redis_ops import GroupKeys, RedisOp, full_sync_ops, group_ops
 from sluice.coordinator.groups.state import GroupsState
 from sluice.coordinator.heap import HeapKeeper
 from sluice.coordinator.metrics import CoordinatorMetrics, LagKey, coordinator_metrics
@@ -57,6 +59,7 @@ from sluice.coordinator.records import Result
 from sluice.coordinator.state import CoordinatorState
 from sluice.coordinator.store import MetadataStore
 from sluice.errors import NotCoordinator, SluiceError, StorageError, UnknownGroup
+from sluice.offsetstore.keys import Keys
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,8 @@ class CoordinatorService:
         self._offset_store = offset_store
         self._state = CoordinatorState(settings=settings, group_settings=self._group_settings)
         self._store = MetadataStore(redis, key_prefix, self._state.codec)
+        self._redis = redis
+        self._keys = Keys(key_prefix)
         self._group_keys = GroupKeys(key_prefix)
         self._lag = LagReader(redis, key_prefix)
         self._lag_interval_s = lag_interval_s
@@ -277,19 +282,22 @@ class CoordinatorService:
         handler: Callable[[int], Result[T]],
         on_commit: Callable[[T], None] | None = None,
         requester: Callable[[T], tuple[str, str] | None] | None = None,
+        extra_ops: Sequence[RedisOp] = (),
     ) -> T:
         """Run ``handler`` on the current state, persist its records atomically, replay them, then run
         ``on_commit`` (still under the lock, so pushes queue in version order) and tell the streaming
-        members the write concerns to heartbeat now (except ``requester(response)``, who has its answer)."""
+        members the write concerns to heartbeat now (except ``requester(response)``, who has its answer).
+        ``extra_ops`` are key operations written with the records, if the handler succeeds."""
         async with self._lock:
             self._check_leader()
             if self._reload_needed:
                 await self._reload()
             result = handler(self._clock.now_ms())
             nudge: list[tuple[str, str]] = []
-            if result.records:
+            if result.records or extra_ops:
                 touched = self.groups.touched_groups(result.records)
                 ops = group_ops(self.groups, result.records, self._group_keys) if touched else []
+                ops = [*ops, *extra_ops]
                 basis = (
                     self.groups.nudge_basis(result.records, touched) if touched and self._watchers else None
                 )
@@ -481,9 +489,13 @@ class CoordinatorService:
         self._check_leader()
         return self.groups.list_groups()
 
-    async def describe_group(self, group: str) -> tuple[GroupDescription | None, list[LagRow]]:
-        """The group and its lag. A group the coordinator does not know but that has committed offsets
-        (e.g. only reset so far) is described from its offsets alone (description None)."""
+    async def describe_group(
+        self, group: str
+    ) -> tuple[GroupDescription | None, list[LagRow], list[tuple[int, int] | None]]:
+        """The group, its lag, and per lag row the lag in time (``lag.time_lag``). A group the coordinator
+        does not know but that has committed offsets (e.g. only reset so far) is described from its offsets
+        alone (description None). The lag in time costs one Fetch per broker of the lagging partitions
+        (``LagReader.record_timestamps``), as the lag refresh does."""
         self._check_leader()
         try:
             description: GroupDescription | None = self.groups.describe(group)
@@ -494,7 +506,23 @@ class CoordinatorService:
             raise UnknownGroup(f"group {group!r} does not exist (no members, no committed offsets)")
         if description is not None:
             description = await self._lag.with_handovers(group, description)
-        return description, rows
+        lagging = lag_positions(rows)
+        stamps = await self._lag.record_timestamps(self.cluster, lagging) if lagging else {}
+        now_ms = self._clock.now_ms()
+        return description, rows, [time_lag(r, stamps, now_ms) for r in rows]
+
+    async def delete_group(self, group: str) -> int:
+        """DeleteGroup (groups/deletion.py): the group's records and every Redis key it left, at once;
+        refused while it has members. Returns the number of committed offsets deleted."""
+        validate_group(group)
+        self._check_leader()
+        found = await find_group_keys(self._redis, self._keys, group)
+        deleted = await self._write(
+            lambda now: delete_group(self.groups, group, found), extra_ops=deletion_ops(found)
+        )
+        self.groups.soft.groups.pop(group, None)
+        log.info("group %s deleted: %d keys, %d committed offsets", group, len(found.keys), deleted)
+        return deleted
 
     async def _group_loop(self) -> None:
         """The groups' timer: throttled target assignments and topic changes every 50 ms; sessions and
@@ -597,7 +625,7 @@ class CoordinatorService:
             except UnknownGroup:
                 description = None
             rows = await self._lag.rows(self.cluster, description, name)
-            lagging = {(r.topic, r.partition, r.committed) for r in rows if r.lag > 0}
+            lagging = lag_positions(rows)
             stamps = await self._lag.record_timestamps(self.cluster, lagging) if lagging else {}
             now_ms = self._clock.now_ms()
             for row in rows:
@@ -605,12 +633,7 @@ class CoordinatorService:
                     continue
                 key = (name, row.track, row.topic, str(row.partition))
                 lag[key] = max(lag.get(key, 0), row.lag)
-                if row.lag == 0:
-                    behind = 0.0
-                else:
-                    stamp = stamps.get((row.topic, row.partition, row.committed))
-                    if stamp is None:
-                        continue
-                    behind = max(0, now_ms - stamp) / 1000
-                seconds[key] = max(seconds.get(key, 0.0), behind)
+                behind = time_lag(row, stamps, now_ms)
+                if behind is not None:
+                    seconds[key] = max(seconds.get(key, 0.0), behind[0] / 1000)
         self._lag_series = self._metrics.set_lag(lag, seconds, self._lag_series)

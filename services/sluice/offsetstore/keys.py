@@ -71,6 +71,12 @@ class Keys:
         """
         return f"{self.offsets(group, track)}:members"
 
+    def group_patterns(self, group: str) -> tuple[str, str]:
+        """SCAN patterns matching every key of one group: the coordinator's (``grp``) and the offsets
+        (``off``, every track and member). Group names hold no glob characters (validated)."""
+        prefix = "".join("\\" + c if c in "*?[]\\" else c for c in self.prefix)
+        return f"{prefix}:grp:{{{group}}}:*", f"{prefix}:off:{{{group}}}:*"
+
     # ---- push cursors (owned here) ----
     def cursor(self, subscription: str, topic: str, partition: int) -> str:
         """string: the encoded cursor (see cursor_codec)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from sluice.errors import FencedMemberEpoch, InvalidArgument, SluiceError, StorageError
 from sluice.offsetstore import validation
@@ -20,12 +20,13 @@ from sluice.offsetstore.model import (
     CursorWrite,
     MessageModel,
     OffsetCommit,
+    ResetOutcome,
     ResetRequest,
-    ResetSpec,
     StoredCursor,
     TopicPartition,
 )
-from sluice.offsetstore.storage import PositionStore, group_not_empty
+from sluice.offsetstore.reset import OffsetResolver, run_reset
+from sluice.offsetstore.storage import PositionStore
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +35,6 @@ T = TypeVar("T")
 # Encoding or decoding this many range values takes tens of milliseconds: do it
 # in a worker thread so other RPCs (commits) keep flowing meanwhile.
 _OFFLOAD_VALUES = 50_000
-
-
-class OffsetResolver(Protocol):
-    """Looks up offsets the broker knows (see resolver.BrokerOffsetResolver)."""
-
-    async def partitions(self, topic: str) -> list[int]: ...
-
-    async def resolve(
-        self, topic: str, partitions: Sequence[int], spec: ResetSpec, value: int
-    ) -> dict[int, int]: ...
-
-    async def close(self) -> None: ...
 
 
 class OffsetStoreService:
@@ -98,51 +87,27 @@ class OffsetStoreService:
         found = await self._store.fetch(group, validation.track_name(track), partitions, member_id)
         return dict(sorted(found.items(), key=lambda kv: (kv[0].topic, kv[0].partition)))
 
-    async def reset(self, request: ResetRequest) -> dict[int, int]:
-        """Set a topic's offsets exactly; only while the group has no live members."""
+    async def reset(self, request: ResetRequest) -> list[ResetOutcome]:
+        """Set offsets exactly (reset.py); only while the group has no live members."""
         try:
-            offsets = await self._reset(request)
+            validation.validate_reset(request)
+            track = validation.track_name(request.track)
+            outcomes = await run_reset(self._store, self._resolver, request, track)
         except SluiceError as err:
             self._metrics.resets.labels(err.code_name).inc()
             raise
+        if request.dry_run:
+            return outcomes
         self._metrics.resets.labels("NONE").inc()
-        return offsets
-
-    async def _reset(self, request: ResetRequest) -> dict[int, int]:
-        validation.validate_reset(request)
-        group, topic, track = request.group, request.topic, validation.track_name(request.track)
-        needs_broker = request.spec is not ResetSpec.OFFSET
-        if needs_broker and self._resolver is None:
-            raise InvalidArgument(
-                f"this offset store cannot resolve {request.spec.name.lower()} offsets: it runs without a "
-                "coordinator address (--coordinator). Only explicit offsets (RESET_SPEC_OFFSET) can be set; "
-                "configure the coordinator or look the offsets up with the broker's ListOffsets"
-            )
-        # Fail fast before asking brokers; the Lua script checks again atomically.
-        live = await self._store.live_members(group)
-        if live > 0:
-            raise group_not_empty(group, live)
-        partitions = list(request.partitions)
-        if not partitions:
-            if self._resolver is not None:
-                partitions = await self._resolver.partitions(topic)
-            else:
-                partitions = await self._store.committed_partitions(group, track, topic)
-            if not partitions:
-                raise InvalidArgument(
-                    f"group {group!r} has no committed offsets for topic {topic!r} on track {track!r}: "
-                    "list the partitions to reset explicitly"
-                )
-        if needs_broker:
-            assert self._resolver is not None
-            offsets = await self._resolver.resolve(topic, partitions, request.spec, request.value)
-        else:
-            offsets = dict.fromkeys(partitions, request.value)
-        await self._store.reset(group, track, topic, offsets)
-        for partition, offset in offsets.items():
-            self._metrics.committed_offset.labels(group, track, topic, partition).set(offset)
-        log.info("reset offsets of group %s track %s topic %s: %s", group, track, topic, offsets)
-        return dict(sorted(offsets.items()))
+        for o in outcomes:
+            self._metrics.committed_offset.labels(request.group, track, o.topic, o.partition).set(o.offset)
+        log.info(
+            "reset offsets of group %s track %s: %s",
+            request.group,
+            track,
+            {f"{o.topic}/{o.partition}": o.offset for o in outcomes},
+        )
+        return outcomes
 
     # ---- cursors ---------------------------------------------------------------
 

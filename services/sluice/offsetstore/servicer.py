@@ -47,7 +47,7 @@ def reset_spec(value: int) -> ResetSpec:
         return ResetSpec(value)
     except ValueError:
         raise InvalidArgument(
-            f"unknown reset spec {value}: use RESET_SPEC_OFFSET, _EARLIEST, _LATEST or _TIMESTAMP"
+            f"unknown reset spec {value}: use RESET_SPEC_OFFSET, _EARLIEST, _LATEST, _TIMESTAMP or _SHIFT"
         ) from None
 
 
@@ -101,21 +101,39 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
     async def ResetOffsets(
         self, request: offset_store_pb2.ResetOffsetsRequest, context: Context
     ) -> offset_store_pb2.ResetOffsetsResponse:
+        targets = [(t.topic, tuple(t.partitions)) for t in request.topics]
+        if request.topic:
+            targets.insert(0, (request.topic, tuple(request.partitions)))
         reset = ResetRequest(
             group=request.group,
-            topic=request.topic,
-            partitions=tuple(request.partitions),
+            targets=tuple(targets),
             spec=reset_spec(request.spec),
             value=request.value,
             track=request.track,
+            all_topics=request.all_topics,
+            dry_run=request.dry_run,
         )
-        offsets = await self._service.reset(reset)
+        outcomes = await self._service.reset(reset)
         track = track_name(request.track)
         return offset_store_pb2.ResetOffsetsResponse(
             offsets=[
-                offset_store_pb2.PartitionOffset(topic=request.topic, partition=p, offset=off, track=track)
-                for p, off in offsets.items()
-            ]
+                offset_store_pb2.PartitionOffset(
+                    topic=o.topic, partition=o.partition, offset=o.offset, track=track
+                )
+                for o in outcomes
+            ],
+            outcomes=[
+                offset_store_pb2.ResetOutcome(
+                    topic=o.topic,
+                    partition=o.partition,
+                    previous=o.previous,
+                    offset=o.offset,
+                    clamped=o.clamped,
+                    log_start_offset=o.log_start_offset,
+                    log_end_offset=o.log_end_offset,
+                )
+                for o in outcomes
+            ],
         )
 
     async def SaveCursors(

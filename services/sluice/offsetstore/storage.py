@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -194,19 +194,12 @@ class PositionStore:
         except ValueError:
             return 0
 
-    async def committed_partitions(self, group: str, track: str, topic: str) -> list[int]:
-        """Partitions of ``topic`` with a committed offset on ``track``."""
-        async with _storage_errors(f"listing committed partitions of group {group!r}"):
-            fields = await self._redis.hkeys(self.keys.offsets(group, track))
-        found = (split_field(_text(f)) for f in fields)
-        return sorted(p for t, p in found if t == topic)
-
-    async def reset(self, group: str, track: str, topic: str, offsets: dict[int, int]) -> None:
-        """Set offsets exactly (not increase-only); refused while members are live."""
+    async def reset(self, group: str, track: str, offsets: Mapping[TopicPartition, int]) -> None:
+        """Set offsets exactly (not increase-only), all in one script; refused while members are live."""
         k = self.keys
         argv: list[str | int] = [k.member_offsets_prefix(group, track)]
-        for partition, offset in sorted(offsets.items()):
-            argv += [partition_field(topic, partition), offset]
+        for tp, offset in sorted(offsets.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
+            argv += [partition_field(tp.topic, tp.partition), offset]
         async with _storage_errors(f"resetting offsets of group {group!r}"):
             raw = await self._reset(
                 keys=[k.live(group), k.offsets(group, track), k.member_index(group, track)], args=argv

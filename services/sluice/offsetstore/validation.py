@@ -92,13 +92,20 @@ def validate_fetch(group: str, track: str, partitions: Sequence[TopicPartition],
 
 def validate_reset(request: ResetRequest) -> None:
     validate_group(request.group)
-    validate_topic(request.topic)
     track_name(request.track)
-    _check_size(len(request.partitions), MAX_RESET_PARTITIONS, "partitions")
-    for i, p in enumerate(request.partitions):
-        validate_partition(p, f"partitions[{i}]")
-    if len(set(request.partitions)) != len(request.partitions):
-        raise InvalidArgument("partitions lists a partition twice")
+    if not request.targets and not request.all_topics:
+        raise InvalidArgument("name the topics to reset (topic or topics), or ask for all_topics")
+    _check_size(sum(len(parts) for _, parts in request.targets), MAX_RESET_PARTITIONS, "partitions")
+    seen: set[str] = set()
+    for topic, partitions in request.targets:
+        validate_topic(topic)
+        if topic in seen:
+            raise InvalidArgument(f"topic {topic!r} is listed twice: give its partitions once")
+        seen.add(topic)
+        for i, p in enumerate(partitions):
+            validate_partition(p, f"{topic} partitions[{i}]")
+        if len(set(partitions)) != len(partitions):
+            raise InvalidArgument(f"partitions of {topic!r} list a partition twice")
     if request.spec is ResetSpec.OFFSET:
         validate_offset(request.value, "reset")
     elif request.spec is ResetSpec.TIMESTAMP and request.value < 0:

@@ -1066,6 +1066,8 @@ class PartitionLag(_message.Message):
     HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
     LAG_FIELD_NUMBER: _builtins.int
     MEMBER_ID_FIELD_NUMBER: _builtins.int
+    LAG_MS_FIELD_NUMBER: _builtins.int
+    FIRST_UNCONSUMED_TIMESTAMP_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     track: _builtins.str
@@ -1073,6 +1075,12 @@ class PartitionLag(_message.Message):
     high_watermark: _builtins.int
     lag: _builtins.int
     member_id: _builtins.str
+    lag_ms: _builtins.int
+    """How far behind in time: now - timestamp of the record at `committed` (the
+    oldest unconsumed one), in ms. 0 when caught up, -1 when unknown.
+    """
+    first_unconsumed_timestamp: _builtins.int
+    """That record's timestamp (ms since the epoch); -1 when caught up or unknown."""
     def __init__(
         self,
         *,
@@ -1083,10 +1091,12 @@ class PartitionLag(_message.Message):
         high_watermark: _builtins.int = ...,
         lag: _builtins.int = ...,
         member_id: _builtins.str = ...,
+        lag_ms: _builtins.int = ...,
+        first_unconsumed_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "high_watermark", b"high_watermark", "lag", b"lag", "member_id", b"member_id", "partition", b"partition", "topic", b"topic", "track", b"track"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "first_unconsumed_timestamp", b"first_unconsumed_timestamp", "high_watermark", b"high_watermark", "lag", b"lag", "lag_ms", b"lag_ms", "member_id", b"member_id", "partition", b"partition", "topic", b"topic", "track", b"track"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1239,3 +1249,46 @@ class TrackBinding(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TrackBinding: _TypeAlias = TrackBinding  # noqa: Y015
+
+@_typing.final
+class DeleteGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteGroupRequest: _TypeAlias = DeleteGroupRequest  # noqa: Y015
+
+@_typing.final
+class DeleteGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSETS_DELETED_FIELD_NUMBER: _builtins.int
+    KEYS_DELETED_FIELD_NUMBER: _builtins.int
+    offsets_deleted: _builtins.int
+    """Committed offsets removed (partitions, over all tracks and members)."""
+    keys_deleted: _builtins.int
+    """Redis keys removed (records excluded)."""
+    def __init__(
+        self,
+        *,
+        offsets_deleted: _builtins.int = ...,
+        keys_deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys_deleted", b"keys_deleted", "offsets_deleted", b"offsets_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteGroupResponse: _TypeAlias = DeleteGroupResponse  # noqa: Y015

@@ -36,7 +36,7 @@ from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LagReader", "LagRow", "lag_rows", "record_timestamp"]
+__all__ = ["LagReader", "LagRow", "lag_positions", "lag_rows", "record_timestamp", "time_lag"]
 
 
 #: ListOffsets' "latest" sentinel (broker.proto): the high watermark.
@@ -102,6 +102,24 @@ def lag_rows(
             )
         )
     return rows
+
+
+def lag_positions(rows: Iterable[LagRow]) -> set[Position]:
+    """The records whose timestamps give the lag in seconds: the first unconsumed one of each lagging row."""
+    return {(r.topic, r.partition, r.committed) for r in rows if r.lag > 0}
+
+
+def time_lag(row: LagRow, stamps: Mapping[Position, int], now_ms: int) -> tuple[int, int] | None:
+    """(ms behind, timestamp of the first unconsumed record) of ``row``: (0, -1) when caught up, None
+    when unknown (lag unknown, or that record could not be read)."""
+    if row.lag < 0:
+        return None
+    if row.lag == 0:
+        return 0, UNKNOWN
+    stamp = stamps.get((row.topic, row.partition, row.committed))
+    if stamp is None:
+        return None
+    return max(0, now_ms - stamp), stamp
 
 
 def record_timestamp(records: bytes, offset: int) -> int | None:
