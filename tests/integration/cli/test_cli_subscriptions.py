@@ -7,6 +7,7 @@ Consumers are the SDK's push consumer or ``sluice consume --subscription`` proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -19,7 +20,8 @@ import pytest
 import redis
 
 from sluice import Client
-from sluice.errors import UnknownSubscription
+from sluice.client.push import PushConsumer
+from sluice.errors import RequestTimedOut, UnknownSubscription
 from tests.integration.cli.test_cli_system import Up, ok, sluice, start_up
 
 LINGER_S = 0.3
@@ -91,13 +93,17 @@ def peek(up: Up, topic: str, subscription: str, n: int) -> list[dict[str, Any]]:
 
 
 def consume(up: Up, topic: str, subscription: str, n: int) -> list[str]:
-    out = ok(
-        sluice(
-            up, "consume", topic, "--subscription", subscription, "--type", "shared", "--from", "earliest",
-            "--receiver-queue", "0", "--max", str(n),
-        )  # fmt: skip
-    )
-    return out.split()
+    args = ["--subscription", subscription, "--type", "shared", "--from", "earliest", "--receiver-queue", "0"]
+    return ok(sluice(up, "consume", topic, *args, "--max", str(n))).split()
+
+
+def receive_until_failed(pc: PushConsumer, timeout: float = 10) -> None:
+    """Receive until the consumer fails (its typed error is raised); bounded by ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(RequestTimedOut):
+            pc.receive(timeout=0.5)
+    raise AssertionError(f"the consumer did not fail within {timeout} s")
 
 
 # ---- idle subscriptions ------------------------------------------------------------------------
@@ -141,7 +147,8 @@ def test_peek_skip_and_reset(up: Up) -> None:
     assert peek(up, topic, "s", 3) == first
     assert listed(up, topic)["s"]["backlog"] == 8
     text = ok(sluice(up, "subscription", "peek", topic, "s", "-n", "1"))
-    assert text.startswith("0/2  ") and text.rstrip().endswith("a2")
+    assert text.startswith("0/2  ")
+    assert text.rstrip().endswith("a2")
 
     # Skip acknowledges exactly what peek showed.
     skipped = run_json(up, "subscription", "skip", topic, "s", "--count", "3")
@@ -176,7 +183,8 @@ def test_peek_skip_and_reset(up: Up) -> None:
     # Bad input: typed errors, and nothing moved.
     err = fails(up, "INVALID_ARGUMENT", "subscription", "reset", topic, "s", "--to", "2999-01-01T00:00:00Z")
     assert "in the future" in err
-    assert "yesterday" in fails(up, "INVALID_ARGUMENT", "subscription", "reset", topic, "s", "--to", "yesterday")
+    err = fails(up, "INVALID_ARGUMENT", "subscription", "reset", topic, "s", "--to", "yesterday")
+    assert "'yesterday'" in err
     assert [m["value"] for m in peek(up, topic, "s", 1)] == ["b1"]
     fails(up, "UNKNOWN_SUBSCRIPTION", "subscription", "peek", topic, "nope", "-n", "1")
     fails(up, "UNKNOWN_SUBSCRIPTION", "subscription", "skip", topic, "nope", "--count", "1")
@@ -206,9 +214,7 @@ def test_delete_is_refused_while_consumers_are_connected_unless_forced(up: Up, c
             forced = run_json(up, "subscription", "delete", topic, "busy", "--force")
             assert (forced["disconnected"], forced["partitions"]) == (1, [0])
             with pytest.raises(UnknownSubscription, match="deleted by an operator"):
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline:
-                    pc.receive(timeout=0.5)
+                receive_until_failed(pc)
         assert "busy" not in listed(up, topic)
         fails(up, "UNKNOWN_SUBSCRIPTION", "subscription", "describe", topic, "busy")
         fails(up, "UNKNOWN_SUBSCRIPTION", "subscription", "delete", topic, "busy")
@@ -218,7 +224,8 @@ def test_delete_is_refused_while_consumers_are_connected_unless_forced(up: Up, c
         # An idle one is deleted without --force; re-created, it starts clean (from earliest).
         assert consume(up, topic, "idle", 2) == ["x0", "x1"]
         assert store.keys(f"{PREFIX}:cur:{{idle}}:*") != []
-        assert "Deleted subscription subs-del/idle." in ok(sluice(up, "subscription", "delete", topic, "idle"))
+        deleted = ok(sluice(up, "subscription", "delete", topic, "idle"))
+        assert "Deleted subscription subs-del/idle." in deleted
         assert store.keys(f"{PREFIX}:cur:{{idle}}:*") == []
         assert "idle" not in listed(up, topic)
         assert consume(up, topic, "idle", 3) == ["x0", "x1", "x2"]
