@@ -18,7 +18,7 @@ from sluice.cli.connect import connect
 from sluice.cli.output import bytes_to_json
 
 if TYPE_CHECKING:
-    from sluice.client.push.admin import PeekedMessage, SubscriptionChange
+    from sluice.client.push.sub_admin import PeekedMessage, SubscriptionChange
 
 __all__ = ["add_actions"]
 

@@ -11,7 +11,9 @@ from sluice.client.consumer import group_admin
 from sluice.client.consumer.group_admin import GroupConfigInfo, GroupDescription, GroupSummary
 from sluice.client.metadata import TOPIC_CONFIG_KEYS, MetadataCache, TopicInfo, call_with_retry
 from sluice.client.push import admin as push_admin
-from sluice.client.push.admin import PeekedMessage, SubscriptionChange, SubscriptionInfo
+from sluice.client.push import sub_admin
+from sluice.client.push.admin import SubscriptionInfo
+from sluice.client.push.sub_admin import PeekedMessage, SubscriptionChange
 from sluice.client.rpc import ChannelPool, call
 from sluice.common.names import MAX_PARTITIONS, validate_topic
 from sluice.common.units import parse_duration, parse_size
@@ -256,7 +258,7 @@ class Admin:
         with a note per partition) or a time (an aware ``datetime`` or ISO 8601; naive means UTC; a
         future time is InvalidArgument). Everything at and after the new position is unacknowledged.
         Connected consumers: SubscriptionInUse, unless ``force`` (they reconnect at the new position)."""
-        return push_admin.reset_subscription(
+        return sub_admin.reset_subscription(
             self._channels,
             self._metadata,
             topic,
@@ -271,7 +273,7 @@ class Admin:
         self, topic: str, subscription: str, count: int, *, force: bool = False
     ) -> SubscriptionChange:
         """Acknowledge the next ``count`` messages (the ones ``peek_subscription(count)`` shows)."""
-        return push_admin.skip_subscription(
+        return sub_admin.skip_subscription(
             self._channels, self._metadata, topic, subscription, count, force=force, timeout=self._timeout
         )
 
@@ -280,12 +282,12 @@ class Admin:
     ) -> SubscriptionChange:
         """Delete a subscription and its stored positions. SubscriptionInUse while consumers are
         connected, unless ``force`` (their streams end with UnknownSubscription)."""
-        return push_admin.delete_subscription(
+        return sub_admin.delete_subscription(
             self._channels, self._metadata, topic, subscription, force=force, timeout=self._timeout
         )
 
     def peek_subscription(self, topic: str, subscription: str, count: int = 1) -> list[PeekedMessage]:
         """The next ``count`` messages, without consuming or moving anything."""
-        return push_admin.peek_subscription(
+        return sub_admin.peek_subscription(
             self._channels, self._metadata, topic, subscription, count, timeout=self._timeout
         )

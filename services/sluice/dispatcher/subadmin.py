@@ -62,18 +62,22 @@ CLOCK_SLACK_MS = 5000
 class SubscriptionAdmin:
     def __init__(self, service: DispatcherService) -> None:
         self._service = service
-        self._locks: dict[SubKey, asyncio.Lock] = {}
+        #: Per subscription: its lock and how many tasks hold or wait for it (the lock is forgotten at 0,
+        #: never while someone waits: a new lock then would let two tasks in at once).
+        self._locks: dict[SubKey, tuple[asyncio.Lock, list[int]]] = {}
 
     @contextlib.asynccontextmanager
     async def locked(self, topic: str, subscription: str) -> AsyncIterator[None]:
         """The subscription's admin lock (also held by a Subscribe while it loads and joins)."""
         key = (topic, subscription)
-        lock = self._locks.setdefault(key, asyncio.Lock())
+        lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
         try:
             async with lock:
                 yield
         finally:
-            if not lock.locked() and self._locks.get(key) is lock:
+            users[0] -= 1
+            if users[0] == 0:
                 del self._locks[key]
 
     # ---- shared steps --------------------------------------------------------------------------------
@@ -154,6 +158,8 @@ class SubscriptionAdmin:
         if wanted and wanted[-1] >= count:
             raise UnknownTopicOrPartition(f"topic {req.topic!r} has {count} partitions, not {wanted[-1] + 1}")
         wanted = [p for p in wanted if p in mine]  # the others are another dispatcher's
+        if not wanted:
+            return pb.ResetSubscriptionResponse()  # nothing here to change: disconnect no one
         targets = await self._targets(req, wanted)
         async with self.locked(req.topic, req.subscription):
             record = await self._known(req.topic, req.subscription)

@@ -223,7 +223,7 @@ def test_delete_is_refused_while_consumers_are_connected_unless_forced(up: Up, c
 
         # An idle one is deleted without --force; re-created, it starts clean (from earliest).
         assert consume(up, topic, "idle", 2) == ["x0", "x1"]
-        assert store.keys(f"{PREFIX}:cur:{{idle}}:*") != []
+        wait_for(lambda: store.keys(f"{PREFIX}:cur:{{idle}}:*") != [], "the cursor flush (every 50 ms)")
         deleted = ok(sluice(up, "subscription", "delete", topic, "idle"))
         assert "Deleted subscription subs-del/idle." in deleted
         assert store.keys(f"{PREFIX}:cur:{{idle}}:*") == []

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from sluice.client.push.admin import reset_target
+from sluice.client.push.sub_admin import reset_target
 from sluice.errors import InvalidArgument
 from sluice.v1 import offset_store_pb2 as pb
 
