@@ -1,7 +1,7 @@
 """Subscription admin on one dispatcher: reset, skip, delete, peek (docs/dispatcher.md).
 
 Each dispatcher acts on the partitions of the topic routed to it; the SDK asks every dispatcher
-serving the topic and merges the answers (``client/push/admin.py``).
+serving the topic and merges the answers (``client/push/sub_admin.py``).
 
 A change (reset, skip, delete) needs the subscription to itself: it runs under the subscription's
 admin lock, which ``DispatcherService.subscribe`` also takes around loading and joining, so no
