@@ -32,6 +32,7 @@ from sluice.errors import SluiceError, StorageError
 from sluice.v1 import offset_store_pb2, offset_store_pb2_grpc
 
 if TYPE_CHECKING:
+    from sluice.dispatcher.cursor import PartitionCursor
     from sluice.dispatcher.runtime import SubscriptionRuntime
     from sluice.dispatcher.service import DispatcherService
 
@@ -43,6 +44,7 @@ SubKey = tuple[str, str]
 RPC_TIMEOUT = 10.0
 #: A partition whose cursor is not in the offset store (never flushed): no backlog is claimed for it.
 UNKNOWN_POSITION = -1
+MAX_PARALLEL_LOADS = 32
 
 
 def wall_ms() -> int:
@@ -200,9 +202,14 @@ class SubscriptionBook:
             for p in [p for p in entry.positions if p not in mine]:
                 del entry.positions[p]
             loads += [(entry, p) for p in mine if p not in entry.positions]
-        cursors = await asyncio.gather(
-            *(service.store.load(e.record.topic, e.record.subscription, p) for e, p in loads)
-        )
+        # Bounded: after a restart a dispatcher may see thousands of idle cursors at once.
+        gate = asyncio.Semaphore(MAX_PARALLEL_LOADS)
+
+        async def load(entry: IdleSubscription, partition: int) -> PartitionCursor | None:
+            async with gate:
+                return await service.store.load(entry.record.topic, entry.record.subscription, partition)
+
+        cursors = await asyncio.gather(*(load(e, p) for e, p in loads))
         for (entry, p), cur in zip(loads, cursors, strict=True):
             entry.positions[p] = (cur.mark_delete, cur.acked.count()) if cur else (UNKNOWN_POSITION, 0)
         topics: dict[str, set[int]] = {}
