@@ -79,7 +79,8 @@ class DispatcherConfig:
     idle_subscription_linger: timedelta = field(
         default=timedelta(seconds=30),
         metadata={
-            "help": "a durable subscription without consumers stays loaded this long before it is dropped"
+            "help": "a durable subscription without consumers stays loaded this long, then is unloaded "
+            "(it stays listed, with its backlog, until deleted)"
         },
     )
     subscription_refresh_interval: timedelta = field(
