@@ -85,3 +85,8 @@ class Keys:
     def cursor_epoch(self, subscription: str, topic: str, partition: int) -> str:
         """string: owner epoch of the dispatcher allowed to write the cursor."""
         return self.cursor(subscription, topic, partition) + ":epoch"
+
+    # ---- the registry of durable push subscriptions (owned here) ----
+    def subscriptions(self) -> str:
+        """hash ``topic/subscription`` -> ``type|created_ms|last_active_ms|filter`` (see subscriptions.py)."""
+        return f"{self.prefix}:subs"

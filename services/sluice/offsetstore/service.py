@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from sluice.common.names import validate_topic
 from sluice.errors import FencedMemberEpoch, InvalidArgument, SluiceError, StorageError
 from sluice.offsetstore import validation
 from sluice.offsetstore.cursor_codec import CursorCodecError, CursorState, decode_cursor, encode_cursor
@@ -27,6 +28,7 @@ from sluice.offsetstore.model import (
 )
 from sluice.offsetstore.reset import OffsetResolver, run_reset
 from sluice.offsetstore.storage import PositionStore
+from sluice.offsetstore.subscriptions import SubscriptionRecord
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +166,34 @@ class OffsetStoreService:
             log.error("stored cursor %s is corrupt: %s", key, exc)
             raise StorageError(f"the stored cursor {key} is corrupt: {exc}") from None
         return StoredCursor(key, stored.owner_epoch, state, len(blob))
+
+    # ---- the subscription registry ---------------------------------------------
+
+    async def touch_subscriptions(self, records: Sequence[SubscriptionRecord]) -> None:
+        for i, r in enumerate(records):
+            validation.validate_subscription_record(r, f"subscriptions[{i}]")
+        await self._store.touch_subscriptions(records)
+
+    async def list_subscriptions(self, topic: str) -> list[SubscriptionRecord]:
+        if topic:
+            validate_topic(topic)
+        return await self._store.list_subscriptions(topic)
+
+    async def delete_subscription(
+        self, topic: str, subscription: str, partitions: Sequence[int], unregister: bool
+    ) -> int:
+        validation.validate_cursor_key(CursorKey(subscription, topic, 0), "subscription")
+        for p in partitions:
+            validation.validate_partition(p, "partitions")
+        removed = await self._store.delete_subscription(topic, subscription, partitions, unregister)
+        log.info(
+            "deleted subscription state %s/%s partitions %s: %d keys",
+            topic,
+            subscription,
+            partitions,
+            removed,
+        )
+        return removed
 
     @staticmethod
     async def _offload(work: int, fn: Callable[[], T]) -> T:

@@ -22,6 +22,7 @@ from sluice.offsetstore.model import (
     TopicPartition,
 )
 from sluice.offsetstore.service import OffsetStoreService
+from sluice.offsetstore.subscriptions import SubscriptionRecord
 from sluice.offsetstore.validation import track_name
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
 
@@ -164,3 +165,42 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
         )
         cursor.acked_ranges.extend(state.acked_ranges)
         return offset_store_pb2.LoadCursorResponse(found=True, cursor=cursor)
+
+    # ---- the subscription registry ---------------------------------------------
+
+    async def TouchSubscriptions(
+        self, request: offset_store_pb2.TouchSubscriptionsRequest, context: Context
+    ) -> offset_store_pb2.TouchSubscriptionsResponse:
+        await self._service.touch_subscriptions(
+            [
+                SubscriptionRecord(s.topic, s.subscription, s.type, s.filter, s.created_ms, s.last_active_ms)
+                for s in request.subscriptions
+            ]
+        )
+        return offset_store_pb2.TouchSubscriptionsResponse()
+
+    async def ListStoredSubscriptions(
+        self, request: offset_store_pb2.ListStoredSubscriptionsRequest, context: Context
+    ) -> offset_store_pb2.ListStoredSubscriptionsResponse:
+        records = await self._service.list_subscriptions(request.topic)
+        return offset_store_pb2.ListStoredSubscriptionsResponse(
+            subscriptions=[
+                offset_store_pb2.StoredSubscription(
+                    topic=r.topic,
+                    subscription=r.subscription,
+                    type=r.type,
+                    filter=r.filter,
+                    created_ms=r.created_ms,
+                    last_active_ms=r.last_active_ms,
+                )
+                for r in records
+            ]
+        )
+
+    async def DeleteSubscriptionState(
+        self, request: offset_store_pb2.DeleteSubscriptionStateRequest, context: Context
+    ) -> offset_store_pb2.DeleteSubscriptionStateResponse:
+        removed = await self._service.delete_subscription(
+            request.topic, request.subscription, list(request.partitions), request.unregister
+        )
+        return offset_store_pb2.DeleteSubscriptionStateResponse(deleted_keys=removed)

@@ -33,6 +33,7 @@ from sluice.errors import GroupNotEmpty, NotOwner, SluiceError, StaleMemberEpoch
 from sluice.offsetstore import scripts
 from sluice.offsetstore.keys import Keys, partition_field, split_field
 from sluice.offsetstore.model import CommitOutcome, CursorKey, MessageModel, OffsetCommit, TopicPartition
+from sluice.offsetstore.subscriptions import SubscriptionRecord, SubscriptionRegistry
 from sluice.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class PositionStore:
         self._commit = client.register_script(scripts.COMMIT)
         self._reset = client.register_script(scripts.RESET)
         self._save_cursors = client.register_script(scripts.SAVE_CURSORS)
+        self._subscriptions = SubscriptionRegistry(client, keys)
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script now, so requests only ever send EVALSHA."""
@@ -273,6 +275,22 @@ class PositionStore:
         if blob is None:
             return None
         return CursorBlob(blob if isinstance(blob, bytes) else blob.encode(), int(epoch or 0))
+
+    # ---- the registry of durable subscriptions (subscriptions.py) ------------
+
+    async def touch_subscriptions(self, records: Sequence[SubscriptionRecord]) -> None:
+        async with _storage_errors("registering subscriptions"):
+            await self._subscriptions.touch(records)
+
+    async def list_subscriptions(self, topic: str = "") -> list[SubscriptionRecord]:
+        async with _storage_errors("listing subscriptions"):
+            return await self._subscriptions.list(topic)
+
+    async def delete_subscription(
+        self, topic: str, subscription: str, partitions: Sequence[int], unregister: bool
+    ) -> int:
+        async with _storage_errors(f"deleting subscription {topic}/{subscription}"):
+            return await self._subscriptions.delete(topic, subscription, partitions, unregister)
 
 
 def group_not_empty(group: str, live: int) -> GroupNotEmpty:

@@ -14,6 +14,7 @@ from sluice.common.names import MAX_PARTITIONS, validate_group, validate_topic
 from sluice.errors import InvalidArgument, InvalidRequest
 from sluice.offsetstore.keys import DEFAULT_TRACK
 from sluice.offsetstore.model import CursorKey, OffsetCommit, ResetRequest, ResetSpec, TopicPartition
+from sluice.offsetstore.subscriptions import SubscriptionRecord
 
 # Request size limits. A request above them is a client bug or an attack; the
 # limits sit far above what a real consumer or dispatcher sends.
@@ -131,3 +132,12 @@ def validate_owner_epoch(epoch: int, where: str) -> int:
     if not 0 <= epoch <= INT64_MAX:
         raise InvalidArgument(f"{where}: owner_epoch {epoch} is negative")
     return epoch
+
+
+def validate_subscription_record(record: SubscriptionRecord, where: str) -> None:
+    validate_group(record.subscription, "subscription")
+    validate_topic(record.topic)
+    if record.type < 0 or record.created_ms < 0 or record.last_active_ms < 0:
+        raise InvalidArgument(f"{where} ({record.field}): type and times must be >= 0")
+    if len(record.filter) > 4096:
+        raise InvalidArgument(f"{where} ({record.field}): the filter is longer than 4096 characters")

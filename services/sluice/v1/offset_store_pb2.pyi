@@ -512,3 +512,167 @@ class ResetOutcome(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResetOutcome: _TypeAlias = ResetOutcome  # noqa: Y015
+
+@_typing.final
+class StoredSubscription(_message.Message):
+    """A durable push subscription in the registry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    LAST_ACTIVE_MS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscription: _builtins.str
+    type: _builtins.int
+    """sluice.v1.SubscriptionType (dispatcher.proto) as its number."""
+    filter: _builtins.str
+    created_ms: _builtins.int
+    """Wall-clock ms. A touch keeps the first created_ms and the largest last_active_ms."""
+    last_active_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+        type: _builtins.int = ...,
+        filter: _builtins.str = ...,
+        created_ms: _builtins.int = ...,
+        last_active_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "filter", b"filter", "last_active_ms", b"last_active_ms", "subscription", b"subscription", "topic", b"topic", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoredSubscription: _TypeAlias = StoredSubscription  # noqa: Y015
+
+@_typing.final
+class TouchSubscriptionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredSubscription]: ...
+    def __init__(
+        self,
+        *,
+        subscriptions: _abc.Iterable[Global___StoredSubscription] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriptions", b"subscriptions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TouchSubscriptionsRequest: _TypeAlias = TouchSubscriptionsRequest  # noqa: Y015
+
+@_typing.final
+class TouchSubscriptionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TouchSubscriptionsResponse: _TypeAlias = TouchSubscriptionsResponse  # noqa: Y015
+
+@_typing.final
+class ListStoredSubscriptionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Empty: every topic."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStoredSubscriptionsRequest: _TypeAlias = ListStoredSubscriptionsRequest  # noqa: Y015
+
+@_typing.final
+class ListStoredSubscriptionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredSubscription]: ...
+    def __init__(
+        self,
+        *,
+        subscriptions: _abc.Iterable[Global___StoredSubscription] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriptions", b"subscriptions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStoredSubscriptionsResponse: _TypeAlias = ListStoredSubscriptionsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteSubscriptionStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    UNREGISTER_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscription: _builtins.str
+    unregister: _builtins.bool
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The cursors to delete; with `unregister` the registry entry goes too."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+        partitions: _abc.Iterable[_builtins.int] | None = ...,
+        unregister: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "subscription", b"subscription", "topic", b"topic", "unregister", b"unregister"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSubscriptionStateRequest: _TypeAlias = DeleteSubscriptionStateRequest  # noqa: Y015
+
+@_typing.final
+class DeleteSubscriptionStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_KEYS_FIELD_NUMBER: _builtins.int
+    deleted_keys: _builtins.int
+    """Redis keys removed."""
+    def __init__(
+        self,
+        *,
+        deleted_keys: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_keys", b"deleted_keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSubscriptionStateResponse: _TypeAlias = DeleteSubscriptionStateResponse  # noqa: Y015
