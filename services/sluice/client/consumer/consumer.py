@@ -600,6 +600,7 @@ class Consumer:
         try:
             try:
                 self._async.close(wait)
+                self._report_commits(raise_error=False)  # their callbacks run before the final commit
                 if self._member.state is MemberState.STABLE and self._fatal is None:
                     with self._lock:
                         self._state.returned_done()  # poll mode: what the last poll returned is processed
