@@ -20,11 +20,13 @@
   that carried its offsets and the first error (None: all stored). Outcomes are queued;
   the consumer hands them to callbacks on the application's thread.
 
-Threads: the application thread submits, flushes and takes outcomes; one worker thread
-(started at the first submit) sends, handles answers and schedules retries; gRPC's thread
-only queues answers. The worker never holds this module's lock while it calls out
-(``holds``, ``on_stored``, the store), so the caller must not hold its own lock around
-:meth:`flush` or :meth:`close`.
+Threads: a commit is sent from whichever thread frees its slot or fills it: the application's
+(``submit`` with a slot free), gRPC's (the answer to the commit before it) or a retry timer's.
+None of them waits for a worker thread to wake up, which on a busy two-core machine cost more
+than the round trip itself. Outcomes are queued; the consumer hands them to callbacks on the
+application's thread. Nothing here holds this module's lock while it calls out (``holds``,
+``on_stored``, the store), so the caller must not hold its own lock around :meth:`flush` or
+:meth:`close`.
 """
 
 from __future__ import annotations
@@ -159,7 +161,6 @@ class AsyncCommitter:
         on_stored: Callable[[dict[TopicPartition, int]], None],
         max_in_flight: int,
         timeout: float,
-        name: str,
     ) -> None:
         self._store = store
         self._member = member
@@ -167,22 +168,20 @@ class AsyncCommitter:
         self._on_stored = on_stored
         self._max = max_in_flight
         self._timeout = timeout
-        self._name = name
         self._cond = threading.Condition()
         self._pending: _Batch | None = None
-        #: Batches holding a slot: on the wire, answered but not handled, or waiting to retry.
+        #: Batches holding a slot: on the wire, or waiting for their retry timer.
         self._active: list[_Batch] = []
-        self._retrying: list[_Batch] = []
-        self._answers: deque[tuple[_Batch, CommitResult | SluiceError]] = deque()
+        self._timers: dict[_Batch, threading.Timer] = {}
         self._outcomes: deque[Outcome] = deque()
         self._stopped = False
-        self._thread: threading.Thread | None = None
         self._n = _Counters()
 
     # ---- the application's side (Caller: Consumer) -------------------------------------------------
 
     def submit(self, offsets: dict[TopicPartition, tuple[int, str]], waiter: Waiter) -> None:
-        """Queue ``offsets`` ({tp: (offset, track)}); ``waiter`` gets one outcome later."""
+        """Queue ``offsets`` ({tp: (offset, track)}); ``waiter`` gets one outcome later. Sends
+        at once (on this thread) when a slot is free."""
         with self._cond:
             if self._stopped:
                 raise SluiceError("the consumer is closed")
@@ -195,10 +194,7 @@ class AsyncCommitter:
             else:
                 self._n.coalesced += 1
             self._pending.merge(offsets, [waiter])
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+        self._pump()
 
     def flush(self, timeout: float) -> bool:
         """Wait until every submitted commit finished (False: ``timeout`` passed first)."""
@@ -216,8 +212,8 @@ class AsyncCommitter:
         offsets were processed under a membership that is gone; they are never sent under the next)."""
         with self._cond:
             batches = [] if self._pending is None else [self._pending]
-            batches += self._retrying
-            self._pending, self._retrying = None, []
+            batches += list(self._timers)
+            self._pending = None
         for b in batches:
             self._finish(b, error)
 
@@ -230,20 +226,16 @@ class AsyncCommitter:
         return bool(self._outcomes)
 
     def close(self, timeout: float) -> None:
-        """Flush up to ``timeout``, then fail what is left (RequestTimedOut) and stop the worker.
+        """Flush up to ``timeout``, then fail what is left (RequestTimedOut) and send nothing more.
         Every waiter has its outcome queued when this returns."""
         self.flush(timeout)
         with self._cond:
             self._stopped = True
             left = ([] if self._pending is None else [self._pending]) + list(self._active)
-            self._pending, self._retrying = None, []
-            self._cond.notify_all()
-            thread = self._thread
+            self._pending = None
         closed = RequestTimedOut(f"the consumer closed before this commit was stored (waited {timeout:g} s)")
         for b in left:
             self._finish(b, closed)
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(1.0)
 
     def stats(self) -> CommitStats:
         with self._cond:
@@ -262,48 +254,36 @@ class AsyncCommitter:
                 last_error=n.last_error,
             )
 
-    # ---- the worker thread -----------------------------------------------------------------------------
+    # ---- the pipeline (any of the threads above) --------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                work = self._next_work()
-            if work is None:
+    def _pump(self) -> None:
+        """Send the pending commit if a slot is free."""
+        with self._cond:
+            if self._stopped or self._pending is None or len(self._active) >= self._max:
                 return
-            batch, answer = work
-            try:
-                if answer is None:
-                    self._send(batch)
-                else:
-                    self._handle(batch, answer)
-            except Exception as exc:  # never let the worker die silently: the commit fails instead
-                log.exception("%s: commit failed", self._name)
-                self._finish(batch, SluiceError(f"commit failed in the client: {exc!r}"))
+            batch, self._pending = self._pending, None
+            batch.holds_slot = True
+            self._active.append(batch)
+            self._n.max_in_flight = max(self._n.max_in_flight, len(self._active))
+        self._guarded(self._send, batch)
 
-    def _next_work(self) -> tuple[_Batch, CommitResult | SluiceError | None] | None:
-        """The next thing to do: an answer to handle, a retry that is due, or the pending commit
-        once a slot is free. Waits for one. Caller holds the condition."""
-        while not self._stopped:
-            if self._answers:
-                return self._answers.popleft()
-            now = time.monotonic()
-            for b in self._retrying:
-                if b.due <= now:
-                    self._retrying.remove(b)
-                    if self._pending is not None:  # the retry carries what was coalesced meanwhile
-                        p, self._pending = self._pending, None
-                        self._n.coalesced += len(p.waiters)
-                        b.merge(p.to_send, p.waiters)
-                    return b, None
-            if self._pending is not None and len(self._active) < self._max:
-                b, self._pending = self._pending, None
-                b.holds_slot = True
-                self._active.append(b)
-                self._n.max_in_flight = max(self._n.max_in_flight, len(self._active))
-                return b, None
-            wake = min((b.due for b in self._retrying), default=None)
-            self._cond.wait(None if wake is None else max(wake - now, 0.0))
-        return None
+    def _retry_due(self, batch: _Batch) -> None:
+        """Caller: the batch's retry timer. The retry carries what was coalesced meanwhile."""
+        with self._cond:
+            if self._timers.pop(batch, None) is None or batch.done or self._stopped:
+                return
+            if self._pending is not None:
+                p, self._pending = self._pending, None
+                self._n.coalesced += len(p.waiters)
+                batch.merge(p.to_send, p.waiters)
+        self._guarded(self._send, batch)
+
+    def _guarded(self, step: Callable[[_Batch], None], batch: _Batch) -> None:
+        try:
+            step(batch)
+        except Exception as exc:  # never lose a commit silently on a client bug: it fails instead
+            log.exception("async commit failed in the client")
+            self._finish(batch, SluiceError(f"commit failed in the client: {exc!r}"))
 
     def _send(self, batch: _Batch) -> None:
         if batch.done:
@@ -335,10 +315,8 @@ class AsyncCommitter:
         )
 
     def _answered(self, batch: _Batch, answer: CommitResult | SluiceError) -> None:
-        """Caller: gRPC's thread (or ``_send`` when no stub could be had). Queue it for the worker."""
-        with self._cond:
-            self._answers.append((batch, answer))
-            self._cond.notify_all()
+        """Caller: gRPC's thread (or ``_send``'s, when no stub could be had)."""
+        self._guarded(functools.partial(self._handle, answer=answer), batch)
 
     def _handle(self, batch: _Batch, answer: CommitResult | SluiceError) -> None:
         if batch.done:
@@ -382,13 +360,15 @@ class AsyncCommitter:
                 self._member.heartbeat_now()  # fetch it; the retry follows the backoff
         batch.backoff = min(batch.backoff * 2, BACKOFF_MAX)
         batch.to_send = retry
-        batch.due = now + min(delay, max(batch.deadline - now, 0.0))
+        # A timer, not a sleep: this may be gRPC's thread, and the slot stays taken meanwhile.
+        timer = threading.Timer(min(delay, max(batch.deadline - now, 0.0)), self._retry_due, (batch,))
+        timer.daemon = True
         with self._cond:
-            if batch.done:
-                return  # finished by close() meanwhile
+            if batch.done or self._stopped:
+                return
             self._n.retries += 1
-            self._retrying.append(batch)
-            self._cond.notify_all()
+            self._timers[batch] = timer
+        timer.start()
 
     def _may_retry(self, batch: _Batch, error: SluiceError, tp: TopicPartition | None) -> bool:
         member = self._member
@@ -401,15 +381,17 @@ class AsyncCommitter:
         return error.retriable
 
     def _finish(self, batch: _Batch, error: SluiceError | None = None) -> None:
-        """Give every waiter of ``batch`` its outcome (``error`` overrides the batch's own)."""
+        """Give every waiter of ``batch`` its outcome (``error`` overrides the batch's own),
+        free its slot and send the pending commit, if any, in it."""
         with self._cond:
             if batch.done:
                 return
             batch.done = True
             if batch.holds_slot:
                 self._active.remove(batch)
-            if batch in self._retrying:
-                self._retrying.remove(batch)
+            timer = self._timers.pop(batch, None)
+            if timer is not None:
+                timer.cancel()
             if error is None and batch.errors:
                 error = batch.errors[min(batch.errors)]
             n = self._n
@@ -423,3 +405,4 @@ class AsyncCommitter:
             if error is not None:
                 n.last_error = str(error)
             self._cond.notify_all()
+        self._pump()

@@ -112,7 +112,6 @@ class Consumer:
             self._stored,
             config.max_in_flight_commits,
             self._timeout,
-            f"sluice-commit-{group}",
         )
         #: A failed commit_async() that had no callback (nor on_commit): raised by the next call.
         self._commit_error: SluiceError | None = None
