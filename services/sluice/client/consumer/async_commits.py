@@ -274,7 +274,7 @@ class AsyncCommitter:
                 return
             if self._pending is not None:
                 p, self._pending = self._pending, None
-                self._n.coalesced += len(p.waiters)
+                self._n.coalesced += 1  # its first call, the one that had a request of its own to come
                 batch.merge(p.to_send, p.waiters)
         self._guarded(self._send, batch)
 
