@@ -241,6 +241,35 @@ def test_commit_async_rides_out_an_offset_store_restart(own_cluster: Cluster) ->
     consumer.close()
 
 
+def test_a_commit_overtaken_by_an_epoch_bump_is_retried_under_the_new_epoch(cluster: Cluster) -> None:
+    """A rebalance that leaves this member its partitions still moves its epoch on; a commit sent
+    under the old epoch is refused STALE_MEMBER_EPOCH and must be retried, not reported failed."""
+    topic, other_topic = cluster.topic(1, "epoch"), cluster.topic(1, "epoch-other")
+    produce(cluster, topic, 10)
+    outcomes = Outcomes()
+    consumer = cluster.client().consumer("epoch", [topic], **MANUAL)
+    got = 0
+    while got < 10:
+        got += len(consumer.poll(0.5))
+    epoch = consumer.member_epoch
+    with frozen(cluster) as thaw:
+        consumer.commit_async(callback=outcomes.callback())  # travels under `epoch`, unanswered
+        # A member of another topic joins the group: a new target epoch, the same partitions here.
+        other = cluster.client().consumer("epoch", [other_topic], **MANUAL)
+        deadline = time.monotonic() + 10
+        while consumer.member_epoch == epoch:
+            assert time.monotonic() < deadline, "the epoch never moved"
+            time.sleep(0.02)
+        thaw()
+        wait_for(consumer, lambda: bool(outcomes.seen))
+    assert outcomes.seen == [(None, {(topic, 0): 10}, None)]
+    stats = consumer.stats().commits
+    assert (stats.sent, stats.retries, stats.failed) == (2, 1, 0)
+    assert cluster.client().admin.group_offsets("epoch") == {(topic, 0): 10}
+    other.close()
+    consumer.close()
+
+
 def test_a_fenced_commit_reaches_the_callback_as_the_typed_error(cluster: Cluster) -> None:
     topic = cluster.topic(2, "fenced")
     produce(cluster, topic, 40)
