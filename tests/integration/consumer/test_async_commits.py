@@ -387,3 +387,31 @@ def test_a_failed_final_commit_reaches_on_commit_and_close_still_closes(cluster:
     [(_, offsets, error)] = outcomes.seen
     assert offsets == {(topic, 0): 10}
     assert isinstance(error, RequestTimedOut), error
+
+
+def test_a_callback_raising_in_close_skips_neither_the_final_commit_nor_other_callbacks(
+    cluster: Cluster,
+) -> None:
+    topic = cluster.topic(1, "raising")
+    produce(cluster, topic, 20)
+    tp = (topic, 0)
+    outcomes = Outcomes()
+    consumer = cluster.client().consumer("raising", [topic], **MANUAL)
+    records = consumer.poll(1.0, max_records=10)
+    assert len(records) == 10
+
+    def broken(offsets: dict[TopicPartition, int], error: SluiceError | None) -> None:
+        raise RuntimeError("a bug in the application's callback")
+
+    with frozen(cluster) as thaw:  # both outcomes are still to come when close() starts
+        consumer.commit_async(callback=broken)
+        consumer.commit_async(callback=outcomes.callback("after"))
+        got = 10
+        while got < 20:
+            got += len(consumer.poll(0.5))
+        thaw()
+        with pytest.raises(RuntimeError, match="application's callback"):
+            consumer.close()
+    assert consumer.closed
+    assert outcomes.seen == [("after", {tp: 10}, None)]
+    assert cluster.client().admin.group_offsets("raising") == {tp: 20}  # the final commit happened

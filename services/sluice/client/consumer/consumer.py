@@ -426,33 +426,43 @@ class Consumer:
             todo[tp] = (off, part.track)
         return todo
 
-    def _report_commits(self, raise_error: bool = True) -> None:
+    def _report_commits(self, closing: bool = False) -> BaseException | None:
         """Hand finished asynchronous commits to their callbacks (application thread), one at a
         time, so an exception in one leaves the rest queued. Then raise a failed commit_async()
-        that nobody was told of (once)."""
+        that nobody was told of (once). ``closing``: deliver everything whatever the callbacks
+        raise, and return (not raise) the first exception."""
+        first: BaseException | None = None
         while self._async.has_outcomes:
             outcome = self._async.next_outcome()
             if outcome is None:
                 break
             fn = outcome.waiter.callback or self.config.on_commit
             if fn is not None:
-                fn(outcome.offsets, outcome.error)
+                try:
+                    fn(outcome.offsets, outcome.error)
+                except Exception as exc:
+                    if not closing:
+                        raise
+                    first = first or exc
             elif outcome.error is not None and outcome.waiter.auto:
                 # Counted in stats().commits.auto_failed; the next auto-commit tries again.
                 log.warning("group %s: auto-commit failed: %s", self.group, outcome.error)
             elif outcome.error is not None and self._commit_error is None:
                 self._commit_error = outcome.error
-        if raise_error and self._commit_error is not None:
-            error, self._commit_error = self._commit_error, None
+        error, self._commit_error = self._commit_error, None
+        if error is not None and closing:
+            log.warning("group %s: commit_async failed (no callback, closing): %s", self.group, error)
+        elif error is not None:
             raise error
+        return first
 
     def _holds(self, tp: TopicPartition) -> bool:
-        """Caller: the commit worker. Whether ``tp`` is still this member's (revoking counts)."""
+        """Caller: the AsyncCommitter. Whether ``tp`` is still this member's (revoking counts)."""
         with self._lock:
             return tp in self._state.parts
 
     def _stored(self, offsets: dict[TopicPartition, int]) -> None:
-        """Caller: the commit worker, after the store accepted ``offsets``."""
+        """Caller: the AsyncCommitter (gRPC's thread), after the store accepted ``offsets``."""
         with self._lock:
             for tp, off in offsets.items():
                 self._state.committed_ok(tp, off)
@@ -597,18 +607,18 @@ class Consumer:
         self._closed = True
         wait = self._timeout if timeout is None else max(float(timeout), 0.0)
         try:
-            try:
-                self._async.close(wait)
-                self._report_commits(raise_error=False)  # their callbacks run before the final commit
-                if self._member.state is MemberState.STABLE and self._fatal is None:
-                    with self._lock:
-                        self._state.returned_done()  # poll mode: what the last poll returned is processed
-                        todo = self._state.to_commit()
-                        held = sorted(self._state.parts)
-                    self._final_commit(todo)
-                    self._callback("on_revoke", held)
-            finally:
-                self._report_commits(raise_error=False)
+            self._async.close(wait)
+            # Their callbacks run before the final commit; one raising does not skip it (raised last).
+            callback_error = self._report_commits(closing=True)
+            if self._member.state is MemberState.STABLE and self._fatal is None:
+                with self._lock:
+                    self._state.returned_done()  # poll mode: what the last poll returned is processed
+                    todo = self._state.to_commit()
+                    held = sorted(self._state.parts)
+                self._final_commit(todo)
+                self._callback("on_revoke", held)
+            if callback_error is not None:
+                raise callback_error
         finally:
             self._shutdown(leave=True)
 
