@@ -25,8 +25,9 @@ Threads: a commit is sent from whichever thread frees its slot or fills it: the 
 None of them waits for a worker thread to wake up, which on a busy two-core machine cost more
 than the round trip itself. Outcomes are queued; the consumer hands them to callbacks on the
 application's thread. Nothing here holds this module's lock while it calls out (``holds``,
-``on_stored``, the store), so the caller must not hold its own lock around :meth:`flush` or
-:meth:`close`.
+``on_stored``, the store); the caller must not hold its own lock around :meth:`flush` or
+:meth:`close` (they wait for gRPC's thread, which takes it in ``on_stored``), and the Consumer
+calls :meth:`submit` outside its lock too.
 """
 
 from __future__ import annotations
