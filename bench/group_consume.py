@@ -122,6 +122,12 @@ def main() -> None:
         help="auto: the auto-commit every 5 s; async: commit_async() after every poll",
     )
     parser.add_argument("--max-in-flight-commits", type=int, default=1, help="with --commit async")
+    parser.add_argument(
+        "--redis-fsync",
+        choices=("off", "everysec", "always"),
+        default="always",
+        help="Redis AOF appendfsync policy (always: what `sluice up` and the chart run; off: no AOF)",
+    )
     args = parser.parse_args()
     n, parts = args.records, args.partitions
     settings: dict[str, Any] = {
@@ -131,7 +137,7 @@ def main() -> None:
     }
     if args.commit == "async":
         settings["max_in_flight_commits"] = args.max_in_flight_commits
-    with stack(push=True) as s:
+    with stack(push=True, redis_fsync=args.redis_fsync) as s:
         from sluice import Client
 
         with Client(s.bootstrap) as client:
@@ -158,10 +164,12 @@ def main() -> None:
     )
     phases = {"backlog": backlog, "concurrent": both["consume"][1]}
     save(
-        "group_consume" if args.commit == "auto" else "group_consume_async",
+        ("group_consume" if args.commit == "auto" else "group_consume_async")
+        + ("" if args.redis_fsync == "always" else f"_fsync_{args.redis_fsync}"),
         {
             "records": n,
             "partitions": parts,
+            "redis_fsync": args.redis_fsync,
             **settings,
             "backlog_consume_rps": backlog_rps,
             "backlog_committed": backlog["committed"],
