@@ -1,12 +1,16 @@
-# Sluice developer commands. `make test` installs everything and runs every test.
+# Sluice developer commands. `make test` installs everything and runs every test; `make help` lists targets.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/.tools/bin:$(PATH)
 
-.PHONY: all deps tools protos check-protos lint typecheck test unit integration bench up clean
+.PHONY: all help deps tools protos check-protos lint typecheck test unit integration bench up clean
 
 all: test
+
+## help: list the targets and what each does
+help:
+	@grep -E '^## ' $(MAKEFILE_LIST) | sed 's/^## /  /'
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +29,16 @@ tools:
 protos: $(VENV)/.installed
 	$(PY) scripts/gen_protos.py
 
+## check-protos: fail if the committed generated code differs from what `make protos` writes
+check-protos: $(VENV)/.installed
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_protos_fresh.py
+
+## lint: ruff lint and format check
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check services tests bench scripts spark-jobs
 	$(VENV)/bin/ruff format --check services tests bench scripts spark-jobs
 
+## typecheck: mypy --strict over the package
 typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
@@ -36,15 +46,25 @@ typecheck: $(VENV)/.installed
 test: deps lint typecheck
 	$(PY) -m pytest -q -p no:cacheprovider
 
+## unit: the unit tests only (no processes, no Redis)
 unit: $(VENV)/.installed
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+## integration: the tests against real processes and a private Redis
+integration: deps
+	$(PY) -m pytest -q -p no:cacheprovider tests/integration tests/metrics tests/chart tests/deploy
+
+## bench: the data-plane benchmarks (produce, fetch, group and push consume, latency); results in bench/results
+bench: $(VENV)/.installed
+	$(PY) bench/log_throughput.py
+	$(PY) bench/e2e_latency.py
+	$(PY) bench/group_consume.py
+	$(PY) bench/push_throughput.py
 
 ## up: run the whole system locally (private redis-server in ./sluice-data)
 up: $(VENV)/.installed
 	$(VENV)/bin/sluice up
 
-bench: $(VENV)/.installed
-	$(PY) bench/run_all.py
-
+## clean: remove the environment, tools and caches
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache

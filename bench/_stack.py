@@ -38,10 +38,17 @@ class Stack:
 
 @contextlib.contextmanager
 def stack(
-    flush: str = "interval", extra_broker_args: tuple[str, ...] = (), push: bool = False
+    flush: str = "interval",
+    extra_broker_args: tuple[str, ...] = (),
+    push: bool = False,
+    redis_fsync: str = "off",
 ) -> Iterator[Stack]:
+    """The services on loopback over a private Redis; ``redis_fsync``: ``off`` (no AOF), or the
+    ``appendfsync`` policy to run its AOF with (``always``, as `sluice up` does, or ``everysec``)."""
     with (
-        run_redis(appendonly=False) as redis,
+        run_redis(
+            appendonly=redis_fsync != "off", appendfsync="always" if redis_fsync == "off" else redis_fsync
+        ) as redis,
         tempfile.TemporaryDirectory(prefix="sluice-bench-") as d,
         contextlib.ExitStack() as running,
     ):

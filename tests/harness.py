@@ -75,6 +75,7 @@ class RedisServer:
     dir: Path
     process: subprocess.Popen[bytes]
     appendonly: bool
+    appendfsync: str = "always"
 
     @property
     def url(self) -> str:
@@ -86,10 +87,12 @@ class RedisServer:
         self.process.wait(10)
 
     def restart(self) -> None:
-        self.process = _start_redis(self.port, self.dir, self.appendonly)
+        self.process = _start_redis(self.port, self.dir, self.appendonly, self.appendfsync)
 
 
-def _start_redis(port: int, directory: Path, appendonly: bool) -> subprocess.Popen[bytes]:
+def _start_redis(
+    port: int, directory: Path, appendonly: bool, appendfsync: str = "always"
+) -> subprocess.Popen[bytes]:
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server is not on PATH: install it (make deps does) to run the tests")
@@ -106,7 +109,7 @@ def _start_redis(port: int, directory: Path, appendonly: bool) -> subprocess.Pop
         "--appendonly",
         "yes" if appendonly else "no",
         "--appendfsync",
-        "always",
+        appendfsync,
         "--daemonize",
         "no",
         "--logfile",
@@ -127,11 +130,12 @@ def _start_redis(port: int, directory: Path, appendonly: bool) -> subprocess.Pop
 
 
 @contextlib.contextmanager
-def run_redis(appendonly: bool = True) -> Iterator[RedisServer]:
+def run_redis(appendonly: bool = True, appendfsync: str = "always") -> Iterator[RedisServer]:
+    """A private redis-server; ``appendfsync`` as `sluice up` runs it (docs/offset-store.md)."""
     with tempfile.TemporaryDirectory(prefix="sluice-redis-") as d:
         port = free_port()
-        proc = _start_redis(port, Path(d), appendonly)
-        server = RedisServer(port, Path(d), proc, appendonly)
+        proc = _start_redis(port, Path(d), appendonly, appendfsync)
+        server = RedisServer(port, Path(d), proc, appendonly, appendfsync)
         try:
             yield server
         finally:

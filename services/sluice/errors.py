@@ -263,3 +263,18 @@ class NotDispatcher(SluiceError):
     code = common_pb2.NOT_DISPATCHER
     retriable = True
     grpc_status = "UNAVAILABLE"
+
+
+class UnknownSubscription(SluiceError, LookupError):
+    """No durable subscription of that name on the topic (never created, or deleted), and no
+    consumer holds a non-durable one."""
+
+    code = common_pb2.UNKNOWN_SUBSCRIPTION
+    grpc_status = "NOT_FOUND"
+
+
+class SubscriptionInUse(SluiceError):
+    """An admin change (delete, reset, skip) of a subscription with connected consumers, without force."""
+
+    code = common_pb2.SUBSCRIPTION_IN_USE
+    grpc_status = "FAILED_PRECONDITION"

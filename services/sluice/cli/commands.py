@@ -21,6 +21,7 @@ from sluice.cli import consume, group, produce, subscription, topic, track, up
 from sluice.cli.connect import DEFAULT_REQUEST_TIMEOUT, default_bootstrap
 from sluice.cli.errors import UsageError
 from sluice.cli.output import positive_float
+from sluice.cli.positions import join_dash_values
 from sluice.errors import SluiceError
 
 EXIT_ERROR = 1
@@ -77,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(join_dash_values(sys.argv[1:] if argv is None else argv))
     try:
         return int(args.run(args))
     except UsageError as exc:

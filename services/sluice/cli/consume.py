@@ -1,11 +1,11 @@
 """``sluice consume TOPIC``: print a topic's records, one line each.
 
 Without ``--group`` or ``--subscription`` it reads every partition (or those given
-with ``--partition``) from ``--from earliest|latest`` with the SDK's low-level
-fetcher: no group, nothing committed. ``--filter`` is applied by the broker, so
-only matching records travel. ``--max N`` stops after N records; ``--timeout S``
-stops after S seconds without a record (otherwise it follows the topic until
-Ctrl-C).
+with ``--partition``) from ``--from earliest|latest|offset:N|time:ISO|-15m``
+(``positions.py``) with the SDK's low-level fetcher: no group, nothing committed.
+``--filter`` is applied by the broker, so only matching records travel. ``--max N``
+stops after N records; ``--timeout S`` stops after S seconds without a record
+(otherwise it follows the topic until Ctrl-C).
 """
 
 from __future__ import annotations
@@ -13,13 +13,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
 from sluice.cli.output import format_record, positive_float
+from sluice.cli.positions import Start, check_not_future, parse_start
 from sluice.codec.batch import Record
 from sluice.codec.filter import parse_filter
+
+if TYPE_CHECKING:
+    from sluice.client.client import Client
 
 SUBSCRIPTION_TYPES = ("exclusive", "shared", "failover", "key_shared")
 # One long-poll round: the broker answers as soon as records arrive, so this only
@@ -38,9 +42,12 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from",
         dest="start",
-        choices=("earliest", "latest"),
-        default="latest",
-        help="where to start in each partition (default: latest, i.e. only new records)",
+        type=parse_start,
+        default=Start("latest"),
+        metavar="earliest|latest|offset:N|time:ISO|-15m",
+        help="where to start in each partition (default: latest, i.e. only new records); -15m: the "
+        "first record of the last 15 minutes. With --group: earliest or latest, for partitions without "
+        "a committed offset",
     )
     p.add_argument("--filter", metavar="EXPR", help="tag filter: '*', 'tagA' or 'tagA || tagB'")
     p.add_argument("--max", "-n", type=_positive, metavar="N", help="stop after N records")
@@ -81,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
     if args.subscription is not None:
         from sluice.cli.subscription import consume_subscription
 
+        if args.start.kind not in ("earliest", "latest"):
+            raise UsageError(
+                f"--from {args.start} cannot be used with --subscription: a subscription starts from its "
+                "cursor (--from earliest|latest applies when it is created)"
+            )
+
         return consume_subscription(args, sys.stdout.buffer)
     return consume_partitions(args, sys.stdout.buffer)
 
@@ -111,7 +124,7 @@ class Printer:
 def consume_partitions(args: argparse.Namespace, out: BinaryIO) -> int:
     printer = Printer(out, args.format, args.max)
     with connect(args) as client:
-        starts = client.list_offsets(args.topic, args.start, partitions=args.partition)
+        starts = start_offsets(client, args.topic, args.start, args.partition)
         positions = {(args.topic, partition): offset for partition, offset in starts.items()}
         filters = {args.topic: args.filter} if args.filter is not None else None
         # Records deleted by retention under a running consume: go on from the new log start.
@@ -130,3 +143,28 @@ def consume_partitions(args: argparse.Namespace, out: BinaryIO) -> int:
                     printer.write(records)
                     idle_since = time.monotonic()
     return 0
+
+
+def start_offsets(client: Client, topic: str, start: Start, partitions: list[int] | None) -> dict[int, int]:
+    """{partition: first offset to read} for ``--from``. An ``offset:N`` outside a partition's log is
+    clamped into it (said on stderr), as ``group reset-offsets`` does; a time is looked up by the
+    brokers (the first record at or after it, the log end if none)."""
+    if start.kind in ("earliest", "latest"):
+        return client.list_offsets(topic, start.kind, partitions=partitions)
+    if start.kind == "time":
+        check_not_future(start.value, "--from time:")
+        return client.list_offsets(topic, start.value, partitions=partitions)
+    first = client.list_offsets(topic, "earliest", partitions=partitions)
+    end = client.list_offsets(topic, "latest", partitions=partitions)
+    out = {}
+    for partition in sorted(first):
+        offset = min(max(start.value, first[partition]), end[partition])
+        if offset != start.value:
+            bound = "log start" if offset == first[partition] and start.value < offset else "log end"
+            print(
+                f"note: {topic}[{partition}]: offset {start.value} is outside the log "
+                f"[{first[partition]}, {end[partition]}]; starting at the {bound}, {offset}",
+                file=sys.stderr,
+            )
+        out[partition] = offset
+    return out

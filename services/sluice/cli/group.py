@@ -1,4 +1,5 @@
-"""``sluice group list|describe|config|reset-offsets`` and ``sluice consume TOPIC --group G``.
+"""``sluice group list|describe|config`` and ``sluice consume TOPIC --group G``
+(``reset-offsets`` and ``delete``: ``group_offsets.py``).
 
 Groups are administered through ``client.admin`` (coordinator for membership and
 config, offset store for committed offsets). ``consume --group`` runs a real group
@@ -15,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
+from sluice.cli import group_offsets
 from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
 
@@ -25,7 +27,7 @@ POLL_WAIT = 0.5
 
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     group = subparsers.add_parser(
-        "group", help="consumer groups: list, describe, config, reset-offsets", parents=[common]
+        "group", help="consumer groups: list, describe, config, reset-offsets, delete", parents=[common]
     )
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
 
@@ -57,24 +59,7 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     _add_format(config)
     config.set_defaults(run=run_config, parser=config)
 
-    reset = actions.add_parser(
-        "reset-offsets",
-        help="set a group's committed offsets (only while it has no live members)",
-        parents=[common],
-    )
-    reset.add_argument("group", metavar="G")
-    reset.add_argument("--topic", "-t", required=True, metavar="T")
-    to = reset.add_mutually_exclusive_group(required=True)
-    to.add_argument("--to-earliest", action="store_true", help="the start of each partition's log")
-    to.add_argument("--to-latest", action="store_true", help="the end of each partition's log")
-    to.add_argument(
-        "--to-timestamp", type=_non_negative, metavar="MS", help="the first record at or after MS"
-    )
-    to.add_argument("--to-offset", type=_non_negative, metavar="N", help="offset N in every partition")
-    reset.add_argument("--partitions", type=_partition_list, metavar="0,1,...", help="only these partitions")
-    reset.add_argument("--track", default="default", help="the offset track (split groups; default: default)")
-    _add_format(reset)
-    reset.set_defaults(run=run_reset, parser=reset)
+    group_offsets.add_parsers(actions, common, _add_format)
 
 
 def _add_format(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +137,21 @@ def describe_to_dict(d: Any) -> dict[str, Any]:
             for m in d.members
         ],
         "conflicts": d.conflicts,
+        # Every (topic, filter) -> track binding, idle ones included, with the handover that started it.
+        "tracks": [
+            {
+                "topic": t.topic,
+                "filter": t.filter,
+                "track": t.track,
+                "members": t.members,
+                "idle_since_ms": t.idle_since_ms or None,
+                "source_track": t.source_track or None,
+                "inherited_filter": t.inherited_filter or None,
+                "since_ms": t.since_ms or None,
+                "handover_offsets": {str(p): o for p, o in t.handover_offsets.items()},
+            }
+            for t in d.tracks
+        ],
         "offsets": [
             {
                 "topic": p.topic,
@@ -160,6 +160,10 @@ def describe_to_dict(d: Any) -> dict[str, Any]:
                 "committed": p.committed if p.committed >= 0 else None,
                 "high_watermark": p.high_watermark,
                 "lag": p.lag,
+                "lag_seconds": p.lag_ms / 1000 if p.lag_ms >= 0 else None,
+                "first_unconsumed_timestamp": (
+                    p.first_unconsumed_timestamp if p.first_unconsumed_timestamp >= 0 else None
+                ),
                 "member_id": p.member_id or None,
             }
             for p in d.lag
@@ -191,7 +195,7 @@ def run_describe(args: argparse.Namespace) -> int:
         for line in d.conflicts:
             print(f"  {line}")
     print("Offsets:")
-    rows = [("TOPIC", "PARTITION", "TRACK", "COMMITTED", "END", "LAG", "OWNER")]
+    rows = [("TOPIC", "PARTITION", "TRACK", "COMMITTED", "END", "LAG", "LAG-TIME", "OWNER")]
     for p in d.lag:
         committed = str(p.committed) if p.committed >= 0 else "-"
         rows.append(
@@ -202,6 +206,7 @@ def run_describe(args: argparse.Namespace) -> int:
                 committed,
                 str(p.high_watermark),
                 str(p.lag),
+                _seconds(p.lag_ms),
                 p.member_id or "-",
             )
         )
@@ -210,6 +215,20 @@ def run_describe(args: argparse.Namespace) -> int:
     else:
         print("  (none)")
     return 0
+
+
+def _seconds(ms: int) -> str:
+    """Lag in time for people: 0s, 42.5s, 15m03s, 2h05m, 3d04h; ``?`` when unknown."""
+    if ms < 0:
+        return "?"
+    if ms < 60_000:
+        return f"{ms / 1000:.3g}s" if ms < 10_000 else f"{ms // 1000}s"
+    s = ms // 1000
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def _partitions(items: list[Any]) -> str:
@@ -254,29 +273,6 @@ def run_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_reset(args: argparse.Namespace) -> int:
-    spec: str | int
-    timestamp = False
-    if args.to_earliest:
-        spec = "earliest"
-    elif args.to_latest:
-        spec = "latest"
-    elif args.to_timestamp is not None:
-        spec, timestamp = args.to_timestamp, True
-    else:
-        spec = args.to_offset
-    with connect(args) as client:
-        offsets = client.admin.reset_offsets(
-            args.group, args.topic, spec, args.partitions, track=args.track, timestamp=timestamp
-        )
-    if args.format == "json":
-        _print_json({"group": args.group, "topic": args.topic, "track": args.track, "offsets": offsets})
-        return 0
-    rows = [("PARTITION", "OFFSET")] + [(str(p), str(o)) for p, o in sorted(offsets.items())]
-    _table(rows, "")
-    return 0
-
-
 # ---- consume --group ----------------------------------------------------------------------------------
 
 
@@ -286,12 +282,18 @@ def consume_group(args: argparse.Namespace, out: BinaryIO) -> int:
 
     if getattr(args, "partition", None):
         raise UsageError("--partition cannot be used with --group: the group assigns the partitions")
+    if args.start.kind not in ("earliest", "latest"):
+        raise UsageError(
+            f"--from {args.start} cannot be used with --group: a group starts from its committed offsets "
+            "(--from earliest|latest applies where it has none); move them first with "
+            "'sluice group reset-offsets'"
+        )
     printer = Printer(out, args.format, args.max)
     with connect(args) as client:
         consumer = client.consumer(
             args.group,
             {args.topic: args.filter if args.filter is not None else "*"},
-            auto_offset_reset=args.start,
+            auto_offset_reset=args.start.kind,
         )
         try:
             idle_since = time.monotonic()

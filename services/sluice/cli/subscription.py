@@ -7,8 +7,10 @@
   reached stdout. ``--max N`` stops after N (the rest stays unacked and goes to the
   subscription's other consumers); ``--timeout S`` stops after S idle seconds.
 * ``sluice subscription list [TOPIC]`` and ``sluice subscription describe TOPIC S``:
-  what the dispatchers report (type, consumers, backlog; per consumer: permits,
-  unacked, blocked, active partitions).
+  what the dispatchers report (type, consumers, backlog, last active; per consumer:
+  permits, unacked, blocked, active partitions). Durable subscriptions are listed
+  until deleted, idle or not.
+* ``reset``, ``skip``, ``delete`` and ``peek``: ``subscription_admin.py``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sluice.cli.connect import connect
 from sluice.cli.output import bytes_to_json
+from sluice.cli.subscription_admin import add_actions
 
 if TYPE_CHECKING:  # the SDK pulls in gRPC, which `sluice up` and `--help` do not need
     from sluice.client.push import Message
@@ -31,7 +35,11 @@ PRINT_BATCH = 500
 
 
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
-    sub = subparsers.add_parser("subscription", help="list and describe push subscriptions", parents=[common])
+    sub = subparsers.add_parser(
+        "subscription",
+        help="push subscriptions: list, describe, reset, skip, delete, peek",
+        parents=[common],
+    )
     actions = sub.add_subparsers(dest="action", metavar="ACTION", required=True)
     lst = actions.add_parser("list", help="subscriptions with type, consumers and backlog", parents=[common])
     lst.add_argument("topic", nargs="?", metavar="TOPIC", help="only this topic's subscriptions")
@@ -44,6 +52,7 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     describe.add_argument("subscription", metavar="SUBSCRIPTION")
     _add_format(describe)
     describe.set_defaults(run=run_describe, parser=describe)
+    add_actions(actions, common)
 
 
 def _add_format(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +84,7 @@ def format_message(msg: Message, fmt: str) -> bytes:
 
 def consume_subscription(args: argparse.Namespace, out: BinaryIO) -> int:
     """``sluice consume TOPIC --subscription S``: print and ack until --max, --timeout or Ctrl-C."""
-    overrides: dict[str, Any] = {"initial_position": args.start}
+    overrides: dict[str, Any] = {"initial_position": args.start.kind}
     if args.receiver_queue is not None:
         overrides["receiver_queue_size"] = args.receiver_queue
     if args.filter is not None:
@@ -114,6 +123,11 @@ def consume_subscription(args: argparse.Namespace, out: BinaryIO) -> int:
 # ---- list / describe ---------------------------------------------------------------------------
 
 
+def _iso(ms: int) -> str | None:
+    """A wall-clock time in ms as ISO 8601 UTC (None when unknown)."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds") if ms else None
+
+
 def _print_table(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -131,15 +145,28 @@ def run_list(args: argparse.Namespace) -> int:
                 "type": s.type,
                 "consumers": s.consumers,
                 "backlog": s.backlog,
+                "durable": s.durable,
+                "last_active": _iso(s.last_active_ms),
+                "filter": s.filter,
                 "dispatchers": list(s.dispatchers),
             }
             for s in subs
         ]
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return 0
-    rows: list[tuple[str, ...]] = [("TOPIC", "SUBSCRIPTION", "TYPE", "CONSUMERS", "BACKLOG", "DISPATCHERS")]
+    rows: list[tuple[str, ...]] = [
+        ("TOPIC", "SUBSCRIPTION", "TYPE", "CONSUMERS", "BACKLOG", "LAST ACTIVE", "DISPATCHERS")
+    ]
     rows += [
-        (s.topic, s.subscription, s.type, str(s.consumers), str(s.backlog), ",".join(s.dispatchers))
+        (
+            s.topic,
+            s.subscription,
+            s.type,
+            str(s.consumers),
+            str(s.backlog),
+            _iso(s.last_active_ms) or "-",
+            ",".join(s.dispatchers),
+        )
         for s in subs
     ]
     _print_table(rows)
@@ -155,6 +182,9 @@ def run_describe(args: argparse.Namespace) -> int:
             "subscription": info.subscription,
             "type": info.type,
             "backlog": info.backlog,
+            "durable": info.durable,
+            "last_active": _iso(info.last_active_ms),
+            "filter": info.filter,
             "dispatchers": list(info.dispatchers),
             "consumers": [
                 {
@@ -174,6 +204,8 @@ def run_describe(args: argparse.Namespace) -> int:
     print(f"Subscription: {info.topic}/{info.subscription}")
     print(f"Type:         {info.type}")
     print(f"Backlog:      {info.backlog}")
+    print(f"Durable:      {'yes' if info.durable else 'no'}")
+    print(f"Last active:  {_iso(info.last_active_ms) or '-'}")
     print(f"Dispatchers:  {', '.join(info.dispatchers)}")
     print(f"Consumers:    {len(info.consumer_details)}")
     if info.consumer_details:

@@ -1,14 +1,20 @@
-"""Administration: topics (coordinator) and consumer groups (coordinator + offset store)."""
+"""Administration: topics (coordinator), consumer groups (coordinator + offset store) and push
+subscriptions (dispatchers)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sluice.client.consumer import group_admin
+from sluice.client.consumer import group_admin, offset_reset
 from sluice.client.consumer.group_admin import GroupConfigInfo, GroupDescription, GroupSummary
+from sluice.client.consumer.offset_reset import OffsetResetRow, ResetTo
 from sluice.client.metadata import TOPIC_CONFIG_KEYS, MetadataCache, TopicInfo, call_with_retry
+from sluice.client.push import admin as push_admin
+from sluice.client.push import sub_admin
+from sluice.client.push.admin import SubscriptionInfo
+from sluice.client.push.sub_admin import PeekedMessage, SubscriptionChange
 from sluice.client.rpc import ChannelPool, call
 from sluice.common.names import MAX_PARTITIONS, validate_topic
 from sluice.common.units import parse_duration, parse_size
@@ -197,6 +203,38 @@ class Admin:
             timestamp=timestamp,
         )
 
+    def reset_group_offsets(
+        self,
+        group: str,
+        to: ResetTo,
+        topics: Mapping[str, Iterable[int] | None] | None = None,
+        *,
+        track: str = "default",
+        execute: bool = False,
+    ) -> list[OffsetResetRow]:
+        """Preview (default) or, with ``execute=True``, apply a reset of ``group``'s committed offsets
+        to ``to`` (``ResetTo.earliest()``, ``.latest()``, ``.offset(n)``, ``.datetime(dt)``,
+        ``.duration("15m")``, ``.shift(-10)``). ``topics``: {topic: partitions, or None for all};
+        None: every topic the group has committed offsets for. Each row says the committed offset
+        before, the new one, and whether the target was clamped into the log. One atomic write,
+        only while the group has no live members (GroupNotEmpty, also for a preview)."""
+        return offset_reset.reset_group_offsets(
+            self._channels,
+            self._metadata,
+            group,
+            to,
+            self._timeout,
+            topics=topics,
+            track=track,
+            execute=execute,
+        )
+
+    def delete_group(self, group: str) -> int:
+        """Delete ``group``: its state on the coordinator and its committed offsets on every track.
+        Refused with GroupNotEmpty while it has members; UnknownGroup if there is nothing to delete.
+        Returns the number of committed offsets deleted."""
+        return group_admin.delete_group(self._metadata, group, self._timeout)
+
     def set_group_offsets(
         self, group: str, topic: str, offsets: Mapping[int, int], *, track: str = "default"
     ) -> dict[int, int]:
@@ -225,4 +263,64 @@ class Admin:
             track=track,
             partitions=partitions,
             member_id=member_id,
+        )
+
+    # ---- push subscriptions ---------------------------------------------------------------------
+
+    def list_subscriptions(self, topic: str | None = None) -> list[SubscriptionInfo]:
+        """Push subscriptions (of ``topic``): type, consumers, backlog, last-active time. Durable ones
+        are listed until deleted, idle or not."""
+        return push_admin.list_subscriptions(self._channels, self._metadata, topic, self._timeout)
+
+    def describe_subscription(self, topic: str, subscription: str) -> SubscriptionInfo:
+        """One subscription with its consumers. Raises UnknownSubscription, UnknownTopicOrPartition."""
+        return push_admin.describe_subscription(
+            self._channels, self._metadata, topic, subscription, self._timeout
+        )
+
+    def reset_subscription(
+        self,
+        topic: str,
+        subscription: str,
+        to: str | int | datetime,
+        *,
+        partitions: Iterable[int] | None = None,
+        force: bool = False,
+    ) -> SubscriptionChange:
+        """Move a durable subscription to ``to``: "earliest", "latest", an offset (clamped to the log,
+        with a note per partition) or a time (an aware ``datetime`` or ISO 8601; naive means UTC; a
+        future time is InvalidArgument). Everything at and after the new position is unacknowledged.
+        Connected consumers: SubscriptionInUse, unless ``force`` (they reconnect at the new position)."""
+        return sub_admin.reset_subscription(
+            self._channels,
+            self._metadata,
+            topic,
+            subscription,
+            to,
+            partitions=list(partitions) if partitions is not None else None,
+            force=force,
+            timeout=self._timeout,
+        )
+
+    def skip_subscription(
+        self, topic: str, subscription: str, count: int, *, force: bool = False
+    ) -> SubscriptionChange:
+        """Acknowledge the next ``count`` messages (the ones ``peek_subscription(count)`` shows)."""
+        return sub_admin.skip_subscription(
+            self._channels, self._metadata, topic, subscription, count, force=force, timeout=self._timeout
+        )
+
+    def delete_subscription(
+        self, topic: str, subscription: str, *, force: bool = False
+    ) -> SubscriptionChange:
+        """Delete a subscription and its stored positions. SubscriptionInUse while consumers are
+        connected, unless ``force`` (their streams end with UnknownSubscription)."""
+        return sub_admin.delete_subscription(
+            self._channels, self._metadata, topic, subscription, force=force, timeout=self._timeout
+        )
+
+    def peek_subscription(self, topic: str, subscription: str, count: int = 1) -> list[PeekedMessage]:
+        """The next ``count`` messages, without consuming or moving anything."""
+        return sub_admin.peek_subscription(
+            self._channels, self._metadata, topic, subscription, count, timeout=self._timeout
         )

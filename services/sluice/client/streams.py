@@ -147,6 +147,10 @@ class RequestStream(Generic[Req, Resp]):
                 call.rpc.cancel()
             for response in responses:
                 with self._lock:
+                    if call.ended:
+                        # close() ended the call while this answer was on its way: every request
+                        # it owed was failed already, so the answer belongs to nobody.
+                        break
                     head = call.waiting.popleft() if call.waiting else None
                 if head is None or head.request_id != response.request_id:
                     raise _OutOfOrder(head, response.request_id)

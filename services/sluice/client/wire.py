@@ -264,9 +264,11 @@ class WireConnection(Generic[Req, Resp]):
                 if kind != kind_expected:
                     if kind == FrameType.ERROR:
                         raise error_from_frame(payload, self._name)
-                    raise WireProtocolError(f"{self._name}: unexpected frame type {kind}")
+                    raise WireProtocolError(f"unexpected frame type {kind}")
                 response = response_type.FromString(payload)
                 head = self._answered(link, response.request_id)
+                if head is None:
+                    return  # closed meanwhile: what it owed was failed already
                 if not head.span:
                     head.on_done(response)
                     continue
@@ -277,10 +279,18 @@ class WireConnection(Generic[Req, Resp]):
                 else:
                     head.deadline = time.monotonic() + head.span
 
-    def _answered(self, link: _Link, request_id: int) -> _Waiting:
+    def _answered(self, link: _Link, request_id: int) -> _Waiting | None:
         """The request an answer belongs to: the oldest waiting one, which an ordinary request
-        leaves as it is answered and a followed one as soon as a later request is answered."""
+        leaves as it is answered and a followed one as soon as a later request is answered.
+
+        None when the link was ended (``close()`` on another thread) before the answer was read:
+        ``_end`` already failed every request it owed, so answers still in the socket's buffer
+        belong to nobody and are dropped. (Taking them for a broker's protocol error logged a
+        bogus "answer to request N arrived, expected none" after every fetcher close that raced
+        a pipelined fetch.)"""
         with self._lock:
+            if link.ended:
+                return None
             waiting = link.waiting
             # Followed requests ahead of the one answered were replaced by it. They leave only
             # once the answer is known to be in order: else ``_end`` still owes them the error.
@@ -293,9 +303,7 @@ class WireConnection(Generic[Req, Resp]):
             head = waiting[replaced] if waiting else None
             if head is None or head.request_id != request_id:
                 expected = "none" if not waiting else str(waiting[0].request_id)
-                raise WireProtocolError(
-                    f"{self._name}: answer to request {request_id} arrived, expected {expected}"
-                )
+                raise WireProtocolError(f"answer to request {request_id} arrived, expected {expected}")
             for _ in range(replaced):
                 waiting.popleft()
             if not head.span:

@@ -1,4 +1,5 @@
-"""Durations and sizes as people write them: ``250ms``, ``5s``, ``7d``; ``64MiB``, ``1GiB``.
+"""Durations and sizes as people write them: ``250ms``, ``5s``, ``7d``; ``64MiB``, ``1GiB``; and times
+printed as ISO 8601.
 
 One parser for service configs, SDK configs and the CLI.
 """
@@ -6,7 +7,7 @@ One parser for service configs, SDK configs and the CLI.
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sluice.errors import InvalidArgument
 
@@ -45,3 +46,12 @@ def parse_size(text: str | int) -> int:
     if not m:
         raise InvalidArgument(f"invalid size {text!r}: use e.g. 1048576, 64MiB or 1GiB")
     return int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower() or None]
+
+
+def iso_ms(ms: int) -> str:
+    """ms since the epoch as ISO 8601 in UTC (``2026-11-25T09:30:00.000Z``), for messages."""
+    try:
+        when = datetime.fromtimestamp(ms / 1000, UTC)
+    except (OverflowError, OSError, ValueError):  # beyond year 9999
+        return f"{ms} ms since the epoch"
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")

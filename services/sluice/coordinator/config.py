@@ -71,6 +71,14 @@ class CoordinatorConfig:
         default=timedelta(milliseconds=100),
         metadata={"help": "a group's target assignment is recomputed at most this often (joins are batched)"},
     )
+    group_offsets_retention: timedelta = field(
+        default=timedelta(days=7),
+        metadata={
+            "help": "a group's committed offsets of a (topic, filter) that no member has read for this long "
+            "are deleted, with the filter's offset track (Kafka's offsets.retention.minutes); 0 keeps them "
+            "until the group is deleted"
+        },
+    )
     group_lag_interval: timedelta = field(
         default=timedelta(seconds=10),
         metadata={"help": "how often consumer lag metrics are refreshed (0 turns the refresh off)"},
@@ -154,6 +162,8 @@ class CoordinatorConfig:
             raise InvalidArgument(
                 "--group-rebalance-timeout must be positive, --group-assignment-interval >= 0"
             )
+        if self.group_offsets_retention < timedelta(0):
+            raise InvalidArgument("--group-offsets-retention must be >= 0 (0: keep offsets until deleted)")
         if self.group_lag_interval < timedelta(0):
             raise InvalidArgument("--group-lag-interval must be >= 0")
         if self.broker_update_timeout <= timedelta(0):
@@ -179,6 +189,7 @@ class CoordinatorConfig:
             rebalance_timeout_ms=_ms(self.group_rebalance_timeout),
             assignment_interval_ms=_ms(self.group_assignment_interval),
             reconcile_heartbeat_interval_ms=min(interval, max(100, interval // 10)),
+            offsets_retention_ms=_ms(self.group_offsets_retention),
         )
 
     def offset_store_endpoint(self) -> Endpoint | None:

@@ -200,8 +200,12 @@ def group_summary_to_proto(summary: GroupSummary) -> coordinator_pb2.GroupSummar
 
 
 def describe_group_to_proto(
-    group: str, description: GroupDescription | None, rows: Sequence[LagRow]
+    group: str,
+    description: GroupDescription | None,
+    rows: Sequence[LagRow],
+    times: Sequence[tuple[int, int] | None],
 ) -> coordinator_pb2.DescribeGroupResponse:
+    """``times``: per row (ms behind, first unconsumed timestamp), None when unknown."""
     lag = [
         coordinator_pb2.PartitionLag(
             topic=r.topic,
@@ -211,8 +215,10 @@ def describe_group_to_proto(
             high_watermark=r.high_watermark,
             lag=r.lag,
             member_id=r.member_id,
+            lag_ms=t[0] if t is not None else -1,
+            first_unconsumed_timestamp=t[1] if t is not None else -1,
         )
-        for r in rows
+        for r, t in zip(rows, times, strict=True)
     ]
     if description is None:
         return coordinator_pb2.DescribeGroupResponse(
@@ -237,4 +243,18 @@ def describe_group_to_proto(
         ],
         lag=lag,
         conflicts=list(description.conflicts),
+        tracks=[
+            coordinator_pb2.TrackBinding(
+                topic=b.topic,
+                filter=b.filter,
+                track=b.track,
+                members=b.members,
+                idle_since_ms=b.idle_since_ms,
+                source_track=b.source_track,
+                inherited_filter=b.inherited_filter,
+                since_ms=b.since_ms,
+                handover_offsets=dict(b.handover_offsets),
+            )
+            for b in description.bindings
+        ],
     )

@@ -20,12 +20,14 @@ from typing import Protocol, TypeVar
 
 from redis.asyncio import Redis
 
+from sluice.common.names import validate_group
 from sluice.coordinator.broker_updates import UNKNOWN_VERSION, BrokerNotifier
 from sluice.coordinator.cluster.adopt import adopt_legacy_positions
 from sluice.coordinator.cluster.model import (
     BrokerHeartbeatResult,
     BrokerUpdate,
     CreateTopicResult,
+    DeleteTopicResult,
     Endpoint,
     MetadataChange,
     MetadataView,
@@ -38,7 +40,8 @@ from sluice.coordinator.cluster.state import ClusterSettings, ClusterState
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
 from sluice.coordinator.groups.assignment import AssignmentJob
-from sluice.coordinator.groups.lag import LagReader, LagRow
+from sluice.coordinator.groups.deletion import delete_group, deletion_ops, find_group_keys
+from sluice.coordinator.groups.lag import LagReader, LagRow, lag_positions, time_lag
 from sluice.coordinator.groups.model import (
     JOIN_EPOCH,
     GroupConfig,
@@ -51,8 +54,9 @@ from sluice.coordinator.groups.model import (
     Slot,
     TickOutcome,
 )
-from sluice.coordinator.groups.redis_ops import GroupKeys, full_sync_ops, group_ops
+from sluice.coordinator.groups.redis_ops import GroupKeys, RedisOp, full_sync_ops, group_ops
 from sluice.coordinator.groups.state import GroupsState
+from sluice.coordinator.groups.tracks import topic_deleted
 from sluice.coordinator.heap import HeapKeeper
 from sluice.coordinator.metrics import CoordinatorMetrics, LagKey, coordinator_metrics
 from sluice.coordinator.records import Result
@@ -107,10 +111,10 @@ class CoordinatorService:
         self._coordinator_endpoint = coordinator_endpoint
         self._offset_store = offset_store
         self._state = CoordinatorState(settings=settings, group_settings=self._group_settings)
-        self._redis = redis
         self._store = MetadataStore(redis, key_prefix, self._state.codec)
-        self._group_keys = GroupKeys(key_prefix)
+        self._redis = redis
         self._keys = Keys(key_prefix)
+        self._group_keys = GroupKeys(key_prefix)
         self._lag = LagReader(redis, key_prefix)
         self._lag_interval_s = lag_interval_s
         self._group_tasks: list[asyncio.Task[None]] = []
@@ -296,19 +300,22 @@ class CoordinatorService:
         handler: Callable[[int], Result[T]],
         on_commit: Callable[[T], None] | None = None,
         requester: Callable[[T], tuple[str, str] | None] | None = None,
+        extra_ops: Sequence[RedisOp] = (),
     ) -> T:
         """Run ``handler`` on the current state, persist its records atomically, replay them, then run
         ``on_commit`` (still under the lock, so pushes queue in version order) and tell the streaming
-        members the write concerns to heartbeat now (except ``requester(response)``, who has its answer)."""
+        members the write concerns to heartbeat now (except ``requester(response)``, who has its answer).
+        ``extra_ops`` are key operations written with the records, if the handler succeeds."""
         async with self._lock:
             self._check_leader()
             if self._reload_needed:
                 await self._reload()
             result = handler(self._clock.now_ms())
             nudge: list[tuple[str, str]] = []
-            if result.records:
+            if result.records or extra_ops:
                 touched = self.groups.touched_groups(result.records)
                 ops = group_ops(self.groups, result.records, self._group_keys) if touched else []
+                ops = [*ops, *extra_ops]
                 # Topic identity (and the purge of a deleted topic's offsets and cursors) lands in the
                 # same atomic write as the topic record: docs/redis-schema.md.
                 ops += copy_registrations(ops, self._keys)
@@ -430,10 +437,14 @@ class CoordinatorService:
 
     async def delete_topic(self, name: str) -> None:
         acks: list[asyncio.Future[bool]] = []
-        await self._write(
-            lambda now: self.cluster.delete_topic(name),
-            lambda res: acks.extend(self._publish(res.change)),
-        )
+
+        def delete(now_ms: int) -> Result[DeleteTopicResult]:
+            # The groups forget the topic's bindings in the same write as its tombstone and purge.
+            deleted = self.cluster.delete_topic(name)
+            forget = topic_deleted(self.groups.groups.values(), name, now_ms)
+            return Result(deleted.response, (*deleted.records, *forget))
+
+        await self._write(delete, lambda res: acks.extend(self._publish(res.change)))
         log.info("deleted topic %s", name)
         await self._await_acks(f"delete topic {name}", acks)
 
@@ -504,9 +515,13 @@ class CoordinatorService:
         self._check_leader()
         return self.groups.list_groups()
 
-    async def describe_group(self, group: str) -> tuple[GroupDescription | None, list[LagRow]]:
-        """The group and its lag. A group the coordinator does not know but that has committed offsets
-        (e.g. only reset so far) is described from its offsets alone (description None)."""
+    async def describe_group(
+        self, group: str
+    ) -> tuple[GroupDescription | None, list[LagRow], list[tuple[int, int] | None]]:
+        """The group, its lag, and per lag row the lag in time (``lag.time_lag``). A group the coordinator
+        does not know but that has committed offsets (e.g. only reset so far) is described from its offsets
+        alone (description None). The lag in time costs one Fetch per broker of the lagging partitions
+        (``LagReader.record_timestamps``), as the lag refresh does."""
         self._check_leader()
         try:
             description: GroupDescription | None = self.groups.describe(group)
@@ -515,7 +530,25 @@ class CoordinatorService:
         rows = await self._lag.rows(self.cluster, description, group)
         if description is None and not any(r.committed >= 0 for r in rows):
             raise UnknownGroup(f"group {group!r} does not exist (no members, no committed offsets)")
-        return description, rows
+        if description is not None:
+            description = await self._lag.with_handovers(group, description)
+        lagging = lag_positions(rows)
+        stamps = await self._lag.record_timestamps(self.cluster, lagging) if lagging else {}
+        now_ms = self._clock.now_ms()
+        return description, rows, [time_lag(r, stamps, now_ms) for r in rows]
+
+    async def delete_group(self, group: str) -> int:
+        """DeleteGroup (groups/deletion.py): the group's records and every Redis key it left, at once;
+        refused while it has members. Returns the number of committed offsets deleted."""
+        validate_group(group)
+        self._check_leader()
+        found = await find_group_keys(self._redis, self._keys, group)
+        deleted = await self._write(
+            lambda now: delete_group(self.groups, group, found), extra_ops=deletion_ops(found, self._keys)
+        )
+        self.groups.soft.groups.pop(group, None)
+        log.info("group %s deleted: %d keys, %d committed offsets", group, len(found.keys), deleted)
+        return deleted
 
     async def _group_loop(self) -> None:
         """The groups' timer: throttled target assignments and topic changes every 50 ms; sessions and
@@ -536,7 +569,16 @@ class CoordinatorService:
                     for group, member, reason in outcome.removed:
                         log.warning("group %s: member %s removed (%s)", group, member, reason)
                         self._metrics.count_fenced(group, reason)
-                    if not outcome.removed and not outcome.assigned_groups:
+                    for group, topic, expr, track in outcome.expired_tracks:
+                        log.info(
+                            "group %s: offsets of topic %s read with filter %r (track %s) expired: "
+                            "unread for --group-offsets-retention",
+                            group,
+                            topic,
+                            expr,
+                            track,
+                        )
+                    if not outcome.changed:
                         break
                 await self._assign_due_groups()
             except SluiceError as exc:
@@ -609,7 +651,7 @@ class CoordinatorService:
             except UnknownGroup:
                 description = None
             rows = await self._lag.rows(self.cluster, description, name)
-            lagging = {(r.topic, r.partition, r.committed) for r in rows if r.lag > 0}
+            lagging = lag_positions(rows)
             stamps = await self._lag.record_timestamps(self.cluster, lagging) if lagging else {}
             now_ms = self._clock.now_ms()
             for row in rows:
@@ -617,12 +659,7 @@ class CoordinatorService:
                     continue
                 key = (name, row.track, row.topic, str(row.partition))
                 lag[key] = max(lag.get(key, 0), row.lag)
-                if row.lag == 0:
-                    behind = 0.0
-                else:
-                    stamp = stamps.get((row.topic, row.partition, row.committed))
-                    if stamp is None:
-                        continue
-                    behind = max(0, now_ms - stamp) / 1000
-                seconds[key] = max(seconds.get(key, 0.0), behind)
+                behind = time_lag(row, stamps, now_ms)
+                if behind is not None:
+                    seconds[key] = max(seconds.get(key, 0.0), behind[0] / 1000)
         self._lag_series = self._metrics.set_lag(lag, seconds, self._lag_series)

@@ -135,8 +135,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     async def DescribeGroup(
         self, request: pb.DescribeGroupRequest, context: Context
     ) -> pb.DescribeGroupResponse:
-        description, rows = await self._service.describe_group(request.group)
-        return describe_group_to_proto(request.group, description, rows)
+        description, rows, times = await self._service.describe_group(request.group)
+        return describe_group_to_proto(request.group, description, rows, times)
+
+    async def DeleteGroup(self, request: pb.DeleteGroupRequest, context: Context) -> pb.DeleteGroupResponse:
+        deleted = await self._service.delete_group(request.group)
+        return pb.DeleteGroupResponse(offsets_deleted=deleted)
 
     async def SetGroupConfig(
         self, request: pb.SetGroupConfigRequest, context: Context

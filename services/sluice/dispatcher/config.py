@@ -79,7 +79,15 @@ class DispatcherConfig:
     idle_subscription_linger: timedelta = field(
         default=timedelta(seconds=30),
         metadata={
-            "help": "a durable subscription without consumers stays loaded this long before it is dropped"
+            "help": "a durable subscription without consumers stays loaded this long, then is unloaded "
+            "(it stays listed, with its backlog, until deleted)"
+        },
+    )
+    subscription_refresh_interval: timedelta = field(
+        default=timedelta(seconds=10),
+        metadata={
+            "help": "how often idle durable subscriptions are re-read from the registry and their backlog "
+            "recomputed (one ListOffsets per topic)"
         },
     )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
@@ -90,7 +98,12 @@ class DispatcherConfig:
         if not 0 <= self.port <= 65535 or not 0 <= self.metrics_port <= 65535:
             raise InvalidArgument("ports must be in [0, 65535]")
         wire_listen_port(self.port, self.wire_port)  # validates
-        for name in ("cursor_flush_interval", "metadata_refresh_interval", "fetch_max_wait"):
+        for name in (
+            "cursor_flush_interval",
+            "metadata_refresh_interval",
+            "fetch_max_wait",
+            "subscription_refresh_interval",
+        ):
             if getattr(self, name) <= timedelta(0):
                 raise InvalidArgument(f"{name} must be positive")
         for name in ("ack_timeout", "nack_delay", "nack_backoff_max", "idle_subscription_linger"):

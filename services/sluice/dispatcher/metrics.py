@@ -1,8 +1,8 @@
 """``sluice_dispatcher_*`` metrics, by topic and subscription.
 
 Counters are incremented once per batch (never per message). Gauges (consumers, permits, unacked,
-blocked consumers, backlog, dirty cursors) are computed from the live state when Prometheus scrapes,
-by a collector, so the hot path does not maintain them.
+blocked consumers, backlog, dirty cursors, last active time) are computed from the live state when
+Prometheus scrapes, by a collector, so the hot path does not maintain them.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class GaugeRow:
     blocked: int
     backlog: int
     dirty_cursors: int
+    #: Unix time: now while consumers are connected, else when the last one left (0: unknown).
+    last_active: float = 0.0
 
 
 class _StateCollector(Collector):
@@ -57,6 +59,11 @@ class _StateCollector(Collector):
             "dirty_cursors": GaugeMetricFamily(
                 f"{P}_cursors_dirty",
                 "Durable cursors with changes not yet in the offset store",
+                labels=labels,
+            ),
+            "last_active": GaugeMetricFamily(
+                f"{P}_subscription_last_active_seconds",
+                "Unix time the subscription last had a consumer (now while it has one)",
                 labels=labels,
             ),
         }

@@ -87,6 +87,8 @@ class SubscriptionRuntime:
         self.closing = False
         self.closed = asyncio.Event()
         self.linger: asyncio.TimerHandle | None = None
+        #: Wall-clock ms when its last consumer left (0 while it has consumers, or had none yet).
+        self.last_active_ms = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due: int | None = None
         self._dead: list[tuple[Message, int]] = []

@@ -22,12 +22,15 @@ from sluice.dispatcher.config import DispatcherConfig, ms
 from sluice.dispatcher.consumer import ConsumerSpec
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.cursor_store import CursorStore, DirtyCursor
+from sluice.dispatcher.describe import SubscriptionViews
 from sluice.dispatcher.dlq import DeadLetterSink
 from sluice.dispatcher.feed import FeedTarget, PartitionFeed
 from sluice.dispatcher.keyshared import parse_sticky_ranges
-from sluice.dispatcher.metrics import DispatcherMetrics, GaugeRow
+from sluice.dispatcher.metrics import DispatcherMetrics
 from sluice.dispatcher.model import SubscriptionSettings, SubscriptionType
+from sluice.dispatcher.registry import SubscriptionBook, wall_ms
 from sluice.dispatcher.runtime import ConsumerStream, SubscriptionRuntime
+from sluice.dispatcher.subadmin import SubscriptionAdmin
 from sluice.errors import (
     BrokerNotAvailable,
     InvalidArgument,
@@ -65,13 +68,16 @@ class DispatcherService:
         )
         self.store = CursorStore(lambda a: offset_store_pb2_grpc.OffsetStoreStub(self.channels.get(a)))
         self.dlq = DeadLetterSink(self.link, self.channels)
+        self.book = SubscriptionBook(self)
+        self.admin = SubscriptionAdmin(self)
         self.runtimes: dict[SubKey, SubscriptionRuntime] = {}
         self.feeds: dict[FeedKey, PartitionFeed] = {}
         self._feed_targets: dict[FeedKey, list[SubscriptionRuntime]] = defaultdict(list)
         self._save_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
-        metrics.state.source = self.gauge_rows
+        self.views = SubscriptionViews(self)
+        metrics.state.source = self.views.gauge_rows
 
     def now_ms(self) -> int:
         return int(self._loop.time() * 1000)
@@ -81,13 +87,15 @@ class DispatcherService:
     def start(self, host: str, port: int, wire_port: int = 0) -> None:
         self._tasks.append(asyncio.create_task(self.link.run(host, port, wire_port), name="coordinator-link"))
         self._tasks.append(asyncio.create_task(self._flush_loop(), name="cursor-flush"))
+        self._tasks.append(asyncio.create_task(self._book_loop(), name="subscription-book"))
 
     async def stop(self) -> None:
         """Graceful stop: end every stream, persist every cursor, stop feeds."""
         for rt in list(self.runtimes.values()):
             for stream in list(rt.streams.values()):
                 stream.close()
-            await self._drop(rt)
+            await self.drop(rt)
+        await self.book.flush_touches()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -161,11 +169,15 @@ class DispatcherService:
                 view = await self.link.refresh()
         else:
             raise view.not_dispatcher(req.topic, foreign or wanted)
-        rt = await self._runtime(req, settings, sorted(mine), desc.topic_id)
-        consumer, fx = rt.machine.add_consumer(spec, settings, self.now_ms())
+        # The admin lock: a reset, skip or delete of this subscription never sees it half joined.
+        async with self.admin.locked(req.topic, req.subscription):
+            rt = await self._runtime(req, settings, sorted(mine), desc.topic_id)
+            consumer, fx = rt.machine.add_consumer(spec, settings, self.now_ms())
         if rt.linger is not None:
             rt.linger.cancel()
             rt.linger = None
+        rt.last_active_ms = 0
+        self.book.touch(rt)
         old = rt.streams.get(spec.consumer_id)
         if old is not None and old is not stream:
             old.close()  # the same consumer reconnected: the old stream is over
@@ -203,7 +215,7 @@ class DispatcherService:
                 await rt.closed.wait()
                 continue
             if rt is not None and not rt.machine.consumers and rt.durable != settings.durable:
-                await self._drop(rt)  # an idle subscription changes durability: start over
+                await self.drop(rt)  # an idle subscription changes durability: start over
                 continue
             break
         if rt is None:
@@ -211,6 +223,8 @@ class DispatcherService:
             rt.topic_id = topic_id
             self.runtimes[key] = rt
             try:
+                if rt.durable:
+                    await self.book.register(rt)  # it lives until deleted: record it first
                 await self._load(rt, req, partitions)
             except SluiceError as err:
                 rt.load_error = err
@@ -250,13 +264,13 @@ class DispatcherService:
     async def _initial_positions(
         self, topic: str, partitions: list[int], req: dispatcher_pb2.Subscribe
     ) -> dict[int, int]:
-        earliest = await self._list_offsets(topic, partitions, -2)
-        latest = await self._list_offsets(topic, partitions, -1)
+        earliest = await self.list_offsets(topic, partitions, -2)
+        latest = await self.list_offsets(topic, partitions, -1)
         if req.initial_position == dispatcher_pb2.INITIAL_POSITION_OFFSET:
             return {p: min(max(req.initial_offset, earliest[p]), latest[p]) for p in partitions}
         return earliest if _POSITIONS.get(req.initial_position) == -2 else latest
 
-    async def _list_offsets(self, topic: str, partitions: list[int], timestamp: int) -> dict[int, int]:
+    async def list_offsets(self, topic: str, partitions: list[int], timestamp: int) -> dict[int, int]:
         by_broker: dict[str, list[int]] = defaultdict(list)
         for p in partitions:
             by_broker[self.link.broker_for(topic, p)].append(p)
@@ -364,8 +378,10 @@ class DispatcherService:
             del rt.streams[consumer.consumer_id]
         rt.apply(rt.machine.remove_consumer(consumer, self.now_ms()))
         if not rt.machine.consumers:
+            rt.last_active_ms = wall_ms()
+            self.book.touch(rt)
             if not rt.durable:
-                asyncio.get_running_loop().create_task(self._drop(rt))
+                asyncio.get_running_loop().create_task(self.drop(rt))
             elif rt.linger is None:
                 linger = self.config.idle_subscription_linger.total_seconds()
                 rt.linger = asyncio.get_running_loop().call_later(linger, self._drop_idle, rt)
@@ -373,9 +389,9 @@ class DispatcherService:
     def _drop_idle(self, rt: SubscriptionRuntime) -> None:
         rt.linger = None
         if not rt.machine.consumers and not rt.closing:
-            asyncio.get_running_loop().create_task(self._drop(rt))
+            asyncio.get_running_loop().create_task(self.drop(rt))
 
-    async def _drop(self, rt: SubscriptionRuntime) -> None:
+    async def drop(self, rt: SubscriptionRuntime) -> None:
         """Unload a subscription: persist its cursors, stop its feeds, forget it."""
         if rt.closing:
             await rt.closed.wait()
@@ -394,6 +410,7 @@ class DispatcherService:
                             await self.store.save(dirty, self.link.epoch)
                     except SluiceError as exc:
                         log.error("could not persist the cursors of %s/%s: %s", rt.topic, rt.name, exc)
+                self.book.remember(rt)  # still listed while idle (registry.py)
             await self._detach_feeds(rt)
         finally:
             if self.runtimes.get((rt.topic, rt.name)) is rt:
@@ -431,7 +448,7 @@ class DispatcherService:
                     err = _topic_gone(rt)
                 for stream in list(rt.streams.values()):
                     stream.fail(err)
-                await self._drop(rt)
+                await self.drop(rt)
 
     async def _flush_loop(self) -> None:
         interval = self.config.cursor_flush_interval.total_seconds()
@@ -439,8 +456,13 @@ class DispatcherService:
             await asyncio.sleep(interval)
             try:
                 await self.flush_cursors()
+                await self.book.flush_touches()
             except Exception:  # never let the flusher die
                 log.exception("cursor flush failed")
+
+    async def _book_loop(self) -> None:
+        await self.link.registered.wait()
+        await self.book.refresh_loop(self.config.subscription_refresh_interval.total_seconds())
 
     # ---- routing changes -------------------------------------------------------------------------------
 
@@ -477,81 +499,13 @@ class DispatcherService:
                 )
                 for stream in list(rt.streams.values()):
                     stream.fail(err)
-                asyncio.get_running_loop().create_task(self._drop(rt))
+                asyncio.get_running_loop().create_task(self.drop(rt))
 
     @staticmethod
     def _replaced(rt: SubscriptionRuntime, view: ClusterView) -> bool:
         """The topic ``rt`` serves is gone: deleted, or deleted and re-created (another topic_id)."""
         t = view.topics.get(rt.topic)
         return t is None or bool(rt.topic_id and t.topic_id != rt.topic_id)
-
-    # ---- describe --------------------------------------------------------------------------------------
-
-    def _backlog(self, rt: SubscriptionRuntime) -> int:
-        total = 0
-        for p, ps in rt.machine.partitions.items():
-            feed = self.feeds.get((rt.topic, p))
-            end = max(feed.high_watermark if feed is not None else -1, ps.read_position)
-            total += max(end - ps.cursor.mark_delete - ps.cursor.acked.count(), 0)
-        return total
-
-    def summary(self, rt: SubscriptionRuntime) -> dispatcher_pb2.SubscriptionSummary:
-        return dispatcher_pb2.SubscriptionSummary(
-            topic=rt.topic,
-            subscription=rt.name,
-            type=int(rt.machine.settings.type),  # type: ignore[arg-type]
-            consumers=len(rt.machine.consumers),
-            backlog=self._backlog(rt),
-        )
-
-    def list_subscriptions(self, topic: str) -> dispatcher_pb2.ListSubscriptionsResponse:
-        return dispatcher_pb2.ListSubscriptionsResponse(
-            subscriptions=[
-                self.summary(rt)
-                for rt in sorted(self.runtimes.values(), key=lambda r: (r.topic, r.name))
-                if not topic or rt.topic == topic
-            ]
-        )
-
-    def describe(self, topic: str, subscription: str) -> dispatcher_pb2.DescribeSubscriptionResponse:
-        rt = self.runtimes.get((topic, subscription))
-        if rt is None:
-            raise UnknownTopicOrPartition(
-                f"subscription {subscription!r} of topic {topic!r} is not loaded on dispatcher "
-                f"{self.dispatcher_id!r} (no consumer connected recently, or another dispatcher serves it)"
-            )
-        return dispatcher_pb2.DescribeSubscriptionResponse(
-            summary=self.summary(rt),
-            consumers=[
-                dispatcher_pb2.ConsumerDescription(
-                    consumer_id=c.consumer_id,
-                    consumer_name=c.spec.name,
-                    permits=c.permits,
-                    unacked=c.unacked,
-                    blocked=c.blocked,
-                    active_partitions=sorted(c.active_partitions),
-                )
-                for c in sorted(rt.machine.consumers.values(), key=lambda c: c.join_seq)
-            ],
-        )
-
-    def gauge_rows(self) -> list[GaugeRow]:
-        rows = []
-        for rt in list(self.runtimes.values()):
-            consumers = list(rt.machine.consumers.values())
-            rows.append(
-                GaugeRow(
-                    rt.topic,
-                    rt.name,
-                    len(consumers),
-                    sum(c.permits for c in consumers),
-                    sum(c.unacked for c in consumers),
-                    sum(1 for c in consumers if c.blocked),
-                    self._backlog(rt),
-                    sum(1 for ps in list(rt.machine.partitions.values()) if rt.durable and ps.cursor.dirty),
-                )
-            )
-        return rows
 
 
 def _topic_gone(rt: SubscriptionRuntime) -> UnknownTopicOrPartition:

@@ -151,12 +151,32 @@ class DispatcherServicer:
     async def ListSubscriptions(
         self, request: pb.ListSubscriptionsRequest, context: Context
     ) -> pb.ListSubscriptionsResponse:
-        return self._service.list_subscriptions(request.topic)
+        return await self._service.views.list_all(request.topic)
 
     async def DescribeSubscription(
         self, request: pb.DescribeSubscriptionRequest, context: Context
     ) -> pb.DescribeSubscriptionResponse:
-        return self._service.describe(request.topic, request.subscription)
+        return await self._service.views.describe(request.topic, request.subscription)
+
+    async def ResetSubscription(
+        self, request: pb.ResetSubscriptionRequest, context: Context
+    ) -> pb.ResetSubscriptionResponse:
+        return await self._service.admin.reset(request)
+
+    async def SkipSubscription(
+        self, request: pb.SkipSubscriptionRequest, context: Context
+    ) -> pb.SkipSubscriptionResponse:
+        return await self._service.admin.skip(request)
+
+    async def DeleteSubscription(
+        self, request: pb.DeleteSubscriptionRequest, context: Context
+    ) -> pb.DeleteSubscriptionResponse:
+        return await self._service.admin.delete(request)
+
+    async def PeekSubscription(
+        self, request: pb.PeekSubscriptionRequest, context: Context
+    ) -> pb.PeekSubscriptionResponse:
+        return await self._service.admin.peek(request)
 
 
 def _serialize_event(item: bytes | pb.DispatcherEvent) -> bytes:
@@ -181,5 +201,13 @@ def add_to_server(servicer: DispatcherServicer, server: aio.Server) -> None:
             request_deserializer=pb.DescribeSubscriptionRequest.FromString,
             response_serializer=pb.DescribeSubscriptionResponse.SerializeToString,
         ),
+        **{
+            name: grpc.unary_unary_rpc_method_handler(
+                getattr(servicer, name),
+                request_deserializer=getattr(pb, f"{name}Request").FromString,
+                response_serializer=getattr(pb, f"{name}Response").SerializeToString,
+            )
+            for name in ("ResetSubscription", "SkipSubscription", "DeleteSubscription", "PeekSubscription")
+        },
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("sluice.v1.Dispatcher", handlers),))

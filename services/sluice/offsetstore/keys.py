@@ -62,6 +62,11 @@ class Keys:
         """hash ``topic/partition`` -> next offset to consume, for one track."""
         return f"{self.prefix}:off:{{{group}}}:{track}"
 
+    def handover(self, group: str, track: str) -> str:
+        """hash ``topic/partition`` -> the offset a filter's binding to ``track`` started from (its
+        handover: docs/groups.md). Written by the coordinator, read by DescribeGroup."""
+        return f"{self.offsets(group, track)}:handover"
+
     def member_offsets_prefix(self, group: str, track: str) -> str:
         return f"{self.offsets(group, track)}:m:"
 
@@ -98,6 +103,12 @@ class Keys:
         """The prefix of the per-member hashes a ``member_index`` key lists (``<prefix><member_id>``)."""
         return index_key.removesuffix(":members") + ":m:"
 
+    def group_patterns(self, group: str) -> tuple[str, str]:
+        """SCAN patterns matching every key of one group: the coordinator's (``grp``) and the offsets
+        (``off``, every track and member). Group names hold no glob characters (validated)."""
+        prefix = "".join("\\" + c if c in "*?[]\\" else c for c in self.prefix)
+        return f"{prefix}:grp:{{{group}}}:*", f"{prefix}:off:{{{group}}}:*"
+
     # ---- push cursors (owned here) ----
     def cursor(self, subscription: str, topic: str, partition: int) -> str:
         """string: the encoded cursor (see cursor_codec)."""
@@ -110,6 +121,11 @@ class Keys:
     def cursor_epoch(self, subscription: str, topic: str, partition: int) -> str:
         """string: owner epoch of the dispatcher allowed to write the cursor."""
         return self.cursor(subscription, topic, partition) + ":epoch"
+
+    # ---- the registry of durable push subscriptions (owned here) ----
+    def subscriptions(self) -> str:
+        """hash ``topic/subscription`` -> ``type|created_ms|last_active_ms|filter`` (see subscriptions.py)."""
+        return f"{self.prefix}:subs"
 
 
 #: Lua: remove every registered piece of one topic's data, then the registry itself.

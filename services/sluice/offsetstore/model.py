@@ -51,16 +51,37 @@ class ResetSpec(enum.Enum):
     EARLIEST = 1
     LATEST = 2
     TIMESTAMP = 3
+    SHIFT = 4
 
 
 @dataclass(frozen=True, slots=True)
 class ResetRequest:
     group: str
-    topic: str
-    partitions: tuple[int, ...]  # empty: every partition of the topic
+    #: (topic, partitions); empty partitions: every partition of the topic.
+    targets: tuple[tuple[str, tuple[int, ...]], ...]
     spec: ResetSpec
-    value: int  # the offset (OFFSET) or a timestamp in ms (TIMESTAMP)
+    #: The offset (OFFSET), a timestamp in ms (TIMESTAMP) or a signed delta (SHIFT).
+    value: int
     track: str
+    #: Also every topic the group has committed offsets for on ``track``.
+    all_topics: bool = False
+    #: Resolve and report only; write nothing.
+    dry_run: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ResetOutcome:
+    """One partition of a reset: the committed offset before (-1: none) and the one set."""
+
+    topic: str
+    partition: int
+    previous: int
+    offset: int
+    #: "" (inside the log), "log_start" or "log_end": the target was clamped to that bound.
+    clamped: str = ""
+    #: -1 when not looked up (an explicit offset without a coordinator to ask).
+    log_start_offset: int = -1
+    log_end_offset: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ Result codes are the wire ``ErrorCode`` values, substituted at import time.
 from __future__ import annotations
 
 from sluice.offsetstore import keys
+from sluice.offsetstore.topic_identity import TOPIC_CHECK_LUA
 from sluice.v1 import common_pb2
 
 _GREATER = """
@@ -22,18 +23,7 @@ local function greater(a, b)
 end
 """
 
-_TOPIC = f"""
--- The topic check of every position write: the writer's topic_id (ARGV, '' when the writer sent
--- none) against the topic's current one (its id key). Returns NONE, or the refusal's code.
-local function topic_code(current, given)
-  if not current then
-    if given == '' then return {common_pb2.UNKNOWN_TOPIC_OR_PARTITION} end
-    return {common_pb2.UNKNOWN_TOPIC_ID}
-  end
-  if given ~= '' and given ~= current then return {common_pb2.UNKNOWN_TOPIC_ID} end
-  return {common_pb2.NONE}
-end
-"""
+_TOPIC = TOPIC_CHECK_LUA
 
 # KEYS[1] members hash, then three keys per track: the offsets hash to write
 #   (the track's, or the member's in broadcasting mode), the track's member
@@ -97,11 +87,15 @@ return out
 )
 
 # KEYS[1] live-member count, KEYS[2] the track's offsets hash, KEYS[3] the
-#   track's member index set, KEYS[4] the topic's id key, KEYS[5] its refs hash.
-# ARGV[1] prefix of per-member offset hashes, ARGV[2] the topic_id the reset was
-#   resolved for ("" when none), then pairs ("topic/partition", offset).
+#   track's member index set, then two keys per topic reset: its id key and its
+#   refs hash.
+# ARGV[1] prefix of per-member offset hashes, ARGV[2] the number of topics N,
+#   then N topic_ids the reset was resolved for (aligned with the topics' KEYS;
+#   "" when none), then pairs ("topic/partition", offset).
 # Returns {0, ""} when written, {GROUP_NOT_EMPTY, live count} or {topic refusal
-# code, the topic's current id or ""} when refused.
+# code, the topic's current id or "", the refused topic's number (1..N)} when
+# refused: every topic is checked before anything is written, so a multi-topic
+# reset lands whole or not at all.
 # Broadcasting members' own offsets for these partitions are removed so that
 # every member restarts from the reset position (the per-member hashes share
 # the group's hash tag, so deriving their names here stays in one slot).
@@ -110,16 +104,22 @@ RESET = (
     + f"""
 local live = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 if live > 0 then return {{{common_pb2.GROUP_NOT_EMPTY}, live}} end
-local current = redis.call('GET', KEYS[4])
-local code = topic_code(current, ARGV[2])
-if code ~= {common_pb2.NONE} then return {{code, current or ''}} end
-for i = 3, #ARGV, 2 do
+local n = tonumber(ARGV[2])
+for t = 1, n do
+  local current = redis.call('GET', KEYS[2 + 2 * t])
+  local code = topic_code(current, ARGV[2 + t])
+  if code ~= {common_pb2.NONE} then return {{code, current or '', t}} end
+end
+local first = 3 + n
+for i = first, #ARGV, 2 do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
 end
-redis.call('HSETNX', KEYS[5], KEYS[2], '{keys.REF_FIELDS}')
+for t = 1, n do
+  redis.call('HSETNX', KEYS[3 + 2 * t], KEYS[2], '{keys.REF_FIELDS}')
+end
 for _, m in ipairs(redis.call('SMEMBERS', KEYS[3])) do
   local mk = ARGV[1] .. m
-  for i = 3, #ARGV, 2 do redis.call('HDEL', mk, ARGV[i]) end
+  for i = first, #ARGV, 2 do redis.call('HDEL', mk, ARGV[i]) end
   if redis.call('EXISTS', mk) == 0 then redis.call('SREM', KEYS[3], m) end
 end
 return {{0, ''}}

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
+from sluice.common.names import validate_topic
 from sluice.errors import FencedMemberEpoch, InvalidArgument, SluiceError, StorageError
 from sluice.offsetstore import validation
 from sluice.offsetstore.cursor_codec import CursorCodecError, CursorState, decode_cursor, encode_cursor
@@ -20,12 +21,14 @@ from sluice.offsetstore.model import (
     CursorWrite,
     MessageModel,
     OffsetCommit,
+    ResetOutcome,
     ResetRequest,
-    ResetSpec,
     StoredCursor,
     TopicPartition,
 )
-from sluice.offsetstore.storage import FetchedOffsets, PositionStore, group_not_empty
+from sluice.offsetstore.reset import OffsetResolver, run_reset
+from sluice.offsetstore.storage import FetchedOffsets, PositionStore
+from sluice.offsetstore.subscriptions import SubscriptionRecord
 from sluice.offsetstore.topic_identity import TopicRefusal, topic_error
 
 log = logging.getLogger(__name__)
@@ -35,18 +38,6 @@ T = TypeVar("T")
 # Encoding or decoding this many range values takes tens of milliseconds: do it
 # in a worker thread so other RPCs (commits) keep flowing meanwhile.
 _OFFLOAD_VALUES = 50_000
-
-
-class OffsetResolver(Protocol):
-    """Looks up offsets the broker knows (see resolver.BrokerOffsetResolver)."""
-
-    async def partitions(self, topic: str) -> list[int]: ...
-
-    async def resolve(
-        self, topic: str, partitions: Sequence[int], spec: ResetSpec, value: int
-    ) -> dict[int, int]: ...
-
-    async def close(self) -> None: ...
 
 
 class OffsetStoreService:
@@ -100,53 +91,27 @@ class OffsetStoreService:
         offsets = dict(sorted(found.offsets.items(), key=lambda kv: (kv[0].topic, kv[0].partition)))
         return FetchedOffsets(offsets, found.topic_ids)
 
-    async def reset(self, request: ResetRequest) -> dict[int, int]:
-        """Set a topic's offsets exactly; only while the group has no live members."""
+    async def reset(self, request: ResetRequest) -> list[ResetOutcome]:
+        """Set offsets exactly (reset.py); only while the group has no live members."""
         try:
-            offsets = await self._reset(request)
+            validation.validate_reset(request)
+            track = validation.track_name(request.track)
+            outcomes = await run_reset(self._store, self._resolver, request, track)
         except SluiceError as err:
             self._metrics.resets.labels(err.code_name).inc()
             raise
+        if request.dry_run:
+            return outcomes
         self._metrics.resets.labels("NONE").inc()
-        return offsets
-
-    async def _reset(self, request: ResetRequest) -> dict[int, int]:
-        validation.validate_reset(request)
-        group, topic, track = request.group, request.topic, validation.track_name(request.track)
-        needs_broker = request.spec is not ResetSpec.OFFSET
-        if needs_broker and self._resolver is None:
-            raise InvalidArgument(
-                f"this offset store cannot resolve {request.spec.name.lower()} offsets: it runs without a "
-                "coordinator address (--coordinator). Only explicit offsets (RESET_SPEC_OFFSET) can be set; "
-                "configure the coordinator or look the offsets up with the broker's ListOffsets"
-            )
-        # Fail fast before asking brokers; the Lua script checks again atomically.
-        live = await self._store.live_members(group)
-        if live > 0:
-            raise group_not_empty(group, live)
-        partitions = list(request.partitions)
-        if not partitions:
-            if self._resolver is not None:
-                partitions = await self._resolver.partitions(topic)
-            else:
-                partitions = await self._store.committed_partitions(group, track, topic)
-            if not partitions:
-                raise InvalidArgument(
-                    f"group {group!r} has no committed offsets for topic {topic!r} on track {track!r}: "
-                    "list the partitions to reset explicitly"
-                )
-        if needs_broker:
-            assert self._resolver is not None
-            offsets = await self._resolver.resolve(topic, partitions, request.spec, request.value)
-        else:
-            offsets = dict.fromkeys(partitions, request.value)
-        # The script refuses a topic that does not exist (UNKNOWN_TOPIC_OR_PARTITION): a reset must not
-        # create offsets that no topic delete would ever remove.
-        await self._store.reset(group, track, topic, offsets)
-        for partition, offset in offsets.items():
-            self._metrics.committed_offset.labels(group, track, topic, partition).set(offset)
-        log.info("reset offsets of group %s track %s topic %s: %s", group, track, topic, offsets)
-        return dict(sorted(offsets.items()))
+        for o in outcomes:
+            self._metrics.committed_offset.labels(request.group, track, o.topic, o.partition).set(o.offset)
+        log.info(
+            "reset offsets of group %s track %s: %s",
+            request.group,
+            track,
+            {f"{o.topic}/{o.partition}": o.offset for o in outcomes},
+        )
+        return outcomes
 
     # ---- cursors ---------------------------------------------------------------
 
@@ -208,6 +173,40 @@ class OffsetStoreService:
             log.error("stored cursor %s is corrupt: %s", key, exc)
             raise StorageError(f"the stored cursor {key} is corrupt: {exc}") from None
         return StoredCursor(key, stored.owner_epoch, state, len(blob))
+
+    # ---- the subscription registry ---------------------------------------------
+
+    async def touch_subscriptions(self, records: Sequence[SubscriptionRecord]) -> list[SluiceError | None]:
+        """Record durable subscriptions; per record None, or why it was not (its topic is gone or another
+        incarnation now: a late touch must not bring a deleted topic's subscription back)."""
+        for i, r in enumerate(records):
+            validation.validate_subscription_record(r, f"subscriptions[{i}]")
+        refusals = await self._store.touch_subscriptions(records)
+        return [
+            None if refusal is None else topic_error(refusal, r.topic, r.topic_id, f"subscription {r.field}")
+            for r, refusal in zip(records, refusals, strict=True)
+        ]
+
+    async def list_subscriptions(self, topic: str) -> list[SubscriptionRecord]:
+        if topic:
+            validate_topic(topic)
+        return await self._store.list_subscriptions(topic)
+
+    async def delete_subscription(
+        self, topic: str, subscription: str, partitions: Sequence[int], unregister: bool
+    ) -> int:
+        validation.validate_cursor_key(CursorKey(subscription, topic, 0), "subscription")
+        for p in partitions:
+            validation.validate_partition(p, "partitions")
+        removed = await self._store.delete_subscription(topic, subscription, partitions, unregister)
+        log.info(
+            "deleted subscription state %s/%s partitions %s: %d keys",
+            topic,
+            subscription,
+            partitions,
+            removed,
+        )
+        return removed
 
     @staticmethod
     async def _offload(work: int, fn: Callable[[], T]) -> T:

@@ -22,6 +22,7 @@ from sluice.offsetstore.model import (
     TopicPartition,
 )
 from sluice.offsetstore.service import OffsetStoreService
+from sluice.offsetstore.subscriptions import SubscriptionRecord
 from sluice.offsetstore.validation import track_name
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
 
@@ -47,7 +48,7 @@ def reset_spec(value: int) -> ResetSpec:
         return ResetSpec(value)
     except ValueError:
         raise InvalidArgument(
-            f"unknown reset spec {value}: use RESET_SPEC_OFFSET, _EARLIEST, _LATEST or _TIMESTAMP"
+            f"unknown reset spec {value}: use RESET_SPEC_OFFSET, _EARLIEST, _LATEST, _TIMESTAMP or _SHIFT"
         ) from None
 
 
@@ -106,21 +107,39 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
     async def ResetOffsets(
         self, request: offset_store_pb2.ResetOffsetsRequest, context: Context
     ) -> offset_store_pb2.ResetOffsetsResponse:
+        targets = [(t.topic, tuple(t.partitions)) for t in request.topics]
+        if request.topic:
+            targets.insert(0, (request.topic, tuple(request.partitions)))
         reset = ResetRequest(
             group=request.group,
-            topic=request.topic,
-            partitions=tuple(request.partitions),
+            targets=tuple(targets),
             spec=reset_spec(request.spec),
             value=request.value,
             track=request.track,
+            all_topics=request.all_topics,
+            dry_run=request.dry_run,
         )
-        offsets = await self._service.reset(reset)
+        outcomes = await self._service.reset(reset)
         track = track_name(request.track)
         return offset_store_pb2.ResetOffsetsResponse(
             offsets=[
-                offset_store_pb2.PartitionOffset(topic=request.topic, partition=p, offset=off, track=track)
-                for p, off in offsets.items()
-            ]
+                offset_store_pb2.PartitionOffset(
+                    topic=o.topic, partition=o.partition, offset=o.offset, track=track
+                )
+                for o in outcomes
+            ],
+            outcomes=[
+                offset_store_pb2.ResetOutcome(
+                    topic=o.topic,
+                    partition=o.partition,
+                    previous=o.previous,
+                    offset=o.offset,
+                    clamped=o.clamped,
+                    log_start_offset=o.log_start_offset,
+                    log_end_offset=o.log_end_offset,
+                )
+                for o in outcomes
+            ],
         )
 
     async def SaveCursors(
@@ -151,3 +170,46 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
         )
         cursor.acked_ranges.extend(state.acked_ranges)
         return offset_store_pb2.LoadCursorResponse(found=True, cursor=cursor)
+
+    # ---- the subscription registry ---------------------------------------------
+
+    async def TouchSubscriptions(
+        self, request: offset_store_pb2.TouchSubscriptionsRequest, context: Context
+    ) -> offset_store_pb2.TouchSubscriptionsResponse:
+        errors = await self._service.touch_subscriptions(
+            [
+                SubscriptionRecord(
+                    s.topic, s.subscription, s.type, s.filter, s.created_ms, s.last_active_ms, s.topic_id
+                )
+                for s in request.subscriptions
+            ]
+        )
+        return offset_store_pb2.TouchSubscriptionsResponse(
+            errors=[e.to_proto() if e is not None else common_pb2.Error() for e in errors]
+        )
+
+    async def ListStoredSubscriptions(
+        self, request: offset_store_pb2.ListStoredSubscriptionsRequest, context: Context
+    ) -> offset_store_pb2.ListStoredSubscriptionsResponse:
+        records = await self._service.list_subscriptions(request.topic)
+        return offset_store_pb2.ListStoredSubscriptionsResponse(
+            subscriptions=[
+                offset_store_pb2.StoredSubscription(
+                    topic=r.topic,
+                    subscription=r.subscription,
+                    type=r.type,
+                    filter=r.filter,
+                    created_ms=r.created_ms,
+                    last_active_ms=r.last_active_ms,
+                )
+                for r in records
+            ]
+        )
+
+    async def DeleteSubscriptionState(
+        self, request: offset_store_pb2.DeleteSubscriptionStateRequest, context: Context
+    ) -> offset_store_pb2.DeleteSubscriptionStateResponse:
+        removed = await self._service.delete_subscription(
+            request.topic, request.subscription, list(request.partitions), request.unregister
+        )
+        return offset_store_pb2.DeleteSubscriptionStateResponse(deleted_keys=removed)

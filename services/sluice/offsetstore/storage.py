@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +40,7 @@ from sluice.errors import (
 from sluice.offsetstore import scripts
 from sluice.offsetstore.keys import Keys, partition_field, split_field
 from sluice.offsetstore.model import CommitOutcome, CursorKey, MessageModel, OffsetCommit, TopicPartition
+from sluice.offsetstore.subscriptions import SubscriptionRecord, SubscriptionRegistry
 from sluice.offsetstore.topic_identity import TopicRefusal, parse_save_result, topic_error
 from sluice.v1 import common_pb2
 
@@ -90,6 +91,7 @@ class PositionStore:
         self._commit = client.register_script(scripts.COMMIT)
         self._reset = client.register_script(scripts.RESET)
         self._save_cursors = client.register_script(scripts.SAVE_CURSORS)
+        self._subscriptions = SubscriptionRegistry(client, keys)
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script now, so requests only ever send EVALSHA."""
@@ -221,38 +223,33 @@ class PositionStore:
         except ValueError:
             return 0
 
-    async def committed_partitions(self, group: str, track: str, topic: str) -> list[int]:
-        """Partitions of ``topic`` with a committed offset on ``track``."""
-        async with _storage_errors(f"listing committed partitions of group {group!r}"):
-            fields = await self._redis.hkeys(self.keys.offsets(group, track))
-        found = (split_field(_text(f)) for f in fields)
-        return sorted(p for t, p in found if t == topic)
-
     async def reset(
-        self, group: str, track: str, topic: str, offsets: dict[int, int], topic_id: str = ""
+        self, group: str, track: str, offsets: Mapping[TopicPartition, int], topic_ids: Mapping[str, str]
     ) -> None:
-        """Set offsets exactly (not increase-only); refused while members are live, and unless the
-        topic exists (as the incarnation ``topic_id`` when given)."""
+        """Set offsets exactly (not increase-only), all in one script; refused while members are live,
+        and unless every topic exists (as the incarnation ``topic_ids[topic]`` when given)."""
         k = self.keys
-        argv: list[str | int] = [k.member_offsets_prefix(group, track), topic_id]
-        for partition, offset in sorted(offsets.items()):
-            argv += [partition_field(topic, partition), offset]
+        topics = sorted({tp.topic for tp in offsets})
+        keys = [k.live(group), k.offsets(group, track), k.member_index(group, track)]
+        argv: list[str | int] = [k.member_offsets_prefix(group, track), len(topics)]
+        for topic in topics:
+            keys += [k.topic_id(topic), k.topic_refs(topic)]
+            argv.append(topic_ids.get(topic, ""))
+        for tp, offset in sorted(offsets.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
+            argv += [partition_field(tp.topic, tp.partition), offset]
         async with _storage_errors(f"resetting offsets of group {group!r}"):
-            raw = await self._reset(
-                keys=[
-                    k.live(group),
-                    k.offsets(group, track),
-                    k.member_index(group, track),
-                    k.topic_id(topic),
-                    k.topic_refs(topic),
-                ],
-                args=argv,
-            )
+            raw = await self._reset(keys=keys, args=argv)
         code = int(raw[0])
         if code == common_pb2.GROUP_NOT_EMPTY:
             raise group_not_empty(group, int(raw[1]))
         if code != common_pb2.NONE:
-            raise topic_error(TopicRefusal(code, _text(raw[1])), topic, topic_id, f"reset of group {group!r}")
+            topic = topics[int(raw[2]) - 1]
+            raise topic_error(
+                TopicRefusal(code, _text(raw[1])),
+                topic,
+                topic_ids.get(topic, ""),
+                f"reset of group {group!r}",
+            )
 
     # ---- cursors ---------------------------------------------------------------
 
@@ -325,6 +322,22 @@ class PositionStore:
         if blob is None:
             return None
         return CursorBlob(blob if isinstance(blob, bytes) else blob.encode(), int(epoch or 0))
+
+    # ---- the registry of durable subscriptions (subscriptions.py) ------------
+
+    async def touch_subscriptions(self, records: Sequence[SubscriptionRecord]) -> list[TopicRefusal | None]:
+        async with _storage_errors("registering subscriptions"):
+            return await self._subscriptions.touch(records)
+
+    async def list_subscriptions(self, topic: str = "") -> list[SubscriptionRecord]:
+        async with _storage_errors("listing subscriptions"):
+            return await self._subscriptions.list(topic)
+
+    async def delete_subscription(
+        self, topic: str, subscription: str, partitions: Sequence[int], unregister: bool
+    ) -> int:
+        async with _storage_errors(f"deleting subscription {topic}/{subscription}"):
+            return await self._subscriptions.delete(topic, subscription, partitions, unregister)
 
 
 def group_not_empty(group: str, live: int) -> GroupNotEmpty:

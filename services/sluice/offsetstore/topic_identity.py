@@ -13,7 +13,21 @@ from dataclasses import dataclass
 from sluice.errors import SluiceError, UnknownTopicId, UnknownTopicOrPartition
 from sluice.v1 import common_pb2
 
-__all__ = ["TopicRefusal", "parse_save_result", "topic_error"]
+__all__ = ["TOPIC_CHECK_LUA", "TopicRefusal", "parse_save_result", "topic_error"]
+
+#: Lua ``topic_code(current, given)``: the topic check of every script that writes per-topic state.
+TOPIC_CHECK_LUA = f"""
+-- The topic check of every position write: the writer's topic_id (ARGV, '' when the writer sent
+-- none) against the topic's current one (its id key). Returns NONE, or the refusal's code.
+local function topic_code(current, given)
+  if not current then
+    if given == '' then return {common_pb2.UNKNOWN_TOPIC_OR_PARTITION} end
+    return {common_pb2.UNKNOWN_TOPIC_ID}
+  end
+  if given ~= '' and given ~= current then return {common_pb2.UNKNOWN_TOPIC_ID} end
+  return {common_pb2.NONE}
+end
+"""
 
 
 @dataclass(frozen=True, slots=True)

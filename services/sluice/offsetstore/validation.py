@@ -14,6 +14,7 @@ from sluice.common.names import MAX_PARTITIONS, validate_group, validate_topic
 from sluice.errors import InvalidArgument, InvalidRequest
 from sluice.offsetstore.keys import DEFAULT_TRACK
 from sluice.offsetstore.model import CursorKey, OffsetCommit, ResetRequest, ResetSpec, TopicPartition
+from sluice.offsetstore.subscriptions import SubscriptionRecord
 
 # Request size limits. A request above them is a client bug or an attack; the
 # limits sit far above what a real consumer or dispatcher sends.
@@ -104,13 +105,20 @@ def validate_fetch(group: str, track: str, partitions: Sequence[TopicPartition],
 
 def validate_reset(request: ResetRequest) -> None:
     validate_group(request.group)
-    validate_topic(request.topic)
     track_name(request.track)
-    _check_size(len(request.partitions), MAX_RESET_PARTITIONS, "partitions")
-    for i, p in enumerate(request.partitions):
-        validate_partition(p, f"partitions[{i}]")
-    if len(set(request.partitions)) != len(request.partitions):
-        raise InvalidArgument("partitions lists a partition twice")
+    if not request.targets and not request.all_topics:
+        raise InvalidArgument("name the topics to reset (topic or topics), or ask for all_topics")
+    _check_size(sum(len(parts) for _, parts in request.targets), MAX_RESET_PARTITIONS, "partitions")
+    seen: set[str] = set()
+    for topic, partitions in request.targets:
+        validate_topic(topic)
+        if topic in seen:
+            raise InvalidArgument(f"topic {topic!r} is listed twice: give its partitions once")
+        seen.add(topic)
+        for i, p in enumerate(partitions):
+            validate_partition(p, f"{topic} partitions[{i}]")
+        if len(set(partitions)) != len(partitions):
+            raise InvalidArgument(f"partitions of {topic!r} list a partition twice")
     if request.spec is ResetSpec.OFFSET:
         validate_offset(request.value, "reset")
     elif request.spec is ResetSpec.TIMESTAMP and request.value < 0:
@@ -136,3 +144,13 @@ def validate_owner_epoch(epoch: int, where: str) -> int:
     if not 0 <= epoch <= INT64_MAX:
         raise InvalidArgument(f"{where}: owner_epoch {epoch} is negative")
     return epoch
+
+
+def validate_subscription_record(record: SubscriptionRecord, where: str) -> None:
+    validate_group(record.subscription, "subscription")
+    validate_topic(record.topic)
+    if record.type < 0 or record.created_ms < 0 or record.last_active_ms < 0:
+        raise InvalidArgument(f"{where} ({record.field}): type and times must be >= 0")
+    if len(record.filter) > 4096:
+        raise InvalidArgument(f"{where} ({record.field}): the filter is longer than 4096 characters")
+    validate_topic_id(record.topic_id, f"{where} ({record.field})")

@@ -27,7 +27,7 @@ if _version_not_supported:
 
 class BrokerStub:
     """The broker owns partition logs: append-only segment files of record batches.
-    Batches are encoded once by the producer (format: sluice/codec/batch.py) and
+    Batches are encoded once by the producer (format: sluice/codec/batch/) and
     stored and served as they are.
     """
 
@@ -71,7 +71,7 @@ class BrokerStub:
 
 class BrokerServicer:
     """The broker owns partition logs: append-only segment files of record batches.
-    Batches are encoded once by the producer (format: sluice/codec/batch.py) and
+    Batches are encoded once by the producer (format: sluice/codec/batch/) and
     stored and served as they are.
     """
 
@@ -162,7 +162,7 @@ def add_BrokerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Broker:
     """The broker owns partition logs: append-only segment files of record batches.
-    Batches are encoded once by the producer (format: sluice/codec/batch.py) and
+    Batches are encoded once by the producer (format: sluice/codec/batch/) and
     stored and served as they are.
     """
 

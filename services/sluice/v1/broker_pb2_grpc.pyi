@@ -28,7 +28,7 @@ GRPC_VERSION: str
 
 class BrokerStub:
     """The broker owns partition logs: append-only segment files of record batches.
-    Batches are encoded once by the producer (format: sluice/codec/batch.py) and
+    Batches are encoded once by the producer (format: sluice/codec/batch/) and
     stored and served as they are.
     """
 
@@ -56,7 +56,7 @@ class BrokerStub:
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
     """The broker owns partition logs: append-only segment files of record batches.
-    Batches are encoded once by the producer (format: sluice/codec/batch.py) and
+    Batches are encoded once by the producer (format: sluice/codec/batch/) and
     stored and served as they are.
     """
 
@@ -80,7 +80,7 @@ class BrokerAsyncStub(BrokerStub):
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     """The broker owns partition logs: append-only segment files of record batches.
-    Batches are encoded once by the producer (format: sluice/codec/batch.py) and
+    Batches are encoded once by the producer (format: sluice/codec/batch/) and
     stored and served as they are.
     """
 

@@ -63,6 +63,8 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     UNKNOWN_MESSAGE_ID: _ErrorCode.ValueType  # 53
     PROTOCOL_VIOLATION: _ErrorCode.ValueType  # 54
     NOT_DISPATCHER: _ErrorCode.ValueType  # 55
+    UNKNOWN_SUBSCRIPTION: _ErrorCode.ValueType  # 56
+    SUBSCRIPTION_IN_USE: _ErrorCode.ValueType  # 57
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -109,6 +111,8 @@ SUBSCRIPTION_TYPE_MISMATCH: ErrorCode.ValueType  # 52
 UNKNOWN_MESSAGE_ID: ErrorCode.ValueType  # 53
 PROTOCOL_VIOLATION: ErrorCode.ValueType  # 54
 NOT_DISPATCHER: ErrorCode.ValueType  # 55
+UNKNOWN_SUBSCRIPTION: ErrorCode.ValueType  # 56
+SUBSCRIPTION_IN_USE: ErrorCode.ValueType  # 57
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

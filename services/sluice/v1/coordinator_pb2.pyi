@@ -957,6 +957,7 @@ class DescribeGroupResponse(_message.Message):
     MEMBERS_FIELD_NUMBER: _builtins.int
     LAG_FIELD_NUMBER: _builtins.int
     CONFLICTS_FIELD_NUMBER: _builtins.int
+    TRACKS_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     state: _builtins.str
     group_epoch: _builtins.int
@@ -968,6 +969,12 @@ class DescribeGroupResponse(_message.Message):
     def lag(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionLag]: ...
     @_builtins.property
     def conflicts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def tracks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrackBinding]:
+        """Every (topic, filter) -> offset track binding, read now or idle (kept until
+        --group-offsets-retention expires it), with the handover that started it.
+        """
+
     def __init__(
         self,
         *,
@@ -978,10 +985,11 @@ class DescribeGroupResponse(_message.Message):
         members: _abc.Iterable[Global___MemberDescription] | None = ...,
         lag: _abc.Iterable[Global___PartitionLag] | None = ...,
         conflicts: _abc.Iterable[_builtins.str] | None = ...,
+        tracks: _abc.Iterable[Global___TrackBinding] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "conflicts", b"conflicts", "group", b"group", "group_epoch", b"group_epoch", "lag", b"lag", "members", b"members", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "conflicts", b"conflicts", "group", b"group", "group_epoch", b"group_epoch", "lag", b"lag", "members", b"members", "state", b"state", "tracks", b"tracks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1058,6 +1066,8 @@ class PartitionLag(_message.Message):
     HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
     LAG_FIELD_NUMBER: _builtins.int
     MEMBER_ID_FIELD_NUMBER: _builtins.int
+    LAG_MS_FIELD_NUMBER: _builtins.int
+    FIRST_UNCONSUMED_TIMESTAMP_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     track: _builtins.str
@@ -1065,6 +1075,12 @@ class PartitionLag(_message.Message):
     high_watermark: _builtins.int
     lag: _builtins.int
     member_id: _builtins.str
+    lag_ms: _builtins.int
+    """How far behind in time: now - timestamp of the record at `committed` (the
+    oldest unconsumed one), in ms. 0 when caught up, -1 when unknown.
+    """
+    first_unconsumed_timestamp: _builtins.int
+    """That record's timestamp (ms since the epoch); -1 when caught up or unknown."""
     def __init__(
         self,
         *,
@@ -1075,10 +1091,12 @@ class PartitionLag(_message.Message):
         high_watermark: _builtins.int = ...,
         lag: _builtins.int = ...,
         member_id: _builtins.str = ...,
+        lag_ms: _builtins.int = ...,
+        first_unconsumed_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "high_watermark", b"high_watermark", "lag", b"lag", "member_id", b"member_id", "partition", b"partition", "topic", b"topic", "track", b"track"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed", b"committed", "first_unconsumed_timestamp", b"first_unconsumed_timestamp", "high_watermark", b"high_watermark", "lag", b"lag", "lag_ms", b"lag_ms", "member_id", b"member_id", "partition", b"partition", "topic", b"topic", "track", b"track"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1158,3 +1176,119 @@ class SetGroupConfigResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetGroupConfigResponse: _TypeAlias = SetGroupConfigResponse  # noqa: Y015
+
+@_typing.final
+class TrackBinding(_message.Message):
+    """One (topic, filter) -> offset track binding of a group (docs/groups.md, "Offset tracks")."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class HandoverOffsetsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    TRACK_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    IDLE_SINCE_MS_FIELD_NUMBER: _builtins.int
+    SOURCE_TRACK_FIELD_NUMBER: _builtins.int
+    INHERITED_FILTER_FIELD_NUMBER: _builtins.int
+    SINCE_MS_FIELD_NUMBER: _builtins.int
+    HANDOVER_OFFSETS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    filter: _builtins.str
+    track: _builtins.str
+    members: _builtins.int
+    """Members reading the topic with this filter now; 0: idle."""
+    idle_since_ms: _builtins.int
+    """When the last member reading it went (unix ms); 0: read now."""
+    source_track: _builtins.str
+    """The handover that gave the binding its start position: the track and the
+    filter whose position it took ("" = none), and when (unix ms).
+    """
+    inherited_filter: _builtins.str
+    since_ms: _builtins.int
+    @_builtins.property
+    def handover_offsets(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
+        """partition -> the committed offset the binding started from."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        filter: _builtins.str = ...,
+        track: _builtins.str = ...,
+        members: _builtins.int = ...,
+        idle_since_ms: _builtins.int = ...,
+        source_track: _builtins.str = ...,
+        inherited_filter: _builtins.str = ...,
+        since_ms: _builtins.int = ...,
+        handover_offsets: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "handover_offsets", b"handover_offsets", "idle_since_ms", b"idle_since_ms", "inherited_filter", b"inherited_filter", "members", b"members", "since_ms", b"since_ms", "source_track", b"source_track", "topic", b"topic", "track", b"track"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrackBinding: _TypeAlias = TrackBinding  # noqa: Y015
+
+@_typing.final
+class DeleteGroupRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteGroupRequest: _TypeAlias = DeleteGroupRequest  # noqa: Y015
+
+@_typing.final
+class DeleteGroupResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSETS_DELETED_FIELD_NUMBER: _builtins.int
+    KEYS_DELETED_FIELD_NUMBER: _builtins.int
+    offsets_deleted: _builtins.int
+    """Committed offsets removed (partitions, over all tracks and members)."""
+    keys_deleted: _builtins.int
+    """Redis keys removed (records excluded)."""
+    def __init__(
+        self,
+        *,
+        offsets_deleted: _builtins.int = ...,
+        keys_deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys_deleted", b"keys_deleted", "offsets_deleted", b"offsets_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteGroupResponse: _TypeAlias = DeleteGroupResponse  # noqa: Y015

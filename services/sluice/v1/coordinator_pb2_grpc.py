@@ -111,6 +111,11 @@ class CoordinatorStub:
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.SetGroupConfigRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_coordinator__pb2.SetGroupConfigResponse.FromString,
                 _registered_method=True)
+        self.DeleteGroup = channel.unary_unary(
+                '/sluice.v1.Coordinator/DeleteGroup',
+                request_serializer=sluice_dot_v1_dot_coordinator__pb2.DeleteGroupRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_coordinator__pb2.DeleteGroupResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -218,6 +223,15 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteGroup(self, request, context):
+        """Delete a group without members: its records, ownership keys and every
+        committed offset (all tracks). GROUP_NOT_EMPTY while members are active,
+        UNKNOWN_GROUP when there is nothing to delete.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -295,6 +309,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.SetGroupConfig,
                     request_deserializer=sluice_dot_v1_dot_coordinator__pb2.SetGroupConfigRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_coordinator__pb2.SetGroupConfigResponse.SerializeToString,
+            ),
+            'DeleteGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroup,
+                    request_deserializer=sluice_dot_v1_dot_coordinator__pb2.DeleteGroupRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_coordinator__pb2.DeleteGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -704,6 +723,33 @@ class Coordinator:
             '/sluice.v1.Coordinator/SetGroupConfig',
             sluice_dot_v1_dot_coordinator__pb2.SetGroupConfigRequest.SerializeToString,
             sluice_dot_v1_dot_coordinator__pb2.SetGroupConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Coordinator/DeleteGroup',
+            sluice_dot_v1_dot_coordinator__pb2.DeleteGroupRequest.SerializeToString,
+            sluice_dot_v1_dot_coordinator__pb2.DeleteGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

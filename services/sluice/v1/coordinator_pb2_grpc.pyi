@@ -62,6 +62,11 @@ class CoordinatorStub:
     ListGroups: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListGroupsRequest, _coordinator_pb2.ListGroupsResponse]
     DescribeGroup: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeGroupRequest, _coordinator_pb2.DescribeGroupResponse]
     SetGroupConfig: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.SetGroupConfigRequest, _coordinator_pb2.SetGroupConfigResponse]
+    DeleteGroup: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.DeleteGroupRequest, _coordinator_pb2.DeleteGroupResponse]
+    """Delete a group without members: its records, ownership keys and every
+    committed offset (all tracks). GROUP_NOT_EMPTY while members are active,
+    UNKNOWN_GROUP when there is nothing to delete.
+    """
 
 @_typing.type_check_only
 class CoordinatorAsyncStub(CoordinatorStub):
@@ -97,6 +102,11 @@ class CoordinatorAsyncStub(CoordinatorStub):
     ListGroups: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListGroupsRequest, _coordinator_pb2.ListGroupsResponse]  # type: ignore[assignment]
     DescribeGroup: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeGroupRequest, _coordinator_pb2.DescribeGroupResponse]  # type: ignore[assignment]
     SetGroupConfig: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.SetGroupConfigRequest, _coordinator_pb2.SetGroupConfigResponse]  # type: ignore[assignment]
+    DeleteGroup: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.DeleteGroupRequest, _coordinator_pb2.DeleteGroupResponse]  # type: ignore[assignment]
+    """Delete a group without members: its records, ownership keys and every
+    committed offset (all tracks). GROUP_NOT_EMPTY while members are active,
+    UNKNOWN_GROUP when there is nothing to delete.
+    """
 
 class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     """The coordinator owns cluster metadata and consumer-group membership.
@@ -219,5 +229,16 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.SetGroupConfigRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.SetGroupConfigResponse, _abc.Awaitable[_coordinator_pb2.SetGroupConfigResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteGroup(
+        self,
+        request: _coordinator_pb2.DeleteGroupRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.DeleteGroupResponse, _abc.Awaitable[_coordinator_pb2.DeleteGroupResponse]]:
+        """Delete a group without members: its records, ownership keys and every
+        committed offset (all tracks). GROUP_NOT_EMPTY while members are active,
+        UNKNOWN_GROUP when there is nothing to delete.
+        """
 
 def add_CoordinatorServicer_to_server(servicer: CoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from sluice.v1 import common_pb2 as _common_pb2
+from sluice.v1 import offset_store_pb2 as _offset_store_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -382,7 +383,7 @@ Global___PushedMessage: _TypeAlias = PushedMessage  # noqa: Y015
 
 @_typing.final
 class RecordBatches(_message.Message):
-    """Records of one partition in the codec's batch format (services/sluice/codec/batch.py)."""
+    """Records of one partition in the codec's batch format (services/sluice/codec/batch/)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -571,11 +572,21 @@ class SubscriptionSummary(_message.Message):
     TYPE_FIELD_NUMBER: _builtins.int
     CONSUMERS_FIELD_NUMBER: _builtins.int
     BACKLOG_FIELD_NUMBER: _builtins.int
+    DURABLE_FIELD_NUMBER: _builtins.int
+    LAST_ACTIVE_MS_FIELD_NUMBER: _builtins.int
+    LOADED_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscription: _builtins.str
     type: Global___SubscriptionType.ValueType
     consumers: _builtins.int
     backlog: _builtins.int
+    durable: _builtins.bool
+    last_active_ms: _builtins.int
+    """Wall-clock ms: now while consumers are connected, else when the last one left (0: unknown)."""
+    loaded: _builtins.bool
+    """Loaded on this dispatcher (false: an idle durable subscription known from the registry)."""
+    filter: _builtins.str
     def __init__(
         self,
         *,
@@ -584,10 +595,14 @@ class SubscriptionSummary(_message.Message):
         type: Global___SubscriptionType.ValueType = ...,
         consumers: _builtins.int = ...,
         backlog: _builtins.int = ...,
+        durable: _builtins.bool = ...,
+        last_active_ms: _builtins.int = ...,
+        loaded: _builtins.bool = ...,
+        filter: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "consumers", b"consumers", "subscription", b"subscription", "topic", b"topic", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "consumers", b"consumers", "durable", b"durable", "filter", b"filter", "last_active_ms", b"last_active_ms", "loaded", b"loaded", "subscription", b"subscription", "topic", b"topic", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -673,3 +688,248 @@ class ConsumerDescription(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConsumerDescription: _TypeAlias = ConsumerDescription  # noqa: Y015
+
+@_typing.final
+class PartitionPosition(_message.Message):
+    """Where one partition of a subscription was and is after an admin change."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    before: _builtins.int
+    after: _builtins.int
+    note: _builtins.str
+    """Set when the asked position was outside the log and was clamped (says to what)."""
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        before: _builtins.int = ...,
+        after: _builtins.int = ...,
+        note: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "before", b"before", "note", b"note", "partition", b"partition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionPosition: _TypeAlias = PartitionPosition  # noqa: Y015
+
+@_typing.final
+class ResetSubscriptionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    SPEC_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscription: _builtins.str
+    spec: _offset_store_pb2.ResetSpec.ValueType
+    value: _builtins.int
+    """The offset (RESET_SPEC_OFFSET) or the time in ms (RESET_SPEC_TIMESTAMP)."""
+    force: _builtins.bool
+    """Disconnect connected consumers (they reconnect at the new position) instead of refusing."""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Empty: every partition of the topic routed to this dispatcher."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+        spec: _offset_store_pb2.ResetSpec.ValueType = ...,
+        value: _builtins.int = ...,
+        partitions: _abc.Iterable[_builtins.int] | None = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "partitions", b"partitions", "spec", b"spec", "subscription", b"subscription", "topic", b"topic", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetSubscriptionRequest: _TypeAlias = ResetSubscriptionRequest  # noqa: Y015
+
+@_typing.final
+class ResetSubscriptionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    DISCONNECTED_FIELD_NUMBER: _builtins.int
+    disconnected: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___PartitionPosition] | None = ...,
+        disconnected: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disconnected", b"disconnected", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetSubscriptionResponse: _TypeAlias = ResetSubscriptionResponse  # noqa: Y015
+
+@_typing.final
+class SkipSubscriptionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscription: _builtins.str
+    count: _builtins.int
+    """Acknowledge the next `count` messages, the ones PeekSubscription(count) shows."""
+    force: _builtins.bool
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+        count: _builtins.int = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "force", b"force", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SkipSubscriptionRequest: _TypeAlias = SkipSubscriptionRequest  # noqa: Y015
+
+@_typing.final
+class SkipSubscriptionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SKIPPED_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    DISCONNECTED_FIELD_NUMBER: _builtins.int
+    disconnected: _builtins.int
+    @_builtins.property
+    def skipped(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageId]: ...
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionPosition]: ...
+    def __init__(
+        self,
+        *,
+        skipped: _abc.Iterable[Global___MessageId] | None = ...,
+        partitions: _abc.Iterable[Global___PartitionPosition] | None = ...,
+        disconnected: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disconnected", b"disconnected", "partitions", b"partitions", "skipped", b"skipped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SkipSubscriptionResponse: _TypeAlias = SkipSubscriptionResponse  # noqa: Y015
+
+@_typing.final
+class DeleteSubscriptionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscription: _builtins.str
+    force: _builtins.bool
+    """Disconnect connected consumers (their streams end with UNKNOWN_SUBSCRIPTION) instead of refusing."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSubscriptionRequest: _TypeAlias = DeleteSubscriptionRequest  # noqa: Y015
+
+@_typing.final
+class DeleteSubscriptionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    DISCONNECTED_FIELD_NUMBER: _builtins.int
+    disconnected: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[_builtins.int] | None = ...,
+        disconnected: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disconnected", b"disconnected", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSubscriptionResponse: _TypeAlias = DeleteSubscriptionResponse  # noqa: Y015
+
+@_typing.final
+class PeekSubscriptionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscription: _builtins.str
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeekSubscriptionRequest: _TypeAlias = PeekSubscriptionRequest  # noqa: Y015
+
+@_typing.final
+class PeekSubscriptionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___PushedMessage]:
+        """The next unacknowledged messages (in flight ones included), oldest timestamp first."""
+
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___PushedMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeekSubscriptionResponse: _TypeAlias = PeekSubscriptionResponse  # noqa: Y015

@@ -50,6 +50,26 @@ class DispatcherStub:
                 request_serializer=sluice_dot_v1_dot_dispatcher__pb2.DescribeSubscriptionRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_dispatcher__pb2.DescribeSubscriptionResponse.FromString,
                 _registered_method=True)
+        self.ResetSubscription = channel.unary_unary(
+                '/sluice.v1.Dispatcher/ResetSubscription',
+                request_serializer=sluice_dot_v1_dot_dispatcher__pb2.ResetSubscriptionRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_dispatcher__pb2.ResetSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.SkipSubscription = channel.unary_unary(
+                '/sluice.v1.Dispatcher/SkipSubscription',
+                request_serializer=sluice_dot_v1_dot_dispatcher__pb2.SkipSubscriptionRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_dispatcher__pb2.SkipSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.DeleteSubscription = channel.unary_unary(
+                '/sluice.v1.Dispatcher/DeleteSubscription',
+                request_serializer=sluice_dot_v1_dot_dispatcher__pb2.DeleteSubscriptionRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_dispatcher__pb2.DeleteSubscriptionResponse.FromString,
+                _registered_method=True)
+        self.PeekSubscription = channel.unary_unary(
+                '/sluice.v1.Dispatcher/PeekSubscription',
+                request_serializer=sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionResponse.FromString,
+                _registered_method=True)
 
 
 class DispatcherServicer:
@@ -74,6 +94,32 @@ class DispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetSubscription(self, request, context):
+        """Subscription admin (docs/dispatcher.md, "Subscription admin"): each dispatcher acts on the
+        partitions routed to it; the SDK asks every dispatcher serving the topic and merges.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SkipSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PeekSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +137,26 @@ def add_DispatcherServicer_to_server(servicer, server):
                     servicer.DescribeSubscription,
                     request_deserializer=sluice_dot_v1_dot_dispatcher__pb2.DescribeSubscriptionRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_dispatcher__pb2.DescribeSubscriptionResponse.SerializeToString,
+            ),
+            'ResetSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetSubscription,
+                    request_deserializer=sluice_dot_v1_dot_dispatcher__pb2.ResetSubscriptionRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_dispatcher__pb2.ResetSubscriptionResponse.SerializeToString,
+            ),
+            'SkipSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.SkipSubscription,
+                    request_deserializer=sluice_dot_v1_dot_dispatcher__pb2.SkipSubscriptionRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_dispatcher__pb2.SkipSubscriptionResponse.SerializeToString,
+            ),
+            'DeleteSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSubscription,
+                    request_deserializer=sluice_dot_v1_dot_dispatcher__pb2.DeleteSubscriptionRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_dispatcher__pb2.DeleteSubscriptionResponse.SerializeToString,
+            ),
+            'PeekSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeekSubscription,
+                    request_deserializer=sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +241,114 @@ class Dispatcher:
             '/sluice.v1.Dispatcher/DescribeSubscription',
             sluice_dot_v1_dot_dispatcher__pb2.DescribeSubscriptionRequest.SerializeToString,
             sluice_dot_v1_dot_dispatcher__pb2.DescribeSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Dispatcher/ResetSubscription',
+            sluice_dot_v1_dot_dispatcher__pb2.ResetSubscriptionRequest.SerializeToString,
+            sluice_dot_v1_dot_dispatcher__pb2.ResetSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SkipSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Dispatcher/SkipSubscription',
+            sluice_dot_v1_dot_dispatcher__pb2.SkipSubscriptionRequest.SerializeToString,
+            sluice_dot_v1_dot_dispatcher__pb2.SkipSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Dispatcher/DeleteSubscription',
+            sluice_dot_v1_dot_dispatcher__pb2.DeleteSubscriptionRequest.SerializeToString,
+            sluice_dot_v1_dot_dispatcher__pb2.DeleteSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeekSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Dispatcher/PeekSubscription',
+            sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionRequest.SerializeToString,
+            sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,13 @@ class DispatcherStub:
     Consume: _grpc.StreamStreamMultiCallable[_dispatcher_pb2.ConsumerCommand, _dispatcher_pb2.DispatcherEvent]
     ListSubscriptions: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ListSubscriptionsRequest, _dispatcher_pb2.ListSubscriptionsResponse]
     DescribeSubscription: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.DescribeSubscriptionRequest, _dispatcher_pb2.DescribeSubscriptionResponse]
+    ResetSubscription: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ResetSubscriptionRequest, _dispatcher_pb2.ResetSubscriptionResponse]
+    """Subscription admin (docs/dispatcher.md, "Subscription admin"): each dispatcher acts on the
+    partitions routed to it; the SDK asks every dispatcher serving the topic and merges.
+    """
+    SkipSubscription: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.SkipSubscriptionRequest, _dispatcher_pb2.SkipSubscriptionResponse]
+    DeleteSubscription: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.DeleteSubscriptionRequest, _dispatcher_pb2.DeleteSubscriptionResponse]
+    PeekSubscription: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.PeekSubscriptionRequest, _dispatcher_pb2.PeekSubscriptionResponse]
 
 @_typing.type_check_only
 class DispatcherAsyncStub(DispatcherStub):
@@ -45,6 +52,13 @@ class DispatcherAsyncStub(DispatcherStub):
     Consume: _aio.StreamStreamMultiCallable[_dispatcher_pb2.ConsumerCommand, _dispatcher_pb2.DispatcherEvent]  # type: ignore[assignment]
     ListSubscriptions: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ListSubscriptionsRequest, _dispatcher_pb2.ListSubscriptionsResponse]  # type: ignore[assignment]
     DescribeSubscription: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.DescribeSubscriptionRequest, _dispatcher_pb2.DescribeSubscriptionResponse]  # type: ignore[assignment]
+    ResetSubscription: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ResetSubscriptionRequest, _dispatcher_pb2.ResetSubscriptionResponse]  # type: ignore[assignment]
+    """Subscription admin (docs/dispatcher.md, "Subscription admin"): each dispatcher acts on the
+    partitions routed to it; the SDK asks every dispatcher serving the topic and merges.
+    """
+    SkipSubscription: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.SkipSubscriptionRequest, _dispatcher_pb2.SkipSubscriptionResponse]  # type: ignore[assignment]
+    DeleteSubscription: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.DeleteSubscriptionRequest, _dispatcher_pb2.DeleteSubscriptionResponse]  # type: ignore[assignment]
+    PeekSubscription: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.PeekSubscriptionRequest, _dispatcher_pb2.PeekSubscriptionResponse]  # type: ignore[assignment]
 
 class DispatcherServicer(metaclass=_abc_1.ABCMeta):
     """Push consumption: one bidirectional stream per consumer."""
@@ -69,5 +83,36 @@ class DispatcherServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatcher_pb2.DescribeSubscriptionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_pb2.DescribeSubscriptionResponse, _abc.Awaitable[_dispatcher_pb2.DescribeSubscriptionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ResetSubscription(
+        self,
+        request: _dispatcher_pb2.ResetSubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ResetSubscriptionResponse, _abc.Awaitable[_dispatcher_pb2.ResetSubscriptionResponse]]:
+        """Subscription admin (docs/dispatcher.md, "Subscription admin"): each dispatcher acts on the
+        partitions routed to it; the SDK asks every dispatcher serving the topic and merges.
+        """
+
+    @_abc_1.abstractmethod
+    def SkipSubscription(
+        self,
+        request: _dispatcher_pb2.SkipSubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.SkipSubscriptionResponse, _abc.Awaitable[_dispatcher_pb2.SkipSubscriptionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteSubscription(
+        self,
+        request: _dispatcher_pb2.DeleteSubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.DeleteSubscriptionResponse, _abc.Awaitable[_dispatcher_pb2.DeleteSubscriptionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PeekSubscription(
+        self,
+        request: _dispatcher_pb2.PeekSubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.PeekSubscriptionResponse, _abc.Awaitable[_dispatcher_pb2.PeekSubscriptionResponse]]: ...
 
 def add_DispatcherServicer_to_server(servicer: DispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -31,6 +31,8 @@ class _ResetSpecEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ResetSpec.V
     RESET_SPEC_EARLIEST: _ResetSpec.ValueType  # 1
     RESET_SPEC_LATEST: _ResetSpec.ValueType  # 2
     RESET_SPEC_TIMESTAMP: _ResetSpec.ValueType  # 3
+    RESET_SPEC_SHIFT: _ResetSpec.ValueType  # 4
+    """The committed offset plus `value` (negative: back). Partitions must have one."""
 
 class ResetSpec(_ResetSpec, metaclass=_ResetSpecEnumTypeWrapper): ...
 
@@ -38,6 +40,8 @@ RESET_SPEC_OFFSET: ResetSpec.ValueType  # 0
 RESET_SPEC_EARLIEST: ResetSpec.ValueType  # 1
 RESET_SPEC_LATEST: ResetSpec.ValueType  # 2
 RESET_SPEC_TIMESTAMP: ResetSpec.ValueType  # 3
+RESET_SPEC_SHIFT: ResetSpec.ValueType  # 4
+"""The committed offset plus `value` (negative: back). Partitions must have one."""
 Global___ResetSpec: _TypeAlias = ResetSpec  # noqa: Y015
 
 @_typing.final
@@ -222,15 +226,28 @@ class ResetOffsetsRequest(_message.Message):
     SPEC_FIELD_NUMBER: _builtins.int
     VALUE_FIELD_NUMBER: _builtins.int
     TRACK_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    ALL_TOPICS_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     topic: _builtins.str
     spec: Global___ResetSpec.ValueType
     value: _builtins.int
     """The offset or the timestamp (ms), by spec."""
     track: _builtins.str
+    dry_run: _builtins.bool
+    """Resolve and report (outcomes), write nothing."""
+    all_topics: _builtins.bool
+    """Every topic the group has committed offsets for on `track`."""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Empty: every partition of the topic."""
+
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResetTopic]:
+        """More topics reset in the same atomic write, with the same spec and value
+        (`topic` above, if set, is one more).
+        """
 
     def __init__(
         self,
@@ -241,10 +258,13 @@ class ResetOffsetsRequest(_message.Message):
         spec: Global___ResetSpec.ValueType = ...,
         value: _builtins.int = ...,
         track: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+        topics: _abc.Iterable[Global___ResetTopic] | None = ...,
+        all_topics: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "partitions", b"partitions", "spec", b"spec", "topic", b"topic", "track", b"track", "value", b"value"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_topics", b"all_topics", "dry_run", b"dry_run", "group", b"group", "partitions", b"partitions", "spec", b"spec", "topic", b"topic", "topics", b"topics", "track", b"track", "value", b"value"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -255,16 +275,22 @@ class ResetOffsetsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     OFFSETS_FIELD_NUMBER: _builtins.int
+    OUTCOMES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionOffset]: ...
+    @_builtins.property
+    def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResetOutcome]:
+        """Per partition: before, after, and whether the target was clamped."""
+
     def __init__(
         self,
         *,
         offsets: _abc.Iterable[Global___PartitionOffset] | None = ...,
+        outcomes: _abc.Iterable[Global___ResetOutcome] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["offsets", b"offsets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offsets", b"offsets", "outcomes", b"outcomes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -432,3 +458,249 @@ class LoadCursorResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LoadCursorResponse: _TypeAlias = LoadCursorResponse  # noqa: Y015
+
+@_typing.final
+class ResetTopic(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Empty: every partition of the topic."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partitions: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetTopic: _TypeAlias = ResetTopic  # noqa: Y015
+
+@_typing.final
+class ResetOutcome(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    PREVIOUS_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    CLAMPED_FIELD_NUMBER: _builtins.int
+    LOG_START_OFFSET_FIELD_NUMBER: _builtins.int
+    LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    previous: _builtins.int
+    """The committed offset before the reset; -1: none."""
+    offset: _builtins.int
+    """The offset set (or, under dry_run, that would be set)."""
+    clamped: _builtins.str
+    """"" when the target was inside the log; "log_start" or "log_end" when an
+    offset below the log start or past the log end was clamped to it.
+    """
+    log_start_offset: _builtins.int
+    """The partition's log bounds when resolved (-1: not asked, no broker needed)."""
+    log_end_offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        previous: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        clamped: _builtins.str = ...,
+        log_start_offset: _builtins.int = ...,
+        log_end_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clamped", b"clamped", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "offset", b"offset", "partition", b"partition", "previous", b"previous", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetOutcome: _TypeAlias = ResetOutcome  # noqa: Y015
+
+@_typing.final
+class StoredSubscription(_message.Message):
+    """A durable push subscription in the registry."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    FILTER_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    LAST_ACTIVE_MS_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscription: _builtins.str
+    type: _builtins.int
+    """sluice.v1.SubscriptionType (dispatcher.proto) as its number."""
+    filter: _builtins.str
+    created_ms: _builtins.int
+    """Wall-clock ms. A touch keeps the first created_ms and the largest last_active_ms."""
+    last_active_ms: _builtins.int
+    topic_id: _builtins.str
+    """In a touch: the topic incarnation (Metadata's topic_id) the subscription was loaded for; the
+    touch is refused (not written) with UNKNOWN_TOPIC_ID unless it is the topic's current id (empty:
+    only checks that the topic exists), so a deleted topic's subscription cannot re-register.
+    """
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+        type: _builtins.int = ...,
+        filter: _builtins.str = ...,
+        created_ms: _builtins.int = ...,
+        last_active_ms: _builtins.int = ...,
+        topic_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "filter", b"filter", "last_active_ms", b"last_active_ms", "subscription", b"subscription", "topic", b"topic", "topic_id", b"topic_id", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoredSubscription: _TypeAlias = StoredSubscription  # noqa: Y015
+
+@_typing.final
+class TouchSubscriptionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredSubscription]: ...
+    def __init__(
+        self,
+        *,
+        subscriptions: _abc.Iterable[Global___StoredSubscription] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriptions", b"subscriptions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TouchSubscriptionsRequest: _TypeAlias = TouchSubscriptionsRequest  # noqa: Y015
+
+@_typing.final
+class TouchSubscriptionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERRORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Error]:
+        """One per subscription, in request order: NONE when recorded, else why it was not (its topic)."""
+
+    def __init__(
+        self,
+        *,
+        errors: _abc.Iterable[_common_pb2.Error] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["errors", b"errors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TouchSubscriptionsResponse: _TypeAlias = TouchSubscriptionsResponse  # noqa: Y015
+
+@_typing.final
+class ListStoredSubscriptionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """Empty: every topic."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStoredSubscriptionsRequest: _TypeAlias = ListStoredSubscriptionsRequest  # noqa: Y015
+
+@_typing.final
+class ListStoredSubscriptionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredSubscription]: ...
+    def __init__(
+        self,
+        *,
+        subscriptions: _abc.Iterable[Global___StoredSubscription] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriptions", b"subscriptions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListStoredSubscriptionsResponse: _TypeAlias = ListStoredSubscriptionsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteSubscriptionStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    UNREGISTER_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscription: _builtins.str
+    unregister: _builtins.bool
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The cursors to delete; with `unregister` the registry entry goes too."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+        partitions: _abc.Iterable[_builtins.int] | None = ...,
+        unregister: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "subscription", b"subscription", "topic", b"topic", "unregister", b"unregister"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSubscriptionStateRequest: _TypeAlias = DeleteSubscriptionStateRequest  # noqa: Y015
+
+@_typing.final
+class DeleteSubscriptionStateResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_KEYS_FIELD_NUMBER: _builtins.int
+    deleted_keys: _builtins.int
+    """Redis keys removed."""
+    def __init__(
+        self,
+        *,
+        deleted_keys: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_keys", b"deleted_keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSubscriptionStateResponse: _TypeAlias = DeleteSubscriptionStateResponse  # noqa: Y015

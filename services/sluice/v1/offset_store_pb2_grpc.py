@@ -61,6 +61,21 @@ class OffsetStoreStub:
                 request_serializer=sluice_dot_v1_dot_offset__store__pb2.LoadCursorRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_offset__store__pb2.LoadCursorResponse.FromString,
                 _registered_method=True)
+        self.TouchSubscriptions = channel.unary_unary(
+                '/sluice.v1.OffsetStore/TouchSubscriptions',
+                request_serializer=sluice_dot_v1_dot_offset__store__pb2.TouchSubscriptionsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_offset__store__pb2.TouchSubscriptionsResponse.FromString,
+                _registered_method=True)
+        self.ListStoredSubscriptions = channel.unary_unary(
+                '/sluice.v1.OffsetStore/ListStoredSubscriptions',
+                request_serializer=sluice_dot_v1_dot_offset__store__pb2.ListStoredSubscriptionsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_offset__store__pb2.ListStoredSubscriptionsResponse.FromString,
+                _registered_method=True)
+        self.DeleteSubscriptionState = channel.unary_unary(
+                '/sluice.v1.OffsetStore/DeleteSubscriptionState',
+                request_serializer=sluice_dot_v1_dot_offset__store__pb2.DeleteSubscriptionStateRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_offset__store__pb2.DeleteSubscriptionStateResponse.FromString,
+                _registered_method=True)
 
 
 class OffsetStoreServicer:
@@ -98,6 +113,25 @@ class OffsetStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TouchSubscriptions(self, request, context):
+        """The registry of durable push subscriptions (they live until deleted).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStoredSubscriptions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSubscriptionState(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OffsetStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -125,6 +159,21 @@ def add_OffsetStoreServicer_to_server(servicer, server):
                     servicer.LoadCursor,
                     request_deserializer=sluice_dot_v1_dot_offset__store__pb2.LoadCursorRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_offset__store__pb2.LoadCursorResponse.SerializeToString,
+            ),
+            'TouchSubscriptions': grpc.unary_unary_rpc_method_handler(
+                    servicer.TouchSubscriptions,
+                    request_deserializer=sluice_dot_v1_dot_offset__store__pb2.TouchSubscriptionsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_offset__store__pb2.TouchSubscriptionsResponse.SerializeToString,
+            ),
+            'ListStoredSubscriptions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStoredSubscriptions,
+                    request_deserializer=sluice_dot_v1_dot_offset__store__pb2.ListStoredSubscriptionsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_offset__store__pb2.ListStoredSubscriptionsResponse.SerializeToString,
+            ),
+            'DeleteSubscriptionState': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSubscriptionState,
+                    request_deserializer=sluice_dot_v1_dot_offset__store__pb2.DeleteSubscriptionStateRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_offset__store__pb2.DeleteSubscriptionStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +313,87 @@ class OffsetStore:
             '/sluice.v1.OffsetStore/LoadCursor',
             sluice_dot_v1_dot_offset__store__pb2.LoadCursorRequest.SerializeToString,
             sluice_dot_v1_dot_offset__store__pb2.LoadCursorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TouchSubscriptions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.OffsetStore/TouchSubscriptions',
+            sluice_dot_v1_dot_offset__store__pb2.TouchSubscriptionsRequest.SerializeToString,
+            sluice_dot_v1_dot_offset__store__pb2.TouchSubscriptionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStoredSubscriptions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.OffsetStore/ListStoredSubscriptions',
+            sluice_dot_v1_dot_offset__store__pb2.ListStoredSubscriptionsRequest.SerializeToString,
+            sluice_dot_v1_dot_offset__store__pb2.ListStoredSubscriptionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSubscriptionState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.OffsetStore/DeleteSubscriptionState',
+            sluice_dot_v1_dot_offset__store__pb2.DeleteSubscriptionStateRequest.SerializeToString,
+            sluice_dot_v1_dot_offset__store__pb2.DeleteSubscriptionStateResponse.FromString,
             options,
             channel_credentials,
             insecure,

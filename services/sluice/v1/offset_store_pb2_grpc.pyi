@@ -40,6 +40,10 @@ class OffsetStoreStub:
     ResetOffsets: _grpc.UnaryUnaryMultiCallable[_offset_store_pb2.ResetOffsetsRequest, _offset_store_pb2.ResetOffsetsResponse]
     SaveCursors: _grpc.UnaryUnaryMultiCallable[_offset_store_pb2.SaveCursorsRequest, _offset_store_pb2.SaveCursorsResponse]
     LoadCursor: _grpc.UnaryUnaryMultiCallable[_offset_store_pb2.LoadCursorRequest, _offset_store_pb2.LoadCursorResponse]
+    TouchSubscriptions: _grpc.UnaryUnaryMultiCallable[_offset_store_pb2.TouchSubscriptionsRequest, _offset_store_pb2.TouchSubscriptionsResponse]
+    """The registry of durable push subscriptions (they live until deleted)."""
+    ListStoredSubscriptions: _grpc.UnaryUnaryMultiCallable[_offset_store_pb2.ListStoredSubscriptionsRequest, _offset_store_pb2.ListStoredSubscriptionsResponse]
+    DeleteSubscriptionState: _grpc.UnaryUnaryMultiCallable[_offset_store_pb2.DeleteSubscriptionStateRequest, _offset_store_pb2.DeleteSubscriptionStateResponse]
 
 @_typing.type_check_only
 class OffsetStoreAsyncStub(OffsetStoreStub):
@@ -53,6 +57,10 @@ class OffsetStoreAsyncStub(OffsetStoreStub):
     ResetOffsets: _aio.UnaryUnaryMultiCallable[_offset_store_pb2.ResetOffsetsRequest, _offset_store_pb2.ResetOffsetsResponse]  # type: ignore[assignment]
     SaveCursors: _aio.UnaryUnaryMultiCallable[_offset_store_pb2.SaveCursorsRequest, _offset_store_pb2.SaveCursorsResponse]  # type: ignore[assignment]
     LoadCursor: _aio.UnaryUnaryMultiCallable[_offset_store_pb2.LoadCursorRequest, _offset_store_pb2.LoadCursorResponse]  # type: ignore[assignment]
+    TouchSubscriptions: _aio.UnaryUnaryMultiCallable[_offset_store_pb2.TouchSubscriptionsRequest, _offset_store_pb2.TouchSubscriptionsResponse]  # type: ignore[assignment]
+    """The registry of durable push subscriptions (they live until deleted)."""
+    ListStoredSubscriptions: _aio.UnaryUnaryMultiCallable[_offset_store_pb2.ListStoredSubscriptionsRequest, _offset_store_pb2.ListStoredSubscriptionsResponse]  # type: ignore[assignment]
+    DeleteSubscriptionState: _aio.UnaryUnaryMultiCallable[_offset_store_pb2.DeleteSubscriptionStateRequest, _offset_store_pb2.DeleteSubscriptionStateResponse]  # type: ignore[assignment]
 
 class OffsetStoreServicer(metaclass=_abc_1.ABCMeta):
     """Committed offsets of consumer groups (fenced by member epoch) and durable
@@ -93,5 +101,27 @@ class OffsetStoreServicer(metaclass=_abc_1.ABCMeta):
         request: _offset_store_pb2.LoadCursorRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_offset_store_pb2.LoadCursorResponse, _abc.Awaitable[_offset_store_pb2.LoadCursorResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def TouchSubscriptions(
+        self,
+        request: _offset_store_pb2.TouchSubscriptionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_offset_store_pb2.TouchSubscriptionsResponse, _abc.Awaitable[_offset_store_pb2.TouchSubscriptionsResponse]]:
+        """The registry of durable push subscriptions (they live until deleted)."""
+
+    @_abc_1.abstractmethod
+    def ListStoredSubscriptions(
+        self,
+        request: _offset_store_pb2.ListStoredSubscriptionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_offset_store_pb2.ListStoredSubscriptionsResponse, _abc.Awaitable[_offset_store_pb2.ListStoredSubscriptionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteSubscriptionState(
+        self,
+        request: _offset_store_pb2.DeleteSubscriptionStateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_offset_store_pb2.DeleteSubscriptionStateResponse, _abc.Awaitable[_offset_store_pb2.DeleteSubscriptionStateResponse]]: ...
 
 def add_OffsetStoreServicer_to_server(servicer: OffsetStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

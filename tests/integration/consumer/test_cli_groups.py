@@ -46,12 +46,15 @@ def test_consume_with_a_group_commits_exactly_what_it_printed(cluster: Cluster) 
     assert "COMMITTED" in text.stdout
     assert "LAG" in text.stdout
 
+    preview = sluice(cluster, "group", "reset-offsets", "cli-g", "--topic", f"{topic}:1", "--to-offset", "2")
+    assert preview.returncode == 0, preview.stderr
+    assert admin.group_offsets("cli-g") == {(topic, 0): 5, (topic, 1): 5}  # a preview changes nothing
     reset = sluice(
-        cluster, "group", "reset-offsets", "cli-g", "--topic", topic, "--to-offset", "2", "--partitions", "1"
+        cluster, "group", "reset-offsets", "cli-g", "--topic", f"{topic}:1", "--to-offset", "2", "--execute"
     )
     assert reset.returncode == 0, reset.stderr
     assert admin.group_offsets("cli-g") == {(topic, 0): 5, (topic, 1): 2}
-    reset = sluice(cluster, "group", "reset-offsets", "cli-g", "--topic", topic, "--to-earliest")
+    reset = sluice(cluster, "group", "reset-offsets", "cli-g", "--topic", topic, "--to-earliest", "--execute")
     assert reset.returncode == 0, reset.stderr
     assert admin.group_offsets("cli-g") == {(topic, 0): 0, (topic, 1): 0}
 
@@ -59,13 +62,12 @@ def test_consume_with_a_group_commits_exactly_what_it_printed(cluster: Cluster) 
 def test_reset_offsets_is_refused_while_the_group_has_live_members(cluster: Cluster) -> None:
     topic = cluster.topic(1, "cli-live")
     member = cluster.client().consumer("cli-live", [topic], session_timeout="10s")
-    refused = sluice(cluster, "group", "reset-offsets", "cli-live", "--topic", topic, "--to-latest")
+    args = ["group", "reset-offsets", "cli-live", "--topic", topic, "--to-latest", "--execute"]
+    refused = sluice(cluster, *args)
     assert refused.returncode == 1
     assert "GROUP_NOT_EMPTY" in refused.stderr
     member.close()
-    assert (
-        sluice(cluster, "group", "reset-offsets", "cli-live", "--topic", topic, "--to-latest").returncode == 0
-    )
+    assert sluice(cluster, *args).returncode == 0
 
 
 def test_group_config(cluster: Cluster) -> None:

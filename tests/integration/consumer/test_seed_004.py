@@ -96,7 +96,9 @@ def test_reject_refuses_the_second_filter_and_track_tells_the_truth(cluster: Clu
         assert track(cluster, topic, p, o, group) == {"tagA": "CONSUMED_BUT_FILTERED"}
     c1.close()
     for p, o in sent:
-        assert track(cluster, topic, p, o, group) == {"-": "NOT_ONLINE"}
+        # Nobody reads the topic now, but the binding stays: the position a tagA member returning would
+        # resume is past them, and track still says so.
+        assert track(cluster, topic, p, o, group) == {"tagA": "CONSUMED_BUT_FILTERED"}
 
 
 def split_group(cluster: Cluster, name: str) -> tuple[str, str, Consumer, Consumer]:
@@ -154,4 +156,33 @@ def test_split_track_reports_each_message_per_track(cluster: Cluster) -> None:
         "tagB": "NOT_CONSUME_YET",
     }
     c1.close()
+    c2.close()
+
+
+def test_reject_hands_the_position_to_the_next_filter_and_track_names_what_it_skipped(
+    cluster: Cluster,
+) -> None:
+    """Under ``reject`` a topic has one position: a tagB member joining once the tagA member left inherits
+    it, so the tagB records tagA's filtered fetches moved past never reach it. That is the documented rule;
+    what must not happen is that nobody can tell: describe records the handover, and ``sluice track``
+    says SKIPPED_AT_HANDOVER for exactly those records."""
+    topic = cluster.topic(4, "seed004h")
+    group = "seed004-handover"
+    c1 = cluster.client().consumer(group, {topic: "tagA"}, **FAST)
+    skipped = send_tag_b(cluster, topic)
+    drain([c1], lambda: committed(cluster, group) == dict.fromkeys(range(4), 2))
+    c1.close()
+    c2 = cluster.client().consumer(group, {topic: "tagB"}, **FAST)
+    later = send_tag_b(cluster, topic, 4, start=8)
+    got = drain([c2], lambda: committed(cluster, group) == dict.fromkeys(range(4), 3))
+    assert sorted(r.value for r in got[0]) == sorted(f"B{i}".encode() for i in range(8, 12))
+    [binding] = [t for t in cluster.client().admin.describe_group(group).tracks if t.topic == topic]
+    assert (binding.filter, binding.track, binding.inherited_filter) == ("tagB", "default", "tagA")
+    assert binding.handover_offsets == dict.fromkeys(range(4), 2)
+    described = sluice(cluster, "group", "describe", group)
+    assert "took over track default from filter 'tagA'" in described.stdout
+    for p, o in skipped:
+        assert track(cluster, topic, p, o, group) == {"tagB": "SKIPPED_AT_HANDOVER"}
+    for p, o in later:
+        assert track(cluster, topic, p, o, group) == {"tagB": "CONSUMED"}
     c2.close()

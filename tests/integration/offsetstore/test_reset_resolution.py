@@ -11,7 +11,7 @@ import redis
 
 from sluice.client.rpc import call
 from sluice.codec.batch import BatchBuilder
-from sluice.errors import GroupNotEmpty, UnknownTopicOrPartition
+from sluice.errors import GroupNotEmpty, InvalidArgument, UnknownGroup, UnknownTopicOrPartition
 from sluice.v1 import (
     broker_pb2,
     broker_pb2_grpc,
@@ -80,8 +80,61 @@ def test_earliest_latest_and_timestamp_of_every_partition(
     assert reset(stub, offset_store_pb2.RESET_SPEC_TIMESTAMP, BASE_TIMESTAMP + 3, (0,)) == {0: 3}
     fetched = call(stub.FetchOffsets, offset_store_pb2.FetchOffsetsRequest(group="g"), timeout=10)
     assert {o.partition: o.offset for o in fetched.offsets} == {0: 3, 1: 0}
-    # With a coordinator, empty partitions means every partition of the topic.
-    assert reset(stub, offset_store_pb2.RESET_SPEC_OFFSET, 4) == {0: 4, 1: 4}
+    # With a coordinator, empty partitions means every partition of the topic; partition 1 is empty,
+    # so offset 4 is past its log end and clamped to it.
+    assert reset(stub, offset_store_pb2.RESET_SPEC_OFFSET, 4) == {0: 4, 1: 0}
+
+
+def committed(stub: offset_store_pb2_grpc.OffsetStoreStub, group: str = "g") -> dict[int, int]:
+    fetched = call(stub.FetchOffsets, offset_store_pb2.FetchOffsetsRequest(group=group), timeout=10)
+    return {o.partition: o.offset for o in fetched.offsets}
+
+
+def test_a_preview_changes_nothing_and_execute_applies_the_same_plan(
+    offset_store: tuple[offset_store_pb2_grpc.OffsetStoreStub, str],
+) -> None:
+    stub, _ = offset_store
+    reset(stub, offset_store_pb2.RESET_SPEC_OFFSET, 3, (0,))
+    reset(stub, offset_store_pb2.RESET_SPEC_OFFSET, 0, (1,))
+    shift = offset_store_pb2.ResetOffsetsRequest(
+        group="g", spec=offset_store_pb2.RESET_SPEC_SHIFT, value=10, all_topics=True, dry_run=True
+    )
+    preview = call(stub.ResetOffsets, shift, timeout=10)
+    rows = {(o.topic, o.partition): (o.previous, o.offset, o.clamped) for o in preview.outcomes}
+    assert rows == {("t", 0): (3, 5, "log_end"), ("t", 1): (0, 0, "log_end")}
+    assert [(o.log_start_offset, o.log_end_offset) for o in preview.outcomes] == [(0, 5), (0, 0)]
+    assert committed(stub) == {0: 3, 1: 0}  # a preview writes nothing
+
+    back = offset_store_pb2.ResetOffsetsRequest(
+        group="g",
+        spec=offset_store_pb2.RESET_SPEC_SHIFT,
+        value=-2,
+        topics=[offset_store_pb2.ResetTopic(topic="t")],
+    )
+    done = call(stub.ResetOffsets, back, timeout=10)
+    assert [(o.previous, o.offset, o.clamped) for o in done.outcomes] == [(3, 1, ""), (0, 0, "log_start")]
+    assert committed(stub) == {0: 1, 1: 0}
+
+
+def test_a_reset_to_a_future_time_and_a_shift_without_offsets_are_refused(
+    offset_store: tuple[offset_store_pb2_grpc.OffsetStoreStub, str],
+) -> None:
+    stub, _ = offset_store
+    future = offset_store_pb2.ResetOffsetsRequest(
+        group="g", topic="t", spec=offset_store_pb2.RESET_SPEC_TIMESTAMP, value=2**62, dry_run=True
+    )
+    with pytest.raises(InvalidArgument, match="in the future"):
+        call(stub.ResetOffsets, future, timeout=10)
+    shift = offset_store_pb2.ResetOffsetsRequest(
+        group="never-committed", topic="t", spec=offset_store_pb2.RESET_SPEC_SHIFT, value=1
+    )
+    with pytest.raises(InvalidArgument, match="without a committed offset: t/0, t/1"):
+        call(stub.ResetOffsets, shift, timeout=10)
+    everything = offset_store_pb2.ResetOffsetsRequest(
+        group="never-committed", spec=offset_store_pb2.RESET_SPEC_EARLIEST, all_topics=True
+    )
+    with pytest.raises(UnknownGroup, match="no committed offsets"):
+        call(stub.ResetOffsets, everything, timeout=10)
 
 
 def test_unknown_topic_or_partition(offset_store: tuple[offset_store_pb2_grpc.OffsetStoreStub, str]) -> None:

@@ -71,7 +71,7 @@ def wait_for_dispatcher(bootstrap: str, address: str, timeout: float = 20.0) -> 
 
 
 @contextlib.contextmanager
-def run_push_cluster(dispatchers: int = 1) -> Iterator[PushCluster]:
+def run_push_cluster(dispatchers: int = 1, dispatcher_args: tuple[str, ...] = ()) -> Iterator[PushCluster]:
     with run_redis() as redis, tempfile.TemporaryDirectory(prefix="sluice-push-") as d:
         started: list[ServiceProcess] = []
         more: list[ServiceProcess] = []
@@ -100,6 +100,7 @@ def run_push_cluster(dispatchers: int = 1) -> Iterator[PushCluster]:
                 "dispatcher",
                 *("--port", "0", "--metrics-port", "0", "--coordinator", coord.address),
                 *("--dispatcher-id", DISPATCHER_ID, "--cursor-flush-interval", "50ms"),
+                *dispatcher_args,
             )
             started.append(dispatcher)
             for i in range(2, dispatchers + 1):
@@ -108,6 +109,7 @@ def run_push_cluster(dispatchers: int = 1) -> Iterator[PushCluster]:
                         "dispatcher",
                         *("--port", "0", "--metrics-port", "0", "--coordinator", coord.address),
                         *("--dispatcher-id", f"d{i}", "--cursor-flush-interval", "50ms"),
+                        *dispatcher_args,
                     )
                 )
             cluster = PushCluster(redis, coord, broker, store, dispatcher, Path(d), more)

@@ -64,4 +64,4 @@ def test_consume_subscription_prints_acks_and_describes(
 
     busy = sluice(cluster, "subscription", "describe", topic, "nope")
     assert busy.returncode == 1
-    assert b"UNKNOWN_TOPIC_OR_PARTITION" in busy.stderr
+    assert b"UNKNOWN_SUBSCRIPTION" in busy.stderr

@@ -8,6 +8,7 @@ import pytest
 
 from sluice.cli import commands
 from sluice.cli.errors import UsageError
+from sluice.cli.positions import Start
 from sluice.cli.topic import parse_topic_config
 from sluice.cli.up import Ports, plan_ports
 
@@ -92,7 +93,7 @@ def test_topic_config_values() -> None:
 
 def test_consume_defaults() -> None:
     args = parse("consume", "orders")
-    assert args.start == "latest"  # type: ignore[attr-defined]
+    assert args.start == Start("latest")  # type: ignore[attr-defined]
     assert args.format == "value"  # type: ignore[attr-defined]
     assert (args.max, args.timeout, args.filter, args.group, args.partition) == (None, None, None, None, None)  # type: ignore[attr-defined]
 
@@ -103,7 +104,7 @@ def test_consume_flags() -> None:
         "--timeout", "1.5", "-p", "0", "-p", "2",
     )  # fmt: skip
     assert (args.start, args.filter, args.max, args.format, args.timeout, args.partition) == (  # type: ignore[attr-defined]
-        "earliest", "a || b", 3, "json", 1.5, [0, 2],
+        Start("earliest"), "a || b", 3, "json", 1.5, [0, 2],
     )  # fmt: skip
 
 
@@ -153,6 +154,21 @@ def test_port_plan() -> None:
         ["topic", "create"],
         ["topic", "create", "t", "--partitions", "many"],
         ["consume", "t", "--from", "middle"],
+        ["consume", "t", "--from", "offset:-1"],
+        ["consume", "t", "--from", "offset:x"],
+        ["consume", "t", "--from", "time:yesterday"],
+        ["consume", "t", "--from", "-0s"],
+        ["consume", "t", "--from", "-15 parsecs"],
+        ["group", "reset-offsets", "g", "--to-earliest"],
+        ["group", "reset-offsets", "g", "--topic", "t"],
+        ["group", "reset-offsets", "g", "--topic", "t", "--all-topics", "--to-latest"],
+        ["group", "reset-offsets", "g", "--topic", "t", "--to-latest", "--to-earliest"],
+        ["group", "reset-offsets", "g", "--topic", "t:", "--to-latest"],
+        ["group", "reset-offsets", "g", "--topic", "t:a", "--to-latest"],
+        ["group", "reset-offsets", "g", "--topic", "t:-1", "--to-latest"],
+        ["group", "reset-offsets", "g", "--topic", "t", "--to-offset", "-1"],
+        ["group", "reset-offsets", "g", "--topic", "t", "--to-datetime", "noon"],
+        ["group", "delete"],
         ["consume", "t", "--max", "0"],
         ["consume", "t", "--timeout", "-1"],
         ["consume", "t", "--timeout", "0"],
@@ -177,6 +193,9 @@ def test_argparse_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFix
         (["produce", "t", "--header", "a=1", "--header", "a=2"], "--header 'a' given twice"),
         (["produce", "t", "--key", "k", "--key-separator", ":"], "cannot be used together"),
         (["consume", "t", "--group", "g", "--subscription", "s"], "cannot be used together"),
+        (["consume", "t", "--group", "g", "--from", "offset:5"], "cannot be used with --group"),
+        (["consume", "t", "--group", "g", "--from", "-15m"], "cannot be used with --group"),
+        (["consume", "t", "--subscription", "s", "--from", "time:2020-01-01"], "cannot be used with --sub"),
     ],
 )
 def test_late_usage_errors_exit_2_with_usage(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from sluice.client.admin import topic_config_to_proto
 from sluice.client.client import Client
+from sluice.client.consumer.offset_reset import ResetTo
 from sluice.client.offsets import spec_to_timestamp
 from sluice.errors import InvalidArgument
 
@@ -73,3 +75,26 @@ def test_closed_client_refuses_work() -> None:
     c.close()
     with pytest.raises(Exception, match="closed"):
         c.metadata()
+
+
+def test_reset_targets_are_checked_before_any_request() -> None:
+    assert ResetTo.earliest() == ResetTo("earliest")
+    assert ResetTo.offset(5) == ResetTo("offset", 5)
+    assert ResetTo.shift(-3) == ResetTo("shift", -3)
+    assert ResetTo.datetime(datetime(2026, 11, 25, 9, 30, tzinfo=UTC)) == ResetTo(
+        "timestamp", 1_795_599_000_000
+    )
+    back = ResetTo.duration("15m")
+    assert back.kind == "timestamp"
+    assert abs(back.value - (time.time() * 1000 - 900_000)) < 60_000
+    for bad in (
+        lambda: ResetTo.offset(-1),
+        lambda: ResetTo.offset(True),
+        lambda: ResetTo.shift(1.5),  # type: ignore[arg-type]
+        lambda: ResetTo.datetime(-1),
+        lambda: ResetTo.duration("0s"),
+        lambda: ResetTo.duration("soon"),
+        lambda: ResetTo.duration(True),
+    ):
+        with pytest.raises(InvalidArgument):
+            bad()

@@ -7,6 +7,7 @@ misbehaving peer is the only way to reach these paths (the broker itself never d
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Iterator
@@ -27,7 +28,9 @@ class Peer:
 
     def __init__(self) -> None:
         self.mode = (
-            "swap"  # "swap": answer pairs in reverse order; "end": end after answering one of three; "ok"
+            # "swap": answer pairs in reverse order; "end": end after answering one of three; "ok";
+            # "pair": answer pairs in order
+            "swap"
         )
         self.calls = 0
         self._lock = threading.Lock()
@@ -42,6 +45,12 @@ class Peer:
         for request in requests:
             if mode == "ok":
                 yield pb.ProduceResponse(request_id=request.request_id)
+            elif mode == "pair":  # two requests read, both answered in order
+                held.append(request)
+                if len(held) == 2:
+                    for r in held:
+                        yield pb.ProduceResponse(request_id=r.request_id)
+                    held.clear()
             elif mode == "end":  # three requests read, one answered, then the stream ends
                 held.append(request)
                 if len(held) == 3:
@@ -117,3 +126,27 @@ def test_a_stream_ended_by_the_peer_fails_what_it_still_owes(peer: tuple[Peer, g
     assert isinstance(outcomes[0], pb.ProduceResponse)
     assert all(isinstance(o, BrokerNotAvailable) for o in outcomes[1:]), outcomes
     stream.close()
+
+
+def test_an_answer_arriving_after_close_is_dropped_quietly(
+    peer: tuple[Peer, grpc.Channel], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first answer's callback closes the stream while the second answer is on its way: the
+    second request is failed once, by close(), and its answer is no "answer to request 2 arrived,
+    expected none" error."""
+    p, channel = peer
+    p.mode = "pair"
+    stream = _stream(channel)
+    results: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    def first(outcome: object) -> None:
+        results.put(outcome)
+        stream.close()
+
+    stream.send(pb.ProduceRequest(), 10, first)
+    stream.send(pb.ProduceRequest(), 10, results.put)
+    outcomes = [results.get(timeout=10), results.get(timeout=10)]
+    assert isinstance(outcomes[0], pb.ProduceResponse)
+    assert isinstance(outcomes[1], BrokerNotAvailable)
+    assert results.empty()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -8,6 +8,7 @@ peer is the only way to reach these paths (the broker itself never does this).
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ class Peer:
     """Accepts connections; ``mode`` (read at each connection) says how to answer produces:
     "ok", "swap" (pairs in reverse order), "end" (answer one of three, then close), "mute"
     (never answer), "refuse" (refuse the hello), "stray" (after two requests, answer one never
-    sent)."""
+    sent), "pair" (after two requests, answer both in one write)."""
 
     def __init__(self) -> None:
         self.mode = "ok"
@@ -71,6 +72,10 @@ class Peer:
                             for r in reversed(held):
                                 sock.sendall(frame(FrameType.PRODUCE, _answer(r)))
                             held.clear()
+                    elif mode == "pair":
+                        held.append(request_id)
+                        if len(held) == 2:
+                            sock.sendall(b"".join(frame(FrameType.PRODUCE, _answer(r)) for r in held))
                     elif mode == "stray":
                         held.append(request_id)
                         if len(held) == 2:
@@ -246,3 +251,26 @@ def test_a_stray_answer_fails_a_followed_request_and_the_one_after_it(peer: Peer
         conn.close()
     assert len(got) == 2
     assert all(isinstance(o, BrokerNotAvailable) and o.retriable for o in got), got
+
+
+def test_answers_read_after_close_are_dropped_quietly(peer: Peer, caplog: pytest.LogCaptureFixture) -> None:
+    """``sluice track`` and the Spark source close their fetcher while a pipelined fetch's answer is
+    on its way. ``close()`` fails what the connection owed; an answer the reader already holds then
+    belongs to nobody and must not pass for a broker breaking the protocol ("answer to request 2
+    arrived, expected none; reconnecting"). Here the first answer's callback closes the connection
+    while the second answer sits in the same read: the race, made deterministic."""
+    peer.mode = "pair"
+    conn = _connection(peer)
+    outcomes = Outcomes(2)
+
+    def first(outcome: object) -> None:
+        outcomes(outcome)
+        conn.close()
+
+    conn.send(pb.ProduceRequest(), 10, first)
+    conn.send(pb.ProduceRequest(), 10, outcomes)
+    got = outcomes.wait()
+    assert isinstance(got[0], pb.ProduceResponse)
+    assert isinstance(got[1], BrokerNotAvailable)  # failed once, by close(), never answered twice
+    assert "closed" in got[1].message
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -46,6 +46,10 @@ def test_replace_converts_strings() -> None:
         ("enable_auto_commit", "maybe", "enable_auto_commit"),
         ("max_poll_records", True, "max_poll_records"),
         ("on_assign", 5, "on_assign"),
+        ("on_commit", "log it", "on_commit"),
+        ("max_in_flight_commits", 0, "max_in_flight_commits"),
+        ("max_in_flight_commits", 17, "max_in_flight_commits"),
+        ("max_in_flight_commits", "many", "max_in_flight_commits"),
     ],
 )
 def test_bad_values_name_the_key(key: str, value: object, needle: str) -> None:
@@ -83,3 +87,16 @@ def test_callbacks_fall_back_to_the_listener_and_on_lost_to_on_revoke() -> None:
     lost([("t", 1)])
     assert seen == [("assign", [("t", 0)]), ("revoke", [("t", 1)])]
     assert ConsumerConfig().callback("on_lost") is None
+
+
+def test_async_commit_settings_default_to_one_in_flight_and_no_callback() -> None:
+    c = ConsumerConfig()
+    assert (c.max_in_flight_commits, c.on_commit) == (1, None)
+    assert ConsumerConfig().replace(max_in_flight_commits="4").max_in_flight_commits == 4
+
+
+def test_on_commit_is_never_read_from_the_environment() -> None:
+    c = ConsumerConfig.from_env(
+        {"SLUICE_CONSUMER_ON_COMMIT": "print", "SLUICE_CONSUMER_MAX_IN_FLIGHT_COMMITS": "2"}
+    )
+    assert (c.on_commit, c.max_in_flight_commits) == (None, 2)

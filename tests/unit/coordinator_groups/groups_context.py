@@ -159,7 +159,7 @@ class GroupsContext:
         while True:
             outcome = self.apply(self.groups.tick(self.now_ms))
             removed += outcome.removed
-            if not outcome.removed and not outcome.assigned_groups:
+            if not outcome.changed:
                 break
         self.removed += removed
         return TickOutcome(removed=tuple(removed))

@@ -86,14 +86,22 @@ def test_split_gives_each_filter_its_own_track_with_every_partition(ctx: GroupsC
     assert not tps(c2b) & tps(c3b)
     assert ctx.groups.groups["g"].targets[c1.member_id] == {("default", "t", p) for p in range(4)}
 
-    # The tagB track retires with its last member: its offsets go, default's stay.
+    # The tagB track outlives its members (seed 004's loss was a track deleted with its last member,
+    # then restarted from default's position): its offsets stay, and a returning tagB member resumes it.
+    ctx.redis[KEYS.offsets("g", tagb)] = {f"t/{p}": "7" for p in range(4)}  # the tagB members committed
     ctx.heartbeat(member_id=c3.member_id, epoch=-1)
     ctx.heartbeat(member_id=c2.member_id, epoch=-1)
-    assert KEYS.offsets("g", tagb) not in ctx.redis
-    assert KEYS.owners("g", tagb) not in ctx.redis
+    assert ctx.redis[KEYS.offsets("g", tagb)] == {f"t/{p}": "7" for p in range(4)}
+    assert ctx.owners_in_redis(track=tagb) == {}
     assert ctx.redis[default_offsets] == {f"t/{p}": "2" for p in range(4)}
-    assert ctx.groups.groups["g"].active_tracks() == ["default"]
+    assert ctx.groups.groups["g"].active_tracks() == ["default", tagb]
+    assert ctx.groups.groups["g"].tracks[("t", "tagB")].idle_since_ms == ctx.now_ms
     ctx.check_redis_matches_state()
+    back = ctx.heartbeat(subscription={"t": "tagB"})
+    assert {a.track for a in back.assignment or ()} == {tagb}
+    assert ctx.redis[KEYS.offsets("g", tagb)] == {f"t/{p}": "7" for p in range(4)}  # not copied again
+    assert ctx.groups.groups["g"].tracks[("t", "tagB")].idle_since_ms == 0
+    assert durable(ctx.recover()) == durable(ctx.groups)
 
 
 def test_split_default_track_stays_with_its_filter(ctx: GroupsContext) -> None:

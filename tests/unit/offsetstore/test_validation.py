@@ -67,8 +67,7 @@ def test_oversized_requests_are_refused() -> None:
 def reset(**overrides: object) -> ResetRequest:
     fields: dict[str, object] = {
         "group": "g",
-        "topic": "t",
-        "partitions": (0, 1),
+        "targets": (("t", (0, 1)),),
         "spec": ResetSpec.OFFSET,
         "value": 0,
         "track": "",
@@ -84,10 +83,16 @@ def test_reset_validation() -> None:
         validation.validate_reset(reset(value=-1))
     with pytest.raises(InvalidArgument, match="timestamp -5 is negative"):
         validation.validate_reset(reset(spec=ResetSpec.TIMESTAMP, value=-5))
+    validation.validate_reset(reset(spec=ResetSpec.SHIFT, value=-5))  # a shift goes either way
     with pytest.raises(InvalidArgument, match="twice"):
-        validation.validate_reset(reset(partitions=(1, 1)))
+        validation.validate_reset(reset(targets=(("t", (1, 1)),)))
+    with pytest.raises(InvalidArgument, match="topic 't' is listed twice"):
+        validation.validate_reset(reset(targets=(("t", (0,)), ("t", (1,)))))
     with pytest.raises(InvalidArgument, match="partition -2"):
-        validation.validate_reset(reset(partitions=(-2,)))
+        validation.validate_reset(reset(targets=(("t", (-2,)),)))
+    with pytest.raises(InvalidArgument, match="name the topics"):
+        validation.validate_reset(reset(targets=()))
+    validation.validate_reset(reset(targets=(), all_topics=True))
     with pytest.raises(InvalidArgument, match="invalid group name"):
         validation.validate_reset(reset(group=""))
 

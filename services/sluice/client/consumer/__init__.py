@@ -3,11 +3,21 @@
 Parts (each a module of its own): ``config`` (ConsumerConfig), ``membership`` (the
 member's protocol state machine, pure), ``member`` (the heartbeat thread),
 ``state`` (assignment snapshot and partition positions), ``prefetch`` (the fetch
-thread and its bounded buffer), ``commits`` (the offset-store client) and
+thread and its bounded buffer), ``commits`` (the offset-store client),
+``async_commits`` (coalesced, bounded, retried asynchronous commits) and
 ``consumer`` (the façade).
 """
 
+from sluice.client.consumer.async_commits import CommitStats
 from sluice.client.consumer.config import ConsumerConfig, RebalanceListener, subscription_of
-from sluice.client.consumer.consumer import CommitCallback, Consumer
+from sluice.client.consumer.consumer import CommitCallback, Consumer, ConsumerStats
 
-__all__ = ["CommitCallback", "Consumer", "ConsumerConfig", "RebalanceListener", "subscription_of"]
+__all__ = [
+    "CommitCallback",
+    "CommitStats",
+    "Consumer",
+    "ConsumerConfig",
+    "ConsumerStats",
+    "RebalanceListener",
+    "subscription_of",
+]

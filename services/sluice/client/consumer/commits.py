@@ -11,7 +11,7 @@ atomically together), and every later commit of that partition carries it. If th
 deleted and re-created, meanwhile, the store refuses the commit with ``UnknownTopicId`` instead of
 writing an old topic's position into the new one.
 
-Caller: the Consumer (sync from the application thread, async through gRPC futures).
+Caller: the Consumer (sync from the application thread) and its AsyncCommitter (gRPC futures).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from sluice.client.rpc import ChannelPool, call, error_from_rpc
 from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_for_code
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
 
-__all__ = ["CommitResult", "OffsetStoreClient"]
+__all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "CommitResult", "OffsetStoreClient"]
 
 TopicPartition = tuple[str, int]
 #: tp -> None (stored) or the refusal.
 CommitResult = dict[TopicPartition, SluiceError | None]
-_BACKOFF_FIRST = 0.05
-_BACKOFF_MAX = 1.0
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 1.0
 
 
 class OffsetStoreClient:
@@ -150,11 +150,16 @@ class OffsetStoreClient:
         self,
         request: offset_store_pb2.CommitOffsetsRequest,
         done: Callable[[CommitResult | SluiceError], None],
+        refresh: bool = False,
+        timeout: float | None = None,
     ) -> None:
-        """Send a commit without waiting; ``done`` gets the results or the RPC's error
-        (on a gRPC thread)."""
+        """Send a commit without waiting; ``done`` gets the results or the RPC's error (on a
+        gRPC thread; here when no stub could be had). ``refresh`` looks the store's address up
+        again first. No retries here: the AsyncCommitter retries, coalescing as it goes."""
         try:
-            future = self.stub().CommitOffsets.future(request, timeout=self._timeout)
+            future = self.stub(refresh).CommitOffsets.future(
+                request, timeout=self._timeout if timeout is None else timeout
+            )
         except SluiceError as exc:
             done(exc)
             return
@@ -171,7 +176,7 @@ class OffsetStoreClient:
 
     def _retrying(self, fn: Callable[[offset_store_pb2_grpc.OffsetStoreStub], Any]) -> Any:
         deadline = time.monotonic() + self._timeout
-        backoff = _BACKOFF_FIRST
+        backoff = BACKOFF_FIRST
         refresh = False
         while True:
             try:
@@ -186,7 +191,7 @@ class OffsetStoreClient:
                     ) from exc
                 # A backoff, not a poll: nothing to wait on while the store is away.
                 time.sleep(min(backoff, remaining))
-                backoff = min(backoff * 2, _BACKOFF_MAX)
+                backoff = min(backoff * 2, BACKOFF_MAX)
                 refresh = isinstance(exc, BrokerNotAvailable)
 
 

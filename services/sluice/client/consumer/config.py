@@ -9,8 +9,8 @@ with :class:`~sluice.errors.InvalidArgument` naming the key. Durations are
 sizes are bytes (``"1MiB"`` is accepted).
 
 The rebalance callbacks are fields too (``on_assign``, ``on_revoke``, ``on_lost``,
-or a ``listener`` object with those methods); they are never read from the
-environment.
+or a ``listener`` object with those methods), and so is the commit callback
+``on_commit``; they are never read from the environment.
 """
 
 from __future__ import annotations
@@ -27,12 +27,14 @@ from sluice.client.rpc import MAX_MESSAGE_BYTES
 from sluice.client.settings import convert_setting
 from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_topic
-from sluice.errors import InvalidArgument
+from sluice.errors import InvalidArgument, SluiceError
 
 __all__ = [
     "AUTO_OFFSET_RESETS",
     "COMMIT_MODES",
+    "MAX_IN_FLIGHT_COMMITS",
     "MESSAGE_MODELS",
+    "CommitCallback",
     "ConsumerConfig",
     "PartitionsCallback",
     "RebalanceListener",
@@ -42,14 +44,18 @@ __all__ = [
 TopicPartition = tuple[str, int]
 #: Called with the partitions concerned, sorted.
 PartitionsCallback = Callable[[list[TopicPartition]], None]
+#: ``callback(offsets, error)``: the offsets a commit carried and its first error (None: all stored).
+CommitCallback = Callable[[dict[TopicPartition, int], SluiceError | None], None]
 
 AUTO_OFFSET_RESETS = ("latest", "earliest", "none")
 COMMIT_MODES = ("poll", "in-flight-min")
 MESSAGE_MODELS = ("clustering", "broadcasting")
+#: Upper bound of ``max_in_flight_commits``: more only loads the store (docs/consumer.md).
+MAX_IN_FLIGHT_COMMITS = 16
 ENV_PREFIX = "SLUICE_CONSUMER_"
 # Room for the protobuf envelope of a fetch response.
 _RESPONSE_OVERHEAD = 1024 * 1024
-_CALLBACKS = ("on_assign", "on_revoke", "on_lost", "listener")
+_CALLBACKS = ("on_assign", "on_revoke", "on_lost", "listener", "on_commit")
 # The coordinator's accepted range for client-chosen timeouts.
 _MIN_TIMEOUT = timedelta(milliseconds=100)
 _MAX_TIMEOUT = timedelta(minutes=30)
@@ -80,6 +86,13 @@ class ConsumerConfig:
 
     auto_commit_interval: timedelta = timedelta(seconds=5)
     """How often ``poll()`` commits asynchronously when ``enable_auto_commit``."""
+
+    max_in_flight_commits: int = 1
+    """How many asynchronous commits (``commit_async()`` and the auto-commit) may be in flight
+    at once (sent and not answered, or waiting to be retried). Calls beyond it wait in one
+    pending commit, where the latest offset of each partition wins. 1 (the default) keeps
+    commits and their callbacks in call order; the one commit in flight carries everything
+    processed while the previous one travelled."""
 
     commit_mode: str = "poll"
     """What counts as processed. ``poll`` (Kafka's rule): records returned by ``poll()``
@@ -157,6 +170,11 @@ class ConsumerConfig:
     """An object with ``on_assign`` / ``on_revoke`` / ``on_lost`` methods (any of them);
     used for the callbacks not given as functions."""
 
+    on_commit: CommitCallback | None = None
+    """``on_commit(offsets, error)``: the outcome of every auto-commit, of every
+    ``commit_async()`` called without a callback, and of ``close()``'s final commit. Runs on
+    the application's thread, inside ``poll()`` / ``commit()`` / ``commit_async()`` / ``close()``."""
+
     def __post_init__(self) -> None:
         _check_types(self)
         if self.auto_offset_reset not in AUTO_OFFSET_RESETS:
@@ -190,11 +208,16 @@ class ConsumerConfig:
         for name in ("fetch_max_bytes", "partition_max_bytes"):
             if not 1 <= getattr(self, name) <= limit:
                 raise InvalidArgument(f"{name} must be from 1 to {limit}, got {getattr(self, name)}")
+        if not 1 <= self.max_in_flight_commits <= MAX_IN_FLIGHT_COMMITS:
+            raise InvalidArgument(
+                f"max_in_flight_commits must be from 1 to {MAX_IN_FLIGHT_COMMITS}, "
+                f"got {self.max_in_flight_commits}"
+            )
         if self.buffer_max_bytes < 1:
             raise InvalidArgument(f"buffer_max_bytes must be >= 1, got {self.buffer_max_bytes}")
         if len(self.instance_id) > 249:
             raise InvalidArgument("instance_id must be at most 249 characters")
-        for name in ("on_assign", "on_revoke", "on_lost"):
+        for name in ("on_assign", "on_revoke", "on_lost", "on_commit"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise InvalidArgument(f"{name} must be callable, got {getattr(self, name)!r}")
 

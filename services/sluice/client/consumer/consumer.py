@@ -26,11 +26,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from operator import attrgetter
 from types import TracebackType
 
+from sluice.client.consumer.async_commits import AsyncCommitter, CommitStats, Waiter
 from sluice.client.consumer.commits import CommitResult, OffsetStoreClient
-from sluice.client.consumer.config import ConsumerConfig
+from sluice.client.consumer.config import CommitCallback, ConsumerConfig
 from sluice.client.consumer.member import GroupMember
 from sluice.client.consumer.membership import Event, Fatal, Lost, MemberState, NewTarget
 from sluice.client.consumer.prefetch import Prefetcher
@@ -48,15 +50,20 @@ from sluice.errors import (
     UnknownTopicOrPartition,
 )
 
-__all__ = ["CommitCallback", "Consumer"]
+__all__ = ["CommitCallback", "Consumer", "ConsumerStats"]
 
 log = logging.getLogger("sluice.consumer")
 
 TopicPartition = tuple[str, int]
-#: commit_async's callback: the offsets it tried, and the first error (None: all stored).
-CommitCallback = Callable[[dict[TopicPartition, int], SluiceError | None], None]
 _OFFSET = attrgetter("offset")
 _L = PartitionLifecycle
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStats:
+    """What ``consumer.stats()`` returns: a snapshot of the consumer's counters."""
+
+    commits: CommitStats
 
 
 class Consumer:
@@ -105,9 +112,19 @@ class Consumer:
             channels, metadata, group, subscription, self._timeout, config.message_model == "broadcasting"
         )
         self._member = GroupMember(metadata, group, subscription, config, client_id, self._on_events)
+        self._async = AsyncCommitter(
+            self._offsets,
+            self._member,
+            self._holds,
+            self._stored,
+            self._restart_recreated,
+            config.max_in_flight_commits,
+            self._timeout,
+        )
+        #: A failed commit_async() that had no callback (nor on_commit): raised by the next call.
+        self._commit_error: SluiceError | None = None
         self._interval = config.auto_commit_interval.total_seconds()
         self._next_auto_commit = time.monotonic() + self._interval
-        self._auto_commit_in_flight = False
         self._prefetch.start()
         self._member.start()
         try:
@@ -124,11 +141,14 @@ class Consumer:
         """Records from the assigned partitions, waiting up to ``timeout`` seconds for some.
 
         Returns at most ``max_records`` (default ``max_poll_records``). Applies rebalances
-        (calling ``on_assign`` / ``on_revoke`` / ``on_lost``) and auto-commits. Raises the
-        typed error of a refused membership, of a failed fetch, or OffsetOutOfRange for a
-        partition without a position under ``auto_offset_reset="none"`` (``seek()`` it).
+        (calling ``on_assign`` / ``on_revoke`` / ``on_lost``), auto-commits and runs the
+        callbacks of finished asynchronous commits. Raises the typed error of a refused
+        membership, of a failed fetch, of a failed ``commit_async()`` that had no callback, or
+        OffsetOutOfRange for a partition without a position under ``auto_offset_reset="none"``
+        (``seek()`` it).
         """
         self._check_open()
+        self._report_commits()
         limit = self.config.max_poll_records if max_records is None else _positive("max_records", max_records)
         deadline = time.monotonic() + max(float(timeout), 0.0)
         with self._lock:
@@ -258,6 +278,8 @@ class Consumer:
             offsets = self._state.to_commit(ready)
         if not ready:
             return
+        # Async commits still travelling finish first: none reaches the store after the release.
+        self._async.flush(self._timeout)
         try:
             self._commit_sync(offsets)
         except SluiceError as exc:
@@ -333,6 +355,7 @@ class Consumer:
                 self._prefetch.stop_fetching(tp)
             self._state.parts.clear()
             self._state.replace_assignment(Assignment())
+        self._async.fail_unsent(error)
         log.warning(
             "group %s: membership lost (%s); partitions %s dropped uncommitted", self.group, error, lost
         )
@@ -355,60 +378,103 @@ class Consumer:
         Kafka's commitSync), in ``in-flight-min`` mode up to the smallest offset not yet
         ``done()``. Returns what was committed. Raises the first refusal
         (StaleMemberEpoch, UnknownMember, NotOwner: this member no longer owns the partition).
+
+        Asynchronous commits made before it finish first (their callbacks run here), so this
+        commit is the last word.
         """
         self._check_open()
+        self._async.flush(self._timeout)
+        self._report_commits()
         with self._lock:
             if offsets is None:
                 self._state.returned_done()  # poll mode: called after processing, like commitSync
                 todo = self._state.to_commit()
             else:
-                todo = {}
-                for tp, off in offsets.items():
-                    part = self._owned(tp)
-                    if isinstance(off, bool) or not isinstance(off, int) or off < 0:
-                        raise OffsetOutOfRange(
-                            f"{tp[0]}[{tp[1]}]: offset must be an integer >= 0, got {off!r}"
-                        )
-                    todo[tp] = (off, part.track)
+                todo = self._explicit(offsets)
         result = self._commit_sync(todo)
         errors = [e for e in result.values() if e is not None]
         if errors:
             raise errors[0]
         return {tp: off for tp, (off, _) in todo.items()}
 
-    def commit_async(self, callback: CommitCallback | None = None) -> None:
-        """Commit what is processed without waiting; ``callback(offsets, error)`` runs on a
-        gRPC thread when the offset store answered."""
-        self._check_open()
-        with self._lock:
-            self._state.returned_done()
-            todo = self._state.to_commit()
-        self._commit_async(todo, callback)
-
-    def _commit_async(
-        self, todo: dict[TopicPartition, tuple[int, str]], callback: CommitCallback | None
+    def commit_async(
+        self, offsets: Mapping[TopicPartition, int] | None = None, callback: CommitCallback | None = None
     ) -> None:
-        offsets = {tp: off for tp, (off, _) in todo.items()}
-        if not todo:
-            if callback is not None:
-                callback(offsets, None)
-            return
-        request = self._offsets.request(self._member.member_id, self._member.member_epoch, todo)
+        """Commit without waiting: ``offsets``, or (None) what is processed, as ``commit()``.
 
-        def finished(outcome: CommitResult | SluiceError) -> None:
-            error = outcome if isinstance(outcome, SluiceError) else None
-            if not isinstance(outcome, SluiceError):
-                with self._lock:
-                    for tp, err in outcome.items():
-                        if err is None:
-                            self._state.committed_ok(tp, offsets[tp])
-                        elif error is None:
-                            error = err
-                self._restart_recreated(outcome)
-            if callback is not None:
-                callback(offsets, error)
+        Calls coalesce (the latest offset of each partition wins), at most
+        ``max_in_flight_commits`` commits travel at once, and retriable errors are retried with
+        backoff for up to ``request_timeout``. ``callback(offsets, error)`` (else ``on_commit``)
+        gets the outcome on the application's thread, in the next ``poll()`` / ``commit()`` /
+        ``commit_async()`` / ``close()``; ``offsets`` are those of the commit that carried this
+        call's. Without either, a failure (a fenced member's StaleMemberEpoch, UnknownMember,
+        NotOwner; RequestTimedOut after the retries) is raised by the next ``poll()`` /
+        ``commit()`` / ``commit_async()``. See docs/consumer.md.
+        """
+        self._check_open()
+        self._report_commits()
+        with self._lock:
+            if offsets is None:
+                self._state.returned_done()
+                todo = self._state.to_commit()
+            else:
+                todo = self._explicit(offsets)
+        self._async.submit(todo, Waiter(callback))
 
-        self._offsets.commit_async(request, finished)
+    def stats(self) -> ConsumerStats:
+        """Counters of this consumer (the asynchronous commits and auto-commits)."""
+        return ConsumerStats(commits=self._async.stats())
+
+    def _explicit(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, tuple[int, str]]:
+        """Checked explicit offsets as {tp: (offset, track)} (the caller holds the lock)."""
+        todo = {}
+        for tp, off in offsets.items():
+            part = self._owned(tp)
+            if isinstance(off, bool) or not isinstance(off, int) or off < 0:
+                raise OffsetOutOfRange(f"{tp[0]}[{tp[1]}]: offset must be an integer >= 0, got {off!r}")
+            todo[tp] = (off, part.track)
+        return todo
+
+    def _report_commits(self, closing: bool = False) -> BaseException | None:
+        """Hand finished asynchronous commits to their callbacks (application thread), one at a
+        time, so an exception in one leaves the rest queued. Then raise a failed commit_async()
+        that nobody was told of (once). ``closing``: deliver everything whatever the callbacks
+        raise, and return (not raise) the first exception."""
+        first: BaseException | None = None
+        while self._async.has_outcomes:
+            outcome = self._async.next_outcome()
+            if outcome is None:
+                break
+            fn = outcome.waiter.callback or self.config.on_commit
+            if fn is not None:
+                try:
+                    fn(outcome.offsets, outcome.error)
+                except Exception as exc:
+                    if not closing:
+                        raise
+                    first = first or exc
+            elif outcome.error is not None and outcome.waiter.auto:
+                # Counted in stats().commits.auto_failed; the next auto-commit tries again.
+                log.warning("group %s: auto-commit failed: %s", self.group, outcome.error)
+            elif outcome.error is not None and self._commit_error is None:
+                self._commit_error = outcome.error
+        error, self._commit_error = self._commit_error, None
+        if error is not None and closing:
+            log.warning("group %s: commit_async failed (no callback, closing): %s", self.group, error)
+        elif error is not None:
+            raise error
+        return first
+
+    def _holds(self, tp: TopicPartition) -> bool:
+        """Caller: the AsyncCommitter. Whether ``tp`` is still this member's (revoking counts)."""
+        with self._lock:
+            return tp in self._state.parts
+
+    def _stored(self, offsets: dict[TopicPartition, int]) -> None:
+        """Caller: the AsyncCommitter (gRPC's thread), after the store accepted ``offsets``."""
+        with self._lock:
+            for tp, off in offsets.items():
+                self._state.committed_ok(tp, off)
 
     def _commit_sync(self, todo: dict[TopicPartition, tuple[int, str]]) -> CommitResult:
         """Commit under the current epoch; a STALE_MEMBER_EPOCH (the coordinator moved the epoch
@@ -474,7 +540,7 @@ class Consumer:
         )
 
     def _maybe_auto_commit(self) -> None:
-        if not self.config.enable_auto_commit or self._auto_commit_in_flight:
+        if not self.config.enable_auto_commit:
             return
         now = time.monotonic()
         if now < self._next_auto_commit:
@@ -484,16 +550,9 @@ class Consumer:
             return
         with self._lock:
             todo = self._state.to_commit()
-        if not todo:
-            return
-        self._auto_commit_in_flight = True
-
-        def finished(offsets: dict[TopicPartition, int], error: SluiceError | None) -> None:
-            self._auto_commit_in_flight = False
-            if error is not None:
-                log.info("group %s: auto-commit failed: %s", self.group, error)
-
-        self._commit_async(todo, finished)
+        if todo:
+            # Coalesces with commits still travelling; its outcome goes to on_commit.
+            self._async.submit(todo, Waiter(None, auto=True))
 
     # ---- positions ------------------------------------------------------------------------------------
 
@@ -578,25 +637,49 @@ class Consumer:
 
     # ---- lifecycle ------------------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Commit what is processed, call on_revoke, leave the group (a static member leaves
-        temporarily, keeping its partitions for the session timeout) and stop. Idempotent."""
+    def close(self, timeout: float | None = None) -> None:
+        """Make a final synchronous commit of what is processed, call on_revoke, leave the group
+        (a static member leaves temporarily, keeping its partitions for the session timeout) and
+        stop. Idempotent.
+
+        Asynchronous commits still travelling finish first (up to ``timeout``, default
+        ``request_timeout``; what is left then fails with RequestTimedOut), so none of them lands
+        after the final commit. Their callbacks run here; the final commit's outcome goes to
+        ``on_commit`` (a failure is also logged: close() does not raise it, so that it never
+        hides the application's own exception in a ``with`` block or ``finally``).
+        """
         if self._closed:
             return
         self._closed = True
+        wait = self._timeout if timeout is None else max(float(timeout), 0.0)
         try:
+            self._async.close(wait)
+            # Their callbacks run before the final commit; one raising does not skip it (raised last).
+            callback_error = self._report_commits(closing=True)
             if self._member.state is MemberState.STABLE and self._fatal is None:
                 with self._lock:
                     self._state.returned_done()  # poll mode: what the last poll returned is processed
                     todo = self._state.to_commit()
                     held = sorted(self._state.parts)
-                try:
-                    self._commit_sync(todo)
-                except SluiceError as exc:
-                    log.warning("group %s: commit on close failed: %s", self.group, exc)
+                self._final_commit(todo)
                 self._callback("on_revoke", held)
+            if callback_error is not None:
+                raise callback_error
         finally:
             self._shutdown(leave=True)
+
+    def _final_commit(self, todo: dict[TopicPartition, tuple[int, str]]) -> None:
+        if not todo:
+            return
+        error: SluiceError | None
+        try:
+            error = next((e for e in self._commit_sync(todo).values() if e is not None), None)
+        except SluiceError as exc:
+            error = exc
+        if error is not None:
+            log.warning("group %s: commit on close failed: %s", self.group, error)
+        if self.config.on_commit is not None:
+            self.config.on_commit({tp: off for tp, (off, _) in todo.items()}, error)
 
     def _shutdown(self, leave: bool) -> None:
         self._closed = True

@@ -13,12 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from sluice.client.consumer.offset_reset import ResetTo, offset_store_stub, reset_group_offsets
 from sluice.client.metadata import MetadataCache, call_with_retry
 from sluice.client.rpc import ChannelPool, call
 from sluice.common.names import validate_group, validate_topic
 from sluice.common.units import parse_duration
-from sluice.errors import BrokerNotAvailable, InvalidArgument, OffsetOutOfRange
-from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
+from sluice.errors import InvalidArgument, OffsetOutOfRange
+from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2
 
 __all__ = [
     "CONFLICT_POLICIES",
@@ -28,6 +29,8 @@ __all__ = [
     "GroupSummary",
     "MemberInfo",
     "PartitionLag",
+    "TrackInfo",
+    "delete_group",
     "describe_group",
     "fetch_group_offsets",
     "list_groups",
@@ -39,10 +42,6 @@ __all__ = [
 TopicPartition = tuple[str, int]
 CONFLICT_POLICIES = ("reject", "split")
 DEFAULT_TRACK = "default"
-_SPECS = {
-    "earliest": offset_store_pb2.RESET_SPEC_EARLIEST,
-    "latest": offset_store_pb2.RESET_SPEC_LATEST,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +81,30 @@ class PartitionLag:
     lag: int
     #: The member owning the partition on this track ("" when nobody does).
     member_id: str
+    #: How far behind in time: now - timestamp of the first unconsumed record, in ms. 0 when caught
+    #: up, -1 when unknown (lag unknown, or that record could not be read).
+    lag_ms: int = -1
+    #: That record's timestamp in ms; -1 when caught up or unknown.
+    first_unconsumed_timestamp: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class TrackInfo:
+    """A (topic, filter) -> offset track binding (docs/groups.md, "Offset tracks"): it outlives its
+    members until the coordinator's offsets retention expires it."""
+
+    topic: str
+    filter: str
+    track: str
+    #: Members reading the topic with the filter now; 0: idle (since ``idle_since_ms``, unix ms).
+    members: int
+    idle_since_ms: int
+    #: The handover that started the binding: the track and filter whose position it took ("": none),
+    #: when (unix ms), and the offset it started from per partition.
+    source_track: str
+    inherited_filter: str
+    since_ms: int
+    handover_offsets: dict[int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +137,7 @@ class GroupDescription:
     members: list[MemberInfo]
     lag: list[PartitionLag]
     conflicts: list[str] = field(default_factory=list)
+    tracks: list[TrackInfo] = field(default_factory=list)
 
     def filters(self, topic: str) -> dict[str, str]:
         """track -> the filter its live members read ``topic`` with."""
@@ -157,7 +181,15 @@ def describe_group(metadata: MetadataCache, group: str, timeout: float) -> Group
     ]
     lag = [
         PartitionLag(
-            p.topic, p.partition, p.track or DEFAULT_TRACK, p.committed, p.high_watermark, p.lag, p.member_id
+            p.topic,
+            p.partition,
+            p.track or DEFAULT_TRACK,
+            p.committed,
+            p.high_watermark,
+            p.lag,
+            p.member_id,
+            p.lag_ms,
+            p.first_unconsumed_timestamp,
         )
         for p in resp.lag
     ]
@@ -169,6 +201,20 @@ def describe_group(metadata: MetadataCache, group: str, timeout: float) -> Group
         sorted(members, key=lambda m: m.member_id),
         sorted(lag, key=lambda p: (p.topic, p.partition, p.track)),
         list(resp.conflicts),
+        [
+            TrackInfo(
+                b.topic,
+                b.filter,
+                b.track,
+                b.members,
+                b.idle_since_ms,
+                b.source_track,
+                b.inherited_filter,
+                b.since_ms,
+                dict(sorted(b.handover_offsets.items())),
+            )
+            for b in resp.tracks
+        ],
     )
 
 
@@ -215,13 +261,6 @@ def _ms(name: str, value: timedelta | str | float | None) -> int:
 # ---- offsets (offset store) ------------------------------------------------------------------------
 
 
-def _store(channels: ChannelPool, metadata: MetadataCache) -> offset_store_pb2_grpc.OffsetStoreStub:
-    address = metadata.current().offset_store or metadata.get([], refresh=True).offset_store
-    if address is None:
-        raise BrokerNotAvailable("the cluster has no offset store: the coordinator's Metadata names none")
-    return channels.stub(address, offset_store_pb2_grpc.OffsetStoreStub)
-
-
 def fetch_group_offsets(
     channels: ChannelPool,
     metadata: MetadataCache,
@@ -241,7 +280,9 @@ def fetch_group_offsets(
         track=track,
         member_id=member_id,
     )
-    resp = call_with_retry(lambda: call(_store(channels, metadata).FetchOffsets, request, timeout), timeout)
+    resp = call_with_retry(
+        lambda: call(offset_store_stub(channels, metadata).FetchOffsets, request, timeout), timeout
+    )
     return {(o.topic, o.partition): o.offset for o in resp.offsets if o.offset >= 0}
 
 
@@ -257,31 +298,37 @@ def reset_offsets(
     track: str = DEFAULT_TRACK,
     timestamp: bool = False,
 ) -> dict[int, int]:
-    """Set a group's committed offsets of ``topic`` (on ``track``) exactly, possibly backwards.
+    """Set a group's committed offsets of ``topic`` (on ``track``) now, possibly backwards: the short
+    form of :func:`offset_reset.reset_group_offsets` with ``execute=True``.
 
-    ``spec``: "earliest", "latest", an offset, or (``timestamp=True``) a time in ms: the
-    first record at or after it. Resolved by the offset store per partition in one atomic
-    write. Refused with GroupNotEmpty while the group has live members.
+    ``spec``: "earliest", "latest", an offset, or (``timestamp=True``) a time in ms: the first record
+    at or after it. Offsets outside the log are clamped into it. Refused with GroupNotEmpty while the
+    group has live members.
     """
-    validate_group(group)
     validate_topic(topic)
-    parts = sorted(set(partitions or ()))
-    if any(isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in parts):
-        raise InvalidArgument(f"partitions must be integers >= 0, got {parts!r}")
+    to: ResetTo
     if isinstance(spec, str):
-        if spec not in _SPECS:
+        if spec not in ("earliest", "latest"):
             raise InvalidArgument(f"reset spec must be 'earliest', 'latest' or a number, got {spec!r}")
-        kind, value = _SPECS[spec], 0
+        to = ResetTo.earliest() if spec == "earliest" else ResetTo.latest()
     elif isinstance(spec, bool) or not isinstance(spec, int) or spec < 0:
         raise OffsetOutOfRange(f"reset to {spec!r}: an offset or timestamp must be an integer >= 0")
     else:
-        kind = offset_store_pb2.RESET_SPEC_TIMESTAMP if timestamp else offset_store_pb2.RESET_SPEC_OFFSET
-        value = spec
-    request = offset_store_pb2.ResetOffsetsRequest(
-        group=group, topic=topic, partitions=parts, spec=kind, value=value, track=track
+        to = ResetTo.datetime(spec) if timestamp else ResetTo.offset(spec)
+    rows = reset_group_offsets(
+        channels, metadata, group, to, timeout, topics={topic: partitions}, track=track, execute=True
     )
-    resp = call_with_retry(lambda: call(_store(channels, metadata).ResetOffsets, request, timeout), timeout)
-    return {o.partition: o.offset for o in resp.offsets}
+    return {r.partition: r.offset for r in rows}
+
+
+def delete_group(metadata: MetadataCache, group: str, timeout: float) -> int:
+    """DeleteGroup: the group and all its committed offsets. Returns how many offsets were deleted.
+    Raises GroupNotEmpty while it has members, UnknownGroup when there is nothing to delete."""
+    validate_group(group)
+    request = coordinator_pb2.DeleteGroupRequest(group=group)
+    # Not retried: a delete whose answer was lost would come back as UnknownGroup.
+    resp = call(metadata.coordinator_stub().DeleteGroup, request, timeout)
+    return int(resp.offsets_deleted)
 
 
 def set_group_offsets(

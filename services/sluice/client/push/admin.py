@@ -1,22 +1,31 @@
-"""Subscriptions as the dispatchers see them: ``ListSubscriptions`` / ``DescribeSubscription``.
+"""Subscriptions as the dispatchers see them: list and describe (the admin changes and peek:
+``sub_admin.py``).
 
 A topic's partitions may be routed to several dispatchers, each of which knows the
 subscription on its own partitions only. These functions ask every dispatcher
 involved and merge the answers: backlogs add up, consumers are listed per
 dispatcher (a consumer with streams to two dispatchers appears once for each).
+Idle durable subscriptions (no consumer; they live until deleted) are listed too,
+with their backlog and the time their last consumer left.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sluice.client.metadata import MetadataCache
 from sluice.client.rpc import ChannelPool, call
-from sluice.errors import SluiceError, UnknownTopicOrPartition
+from sluice.errors import UnknownSubscription
 from sluice.v1 import dispatcher_pb2 as pb
 from sluice.v1 import dispatcher_pb2_grpc
 
-__all__ = ["ConsumerInfo", "SubscriptionInfo", "describe_subscription", "list_subscriptions"]
+__all__ = [
+    "ConsumerInfo",
+    "SubscriptionInfo",
+    "describe_subscription",
+    "dispatchers_of",
+    "list_subscriptions",
+]
 
 TYPE_NAMES = {
     pb.SUBSCRIPTION_TYPE_EXCLUSIVE: "exclusive",
@@ -47,9 +56,28 @@ class SubscriptionInfo:
     backlog: int
     dispatchers: tuple[str, ...]
     consumer_details: tuple[ConsumerInfo, ...] = field(default=())
+    durable: bool = True
+    #: Wall-clock ms: now while consumers are connected, else when the last one left (0: unknown).
+    last_active_ms: int = 0
+    filter: str = "*"
 
 
-def _dispatchers(metadata: MetadataCache, topic: str | None) -> dict[str, str]:
+def _merge(prev: SubscriptionInfo | None, dispatcher_id: str, s: pb.SubscriptionSummary) -> SubscriptionInfo:
+    return SubscriptionInfo(
+        topic=s.topic,
+        subscription=s.subscription,
+        type=TYPE_NAMES.get(s.type, str(s.type)),
+        consumers=s.consumers + (prev.consumers if prev else 0),
+        backlog=s.backlog + (prev.backlog if prev else 0),
+        dispatchers=(*(prev.dispatchers if prev else ()), dispatcher_id),
+        consumer_details=prev.consumer_details if prev else (),
+        durable=s.durable,
+        last_active_ms=max(s.last_active_ms, prev.last_active_ms if prev else 0),
+        filter=s.filter or "*",
+    )
+
+
+def dispatchers_of(metadata: MetadataCache, topic: str | None) -> dict[str, str]:
     """{dispatcher_id: address} of the live dispatchers (serving ``topic``, if given)."""
     md = metadata.get(None if topic is None else [topic], refresh=True)
     wanted = None if topic is None else {p.dispatcher_id for p in md.topic(topic).partitions}
@@ -63,48 +91,39 @@ def _dispatchers(metadata: MetadataCache, topic: str | None) -> dict[str, str]:
 def list_subscriptions(
     channels: ChannelPool, metadata: MetadataCache, topic: str | None = None, timeout: float = 10.0
 ) -> list[SubscriptionInfo]:
-    """Every subscription loaded on the dispatchers (of ``topic``), merged across dispatchers."""
+    """Every subscription the dispatchers (of ``topic``) serve, idle durable ones included."""
     merged: dict[tuple[str, str], SubscriptionInfo] = {}
-    for dispatcher_id, address in sorted(_dispatchers(metadata, topic).items()):
+    for dispatcher_id, address in sorted(dispatchers_of(metadata, topic).items()):
         stub = channels.stub(address, dispatcher_pb2_grpc.DispatcherStub)
         resp = call(stub.ListSubscriptions, pb.ListSubscriptionsRequest(topic=topic or ""), timeout)
         for s in resp.subscriptions:
             key = (s.topic, s.subscription)
-            prev = merged.get(key)
-            merged[key] = SubscriptionInfo(
-                topic=s.topic,
-                subscription=s.subscription,
-                type=TYPE_NAMES.get(s.type, str(s.type)),
-                consumers=s.consumers + (prev.consumers if prev else 0),
-                backlog=s.backlog + (prev.backlog if prev else 0),
-                dispatchers=(*(prev.dispatchers if prev else ()), dispatcher_id),
-            )
+            merged[key] = _merge(merged.get(key), dispatcher_id, s)
     return [merged[k] for k in sorted(merged)]
 
 
 def describe_subscription(
     channels: ChannelPool, metadata: MetadataCache, topic: str, subscription: str, timeout: float = 10.0
 ) -> SubscriptionInfo:
-    """Consumers (permits, unacked, blocked, active partitions) and backlog of one subscription.
-
-    Raises UnknownTopicOrPartition when no dispatcher has it loaded (no consumer
-    connected recently) or the topic does not exist.
-    """
+    """Consumers (permits, unacked, blocked, active partitions), backlog and last-active time of one
+    subscription. Raises UnknownSubscription (UnknownTopicOrPartition for a topic that does not exist)."""
     found: list[tuple[str, pb.DescribeSubscriptionResponse]] = []
-    for dispatcher_id, address in sorted(_dispatchers(metadata, topic).items()):
+    for dispatcher_id, address in sorted(dispatchers_of(metadata, topic).items()):
         stub = channels.stub(address, dispatcher_pb2_grpc.DispatcherStub)
         request = pb.DescribeSubscriptionRequest(topic=topic, subscription=subscription)
         try:
             found.append((dispatcher_id, call(stub.DescribeSubscription, request, timeout)))
-        except UnknownTopicOrPartition:
-            continue  # not loaded on this dispatcher
-        except SluiceError:
-            raise
+        except UnknownSubscription:
+            continue  # another dispatcher serves it
     if not found:
-        raise UnknownTopicOrPartition(
-            f"subscription {subscription!r} of topic {topic!r} is not loaded on any dispatcher "
-            "(it has no consumer and none connected recently, or it does not exist)"
+        raise UnknownSubscription(
+            f"topic {topic!r} has no subscription {subscription!r} (never created or deleted; a "
+            "non-durable one exists only while consumers are connected)"
         )
+    info: SubscriptionInfo | None = None
+    for d, resp in found:
+        info = _merge(info, d, resp.summary)
+    assert info is not None
     consumers = tuple(
         ConsumerInfo(
             dispatcher_id=d,
@@ -118,13 +137,4 @@ def describe_subscription(
         for d, resp in found
         for c in resp.consumers
     )
-    first = found[0][1].summary
-    return SubscriptionInfo(
-        topic=topic,
-        subscription=subscription,
-        type=TYPE_NAMES.get(first.type, str(first.type)),
-        consumers=sum(r.summary.consumers for _, r in found),
-        backlog=sum(r.summary.backlog for _, r in found),
-        dispatchers=tuple(d for d, _ in found),
-        consumer_details=consumers,
-    )
+    return replace(info, consumer_details=consumers)

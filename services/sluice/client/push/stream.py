@@ -38,10 +38,12 @@ __all__ = ["ConsumeStream", "Session", "StreamOwner", "StreamState"]
 
 log = logging.getLogger(__name__)
 
-#: Errors after Subscribed that end the stream (routing moved, topic deleted). Any other
-#: error on a subscribed stream concerns one command (an unknown message id, bad permits)
-#: and the stream stays usable; before Subscribed, every error ends it.
-STREAM_ENDING = frozenset({common_pb2.NOT_DISPATCHER, common_pb2.UNKNOWN_TOPIC_OR_PARTITION})
+#: Errors after Subscribed that end the stream (routing moved, topic or subscription deleted).
+#: Any other error on a subscribed stream concerns one command (an unknown message id, bad
+#: permits) and the stream stays usable; before Subscribed, every error ends it.
+STREAM_ENDING = frozenset(
+    {common_pb2.NOT_DISPATCHER, common_pb2.UNKNOWN_TOPIC_OR_PARTITION, common_pb2.UNKNOWN_SUBSCRIPTION}
+)
 
 
 class StreamState(enum.Enum):

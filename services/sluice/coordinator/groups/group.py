@@ -60,6 +60,9 @@ class Group:
         #: Members not (yet) STABLE at the assignment epoch: the group is stable when it is empty, so
         #: state() costs O(1) however big the group (it runs after every group write).
         self.unsettled: set[str] = set()
+        #: The oldest ``idle_since_ms`` among the bindings (0: none idle): the timer's retention check
+        #: reads only this, so a sweep costs one compare per group.
+        self.earliest_idle_ms = 0
         #: Whether a metadata record exists (a config may be set before anyone joins).
         self.exists = False
 
@@ -77,6 +80,7 @@ class Group:
             self.unsettled = {mid for mid, cur in self.current.items() if not self._settled(cur)}
         self.created_ms = record.created_ms
         self.tracks = {(t.topic, t.filter): t for t in record.tracks}
+        self.earliest_idle_ms = min((t.idle_since_ms for t in record.tracks if t.idle_since_ms), default=0)
 
     def replay_member(self, record: MemberRecord) -> None:
         self.remove_member(record.member_id)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from grpc import aio
@@ -36,7 +36,7 @@ from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LagReader", "LagRow", "lag_rows", "record_timestamp"]
+__all__ = ["LagReader", "LagRow", "lag_positions", "lag_rows", "record_timestamp", "time_lag"]
 
 
 #: ListOffsets' "latest" sentinel (broker.proto): the high watermark.
@@ -102,6 +102,24 @@ def lag_rows(
             )
         )
     return rows
+
+
+def lag_positions(rows: Iterable[LagRow]) -> set[Position]:
+    """The records whose timestamps give the lag in seconds: the first unconsumed one of each lagging row."""
+    return {(r.topic, r.partition, r.committed) for r in rows if r.lag > 0}
+
+
+def time_lag(row: LagRow, stamps: Mapping[Position, int], now_ms: int) -> tuple[int, int] | None:
+    """(ms behind, timestamp of the first unconsumed record) of ``row``: (0, -1) when caught up, None
+    when unknown (lag unknown, or that record could not be read)."""
+    if row.lag < 0:
+        return None
+    if row.lag == 0:
+        return 0, UNKNOWN
+    stamp = stamps.get((row.topic, row.partition, row.committed))
+    if stamp is None:
+        return None
+    return max(0, now_ms - stamp), stamp
 
 
 def record_timestamp(records: bytes, offset: int) -> int | None:
@@ -187,6 +205,33 @@ class LagReader:
             sources.append((self._keys.offsets(group, track), track, ""))
             for mid in members:
                 sources.append((self._offset_keys.member_offsets(group, track, mid), track, mid))
+        return await self._read_offsets(group, sources)
+
+    async def with_handovers(self, group: str, description: GroupDescription) -> GroupDescription:
+        """``description`` with each handed-over binding's start offsets (the copy its handover made:
+        ``redis_ops.py``), read in one pipeline."""
+        handed = sorted({b.track for b in description.bindings if b.source_track})
+        if not handed:
+            return description
+        sources = [(self._offset_keys.handover(group, t), t, "") for t in handed]
+        started = await self._read_offsets(group, sources)
+        bindings = tuple(
+            replace(
+                b,
+                handover_offsets={
+                    p: o for (tr, t, p, _), o in started.items() if (tr, t) == (b.track, b.topic)
+                },
+            )
+            if b.source_track
+            else b
+            for b in description.bindings
+        )
+        return replace(description, bindings=bindings)
+
+    async def _read_offsets(
+        self, group: str, sources: list[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, int, str], int]:
+        """Read ``(redis key, track, member)`` offset hashes in one pipeline."""
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for key, _, _ in sources:

@@ -31,6 +31,7 @@ __all__ = [
     "Slot",
     "TickOutcome",
     "TopicPartition",
+    "TrackBinding",
 ]
 
 #: (topic, partition).
@@ -99,6 +100,9 @@ class GroupSettings:
     #: While a member waits for partitions (or the group for its assignment) it is told to heartbeat
     #: this often, so handoffs complete well within one regular heartbeat interval.
     reconcile_heartbeat_interval_ms: int = 300
+    #: A (topic, filter) that no member has read for this long loses its binding and its committed
+    #: offsets of that topic (Kafka's ``offsets.retention.minutes``, 7 days there too). 0: never.
+    offsets_retention_ms: int = 7 * 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,22 @@ class MemberDescription:
 
 
 @dataclass(frozen=True)
+class TrackBinding:
+    """One (topic, filter) -> offset track binding, for DescribeGroup (see ``records.TrackEntry``)."""
+
+    topic: str
+    filter: str
+    track: str
+    members: int
+    idle_since_ms: int
+    source_track: str
+    inherited_filter: str
+    since_ms: int
+    #: partition -> the offset the binding started from (filled from the offset store's keys).
+    handover_offsets: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class GroupDescription:
     group: str
     state: GroupState
@@ -210,6 +230,8 @@ class GroupDescription:
     owners: Mapping[Slot, str]
     #: Topics the group's members subscribe to, with their partition counts.
     topics: Mapping[str, int]
+    #: Every binding, read now or idle (DescribeGroup only; the lag refresh leaves it empty).
+    bindings: tuple[TrackBinding, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -218,3 +240,10 @@ class TickOutcome:
 
     removed: tuple[tuple[str, str, str], ...] = ()
     assigned_groups: tuple[str, ...] = ()
+    #: (group, topic, filter, track) bindings expired by the offsets retention, with their offsets.
+    expired_tracks: tuple[tuple[str, str, str, str], ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        """Whether the timer wrote: the caller calls again (one group per call)."""
+        return bool(self.removed or self.assigned_groups or self.expired_tracks)

@@ -103,14 +103,41 @@ class GroupConfigRecord(RecordValue):
 class TrackEntry:
     """Members subscribing ``topic`` with ``filter`` commit under offset track ``track``.
 
-    ``source`` is the track whose committed offsets the track was started from ("" for the default
-    track, which never starts from another).
+    A *handover* gave the binding its start position: ``source`` is the track whose committed offsets
+    of ``topic`` it started from ("" = none: it started from its own, or from ``auto_offset_reset``),
+    ``inherited_filter`` the filter that had advanced that position, ``since_ms`` when. The offsets at
+    that moment are kept in the offset store's ``handover`` hash of the track (``redis_ops.py``), so
+    ``sluice track`` can tell records the new filter never received from ones it consumed.
+
+    ``idle_since_ms`` is when the last member reading ``topic`` with ``filter`` went (0: read now). The
+    binding and its offsets outlive the members until ``GroupSettings.offsets_retention_ms`` passes.
     """
 
     topic: str
     filter: str
     track: str
     source: str = ""
+    inherited_filter: str = ""
+    since_ms: int = 0
+    idle_since_ms: int = 0
+
+    def to_list(self) -> list[str | int]:
+        return [
+            self.topic,
+            self.filter,
+            self.track,
+            self.source,
+            self.inherited_filter,
+            self.since_ms,
+            self.idle_since_ms,
+        ]
+
+    @classmethod
+    def from_list(cls, data: list[Any]) -> TrackEntry:
+        """Also reads the four-field entries written before handovers and idle times were kept."""
+        topic, expr, track, source = (str(x) for x in data[:4])
+        extra = list(data[4:7]) + ["", 0, 0][len(data[4:7]) :]
+        return cls(topic, expr, track, source, str(extra[0]), int(extra[1]), int(extra[2]))
 
 
 @dataclass(frozen=True)
@@ -135,7 +162,7 @@ class GroupMetadataRecord(RecordValue):
             "group": self.group,
             "group_epoch": self.group_epoch,
             "assignment_epoch": self.assignment_epoch,
-            "tracks": [[t.topic, t.filter, t.track, t.source] for t in self.tracks],
+            "tracks": [t.to_list() for t in self.tracks],
             "created_ms": self.created_ms,
         }
 
@@ -145,7 +172,7 @@ class GroupMetadataRecord(RecordValue):
             str(data["group"]),
             int(data["group_epoch"]),
             int(data["assignment_epoch"]),
-            tuple(TrackEntry(str(a), str(b), str(c), str(d)) for a, b, c, d in data.get("tracks", [])),
+            tuple(TrackEntry.from_list(t) for t in data.get("tracks", [])),
             int(data["created_ms"]),
         )
 

@@ -7,8 +7,11 @@ store's commit script always sees exactly the coordinator's view (docs/redis-sch
 - ``{P}:grp:{G}:owners``   ``topic/partition`` -> owning member, for the ``default`` track;
   ``{P}:grp:{G}:owners:{T}`` the same for split track ``T`` (a partition has one owner per track);
 - ``{P}:grp:{G}:live``     number of members;
-- ``{P}:off:{G}:{T}``      a new split track's offsets are copied from its source track; a retired track's
-  offsets are deleted.
+- ``{P}:off:{G}:{T}``      a split track handed a position starts from a copy of its source track's
+  offsets; a binding that expired loses its offsets of its topic (the whole key when no binding uses
+  the track any more);
+- ``{P}:off:{G}:{T}:handover`` the offsets a binding started from, copied in the same write (the
+  record says from which track and filter, and when).
 
 An owner field is written for ``assigned | pending``: the old owner keeps committing until it releases
 a partition, and the field passes to the new owner in the write that hands it over.
@@ -64,6 +67,9 @@ class GroupKeys:
 
     def offsets(self, group: str, track: str) -> str:
         return self._keys.offsets(group, track)
+
+    def handover(self, group: str, track: str) -> str:
+        return self._keys.handover(group, track)
 
 
 class _Overlay:
@@ -201,24 +207,38 @@ def _track_ops(
     new = {(t.topic, t.filter): t for t in record.tracks}
     topics = state.topics.topics
     g = record.group
+
+    def fields(topic: str) -> list[str]:
+        count = topics[topic].partitions if topic in topics else 0
+        return [partition_field(topic, p) for p in range(count)]
+
     for key, entry in sorted(new.items()):
-        if old.get(key) == entry or entry.track == DEFAULT_TRACK or not entry.source:
-            continue
-        count = topics[entry.topic].partitions if entry.topic in topics else 0
-        src, dst = keys.offsets(g, entry.source), keys.offsets(g, entry.track)
-        for p in range(count):
-            ops.append(RedisOp("HCOPY", dst, src, partition_field(entry.topic, p)))
+        before = old.get(key)
+        if not entry.source or (before is not None and before.since_ms == entry.since_ms):
+            continue  # no handover in this write
+        src, snapshot = keys.offsets(g, entry.source), keys.handover(g, entry.track)
+        for f in fields(entry.topic):
+            if entry.source != entry.track:
+                ops.append(RedisOp("HCOPY", keys.offsets(g, entry.track), src, f))
+            ops.append(RedisOp("HCOPY", snapshot, src, f))
     live_tracks = {e.track for e in new.values()}
     for key, entry in sorted(old.items()):
-        if key in new or entry.track == DEFAULT_TRACK:
+        if key in new:
             continue
-        if entry.track not in live_tracks:
-            # Nothing reads the track any more: drop it whole (also covers topics deleted meanwhile).
-            ops.append(RedisOp("DEL", keys.offsets(g, entry.track)))
-            ops.append(RedisOp("DEL", keys.owners(g, entry.track)))
-        elif entry.topic in topics:
-            for p in range(topics[entry.topic].partitions):
-                ops.append(RedisOp("HDEL", keys.offsets(g, entry.track), partition_field(entry.topic, p)))
+        if any(e.topic == entry.topic and e.track == entry.track for e in new.values()):
+            continue  # taken over by another filter (reject's handover): its position stays
+        if entry.track != DEFAULT_TRACK and entry.track not in live_tracks:
+            # Nothing is bound to the track any more: drop it whole (also covers topics deleted meanwhile).
+            for k in (
+                keys.offsets(g, entry.track),
+                keys.owners(g, entry.track),
+                keys.handover(g, entry.track),
+            ):
+                ops.append(RedisOp("DEL", k))
+            continue
+        for f in fields(entry.topic):  # expired: its offsets of that topic go
+            ops.append(RedisOp("HDEL", keys.offsets(g, entry.track), f))
+            ops.append(RedisOp("HDEL", keys.handover(g, entry.track), f))
 
 
 def full_sync_ops(state: GroupsState, keys: GroupKeys) -> list[RedisOp]:

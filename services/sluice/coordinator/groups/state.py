@@ -49,6 +49,7 @@ from sluice.coordinator.groups.model import (
     Slot,
     TickOutcome,
     TopicPartition,
+    TrackBinding,
 )
 from sluice.coordinator.groups.reconcile import MemberState, Reconciled, reconcile
 from sluice.coordinator.groups.records import (
@@ -68,7 +69,7 @@ from sluice.coordinator.groups.records import (
 )
 from sluice.coordinator.groups.sessions import GroupSoftState, MemberSoft
 from sluice.coordinator.groups.targets import choose_assignor, compute_targets
-from sluice.coordinator.groups.tracks import plan_tracks, split_conflicts
+from sluice.coordinator.groups.tracks import expire_tracks, plan_tracks, split_conflicts
 from sluice.coordinator.records import Record, RecordValue, Result, Tombstone
 from sluice.errors import (
     FencedMemberEpoch,
@@ -331,12 +332,15 @@ class GroupsState:
         removed = set(remove)
         config = config or g.config
         excluded = removed | ({upsert.member_id} if upsert is not None else set())
+        previous = g.members.get(upsert.member_id) if upsert is not None else None
         tracks, conflict = plan_tracks(
             g.tracks,
             g.holders,
             excluded,
             config.conflict_policy,
             upsert.subscription if upsert is not None else None,
+            previous.subscription if previous is not None else None,
+            now_ms,
         )
         if upsert is not None and conflict is not None:
             message = conflict.message(g.group_id, upsert.member_id)
@@ -365,7 +369,6 @@ class GroupsState:
         if upsert is not None:
             change.records.append(upsert)
         small = len(members) < self.settings.assignment_batch_min_members
-        previous = g.members.get(upsert.member_id) if upsert is not None else None
         rejoin = force and previous is not None
         if small or g.assignment_epoch == 0:
             self._assign(change, now_ms)
@@ -675,7 +678,20 @@ class GroupsState:
         shortest session timeout, and those with partitions to release). Without ``assign_inline`` the
         caller computes throttled targets itself (``assignment_jobs`` / ``apply_assignment``, in a thread).
         """
+        retention = self.settings.offsets_retention_ms
         for g in self.groups.values():
+            if sweep and retention and g.earliest_idle_ms and now_ms - g.earliest_idle_ms >= retention:
+                expired = expire_tracks(g.tracks, now_ms, retention)
+                kept = [e for e in g.tracks.values() if e not in expired]
+                record = new_group_metadata_record(
+                    g.group_id, g.group_epoch, g.assignment_epoch, kept, g.created_ms
+                )
+                return Result(
+                    TickOutcome(
+                        expired_tracks=tuple((g.group_id, e.topic, e.filter, e.track) for e in expired)
+                    ),
+                    (record,),
+                )
             if not g.members:
                 continue
             removed = self._overdue(g, now_ms) if sweep else []
@@ -862,6 +878,19 @@ class GroupsState:
             message_model=g.message_model,
             owners=dict(g.owner),
             topics=self._partitions(g.members.values()),
+            bindings=tuple(
+                TrackBinding(
+                    e.topic,
+                    e.filter,
+                    e.track,
+                    len(g.holders.get(e.topic, {}).get(e.filter, ())),
+                    e.idle_since_ms,
+                    e.source,
+                    e.inherited_filter,
+                    e.since_ms,
+                )
+                for e in sorted(g.tracks.values())
+            ),
         )
 
     def lag_view(self, group: str) -> GroupDescription:

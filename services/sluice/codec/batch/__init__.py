@@ -1,0 +1,99 @@
+"""The record batch: the one format records travel and rest in.
+
+A producer encodes a batch once; the broker validates it, stamps the base offset
+and the append time into the header (fields outside the CRC), and writes it to
+the log as it is. Consumers decode it. Nobody re-encodes per record, except the
+broker when a tag filter keeps only part of a batch.
+
+Layout (little-endian, no padding)::
+
+    offset  size  field
+    0       8     base_offset        stamped by the broker
+    8       4     batch_length       whole batch, header included
+    12      8     append_time_ms     stamped by the broker (-1 before)
+    20      4     crc                CRC32C of bytes [24, batch_length)
+    24      1     magic              = 1
+    25      1     attributes         reserved (compression), must be 0
+    26      4     record_count       > 0
+    30      4     last_offset_delta  record_count - 1 unless filtered
+    34      8     base_timestamp     ms
+    42      8     max_timestamp      ms
+    50      4     tag_table_length   bytes
+    54            tag table          u16 count, then per tag u16 length + UTF-8
+                  columns            record_count entries each, in this order:
+                                     offset_delta i32, timestamp_delta i64,
+                                     key_length i32 (-1: no key), value_length i32,
+                                     headers_length i32, tag_index u16 (0xFFFF: none)
+                  data               every key, then every value, then every headers blob
+
+The tag table lists every distinct tag in the batch, so a filtered fetch can skip a
+whole batch from its header alone. The per-record fields are stored as columns so
+that validation and decoding read each one with a single C-level cast instead of a
+struct call per record, and the data is stored by column too (all keys, then all
+values, then all headers), so a batch's values are one contiguous run: an Arrow
+binary column is a zero-copy view of it (sluice.spark). A record's headers are u16 count, then per header u16
+name length, name, u32 value length, value.
+
+The package is split along the batch's life: ``layout`` (the format itself and the CRC), ``build``
+(the producer's encoder), ``validate`` (the broker's checks), ``records`` (the consumer's decoder) and
+``view`` (the broker's tag filter and the dispatcher's per-consumer cuts). Import from the package.
+"""
+
+from sluice.codec.batch.build import BatchBuilder, encode_records
+from sluice.codec.batch.layout import (
+    COLUMN_BYTES,
+    CRC_START,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    MAX_RECORDS_PER_BATCH,
+    NO_KEY,
+    NO_TAG,
+    BatchHeader,
+    Columns,
+    Headers,
+    columns,
+    crc32c,
+    decode_headers,
+    dense_offset_deltas,
+    encode_headers,
+    iter_headers,
+    read_header,
+    read_tags,
+    stamp,
+)
+from sluice.codec.batch.records import Record, decode_records
+from sluice.codec.batch.validate import validate_batch
+from sluice.codec.batch.view import BatchView, batch_tags, batch_views, filter_batch
+
+__all__ = [
+    "COLUMN_BYTES",
+    "CRC_START",
+    "HEADER",
+    "HEADER_SIZE",
+    "MAGIC",
+    "MAX_RECORDS_PER_BATCH",
+    "NO_KEY",
+    "NO_TAG",
+    "BatchBuilder",
+    "BatchHeader",
+    "BatchView",
+    "Columns",
+    "Headers",
+    "Record",
+    "batch_tags",
+    "batch_views",
+    "columns",
+    "crc32c",
+    "decode_headers",
+    "decode_records",
+    "dense_offset_deltas",
+    "encode_headers",
+    "encode_records",
+    "filter_batch",
+    "iter_headers",
+    "read_header",
+    "read_tags",
+    "stamp",
+    "validate_batch",
+]

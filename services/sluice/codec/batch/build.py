@@ -1,0 +1,156 @@
+"""Encoding: the producer's ``BatchBuilder`` lays a batch out once, column by column."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable
+
+from sluice.codec.batch.layout import (
+    COLUMN_BYTES,
+    HEADER_SIZE,
+    NO_KEY,
+    NO_TAG,
+    U16,
+    Headers,
+    assemble,
+    dense_offset_deltas,
+    encode_headers,
+)
+
+
+class BatchBuilder:
+    """Accumulates records for one partition and encodes them in one go.
+
+    Caller: the producer's accumulator, one builder per open batch.
+    Per record it only appends to column arrays; the batch is laid out once
+    in :meth:`build`.
+    """
+
+    __slots__ = (
+        "_headers",
+        "_headers_lens",
+        "_key_lens",
+        "_keys",
+        "_t0",
+        "_tag_idx",
+        "_tags",
+        "_ts",
+        "_value_lens",
+        "_values",
+        "size",
+    )
+
+    def __init__(self) -> None:
+        #: Timestamps are kept as deltas from the first record's, so build() rarely
+        #: has to rewrite them (only when a later record is older than the first).
+        self._t0: int | None = None
+        self._ts: list[int] = []
+        self._key_lens: list[int] = []
+        self._value_lens: list[int] = []
+        # Headers and tags are the exception: their columns exist only once a record
+        # has one (then back-filled), which spares two appends per plain record.
+        self._headers_lens: list[int] | None = None
+        self._tag_idx: list[int] | None = None
+        self._tags: dict[str, int] = {}
+        self._keys: list[bytes] = []
+        self._values: list[bytes] = []
+        self._headers: list[bytes] = []
+        #: Estimated encoded size in bytes, for batch.size limits.
+        self.size = HEADER_SIZE + 2
+
+    def __len__(self) -> int:
+        return len(self._ts)
+
+    def append(
+        self,
+        value: bytes,
+        key: bytes | None,
+        tag: str | None,
+        headers: Headers | None,
+        timestamp_ms: int,
+    ) -> int:
+        """Add one record; returns its index in the batch."""
+        ts = self._ts
+        index = len(ts)
+        t0 = self._t0
+        if t0 is None:
+            t0 = self._t0 = timestamp_ms
+        ts.append(timestamp_ms - t0)
+        if key is None:
+            self._key_lens.append(NO_KEY)
+            size = COLUMN_BYTES + len(value)
+        else:
+            klen = len(key)
+            self._key_lens.append(klen)
+            self._keys.append(key)
+            size = COLUMN_BYTES + klen + len(value)
+        self._values.append(value)
+        self._value_lens.append(len(value))
+        hl = self._headers_lens
+        if headers:
+            raw = encode_headers(headers)
+            self._headers.append(raw)
+            if hl is None:
+                hl = self._headers_lens = [0] * index
+            hl.append(len(raw))
+            size += len(raw)
+        elif hl is not None:
+            hl.append(0)
+        ti = self._tag_idx
+        if tag:
+            idx = self._tags.get(tag)
+            if idx is None:
+                idx = self._tags[tag] = len(self._tags)
+                size += 2 + len(tag.encode())
+            if ti is None:
+                ti = self._tag_idx = [NO_TAG] * index
+            ti.append(idx)
+        elif ti is not None:
+            ti.append(NO_TAG)
+        self.size += size
+        return index
+
+    def build(self) -> bytes:
+        """Encode the batch with base_offset 0 and append_time -1 (unstamped)."""
+        n = len(self._ts)
+        if n == 0:
+            raise ValueError("cannot build an empty batch")
+        assert self._t0 is not None
+        low = min(self._ts)
+        base_ts = self._t0 + low
+        tags = list(self._tags)
+        tag_table = [U16.pack(len(tags))]
+        for t in tags:
+            raw = t.encode()
+            tag_table += (U16.pack(len(raw)), raw)
+        tag_bytes = b"".join(tag_table)
+        ts_deltas = array("q", self._ts if low == 0 else [t - low for t in self._ts])
+        headers_lens = (
+            bytes(4 * n) if self._headers_lens is None else array("i", self._headers_lens).tobytes()
+        )
+        tag_idx = (array("H", [NO_TAG]) * n if self._tag_idx is None else array("H", self._tag_idx)).tobytes()
+        body = b"".join(
+            (
+                tag_bytes,
+                dense_offset_deltas(n),
+                ts_deltas.tobytes(),
+                array("i", self._key_lens).tobytes(),
+                array("i", self._value_lens).tobytes(),
+                headers_lens,
+                tag_idx,
+                *self._keys,
+                *self._values,
+                *self._headers,
+            )
+        )
+        return assemble(n, n - 1, base_ts, self._t0 + max(self._ts), len(tag_bytes), body)
+
+
+def encode_records(
+    records: Iterable[tuple[bytes, bytes | None, str | None, Headers | None, int]],
+) -> bytes:
+    """Encode (value, key, tag, headers, timestamp_ms) tuples as one batch (tests, tools)."""
+    b = BatchBuilder()
+    for value, key, tag, headers, ts in records:
+        b.append(value, key, tag, headers, ts)
+    return b.build()

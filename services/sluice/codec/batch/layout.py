@@ -1,0 +1,240 @@
+"""The batch layout: header, tag table, column views, record headers, stamping and the CRC.
+
+Everything the other modules of the package share: the fixed header (``HEADER``), where the
+columns sit (``columns``), and ``assemble``, the one place a batch is framed and its CRC computed.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import crc32c as _crc32c
+
+from sluice.errors import CorruptBatch
+
+if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+    raise ImportError("sluice.codec.batch assumes a little-endian host")
+
+MAGIC = 1
+HEADER = struct.Struct("<qiqIBBiiqqI")
+HEADER_SIZE = HEADER.size  # 54
+CRC_START = 24
+NO_TAG = 0xFFFF
+NO_KEY = -1
+# Per-record column widths: four int32 columns, one int64 (timestamp delta; a
+# user-supplied timestamp may be far from its neighbours) and one uint16.
+COLUMN_BYTES = 4 * 4 + 8 + 2
+MAX_RECORDS_PER_BATCH = 1_000_000
+U16 = struct.Struct("<H")
+_HDR_NAME = struct.Struct("<H")
+_HDR_VALUE = struct.Struct("<I")
+_OFFSET_FIELD = struct.Struct("<q")
+_STAMP = struct.Struct("<qiq")
+_BATCH_LEN = struct.Struct("<i")
+_FIELDS_8_20 = struct.Struct("<iq")
+
+Headers = dict[str, bytes]
+
+
+def crc32c(data: bytes | bytearray | memoryview) -> int:
+    return int(_crc32c.crc32c(data))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The fixed header of a batch, parsed without touching its records."""
+
+    base_offset: int
+    length: int
+    append_time_ms: int
+    crc: int
+    magic: int
+    attributes: int
+    record_count: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    tag_table_length: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse the header at ``pos``; raises CorruptBatch if it does not fit."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptBatch(f"truncated batch header at byte {pos}")
+    return BatchHeader(*HEADER.unpack_from(buf, pos))
+
+
+def read_tags(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> tuple[str, ...]:
+    """The batch's tag table (``pos`` is the batch start)."""
+    start = pos + HEADER_SIZE
+    end = start + header.tag_table_length
+    if header.tag_table_length < 2 or end > pos + header.length:
+        raise CorruptBatch("tag table does not fit in the batch")
+    (count,) = U16.unpack_from(buf, start)
+    tags: list[str] = []
+    p = start + 2
+    for _ in range(count):
+        if p + 2 > end:
+            raise CorruptBatch("tag table is truncated")
+        (n,) = U16.unpack_from(buf, p)
+        p += 2
+        if p + n > end:
+            raise CorruptBatch("tag table is truncated")
+        try:
+            tags.append(bytes(buf[p : p + n]).decode())
+        except UnicodeDecodeError as exc:
+            raise CorruptBatch("tag is not valid UTF-8") from exc
+        p += n
+    if p != end:
+        raise CorruptBatch("tag table length does not match its contents")
+    return tuple(tags)
+
+
+def encode_headers(headers: Headers) -> bytes:
+    parts = [U16.pack(len(headers))]
+    for name, value in headers.items():
+        raw = name.encode()
+        parts += (_HDR_NAME.pack(len(raw)), raw, _HDR_VALUE.pack(len(value)), value)
+    return b"".join(parts)
+
+
+def decode_headers(raw: bytes | memoryview) -> Headers:
+    if len(raw) < 2:
+        raise CorruptBatch("record headers are truncated")
+    (count,) = U16.unpack_from(raw, 0)
+    out: Headers = {}
+    p = 2
+    try:
+        for _ in range(count):
+            (n,) = _HDR_NAME.unpack_from(raw, p)
+            name = bytes(raw[p + 2 : p + 2 + n]).decode()
+            p += 2 + n
+            (m,) = _HDR_VALUE.unpack_from(raw, p)
+            p += 4
+            if p + m > len(raw):
+                raise CorruptBatch("record header value is truncated")
+            out[name] = bytes(raw[p : p + m])
+            p += m
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptBatch("record headers are malformed") from exc
+    if p != len(raw):
+        raise CorruptBatch("record headers have trailing bytes")
+    return out
+
+
+def assemble(
+    record_count: int,
+    last_offset_delta: int,
+    base_ts: int,
+    max_ts: int,
+    tag_table_length: int,
+    body: bytes,
+    base_offset: int = 0,
+    append_time_ms: int = -1,
+) -> bytes:
+    length = HEADER_SIZE + len(body)
+    # The CRC covers magic..end; base_offset, length and append_time are outside it. It is
+    # computed in two steps so the body is copied once, into the result: every large copy is
+    # a fresh allocation whose pages fault in (about 0.5 ms per MiB here).
+    covered_header = struct.pack(
+        "<BBiiqqI", MAGIC, 0, record_count, last_offset_delta, base_ts, max_ts, tag_table_length
+    )
+    crc = int(_crc32c.crc32c(body, _crc32c.crc32c(covered_header)))
+    return b"".join((struct.pack("<qiqI", base_offset, length, append_time_ms, crc), covered_header, body))
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """The per-record columns of one batch, as zero-copy views."""
+
+    offset_deltas: memoryview
+    timestamp_deltas: memoryview
+    key_lengths: memoryview
+    value_lengths: memoryview
+    headers_lengths: memoryview
+    tag_indexes: memoryview
+    #: Where the keys start; values follow the keys, headers follow the values.
+    data_start: int
+
+    def regions(self) -> tuple[int, int, int, int]:
+        """(keys_start, values_start, headers_start, end) of the data section."""
+        keys = self.data_start
+        values = keys + sum(self.key_lengths) + self.key_lengths.tolist().count(NO_KEY)
+        headers = values + sum(self.value_lengths)
+        return keys, values, headers, headers + sum(self.headers_lengths)
+
+
+def columns(buf: bytes | memoryview, pos: int, header: BatchHeader) -> Columns:
+    """Views on the columns of the batch at ``pos`` (bounds already validated)."""
+    n = header.record_count
+    mv = memoryview(buf)
+    p = pos + HEADER_SIZE + header.tag_table_length
+    offset_deltas = mv[p : p + 4 * n].cast("i")
+    p += 4 * n
+    timestamp_deltas = mv[p : p + 8 * n].cast("q")
+    p += 8 * n
+    key_lengths = mv[p : p + 4 * n].cast("i")
+    p += 4 * n
+    value_lengths = mv[p : p + 4 * n].cast("i")
+    p += 4 * n
+    headers_lengths = mv[p : p + 4 * n].cast("i")
+    p += 4 * n
+    tag_idx = mv[p : p + 2 * n].cast("H")
+    return Columns(
+        offset_deltas, timestamp_deltas, key_lengths, value_lengths, headers_lengths, tag_idx, p + 2 * n
+    )
+
+
+class _DenseOffsetDeltas:
+    """The offset-delta column of an unfiltered batch, ``0 .. n-1`` as int32s, for any ``n``.
+
+    Made once and cut to length (growing by doubling as larger batches come): building it from
+    ``range`` per batch cost about 40 ns per record, on the producer (encoding) and on the broker
+    (validating) alike.
+    """
+
+    __slots__ = ("_encoded",)
+
+    def __init__(self) -> None:
+        self._encoded = b""
+
+    def __call__(self, n: int) -> bytes:
+        encoded = self._encoded
+        if len(encoded) < 4 * n:
+            # Replaced whole, never changed in place: a thread holding the old one is unaffected.
+            encoded = self._encoded = array("i", range(max(n, len(encoded) // 2))).tobytes()
+        return encoded[: 4 * n]
+
+
+dense_offset_deltas = _DenseOffsetDeltas()
+
+
+def stamp(batch: bytearray | memoryview, pos: int, base_offset: int, append_time_ms: int) -> None:
+    """Write the broker-assigned base offset and append time in place (outside the CRC)."""
+    _OFFSET_FIELD.pack_into(batch, pos, base_offset)
+    struct.pack_into("<q", batch, pos + 12, append_time_ms)
+
+
+def iter_headers(
+    buf: bytes | memoryview, pos: int = 0, end: int | None = None
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Walk batch headers from ``pos`` without decoding records. Stops at a short tail."""
+    stop = len(buf) if end is None else end
+    while pos + HEADER_SIZE <= stop:
+        h = BatchHeader(*HEADER.unpack_from(buf, pos))
+        if h.length < HEADER_SIZE or pos + h.length > stop:
+            return
+        yield pos, h
+        pos += h.length

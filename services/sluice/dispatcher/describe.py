@@ -1,0 +1,140 @@
+"""What the dispatcher reports about its subscriptions: ``ListSubscriptions``, ``DescribeSubscription``
+and the per-subscription gauges. Loaded subscriptions report their live state; idle durable ones (not
+loaded, still registered: ``registry.py``) report their backlog from the book, with no consumers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from sluice.dispatcher.metrics import GaugeRow
+from sluice.dispatcher.registry import IdleSubscription, wall_ms
+from sluice.errors import SluiceError, UnknownSubscription
+from sluice.v1 import dispatcher_pb2 as pb
+
+if TYPE_CHECKING:
+    from sluice.dispatcher.runtime import SubscriptionRuntime
+    from sluice.dispatcher.service import DispatcherService
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SubscriptionViews"]
+
+
+class SubscriptionViews:
+    def __init__(self, service: DispatcherService) -> None:
+        self._service = service
+
+    def backlog(self, rt: SubscriptionRuntime) -> int:
+        total = 0
+        for p, ps in rt.machine.partitions.items():
+            feed = self._service.feeds.get((rt.topic, p))
+            end = max(feed.high_watermark if feed is not None else -1, ps.read_position)
+            total += max(end - ps.cursor.mark_delete - ps.cursor.acked.count(), 0)
+        return total
+
+    def summary(self, rt: SubscriptionRuntime) -> pb.SubscriptionSummary:
+        settings = rt.machine.settings
+        return pb.SubscriptionSummary(
+            topic=rt.topic,
+            subscription=rt.name,
+            type=int(settings.type),  # type: ignore[arg-type]
+            consumers=len(rt.machine.consumers),
+            backlog=self.backlog(rt),
+            durable=rt.durable,
+            last_active_ms=wall_ms() if rt.machine.consumers else rt.last_active_ms,
+            loaded=True,
+            filter=settings.filter.expression,
+        )
+
+    def idle_summary(self, entry: IdleSubscription) -> pb.SubscriptionSummary:
+        r = entry.record
+        return pb.SubscriptionSummary(
+            topic=r.topic,
+            subscription=r.subscription,
+            type=r.type,  # type: ignore[arg-type]
+            consumers=0,
+            backlog=self._service.book.backlog(entry),
+            durable=True,
+            last_active_ms=r.last_active_ms,
+            loaded=False,
+            filter=r.filter,
+        )
+
+    async def _refresh(self) -> None:
+        """Bring the idle book up to date before answering an operator (metrics use it as it is)."""
+        try:
+            await self._service.book.refresh()
+        except SluiceError as exc:  # answer from what is known; the loaded ones are exact anyway
+            log.warning("listing idle subscriptions from the registry failed: %s", exc)
+
+    def _all(self, topic: str) -> list[pb.SubscriptionSummary]:
+        service = self._service
+        loaded = {k: rt for k, rt in list(service.runtimes.items()) if not rt.closing}
+        rows = [self.summary(rt) for rt in loaded.values()]
+        rows += [self.idle_summary(e) for k, e in list(service.book.idle.items()) if k not in loaded]
+        return sorted(
+            (r for r in rows if not topic or r.topic == topic), key=lambda r: (r.topic, r.subscription)
+        )
+
+    async def list_all(self, topic: str) -> pb.ListSubscriptionsResponse:
+        await self._refresh()
+        return pb.ListSubscriptionsResponse(subscriptions=self._all(topic))
+
+    async def describe(self, topic: str, subscription: str) -> pb.DescribeSubscriptionResponse:
+        service = self._service
+        rt = service.runtimes.get((topic, subscription))
+        if rt is None or rt.closing:
+            await self._refresh()
+            entry = service.book.idle.get((topic, subscription))
+            if entry is None:
+                raise UnknownSubscription(
+                    f"dispatcher {service.dispatcher_id!r} has no subscription {subscription!r} of topic "
+                    f"{topic!r} (not registered as durable, no consumer connected, or another dispatcher "
+                    "serves the topic)"
+                )
+            return pb.DescribeSubscriptionResponse(summary=self.idle_summary(entry))
+        return pb.DescribeSubscriptionResponse(
+            summary=self.summary(rt),
+            consumers=[
+                pb.ConsumerDescription(
+                    consumer_id=c.consumer_id,
+                    consumer_name=c.spec.name,
+                    permits=c.permits,
+                    unacked=c.unacked,
+                    blocked=c.blocked,
+                    active_partitions=sorted(c.active_partitions),
+                )
+                for c in sorted(rt.machine.consumers.values(), key=lambda c: c.join_seq)
+            ],
+        )
+
+    def gauge_rows(self) -> list[GaugeRow]:
+        """Called from the metrics thread: reads the state as it is, no I/O."""
+        service = self._service
+        rows = []
+        loaded = dict(service.runtimes)
+        for rt in loaded.values():
+            consumers = list(rt.machine.consumers.values())
+            rows.append(
+                GaugeRow(
+                    rt.topic,
+                    rt.name,
+                    len(consumers),
+                    sum(c.permits for c in consumers),
+                    sum(c.unacked for c in consumers),
+                    sum(1 for c in consumers if c.blocked),
+                    self.backlog(rt),
+                    sum(1 for ps in list(rt.machine.partitions.values()) if rt.durable and ps.cursor.dirty),
+                    (wall_ms() if consumers else rt.last_active_ms) / 1000,
+                )
+            )
+        for key, entry in list(service.book.idle.items()):
+            if key not in loaded:
+                rows.append(
+                    GaugeRow(
+                        *key, 0, 0, 0, 0, service.book.backlog(entry), 0, entry.record.last_active_ms / 1000
+                    )
+                )
+        return rows
