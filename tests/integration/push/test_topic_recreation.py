@@ -16,35 +16,45 @@ import redis
 
 from sluice import Client
 from sluice.client.rpc import call
+from sluice.coordinator.groups.tracks import track_id
 from sluice.errors import UnknownTopicOrPartition
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
 from tests.harness import ROOT, _env
 from tests.integration.push.conftest import PushCluster
 from tests.integration.push.helpers import eventually, produce
 from tests.integration.push.identity_helpers import (
+    bindings,
     consume_as_old_group,
     consume_as_old_subscription,
+    idle_in_registry,
     inventory,
+    join_track,
     not_loaded,
     own,
     rds,
+    split_group_with_idle_tag_b,
 )
 
 __all__ = ["own", "rds"]  # the fixtures, imported for pytest
+
+TAG_B_TRACK = track_id("tagB")
 
 
 def test_recreated_topic_starts_clean_and_the_delete_leaves_nothing(
     own: PushCluster, rds: redis.Redis
 ) -> None:
-    topic, group, sub = "recreated", "old-group", "old-sub"
+    topic, group, sub, split = "recreated", "old-group", "old-sub", "old-split"
     with Client(own.bootstrap, request_timeout=10) as client:
-        # The group and the subscription exist before the topic does (they read another topic first), so
+        # The groups and the subscription exist before the topic does (they read another topic first), so
         # everything of their own is in the "before" inventory and only the topic's data can differ.
         client.admin.create_topic("elsewhere", partitions=1)
         produce(client, "elsewhere", 1)
         assert consume_as_old_group(client, "elsewhere", group, 1) == [b"0"]
         assert consume_as_old_subscription(client, "elsewhere", sub, 1) == [b"0"]
         eventually(lambda: rds.exists(f"sluice:cur:{{{sub}}}:elsewhere/0") == 1, what="cursor saved")
+        # The same split layout on "elsewhere": the tagB track's keys (offsets, handover) exist before.
+        assert split_group_with_idle_tag_b(own, client, split, "elsewhere") == TAG_B_TRACK
+        eventually(lambda: idle_in_registry(own, client, "elsewhere", sub), what="idle subscription")
         before = inventory(rds)
 
         client.admin.create_topic(topic, partitions=1)
@@ -54,19 +64,38 @@ def test_recreated_topic_starts_clean_and_the_delete_leaves_nothing(
         # What used to make a re-created topic skip its first records: both positions are at 3.
         assert rds.hget(f"sluice:off:{{{group}}}:default", f"{topic}/0") == b"3"
         eventually(lambda: rds.exists(f"sluice:cur:{{{sub}}}:{topic}/0") == 1, what="cursor saved")
+        # A split group whose tagB member is away: its track and handover are kept by filter, idle.
+        split_group_with_idle_tag_b(own, client, split, topic)
+        tag_b = f"sluice:off:{{{split}}}:{TAG_B_TRACK}"
+        assert rds.hget(f"{tag_b}:handover", f"{topic}/0") == b"4"  # handed the tagA position
+        assert rds.hget(tag_b, f"{topic}/0") == b"6"
+        [idle_b] = [b for b in bindings(client, split, topic) if b.filter == "tagB"]
+        assert (idle_b.track, idle_b.members, idle_b.source_track) == (TAG_B_TRACK, 0, "default")
+        assert idle_b.idle_since_ms > 0
+        # The durable subscription has no consumer any more: unloaded, listed from the registry.
+        eventually(lambda: idle_in_registry(own, client, topic, sub), what="idle subscription")
+        assert rds.hexists("sluice:subs", f"{topic}/{sub}")
         registered = {k.decode() for k in rds.hkeys(f"sluice:topic:{{{topic}}}:refs")}
         assert registered == {
             f"sluice:off:{{{group}}}:default",
             f"sluice:cur:{{{sub}}}:{topic}/0",
             f"sluice:cur:{{{sub}}}:{topic}/0:epoch",
+            f"sluice:off:{{{split}}}:default",
+            tag_b,
+            f"{tag_b}:handover",
+            "sluice:subs",
         }
 
         client.admin.delete_topic(topic)
-        # The dispatcher drops the (lingering) subscription when it sees the delete; its last cursor
+        # The dispatcher forgets the idle subscription when it sees the delete; a late touch or cursor
         # save is refused by the offset store, so nothing comes back after the purge.
-        eventually(lambda: not_loaded(own, client, topic, sub), timeout=15, what="subscription unloaded")
+        eventually(lambda: not_loaded(own, client, topic, sub), timeout=15, what="subscription forgotten")
         after = inventory(rds)
+        assert len(after) == len(before)
         assert after == before, f"left behind: {sorted(after - before)}; removed: {sorted(before - after)}"
+        # The group records forgot the topic's bindings (and so their handovers) in the same write.
+        assert bindings(client, split, topic) == []
+        assert [b.track for b in bindings(client, split, "elsewhere")] == ["default", TAG_B_TRACK]
 
         client.admin.create_topic(topic, partitions=1)
         # More records than the old positions (3), so a leftover position would skip the first three
@@ -78,9 +107,14 @@ def test_recreated_topic_starts_clean_and_the_delete_leaves_nothing(
             p.flush()
         assert consume_as_old_group(client, topic, group, 5) == fresh
         assert consume_as_old_subscription(client, topic, sub, 5) == fresh
+        # A returning tagB member starts the new topic afresh: the first filter takes the default track
+        # (no old binding resumed, no handover from the old topic's tagA position).
+        assert join_track(client, split, topic, "tagB") == "default"
+        [fresh_b] = bindings(client, split, topic)
+        assert (fresh_b.filter, fresh_b.source_track, dict(fresh_b.handover_offsets)) == ("tagB", "", {})
         # Deleted again, it leaves nothing either (and the dispatcher goes quiet for the next test).
         client.admin.delete_topic(topic)
-        eventually(lambda: not_loaded(own, client, topic, sub), timeout=15, what="subscription unloaded")
+        eventually(lambda: not_loaded(own, client, topic, sub), timeout=15, what="subscription forgotten")
         assert inventory(rds) == before
 
 

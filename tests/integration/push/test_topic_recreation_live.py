@@ -7,6 +7,7 @@ import contextlib
 import tempfile
 import time
 
+import pytest
 import redis
 
 from sluice import Client
@@ -26,13 +27,21 @@ from tests.integration.push.identity_helpers import (
 __all__ = ["own", "rds"]  # the fixtures, imported for pytest
 
 
+@pytest.mark.parametrize("commit", ["sync", "async"])
 def test_a_live_group_consumer_outliving_the_recreation_reads_the_new_topic_from_its_start(
-    own: PushCluster, rds: redis.Redis
+    own: PushCluster, rds: redis.Redis, commit: str
 ) -> None:
     """A member that keeps its partition across a delete and re-create holds the old topic's position:
     its commit is refused (UnknownTopicId), and it looks its position up again on the new topic, so no
-    record of the new topic is skipped (some may come twice: at least once)."""
-    topic, group = "live", "live-group"
+    record of the new topic is skipped (some may come twice: at least once). The same through
+    ``commit_async()``: its commits carry the topic_id too, and a refusal restarts the partition."""
+    topic, group = f"live-{commit}", f"live-group-{commit}"
+    refused: list[BaseException] = []
+
+    def outcome(_offsets: object, error: BaseException | None) -> None:
+        if error is not None:
+            refused.append(error)
+
     with Client(own.bootstrap, request_timeout=10) as client:
         client.admin.create_topic(topic, partitions=1)
         produce(client, topic, 3)
@@ -54,9 +63,56 @@ def test_a_live_group_consumer_outliving_the_recreation_reads_the_new_topic_from
                 # The fetch that ran while no topic had the name says so once (an existing answer).
                 with contextlib.suppress(UnknownTopicOrPartition):
                     got += [r.value or b"" for r in c.poll(0.2)]
+                if commit == "async":
+                    c.commit_async(callback=outcome)  # outcomes arrive in a later poll()
+                    continue
                 with contextlib.suppress(UnknownTopicId):
                     c.commit()  # refused while the position is the old topic's; then it starts over
             assert set(fresh) <= set(got)
+            if commit == "async":
+                assert all(isinstance(e, (UnknownTopicId, UnknownTopicOrPartition)) for e in refused), refused
+            c.commit()
+            assert rds.hget(f"sluice:off:{{{group}}}:default", f"{topic}/0") == b"5"
+        finally:
+            c.close()
+        client.admin.delete_topic(topic)
+
+
+def test_an_async_commit_refused_by_topic_id_restarts_the_partition_on_the_new_topic(
+    own: PushCluster, rds: redis.Redis
+) -> None:
+    """``commit_async()`` carries the topic_id like ``commit()``: the old topic's position is refused with
+    UnknownTopicId (reported to the callback), and the partition looks its position up again, so the new
+    topic is read from its first record. The partition is paused across the re-creation so that no fetch
+    notices the vanished topic: only the refused async commit can tell the consumer."""
+    topic, group = "live-async", "live-async-group"
+    tp = (topic, 0)
+    outcomes: list[BaseException | None] = []
+    with Client(own.bootstrap, request_timeout=10) as client:
+        client.admin.create_topic(topic, partitions=1)
+        produce(client, topic, 3)
+        c = client.consumer(group, [topic], auto_offset_reset="earliest", **FAST)
+        try:
+            assert poll_values(c, 3) == [b"0", b"1", b"2"]
+            c.commit()
+            c.pause([tp])
+            c.poll(0.3)  # a fetch already on the wire lands (and is dropped) before the delete
+            client.admin.delete_topic(topic)
+            client.admin.create_topic(topic, partitions=1)
+            fresh = [b"new-%d" % i for i in range(5)]
+            with client.producer(topic, linger="1ms") as p:
+                for value in fresh:
+                    p.send(value)
+                p.flush()
+            c.commit_async({tp: 3}, callback=lambda _offsets, error: outcomes.append(error))
+            deadline = time.monotonic() + 10
+            while not outcomes:
+                assert time.monotonic() < deadline, "the async commit's outcome never arrived"
+                c.poll(0.1)  # outcomes are delivered on the application thread, in poll()
+            [error] = outcomes
+            assert isinstance(error, UnknownTopicId), error
+            c.resume([tp])
+            assert poll_values(c, 5) == fresh  # from the new topic's first record, none skipped
             c.commit()
             assert rds.hget(f"sluice:off:{{{group}}}:default", f"{topic}/0") == b"5"
         finally:
