@@ -146,6 +146,7 @@ def test_positions_written_before_topic_refs_are_adopted_once_when_the_coordinat
             r.set("sluice:cur:{s}:ghost/0", b"cursor")
             r.set("sluice:cur:{s}:ghost/0:epoch", 1)
             r.set("sluice:cur:{s}:kept/0", b"cursor")
+            r.hset("sluice:subs", mapping={"ghost/s": "1|1|1|*", "kept/s": "1|1|1|*"})
             coordinator.terminate()
             coordinator = restart(coordinator)
             assert r.hgetall("sluice:off:{g}:default") == {b"kept/0": b"3"}
@@ -154,12 +155,14 @@ def test_positions_written_before_topic_refs_are_adopted_once_when_the_coordinat
             assert r.hgetall("sluice:topic:{kept}:refs") == {
                 b"sluice:off:{g}:default": b"h",
                 b"sluice:cur:{s}:kept/0": b"k",
+                b"sluice:subs": b"h",
             }
+            assert r.hkeys("sluice:subs") == [b"kept/s"]
             assert r.get("sluice:coordinator:refs-adopted") == b"1"
             with Client(coordinator.address, request_timeout=10) as client:
                 client.admin.delete_topic("kept")
             assert r.hgetall("sluice:off:{g}:default") == {}
-            assert r.exists("sluice:cur:{s}:kept/0", "sluice:topic:{kept}:refs") == 0
+            assert r.exists("sluice:cur:{s}:kept/0", "sluice:topic:{kept}:refs", "sluice:subs") == 0
         finally:
             r.close()
             broker.terminate()

@@ -1,10 +1,11 @@
 """Upgrade step: register the positions written before topics had a refs registry. Reads only.
 
-Offsets and cursors written by an offset store older than topic identity are in no topic's refs hash, so a
-later delete would leave them behind, and a re-created topic would start from them (the silent skip that
-topic identity removes). Once per Redis (the marker ``{P}:coordinator:refs-adopted``) the coordinator scans
-the offset and cursor keys, registers each in the refs of every topic it holds data of, and purges the
-topics that no longer exist, as their delete would have. The scan is ``O(keys)``; it runs at startup, before
+Offsets, cursors and subscription-registry entries written by an offset store older than topic identity
+are in no topic's refs hash, so a later delete would leave them behind, and a re-created topic would start
+from them (the silent skip that topic identity removes). Once per Redis (the marker
+``{P}:coordinator:refs-adopted``) the coordinator scans the offset and cursor keys and the registry,
+registers each in the refs of every topic it holds data of, and purges the topics that no longer exist, as
+their delete would have. The scan is ``O(keys)``; it runs at startup, before
 the coordinator serves, and never again.
 """
 
@@ -64,6 +65,12 @@ async def legacy_ops(redis: Redis, keys: Keys, live_topics: Collection[str]) -> 
         topic = keys.cursor_topic(key)
         if topic:
             refs[topic][key] = REF_KEY
+    # The registry of durable subscriptions: its ``topic/subscription`` fields are their topics' data.
+    for field in await redis.hkeys(keys.subscriptions()):
+        name = field.decode(errors="replace") if isinstance(field, bytes) else str(field)
+        topic, slash, _ = name.partition("/")
+        if slash and topic:
+            refs[topic][keys.subscriptions()] = REF_FIELDS
     ops = [
         RedisOp("HSET", keys.topic_refs(topic), key, how)
         for topic, entries in sorted(refs.items())
