@@ -26,7 +26,7 @@ from sluice.v1 import common_pb2 as sluice_dot_v1_dot_common__pb2
 from sluice.v1 import coordinator_pb2 as sluice_dot_v1_dot_coordinator__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csluice/v1/offset_store.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\x1a\x1bsluice/v1/coordinator.proto\"R\n\x0fPartitionOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05track\x18\x04 \x01(\t\"\xab\x01\n\x14\x43ommitOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x03 \x01(\x05\x12+\n\x07offsets\x18\x04 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\x12.\n\rmessage_model\x18\x05 \x01(\x0e\x32\x17.sluice.v1.MessageModel\"J\n\x15\x43ommitOffsetsResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .sluice.v1.PartitionOffsetResult\"j\n\x15PartitionOffsetResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"u\n\x13\x46\x65tchOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12-\n\npartitions\x18\x02 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\r\n\x05track\x18\x03 \x01(\t\x12\x11\n\tmember_id\x18\x04 \x01(\t\"C\n\x14\x46\x65tchOffsetsResponse\x12+\n\x07offsets\x18\x01 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\"\x89\x01\n\x13ResetOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x03(\x05\x12\"\n\x04spec\x18\x04 \x01(\x0e\x32\x14.sluice.v1.ResetSpec\x12\r\n\x05value\x18\x05 \x01(\x03\x12\r\n\x05track\x18\x06 \x01(\t\"C\n\x14ResetOffsetsResponse\x12+\n\x07offsets\x18\x01 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\"\xfd\x01\n\x06\x43ursor\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0csubscription\x18\x03 \x01(\t\x12\x13\n\x0bmark_delete\x18\x04 \x01(\x03\x12\x14\n\x0c\x61\x63ked_ranges\x18\x05 \x03(\x03\x12\x42\n\x11redelivery_counts\x18\x06 \x03(\x0b\x32\'.sluice.v1.Cursor.RedeliveryCountsEntry\x12\x13\n\x0bowner_epoch\x18\x07 \x01(\x03\x1a\x37\n\x15RedeliveryCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"8\n\x12SaveCursorsRequest\x12\"\n\x07\x63ursors\x18\x01 \x03(\x0b\x32\x11.sluice.v1.Cursor\"7\n\x13SaveCursorsResponse\x12 \n\x06\x65rrors\x18\x01 \x03(\x0b\x32\x10.sluice.v1.Error\"K\n\x11LoadCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0csubscription\x18\x03 \x01(\t\"F\n\x12LoadCursorResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12!\n\x06\x63ursor\x18\x02 \x01(\x0b\x32\x11.sluice.v1.Cursor*l\n\tResetSpec\x12\x15\n\x11RESET_SPEC_OFFSET\x10\x00\x12\x17\n\x13RESET_SPEC_EARLIEST\x10\x01\x12\x15\n\x11RESET_SPEC_LATEST\x10\x02\x12\x18\n\x14RESET_SPEC_TIMESTAMP\x10\x03\x32\x9c\x03\n\x0bOffsetStore\x12R\n\rCommitOffsets\x12\x1f.sluice.v1.CommitOffsetsRequest\x1a .sluice.v1.CommitOffsetsResponse\x12O\n\x0c\x46\x65tchOffsets\x12\x1e.sluice.v1.FetchOffsetsRequest\x1a\x1f.sluice.v1.FetchOffsetsResponse\x12O\n\x0cResetOffsets\x12\x1e.sluice.v1.ResetOffsetsRequest\x1a\x1f.sluice.v1.ResetOffsetsResponse\x12L\n\x0bSaveCursors\x12\x1d.sluice.v1.SaveCursorsRequest\x1a\x1e.sluice.v1.SaveCursorsResponse\x12I\n\nLoadCursor\x12\x1c.sluice.v1.LoadCursorRequest\x1a\x1d.sluice.v1.LoadCursorResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csluice/v1/offset_store.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\x1a\x1bsluice/v1/coordinator.proto\"R\n\x0fPartitionOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05track\x18\x04 \x01(\t\"\xab\x01\n\x14\x43ommitOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x03 \x01(\x05\x12+\n\x07offsets\x18\x04 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\x12.\n\rmessage_model\x18\x05 \x01(\x0e\x32\x17.sluice.v1.MessageModel\"J\n\x15\x43ommitOffsetsResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .sluice.v1.PartitionOffsetResult\"j\n\x15PartitionOffsetResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"u\n\x13\x46\x65tchOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12-\n\npartitions\x18\x02 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\r\n\x05track\x18\x03 \x01(\t\x12\x11\n\tmember_id\x18\x04 \x01(\t\"C\n\x14\x46\x65tchOffsetsResponse\x12+\n\x07offsets\x18\x01 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\"\x89\x01\n\x13ResetOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x03(\x05\x12\"\n\x04spec\x18\x04 \x01(\x0e\x32\x14.sluice.v1.ResetSpec\x12\r\n\x05value\x18\x05 \x01(\x03\x12\r\n\x05track\x18\x06 \x01(\t\"C\n\x14ResetOffsetsResponse\x12+\n\x07offsets\x18\x01 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\"\xb1\x02\n\x06\x43ursor\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0csubscription\x18\x03 \x01(\t\x12\x13\n\x0bmark_delete\x18\x04 \x01(\x03\x12\x14\n\x0c\x61\x63ked_ranges\x18\x05 \x03(\x03\x12\x42\n\x11redelivery_counts\x18\x06 \x03(\x0b\x32\'.sluice.v1.Cursor.RedeliveryCountsEntry\x12\x13\n\x0bowner_epoch\x18\x07 \x01(\x03\x12\x17\n\x0f\x64\x65livered_up_to\x18\x08 \x01(\x03\x12\x19\n\x11redelivery_ranges\x18\t \x03(\x03\x1a\x37\n\x15RedeliveryCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"8\n\x12SaveCursorsRequest\x12\"\n\x07\x63ursors\x18\x01 \x03(\x0b\x32\x11.sluice.v1.Cursor\"7\n\x13SaveCursorsResponse\x12 \n\x06\x65rrors\x18\x01 \x03(\x0b\x32\x10.sluice.v1.Error\"K\n\x11LoadCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0csubscription\x18\x03 \x01(\t\"F\n\x12LoadCursorResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12!\n\x06\x63ursor\x18\x02 \x01(\x0b\x32\x11.sluice.v1.Cursor*l\n\tResetSpec\x12\x15\n\x11RESET_SPEC_OFFSET\x10\x00\x12\x17\n\x13RESET_SPEC_EARLIEST\x10\x01\x12\x15\n\x11RESET_SPEC_LATEST\x10\x02\x12\x18\n\x14RESET_SPEC_TIMESTAMP\x10\x03\x32\x9c\x03\n\x0bOffsetStore\x12R\n\rCommitOffsets\x12\x1f.sluice.v1.CommitOffsetsRequest\x1a .sluice.v1.CommitOffsetsResponse\x12O\n\x0c\x46\x65tchOffsets\x12\x1e.sluice.v1.FetchOffsetsRequest\x1a\x1f.sluice.v1.FetchOffsetsResponse\x12O\n\x0cResetOffsets\x12\x1e.sluice.v1.ResetOffsetsRequest\x1a\x1f.sluice.v1.ResetOffsetsResponse\x12L\n\x0bSaveCursors\x12\x1d.sluice.v1.SaveCursorsRequest\x1a\x1e.sluice.v1.SaveCursorsResponse\x12I\n\nLoadCursor\x12\x1c.sluice.v1.LoadCursorRequest\x1a\x1d.sluice.v1.LoadCursorResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._loaded_options = None
   _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._serialized_options = b'8\001'
-  _globals['_RESETSPEC']._serialized_start=1455
-  _globals['_RESETSPEC']._serialized_end=1563
+  _globals['_RESETSPEC']._serialized_start=1507
+  _globals['_RESETSPEC']._serialized_end=1615
   _globals['_PARTITIONOFFSET']._serialized_start=96
   _globals['_PARTITIONOFFSET']._serialized_end=178
   _globals['_COMMITOFFSETSREQUEST']._serialized_start=181
@@ -54,17 +54,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESETOFFSETSRESPONSE']._serialized_start=866
   _globals['_RESETOFFSETSRESPONSE']._serialized_end=933
   _globals['_CURSOR']._serialized_start=936
-  _globals['_CURSOR']._serialized_end=1189
-  _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._serialized_start=1134
-  _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._serialized_end=1189
-  _globals['_SAVECURSORSREQUEST']._serialized_start=1191
-  _globals['_SAVECURSORSREQUEST']._serialized_end=1247
-  _globals['_SAVECURSORSRESPONSE']._serialized_start=1249
-  _globals['_SAVECURSORSRESPONSE']._serialized_end=1304
-  _globals['_LOADCURSORREQUEST']._serialized_start=1306
-  _globals['_LOADCURSORREQUEST']._serialized_end=1381
-  _globals['_LOADCURSORRESPONSE']._serialized_start=1383
-  _globals['_LOADCURSORRESPONSE']._serialized_end=1453
-  _globals['_OFFSETSTORE']._serialized_start=1566
-  _globals['_OFFSETSTORE']._serialized_end=1978
+  _globals['_CURSOR']._serialized_end=1241
+  _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._serialized_start=1186
+  _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._serialized_end=1241
+  _globals['_SAVECURSORSREQUEST']._serialized_start=1243
+  _globals['_SAVECURSORSREQUEST']._serialized_end=1299
+  _globals['_SAVECURSORSRESPONSE']._serialized_start=1301
+  _globals['_SAVECURSORSRESPONSE']._serialized_end=1356
+  _globals['_LOADCURSORREQUEST']._serialized_start=1358
+  _globals['_LOADCURSORREQUEST']._serialized_end=1433
+  _globals['_LOADCURSORRESPONSE']._serialized_start=1435
+  _globals['_LOADCURSORRESPONSE']._serialized_end=1505
+  _globals['_OFFSETSTORE']._serialized_start=1618
+  _globals['_OFFSETSTORE']._serialized_end=2030
 # @@protoc_insertion_point(module_scope)
