@@ -62,7 +62,12 @@ class CursorStore:
             )
         return self._stub_for(self.address)
 
-    async def load(self, topic: str, subscription: str, partition: int) -> PartitionCursor | None:
+    async def load(
+        self, topic: str, subscription: str, partition: int, log_end: int | None = None
+    ) -> PartitionCursor | None:
+        """The persisted cursor, or None. ``log_end``: the partition's log end now; the previous
+        owner cannot have delivered anything at or above it, so the recovery window stops there
+        (records produced after its mark was written are not counted)."""
         try:
             resp = await self._stub().LoadCursor(
                 offset_store_pb2.LoadCursorRequest(
@@ -83,7 +88,8 @@ class CursorStore:
             count_ranges=c.redelivery_ranges,
             persisted=True,
         )
-        counted = cursor.recover(c.delivered_up_to)
+        mark = c.delivered_up_to if log_end is None else min(c.delivered_up_to, log_end)
+        counted = cursor.recover(mark)
         if counted:
             log.info(
                 "cursor %s/%s/%d: %d unacknowledged messages below the persisted delivered mark %d may "

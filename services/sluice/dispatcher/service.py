@@ -227,7 +227,11 @@ class DispatcherService:
         """Read the durable cursors (or resolve the initial position) and start the feeds."""
         cursors: dict[int, PartitionCursor] = {}
         if rt.durable:
-            loaded = await asyncio.gather(*(self.store.load(rt.topic, rt.name, p) for p in partitions))
+            # Crash counts stop at today's log end (CursorStore.load).
+            ends = await self._list_offsets(rt.topic, partitions, -1)
+            loaded = await asyncio.gather(
+                *(self.store.load(rt.topic, rt.name, p, ends[p]) for p in partitions)
+            )
             cursors = {p: c for p, c in zip(partitions, loaded, strict=True) if c is not None}
         missing = [p for p in partitions if p not in cursors]
         if missing:
