@@ -162,7 +162,7 @@ class CountRanges:
     def __init__(self, flat: Iterable[int] = ()) -> None:
         t = array("q", flat)
         if len(t) % 3:
-            raise ValueError("redelivery ranges need [start, end, count] triples")
+            raise ValueError(f"redelivery ranges need [start, end, count] triples, got {len(t)} values")
         for i in range(0, len(t), 3):
             if t[i] >= t[i + 1] or t[i + 2] < 1 or (i and t[i] < t[i - 2]):
                 raise ValueError(f"redelivery range {i // 3} [{t[i]}, {t[i + 1]}) x{t[i + 2]} is invalid")
