@@ -445,6 +445,8 @@ class DispatcherService:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._flush_wanted.wait(), interval)
+            if self._flush_wanted.is_set():
+                self.metrics.cursor_flushes_early.inc()
             self._flush_wanted.clear()
             try:
                 ok = await self.flush_cursors()
