@@ -36,13 +36,14 @@ SHARED_BATCH = 50
 
 def _rotated(sub: Subscription) -> list[PartitionState]:
     """Partitions with work, starting after the one served last (``Subscription.deliver`` records it)."""
-    parts = []
-    for ps in sub.partitions.values():
-        if ps.has_work():
-            parts.append(ps)
-        elif ps.pending and any(c.capacity() for c in sub.consumers.values()):
-            # Everything read is beyond the persisted delivered-up-to mark: ask for a flush.
-            ps.cursor.stall(ps.pending[0].offset)
+    parts = [ps for ps in sub.partitions.values() if ps.replay or ps.pending]
+    gated = [ps for ps in parts if not ps.has_work()]
+    if gated:
+        # Everything these read is beyond the persisted delivered-up-to mark: ask for a flush.
+        if any(c.capacity() for c in sub.consumers.values()):
+            for ps in gated:
+                ps.cursor.stall(ps.pending[0].offset)
+        parts = [ps for ps in parts if ps not in gated]
     if len(parts) > 1:
         parts.sort(key=lambda ps: ps.partition)
         last = sub.partition_rr

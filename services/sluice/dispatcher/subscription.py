@@ -611,7 +611,8 @@ class Subscription:
     def deliver(self, c: Consumer, ps: PartitionState, msgs: list[Message], now_ms: int) -> None:
         """Hand ``msgs`` (taken from ``ps``) to ``c``. Caller: ``selectors``."""
         cursor = ps.cursor
-        counts = cursor.counts_of([m.offset for m in msgs]) if cursor.has_counts else None
+        offsets = [m.offset for m in msgs]
+        counts = cursor.counts_of(offsets) if cursor.has_counts else None
         limit = c.spec.max_redeliver
         if counts is not None and limit and max(counts) > limit:
             # Read again after a restart with a count already past the limit: straight to the DLQ.
@@ -626,12 +627,12 @@ class Subscription:
             msgs, counts = keep, kept_counts
             if not msgs:
                 return
+            offsets = [m.offset for m in msgs]
         p = ps.partition
         self.partition_rr = p
         cinf = c.inflight.get(p)
         if cinf is None:
             cinf = c.inflight[p] = {}
-        offsets = [m.offset for m in msgs]
         cinf.update(zip(offsets, msgs, strict=True))
         ps.inflight.update(zip(offsets, repeat(c)))
         d = self.fx.delivery(c.consumer_id)
