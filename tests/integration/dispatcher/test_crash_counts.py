@@ -48,6 +48,7 @@ def test_kill_9_counts_every_message_delivered_and_not_acked(cluster: Cluster) -
 
     # A second crash counts them once more; acked ones are gone for good.
     c.ack([(0, o) for o in range(50)])
+    wait_until(lambda: cluster.describe("crash", "s").consumers[0].unacked == 60, what="acks applied")
     cluster.wait_flushed("crash", "s")
     crash(cluster)
     c = cluster.consumer("crash", "s", **sub)
@@ -89,6 +90,25 @@ def test_a_message_that_crashes_everything_reaches_the_dlq(cluster: Cluster) -> 
     assert c.quiet(1.0) == [], "not delivered a fifth time"
     wait_until(lambda: _dlq_values(cluster, "poison.s.DLQ") == [b"poison"], what="the DLQ record")
     wait_until(lambda: cluster.describe("poison", "s").summary.backlog == 0, what="dead letter acked")
+
+
+def test_counts_raised_by_nack_and_ack_timeout_survive_a_kill_at_once(cluster: Cluster) -> None:
+    """A redelivery goes out only once its raised count is persisted: killed right after it, the
+    message comes back with that count plus one, never with the count of the last regular flush."""
+    cluster.create_topic("raised")
+    cluster.produce("raised", 0, [b"nacked", b"timed-out"])
+    sub = dict(type=SHARED, initial_position=EARLIEST, durable=True, nack_delay_ms=1, ack_timeout_ms=400)
+    c = cluster.consumer("raised", "s", **sub)
+    c.flow(10)
+    assert [(m.id.offset, m.redelivery_count) for m in c.receive(2)] == [(0, 0), (1, 0)]
+    c.nack([(0, 0)])  # offset 1 is left to its ack timeout
+    got = {m.id.offset: m.redelivery_count for m in c.receive(2, timeout=10)}
+    assert got == {0: 1, 1: 1}
+    crash(cluster)
+    c = cluster.consumer("raised", "s", **sub)
+    c.flow(10)
+    again = {m.id.offset: m.redelivery_count for m in c.receive(2)}
+    assert again == {0: 2, 1: 2}
 
 
 def crash(cluster: Cluster) -> None:
