@@ -97,7 +97,9 @@ def test_counts_raised_by_nack_and_ack_timeout_survive_a_kill_at_once(cluster: C
     message comes back with that count plus one, never with the count of the last regular flush."""
     cluster.create_topic("raised")
     cluster.produce("raised", 0, [b"nacked", b"timed-out"])
-    sub = dict(type=SHARED, initial_position=EARLIEST, durable=True, nack_delay_ms=1, ack_timeout_ms=400)
+    # The ack timeout must not fire a second time between the redelivery and the kill (that would
+    # rightly raise the count once more): 2 s leaves a busy CI machine room, 400 ms did not.
+    sub = dict(type=SHARED, initial_position=EARLIEST, durable=True, nack_delay_ms=1, ack_timeout_ms=2000)
     c = cluster.consumer("raised", "s", **sub)
     c.flow(10)
     assert [(m.id.offset, m.redelivery_count) for m in c.receive(2)] == [(0, 0), (1, 0)]
