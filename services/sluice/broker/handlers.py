@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from sluice.broker.context import RequestContext
 from sluice.broker.fetch import PartitionRead, PartitionSpec
-from sluice.broker.flusher import FlushPolicy
 from sluice.broker.follow import ContinuousFetch
 from sluice.broker.requests import FetchOutcome, FetchParams, FollowFrom, ProduceItem, ProduceResult
 from sluice.broker.service import BrokerService
@@ -112,7 +111,7 @@ class RequestHandlers:
     @property
     def answers_wait_for_fsync(self) -> bool:
         """True under flush=always: answers then wait for the group commit."""
-        return self.service.flusher.policy is FlushPolicy.ALWAYS
+        return self.service.answers_wait_for_fsync
 
     def append(self, request: broker_pb2.ProduceRequest, ctx: RequestContext) -> AppendedProduce:
         """Append at once (arrival order is append order); the answer may wait for an fsync."""

@@ -1,7 +1,8 @@
 """The broker core's request and answer types: domain objects, no protobuf.
 
 The transport adapters (``handlers``, used by the gRPC servicer and the wire connections)
-translate protobuf to these and back; the core (``service``) takes and returns only these.
+translate protobuf to these and back; the core (``service``) takes and returns only these,
+and checks them (``check_continuous`` here, the rest in ``service`` and ``fetch``).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sluice.broker.context import RequestContext
 from sluice.broker.fetch import FetchLimits, PartitionRead, PartitionSpec, TopicPartitionKey
-from sluice.errors import SluiceError
+from sluice.errors import InvalidRequest, SluiceError
 
 __all__ = [
     "CONSUMER_REPLICA_ID",
@@ -21,6 +23,7 @@ __all__ = [
     "OffsetQuery",
     "ProduceItem",
     "ProduceResult",
+    "check_continuous",
 ]
 
 #: ``FetchParams.replica_id`` of a consumer's fetch (Kafka's ``-1``). A follower broker's fetch
@@ -93,3 +96,20 @@ class OffsetAnswer:
     error: SluiceError | None = None
     offset: int = -1
     timestamp: int = -1
+
+
+def check_continuous(params: FetchParams, ctx: RequestContext) -> None:
+    """Refuse a ``continuous`` fetch where it cannot be served: on a transport that answers
+    once per request (gRPC), or with a fetch session (the broker advances the offsets itself)."""
+    if not params.continuous:
+        return
+    if not ctx.transport.follows:
+        raise InvalidRequest(
+            "FetchRequest.continuous exists only on the wire protocol (docs/wire.md); "
+            "over gRPC, send the next fetch after each answer"
+        )
+    if params.session_epoch != -1:
+        raise InvalidRequest("a continuous fetch is sessionless: set session_epoch to -1")
+    if params.max_wait_ms <= 0:
+        # It would answer again at once, forever: a busy loop on both sides.
+        raise InvalidRequest("a continuous fetch needs max_wait_ms > 0")

@@ -48,6 +48,7 @@ from sluice.broker.requests import (
     OffsetQuery,
     ProduceItem,
     ProduceResult,
+    check_continuous,
 )
 from sluice.broker.sessions import FetchSessionCache
 from sluice.errors import (
@@ -294,7 +295,7 @@ class BrokerService:
         A continuous fetch's outcome says how to follow it (``outcome.follow``); the transport
         calls :meth:`follow` once it has sent this first answer.
         """
-        _check_continuous(params, ctx)
+        check_continuous(params, ctx)
         self._check_running()
         limits = validate_limits(params.max_wait_ms, params.min_bytes, params.max_bytes, self.caps)
         if params.replica_id != CONSUMER_REPLICA_ID:
@@ -446,6 +447,11 @@ class BrokerService:
             )
 
     @property
+    def answers_wait_for_fsync(self) -> bool:
+        """Acknowledged produces wait for the group commit (flush=always)."""
+        return self.flusher.policy is FlushPolicy.ALWAYS
+
+    @property
     def metadata_version(self) -> int:
         return self.registry.metadata_version
 
@@ -480,20 +486,3 @@ class BrokerService:
             except Exception:
                 continue
         return out
-
-
-def _check_continuous(params: FetchParams, ctx: RequestContext) -> None:
-    """Refuse a ``continuous`` fetch where it cannot be served: on a transport that answers
-    once per request (gRPC), or with a fetch session (the broker advances the offsets itself)."""
-    if not params.continuous:
-        return
-    if not ctx.transport.follows:
-        raise InvalidRequest(
-            "FetchRequest.continuous exists only on the wire protocol (docs/wire.md); "
-            "over gRPC, send the next fetch after each answer"
-        )
-    if params.session_epoch != -1:
-        raise InvalidRequest("a continuous fetch is sessionless: set session_epoch to -1")
-    if params.max_wait_ms <= 0:
-        # It would answer again at once, forever: a busy loop on both sides.
-        raise InvalidRequest("a continuous fetch needs max_wait_ms > 0")
