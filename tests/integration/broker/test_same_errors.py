@@ -10,6 +10,7 @@ can accept, refuse or word a request differently.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -43,7 +44,7 @@ def wire(broker: Broker) -> Iterator[RawWire]:
     conn.close()
 
 
-def _unary(call: grpc.UnaryUnaryMultiCallable, request: object) -> Errors:
+def _unary(call: grpc.UnaryUnaryMultiCallable[Any, Any], request: object) -> Errors:
     """A request-level error is the call's status (the interceptor's mapping of the same error)."""
     try:
         answer = call(request, timeout=10)
