@@ -1,4 +1,8 @@
-"""Produce and Fetch as protobuf in, protobuf out, counted per message.
+"""The broker's transport adapter half both transports share: protobuf <-> core, counted per message.
+
+Translation only: a request becomes the core's domain call (``sluice.broker.service``) with the
+caller's ``RequestContext``, and the outcome becomes the answer. Validation, authorization and
+errors are the core's; nothing here inspects a request's fields beyond copying them.
 
 Shared by the transports that carry many requests per connection: the Broker gRPC streams
 (``servicer``) and the wire protocol (``wire_server``). Each request's outcome, error
@@ -9,12 +13,15 @@ unary gRPC methods use the converters only: their metrics come from the intercep
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from sluice.broker.context import RequestContext
 from sluice.broker.fetch import PartitionRead, PartitionSpec
-from sluice.broker.flusher import FlushPolicy
-from sluice.broker.service import BrokerService, FetchOutcome, FetchParams, ProduceItem, ProduceResult
-from sluice.errors import InvalidRequest, SluiceError
+from sluice.broker.follow import ContinuousFetch
+from sluice.broker.requests import FetchOutcome, FetchParams, FollowFrom, ProduceItem, ProduceResult
+from sluice.broker.service import BrokerService
+from sluice.errors import SluiceError
 from sluice.server.metrics import MethodRecorder
 from sluice.v1 import broker_pb2, common_pb2
 
@@ -35,6 +42,7 @@ def fetch_params_from_proto(req: broker_pb2.FetchRequest) -> FetchParams:
         session_id=req.session_id,
         session_epoch=req.session_epoch,
         forgotten=[(tp.topic, tp.partition) for tp in req.forgotten],
+        continuous=req.continuous,
     )
 
 
@@ -57,23 +65,6 @@ def fetch_response_to_proto(outcome: FetchOutcome, request_id: int) -> broker_pb
         partitions=[_partition_response(p) for p in outcome.partitions],
         request_id=request_id,
     )
-
-
-def check_continuous(request: broker_pb2.FetchRequest, continuous_ok: bool) -> None:
-    """Refuse a ``continuous`` fetch where it cannot be served: over gRPC (one answer per request
-    there), or with a fetch session (the broker advances the offsets itself)."""
-    if not request.continuous:
-        return
-    if not continuous_ok:
-        raise InvalidRequest(
-            "FetchRequest.continuous exists only on the wire protocol (docs/wire.md); "
-            "over gRPC, send the next fetch after each answer"
-        )
-    if request.session_epoch != -1:
-        raise InvalidRequest("a continuous fetch is sessionless: set session_epoch to -1")
-    if request.max_wait_ms <= 0:
-        # It would answer again at once, forever: a busy loop on both sides.
-        raise InvalidRequest("a continuous fetch needs max_wait_ms > 0")
 
 
 def produce_items(request: broker_pb2.ProduceRequest) -> list[ProduceItem]:
@@ -120,13 +111,15 @@ class RequestHandlers:
     @property
     def answers_wait_for_fsync(self) -> bool:
         """True under flush=always: answers then wait for the group commit."""
-        return self.service.flusher.policy is FlushPolicy.ALWAYS
+        return self.service.answers_wait_for_fsync
 
-    def append(self, request: broker_pb2.ProduceRequest) -> AppendedProduce:
+    def append(self, request: broker_pb2.ProduceRequest, ctx: RequestContext) -> AppendedProduce:
         """Append at once (arrival order is append order); the answer may wait for an fsync."""
         started = time.perf_counter()
         try:
-            results, durable = self.service.append(request.acks, request.timeout_ms, produce_items(request))
+            results, durable = self.service.append(
+                request.acks, request.timeout_ms, produce_items(request), ctx
+            )
         except SluiceError as err:
             return AppendedProduce(request.request_id, request.timeout_ms, started, [], False, err)
         return AppendedProduce(request.request_id, request.timeout_ms, started, results, durable, None)
@@ -143,15 +136,32 @@ class RequestHandlers:
         return produce_response_to_proto(item.results, item.request_id)
 
     async def fetch(
-        self, request: broker_pb2.FetchRequest, continuous_ok: bool = False
-    ) -> broker_pb2.FetchResponse:
-        """``continuous_ok``: the transport can follow a continuous fetch (the wire protocol)."""
+        self, request: broker_pb2.FetchRequest, ctx: RequestContext
+    ) -> tuple[broker_pb2.FetchResponse, FollowFrom | None]:
+        """The answer, and how to follow it when it answers a continuous fetch without error."""
         started = time.perf_counter()
         try:
-            check_continuous(request, continuous_ok)
-            outcome = await self.service.fetch(fetch_params_from_proto(request))
+            outcome = await self.service.fetch(fetch_params_from_proto(request), ctx)
         except SluiceError as err:
             self.fetch_metrics.record(err.code_name, started)
-            return broker_pb2.FetchResponse(error=err.to_proto(), request_id=request.request_id)
+            return broker_pb2.FetchResponse(error=err.to_proto(), request_id=request.request_id), None
         self.fetch_metrics.record("OK", started)
-        return fetch_response_to_proto(outcome, request.request_id)
+        return fetch_response_to_proto(outcome, request.request_id), outcome.follow
+
+    def follow(
+        self,
+        plan: FollowFrom,
+        request_id: int,
+        ctx: RequestContext,
+        send: Callable[[bytes], None],
+        writable: Callable[[], bool],
+    ) -> ContinuousFetch:
+        """Follow a continuous fetch; each round is one serialized answer to ``send``, counted
+        as one Fetch, as each answer of a served fetch is."""
+        record = self.fetch_metrics.record
+
+        def deliver(outcome: FetchOutcome, started: float) -> None:
+            record("OK" if outcome.error is None else outcome.error.code_name, started)
+            send(fetch_response_to_proto(outcome, request_id).SerializeToString())
+
+        return self.service.follow(plan, ctx, deliver, writable)

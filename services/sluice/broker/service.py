@@ -1,22 +1,28 @@
-"""The broker's service layer: routing, validation, typed errors, acks, long-poll, sessions.
+"""The broker core: the one implementation of every operation the broker serves.
 
-Caller: the gRPC servicer (with domain objects) and the coordinator link (partition
-updates). It owns no protobuf; the pure parts it drives are ``fetch``, ``filtering``,
-``sessions`` and ``assignment``.
+Produce, Fetch (long-poll and continuous), ListOffsets and UpdatePartitions each have one
+method here that validates the request, asks the authorizer (``sluice.broker.context``),
+executes and reports failures as typed ``SluiceError`` (per partition where the answer is
+per partition). Callers: the transport adapters (``handlers`` for the gRPC servicer and the
+wire connections, which translate protobuf and frames and do nothing else) and the
+coordinator link (partition updates). It owns no protobuf; the pure parts it drives are
+``fetch``, ``filtering``, ``sessions``, ``assignment`` and the one parked-read mechanism
+(``longpoll``). The map: ``docs/architecture.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
 from sluice.broker.config import BrokerConfig
+from sluice.broker.context import ANONYMOUS, GRPC, AllowAll, Authorizer, Operation, RequestContext
 from sluice.broker.fetch import (
     FetchLimits,
     FetchRead,
@@ -28,10 +34,22 @@ from sluice.broker.fetch import (
     validate_limits,
 )
 from sluice.broker.flusher import Flusher, FlushPolicy
+from sluice.broker.follow import ContinuousFetch, Deliver
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
-from sluice.broker.longpoll import AppendWaiters, Waiter
+from sluice.broker.longpoll import AppendWaiters, ParkedRead
 from sluice.broker.metrics import BrokerMetrics, broker_metrics
+from sluice.broker.requests import (
+    CONSUMER_REPLICA_ID,
+    FetchOutcome,
+    FetchParams,
+    FollowFrom,
+    OffsetAnswer,
+    OffsetQuery,
+    ProduceItem,
+    ProduceResult,
+    check_continuous,
+)
 from sluice.broker.sessions import FetchSessionCache
 from sluice.errors import (
     BrokerNotAvailable,
@@ -57,61 +75,20 @@ DRAIN_TIMEOUT_S = 10.0
 EARLIEST = -2
 LATEST = -1
 
+#: What a caller that names no context is: an in-process caller (tests, tools) seen as an
+#: anonymous gRPC client, which is what the servicer passes today.
+DEFAULT_CONTEXT = RequestContext(ANONYMOUS, GRPC)
 
-# ---- domain objects -----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceItem:
-    topic: str
-    partition: int
-    records: bytes
-
-
-@dataclass(slots=True)
-class ProduceResult:
-    topic: str
-    partition: int
-    error: SluiceError | None = None
-    base_offset: int = -1
-    append_time_ms: int = -1
-    log_start_offset: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class FetchParams:
-    max_wait_ms: int
-    min_bytes: int
-    max_bytes: int
-    partitions: Sequence[PartitionSpec]
-    session_id: int = 0
-    session_epoch: int = -1
-    forgotten: Sequence[TopicPartitionKey] = ()
-
-
-@dataclass(slots=True)
-class FetchOutcome:
-    session_id: int
-    partitions: list[PartitionRead] = field(default_factory=list)
-    #: A request-level error (fetch session problems); partitions is then empty.
-    error: SluiceError | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetQuery:
-    topic: str
-    partition: int
-    #: -2 earliest, -1 latest, >= 0 a timestamp in ms.
-    timestamp: int
-
-
-@dataclass(slots=True)
-class OffsetAnswer:
-    topic: str
-    partition: int
-    error: SluiceError | None = None
-    offset: int = -1
-    timestamp: int = -1
+__all__ = [
+    "DEFAULT_CONTEXT",
+    "BrokerService",
+    "FetchOutcome",
+    "FetchParams",
+    "OffsetAnswer",
+    "OffsetQuery",
+    "ProduceItem",
+    "ProduceResult",
+]
 
 
 class _Inflight:
@@ -143,12 +120,15 @@ class BrokerService:
         logs: LogManager,
         metrics: BrokerMetrics | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.monotonic() * 1000),
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.config = config
         self.logs = logs
         self.caps = config.fetch_caps()
         self.metrics = metrics or broker_metrics()
         self._clock_ms = clock_ms
+        # The authorization seam (docs/architecture.md): one call site per operation, below.
+        self._authorize = (authorizer or AllowAll()).authorize
         self.waiters = AppendWaiters()
         self.flusher = Flusher(
             config.flush_policy, config.flush_interval.total_seconds(), self.metrics.fsync_round
@@ -222,15 +202,25 @@ class BrokerService:
 
     # ---- Produce -------------------------------------------------------------------
 
-    async def produce(self, acks: int, timeout_ms: int, items: Sequence[ProduceItem]) -> list[ProduceResult]:
+    async def produce(
+        self,
+        acks: int,
+        timeout_ms: int,
+        items: Sequence[ProduceItem],
+        ctx: RequestContext = DEFAULT_CONTEXT,
+    ) -> list[ProduceResult]:
         """Append each partition's batches; per-partition results, in request order."""
-        results, durable = self.append(acks, timeout_ms, items)
+        results, durable = self.append(acks, timeout_ms, items, ctx)
         if durable:
             await self.wait_durable(results, timeout_ms)
         return results
 
     def append(
-        self, acks: int, timeout_ms: int, items: Sequence[ProduceItem]
+        self,
+        acks: int,
+        timeout_ms: int,
+        items: Sequence[ProduceItem],
+        ctx: RequestContext = DEFAULT_CONTEXT,
     ) -> tuple[list[ProduceResult], bool]:
         """The synchronous half of a produce: validate and append, in the caller's order.
 
@@ -245,7 +235,7 @@ class BrokerService:
             raise InvalidArgument(f"acks must be 0 or 1 (-1 means the same as 1), got {acks}")
         if not 0 <= timeout_ms <= MAX_PRODUCE_TIMEOUT_MS:
             raise InvalidArgument(f"timeout_ms must be in [0, {MAX_PRODUCE_TIMEOUT_MS}], got {timeout_ms}")
-        results = [self._append(item) for item in items]
+        results = [self._append(item, ctx) for item in items]
         if acks == 0:
             self.flusher.kick()
             return results, False
@@ -257,9 +247,10 @@ class BrokerService:
         with self._inflight.track():
             await self._wait_durable(results, timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS)
 
-    def _append(self, item: ProduceItem) -> ProduceResult:
+    def _append(self, item: ProduceItem, ctx: RequestContext) -> ProduceResult:
         topic, partition = item.topic, item.partition
         try:
+            self._authorize(ctx, Operation.WRITE, topic)
             plog = self.registry.lookup(topic, partition)
             if not item.records:
                 raise CorruptBatch(f"no record batches for {topic}/{partition}")
@@ -298,13 +289,23 @@ class BrokerService:
 
     # ---- Fetch ---------------------------------------------------------------------
 
-    async def fetch(self, params: FetchParams) -> FetchOutcome:
-        """Kafka fetch: answer now if possible, else park until appends or max_wait."""
+    async def fetch(self, params: FetchParams, ctx: RequestContext = DEFAULT_CONTEXT) -> FetchOutcome:
+        """Kafka fetch: answer now if possible, else park until appends or max_wait.
+
+        A continuous fetch's outcome says how to follow it (``outcome.follow``); the transport
+        calls :meth:`follow` once it has sent this first answer.
+        """
+        check_continuous(params, ctx)
         self._check_running()
         limits = validate_limits(params.max_wait_ms, params.min_bytes, params.max_bytes, self.caps)
+        if params.replica_id != CONSUMER_REPLICA_ID:
+            # The replication seam (docs/architecture.md): a follower's fetch is this Fetch with
+            # its replica id; it will read up to the log end rather than the high watermark and
+            # report its position to the partition's leader state here. Nothing sends one yet.
+            raise InvalidRequest(f"replica fetches are not served yet (replica_id {params.replica_id})")
         with self._inflight.track():
             try:
-                ctx = self.sessions.context(
+                session = self.sessions.context(
                     params.session_id,
                     params.session_epoch,
                     params.partitions,
@@ -315,15 +316,35 @@ class BrokerService:
                 return FetchOutcome(params.session_id, [], err)
             finally:
                 self.metrics.fetch_sessions.set(len(self.sessions))
-            read = self.begin_read(ctx.specs, limits)
+            read = self.begin_read(session.specs, limits, ctx)
             if not read.ready():
                 await self._park(read, limits.max_wait_ms)
-            return FetchOutcome(ctx.session_id, ctx.select(self.finish_read(read)))
+            parts = session.select(self.finish_read(read))
+            follow = None
+            if params.continuous and not any(part.error is not None for part in parts):
+                specs = [dataclasses.replace(part.spec, fetch_offset=part.position) for part in parts]
+                follow = FollowFrom(specs, limits)
+            return FetchOutcome(session.session_id, parts, follow=follow)
 
-    def begin_read(self, specs: Iterable[PartitionSpec], limits: FetchLimits) -> FetchRead:
+    def follow(
+        self,
+        plan: FollowFrom,
+        ctx: RequestContext,
+        deliver: Deliver,
+        writable: Callable[[], bool],
+    ) -> ContinuousFetch:
+        """Go on with a continuous fetch from its first answer (``fetch(...).follow``): each
+        round's outcome goes to ``deliver`` until it fails or the caller stops it."""
+        following = ContinuousFetch(self, plan, ctx, deliver, writable)
+        following.start()
+        return following
+
+    def begin_read(
+        self, specs: Iterable[PartitionSpec], limits: FetchLimits, ctx: RequestContext = DEFAULT_CONTEXT
+    ) -> FetchRead:
         """Route ``specs`` and read what is there now. Raises BrokerNotAvailable when stopping."""
         self._check_running()
-        read = new_read((self._route(spec) for spec in specs), limits, self.caps)
+        read = new_read((self._route(spec, ctx) for spec in specs), limits, self.caps)
         read.read()
         return read
 
@@ -344,7 +365,17 @@ class BrokerService:
                 self.metrics.fetched(part.key[0], part.batches)
         return parts
 
-    def _route(self, spec: PartitionSpec) -> tuple[PartitionSpec, ReadableLog | None, SluiceError | None]:
+    def parked_read(self, on_ready: Callable[[], None]) -> ParkedRead:
+        """The one parked-read mechanism (``longpoll``), for a long-poll or a follow."""
+        return ParkedRead(self.waiters, self.read_again, self.metrics.fetch_parked, on_ready)
+
+    def _route(
+        self, spec: PartitionSpec, ctx: RequestContext
+    ) -> tuple[PartitionSpec, ReadableLog | None, SluiceError | None]:
+        try:
+            self._authorize(ctx, Operation.READ, spec.topic)
+        except SluiceError as err:
+            return spec, None, err
         plog = self.registry.served.get(spec.key)
         if plog is None:
             return spec, None, self.registry.not_served_error(spec.topic, spec.partition)
@@ -352,41 +383,30 @@ class BrokerService:
 
     async def _park(self, read: FetchRead, max_wait_ms: int) -> None:
         """Wait for appends on the request's partitions until it is ready or max_wait passes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max_wait_ms / 1000
-        waiter = Waiter()
-        keys = read.waiting_keys()
-        self.waiters.watch(waiter, keys)
-        self.metrics.fetch_parked.inc()
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def on_ready() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        parked = self.parked_read(on_ready)
+        parked.park(read, max_wait_ms)
         try:
-            while not self._stopping:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    return
-                try:
-                    async with asyncio.timeout(remaining):
-                        await waiter.event.wait()
-                except TimeoutError:
-                    return
-                self.read_again(read, waiter.take_dirty())
-                if read.ready():
-                    return
-                new_keys = read.waiting_keys()
-                if new_keys != keys:
-                    keys = new_keys
-                    self.waiters.watch(waiter, keys)
+            await ready
         finally:
-            self.waiters.unwatch(waiter)
-            self.metrics.fetch_parked.dec()
+            parked.close()
 
     # ---- ListOffsets -----------------------------------------------------------------
 
-    def list_offsets(self, queries: Iterable[OffsetQuery]) -> list[OffsetAnswer]:
+    def list_offsets(
+        self, queries: Iterable[OffsetQuery], ctx: RequestContext = DEFAULT_CONTEXT
+    ) -> list[OffsetAnswer]:
         self._check_running()
-        return [self._list_offset(q) for q in queries]
+        return [self._list_offset(q, ctx) for q in queries]
 
-    def _list_offset(self, q: OffsetQuery) -> OffsetAnswer:
+    def _list_offset(self, q: OffsetQuery, ctx: RequestContext) -> OffsetAnswer:
         try:
+            self._authorize(ctx, Operation.DESCRIBE, q.topic)
             plog = self.registry.lookup(q.topic, q.partition)
             if q.timestamp == EARLIEST:
                 return OffsetAnswer(q.topic, q.partition, None, plog.log_start_offset)
@@ -407,9 +427,12 @@ class BrokerService:
 
     # ---- UpdatePartitions ------------------------------------------------------------
 
-    async def update_partitions(self, update: AssignmentUpdate) -> None:
+    async def update_partitions(
+        self, update: AssignmentUpdate, ctx: RequestContext = DEFAULT_CONTEXT
+    ) -> None:
         """Apply a partition update (from the RPC or a heartbeat response)."""
         self._check_running()
+        self._authorize(ctx, Operation.CLUSTER_ACTION, "")
         # Under io_lock: no fsync runs while logs are deleted or closed.
         async with self.flusher.io_lock:
             self._check_running()  # stop() may have begun while we waited for the lock
@@ -422,6 +445,11 @@ class BrokerService:
                 len(plan.create) + len(plan.replace),
                 len(plan.delete),
             )
+
+    @property
+    def answers_wait_for_fsync(self) -> bool:
+        """Acknowledged produces wait for the group commit (flush=always)."""
+        return self.flusher.policy is FlushPolicy.ALWAYS
 
     @property
     def metadata_version(self) -> int:

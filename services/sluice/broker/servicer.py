@@ -1,8 +1,9 @@
-"""The Broker gRPC servicer: protobuf <-> domain objects, and nothing else.
+"""The Broker gRPC servicer: a transport adapter, protobuf <-> core calls, and nothing else.
 
-Routing, validation and errors are the service's (``sluice.broker.service``); a raised
-``SluiceError`` becomes a gRPC status in the shared interceptor. The ``*_from_proto``
-converters are also used by the coordinator link for heartbeat-carried updates.
+Routing, validation, authorization and errors are the core's (``sluice.broker.service``); a
+raised ``SluiceError`` becomes a gRPC status in the shared interceptor. Every call passes the
+caller's ``RequestContext`` (:meth:`BrokerServicer.context`, the authentication seam). The
+``*_from_proto`` converters are also used by the coordinator link for heartbeat-carried updates.
 """
 
 from __future__ import annotations
@@ -11,17 +12,18 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment, TopicOverrides
+from sluice.broker.context import ANONYMOUS, GRPC, RequestContext
 from sluice.broker.handlers import (
     AppendedProduce,
     RequestHandlers,
-    check_continuous,
     error_to_proto,
     fetch_params_from_proto,
     fetch_response_to_proto,
     produce_items,
     produce_response_to_proto,
 )
-from sluice.broker.service import BrokerService, OffsetQuery
+from sluice.broker.requests import OffsetQuery
+from sluice.broker.service import BrokerService
 from sluice.server.wire import MAX_BACKLOG
 from sluice.v1 import broker_pb2, broker_pb2_grpc
 
@@ -49,20 +51,30 @@ def update_from_proto(req: broker_pb2.UpdatePartitionsRequest) -> AssignmentUpda
     )
 
 
+#: Every gRPC caller today (the interceptor authenticates but names no principal yet).
+_ANONYMOUS_GRPC = RequestContext(ANONYMOUS, GRPC)
+
+
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     def __init__(self, service: BrokerService, handlers: RequestHandlers | None = None) -> None:
         self.service = service
         self.handlers = handlers or RequestHandlers(service)
 
+    def context(self, context: object) -> RequestContext:
+        """The caller of one call or stream. The authentication seam (``docs/architecture.md``):
+        the security issue reads the principal its interceptor attached to ``context`` here."""
+        return _ANONYMOUS_GRPC
+
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: object
     ) -> broker_pb2.ProduceResponse:
-        results = await self.service.produce(request.acks, request.timeout_ms, produce_items(request))
+        results = await self.service.produce(
+            request.acks, request.timeout_ms, produce_items(request), self.context(context)
+        )
         return produce_response_to_proto(results, request.request_id)
 
     async def Fetch(self, request: broker_pb2.FetchRequest, context: object) -> broker_pb2.FetchResponse:
-        check_continuous(request, continuous_ok=False)
-        outcome = await self.service.fetch(fetch_params_from_proto(request))
+        outcome = await self.service.fetch(fetch_params_from_proto(request), self.context(context))
         return fetch_response_to_proto(outcome, request.request_id)
 
     async def ProduceStream(
@@ -71,17 +83,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         """Appends each request as soon as it is read (stream order is append order) and answers
         in that order, once each is durable when answers wait for an fsync (flush=always)."""
         handlers = self.handlers
+        ctx = self.context(context)
         if handlers.answers_wait_for_fsync:
-            async for answer in self._produce_pipelined(request_iterator):
+            async for answer in self._produce_pipelined(request_iterator, ctx):
                 yield answer
             return
         # Nothing to wait for: answer each request as it is appended, with no task or queue
         # between reading and writing (a stream message's cost is the latency budget here).
         async for request in request_iterator:
-            yield handlers.produce_answer(handlers.append(request))
+            yield handlers.produce_answer(handlers.append(request, ctx))
 
     async def _produce_pipelined(
-        self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest]
+        self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], ctx: RequestContext
     ) -> AsyncIterator[broker_pb2.ProduceResponse]:
         """A reader task keeps appending while earlier requests await their fsync, so one group
         commit releases every request in flight on the stream."""
@@ -92,7 +105,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         async def read() -> None:
             try:
                 async for request in request_iterator:
-                    await appended.put(handlers.append(request))
+                    await appended.put(handlers.append(request, ctx))
             finally:
                 await appended.put(None)
 
@@ -110,14 +123,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     ) -> AsyncIterator[broker_pb2.FetchResponse]:
         """One fetch at a time per stream, answered in order (a client wanting several
         fetches in flight to one broker opens several streams)."""
+        ctx = self.context(context)
         async for request in request_iterator:
-            yield await self.handlers.fetch(request)
+            answer, _ = await self.handlers.fetch(request, ctx)  # gRPC cannot follow: no plan
+            yield answer
 
     async def ListOffsets(
         self, request: broker_pb2.ListOffsetsRequest, context: object
     ) -> broker_pb2.ListOffsetsResponse:
         answers = self.service.list_offsets(
-            OffsetQuery(p.topic, p.partition, p.timestamp) for p in request.partitions
+            (OffsetQuery(p.topic, p.partition, p.timestamp) for p in request.partitions),
+            self.context(context),
         )
         return broker_pb2.ListOffsetsResponse(
             partitions=[
@@ -135,5 +151,5 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def UpdatePartitions(
         self, request: broker_pb2.UpdatePartitionsRequest, context: object
     ) -> broker_pb2.UpdatePartitionsResponse:
-        await self.service.update_partitions(update_from_proto(request))
+        await self.service.update_partitions(update_from_proto(request), self.context(context))
         return broker_pb2.UpdatePartitionsResponse()

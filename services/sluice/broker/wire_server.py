@@ -1,5 +1,10 @@
 """The broker's wire-protocol connections: Produce and Fetch over plain TCP (``docs/wire.md``).
 
+A transport adapter: frames -> core call (through ``handlers``) -> frames, and nothing else.
+Validation, authorization, the parked reads and the follow are the core's
+(``sluice.broker.service``); this module owns only what a frame's order and the connection's
+back-pressure mean.
+
 Why a second listener beside gRPC: under grpcio a message costs each side several thread
 hand-offs (the transport's threads, the completion-queue poller, the event loop), about ten
 context switches per record end to end, and on a small machine that, not Sluice's code, is
@@ -12,9 +17,9 @@ Per connection (the hello, protocol errors and back-pressure are ``sluice.server
 - fetch frames are served one at a time, in order, by a task of the connection, and the
   next is served only once the previous answer could be written;
 - a request's error travels in its answer;
-- a ``continuous`` fetch is answered once as any fetch, then followed by a
-  ``ContinuousFetch`` (``sluice.broker.follow``) from its answer's next offsets, round after
-  round, until another fetch frame arrives or a partition answers with an error: a
+- a ``continuous`` fetch is answered once as any fetch, then followed by the core
+  (``BrokerService.follow``) from its answer's next offsets, round after round, until
+  another fetch frame arrives or a partition answers with an error: a
   long-polling consumer then costs one frame per answer instead of two, and the broker no
   task switch per answer.
 """
@@ -24,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from sluice.broker.fetch import FetchLimits, PartitionSpec, validate_limits
+from sluice.broker.context import ANONYMOUS, WIRE, RequestContext
 from sluice.broker.follow import ContinuousFetch
 from sluice.broker.handlers import AppendedProduce, RequestHandlers
 from sluice.common.wire import FrameType, WireProtocolError
@@ -53,6 +58,12 @@ class _BrokerConnection(WireConnection):
         self._fetches: collections.deque[broker_pb2.FetchRequest] = collections.deque()
         self._fetch_task: asyncio.Task[None] | None = None
         self._follow: ContinuousFetch | None = None
+        self._ctx = RequestContext(ANONYMOUS, WIRE)
+
+    def opened(self) -> None:
+        """The hello was accepted. The authentication seam (``docs/architecture.md``): the
+        security issue sets the principal its authenticator returned for the hello here."""
+        self._ctx = RequestContext(ANONYMOUS, WIRE)
 
     def backlog(self) -> int:
         return len(self._produces) + len(self._fetches)
@@ -85,7 +96,7 @@ class _BrokerConnection(WireConnection):
             raise WireProtocolError(f"unknown frame type {kind}")
 
     def _produce(self, request: broker_pb2.ProduceRequest) -> None:
-        item = self._handlers.append(request)
+        item = self._handlers.append(request, self._ctx)
         if not item.durable and not self._produces:
             # flush=interval/never, or an error: the answer goes out inside this callback.
             self.write(FrameType.PRODUCE, self._handlers.produce_answer(item).SerializeToString())
@@ -114,46 +125,16 @@ class _BrokerConnection(WireConnection):
             while fetches:
                 await self.writable.wait()
                 request = fetches.popleft()
-                answer = await handlers.fetch(request, continuous_ok=True)
+                answer, follow = await handlers.fetch(request, self._ctx)
                 self.write(FrameType.FETCH, answer.SerializeToString())
                 self.update_reading()
-                if request.continuous and not fetches and not self.closing:
-                    self._follow_from(request, answer)
+                if follow is not None and not fetches and not self.closing:
+                    # Go on from where this answer ended (the core decided it can be followed).
+                    self._follow = handlers.follow(
+                        follow, request.request_id, self._ctx, self._send_fetch, lambda: self.takes_writes
+                    )
         finally:
             self._fetch_task = None
 
-    def _follow_from(self, request: broker_pb2.FetchRequest, answer: broker_pb2.FetchResponse) -> None:
-        """Go on with a continuous fetch from where its first answer ended, unless that failed."""
-        if answer.error.code or any(part.error.code for part in answer.partitions):
-            return
-        handlers = self._handlers
-        follow = self._follow = ContinuousFetch(
-            handlers.service,
-            _next_specs(request, answer),
-            _limits(request, handlers),
-            request.request_id,
-            lambda response: self.write(FrameType.FETCH, response.SerializeToString()),
-            lambda: self.takes_writes,
-            handlers.fetch_metrics,
-        )
-        follow.start()
-
-
-def _limits(request: broker_pb2.FetchRequest, handlers: RequestHandlers) -> FetchLimits:
-    # Validated already: the first answer carried no error.
-    return validate_limits(request.max_wait_ms, request.min_bytes, request.max_bytes, handlers.service.caps)
-
-
-def _next_specs(request: broker_pb2.FetchRequest, answer: broker_pb2.FetchResponse) -> list[PartitionSpec]:
-    """The request's partitions as its answer left them (deduplicated, in answer order)."""
-    asked = {(p.topic, p.partition): p for p in request.partitions}
-    return [
-        PartitionSpec(
-            part.topic,
-            part.partition,
-            part.next_offset,
-            asked[(part.topic, part.partition)].partition_max_bytes,
-            asked[(part.topic, part.partition)].filter,
-        )
-        for part in answer.partitions
-    ]
+    def _send_fetch(self, payload: bytes) -> None:
+        self.write(FrameType.FETCH, payload)

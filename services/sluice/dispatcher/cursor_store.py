@@ -6,6 +6,11 @@ Writes are batched: the service marks cursors dirty as acks arrive, and :meth:`C
 synchronously inside the flush (no copy of its ranges is kept), so a 500,000-range cursor costs its
 8 MB array plus, briefly, the request's own buffer.
 
+Crash counts: a cursor carries its write-ahead ``delivered_up_to`` mark and its range counts
+(``cursor.py``). :meth:`CursorStore.load` hands the dispatcher a cursor that already counts,
+once more, everything the previous owner may have delivered and not seen acknowledged, and that
+lets nothing go out before those counts are persisted.
+
 Fencing: each cursor carries ``owner_epoch`` = this dispatcher's registration epoch. The offset store
 refuses (``FENCED_MEMBER_EPOCH``) a write older than the stored epoch: another dispatcher owns the
 partition now, and this one must stop serving it. Each cursor also carries the ``topic_id`` of the topic
@@ -66,7 +71,12 @@ class CursorStore:
             )
         return self._stub_for(self.address)
 
-    async def load(self, topic: str, subscription: str, partition: int) -> PartitionCursor | None:
+    async def load(
+        self, topic: str, subscription: str, partition: int, log_end: int | None = None
+    ) -> PartitionCursor | None:
+        """The persisted cursor, or None. ``log_end``: the partition's log end now; the previous
+        owner cannot have delivered anything at or above it, so the recovery window stops there
+        (records produced after its mark was written are not counted)."""
         try:
             resp = await self._stub().LoadCursor(
                 offset_store_pb2.LoadCursorRequest(
@@ -79,7 +89,27 @@ class CursorStore:
         if not resp.found:
             return None
         c = resp.cursor
-        return PartitionCursor(partition, c.mark_delete, c.acked_ranges, dict(c.redelivery_counts))
+        cursor = PartitionCursor(
+            partition,
+            c.mark_delete,
+            c.acked_ranges,
+            dict(c.redelivery_counts),
+            count_ranges=c.redelivery_ranges,
+            persisted=True,
+        )
+        mark = c.delivered_up_to if log_end is None else min(c.delivered_up_to, log_end)
+        counted = cursor.recover(mark)
+        if counted:
+            log.info(
+                "cursor %s/%s/%d: %d unacknowledged messages below the persisted delivered mark %d may "
+                "have been delivered before the last owner stopped; their redelivery counts go up by one",
+                topic,
+                subscription,
+                partition,
+                counted,
+                c.delivered_up_to,
+            )
+        return cursor
 
     async def save(self, dirty: Sequence[DirtyCursor], owner_epoch: int) -> list[DirtyCursor]:
         """Persist ``dirty``; mark each saved one; return those refused for good (another dispatcher
@@ -87,7 +117,7 @@ class CursorStore:
         fenced: list[DirtyCursor] = []
         i = 0
         while i < len(dirty):
-            chunk: list[tuple[DirtyCursor, int]] = []
+            chunk: list[tuple[DirtyCursor, int, int]] = []
             request = offset_store_pb2.SaveCursorsRequest()
             values = 0
             while i < len(dirty) and len(chunk) < MAX_CURSORS_PER_SAVE:
@@ -106,9 +136,11 @@ class CursorStore:
                         redelivery_counts=snap.redelivery_counts,
                         owner_epoch=owner_epoch,
                         topic_id=d.topic_id,
+                        delivered_up_to=snap.delivered_up_to,
+                        redelivery_ranges=snap.redelivery_ranges,
                     )
                 )
-                chunk.append((d, snap.version))
+                chunk.append((d, snap.version, snap.delivered_up_to))
                 values += n
                 i += 1
             try:
@@ -117,9 +149,9 @@ class CursorStore:
                 raise error_from_rpc(exc) from None
             del request
             self.saves += 1
-            for (d, version), err in zip(chunk, resp.errors, strict=False):
+            for (d, version, mark), err in zip(chunk, resp.errors, strict=False):
                 if err.code == common_pb2.NONE:
-                    d.cursor.mark_saved(version)
+                    d.cursor.mark_saved(version, mark)
                 elif err.code in _REFUSED:
                     log.warning(
                         "cursor %s/%s/%d fenced: %s", d.topic, d.subscription, d.cursor.partition, err.message

@@ -84,6 +84,8 @@ class DispatcherMetrics:
     redeliveries: Counter
     dlq: Counter
     cursor_flushes: Counter
+    #: Flushes asked for by a delivery waiting at its cursor's gate (crash counts), not by the interval.
+    cursor_flushes_early: Counter
     state: _StateCollector
 
 
@@ -109,6 +111,10 @@ def dispatcher_metrics() -> DispatcherMetrics:
                 ),
                 dlq=Counter(f"{P}_dlq_messages", "Messages published to a dead-letter topic", labels),
                 cursor_flushes=Counter(f"{P}_cursor_flushes", "SaveCursors batches written", ["result"]),
+                cursor_flushes_early=Counter(
+                    f"{P}_cursor_flushes_early",
+                    "Cursor flushes run before the interval because a delivery waited for one",
+                ),
                 state=state,
             )
         return _cache

@@ -83,6 +83,8 @@ class Effects:
     #: (message, redelivery count): produce to the DLQ topic, then call ``dead_lettered``.
     dead_letters: list[tuple[Message, int]] = field(default_factory=list)
     redelivered: int = 0
+    #: A delivery or redelivery waits for a cursor flush (``PartitionCursor.gate``): flush now.
+    persist_soon: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.deliveries or self.active_changes or self.dead_letters)

@@ -159,6 +159,8 @@ class SubscriptionRuntime:
                 self._dlq_task = asyncio.create_task(
                     self._publish_dead(), name=f"dlq-{self.topic}-{self.name}"
                 )
+        if fx.persist_soon:
+            self.service.flush_soon()
         self._arm_timer()
         if fx.deliveries:
             self.service.kick_feeds(self)

@@ -37,6 +37,13 @@ SHARED_BATCH = 50
 def _rotated(sub: Subscription) -> list[PartitionState]:
     """Partitions with work, starting after the one served last (``Subscription.deliver`` records it)."""
     parts = [ps for ps in sub.partitions.values() if ps.replay or ps.pending]
+    gated = [ps for ps in parts if not ps.has_work()]
+    if gated:
+        # Everything these read is beyond the persisted delivered-up-to mark: ask for a flush.
+        if any(c.capacity() for c in sub.consumers.values()):
+            for ps in gated:
+                ps.cursor.stall(ps.pending[0].offset)
+        parts = [ps for ps in parts if ps not in gated]
     if len(parts) > 1:
         parts.sort(key=lambda ps: ps.partition)
         last = sub.partition_rr
@@ -91,7 +98,7 @@ def _shared(sub: Subscription, now_ms: int) -> None:
             msgs = ps.take_ordered(min(c.capacity(), SHARED_BATCH))
             if msgs:
                 sub.deliver(c, ps, msgs, now_ms)
-            if ps.replay or ps.pending:
+            if msgs and ps.has_work():
                 still.append(ps)
         parts = still
 
@@ -137,7 +144,13 @@ def _key_shared(sub: Subscription, now_ms: int) -> None:
             kept: deque[Message] = deque()
             taken_bytes = 0
             pending = ps.pending
+            gate = ps.cursor.gate
             for i, m in enumerate(pending):
+                if m.offset >= gate:
+                    # Beyond the persisted delivered-up-to mark: wait for the flush it asks for.
+                    ps.cursor.stall(m.offset)
+                    kept.extend(islice(pending, i, None))
+                    break
                 c = eligible(m)
                 if c is None:
                     kept.append(m)

@@ -74,6 +74,7 @@ class DispatcherService:
         self.feeds: dict[FeedKey, PartitionFeed] = {}
         self._feed_targets: dict[FeedKey, list[SubscriptionRuntime]] = defaultdict(list)
         self._save_lock = asyncio.Lock()
+        self._flush_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
         self.views = SubscriptionViews(self)
@@ -245,13 +246,17 @@ class DispatcherService:
         """Read the durable cursors (or resolve the initial position) and start the feeds."""
         cursors: dict[int, PartitionCursor] = {}
         if rt.durable:
-            loaded = await asyncio.gather(*(self.store.load(rt.topic, rt.name, p) for p in partitions))
+            # Crash counts stop at today's log end (CursorStore.load).
+            ends = await self.list_offsets(rt.topic, partitions, -1)
+            loaded = await asyncio.gather(
+                *(self.store.load(rt.topic, rt.name, p, ends[p]) for p in partitions)
+            )
             cursors = {p: c for p, c in zip(partitions, loaded, strict=True) if c is not None}
         missing = [p for p in partitions if p not in cursors]
         if missing:
             starts = await self._initial_positions(rt.topic, missing, req)
             for p in missing:
-                cur = PartitionCursor(p, mark_delete=starts[p])
+                cur = PartitionCursor(p, mark_delete=starts[p], persisted=rt.durable)
                 if rt.durable:
                     cur.version += 1  # a new durable cursor is persisted at its starting position
                 cursors[p] = cur
@@ -428,18 +433,29 @@ class DispatcherService:
             if ps.cursor.dirty
         ]
 
-    async def flush_cursors(self) -> None:
+    def flush_soon(self) -> None:
+        """A delivery waits for a cursor flush (its write-ahead mark or a raised count): flush now
+        rather than at the next interval. Flushes still run one at a time."""
+        self._flush_wanted.set()
+
+    async def flush_cursors(self) -> bool:
+        """Persist every dirty cursor; False if the offset store failed (the next flush retries)."""
         dirty = self.dirty_cursors()
         if not dirty or not self.link.epoch:
-            return
+            return True
         async with self._save_lock:
             try:
                 fenced = await self.store.save(dirty, self.link.epoch)
             except SluiceError as exc:
                 self.metrics.cursor_flushes.labels("error").inc()
                 log.warning("cursor flush of %d cursors failed: %s", len(dirty), exc)
-                return
+                return False
         self.metrics.cursor_flushes.labels("ok").inc()
+        # Saved cursors may have opened their delivery gates: dispatch what waited for them.
+        for key in {(d.topic, d.subscription) for d in dirty}:
+            saved = self.runtimes.get(key)
+            if saved is not None and not saved.closing:
+                saved.call(saved.machine.cursors_saved)
         for key in {(d.topic, d.subscription) for d in fenced}:
             rt = self.runtimes.get(key)
             if rt is not None:
@@ -449,16 +465,24 @@ class DispatcherService:
                 for stream in list(rt.streams.values()):
                     stream.fail(err)
                 await self.drop(rt)
+        return True
 
     async def _flush_loop(self) -> None:
         interval = self.config.cursor_flush_interval.total_seconds()
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._flush_wanted.wait(), interval)
+            if self._flush_wanted.is_set():
+                self.metrics.cursor_flushes_early.inc()
+            self._flush_wanted.clear()
             try:
-                await self.flush_cursors()
+                ok = await self.flush_cursors()
                 await self.book.flush_touches()
             except Exception:  # never let the flusher die
                 log.exception("cursor flush failed")
+                ok = False
+            if not ok:
+                await asyncio.sleep(interval)  # a failing offset store is not asked in a tight loop
 
     async def _book_loop(self) -> None:
         await self.link.registered.wait()

@@ -13,7 +13,11 @@ letters) for the service layer to carry out. Who gets which message is decided b
 - one timer heap for nack delays and ack timeouts.
 
 Redelivery counts live in the cursor, so they are persisted with it and survive a restart: a message
-read again from the log after a crash carries the count it had.
+read again from the log after a crash carries the count it had, plus one if it may have been
+delivered before the crash. For that, a durable cursor gates deliveries (``cursor.py``): new messages
+go out only below its persisted delivered-up-to mark, and a message whose count was raised goes out
+again only once that count is persisted (until then it waits in ``delayed``, listed in
+``awaiting_save``).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class PartitionState:
 
     __slots__ = (
         "active",
+        "awaiting_save",
         "cursor",
         "dead",
         "delayed",
@@ -76,15 +81,36 @@ class PartitionState:
         self.delivery_seq: dict[int, int] = {}
         self.delayed: dict[int, Message] = {}
         self.dead: dict[int, Message] = {}
+        #: Offsets in ``delayed`` that wait only for their raised count to be persisted.
+        self.awaiting_save: set[int] = set()
         #: Exclusive/Failover: the consumer receiving this partition.
         self.active: Consumer | None = None
 
     def has_work(self) -> bool:
-        return bool(self.replay or self.pending)
+        """Something may be sent now (new messages only below the cursor's gate)."""
+        return bool(self.replay) or bool(self.pending and self.pending[0].offset < self.cursor.gate)
 
     def add_replay(self, m: Message) -> None:
+        if not self.cursor.count_saved(m.offset):
+            # Its raised count is not persisted yet: wait for the flush (asked for now).
+            self.delayed[m.offset] = m
+            self.awaiting_save.add(m.offset)
+            self.cursor.urgent = True
+            return
         self.replay[m.offset] = m
         heapq.heappush(self.replay_heap, m.offset)
+
+    def release_saved(self) -> None:
+        """After a cursor save: messages whose counts are now persisted may be sent again."""
+        waiting = self.awaiting_save
+        if not waiting:
+            return
+        cursor = self.cursor
+        for o in [o for o in waiting if cursor.count_saved(o)]:
+            waiting.discard(o)
+            m = self.delayed.pop(o, None)
+            if m is not None:
+                self.add_replay(m)
 
     def take_ordered(self, n: int) -> list[Message]:
         """Up to ``n`` messages: redeliveries first (lowest offset first), then new ones."""
@@ -101,6 +127,15 @@ class PartitionState:
         k = min(n - len(out), len(self.pending))
         if k > 0:
             pending = self.pending
+            gate = self.cursor.gate
+            if pending[-1].offset >= gate:
+                # Some read messages are beyond the persisted delivered-up-to mark: only those below go.
+                below = sum(
+                    1 for _ in itertools.takewhile(lambda m: m.offset < gate, itertools.islice(pending, k))
+                )
+                if below < k:
+                    self.cursor.stall(pending[below].offset)
+                k = below
             popleft = pending.popleft
             taken = [popleft() for _ in range(k)]
             self.pending_bytes -= sum(m.size for m in taken)
@@ -166,8 +201,18 @@ class Subscription:
         return self._finish(now_ms)
 
     def close(self) -> None:
+        """Unload: what is still in flight counts as returned (``PartitionCursor.settle``), so the
+        cursors the service persists next are exact."""
         if self.state != SubscriptionState.CLOSED:
             self.transition(SubscriptionState.CLOSED)
+            for ps in self.partitions.values():
+                ps.cursor.settle(sorted(ps.inflight))
+
+    def cursors_saved(self, now_ms: int) -> Effects:
+        """The service persisted cursors of this subscription: gates opened, counts are stored."""
+        for ps in self.partitions.values():
+            ps.release_saved()
+        return self._finish(now_ms)
 
     # ---- consumers ----------------------------------------------------------------------------------
 
@@ -565,36 +610,38 @@ class Subscription:
 
     def deliver(self, c: Consumer, ps: PartitionState, msgs: list[Message], now_ms: int) -> None:
         """Hand ``msgs`` (taken from ``ps``) to ``c``. Caller: ``selectors``."""
-        counts_map = ps.cursor.redeliveries
+        cursor = ps.cursor
+        offsets = [m.offset for m in msgs]
+        counts = cursor.counts_of(offsets) if cursor.has_counts else None
         limit = c.spec.max_redeliver
-        if counts_map and limit:
+        if counts is not None and limit and max(counts) > limit:
             # Read again after a restart with a count already past the limit: straight to the DLQ.
-            keep = []
-            for m in msgs:
-                n = counts_map.get(m.offset, 0)
+            keep, kept_counts = [], []
+            for m, n in zip(msgs, counts, strict=True):
                 if n > limit:
                     ps.dead[m.offset] = m
                     self.fx.dead_letters.append((m, n))
                 else:
                     keep.append(m)
-            msgs = keep
+                    kept_counts.append(n)
+            msgs, counts = keep, kept_counts
             if not msgs:
                 return
+            offsets = [m.offset for m in msgs]
         p = ps.partition
         self.partition_rr = p
         cinf = c.inflight.get(p)
         if cinf is None:
             cinf = c.inflight[p] = {}
-        offsets = [m.offset for m in msgs]
         cinf.update(zip(offsets, msgs, strict=True))
         ps.inflight.update(zip(offsets, repeat(c)))
         d = self.fx.delivery(c.consumer_id)
         d.messages += msgs
-        if counts_map:
-            get = counts_map.get
-            d.counts += [get(m.offset, 0) for m in msgs]
+        if counts is not None:
+            d.counts += counts
         else:
             d.counts += [0] * len(msgs)
+        cursor.note_delivered(max(offsets) + 1, len(msgs))
         c.on_sent(len(msgs))
         if self.settings.type == SubscriptionType.KEY_SHARED:
             holder, held = self.hash_holder, self.hash_held
@@ -625,6 +672,8 @@ class Subscription:
         if self.state == SubscriptionState.ACTIVE and self.consumers:
             selectors.dispatch(self, now_ms)
         fx, self.fx = self.fx, Effects()
+        if self.settings.durable:
+            fx.persist_soon = any(ps.cursor.urgent for ps in self.partitions.values())
         return fx
 
     # ---- introspection -------------------------------------------------------------------------------

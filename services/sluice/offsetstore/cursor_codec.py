@@ -27,6 +27,15 @@ Blob layout (little-endian)::
     width_ranges, width_keys, width_counts   uint8 x 3 (1, 2, 4 or 8)
     zlib( shuffle(range deltas) | shuffle(key deltas) | shuffle(counts) )
 
+Version 2 (``"SLC2"``) adds what a dispatcher crash needs (docs/dispatcher.md): the
+write-ahead ``delivered_up_to`` mark and redelivery counts by range::
+
+    magic  "SLC2" | the version 1 header fields | delivered_up_to int64 | count_ranges uint32
+    zlib( the version 1 columns | count ranges as int64 [start, end, count] triples )
+
+A cursor without either is still written as version 1, so an older reader reads
+it; both versions are read.
+
 The dispatcher reuses this module for its in-memory form, so it depends on the
 standard library only and has no notion of protobuf or Redis. Invalid input
 raises :class:`CursorCodecError` (a ``ValueError``) with a precise message.
@@ -49,11 +58,16 @@ __all__ = [
     "CursorState",
     "decode_cursor",
     "encode_cursor",
+    "validate_count_ranges",
     "validate_ranges",
 ]
 
 MAGIC = b"SLC1"
+MAGIC_V2 = b"SLC2"
 _HEADER = struct.Struct("<4sqIIBBB")
+_HEADER_V2 = struct.Struct("<qI")  # after _HEADER: delivered_up_to, count-range triples
+#: Count ranges one cursor may hold (each crash without progress adds at most two).
+MAX_COUNT_RANGES = 100_000
 INT64_MAX = 2**63 - 1
 MAX_COUNT = 2**31 - 1  # redelivery counts are int32 on the wire
 _MAX_ITEMS = 2**32 - 1  # the header stores counts as uint32
@@ -84,11 +98,16 @@ class CursorState:
     ``acked_ranges`` is flattened ``[start0, end0, start1, end1, ...]`` with ends
     exclusive, sorted, non-overlapping and at or above ``mark_delete``: an
     ``array('q')`` takes 8 bytes a value where a list of ints takes about 36.
+    ``delivered_up_to``: everything below it may have been delivered (0: no mark).
+    ``redelivery_ranges``: flattened ``[start0, end0, count0, ...]``, sorted,
+    disjoint, non-empty, counts 1..MAX_COUNT.
     """
 
     mark_delete: int = 0
     acked_ranges: array[int] = field(default_factory=_empty_ranges)
     redelivery_counts: dict[int, int] = field(default_factory=dict)
+    delivered_up_to: int = 0
+    redelivery_ranges: array[int] = field(default_factory=_empty_ranges)
 
 
 def _deltas(base: int, values: Sequence[int]) -> list[int]:
@@ -140,6 +159,30 @@ def _explain_bad_range(mark_delete: int, flat: Sequence[int]) -> None:
     raise CursorCodecError("acked ranges are invalid")  # unreachable when the fast check is right
 
 
+def validate_count_ranges(flat: Sequence[int]) -> None:
+    """Check flattened ``[start, end, count]`` triples; raise :class:`CursorCodecError` naming the
+    first bad one."""
+    if len(flat) % 3:
+        raise CursorCodecError(
+            f"redelivery_ranges must hold [start, end, count] triples, got {len(flat)} values"
+        )
+    if len(flat) // 3 > MAX_COUNT_RANGES:
+        raise CursorCodecError(f"too many redelivery ranges ({len(flat) // 3}); at most {MAX_COUNT_RANGES}")
+    previous_end = 0
+    for i in range(0, len(flat), 3):
+        start, end, count = flat[i], flat[i + 1], flat[i + 2]
+        if start < previous_end or end <= start or end > INT64_MAX:
+            raise CursorCodecError(
+                f"redelivery range {i // 3} [{start}, {end}) must be non-empty, sorted, disjoint and "
+                "within 0..2^63-1"
+            )
+        if not 1 <= count <= MAX_COUNT:
+            raise CursorCodecError(
+                f"redelivery range {i // 3} [{start}, {end}) has count {count}; it must be 1..{MAX_COUNT}"
+            )
+        previous_end = end
+
+
 def _width(values: Sequence[int]) -> int:
     top = max(values, default=0)
     for width in (1, 2, 4):
@@ -178,8 +221,13 @@ def encode_cursor(
     mark_delete: int,
     acked_ranges: Sequence[int] = (),
     redelivery_counts: Mapping[int, int] | None = None,
+    delivered_up_to: int = 0,
+    redelivery_ranges: Sequence[int] = (),
 ) -> bytes:
     """Encode a cursor; raise :class:`CursorCodecError` if it is invalid."""
+    if not 0 <= delivered_up_to <= INT64_MAX:
+        raise CursorCodecError(f"delivered_up_to must be between 0 and 2^63-1, got {delivered_up_to}")
+    validate_count_ranges(redelivery_ranges)
     range_deltas = validate_ranges(mark_delete, acked_ranges)
     counts_map = redelivery_counts or {}
     keys = sorted(counts_map)
@@ -196,8 +244,15 @@ def encode_cursor(
         )
     widths = (_width(range_deltas), _width(key_deltas), _width(counts))
     body = b"".join((_pack(range_deltas, widths[0]), _pack(key_deltas, widths[1]), _pack(counts, widths[2])))
-    header = _HEADER.pack(MAGIC, mark_delete, len(range_deltas) // 2, len(keys), *widths)
-    return header + zlib.compress(body, _ZLIB_LEVEL)
+    if not delivered_up_to and not redelivery_ranges:
+        header = _HEADER.pack(MAGIC, mark_delete, len(range_deltas) // 2, len(keys), *widths)
+        return header + zlib.compress(body, _ZLIB_LEVEL)
+    triples = array("q", redelivery_ranges)
+    if sys.byteorder == "big":
+        triples.byteswap()
+    header = _HEADER.pack(MAGIC_V2, mark_delete, len(range_deltas) // 2, len(keys), *widths)
+    header += _HEADER_V2.pack(delivered_up_to, len(triples) // 3)
+    return header + zlib.compress(body + triples.tobytes(), _ZLIB_LEVEL)
 
 
 def decode_cursor(blob: bytes | bytearray | memoryview) -> CursorState:
@@ -206,19 +261,33 @@ def decode_cursor(blob: bytes | bytearray | memoryview) -> CursorState:
     if len(view) < _HEADER.size:
         raise CursorCodecError(f"cursor blob too short ({len(view)} bytes)")
     magic, mark_delete, pairs, n_keys, w_ranges, w_keys, w_counts = _HEADER.unpack_from(view)
-    if magic != MAGIC:
-        raise CursorCodecError(f"not a cursor blob (magic {bytes(magic)!r}, expected {MAGIC!r})")
-    if mark_delete < 0 or any(w not in _TYPECODES for w in (w_ranges, w_keys, w_counts)):
+    delivered_up_to = n_triples = 0
+    body_at = _HEADER.size
+    if magic == MAGIC_V2:
+        if len(view) < _HEADER.size + _HEADER_V2.size:
+            raise CursorCodecError(f"cursor blob too short ({len(view)} bytes)")
+        delivered_up_to, n_triples = _HEADER_V2.unpack_from(view, _HEADER.size)
+        body_at += _HEADER_V2.size
+    elif magic != MAGIC:
+        raise CursorCodecError(
+            f"not a cursor blob (magic {bytes(magic)!r}, expected {MAGIC!r} or {MAGIC_V2!r})"
+        )
+    if (
+        mark_delete < 0
+        or delivered_up_to < 0
+        or n_triples > MAX_COUNT_RANGES
+        or any(w not in _TYPECODES for w in (w_ranges, w_keys, w_counts))
+    ):
         raise CursorCodecError("corrupt cursor header")
     n_ranges = 2 * pairs
     sizes = (n_ranges * w_ranges, n_keys * w_keys, n_keys * w_counts)
-    expected = sum(sizes)
+    expected = sum(sizes) + 24 * n_triples
     if expected > _MAX_DECODED_BYTES:
         raise CursorCodecError(f"corrupt cursor header: claims {expected} bytes of columns")
     try:
         decompressor = zlib.decompressobj()
         # expected + 1: detects trailing data, and 0 would mean 'unlimited'.
-        body = decompressor.decompress(view[_HEADER.size :], expected + 1)
+        body = decompressor.decompress(view[body_at:], expected + 1)
         complete = decompressor.eof and not (decompressor.unconsumed_tail or decompressor.unused_data)
     except zlib.error as exc:
         raise CursorCodecError(f"corrupt cursor body: {exc}") from None
@@ -227,7 +296,12 @@ def decode_cursor(blob: bytes | bytearray | memoryview) -> CursorState:
     columns = memoryview(body)
     range_deltas = _unpack(columns[: sizes[0]], n_ranges, w_ranges)
     key_deltas = _unpack(columns[sizes[0] : sizes[0] + sizes[1]], n_keys, w_keys)
-    counts = _unpack(columns[sizes[0] + sizes[1] :], n_keys, w_counts)
+    counts = _unpack(columns[sizes[0] + sizes[1] : sum(sizes)], n_keys, w_counts)
+    triples = array("q")
+    triples.frombytes(columns[sum(sizes) :])
+    if sys.byteorder == "big":
+        triples.byteswap()
+    validate_count_ranges(triples)
     try:
         ranges = array("q", accumulate(range_deltas, initial=mark_delete))
         keys = accumulate(key_deltas)
@@ -235,4 +309,4 @@ def decode_cursor(blob: bytes | bytearray | memoryview) -> CursorState:
     except OverflowError:
         raise CursorCodecError("corrupt cursor body: offsets overflow int64") from None
     del ranges[0]  # accumulate's initial value is mark_delete itself
-    return CursorState(mark_delete, ranges, redeliveries)
+    return CursorState(mark_delete, ranges, redeliveries, delivered_up_to, triples)

@@ -218,6 +218,12 @@ class OffsetStoreService:
 def _encode(index: int, write: CursorWrite) -> bytes:
     state: CursorState = write.state
     try:
-        return encode_cursor(state.mark_delete, state.acked_ranges, state.redelivery_counts)
+        return encode_cursor(
+            state.mark_delete,
+            state.acked_ranges,
+            state.redelivery_counts,
+            state.delivered_up_to,
+            state.redelivery_ranges,
+        )
     except CursorCodecError as exc:
         raise InvalidArgument(f"cursors[{index}] ({write.key}): {exc}") from None

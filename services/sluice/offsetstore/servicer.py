@@ -54,7 +54,13 @@ def reset_spec(value: int) -> ResetSpec:
 
 def cursor_write(cursor: offset_store_pb2.Cursor) -> CursorWrite:
     key = CursorKey(cursor.subscription, cursor.topic, cursor.partition)
-    state = CursorState(cursor.mark_delete, array("q", cursor.acked_ranges), dict(cursor.redelivery_counts))
+    state = CursorState(
+        cursor.mark_delete,
+        array("q", cursor.acked_ranges),
+        dict(cursor.redelivery_counts),
+        cursor.delivered_up_to,
+        array("q", cursor.redelivery_ranges),
+    )
     return CursorWrite(key, cursor.owner_epoch, state, cursor.topic_id)
 
 
@@ -167,6 +173,8 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
             mark_delete=state.mark_delete,
             owner_epoch=stored.owner_epoch,
             redelivery_counts=state.redelivery_counts,
+            delivered_up_to=state.delivered_up_to,
+            redelivery_ranges=state.redelivery_ranges,
         )
         cursor.acked_ranges.extend(state.acked_ranges)
         return offset_store_pb2.LoadCursorResponse(found=True, cursor=cursor)

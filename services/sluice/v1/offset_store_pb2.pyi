@@ -329,6 +329,8 @@ class Cursor(_message.Message):
     ACKED_RANGES_FIELD_NUMBER: _builtins.int
     REDELIVERY_COUNTS_FIELD_NUMBER: _builtins.int
     OWNER_EPOCH_FIELD_NUMBER: _builtins.int
+    DELIVERED_UP_TO_FIELD_NUMBER: _builtins.int
+    REDELIVERY_RANGES_FIELD_NUMBER: _builtins.int
     TOPIC_ID_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
@@ -337,6 +339,11 @@ class Cursor(_message.Message):
     """Everything below this offset is acknowledged."""
     owner_epoch: _builtins.int
     """Owner fencing: a dispatcher may write only with its current epoch."""
+    delivered_up_to: _builtins.int
+    """Write-ahead delivery mark: every offset in [mark_delete, delivered_up_to)
+    may have been delivered (nothing at or above it was). After a crash the
+    next owner counts each unacknowledged offset below it once more.
+    """
     topic_id: _builtins.str
     """The topic incarnation the cursor belongs to (Metadata's topic_id); a save for another incarnation
     than the current one is refused with UNKNOWN_TOPIC_ID (empty: only checks that the topic exists).
@@ -351,6 +358,13 @@ class Cursor(_message.Message):
     def redelivery_counts(self) -> _containers.ScalarMap[_builtins.int, _builtins.int]:
         """offset -> redelivery count, for unacked messages that were redelivered."""
 
+    @_builtins.property
+    def redelivery_ranges(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Redelivery counts by range, flattened as [start0, end0, count0, ...]:
+        sorted, disjoint, end exclusive, count >= 1. An offset listed in
+        redelivery_counts has that count instead.
+        """
+
     def __init__(
         self,
         *,
@@ -361,11 +375,13 @@ class Cursor(_message.Message):
         acked_ranges: _abc.Iterable[_builtins.int] | None = ...,
         redelivery_counts: _abc.Mapping[_builtins.int, _builtins.int] | None = ...,
         owner_epoch: _builtins.int = ...,
+        delivered_up_to: _builtins.int = ...,
+        redelivery_ranges: _abc.Iterable[_builtins.int] | None = ...,
         topic_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_ranges", b"acked_ranges", "mark_delete", b"mark_delete", "owner_epoch", b"owner_epoch", "partition", b"partition", "redelivery_counts", b"redelivery_counts", "subscription", b"subscription", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_ranges", b"acked_ranges", "delivered_up_to", b"delivered_up_to", "mark_delete", b"mark_delete", "owner_epoch", b"owner_epoch", "partition", b"partition", "redelivery_counts", b"redelivery_counts", "redelivery_ranges", b"redelivery_ranges", "subscription", b"subscription", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

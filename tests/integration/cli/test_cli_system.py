@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.harness import ROOT, _env, run_redis
 
@@ -357,6 +358,11 @@ def test_sigterm_stops_every_service_and_redis(tmp_path: Path) -> None:
         if "dispatcher" in banner:
             assert " wire " in banner["dispatcher"]
         assert " wire " not in banner["coordinator"]
+        # Its Redis answers a write only once it is fsynced (docs/offset-store.md, "Durability").
+        redis_url = banner["redis"].split()[1]
+        with redis.Redis.from_url(redis_url) as r:
+            config = r.config_get("append*")
+            assert (config["appendonly"], config["appendfsync"]) == ("yes", "always")
         # Everything it started is a direct child, and it started nothing else.
         assert set(stack.pids.values()) == children_of(stack.process.pid)
         assert stack.stop() == 0

@@ -279,13 +279,14 @@ class Cluster:
             time.sleep(0.05)
 
     def restart_dispatcher(self, kill: bool = True) -> None:
-        for s in self.streams:
-            s.close()
-        self.streams.clear()
+        """kill -9 (the streams notice only afterwards, as in a crash) or SIGTERM, then start again."""
         if kill:
             self.dispatcher.kill()
             close_output(self.dispatcher)
-        else:
+        for s in self.streams:
+            s.close()
+        self.streams.clear()
+        if not kill:
             stop(self.dispatcher)
         self.dispatcher = start_service("dispatcher", *self.dispatcher_args)
 

@@ -357,6 +357,29 @@ def test_invalid_cursors_are_refused_whole(stack: Stack) -> None:
         save(stack, Cursor(subscription="s", topic="t", partition=0, redelivery_counts={4: -1}))
 
 
+def test_crash_count_fields_round_trip(stack: Stack) -> None:
+    """The dispatcher's write-ahead delivered mark and range counts (docs/dispatcher.md)."""
+    cursor = Cursor(
+        subscription="sub-crash",
+        topic="t",
+        partition=0,
+        mark_delete=100,
+        owner_epoch=1,
+        redelivery_counts={105: 4},
+        delivered_up_to=1_000_356,
+        redelivery_ranges=[100, 1_000_100, 1, 1_000_100, 1_000_200, 2],
+    )
+    assert [e.code for e in save(stack, cursor)] == [common_pb2.NONE]
+    loaded = load(stack, "sub-crash", "t", 0).cursor
+    assert loaded.delivered_up_to == 1_000_356
+    assert list(loaded.redelivery_ranges) == [100, 1_000_100, 1, 1_000_100, 1_000_200, 2]
+    assert dict(loaded.redelivery_counts) == {105: 4}
+    with pytest.raises(InvalidArgument, match=r"cursors\[0\].*redelivery range 1"):
+        save(stack, Cursor(subscription="s", topic="t", partition=0, redelivery_ranges=[1, 9, 1, 5, 12, 1]))
+    with pytest.raises(InvalidArgument, match="delivered_up_to"):
+        save(stack, Cursor(subscription="s", topic="t", partition=0, delivered_up_to=-2))
+
+
 # ---- bad input ------------------------------------------------------------------------
 
 

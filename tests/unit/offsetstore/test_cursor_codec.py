@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from sluice.offsetstore.cursor_codec import (
     MAGIC,
+    MAGIC_V2,
     MAX_COUNT,
     CursorCodecError,
     CursorState,
@@ -182,3 +183,52 @@ def test_random_holes_in_a_million_messages_stay_under_2_mb() -> None:
     print(f"\nrandom-ack cursor, {len(flat) // 2} ranges: {len(blob)} bytes")
     assert len(blob) < TWO_MB // 4
     assert list(decode_cursor(blob).acked_ranges) == flat
+
+
+# ---- version 2: the write-ahead delivered mark and range counts (crash counts) -------------------
+
+
+def test_crash_count_fields_round_trip_as_version_2() -> None:
+    blob = encode_cursor(10, [12, 14], {11: 3}, delivered_up_to=300, redelivery_ranges=[10, 20, 1, 20, 40, 2])
+    assert blob.startswith(MAGIC_V2)
+    assert decode_cursor(blob) == CursorState(
+        10, array("q", [12, 14]), {11: 3}, 300, array("q", [10, 20, 1, 20, 40, 2])
+    )
+
+
+def test_a_cursor_without_them_stays_version_1_for_older_readers() -> None:
+    blob = encode_cursor(10, [12, 14], {11: 3})
+    assert blob.startswith(MAGIC)
+    assert decode_cursor(blob).delivered_up_to == 0
+
+
+def test_a_million_in_flight_after_a_crash_is_one_range() -> None:
+    """Per range, not per message: a window of 1,000,000 unacked messages adds 24 bytes at most."""
+    plain = encode_cursor(0, alternate_ack_ranges(1_000_000))
+    crashed = encode_cursor(
+        0, alternate_ack_ranges(1_000_000), delivered_up_to=1_000_000, redelivery_ranges=[0, 1_000_000, 1]
+    )
+    assert len(crashed) - len(plain) <= 12 + 24 + 8
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"delivered_up_to": -1}, "delivered_up_to"),
+        ({"redelivery_ranges": [1, 2]}, "triples"),
+        ({"redelivery_ranges": [5, 5, 1]}, "range 0"),
+        ({"redelivery_ranges": [1, 9, 1, 5, 12, 1]}, "range 1"),
+        ({"redelivery_ranges": [1, 9, 0]}, "count 0"),
+        ({"redelivery_ranges": [1, 9, MAX_COUNT + 1]}, "count"),
+    ],
+)
+def test_invalid_crash_count_fields_are_refused(kwargs: dict[str, object], reason: str) -> None:
+    with pytest.raises(CursorCodecError, match=reason):
+        encode_cursor(0, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_truncated_version_2_blob_is_refused() -> None:
+    blob = encode_cursor(0, delivered_up_to=5, redelivery_ranges=[0, 5, 1])
+    for cut in (8, 30, len(blob) - 3):
+        with pytest.raises(CursorCodecError):
+            decode_cursor(blob[:cut])

@@ -1,0 +1,115 @@
+"""The broker core's request and answer types: domain objects, no protobuf.
+
+The transport adapters (``handlers``, used by the gRPC servicer and the wire connections)
+translate protobuf to these and back; the core (``service``) takes and returns only these,
+and checks them (``check_continuous`` here, the rest in ``service`` and ``fetch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sluice.broker.context import RequestContext
+from sluice.broker.fetch import FetchLimits, PartitionRead, PartitionSpec, TopicPartitionKey
+from sluice.errors import InvalidRequest, SluiceError
+
+__all__ = [
+    "CONSUMER_REPLICA_ID",
+    "FetchOutcome",
+    "FetchParams",
+    "FollowFrom",
+    "OffsetAnswer",
+    "OffsetQuery",
+    "ProduceItem",
+    "ProduceResult",
+    "check_continuous",
+]
+
+#: ``FetchParams.replica_id`` of a consumer's fetch (Kafka's ``-1``). A follower broker's fetch
+#: will be the same Fetch with its own id (the replication seam, ``docs/architecture.md``).
+CONSUMER_REPLICA_ID = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceItem:
+    topic: str
+    partition: int
+    records: bytes
+
+
+@dataclass(slots=True)
+class ProduceResult:
+    topic: str
+    partition: int
+    error: SluiceError | None = None
+    base_offset: int = -1
+    append_time_ms: int = -1
+    log_start_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class FetchParams:
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    partitions: Sequence[PartitionSpec]
+    session_id: int = 0
+    session_epoch: int = -1
+    forgotten: Sequence[TopicPartitionKey] = ()
+    #: Go on answering from each answer's next offsets (wire protocol only, ``docs/wire.md``).
+    continuous: bool = False
+    replica_id: int = CONSUMER_REPLICA_ID
+
+
+@dataclass(frozen=True, slots=True)
+class FollowFrom:
+    """Where a continuous fetch goes on after its first answer: the partitions at their next
+    offsets, with the limits already validated."""
+
+    specs: list[PartitionSpec]
+    limits: FetchLimits
+
+
+@dataclass(slots=True)
+class FetchOutcome:
+    session_id: int
+    partitions: list[PartitionRead] = field(default_factory=list)
+    #: A request-level error (fetch session problems); partitions is then empty.
+    error: SluiceError | None = None
+    #: A continuous fetch whose answer had no error: how to follow it.
+    follow: FollowFrom | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetQuery:
+    topic: str
+    partition: int
+    #: -2 earliest, -1 latest, >= 0 a timestamp in ms.
+    timestamp: int
+
+
+@dataclass(slots=True)
+class OffsetAnswer:
+    topic: str
+    partition: int
+    error: SluiceError | None = None
+    offset: int = -1
+    timestamp: int = -1
+
+
+def check_continuous(params: FetchParams, ctx: RequestContext) -> None:
+    """Refuse a ``continuous`` fetch where it cannot be served: on a transport that answers
+    once per request (gRPC), or with a fetch session (the broker advances the offsets itself)."""
+    if not params.continuous:
+        return
+    if not ctx.transport.follows:
+        raise InvalidRequest(
+            "FetchRequest.continuous exists only on the wire protocol (docs/wire.md); "
+            "over gRPC, send the next fetch after each answer"
+        )
+    if params.session_epoch != -1:
+        raise InvalidRequest("a continuous fetch is sessionless: set session_epoch to -1")
+    if params.max_wait_ms <= 0:
+        # It would answer again at once, forever: a busy loop on both sides.
+        raise InvalidRequest("a continuous fetch needs max_wait_ms > 0")
