@@ -107,6 +107,15 @@ class UnknownTopicOrPartition(SluiceError, LookupError):
     grpc_status = "NOT_FOUND"
 
 
+class UnknownTopicId(SluiceError, LookupError):
+    """A write names a topic incarnation that is gone: the topic was deleted (and perhaps re-created
+    under the same name with a new ``topic_id``). Not retriable as is: the writer's position belongs to
+    the old topic; it must re-read Metadata and start over on the new one."""
+
+    code = common_pb2.UNKNOWN_TOPIC_ID
+    grpc_status = "NOT_FOUND"
+
+
 class InvalidTopic(SluiceError, ValueError):
     code = common_pb2.INVALID_TOPIC
     grpc_status = "INVALID_ARGUMENT"

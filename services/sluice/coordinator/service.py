@@ -22,10 +22,12 @@ from redis.asyncio import Redis
 
 from sluice.common.names import validate_group
 from sluice.coordinator.broker_updates import UNKNOWN_VERSION, BrokerNotifier
+from sluice.coordinator.cluster.adopt import adopt_legacy_positions
 from sluice.coordinator.cluster.model import (
     BrokerHeartbeatResult,
     BrokerUpdate,
     CreateTopicResult,
+    DeleteTopicResult,
     Endpoint,
     MetadataChange,
     MetadataView,
@@ -33,6 +35,7 @@ from sluice.coordinator.cluster.model import (
     TopicConfig,
     TopicView,
 )
+from sluice.coordinator.cluster.redis_ops import copy_registrations, topic_ops, topic_sync_ops
 from sluice.coordinator.cluster.state import ClusterSettings, ClusterState
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
@@ -53,6 +56,7 @@ from sluice.coordinator.groups.model import (
 )
 from sluice.coordinator.groups.redis_ops import GroupKeys, RedisOp, full_sync_ops, group_ops
 from sluice.coordinator.groups.state import GroupsState
+from sluice.coordinator.groups.tracks import topic_deleted
 from sluice.coordinator.heap import HeapKeeper
 from sluice.coordinator.metrics import CoordinatorMetrics, LagKey, coordinator_metrics
 from sluice.coordinator.records import Result
@@ -188,7 +192,21 @@ class CoordinatorService:
             self._refresh_metrics()
             # Whatever the ownership keys hold, the offset store must see exactly the recovered view. This
             # write reassigns nothing: it rewrites the same owners and epochs.
-            await self._store.write(self._epoch, (), full_sync_ops(self.groups, self._group_keys))
+            await self._store.write(
+                self._epoch,
+                (),
+                [
+                    *full_sync_ops(self.groups, self._group_keys),
+                    *topic_sync_ops(self.cluster.topics.values(), self._keys),
+                ],
+            )
+            # Once per Redis: positions written before topic refs existed (cluster/adopt.py).
+            await adopt_legacy_positions(
+                self._redis,
+                self._keys,
+                frozenset(self.cluster.topics),
+                lambda ops: self._store.write(self._epoch, (), ops),
+            )
         await self._stop_timers()  # a re-election: fresh timers for the new term
         loop = asyncio.get_running_loop()
         self._timer = loop.create_task(self._expiry_loop(), name="coordinator-expiry")
@@ -298,6 +316,10 @@ class CoordinatorService:
                 touched = self.groups.touched_groups(result.records)
                 ops = group_ops(self.groups, result.records, self._group_keys) if touched else []
                 ops = [*ops, *extra_ops]
+                # Topic identity (and the purge of a deleted topic's offsets and cursors) lands in the
+                # same atomic write as the topic record: docs/redis-schema.md.
+                ops += copy_registrations(ops, self._keys)
+                ops += topic_ops(result.records, self._keys)
                 basis = (
                     self.groups.nudge_basis(result.records, touched) if touched and self._watchers else None
                 )
@@ -415,10 +437,14 @@ class CoordinatorService:
 
     async def delete_topic(self, name: str) -> None:
         acks: list[asyncio.Future[bool]] = []
-        await self._write(
-            lambda now: self.cluster.delete_topic(name),
-            lambda res: acks.extend(self._publish(res.change)),
-        )
+
+        def delete(now_ms: int) -> Result[DeleteTopicResult]:
+            # The groups forget the topic's bindings in the same write as its tombstone and purge.
+            deleted = self.cluster.delete_topic(name)
+            forget = topic_deleted(self.groups.groups.values(), name, now_ms)
+            return Result(deleted.response, (*deleted.records, *forget))
+
+        await self._write(delete, lambda res: acks.extend(self._publish(res.change)))
         log.info("deleted topic %s", name)
         await self._await_acks(f"delete topic {name}", acks)
 
@@ -518,7 +544,7 @@ class CoordinatorService:
         self._check_leader()
         found = await find_group_keys(self._redis, self._keys, group)
         deleted = await self._write(
-            lambda now: delete_group(self.groups, group, found), extra_ops=deletion_ops(found)
+            lambda now: delete_group(self.groups, group, found), extra_ops=deletion_ops(found, self._keys)
         )
         self.groups.soft.groups.pop(group, None)
         log.info("group %s deleted: %d keys, %d committed offsets", group, len(found.keys), deleted)

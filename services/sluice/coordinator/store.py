@@ -24,15 +24,19 @@ from redis.exceptions import RedisError, ResponseError
 from sluice.coordinator.groups.redis_ops import RedisOp
 from sluice.coordinator.records import Record, RecordCodec, RecordValue
 from sluice.errors import NotCoordinator, StorageError
+from sluice.offsetstore.keys import TOPIC_PURGE_LUA
 
 log = logging.getLogger(__name__)
 
 # KEYS[1] epoch key, KEYS[2] records hash, then every other key an operation names.
 # ARGV[1] the writer's epoch, then per operation: op, key index, a, b:
 #   HSET key a=field b=value | HDEL key a=field | SET key a=value | DEL key
-#   HCOPY key a=index of the source hash b=field (copy the field, or delete it when the source has none).
+#   HCOPY key a=index of the source hash b=field (copy the field, or delete it when the source has none)
+#   PURGE key=a topic's refs a=the topic's field prefix (remove every registered piece of its data).
 # Records are HSET/HDEL on KEYS[2].
-FENCED_WRITE = """
+FENCED_WRITE = (
+    TOPIC_PURGE_LUA
+    + """
 local current = redis.call('GET', KEYS[1])
 if current ~= ARGV[1] then
   return {'FENCED', current or ''}
@@ -50,12 +54,15 @@ for i = 2, #ARGV, 4 do
   elseif op == 'HCOPY' then
     local v = redis.call('HGET', KEYS[tonumber(ARGV[i + 2])], ARGV[i + 3])
     if v then redis.call('HSET', key, ARGV[i + 3], v) else redis.call('HDEL', key, ARGV[i + 3]) end
+  elseif op == 'PURGE' then
+    purge_topic(key, ARGV[i + 2])
   else
     return redis.error_reply('unknown operation ' .. op)
   end
 end
 return {'OK', current}
 """
+)
 
 
 class MetadataStore:

@@ -13,7 +13,10 @@ lets nothing go out before those counts are persisted.
 
 Fencing: each cursor carries ``owner_epoch`` = this dispatcher's registration epoch. The offset store
 refuses (``FENCED_MEMBER_EPOCH``) a write older than the stored epoch: another dispatcher owns the
-partition now, and this one must stop serving it.
+partition now, and this one must stop serving it. Each cursor also carries the ``topic_id`` of the topic
+incarnation it was read from: once the topic is deleted (or deleted and re-created) the store refuses it
+(``UNKNOWN_TOPIC_ID``), so an old position never lands in a new topic; such cursors are returned like
+fenced ones, and the subscription is unloaded.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ MAX_RANGE_VALUES_PER_SAVE = 4_000_000
 RPC_TIMEOUT = 10.0
 
 CursorKey = tuple[str, str, int]  # (topic, subscription, partition)
+#: Refusals that mean "stop serving this subscription": another owner, or another topic incarnation.
+_REFUSED = frozenset(
+    {common_pb2.FENCED_MEMBER_EPOCH, common_pb2.UNKNOWN_TOPIC_ID, common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,8 @@ class DirtyCursor:
     topic: str
     subscription: str
     cursor: PartitionCursor
+    #: The topic incarnation the cursor belongs to ("": unchecked).
+    topic_id: str = ""
 
 
 class CursorStore:
@@ -103,7 +112,8 @@ class CursorStore:
         return cursor
 
     async def save(self, dirty: Sequence[DirtyCursor], owner_epoch: int) -> list[DirtyCursor]:
-        """Persist ``dirty``; mark each saved one; return those another dispatcher fenced off."""
+        """Persist ``dirty``; mark each saved one; return those refused for good (another dispatcher
+        fenced them off, or their topic incarnation is gone)."""
         fenced: list[DirtyCursor] = []
         i = 0
         while i < len(dirty):
@@ -125,6 +135,7 @@ class CursorStore:
                         acked_ranges=snap.acked_ranges,
                         redelivery_counts=snap.redelivery_counts,
                         owner_epoch=owner_epoch,
+                        topic_id=d.topic_id,
                         delivered_up_to=snap.delivered_up_to,
                         redelivery_ranges=snap.redelivery_ranges,
                     )
@@ -141,7 +152,7 @@ class CursorStore:
             for (d, version, mark), err in zip(chunk, resp.errors, strict=False):
                 if err.code == common_pb2.NONE:
                     d.cursor.mark_saved(version, mark)
-                elif err.code == common_pb2.FENCED_MEMBER_EPOCH:
+                elif err.code in _REFUSED:
                     log.warning(
                         "cursor %s/%s/%d fenced: %s", d.topic, d.subscription, d.cursor.partition, err.message
                     )

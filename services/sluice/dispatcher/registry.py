@@ -29,7 +29,7 @@ import grpc
 
 from sluice.common.rpc import error_from_rpc
 from sluice.errors import SluiceError, StorageError
-from sluice.v1 import offset_store_pb2, offset_store_pb2_grpc
+from sluice.v1 import common_pb2, offset_store_pb2, offset_store_pb2_grpc
 
 if TYPE_CHECKING:
     from sluice.dispatcher.cursor import PartitionCursor
@@ -90,6 +90,7 @@ class SubscriptionBook:
             filter=settings.filter.expression,
             created_ms=wall_ms(),  # the registry keeps the first one
             last_active_ms=rt.last_active_ms or wall_ms(),
+            topic_id=rt.topic_id,
         )
 
     async def register(self, rt: SubscriptionRuntime) -> None:
@@ -113,12 +114,20 @@ class SubscriptionBook:
             self._pending = {**batch, **self._pending}
 
     async def _touch(self, records: list[offset_store_pb2.StoredSubscription]) -> None:
+        """Record ``records``. One whose topic was deleted (or re-created) since it was loaded is refused
+        by topic id and dropped: it is over (the dispatcher fails its streams when it sees the delete),
+        and retrying would only be refused again."""
         try:
-            await self._stub().TouchSubscriptions(
+            resp = await self._stub().TouchSubscriptions(
                 offset_store_pb2.TouchSubscriptionsRequest(subscriptions=records), timeout=RPC_TIMEOUT
             )
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
+        for record, error in zip(records, resp.errors, strict=False):
+            if error.code != common_pb2.NONE:
+                log.info(
+                    "subscription %s/%s not recorded: %s", record.topic, record.subscription, error.message
+                )
 
     async def stored(self, topic: str = "") -> list[offset_store_pb2.StoredSubscription]:
         try:

@@ -78,6 +78,9 @@ class SubscriptionRuntime:
         self.machine = Subscription(topic, name, settings)
         self.topic = topic
         self.name = name
+        #: The topic incarnation this subscription serves (Metadata's topic_id when it was loaded). Its
+        #: cursors are saved with it, so the offset store refuses them once the topic is re-created.
+        self.topic_id = ""
         self.streams: dict[str, ConsumerStream] = {}
         self.loaded = asyncio.Event()
         self.load_error: SluiceError | None = None

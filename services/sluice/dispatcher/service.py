@@ -172,7 +172,7 @@ class DispatcherService:
             raise view.not_dispatcher(req.topic, foreign or wanted)
         # The admin lock: a reset, skip or delete of this subscription never sees it half joined.
         async with self.admin.locked(req.topic, req.subscription):
-            rt = await self._runtime(req, settings, sorted(mine))
+            rt = await self._runtime(req, settings, sorted(mine), desc.topic_id)
             consumer, fx = rt.machine.add_consumer(spec, settings, self.now_ms())
         if rt.linger is not None:
             rt.linger.cancel()
@@ -202,7 +202,11 @@ class DispatcherService:
         )
 
     async def _runtime(
-        self, req: dispatcher_pb2.Subscribe, settings: SubscriptionSettings, partitions: list[int]
+        self,
+        req: dispatcher_pb2.Subscribe,
+        settings: SubscriptionSettings,
+        partitions: list[int],
+        topic_id: str,
     ) -> SubscriptionRuntime:
         key = (req.topic, req.subscription)
         rt: SubscriptionRuntime | None = None
@@ -217,6 +221,7 @@ class DispatcherService:
             break
         if rt is None:
             rt = SubscriptionRuntime(self, req.topic, req.subscription, settings)
+            rt.topic_id = topic_id
             self.runtimes[key] = rt
             try:
                 if rt.durable:
@@ -399,7 +404,10 @@ class DispatcherService:
         await rt.shutdown()
         try:
             if rt.durable:
-                dirty = [DirtyCursor(rt.topic, rt.name, ps.cursor) for ps in rt.machine.partitions.values()]
+                dirty = [
+                    DirtyCursor(rt.topic, rt.name, ps.cursor, rt.topic_id)
+                    for ps in rt.machine.partitions.values()
+                ]
                 dirty = [d for d in dirty if d.cursor.dirty]
                 if dirty:
                     try:
@@ -418,7 +426,7 @@ class DispatcherService:
 
     def dirty_cursors(self) -> list[DirtyCursor]:
         return [
-            DirtyCursor(rt.topic, rt.name, ps.cursor)
+            DirtyCursor(rt.topic, rt.name, ps.cursor, rt.topic_id)
             for rt in self.runtimes.values()
             if rt.durable and not rt.closing
             for ps in rt.machine.partitions.values()
@@ -451,7 +459,9 @@ class DispatcherService:
         for key in {(d.topic, d.subscription) for d in fenced}:
             rt = self.runtimes.get(key)
             if rt is not None:
-                err = NotDispatcher(f"another dispatcher took over {key[0]}/{key[1]}; reconnect")
+                err: SluiceError = NotDispatcher(f"another dispatcher took over {key[0]}/{key[1]}; reconnect")
+                if self._replaced(rt, self.link.view):
+                    err = _topic_gone(rt)
                 for stream in list(rt.streams.values()):
                     stream.fail(err)
                 await self.drop(rt)
@@ -496,7 +506,7 @@ class DispatcherService:
                 and p < len(t.partitions)
                 and t.partitions[p].dispatcher_id
             ]
-            gone = t is None
+            gone = self._replaced(rt, view)
             grown = bool(now_mine - attached)
             if moved or gone or grown:
                 log.info(
@@ -507,13 +517,26 @@ class DispatcherService:
                     sorted(now_mine - attached),
                 )
                 err = (
-                    UnknownTopicOrPartition(f"topic {rt.topic!r} was deleted")
+                    _topic_gone(rt)
                     if gone
                     else view.not_dispatcher(rt.topic, moved or sorted(now_mine - attached))
                 )
                 for stream in list(rt.streams.values()):
                     stream.fail(err)
                 asyncio.get_running_loop().create_task(self.drop(rt))
+
+    @staticmethod
+    def _replaced(rt: SubscriptionRuntime, view: ClusterView) -> bool:
+        """The topic ``rt`` serves is gone: deleted, or deleted and re-created (another topic_id)."""
+        t = view.topics.get(rt.topic)
+        return t is None or bool(rt.topic_id and t.topic_id != rt.topic_id)
+
+
+def _topic_gone(rt: SubscriptionRuntime) -> UnknownTopicOrPartition:
+    return UnknownTopicOrPartition(
+        f"topic {rt.topic!r} (id {rt.topic_id or '?'}) was deleted, or deleted and re-created: subscription "
+        f"{rt.name!r} on it is over; subscribe again to start on the current topic"
+    )
 
 
 def _unknown_ids(bad: list[tuple[int, int]], what: str) -> UnknownMessageId:

@@ -132,16 +132,21 @@ class SubscriptionAdmin:
         loaded = await asyncio.gather(*(store.load(topic, subscription, p) for p in partitions))
         return {p: c for p, c in zip(partitions, loaded, strict=True) if c is not None}
 
-    async def _save(self, topic: str, subscription: str, cursors: list[PartitionCursor]) -> None:
+    async def _save(
+        self, topic: str, subscription: str, cursors: list[PartitionCursor], topic_id: str
+    ) -> None:
+        """Write ``cursors`` for the incarnation ``topic_id`` (read before the targets were computed): the
+        offset store refuses them if the topic was deleted or re-created meanwhile."""
         service = self._service
         for c in cursors:
             c.version += 1  # dirty: the store writes it
         fenced = await service.store.save(
-            [DirtyCursor(topic, subscription, c) for c in cursors], service.link.epoch
+            [DirtyCursor(topic, subscription, c, topic_id) for c in cursors], service.link.epoch
         )
         if fenced:
             raise NotDispatcher(
-                f"another dispatcher took over {topic}/{subscription} while it was changed: retry the command"
+                f"another dispatcher took over {topic}/{subscription}, or its topic was deleted or "
+                "re-created, while it was changed: retry the command"
             )
         service.book.set_positions(
             topic, subscription, {c.partition: (c.mark_delete, c.acked.count()) for c in cursors}
@@ -154,7 +159,8 @@ class SubscriptionAdmin:
         wanted = sorted(set(req.partitions)) if req.partitions else mine
         if any(p < 0 for p in wanted):
             raise InvalidArgument(f"partitions must be >= 0, got {wanted}")
-        count = len((await self._service.link.topic(req.topic)).partitions)
+        desc = await self._service.link.topic(req.topic)
+        count = len(desc.partitions)
         if wanted and wanted[-1] >= count:
             raise UnknownTopicOrPartition(f"topic {req.topic!r} has {count} partitions, not {wanted[-1] + 1}")
         wanted = [p for p in wanted if p in mine]  # the others are another dispatcher's
@@ -171,7 +177,7 @@ class SubscriptionAdmin:
             disconnected = await self._unload(req.topic, req.subscription, req.force, deleting=False)
             before = await self._load_cursors(req.topic, req.subscription, wanted)
             cursors = [PartitionCursor(p, mark_delete=targets[p][0]) for p in wanted]
-            await self._save(req.topic, req.subscription, cursors)
+            await self._save(req.topic, req.subscription, cursors, desc.topic_id)
         return pb.ResetSubscriptionResponse(
             partitions=[
                 pb.PartitionPosition(
@@ -233,6 +239,7 @@ class SubscriptionAdmin:
         if not 0 < req.count <= MAX_PEEK:
             raise InvalidArgument(f"count must be from 1 to {MAX_PEEK}, got {req.count}")
         mine = await self._partitions(req.topic, req.subscription)
+        topic_id = (await self._service.link.topic(req.topic)).topic_id
         async with self.locked(req.topic, req.subscription):
             record = await self._known(req.topic, req.subscription)
             if record is None:
@@ -249,7 +256,7 @@ class SubscriptionAdmin:
             before = {p: cursors[p].mark_delete for p in by_partition}
             for p, offsets in by_partition.items():
                 cursors[p].ack_sorted(sorted(offsets))
-            await self._save(req.topic, req.subscription, [cursors[p] for p in by_partition])
+            await self._save(req.topic, req.subscription, [cursors[p] for p in by_partition], topic_id)
         return pb.SkipSubscriptionResponse(
             skipped=[pb.MessageId(partition=r.partition, offset=r.offset) for r in found],
             partitions=[

@@ -27,6 +27,8 @@ class OffsetCommit:
     partition: int
     offset: int
     track: str
+    #: The topic incarnation the offset was read from ("": unchecked, only the topic must exist).
+    topic_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,8 @@ class CursorWrite:
     key: CursorKey
     owner_epoch: int
     state: CursorState
+    #: The topic incarnation the cursor belongs to ("": unchecked, only the topic must exist).
+    topic_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

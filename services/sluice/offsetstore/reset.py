@@ -24,7 +24,7 @@ from typing import Protocol
 from sluice.common.units import iso_ms
 from sluice.errors import InvalidArgument, UnknownGroup
 from sluice.offsetstore.model import ResetOutcome, ResetRequest, ResetSpec, TopicPartition
-from sluice.offsetstore.storage import group_not_empty
+from sluice.offsetstore.storage import FetchedOffsets, group_not_empty
 
 __all__ = ["OffsetResolver", "ResetStore", "plan_outcomes", "run_reset"]
 
@@ -51,9 +51,11 @@ class ResetStore(Protocol):
 
     async def fetch(
         self, group: str, track: str, partitions: Sequence[TopicPartition] = (), member_id: str = ""
-    ) -> dict[TopicPartition, int]: ...
+    ) -> FetchedOffsets: ...
 
-    async def reset(self, group: str, track: str, offsets: Mapping[TopicPartition, int]) -> None: ...
+    async def reset(
+        self, group: str, track: str, offsets: Mapping[TopicPartition, int], topic_ids: Mapping[str, str]
+    ) -> None: ...
 
 
 def check_not_future(timestamp_ms: int, now_ms: int) -> None:
@@ -116,7 +118,7 @@ async def _partitions(
     targets = dict(request.targets)
     committed: dict[TopicPartition, int] | None = None
     if request.all_topics:
-        committed = await store.fetch(request.group, track)
+        committed = (await store.fetch(request.group, track)).offsets
         if not committed and not targets:
             raise UnknownGroup(
                 f"group {request.group!r} has no committed offsets on track {track!r}: nothing to reset "
@@ -132,7 +134,7 @@ async def _partitions(
             chosen = await resolver.partitions(topic)
         else:
             if committed is None:
-                committed = await store.fetch(request.group, track)
+                committed = (await store.fetch(request.group, track)).offsets
             chosen = sorted(tp.partition for tp in committed if tp.topic == topic)
             if not chosen:
                 raise InvalidArgument(
@@ -197,7 +199,10 @@ async def run_reset(
     if live > 0:
         raise group_not_empty(group, live)
     partitions = await _partitions(store, resolver, request, track)
-    previous = await store.fetch(group, track, partitions)
+    # The topics' ids are read with the offsets: the write is refused (UNKNOWN_TOPIC_ID) if one of them
+    # is deleted or re-created while the brokers are asked, so no target of an old incarnation lands.
+    fetched = await store.fetch(group, track, partitions)
+    previous = fetched.offsets
     bounds = await _bounds(resolver, partitions) if resolver is not None else None
     found = (
         await _lookup(resolver, partitions, request.value)
@@ -206,5 +211,6 @@ async def run_reset(
     )
     outcomes = plan_outcomes(spec, request.value, partitions, previous, bounds, found)
     if not request.dry_run:
-        await store.reset(group, track, {TopicPartition(o.topic, o.partition): o.offset for o in outcomes})
+        targets = {TopicPartition(o.topic, o.partition): o.offset for o in outcomes}
+        await store.reset(group, track, targets, fetched.topic_ids)
     return outcomes

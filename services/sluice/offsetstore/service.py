@@ -27,8 +27,9 @@ from sluice.offsetstore.model import (
     TopicPartition,
 )
 from sluice.offsetstore.reset import OffsetResolver, run_reset
-from sluice.offsetstore.storage import PositionStore
+from sluice.offsetstore.storage import FetchedOffsets, PositionStore
 from sluice.offsetstore.subscriptions import SubscriptionRecord
+from sluice.offsetstore.topic_identity import TopicRefusal, topic_error
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,12 @@ class OffsetStoreService:
         track: str,
         partitions: Sequence[TopicPartition] = (),
         member_id: str = "",
-    ) -> dict[TopicPartition, int]:
-        """Committed offsets (-1 for a listed partition that has none)."""
+    ) -> FetchedOffsets:
+        """Committed offsets (-1 for a listed partition that has none) and their topics' current ids."""
         validation.validate_fetch(group, track, partitions, member_id)
         found = await self._store.fetch(group, validation.track_name(track), partitions, member_id)
-        return dict(sorted(found.items(), key=lambda kv: (kv[0].topic, kv[0].partition)))
+        offsets = dict(sorted(found.offsets.items(), key=lambda kv: (kv[0].topic, kv[0].partition)))
+        return FetchedOffsets(offsets, found.topic_ids)
 
     async def reset(self, request: ResetRequest) -> list[ResetOutcome]:
         """Set offsets exactly (reset.py); only while the group has no live members."""
@@ -123,6 +125,7 @@ class OffsetStoreService:
         for i, w in enumerate(writes):
             validation.validate_cursor_key(w.key, f"cursors[{i}]")
             validation.validate_owner_epoch(w.owner_epoch, f"cursors[{i}] ({w.key})")
+            validation.validate_topic_id(w.topic_id, f"cursors[{i}] ({w.key})")
         if not writes:
             return []
         blobs = await self._offload(
@@ -130,11 +133,15 @@ class OffsetStoreService:
             lambda: [_encode(i, w) for i, w in enumerate(writes)],
         )
         fenced_by = await self._store.save_cursors(
-            [(w.key, w.owner_epoch, blob) for w, blob in zip(writes, blobs, strict=True)]
+            [(w.key, w.owner_epoch, blob, w.topic_id) for w, blob in zip(writes, blobs, strict=True)]
         )
         results: list[SluiceError | None] = []
         for w, blob, stored_epoch in zip(writes, blobs, fenced_by, strict=True):
-            if stored_epoch is None:
+            if isinstance(stored_epoch, TopicRefusal):
+                err = topic_error(stored_epoch, w.key.topic, w.topic_id, f"cursor {w.key}")
+                results.append(err)
+                self._metrics.cursor_saves.labels(err.code_name).inc()
+            elif stored_epoch is None:
                 results.append(None)
                 self._metrics.cursor_saves.labels("NONE").inc()
                 self._metrics.cursor_bytes.observe(len(blob))
@@ -169,10 +176,16 @@ class OffsetStoreService:
 
     # ---- the subscription registry ---------------------------------------------
 
-    async def touch_subscriptions(self, records: Sequence[SubscriptionRecord]) -> None:
+    async def touch_subscriptions(self, records: Sequence[SubscriptionRecord]) -> list[SluiceError | None]:
+        """Record durable subscriptions; per record None, or why it was not (its topic is gone or another
+        incarnation now: a late touch must not bring a deleted topic's subscription back)."""
         for i, r in enumerate(records):
             validation.validate_subscription_record(r, f"subscriptions[{i}]")
-        await self._store.touch_subscriptions(records)
+        refusals = await self._store.touch_subscriptions(records)
+        return [
+            None if refusal is None else topic_error(refusal, r.topic, r.topic_id, f"subscription {r.field}")
+            for r, refusal in zip(records, refusals, strict=True)
+        ]
 
     async def list_subscriptions(self, topic: str) -> list[SubscriptionRecord]:
         if topic:

@@ -61,7 +61,7 @@ def cursor_write(cursor: offset_store_pb2.Cursor) -> CursorWrite:
         cursor.delivered_up_to,
         array("q", cursor.redelivery_ranges),
     )
-    return CursorWrite(key, cursor.owner_epoch, state)
+    return CursorWrite(key, cursor.owner_epoch, state, cursor.topic_id)
 
 
 class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
@@ -72,7 +72,8 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
         self, request: offset_store_pb2.CommitOffsetsRequest, context: Context
     ) -> offset_store_pb2.CommitOffsetsResponse:
         commits = [
-            OffsetCommit(o.topic, o.partition, o.offset, o.track or "default") for o in request.offsets
+            OffsetCommit(o.topic, o.partition, o.offset, o.track or "default", o.topic_id)
+            for o in request.offsets
         ]
         outcomes = await self._service.commit(
             request.group,
@@ -99,9 +100,13 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
         return offset_store_pb2.FetchOffsetsResponse(
             offsets=[
                 offset_store_pb2.PartitionOffset(
-                    topic=tp.topic, partition=tp.partition, offset=off, track=track
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    offset=off,
+                    track=track,
+                    topic_id=found.topic_ids.get(tp.topic, ""),
                 )
-                for tp, off in found.items()
+                for tp, off in found.offsets.items()
             ]
         )
 
@@ -179,13 +184,17 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
     async def TouchSubscriptions(
         self, request: offset_store_pb2.TouchSubscriptionsRequest, context: Context
     ) -> offset_store_pb2.TouchSubscriptionsResponse:
-        await self._service.touch_subscriptions(
+        errors = await self._service.touch_subscriptions(
             [
-                SubscriptionRecord(s.topic, s.subscription, s.type, s.filter, s.created_ms, s.last_active_ms)
+                SubscriptionRecord(
+                    s.topic, s.subscription, s.type, s.filter, s.created_ms, s.last_active_ms, s.topic_id
+                )
                 for s in request.subscriptions
             ]
         )
-        return offset_store_pb2.TouchSubscriptionsResponse()
+        return offset_store_pb2.TouchSubscriptionsResponse(
+            errors=[e.to_proto() if e is not None else common_pb2.Error() for e in errors]
+        )
 
     async def ListStoredSubscriptions(
         self, request: offset_store_pb2.ListStoredSubscriptionsRequest, context: Context

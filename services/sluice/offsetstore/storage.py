@@ -29,11 +29,19 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.errors import GroupNotEmpty, NotOwner, SluiceError, StaleMemberEpoch, StorageError, UnknownMember
+from sluice.errors import (
+    GroupNotEmpty,
+    NotOwner,
+    SluiceError,
+    StaleMemberEpoch,
+    StorageError,
+    UnknownMember,
+)
 from sluice.offsetstore import scripts
 from sluice.offsetstore.keys import Keys, partition_field, split_field
 from sluice.offsetstore.model import CommitOutcome, CursorKey, MessageModel, OffsetCommit, TopicPartition
 from sluice.offsetstore.subscriptions import SubscriptionRecord, SubscriptionRegistry
+from sluice.offsetstore.topic_identity import TopicRefusal, parse_save_result, topic_error
 from sluice.v1 import common_pb2
 
 log = logging.getLogger(__name__)
@@ -47,6 +55,14 @@ class CursorBlob:
 
     blob: bytes
     owner_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedOffsets:
+    """Committed offsets, and the current ``topic_id`` of each of their topics that exists."""
+
+    offsets: dict[TopicPartition, int]
+    topic_ids: dict[str, str]
 
 
 def connect(url: str) -> aioredis.Redis:
@@ -115,6 +131,7 @@ class PositionStore:
         broadcasting = model is MessageModel.BROADCASTING
         keys = [k.members(group)]
         key_index: dict[str, int] = {}
+        topic_index: dict[str, int] = {}
         argv: list[str | int] = ["member" if broadcasting else "group", member_id, member_epoch]
         for c in commits:
             index = key_index.get(c.track)
@@ -127,13 +144,17 @@ class PositionStore:
                     keys.append(k.offsets(group, c.track))
                 keys.append(k.member_index(group, c.track))
                 keys.append(k.owners(group, c.track))
-            argv += [index, partition_field(c.topic, c.partition), c.offset]
+            t = topic_index.get(c.topic)
+            if t is None:
+                t = topic_index[c.topic] = len(keys) + 1
+                keys += [k.topic_id(c.topic), k.topic_refs(c.topic)]
+            argv += [index, t, partition_field(c.topic, c.partition), c.offset, c.topic_id]
         async with _storage_errors(f"committing offsets of group {group!r}"):
             raw = await self._commit(keys=keys, args=argv)
         current = _text(raw[0])
         outcomes = []
         for i, c in enumerate(commits):
-            code, stored, owner = int(raw[1 + 3 * i]), int(raw[2 + 3 * i]), _text(raw[3 + 3 * i])
+            code, stored, detail = int(raw[1 + 3 * i]), int(raw[2 + 3 * i]), _text(raw[3 + 3 * i])
             error = _commit_error(
                 code,
                 group=group,
@@ -141,7 +162,7 @@ class PositionStore:
                 member_epoch=member_epoch,
                 current=current,
                 commit=c,
-                owner=owner,
+                detail=detail,
             )
             outcomes.append(CommitOutcome(c.topic, c.partition, stored, error))
         return outcomes
@@ -152,41 +173,47 @@ class PositionStore:
         track: str,
         partitions: Sequence[TopicPartition] = (),
         member_id: str = "",
-    ) -> dict[TopicPartition, int]:
+    ) -> FetchedOffsets:
         """Committed offsets; every partition with one when ``partitions`` is empty.
 
         With ``member_id`` (broadcasting), the member's own offsets win and the
         track's shared offsets (what a reset sets) fill in the rest. Listed
-        partitions without an offset map to ``NO_OFFSET``.
+        partitions without an offset map to ``NO_OFFSET``. The topics' current
+        ids are read in the same transaction, so they name the incarnation the
+        offsets belong to (a purge by a topic delete cannot fall in between).
         """
         k = self.keys
         sources = [k.offsets(group, track)]
         if member_id:
             sources.append(k.member_offsets(group, track, member_id))
+        if not partitions:
+            async with _storage_errors(f"listing offsets of group {group!r}"):
+                listed: set[str] = set()
+                for key in sources:
+                    listed.update(_text(f) for f in await self._redis.hkeys(key))
+            found = [TopicPartition(*split_field(f)) for f in sorted(listed)]
+            if not found:
+                return FetchedOffsets({}, {})
+            fetched = await self.fetch(group, track, found, member_id)
+            present = {tp: off for tp, off in fetched.offsets.items() if off != NO_OFFSET}
+            return FetchedOffsets(present, fetched.topic_ids)
         fields = [partition_field(tp.topic, tp.partition) for tp in partitions]
+        topics = sorted({tp.topic for tp in partitions})
         async with (
             _storage_errors(f"fetching offsets of group {group!r}"),
-            self._redis.pipeline(transaction=False) as pipe,
+            self._redis.pipeline(transaction=True) as pipe,
         ):
             for key in sources:
-                if fields:
-                    pipe.hmget(key, fields)
-                else:
-                    pipe.hgetall(key)
-            replies = await pipe.execute()
-        merged: dict[TopicPartition, int] = {}
-        if fields:
-            merged = dict.fromkeys(partitions, NO_OFFSET)
-            for reply in replies:  # later sources (the member's) override
-                for tp, value in zip(partitions, reply, strict=True):
-                    if value is not None:
-                        merged[tp] = int(value)
-            return merged
-        for reply in replies:
-            for field, value in reply.items():
-                topic, partition = split_field(_text(field))
-                merged[TopicPartition(topic, partition)] = int(value)
-        return merged
+                pipe.hmget(key, fields)
+            pipe.mget([k.topic_id(t) for t in topics])
+            *replies, ids = await pipe.execute()
+        merged = dict.fromkeys(partitions, NO_OFFSET)
+        for reply in replies:  # later sources (the member's) override
+            for tp, value in zip(partitions, reply, strict=True):
+                if value is not None:
+                    merged[tp] = int(value)
+        topic_ids = {t: _text(i) for t, i in zip(topics, ids, strict=True) if i is not None}
+        return FetchedOffsets(merged, topic_ids)
 
     async def live_members(self, group: str) -> int:
         async with _storage_errors(f"reading the live members of group {group!r}"):
@@ -196,29 +223,47 @@ class PositionStore:
         except ValueError:
             return 0
 
-    async def reset(self, group: str, track: str, offsets: Mapping[TopicPartition, int]) -> None:
-        """Set offsets exactly (not increase-only), all in one script; refused while members are live."""
+    async def reset(
+        self, group: str, track: str, offsets: Mapping[TopicPartition, int], topic_ids: Mapping[str, str]
+    ) -> None:
+        """Set offsets exactly (not increase-only), all in one script; refused while members are live,
+        and unless every topic exists (as the incarnation ``topic_ids[topic]`` when given)."""
         k = self.keys
-        argv: list[str | int] = [k.member_offsets_prefix(group, track)]
+        topics = sorted({tp.topic for tp in offsets})
+        keys = [k.live(group), k.offsets(group, track), k.member_index(group, track)]
+        argv: list[str | int] = [k.member_offsets_prefix(group, track), len(topics)]
+        for topic in topics:
+            keys += [k.topic_id(topic), k.topic_refs(topic)]
+            argv.append(topic_ids.get(topic, ""))
         for tp, offset in sorted(offsets.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
             argv += [partition_field(tp.topic, tp.partition), offset]
         async with _storage_errors(f"resetting offsets of group {group!r}"):
-            raw = await self._reset(
-                keys=[k.live(group), k.offsets(group, track), k.member_index(group, track)], args=argv
-            )
-        if int(raw[0]) == common_pb2.GROUP_NOT_EMPTY:
+            raw = await self._reset(keys=keys, args=argv)
+        code = int(raw[0])
+        if code == common_pb2.GROUP_NOT_EMPTY:
             raise group_not_empty(group, int(raw[1]))
+        if code != common_pb2.NONE:
+            topic = topics[int(raw[2]) - 1]
+            raise topic_error(
+                TopicRefusal(code, _text(raw[1])),
+                topic,
+                topic_ids.get(topic, ""),
+                f"reset of group {group!r}",
+            )
 
     # ---- cursors ---------------------------------------------------------------
 
-    async def save_cursors(self, writes: Sequence[tuple[CursorKey, int, bytes]]) -> list[int | None]:
-        """Write encoded cursors; per write, None when saved or the epoch that fenced it.
+    async def save_cursors(
+        self, writes: Sequence[tuple[CursorKey, int, bytes, str]]
+    ) -> list[int | TopicRefusal | None]:
+        """Write encoded cursors (key, owner epoch, blob, topic_id); per write, None when saved, the
+        epoch that fenced it, or the refusal for its topic (deleted or re-created meanwhile).
 
         One script call per subscription (its keys share a hash slot), all in
         one pipeline: one round trip for the whole batch.
         """
         by_subscription: dict[str, list[int]] = defaultdict(list)
-        for i, (key, _epoch, _blob) in enumerate(writes):
+        for i, (key, _epoch, _blob, _topic_id) in enumerate(writes):
             by_subscription[key.subscription].append(i)
         k = self.keys
         calls: list[list[str | int | bytes]] = []
@@ -226,19 +271,21 @@ class PositionStore:
             keys: list[str | int | bytes] = []
             argv: list[str | int | bytes] = []
             for i in indexes:
-                ck, epoch, blob = writes[i]
+                ck, epoch, blob, topic_id = writes[i]
                 keys += [
                     k.cursor(ck.subscription, ck.topic, ck.partition),
                     k.cursor_epoch(ck.subscription, ck.topic, ck.partition),
+                    k.topic_id(ck.topic),
+                    k.topic_refs(ck.topic),
                 ]
-                argv += [epoch, blob]
+                argv += [epoch, blob, topic_id]
             calls.append([len(keys), *keys, *argv])
         async with _storage_errors("saving cursors"):
             replies = await self._evalsha_pipeline(self._save_cursors, calls)
-        results: list[int | None] = [None] * len(writes)
+        results: list[int | TopicRefusal | None] = [None] * len(writes)
         for indexes, reply in zip(by_subscription.values(), replies, strict=True):
-            for i, fenced_by in zip(indexes, reply, strict=True):
-                results[i] = int(fenced_by) if fenced_by else None
+            for i, raw in zip(indexes, reply, strict=True):
+                results[i] = parse_save_result(_text(raw))
         return results
 
     async def _evalsha_pipeline(self, script: AsyncScript, calls: list[list[str | int | bytes]]) -> list[Any]:
@@ -278,9 +325,9 @@ class PositionStore:
 
     # ---- the registry of durable subscriptions (subscriptions.py) ------------
 
-    async def touch_subscriptions(self, records: Sequence[SubscriptionRecord]) -> None:
+    async def touch_subscriptions(self, records: Sequence[SubscriptionRecord]) -> list[TopicRefusal | None]:
         async with _storage_errors("registering subscriptions"):
-            await self._subscriptions.touch(records)
+            return await self._subscriptions.touch(records)
 
     async def list_subscriptions(self, topic: str = "") -> list[SubscriptionRecord]:
         async with _storage_errors("listing subscriptions"):
@@ -310,11 +357,15 @@ def _commit_error(
     member_epoch: int,
     current: str,
     commit: OffsetCommit,
-    owner: str,
+    detail: str,
 ) -> SluiceError | None:
     tp = partition_field(commit.topic, commit.partition)
     if code == common_pb2.NONE:
         return None
+    if code in (common_pb2.UNKNOWN_TOPIC_ID, common_pb2.UNKNOWN_TOPIC_OR_PARTITION):
+        return topic_error(
+            TopicRefusal(code, detail), commit.topic, commit.topic_id, f"commit of {tp} by group {group!r}"
+        )
     if code == common_pb2.UNKNOWN_MEMBER:
         return UnknownMember(
             f"member {member_id!r} is not in group {group!r} (it left, was removed after its session "
@@ -332,6 +383,7 @@ def _commit_error(
             member_epoch=member_epoch,
         )
     if code == common_pb2.NOT_OWNER:
+        owner = detail
         held = f"owned by member {owner!r}" if owner else "not owned by anyone (unassigned or in handoff)"
         return NotOwner(
             f"member {member_id!r} does not own {tp} in group {group!r}: it is {held}",

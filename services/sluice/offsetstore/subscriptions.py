@@ -19,30 +19,53 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from sluice.offsetstore.keys import Keys
+from sluice.offsetstore.keys import REF_FIELDS, Keys
+from sluice.offsetstore.topic_identity import TOPIC_CHECK_LUA, TopicRefusal
+from sluice.v1 import common_pb2
 
 __all__ = ["SubscriptionRecord", "SubscriptionRegistry"]
 
-# KEYS[1] the registry hash. ARGV: pairs (field, "type|created|last_active|filter").
-# Keeps the stored created_ms and the larger last_active_ms (dispatchers touch concurrently).
-TOUCH = """
-for i = 1, #ARGV, 2 do
-  local t, c, a, f = string.match(ARGV[i + 1], '^(%d+)|(%d+)|(%d+)|(.*)$')
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
-  if cur then
-    local _, oc, oa = string.match(cur, '^(%d+)|(%d+)|(%d+)|')
-    if oc and tonumber(oc) > 0 then c = oc end
-    if oa and tonumber(oa) > tonumber(a) then a = oa end
+# KEYS[1] the registry hash, then two keys per topic: its id key and its refs hash.
+# ARGV: quadruples (index into KEYS of the topic's id key, field, "type|created|last_active|filter",
+#   the toucher's topic_id or ""). Keeps the stored created_ms and the larger last_active_ms
+#   (dispatchers touch concurrently). A record whose topic is gone or another incarnation now is not
+#   written (topic identity: docs/redis-schema.md); a written one registers the registry hash in the
+#   topic's refs (its fields are ``topic/subscription``), so deleting the topic removes it.
+# Returns per record: NONE, or the topic refusal's code and the topic's current id (flattened pairs).
+TOUCH = (
+    TOPIC_CHECK_LUA
+    + f"""
+local out = {{}}
+for i = 1, #ARGV, 4 do
+  local t, field, value, given = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local current = redis.call('GET', KEYS[t])
+  local code = topic_code(current, given)
+  if code == {common_pb2.NONE} then
+    local ty, c, a, f = string.match(value, '^(%d+)|(%d+)|(%d+)|(.*)$')
+    local cur = redis.call('HGET', KEYS[1], field)
+    if cur then
+      local _, oc, oa = string.match(cur, '^(%d+)|(%d+)|(%d+)|')
+      if oc and tonumber(oc) > 0 then c = oc end
+      if oa and tonumber(oa) > tonumber(a) then a = oa end
+    end
+    redis.call('HSET', KEYS[1], field, ty .. '|' .. c .. '|' .. a .. '|' .. f)
+    redis.call('HSETNX', KEYS[t + 1], KEYS[1], '{REF_FIELDS}')
   end
-  redis.call('HSET', KEYS[1], ARGV[i], t .. '|' .. c .. '|' .. a .. '|' .. f)
+  out[#out + 1] = code
+  out[#out + 1] = current or ''
 end
-return #ARGV / 2
+return out
 """
+)
 
-# KEYS: the cursor and cursor-epoch keys of one subscription (one hash slot). Returns keys removed.
+# KEYS: the cursor and cursor-epoch keys of one subscription (one hash slot), then the topic's refs
+# hash, where they are unregistered (nothing left to purge). Returns keys removed.
 DELETE_CURSORS = """
 local n = 0
-for i = 1, #KEYS do n = n + redis.call('DEL', KEYS[i]) end
+for i = 1, #KEYS - 1 do
+  n = n + redis.call('DEL', KEYS[i])
+  redis.call('HDEL', KEYS[#KEYS], KEYS[i])
+end
 return n
 """
 
@@ -55,6 +78,8 @@ class SubscriptionRecord:
     filter: str
     created_ms: int
     last_active_ms: int
+    #: The incarnation the toucher loaded the subscription for (not stored; "" = unchecked).
+    topic_id: str = ""
 
     @property
     def field(self) -> str:
@@ -84,13 +109,26 @@ class SubscriptionRegistry:
         self._touch = client.register_script(TOUCH)
         self._delete = client.register_script(DELETE_CURSORS)
 
-    async def touch(self, records: Sequence[SubscriptionRecord]) -> None:
+    async def touch(self, records: Sequence[SubscriptionRecord]) -> list[TopicRefusal | None]:
+        """Record ``records``; per record None, or the refusal of its topic (then it was not written)."""
         if not records:
-            return
-        argv: list[str] = []
+            return []
+        k = self._keys
+        keys = [k.subscriptions()]
+        topic_index: dict[str, int] = {}
+        argv: list[str | int] = []
         for r in records:
-            argv += [r.field, r.encode()]
-        await self._touch(keys=[self._keys.subscriptions()], args=argv)
+            t = topic_index.get(r.topic)
+            if t is None:
+                t = topic_index[r.topic] = len(keys) + 1
+                keys += [k.topic_id(r.topic), k.topic_refs(r.topic)]
+            argv += [t, r.field, r.encode(), r.topic_id]
+        raw = await self._touch(keys=keys, args=argv)
+        out: list[TopicRefusal | None] = []
+        for i in range(len(records)):
+            code = int(raw[2 * i])
+            out.append(None if code == common_pb2.NONE else TopicRefusal(code, _text(raw[2 * i + 1])))
+        return out
 
     async def list(self, topic: str = "") -> list[SubscriptionRecord]:
         raw = await self._redis.hgetall(self._keys.subscriptions())
@@ -107,7 +145,7 @@ class SubscriptionRegistry:
         keys: list[str] = []
         for p in partitions:
             keys += [k.cursor(subscription, topic, p), k.cursor_epoch(subscription, topic, p)]
-        removed = int(await self._delete(keys=keys, args=[])) if keys else 0
+        removed = int(await self._delete(keys=[*keys, k.topic_refs(topic)], args=[])) if keys else 0
         if unregister:
             removed += int(await self._redis.hdel(k.subscriptions(), f"{topic}/{subscription}"))
         return removed

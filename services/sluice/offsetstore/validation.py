@@ -61,6 +61,17 @@ def validate_offset(offset: int, where: str) -> int:
     return offset
 
 
+# Topic ids are the coordinator's uuid4().hex; accept any short token so the check stays the store's.
+_TOPIC_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+
+
+def validate_topic_id(topic_id: str, where: str) -> str:
+    """ "" (unchecked) or a plausible topic id (the coordinator's ``Metadata`` gives it)."""
+    if topic_id and not _TOPIC_ID.fullmatch(topic_id):
+        raise InvalidArgument(f"{where}: invalid topic_id {topic_id!r}: send Metadata's topic_id, or none")
+    return topic_id
+
+
 def _check_size(count: int, limit: int, what: str) -> None:
     if count > limit:
         raise InvalidRequest(f"too many {what} in one request ({count}); at most {limit}: split the request")
@@ -78,6 +89,7 @@ def validate_commit(group: str, member_id: str, member_epoch: int, commits: Sequ
         validate_partition(c.partition, where)
         validate_offset(c.offset, where)
         track_name(c.track)
+        validate_topic_id(c.topic_id, where)
 
 
 def validate_fetch(group: str, track: str, partitions: Sequence[TopicPartition], member_id: str) -> None:
@@ -141,3 +153,4 @@ def validate_subscription_record(record: SubscriptionRecord, where: str) -> None
         raise InvalidArgument(f"{where} ({record.field}): type and times must be >= 0")
     if len(record.filter) > 4096:
         raise InvalidArgument(f"{where} ({record.field}): the filter is longer than 4096 characters")
+    validate_topic_id(record.topic_id, f"{where} ({record.field})")

@@ -43,6 +43,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     STORAGE_ERROR: _ErrorCode.ValueType  # 17
     INVALID_REQUEST: _ErrorCode.ValueType  # 18
     UNAUTHENTICATED: _ErrorCode.ValueType  # 19
+    UNKNOWN_TOPIC_ID: _ErrorCode.ValueType  # 20
+    """The request names a topic incarnation (topic_id) that is not the topic's current one: the topic
+    was deleted, or deleted and re-created. Re-read Metadata and restart from the new topic.
+    """
     UNKNOWN_GROUP: _ErrorCode.ValueType  # 30
     """Consumer groups."""
     UNKNOWN_MEMBER: _ErrorCode.ValueType  # 31
@@ -87,6 +91,10 @@ INVALID_FETCH_SESSION_EPOCH: ErrorCode.ValueType  # 16
 STORAGE_ERROR: ErrorCode.ValueType  # 17
 INVALID_REQUEST: ErrorCode.ValueType  # 18
 UNAUTHENTICATED: ErrorCode.ValueType  # 19
+UNKNOWN_TOPIC_ID: ErrorCode.ValueType  # 20
+"""The request names a topic incarnation (topic_id) that is not the topic's current one: the topic
+was deleted, or deleted and re-created. Re-read Metadata and restart from the new topic.
+"""
 UNKNOWN_GROUP: ErrorCode.ValueType  # 30
 """Consumer groups."""
 UNKNOWN_MEMBER: ErrorCode.ValueType  # 31

@@ -52,10 +52,17 @@ class PartitionOffset(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     TRACK_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     offset: _builtins.int
     track: _builtins.str
+    topic_id: _builtins.str
+    """The topic incarnation (coordinator Metadata's topic_id). In a commit: the one the offset was read
+    from; the offset store refuses it with UNKNOWN_TOPIC_ID unless it is the topic's current id
+    (empty: only checks that the topic exists). In a FetchOffsets answer: the topic's current id.
+    (Numbered 15 so that fields appended meanwhile keep 5..14.)
+    """
     def __init__(
         self,
         *,
@@ -63,10 +70,11 @@ class PartitionOffset(_message.Message):
         partition: _builtins.int = ...,
         offset: _builtins.int = ...,
         track: _builtins.str = ...,
+        topic_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic", "track", b"track"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic", "topic_id", b"topic_id", "track", b"track"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -323,6 +331,7 @@ class Cursor(_message.Message):
     OWNER_EPOCH_FIELD_NUMBER: _builtins.int
     DELIVERED_UP_TO_FIELD_NUMBER: _builtins.int
     REDELIVERY_RANGES_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     subscription: _builtins.str
@@ -334,6 +343,10 @@ class Cursor(_message.Message):
     """Write-ahead delivery mark: every offset in [mark_delete, delivered_up_to)
     may have been delivered (nothing at or above it was). After a crash the
     next owner counts each unacknowledged offset below it once more.
+    """
+    topic_id: _builtins.str
+    """The topic incarnation the cursor belongs to (Metadata's topic_id); a save for another incarnation
+    than the current one is refused with UNKNOWN_TOPIC_ID (empty: only checks that the topic exists).
     """
     @_builtins.property
     def acked_ranges(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -364,10 +377,11 @@ class Cursor(_message.Message):
         owner_epoch: _builtins.int = ...,
         delivered_up_to: _builtins.int = ...,
         redelivery_ranges: _abc.Iterable[_builtins.int] | None = ...,
+        topic_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_ranges", b"acked_ranges", "delivered_up_to", b"delivered_up_to", "mark_delete", b"mark_delete", "owner_epoch", b"owner_epoch", "partition", b"partition", "redelivery_counts", b"redelivery_counts", "redelivery_ranges", b"redelivery_ranges", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_ranges", b"acked_ranges", "delivered_up_to", b"delivered_up_to", "mark_delete", b"mark_delete", "owner_epoch", b"owner_epoch", "partition", b"partition", "redelivery_counts", b"redelivery_counts", "redelivery_ranges", b"redelivery_ranges", "subscription", b"subscription", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -541,6 +555,7 @@ class StoredSubscription(_message.Message):
     FILTER_FIELD_NUMBER: _builtins.int
     CREATED_MS_FIELD_NUMBER: _builtins.int
     LAST_ACTIVE_MS_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscription: _builtins.str
     type: _builtins.int
@@ -549,6 +564,11 @@ class StoredSubscription(_message.Message):
     created_ms: _builtins.int
     """Wall-clock ms. A touch keeps the first created_ms and the largest last_active_ms."""
     last_active_ms: _builtins.int
+    topic_id: _builtins.str
+    """In a touch: the topic incarnation (Metadata's topic_id) the subscription was loaded for; the
+    touch is refused (not written) with UNKNOWN_TOPIC_ID unless it is the topic's current id (empty:
+    only checks that the topic exists), so a deleted topic's subscription cannot re-register.
+    """
     def __init__(
         self,
         *,
@@ -558,10 +578,11 @@ class StoredSubscription(_message.Message):
         filter: _builtins.str = ...,
         created_ms: _builtins.int = ...,
         last_active_ms: _builtins.int = ...,
+        topic_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "filter", b"filter", "last_active_ms", b"last_active_ms", "subscription", b"subscription", "topic", b"topic", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "filter", b"filter", "last_active_ms", b"last_active_ms", "subscription", b"subscription", "topic", b"topic", "topic_id", b"topic_id", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -591,12 +612,19 @@ Global___TouchSubscriptionsRequest: _TypeAlias = TouchSubscriptionsRequest  # no
 class TouchSubscriptionsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    ERRORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Error]:
+        """One per subscription, in request order: NONE when recorded, else why it was not (its topic)."""
+
     def __init__(
         self,
+        *,
+        errors: _abc.Iterable[_common_pb2.Error] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["errors", b"errors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

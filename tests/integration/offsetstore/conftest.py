@@ -1,8 +1,10 @@
 """A real offset-store process on a private Redis, driven over gRPC.
 
-The group ownership keys are seeded in Redis directly, exactly as the
-coordinator writes them (docs/redis-schema.md), so these tests exercise the
-offset store's fencing without depending on the coordinator.
+The group ownership keys and the topics' id keys are seeded in Redis
+directly, exactly as the coordinator writes them (docs/redis-schema.md), so
+these tests exercise the offset store's fencing without depending on the
+coordinator. The topics the tests write to exist (``TOPICS``), each with the
+id ``topic_id_of(name)``; a write to any other topic is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ import redis
 from sluice.v1 import offset_store_pb2_grpc
 from tests.harness import RedisServer, ServiceProcess, run_redis, start_service
 
+#: Topics that exist in every stack (their id keys are set), as if the coordinator had created them.
+TOPICS = ("t", "orders", "lag", "zombie", "standby", "empty", "default")
+
+
+def topic_id_of(topic: str) -> str:
+    return f"id-{topic}"
+
 
 @dataclass
 class Stack:
@@ -25,6 +34,11 @@ class Stack:
     redis: redis.Redis
     channel: grpc.Channel
     stub: offset_store_pb2_grpc.OffsetStoreStub
+
+    def seed_topic(self, *topics: str) -> None:
+        """Make ``topics`` exist, as the coordinator's CreateTopic does (their id keys)."""
+        for topic in topics:
+            self.redis.set(f"sluice:topic:{{{topic}}}:id", topic_id_of(topic))
 
     def seed_group(
         self, group: str, members: dict[str, int], owners: dict[str, str], live: int = 1, track: str = ""
@@ -47,13 +61,15 @@ def start_stack(redis_server: RedisServer) -> Stack:
         "offset-store", "--port", "0", "--metrics-port", "0", "--redis-url", redis_server.url
     )
     channel = grpc.insecure_channel(service.address)
-    return Stack(
+    stack = Stack(
         redis_server,
         service,
         redis.Redis.from_url(redis_server.url),
         channel,
         offset_store_pb2_grpc.OffsetStoreStub(channel),
     )
+    stack.seed_topic(*TOPICS)
+    return stack
 
 
 def stop_stack(stack: Stack) -> None:

@@ -17,6 +17,7 @@ from sluice.errors import (
     NotOwner,
     StaleMemberEpoch,
     UnknownMember,
+    UnknownTopicOrPartition,
     raise_for_proto,
 )
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2
@@ -172,6 +173,35 @@ def test_reset_without_coordinator_only_sets_explicit_offsets(stack: Stack) -> N
     request = ResetOffsetsRequest(group="g-r2", topic="never-committed")
     with pytest.raises(InvalidArgument, match="list the partitions"):
         call(stack.stub.ResetOffsets, request, timeout=10)
+
+
+def test_a_multi_topic_reset_checks_every_topic_before_writing_and_registers_each(stack: Stack) -> None:
+    """Topic identity over main's multi-topic reset: one script checks every topic first, so a topic
+    that does not exist refuses the whole reset (nothing of the others lands: it would be offsets no
+    topic delete ever removes); a written reset registers the track's hash in every topic's refs."""
+    stack.seed_group("g-multi", {}, {}, live=0)
+    both = [
+        offset_store_pb2.ResetTopic(topic="t", partitions=[0]),
+        offset_store_pb2.ResetTopic(topic="orders", partitions=[1]),
+    ]
+    request = ResetOffsetsRequest(
+        group="g-multi",
+        topics=[*both, offset_store_pb2.ResetTopic(topic="zz-missing", partitions=[0])],
+        spec=offset_store_pb2.RESET_SPEC_OFFSET,
+        value=7,
+    )
+    # (It sorts last: the topics before it are checked and pass first.)
+    with pytest.raises(UnknownTopicOrPartition, match="'zz-missing' does not exist"):
+        call(stack.stub.ResetOffsets, request, timeout=10)
+    assert fetch(stack, "g-multi") == {}
+    assert not stack.redis.exists("sluice:topic:{zz-missing}:refs")
+    request = ResetOffsetsRequest(
+        group="g-multi", topics=both, spec=offset_store_pb2.RESET_SPEC_OFFSET, value=7
+    )
+    call(stack.stub.ResetOffsets, request, timeout=10)
+    assert fetch(stack, "g-multi") == {("t", 0): 7, ("orders", 1): 7}
+    for topic in ("t", "orders"):
+        assert stack.redis.hget(f"sluice:topic:{{{topic}}}:refs", "sluice:off:{g-multi}:default") == b"h"
 
 
 # ---- broadcasting --------------------------------------------------------------------

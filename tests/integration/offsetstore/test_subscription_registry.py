@@ -5,12 +5,16 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from sluice.v1 import common_pb2
 from sluice.v1 import offset_store_pb2 as pb
-from tests.integration.offsetstore.conftest import Stack
+from tests.integration.offsetstore.conftest import Stack, topic_id_of
 
 
-def touch(stack: Stack, *subs: pb.StoredSubscription) -> None:
-    stack.stub.TouchSubscriptions(pb.TouchSubscriptionsRequest(subscriptions=subs), timeout=10)
+def touch(stack: Stack, *subs: pb.StoredSubscription) -> list[int]:
+    """Touch ``subs`` (their topics made to exist first); the per-record error codes."""
+    stack.seed_topic(*{s.topic for s in subs if s.topic != "gone-topic"})
+    resp = stack.stub.TouchSubscriptions(pb.TouchSubscriptionsRequest(subscriptions=subs), timeout=10)
+    return [e.code for e in resp.errors]
 
 
 def stored(stack: Stack, topic: str = "") -> list[pb.StoredSubscription]:
@@ -65,6 +69,25 @@ def test_delete_removes_the_cursors_then_the_entry(stack: Stack) -> None:
     assert resp.deleted_keys == 5  # 2 cursors, 2 epochs, 1 registry field
     assert stack.redis.keys("sluice:cur:{gone}:*") == []
     assert stored(stack, "reg-d") == []
+    # Unregistered from the topic's refs too: only the registry hash (other subscriptions) stays named.
+    assert stack.redis.hgetall("sluice:topic:{reg-d}:refs") == {b"sluice:subs": b"h"}
+
+
+def test_a_touch_is_checked_by_topic_id_and_registered_in_the_topics_refs(stack: Stack) -> None:
+    """Topic identity: a registry entry is per-topic state. A touch for a topic that is gone, or for an
+    older incarnation, writes nothing (a late touch must not re-register a deleted topic's subscription);
+    a written one registers ``{P}:subs`` in the topic's refs, so the topic's delete purges the entry."""
+    live = sub("reg-i", "s", 1, 2)
+    live.topic_id = topic_id_of("reg-i")
+    stale = sub("reg-i", "old", 1, 2)
+    stale.topic_id = "id-of-a-deleted-incarnation"
+    gone = sub("gone-topic", "s", 1, 2)
+    codes = touch(stack, live, stale, gone)
+    assert codes == [common_pb2.NONE, common_pb2.UNKNOWN_TOPIC_ID, common_pb2.UNKNOWN_TOPIC_OR_PARTITION]
+    assert [s.subscription for s in stored(stack, "reg-i")] == ["s"]
+    assert stored(stack, "gone-topic") == []
+    assert stack.redis.hget("sluice:topic:{reg-i}:refs", "sluice:subs") == b"h"
+    assert not stack.redis.exists("sluice:topic:{gone-topic}:refs")
 
 
 def test_bad_names_are_invalid_arguments(stack: Stack) -> None:

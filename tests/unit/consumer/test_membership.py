@@ -186,6 +186,16 @@ def test_leave_epochs() -> None:
     assert plan.member_epoch == STATIC_LEAVE_EPOCH
 
 
+def test_closing_while_the_first_join_is_out_has_nothing_to_leave() -> None:
+    """close() right after a fence, while the rejoin (no member id yet) travels: no leave to send, and
+    no illegal JOINING -> LEFT transition (it used to fail a consumer's close() in that window)."""
+    ctx = Ctx()
+    plan = ctx.m.request(ctx.now)  # the join is out: JOINING, no member id
+    assert (plan.member_id, ctx.m.state) == ("", MemberState.JOINING)
+    assert ctx.m.leave() is None
+    assert ctx.m.state is MemberState.LEFT
+
+
 def test_a_late_answer_after_leaving_is_ignored() -> None:
     ctx = Ctx()
     ctx.answer(1, [tp(0)])

@@ -147,3 +147,25 @@ def test_cut_chunks_two_runs_of_one_partition_and_removed_partitions() -> None:
         (("b", 0), 2, 3),
         (("a", 0), 2, 5),  # only the partition's last run carries the fetch position
     ]
+
+
+def test_restart_forgets_a_recreated_topics_position_until_it_is_looked_up_again() -> None:
+    s = started(in_flight_min=True, position=10, committed=3)
+    part = s.parts[TP]
+    s.handed_out(part, [10, 11], 12)
+    epoch = part.fetch_epoch
+    s.restart(part)
+    assert part.lifecycle is PartitionLifecycle.AWAITING_POSITION
+    assert (part.position, part.committable, part.committed) == (-1, -1, -1)
+    assert len(part.in_flight) == 0
+    assert part.fetch_epoch == epoch + 1  # buffered records of the old topic are dropped
+    assert s.to_commit() == {}  # the old position is never committed
+    s.start(part, 0, -1)  # looked up again on the new topic: its first record
+    assert s.to_commit() == {TP: (0, "default")}
+    paused = started(in_flight_min=False)
+    p = paused.parts[TP]
+    paused.pause(p)
+    paused.restart(p)
+    assert p.lifecycle is PartitionLifecycle.PAUSED  # stays paused; resume looks the position up
+    paused.resume(p)
+    assert p.lifecycle is PartitionLifecycle.AWAITING_POSITION

@@ -8,6 +8,7 @@ import pytest
 from sluice.coordinator.groups.deletion import GroupKeysFound, delete_group, deletion_ops
 from sluice.coordinator.groups.model import ConflictPolicy, GroupConfig
 from sluice.errors import GroupNotEmpty, UnknownGroup
+from sluice.offsetstore.keys import Keys
 
 from .groups_context import GroupsContext, apply_ops
 
@@ -38,10 +39,15 @@ def test_an_empty_group_is_deleted_with_every_record(ctx: GroupsContext) -> None
     ctx.redis["sluice:off:{g}:default"] = {"t/0": "3"}
 
     # What the SCAN finds (tested against a real Redis in tests/integration/cli/test_cli_admin.py).
-    found = GroupKeysFound(tuple(sorted(k for k in ctx.redis if "{g}" in k)), offsets=1)
+    ctx.redis["sluice:topic:{t}:refs"] = {"sluice:off:{g}:default": "h", "sluice:cur:{s}:t/0": "k"}
+    found = GroupKeysFound(
+        tuple(sorted(k for k in ctx.redis if "{g}" in k)), offsets=1, topics=frozenset({"t"})
+    )
     assert "sluice:grp:{g}:members" in found.keys
     deleted = ctx.apply(delete_group(ctx.groups, "g", found))
-    apply_ops(ctx.redis, deletion_ops(found))
+    apply_ops(ctx.redis, deletion_ops(found, Keys("sluice")))
+    # Unregistered from the topic's refs (topic identity): only other owners' keys stay named there.
+    assert ctx.redis["sluice:topic:{t}:refs"] == {"sluice:cur:{s}:t/0": "k"}
     assert deleted == 1
     assert "g" not in ctx.groups.groups
     assert [f for f in ctx.store if f.endswith(":g") or ":g/" in f] == []

@@ -160,6 +160,7 @@ class AsyncCommitter:
         member: Member,
         holds: Callable[[TopicPartition], bool],
         on_stored: Callable[[dict[TopicPartition, int]], None],
+        on_refused: Callable[[CommitResult], None],
         max_in_flight: int,
         timeout: float,
     ) -> None:
@@ -167,6 +168,9 @@ class AsyncCommitter:
         self._member = member
         self._holds = holds
         self._on_stored = on_stored
+        #: Told of every answer with refused partitions: the Consumer looks up again the position of
+        #: a partition whose topic was re-created (UnknownTopicId), as after a sync commit.
+        self._on_refused = on_refused
         self._max = max_in_flight
         self._timeout = timeout
         self._cond = threading.Condition()
@@ -344,6 +348,11 @@ class AsyncCommitter:
                         retry[tp] = sent
             if stored:
                 self._on_stored(stored)
+            refused: CommitResult = {
+                tp: e for tp, e in answer.items() if e is not None and tp in batch.to_send
+            }
+            if refused:
+                self._on_refused(refused)
         now = time.monotonic()
         if not retry:
             self._finish(batch)

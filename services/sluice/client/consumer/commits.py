@@ -6,6 +6,11 @@ UNKNOWN_MEMBER, NOT_OWNER) and each partition's offset *track*. Broadcasting mem
 mark their commits with ``message_model = MESSAGE_MODEL_BROADCASTING`` and
 look offsets up with their member id (their own offsets, the shared ones as fallback).
 
+Topic identity: a lookup answers each topic's current ``topic_id`` along with the offsets (read
+atomically together), and every later commit of that partition carries it. If the topic is deleted, or
+deleted and re-created, meanwhile, the store refuses the commit with ``UnknownTopicId`` instead of
+writing an old topic's position into the new one.
+
 Caller: the Consumer (sync from the application thread) and its AsyncCommitter (gRPC futures).
 """
 
@@ -48,6 +53,8 @@ class OffsetStoreClient:
         self._topics = sorted(set(topics))
         self._timeout = request_timeout
         self.broadcasting = broadcasting
+        #: tp -> the topic_id its committed offset was looked up for (sent with its commits).
+        self._topic_ids: dict[TopicPartition, str] = {}
 
     def stub(self, refresh: bool = False) -> offset_store_pb2_grpc.OffsetStoreStub:
         """The offset store's stub, from the (cached) Metadata."""
@@ -81,8 +88,10 @@ class OffsetStoreClient:
             )
             resp = self._fetch_one(request)
             found = {(o.topic, o.partition): o.offset for o in resp.offsets}
+            ids = {o.topic: o.topic_id for o in resp.offsets if o.topic_id}
             for tp in tps:
                 out[tp] = found.get(tp, -1)
+                self._topic_ids[tp] = ids.get(tp[0], "")
         return out
 
     def _fetch_one(
@@ -124,7 +133,9 @@ class OffsetStoreClient:
                 else coordinator_pb2.MESSAGE_MODEL_CLUSTERING
             ),
             offsets=[
-                offset_store_pb2.PartitionOffset(topic=t, partition=p, offset=off, track=track)
+                offset_store_pb2.PartitionOffset(
+                    topic=t, partition=p, offset=off, track=track, topic_id=self._topic_ids.get((t, p), "")
+                )
                 for (t, p), (off, track) in sorted(offsets.items())
             ],
         )

@@ -41,7 +41,14 @@ from sluice.client.fetcher import Fetcher
 from sluice.client.metadata import MetadataCache
 from sluice.client.rpc import ChannelPool
 from sluice.codec.batch import Record
-from sluice.errors import InvalidArgument, OffsetOutOfRange, SluiceError, StaleMemberEpoch
+from sluice.errors import (
+    InvalidArgument,
+    OffsetOutOfRange,
+    SluiceError,
+    StaleMemberEpoch,
+    UnknownTopicId,
+    UnknownTopicOrPartition,
+)
 
 __all__ = ["CommitCallback", "Consumer", "ConsumerStats"]
 
@@ -110,6 +117,7 @@ class Consumer:
             self._member,
             self._holds,
             self._stored,
+            self._restart_recreated,
             config.max_in_flight_commits,
             self._timeout,
         )
@@ -151,6 +159,7 @@ class Consumer:
             with self._lock:
                 error = self._prefetch.take_error()
                 if error is not None:
+                    self._restart_vanished(error)
                     raise error
                 records = self._collect(limit)
                 if records:
@@ -483,6 +492,7 @@ class Consumer:
                     result[tp] = err
                     if err is None:
                         self._state.committed_ok(tp, pending[tp][0])
+            self._restart_recreated(got)
             stale = {tp for tp, err in got.items() if isinstance(err, StaleMemberEpoch)}
             if not stale or attempt == 2 or self._member.state is not MemberState.STABLE:
                 break
@@ -492,6 +502,42 @@ class Consumer:
                 break
             pending = {tp: pending[tp] for tp in stale}
         return result
+
+    def _restart_recreated(self, result: CommitResult) -> None:
+        """A commit refused with UnknownTopicId: the partition's topic was deleted and re-created since
+        its position was looked up, so that position is the old topic's. Look it up again on the new
+        topic (nothing committed there: ``auto_offset_reset``), so none of the new topic's records is
+        skipped; records read at the old position meanwhile come again (at least once)."""
+        self._restart(tp for tp, err in result.items() if isinstance(err, UnknownTopicId))
+
+    def _restart_vanished(self, error: SluiceError) -> None:
+        """A fetch found no topic under a partition (deleted; maybe re-created by now). Its position is
+        looked up again, so a re-created topic is read from its own committed offset (none: from
+        ``auto_offset_reset``) rather than from the old topic's position; while no topic has the name
+        the lookup keeps failing with UnknownTopicOrPartition, until the group revokes the partition."""
+        topic, partition = error.fields.get("topic"), error.fields.get("partition")
+        if (
+            isinstance(error, UnknownTopicOrPartition)
+            and isinstance(topic, str)
+            and isinstance(partition, int)
+        ):
+            self._restart([(topic, partition)])
+
+    def _restart(self, tps: Iterable[TopicPartition]) -> None:
+        gone = sorted(tps)
+        if not gone:
+            return
+        with self._lock:
+            for tp in gone:
+                part = self._state.parts.get(tp)
+                if part is not None and part.lifecycle is not _L.REVOKING and part.position >= 0:
+                    self._prefetch.stop_fetching(tp)
+                    self._state.restart(part)
+            self._settled = False
+            self._ready.notify_all()
+        log.warning(
+            "group %s: the topic of %s was deleted or re-created; positions looked up again", self.group, gone
+        )
 
     def _maybe_auto_commit(self) -> None:
         if not self.config.enable_auto_commit:

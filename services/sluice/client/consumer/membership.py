@@ -103,6 +103,8 @@ _TRANSITIONS: dict[MemberState, frozenset[MemberState]] = {
             MemberState.FATAL,
             MemberState.LEAVING,
             MemberState.JOINING,
+            # close() while a rejoin (no member id yet) is out: nothing to leave (see ``leave``).
+            MemberState.LEFT,
         }
     ),
     MemberState.STABLE: frozenset(

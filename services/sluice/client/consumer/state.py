@@ -55,7 +55,8 @@ class PartitionLifecycle(enum.Enum):
 _L = PartitionLifecycle
 _TRANSITIONS: dict[PartitionLifecycle, frozenset[PartitionLifecycle]] = {
     _L.AWAITING_POSITION: frozenset({_L.AWAITING_POSITION, _L.FETCHING, _L.PAUSED, _L.REVOKING}),
-    _L.FETCHING: frozenset({_L.FETCHING, _L.PAUSED, _L.REVOKING}),
+    # FETCHING -> AWAITING_POSITION: the topic was re-created under the partition (``restart``).
+    _L.FETCHING: frozenset({_L.FETCHING, _L.PAUSED, _L.REVOKING, _L.AWAITING_POSITION}),
     _L.PAUSED: frozenset({_L.PAUSED, _L.FETCHING, _L.AWAITING_POSITION, _L.REVOKING}),
     _L.REVOKING: frozenset({_L.REVOKING}),
     _L.UNKNOWN: frozenset(PartitionLifecycle),
@@ -163,6 +164,17 @@ class SubscriptionState:
         part.position = position
         part.committable = position
         part.committed = committed
+        part.position_error = None
+        part.in_flight.clear()
+        part.fetch_epoch += 1
+
+    def restart(self, part: PartitionState) -> None:
+        """Its position belongs to a topic that was deleted and re-created under the same name: forget it
+        (and what was committed), so the position is looked up again. A paused partition stays paused and
+        looks it up when resumed. Affects: lifecycle, offsets, epoch (drops buffered data)."""
+        if part.lifecycle is not PartitionLifecycle.PAUSED:
+            part.lifecycle = part.lifecycle.move(PartitionLifecycle.AWAITING_POSITION)
+        part.position = part.committable = part.committed = -1
         part.position_error = None
         part.in_flight.clear()
         part.fetch_epoch += 1

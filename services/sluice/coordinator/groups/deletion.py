@@ -48,6 +48,8 @@ class GroupKeysFound:
     keys: tuple[str, ...]
     #: Committed offsets in them (fields of the offset hashes).
     offsets: int
+    #: The topics those offsets are of: the keys are unregistered from their refs (topic identity).
+    topics: frozenset[str] = frozenset()
 
 
 async def find_group_keys(redis: Redis, keys: Keys, group: str) -> GroupKeysFound:
@@ -75,11 +77,16 @@ async def find_group_keys(redis: Redis, keys: Keys, group: str) -> GroupKeysFoun
             types = await pipe.execute()
             hashes = [k for k, t in zip(offset_keys, types, strict=True) if t in (b"hash", "hash")]
             for k in hashes:
-                pipe.hlen(k)
-            lengths = await pipe.execute()
+                pipe.hkeys(k)
+            fields = [_text(f) for reply in await pipe.execute() for f in reply]
     except RedisError as exc:
         raise StorageError(f"cannot list the keys of group {group!r}: {exc}") from exc
-    return GroupKeysFound(tuple(found), sum(int(n) for n in lengths))
+    topics = frozenset(f.rpartition("/")[0] for f in fields if "/" in f)
+    return GroupKeysFound(tuple(found), len(fields), topics)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def delete_group(state: GroupsState, group: str, found: GroupKeysFound) -> Result[int]:
@@ -108,5 +115,9 @@ def delete_group(state: GroupsState, group: str, found: GroupKeysFound) -> Resul
     return Result(found.offsets, tuple(records))
 
 
-def deletion_ops(found: GroupKeysFound) -> Sequence[RedisOp]:
-    return [RedisOp("DEL", key) for key in found.keys]
+def deletion_ops(found: GroupKeysFound, keys: Keys) -> Sequence[RedisOp]:
+    """DEL every key found, and unregister them from the refs of the topics they held offsets of (so a
+    topic's registry names only keys that hold its data: docs/redis-schema.md, "Topic identity")."""
+    ops = [RedisOp("DEL", key) for key in found.keys]
+    ops += [RedisOp("HDEL", keys.topic_refs(t), key) for t in sorted(found.topics) for key in found.keys]
+    return ops

@@ -20,15 +20,15 @@ partition is owned at most once *per track*.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from sluice.coordinator.groups.group import Group
 from sluice.coordinator.groups.model import DEFAULT_TRACK, ConflictPolicy
-from sluice.coordinator.groups.records import TrackEntry
+from sluice.coordinator.groups.records import GroupMetadataRecord, TrackEntry, new_group_metadata_record
 
-__all__ = ["Conflict", "expire_tracks", "plan_tracks", "split_conflicts", "track_id"]
+__all__ = ["Conflict", "expire_tracks", "plan_tracks", "split_conflicts", "topic_deleted", "track_id"]
 
 
 def track_id(filter_expression: str) -> str:
@@ -145,6 +145,28 @@ def expire_tracks(
     if retention_ms <= 0:
         return []
     return sorted(e for e in tracks.values() if e.idle_since_ms and now_ms - e.idle_since_ms >= retention_ms)
+
+
+def topic_deleted(groups: Iterable[Group], topic: str, now_ms: int) -> list[GroupMetadataRecord]:
+    """The group records that forget ``topic``'s bindings, written with the topic's tombstone (topic
+    identity, docs/redis-schema.md): a topic re-created under the name must not resume a binding or a
+    handover of the old one. An idle binding goes (with its offsets, as an expired one would); a binding
+    members still read (they subscribe the name) is kept on its track but starts afresh: no source, no
+    inherited filter, so no handover is shown or copied for the new topic. The offsets themselves are
+    purged with the topic."""
+    out = []
+    for g in groups:
+        mine = [e for e in g.tracks.values() if e.topic == topic]
+        if not mine:
+            continue
+        kept = [e for e in g.tracks.values() if e.topic != topic]
+        kept += [
+            replace(e, source="", inherited_filter="", since_ms=now_ms) for e in mine if not e.idle_since_ms
+        ]
+        out.append(
+            new_group_metadata_record(g.group_id, g.group_epoch, g.assignment_epoch, kept, g.created_ms)
+        )
+    return out
 
 
 def split_conflicts(group: Group) -> list[str]:
