@@ -153,7 +153,7 @@ class DispatcherService:
             await asyncio.wait_for(self.link.registered.wait(), 10)
         except TimeoutError:
             raise BrokerNotAvailable("the dispatcher is not registered with the coordinator yet") from None
-        desc = await self.link.topic(req.topic)
+        desc = await self.link.topic(req.topic, fresh=True)
         count = len(desc.partitions)
         wanted = sorted(set(req.partitions)) if req.partitions else list(range(count))
         if wanted and wanted[-1] >= count:
@@ -217,6 +217,13 @@ class DispatcherService:
                 continue
             if rt is not None and not rt.machine.consumers and rt.durable != settings.durable:
                 await self.drop(rt)  # an idle subscription changes durability: start over
+                continue
+            if rt is not None and rt.topic_id and topic_id and rt.topic_id != topic_id:
+                # Still serving a deleted incarnation of the topic (the view change that ends it has
+                # not arrived yet): end it now, and start this subscriber on the current topic.
+                for stream in list(rt.streams.values()):
+                    stream.fail(_topic_gone(rt))
+                await self.drop(rt)
                 continue
             break
         if rt is None:
