@@ -28,10 +28,11 @@ from sluice.coordinator.cluster.state import ClusterSettings, ClusterState
 from sluice.coordinator.election import CoordinatorElection
 from sluice.coordinator.groups.lag import LagReader
 from sluice.coordinator.groups.model import GroupSettings, GroupState
-from sluice.coordinator.groups.redis_ops import GroupKeys, RedisOp, group_ops
+from sluice.coordinator.groups.redis_ops import GroupKeys, group_ops
 from sluice.coordinator.groups.state import GroupsState
 from sluice.coordinator.heap import HeapKeeper
 from sluice.coordinator.metrics import CoordinatorMetrics, LagKey, coordinator_metrics
+from sluice.coordinator.ops import RedisOp
 from sluice.coordinator.records import Result
 from sluice.coordinator.state import CoordinatorState
 from sluice.coordinator.store import MetadataStore
