@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from sluice.client.settings import convert_setting
 from sluice.codec.filter import parse_filter
+from sluice.common.settings import convert_setting
 from sluice.errors import InvalidArgument
 from sluice.v1 import dispatcher_pb2
 
