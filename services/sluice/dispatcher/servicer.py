@@ -18,9 +18,11 @@ from typing import Any, Protocol
 import grpc
 from grpc import aio
 
-from sluice.dispatcher.runtime import ConsumerStream, Outgoing
+from sluice.dispatcher.convert import ack_ranges, by_partition, subscribe_from_proto
+from sluice.dispatcher.events import EventStream, Outgoing
 from sluice.dispatcher.service import DispatcherService
-from sluice.errors import InvalidArgument, ProtocolViolation, SluiceError
+from sluice.errors import ProtocolViolation, SluiceError
+from sluice.server.context import ANONYMOUS, GRPC, RequestContext
 from sluice.v1 import dispatcher_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -36,49 +38,23 @@ class PeerContext(Protocol):
     def peer(self) -> str: ...
 
 
-#: A consumer holds at most max_unacked messages, so a longer ack range cannot be valid; refusing it
-#: keeps a malformed range from making the dispatcher expand billions of offsets.
-MAX_ACK_RANGE = 10_000_000
-
-
-def _by_partition(ids: Any) -> dict[int, list[int]]:
-    """Group message ids by partition (two C-level comprehensions in the usual one-partition case)."""
-    partitions = {i.partition for i in ids}
-    if len(partitions) == 1:
-        return {partitions.pop(): [i.offset for i in ids]}
-    out: dict[int, list[int]] = {p: [] for p in partitions}
-    for i in ids:
-        out[i.partition].append(i.offset)
-    return out
-
-
-def _ack_ids(ack: pb.Ack) -> dict[int, list[int]]:
-    """Every offset an ``Ack`` names, by partition: its ``ids`` plus its ``ranges`` expanded (a C-level
-    ``range`` per run; the state machine checks each offset anyway)."""
-    out = _by_partition(ack.ids) if ack.ids else {}
-    for r in ack.ranges:
-        b = r.bounds
-        if len(b) % 2:
-            raise InvalidArgument(f"Ack.ranges of partition {r.partition} has an odd number of bounds")
-        offsets: list[int] = []
-        for i in range(0, len(b), 2):
-            if b[i + 1] - b[i] > MAX_ACK_RANGE:
-                raise InvalidArgument(f"Ack range [{b[i]}, {b[i + 1]}) is longer than {MAX_ACK_RANGE}")
-            offsets += range(b[i], b[i + 1])
-        if offsets:
-            out.setdefault(r.partition, []).extend(offsets)
-    return out
-
-
 class DispatcherServicer:
     def __init__(self, service: DispatcherService) -> None:
         self._service = service
 
+    @staticmethod
+    def context(context: PeerContext) -> RequestContext:
+        """The core's view of a gRPC caller: where the security issue puts the authenticated
+        principal (today every caller is anonymous). The wire protocol's is built per connection
+        (``wire_server._ConsumeConnection.opened``) and given to :meth:`consume_into`."""
+        return RequestContext(ANONYMOUS, GRPC)
+
     async def Consume(
         self, request_iterator: AsyncIterator[pb.ConsumerCommand], context: PeerContext
     ) -> AsyncIterator[Outgoing]:
-        stream = ConsumerStream(context.peer())
-        reader = asyncio.create_task(self._read(request_iterator, stream), name="consume-reader")
+        stream = EventStream(context.peer())
+        ctx = self.context(context)
+        reader = asyncio.create_task(self._read(ctx, request_iterator, stream), name="consume-reader")
         try:
             while True:
                 item = await stream.queue.get()
@@ -92,19 +68,25 @@ class DispatcherServicer:
             self._service.disconnect(stream)
 
     async def consume_into(
-        self, commands: AsyncIterator[pb.ConsumerCommand], peer: str, sink: Callable[[Outgoing], None]
+        self,
+        ctx: RequestContext,
+        commands: AsyncIterator[pb.ConsumerCommand],
+        peer: str,
+        sink: Callable[[Outgoing], None],
     ) -> None:
         """``Consume`` for a transport that writes events itself (the wire protocol): each event
         goes to ``sink`` as the service sends it, ``None`` last, with no queue or task between.
         Returns when the stream ended (the commands ended, or the service ended the stream)."""
-        stream = ConsumerStream(peer, sink)
+        stream = EventStream(peer, sink)
         try:
-            await self._read(commands, stream)
+            await self._read(ctx, commands, stream)
         finally:
             stream.close()
             self._service.disconnect(stream)
 
-    async def _read(self, commands: AsyncIterator[pb.ConsumerCommand], stream: ConsumerStream) -> None:
+    async def _read(
+        self, ctx: RequestContext, commands: AsyncIterator[pb.ConsumerCommand], stream: EventStream
+    ) -> None:
         service = self._service
         try:
             async for cmd in commands:
@@ -119,18 +101,19 @@ class DispatcherServicer:
                         )
                         return
                     try:
-                        await service.subscribe(stream, cmd.subscribe)
+                        await service.subscribe(ctx, stream, subscribe_from_proto(cmd.subscribe))
                     except SluiceError as err:
                         stream.fail(err)
                         return
                     continue
                 try:
                     if kind == "flow":
-                        service.flow(stream, cmd.flow.permits)
+                        service.flow(ctx, stream, cmd.flow.permits)
                     elif kind == "ack":
-                        service.ack(stream, _ack_ids(cmd.ack), cmd.ack.cumulative)
+                        ack = cmd.ack
+                        service.ack(ctx, stream, by_partition(ack.ids), ack_ranges(ack), ack.cumulative)
                     elif kind == "nack":
-                        service.nack(stream, _by_partition(cmd.nack.ids))
+                        service.nack(ctx, stream, by_partition(cmd.nack.ids))
                     elif kind == "subscribe":
                         raise ProtocolViolation(
                             "this stream is already subscribed; open another stream for another subscription"
