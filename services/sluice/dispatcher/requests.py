@@ -21,7 +21,18 @@ from sluice.dispatcher.keyshared import parse_sticky_ranges
 from sluice.dispatcher.model import SubscriptionSettings, SubscriptionType
 from sluice.errors import InvalidArgument
 
-__all__ = ["MAX_ACK_RANGE", "InitialPosition", "SubscribeRequest", "ack_offsets", "consumer_spec"]
+__all__ = [
+    "MAX_ACK_RANGE",
+    "DeleteRequest",
+    "InitialPosition",
+    "PeekRequest",
+    "ResetRequest",
+    "ResetSpec",
+    "SkipRequest",
+    "SubscribeRequest",
+    "ack_offsets",
+    "consumer_spec",
+]
 
 #: A consumer holds at most max_unacked messages, so a longer ack range cannot be valid; refusing it
 #: keeps a malformed range from making the dispatcher expand billions of offsets.
@@ -114,3 +125,50 @@ def ack_offsets(ids: dict[int, list[int]], ranges: list[tuple[int, list[int]]]) 
         if offsets:
             ids.setdefault(partition, []).extend(offsets)
     return ids
+
+
+# ---- operator commands (``subadmin.py``) ---------------------------------------------------------
+
+
+class ResetSpec(enum.IntEnum):
+    """Where a reset moves a subscription (same numbers as ``sluice.v1.ResetSpec``)."""
+
+    OFFSET = 0
+    EARLIEST = 1
+    LATEST = 2
+    TIMESTAMP = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ResetRequest:
+    topic: str
+    subscription: str
+    #: A ``ResetSpec`` number, unchecked (the core refuses an unknown one).
+    spec: int
+    #: The offset (``OFFSET``) or the time in ms (``TIMESTAMP``).
+    value: int = 0
+    #: Empty: every partition of the topic routed to this dispatcher.
+    partitions: tuple[int, ...] = ()
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SkipRequest:
+    topic: str
+    subscription: str
+    count: int
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRequest:
+    topic: str
+    subscription: str
+    force: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PeekRequest:
+    topic: str
+    subscription: str
+    count: int

@@ -68,7 +68,7 @@ class DispatcherService:
         self.store = CursorStore(lambda a: offset_store_pb2_grpc.OffsetStoreStub(self.channels.get(a)))
         self.dlq = DeadLetterSink(self.link, self.channels)
         self.book = SubscriptionBook(self)
-        self.admin = SubscriptionAdmin(self)
+        self.admin = SubscriptionAdmin(self, self.book)
         self.runtimes: dict[SubKey, SubscriptionRuntime] = {}
         self.feedset = FeedSet(config, self.link, self.channels)
         self.feeds = self.feedset.feeds
@@ -76,7 +76,7 @@ class DispatcherService:
         self._flush_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
-        self.views = SubscriptionViews(self)
+        self.views = SubscriptionViews(self, self.book)
         metrics.state.source = self.views.gauge_rows
 
     def now_ms(self) -> int:

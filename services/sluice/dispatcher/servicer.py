@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import grpc
 from grpc import aio
 
+from sluice.dispatcher import convert
 from sluice.dispatcher.convert import ack_ranges, by_partition, subscribe_from_proto
 from sluice.dispatcher.events import EventStream, Outgoing
 from sluice.dispatcher.service import DispatcherService
@@ -134,32 +135,38 @@ class DispatcherServicer:
     async def ListSubscriptions(
         self, request: pb.ListSubscriptionsRequest, context: Context
     ) -> pb.ListSubscriptionsResponse:
-        return await self._service.views.list_all(request.topic)
+        rows = await self._service.views.list_all(self.context(context), request.topic)
+        return convert.list_to_proto(rows)
 
     async def DescribeSubscription(
         self, request: pb.DescribeSubscriptionRequest, context: Context
     ) -> pb.DescribeSubscriptionResponse:
-        return await self._service.views.describe(request.topic, request.subscription)
+        found = await self._service.views.describe(self.context(context), request.topic, request.subscription)
+        return convert.describe_to_proto(found)
 
     async def ResetSubscription(
         self, request: pb.ResetSubscriptionRequest, context: Context
     ) -> pb.ResetSubscriptionResponse:
-        return await self._service.admin.reset(request)
+        done = await self._service.admin.reset(self.context(context), convert.reset_from_proto(request))
+        return convert.reset_to_proto(done)
 
     async def SkipSubscription(
         self, request: pb.SkipSubscriptionRequest, context: Context
     ) -> pb.SkipSubscriptionResponse:
-        return await self._service.admin.skip(request)
+        done = await self._service.admin.skip(self.context(context), convert.skip_from_proto(request))
+        return convert.skip_to_proto(done)
 
     async def DeleteSubscription(
         self, request: pb.DeleteSubscriptionRequest, context: Context
     ) -> pb.DeleteSubscriptionResponse:
-        return await self._service.admin.delete(request)
+        done = await self._service.admin.delete(self.context(context), convert.delete_from_proto(request))
+        return convert.delete_to_proto(done)
 
     async def PeekSubscription(
         self, request: pb.PeekSubscriptionRequest, context: Context
     ) -> pb.PeekSubscriptionResponse:
-        return await self._service.admin.peek(request)
+        done = await self._service.admin.peek(self.context(context), convert.peek_from_proto(request))
+        return convert.peek_to_proto(done)
 
 
 def _serialize_event(item: bytes | pb.DispatcherEvent) -> bytes:

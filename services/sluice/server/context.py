@@ -73,9 +73,11 @@ class Operation(enum.Enum):
     """What a request does to a resource (the authorizer's vocabulary, Kafka's ACL operations)."""
 
     WRITE = "write"  # Produce on a topic
-    READ = "read"  # Fetch (and follow) from a topic; Subscribe to it (the dispatcher)
-    DESCRIBE = "describe"  # ListOffsets on a topic
+    READ = "read"  # Fetch (and follow) from a topic; Subscribe to it, peek a subscription (the dispatcher)
+    DESCRIBE = "describe"  # ListOffsets on a topic; List/DescribeSubscription(s) (the dispatcher)
     CLUSTER_ACTION = "cluster-action"  # UpdatePartitions (the coordinator)
+    ALTER = "alter"  # reset or skip a subscription (the dispatcher)
+    DELETE = "delete"  # delete a subscription (the dispatcher)
 
 
 class Authorizer(Protocol):
