@@ -1,7 +1,10 @@
-"""The dispatcher's service layer: routing, subscription loading, feeds, cursor flushes, describe.
+"""The dispatcher's core: the one implementation of subscribe, flow, ack and nack, plus routing,
+subscription loading, feeds, cursor flushes and routing changes (docs/architecture.md).
 
-Everything runs on one asyncio loop; the state machines are synchronous, so no locks guard them.
-Caller: ``servicer.DispatcherServicer`` (one method per client command) and ``main`` (start/stop).
+It works on domain values only (``requests.py`` in, ``ConsumerStream`` calls out): each operation
+takes the caller's ``RequestContext``, validates, asks the authorizer, executes and raises a typed
+``SluiceError``. Everything runs on one asyncio loop; the state machines are synchronous, so no locks
+guard them. Callers: ``servicer.DispatcherServicer`` (both transports) and ``main`` (start/stop).
 """
 
 from __future__ import annotations
