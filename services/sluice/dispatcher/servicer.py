@@ -1,4 +1,9 @@
-"""The Dispatcher gRPC servicer: protobuf <-> service calls, nothing else.
+"""The Dispatcher gRPC servicer: protobuf <-> core calls (``convert.py``), nothing else.
+
+Both transports run :meth:`DispatcherServicer._read` (the wire protocol through
+:meth:`~DispatcherServicer.consume_into`), so the one rule kept here, the order of a Consume
+stream's commands (Subscribe first, and only once), is written once; every value is validated
+by the core (``service.py``, ``requests.py``).
 
 ``Consume`` is a bidirectional stream. A reader task takes client commands in order and calls the
 service; the generator yields what the service queued for this stream (pre-encoded message batches
@@ -34,7 +39,7 @@ Context = aio.ServicerContext[Any, Any]
 
 
 class PeerContext(Protocol):
-    """What ``Consume`` needs of its context: a gRPC one, or the wire listener's (``wire_server``)."""
+    """What ``Consume`` needs of its gRPC context: the peer's address."""
 
     def peer(self) -> str: ...
 
