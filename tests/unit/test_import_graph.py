@@ -29,19 +29,6 @@ KNOWN_CYCLES: frozenset[frozenset[str]] = frozenset(
     {
         # client/push: config <-> consumer.
         frozenset({"sluice.client.push.config", "sluice.client.push.consumer"}),
-        # dispatcher: selectors <-> subscription.
-        frozenset({"sluice.dispatcher.selectors", "sluice.dispatcher.subscription"}),
-        # dispatcher: runtime <-> service; describe, registry and subadmin are in the same cycle through
-        # their TYPE_CHECKING imports of DispatcherService (and SubscriptionRuntime).
-        frozenset(
-            {
-                "sluice.dispatcher.describe",
-                "sluice.dispatcher.registry",
-                "sluice.dispatcher.runtime",
-                "sluice.dispatcher.service",
-                "sluice.dispatcher.subadmin",
-            }
-        ),
     }
 )
 

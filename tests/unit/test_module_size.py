@@ -20,8 +20,6 @@ OVERSIZED_BEING_SPLIT: frozenset[str] = frozenset(
         "client/consumer/consumer.py",
         "client/fetcher.py",
         "client/push/consumer.py",
-        "dispatcher/service.py",
-        "dispatcher/subscription.py",
     }
 )
 
