@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from coordinator_peers import Coordinator, call, coordinator_stub, peer_broker, run_coordinator, typed_error
+from tests.integration.coordinator.coordinator_peers import Coordinator, call, coordinator_stub, peer_broker, run_coordinator, typed_error
 from tests.harness import RedisServer, run_redis
 
 from sluice.errors import (
