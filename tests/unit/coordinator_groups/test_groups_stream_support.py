@@ -9,6 +9,7 @@ declined when the heartbeat changes something.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypeVar
 
 import pytest
 
@@ -17,6 +18,8 @@ from sluice.coordinator.groups.state import NudgeBasis
 from sluice.coordinator.records import Result
 
 from .groups_context import SETTINGS, GroupsContext, tps
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -88,7 +91,7 @@ def test_a_member_with_partitions_to_release_is_not_answered_quickly_once_it_rel
     assert ctx.groups.quick_heartbeat(request(a.member_id, a2.member_epoch, kept), ctx.now_ms) is None
 
 
-def nudged(ctx: GroupsContext, result: Result[object]) -> list[tuple[str, str]]:
+def nudged(ctx: GroupsContext, result: Result[T]) -> list[tuple[str, str]]:
     """Apply ``result`` as the service does and return whom its write tells to heartbeat now."""
     touched = ctx.groups.touched_groups(result.records)
     basis: NudgeBasis = ctx.groups.nudge_basis(result.records, touched)

@@ -206,7 +206,9 @@ def test_lease_store_scripts_compare_before_they_write() -> None:
                 LeaseRecord("x", "x:1", 9, 2.0, "not-the-value"), Candidate("b", "b:1", 2)
             )
             assert not won
-            assert int(await r.get(store.epoch_key)) == 1
+            epoch = await r.get(store.epoch_key)
+            assert epoch is not None
+            assert int(epoch) == 1
             # Renew: only the same identity *and* epoch.
             ok, _ = await store.renew(LeaseRecord("a", "a:1", 5, 2.0, rec.version))
             assert not ok
