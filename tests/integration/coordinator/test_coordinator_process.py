@@ -212,9 +212,9 @@ def test_metrics_are_exported(coordinator: Coordinator) -> None:
 # ---- restarts, fencing, liveness ---------------------------------------------------------------------
 
 
-def snapshot(stub: object) -> tuple[list[pb.TopicDescription], int]:
-    topics = list(call(stub.ListTopics, pb.ListTopicsRequest()).topics)  # type: ignore[attr-defined]
-    version = call(stub.Metadata, pb.MetadataRequest()).metadata_version  # type: ignore[attr-defined]
+def snapshot(stub: coordinator_pb2_grpc.CoordinatorStub) -> tuple[list[pb.TopicDescription], int]:
+    topics = list(call(stub.ListTopics, pb.ListTopicsRequest()).topics)
+    version = call(stub.Metadata, pb.MetadataRequest()).metadata_version
     return topics, version
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,10 +160,10 @@ def test_rocketmq_scenario_split_gives_each_consumer_its_own_track(cluster: Clus
     assert {track for track, _ in committed} == {"default", *tracks2}
 
 
-def _wait_until(predicate: object, timeout: float = 10.0) -> None:
+def _wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return
         time.sleep(0.05)
     raise AssertionError("condition not reached in time")
