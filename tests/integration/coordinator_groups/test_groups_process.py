@@ -93,7 +93,7 @@ def heartbeat(
     epoch: int = 0,
     subscription: dict[str, str] | None = None,
     owned: set[tuple[str, int]] | frozenset[tuple[str, int]] = frozenset(),
-    **extra: object,
+    **extra: Any,
 ) -> coordinator_pb2.GroupHeartbeatResponse:
     request = coordinator_pb2.GroupHeartbeatRequest(
         group=group,
@@ -101,7 +101,7 @@ def heartbeat(
         member_epoch=epoch,
         subscription=subscription or {},
         owned=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(owned)],
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
     response: coordinator_pb2.GroupHeartbeatResponse = call(stub.Heartbeat, request, timeout=10)
     return response

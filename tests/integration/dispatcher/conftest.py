@@ -79,8 +79,8 @@ class StreamClient:
     def send(self, cmd: pb.ConsumerCommand) -> None:
         self._requests.put(cmd)
 
-    def subscribe(self, topic: str, subscription: str, **kw: object) -> StreamClient:
-        self.send(pb.ConsumerCommand(subscribe=pb.Subscribe(topic=topic, subscription=subscription, **kw)))  # type: ignore[arg-type]
+    def subscribe(self, topic: str, subscription: str, **kw: Any) -> StreamClient:
+        self.send(pb.ConsumerCommand(subscribe=pb.Subscribe(topic=topic, subscription=subscription, **kw)))
         return self
 
     def flow(self, permits: int) -> None:

@@ -9,7 +9,7 @@ declined when the heartbeat changes something.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -29,9 +29,9 @@ def ctx() -> GroupsContext:
     return c
 
 
-def request(member_id: str, epoch: int, owned: set[tuple[str, int]], **kw: object) -> HeartbeatRequest:
-    fields: dict[str, object] = {"subscription": {"t": "*"}, "owned": frozenset(owned), **kw}
-    return HeartbeatRequest("g", member_id, epoch, **fields)  # type: ignore[arg-type]
+def request(member_id: str, epoch: int, owned: set[tuple[str, int]], **kw: Any) -> HeartbeatRequest:
+    fields: dict[str, Any] = {"subscription": {"t": "*"}, "owned": frozenset(owned), **kw}
+    return HeartbeatRequest("g", member_id, epoch, **fields)
 
 
 def test_a_steady_heartbeat_is_answered_by_the_quick_path(ctx: GroupsContext) -> None:
