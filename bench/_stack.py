@@ -172,11 +172,12 @@ class StreamMember(Protocol):
 async def read_group_stream(m: StreamMember, call: Any) -> None:
     """The member's stream reader: an answer resolves the heartbeat in flight, ``heartbeat_now``
     wakes the member; a stream that fails or ends fails the heartbeat in flight."""
-    from grpc import aio
+    from sluice.v1 import coordinator_pb2
 
     error: Exception = ConnectionError("the coordinator ended the stream")
     try:
-        while (message := await call.read()) is not aio.EOF:
+        # read() answers a response or grpc.aio.EOF when the coordinator ends the call.
+        while isinstance(message := await call.read(), coordinator_pb2.GroupStreamResponse):
             if message.WhichOneof("kind") == "heartbeat_now":
                 m.nudges += 1
                 assert m.wake is not None

@@ -70,7 +70,7 @@ class Member:
     sent: int = 0
 
 
-def _percentile(values: array, q: float) -> float:  # type: ignore[type-arg]
+def _percentile(values: array[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
@@ -104,7 +104,7 @@ class Driver:
         )
 
     def open(self, m: Member) -> None:
-        m.call = self.stubs[m.index % len(self.stubs)].ConsumerGroupStream()
+        m.call = self.stubs[m.index % len(self.stubs)].ConsumerGroupStream(None)
         m.wake = m.wake or asyncio.Event()
         asyncio.get_running_loop().create_task(read_group_stream(m, m.call))
 
@@ -358,8 +358,8 @@ def redis_commands(url: str) -> int:
 
 
 def merge_steady(parts: list[dict[str, Any]], rate: float, duration: float) -> dict[str, Any]:
-    rpc: array = array("d")  # type: ignore[type-arg]
-    from_due: array = array("d")  # type: ignore[type-arg]
+    rpc: array[float] = array("d")
+    from_due: array[float] = array("d")
     for p in parts:
         rpc.extend(p["rpc"])
         from_due.extend(p["from_due"])
@@ -391,7 +391,7 @@ def merge_steady(parts: list[dict[str, Any]], rate: float, duration: float) -> d
 
 def _p99_outside_stalls(parts: list[dict[str, Any]]) -> float:
     stalled: set[int] = set().union(*(p["stalled"] for p in parts))
-    kept: array = array("d")  # type: ignore[type-arg]
+    kept: array[float] = array("d")
     for p in parts:
         spans = p["spans"]
         for i, latency in enumerate(p["rpc"]):

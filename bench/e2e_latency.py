@@ -16,6 +16,9 @@ import argparse
 import multiprocessing as mp
 import struct
 import time
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+from typing import Any
 
 from _stack import cpu_seconds, save, stack
 from sluice import Client
@@ -26,7 +29,7 @@ HEADER = struct.Struct("<dB")
 PADDING = b"x" * (100 - HEADER.size)
 
 
-def consume(bootstrap: str, total: int, warmup: int, ready: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def consume(bootstrap: str, total: int, warmup: int, ready: Event, out: Queue[Any]) -> None:
     latencies: list[float] = []
     fetches = 0
     with Client(bootstrap) as client:
@@ -80,7 +83,11 @@ def main() -> None:
             sent = time.perf_counter()
             future = producer.send(HEADER.pack(sent, i < warmup) + PADDING)
             if i >= warmup:
-                future.add_done_callback(lambda _, sent=sent: acks.append(time.perf_counter() - sent))
+
+                def acked(_: object, sent: float = sent) -> None:
+                    acks.append(time.perf_counter() - sent)
+
+                future.add_done_callback(acked)
             next_at += interval
         producer.flush()
         latencies, fetches, consumer_cpu = out.get(timeout=120)

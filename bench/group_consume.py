@@ -22,12 +22,14 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import time
+from collections.abc import Callable
+from multiprocessing.queues import Queue
 from typing import Any
 
 from _stack import produce_keyed, save, stack
 
 
-def produce(bootstrap: str, topic: str, n: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def produce(bootstrap: str, topic: str, n: int, out: Queue[Any]) -> None:
     out.put(("produce", n, produce_keyed(bootstrap, topic, n), {}))
 
 
@@ -37,7 +39,7 @@ def consume(
     group: str,
     n: int,
     settings: dict[str, Any],
-    out: mp.Queue,  # type: ignore[type-arg]
+    out: Queue[Any],
 ) -> None:
     from sluice import Client
 
@@ -89,10 +91,12 @@ def consume(
     out.put(("consume", got, elapsed, extra))
 
 
-def run_phase(targets: list[tuple[object, tuple[object, ...]]]) -> dict[str, tuple[int, dict[str, object]]]:
+def run_phase(
+    targets: list[tuple[Callable[..., None], tuple[object, ...]]],
+) -> dict[str, tuple[int, dict[str, object]]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=t, args=(*a, out)) for t, a in targets]  # type: ignore[arg-type]
+    procs = [ctx.Process(target=t, args=(*a, out)) for t, a in targets]
     for p in procs:
         p.start()
     results = {}

@@ -10,15 +10,18 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import time
+from collections.abc import Callable
+from multiprocessing.queues import Queue
+from typing import Any
 
 from _stack import produce_keyed, save, stack
 
 
-def produce(bootstrap: str, topic: str, n: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def produce(bootstrap: str, topic: str, n: int, out: Queue[Any]) -> None:
     out.put(("produce", n, produce_keyed(bootstrap, topic, n)))
 
 
-def fetch(bootstrap: str, topic: str, n: int, partitions: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def fetch(bootstrap: str, topic: str, n: int, partitions: int, out: Queue[Any]) -> None:
     from sluice import Client
 
     with Client(bootstrap) as client:
@@ -33,10 +36,10 @@ def fetch(bootstrap: str, topic: str, n: int, partitions: int, out: mp.Queue) ->
     out.put(("fetch", got, elapsed))
 
 
-def run_phase(targets: list[tuple[object, tuple[object, ...]]]) -> dict[str, float]:
+def run_phase(targets: list[tuple[Callable[..., None], tuple[object, ...]]]) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=t, args=(*a, out)) for t, a in targets]  # type: ignore[arg-type]
+    procs = [ctx.Process(target=t, args=(*a, out)) for t, a in targets]
     for p in procs:
         p.start()
     results = {}

@@ -20,6 +20,9 @@ import os
 import resource
 import struct
 import time
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier, Event
+from typing import Any
 
 from _stack import cpu_seconds, save, stack
 
@@ -41,7 +44,7 @@ def produce_backlog(bootstrap: str, topic: str, n: int) -> None:
         producer.close()
 
 
-def consume(bootstrap: str, topic: str, queue_size: int, ready: mp.Barrier, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def consume(bootstrap: str, topic: str, queue_size: int, ready: Barrier, out: Queue[Any]) -> None:
     from sluice import Client
 
     with Client(bootstrap) as client:
@@ -69,7 +72,7 @@ def consume(bootstrap: str, topic: str, queue_size: int, ready: mp.Barrier, out:
     out.put((count, first, last, stats.flow.over_delivered, usage.ru_utime + usage.ru_stime))
 
 
-def latency_consumer(bootstrap: str, topic: str, total: int, ready: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def latency_consumer(bootstrap: str, topic: str, total: int, ready: Event, out: Queue[Any]) -> None:
     from sluice import Client
 
     lat: list[float] = []
@@ -176,7 +179,7 @@ def latency(
         }
         consumer.join()
         producer.close()
-    ms = sorted(x * 1000 for x in lat)
+    ms: list[float] = sorted(x * 1000 for x in lat)
 
     def pct(p: float) -> float:
         return round(ms[min(len(ms) - 1, int(len(ms) * p))], 3)

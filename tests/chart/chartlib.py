@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema
 import kubernetes_validate.utils as kv
 import yaml
 from referencing import Registry, Resource

@@ -44,7 +44,8 @@ def test_strict_validation_rejects_unknown_kinds_and_fields(tmp_path: Path) -> N
 
 
 def _spark_schema() -> dict[str, object]:
-    return json.loads((SPARK / "schemas" / "sparkapplication-v1beta2.json").read_text())  # type: ignore[no-any-return]
+    schema: dict[str, object] = json.loads((SPARK / "schemas" / "sparkapplication-v1beta2.json").read_text())
+    return schema
 
 
 @pytest.mark.parametrize("name", ["sparkapplication-tag-counts.yaml", "sparkapplication-export.yaml"])

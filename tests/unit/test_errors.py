@@ -43,7 +43,9 @@ class _FakeCall(grpc.RpcError):
     def details(self) -> str:
         return self._details
 
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+    # grpc-stubs types RpcError's trailers as `_Metadatum` objects; a failed call really returns
+    # (key, value) pairs, and that is the shape error_from_rpc reads.
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:  # type: ignore[override]
         return (("sluice-error-code", self._trailer),) if self._trailer else ()
 
 

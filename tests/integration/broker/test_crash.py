@@ -95,7 +95,7 @@ def test_records_acknowledged_over_the_wire_survive_kill_9(tmp_path: Path) -> No
     broker.assign(topic, partitions=PARTITIONS)
     acked: dict[int, dict[int, bytes]] = {p: {} for p in range(PARTITIONS)}
     lock = threading.Lock()
-    conns = [
+    conns: list[WireConnection[pb.ProduceRequest, pb.ProduceResponse]] = [
         WireConnection(broker.wire_address, FrameType.PRODUCE, pb.ProduceResponse, f"crash-{w}")
         for w in range(PRODUCERS)
     ]

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import time
 
+import grpc
+
 from sluice.v1 import broker_pb2 as pb
 from sluice.v1 import common_pb2
 
 from .conftest import Broker, make_batch, part, records, vals
 
 
-def _parked(broker: Broker, *parts: pb.FetchPartition, max_wait_ms: int, min_bytes: int = 1):  # type: ignore[no-untyped-def]
+def _parked(
+    broker: Broker, *parts: pb.FetchPartition, max_wait_ms: int, min_bytes: int = 1
+) -> grpc.CallFuture[pb.FetchResponse]:
     req = pb.FetchRequest(
         max_wait_ms=max_wait_ms, min_bytes=min_bytes, session_epoch=-1, partitions=list(parts)
     )

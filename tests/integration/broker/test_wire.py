@@ -287,7 +287,7 @@ def test_a_continuous_fetch_answers_again_from_each_answers_end(
     wire.fetch(
         pb.FetchRequest(max_wait_ms=0, session_epoch=-1, partitions=[part(topic, offset=0)], request_id=4)
     )
-    ids = []
+    ids: list[int] = []
     while not ids or ids[-1] != 4:
         ids.append(pb.FetchResponse.FromString(wire.answer(FrameType.FETCH)).request_id)
     assert set(ids) <= {3, 4}

@@ -89,7 +89,8 @@ def fails(up: Up, code: str, *args: str) -> str:
 
 
 def peek(up: Up, topic: str, subscription: str, n: int) -> list[dict[str, Any]]:
-    return run_json(up, "subscription", "peek", topic, subscription, "-n", str(n))  # type: ignore[no-any-return]
+    rows: list[dict[str, Any]] = run_json(up, "subscription", "peek", topic, subscription, "-n", str(n))
+    return rows
 
 
 def consume(up: Up, topic: str, subscription: str, n: int) -> list[str]:

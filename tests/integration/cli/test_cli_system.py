@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -155,7 +156,7 @@ def ok(result: subprocess.CompletedProcess[bytes]) -> str:
     return result.stdout.decode()
 
 
-def json_lines(result: subprocess.CompletedProcess[bytes]) -> list[dict[str, object]]:
+def json_lines(result: subprocess.CompletedProcess[bytes]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in ok(result).splitlines()]
 
 

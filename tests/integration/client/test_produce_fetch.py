@@ -6,6 +6,7 @@ import itertools
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -14,10 +15,10 @@ from sluice.client.producer import FutureRecordMetadata, RecordMetadata, key_par
 from sluice.errors import OffsetOutOfRange, SluiceError
 
 
-def fetch_all(client: Client, topic: str, partitions: int, expected: int, **kw: object) -> list[Record]:
+def fetch_all(client: Client, topic: str, partitions: int, expected: int, **kw: Any) -> list[Record]:
     """Fetch from offset 0 of every partition until ``expected`` records came back."""
     out: list[Record] = []
-    with client.fetcher({(topic, p): 0 for p in range(partitions)}, **kw) as f:  # type: ignore[arg-type]
+    with client.fetcher({(topic, p): 0 for p in range(partitions)}, **kw) as f:
         deadline = time.monotonic() + 20
         while len(out) < expected and time.monotonic() < deadline:
             out += f.fetch(timeout=1.0)

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,8 +38,8 @@ class Cluster:
     def bootstrap(self) -> str:
         return self.coordinator.address
 
-    def client(self, **kwargs: object) -> Client:
-        c = Client(self.bootstrap, request_timeout=10.0, **kwargs)  # type: ignore[arg-type]
+    def client(self, **kwargs: Any) -> Client:
+        c = Client(self.bootstrap, request_timeout=10.0, **kwargs)
         self.clients.append(c)
         return c
 

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -228,7 +228,7 @@ def test_sdk_members_rebalance_without_waiting_for_the_heartbeat_interval(cluste
             b.close()
 
 
-class UnaryOnlyProxy(grpc.GenericRpcHandler):
+class UnaryOnlyProxy(grpc.GenericRpcHandler):  # type: ignore[type-arg]  # generic in grpc-stubs only
     """A coordinator of a release without the stream: forwards every unary Coordinator call to the real
     one and answers ConsumerGroupStream with UNIMPLEMENTED (no handler)."""
 
@@ -241,14 +241,18 @@ class UnaryOnlyProxy(grpc.GenericRpcHandler):
         if method == _STREAM:
             self.streams_refused += 1
             return None
-        forward = self.channel.unary_unary(method)
+        forward: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self.channel.unary_unary(
+            method, request_serializer=None, response_deserializer=None
+        )
 
         def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
             try:
-                return forward(request, timeout=10, metadata=context.invocation_metadata())  # type: ignore[no-any-return]
+                return forward(request, timeout=10, metadata=context.invocation_metadata())
             except grpc.RpcError as exc:
-                context.set_trailing_metadata(exc.trailing_metadata() or ())  # type: ignore[attr-defined]
-                context.abort(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+                # grpc-stubs types RpcError's trailers as `_Metadatum` objects; a failed call
+                # really returns the (key, value) pairs that set_trailing_metadata takes.
+                context.set_trailing_metadata(cast("grpc.Metadata", exc.trailing_metadata() or ()))
+                context.abort(exc.code(), exc.details() or "")
 
         return grpc.unary_unary_rpc_method_handler(handle)
 
@@ -268,7 +272,7 @@ def test_the_sdk_falls_back_to_unary_heartbeats(cluster: Cluster) -> None:
 
         with Client(f"127.0.0.1:{port}", request_timeout=10.0) as client:
             consumer = client.consumer("g-unary", [topic], auto_offset_reset="earliest")
-            seen = []
+            seen: list[bytes] = []
             deadline = time.monotonic() + 10
             while len(seen) < 10 and time.monotonic() < deadline:
                 seen.extend(r.value for r in consumer.poll(0.2))

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,7 +189,11 @@ def test_an_idle_filter_s_offsets_expire_after_a_shortened_retention(own_cluster
     wait_for("the broker back", lambda: any(b.alive for b in admin.metadata(refresh=True).brokers.values()))
     group = "split-retention"
     admin.admin.set_group_config(group, conflict_policy="split")
-    fast = {"auto_offset_reset": "earliest", "auto_commit_interval": "100ms", "fetch_max_wait": "100ms"}
+    fast: dict[str, Any] = {
+        "auto_offset_reset": "earliest",
+        "auto_commit_interval": "100ms",
+        "fetch_max_wait": "100ms",
+    }
     a = cluster.client().consumer(group, {topic: "tagA"}, **fast)
     b = cluster.client().consumer(group, {topic: "tagB"}, **fast)
     produce(admin, topic, 4, 0)

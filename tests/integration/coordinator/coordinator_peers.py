@@ -12,11 +12,12 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
+from tests.broker_peer import CoordinatorFacingBroker
 from tests.harness import restart, start_service
 
 from sluice.client.rpc import error_from_rpc
@@ -24,9 +25,10 @@ from sluice.errors import SluiceError
 from sluice.v1 import broker_pb2, broker_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc
 
 T = TypeVar("T")
+ResponseT = TypeVar("ResponseT")
 
 
-class PeerBroker(broker_pb2_grpc.BrokerServicer):
+class PeerBroker(CoordinatorFacingBroker):
     def __init__(self, broker_id: int, delay_s: float = 0.0) -> None:
         self.broker_id = broker_id
         self.delay_s = delay_s
@@ -161,7 +163,7 @@ def coordinator_stub(address: str) -> Iterator[coordinator_pb2_grpc.CoordinatorS
         yield coordinator_pb2_grpc.CoordinatorStub(channel)
 
 
-def call(method: Any, request: Any, timeout: float = 10.0) -> Any:
+def call(method: Callable[..., ResponseT], request: Any, timeout: float = 10.0) -> ResponseT:
     return method(request, timeout=timeout)
 
 
@@ -170,6 +172,10 @@ def typed_error(method: Any, request: Any) -> tuple[SluiceError, str | None]:
     try:
         method(request, timeout=10.0)
     except grpc.RpcError as exc:
-        trailer = dict(exc.trailing_metadata() or ()).get("sluice-error-code")  # type: ignore[attr-defined]
+        # grpc-stubs types RpcError's trailers as `_Metadatum` objects; at run time they are the
+        # (key, value) pairs of every other gRPC call (sluice.common.rpc reads them the same way).
+        trailers = cast("tuple[tuple[str, str | bytes], ...]", exc.trailing_metadata() or ())
+        trailer = dict(trailers).get("sluice-error-code")
+        assert trailer is None or isinstance(trailer, str)
         return error_from_rpc(exc), trailer
     raise AssertionError("the call succeeded but an error was expected")

@@ -8,8 +8,15 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from coordinator_peers import Coordinator, call, coordinator_stub, peer_broker, run_coordinator, typed_error
 from tests.harness import RedisServer, run_redis
+from tests.integration.coordinator.coordinator_peers import (
+    Coordinator,
+    call,
+    coordinator_stub,
+    peer_broker,
+    run_coordinator,
+    typed_error,
+)
 
 from sluice.errors import (
     BrokerNotAvailable,
@@ -23,7 +30,7 @@ from sluice.errors import (
     UnknownMember,
     UnknownTopicOrPartition,
 )
-from sluice.v1 import broker_pb2, common_pb2
+from sluice.v1 import broker_pb2, common_pb2, coordinator_pb2_grpc
 from sluice.v1 import coordinator_pb2 as pb
 
 
@@ -43,8 +50,8 @@ def coordinator(private_redis: RedisServer) -> Iterator[Coordinator]:
         yield c
 
 
-def describe(stub: object, name: str) -> pb.TopicDescription:
-    return call(stub.DescribeTopic, pb.DescribeTopicRequest(name=name)).topic  # type: ignore[attr-defined]
+def describe(stub: coordinator_pb2_grpc.CoordinatorStub, name: str) -> pb.TopicDescription:
+    return call(stub.DescribeTopic, pb.DescribeTopicRequest(name=name)).topic
 
 
 # ---- topics ----------------------------------------------------------------------------------
@@ -205,9 +212,9 @@ def test_metrics_are_exported(coordinator: Coordinator) -> None:
 # ---- restarts, fencing, liveness ---------------------------------------------------------------------
 
 
-def snapshot(stub: object) -> tuple[list[pb.TopicDescription], int]:
-    topics = list(call(stub.ListTopics, pb.ListTopicsRequest()).topics)  # type: ignore[attr-defined]
-    version = call(stub.Metadata, pb.MetadataRequest()).metadata_version  # type: ignore[attr-defined]
+def snapshot(stub: coordinator_pb2_grpc.CoordinatorStub) -> tuple[list[pb.TopicDescription], int]:
+    topics = list(call(stub.ListTopics, pb.ListTopicsRequest()).topics)
+    version = call(stub.Metadata, pb.MetadataRequest()).metadata_version
     return topics, version
 
 

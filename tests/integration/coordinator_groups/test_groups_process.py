@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,7 +93,7 @@ def heartbeat(
     epoch: int = 0,
     subscription: dict[str, str] | None = None,
     owned: set[tuple[str, int]] | frozenset[tuple[str, int]] = frozenset(),
-    **extra: object,
+    **extra: Any,
 ) -> coordinator_pb2.GroupHeartbeatResponse:
     request = coordinator_pb2.GroupHeartbeatRequest(
         group=group,
@@ -101,7 +101,7 @@ def heartbeat(
         member_epoch=epoch,
         subscription=subscription or {},
         owned=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(owned)],
-        **extra,  # type: ignore[arg-type]
+        **extra,
     )
     response: coordinator_pb2.GroupHeartbeatResponse = call(stub.Heartbeat, request, timeout=10)
     return response
@@ -160,10 +160,10 @@ def test_rocketmq_scenario_split_gives_each_consumer_its_own_track(cluster: Clus
     assert {track for track, _ in committed} == {"default", *tracks2}
 
 
-def _wait_until(predicate: object, timeout: float = 10.0) -> None:
+def _wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return
         time.sleep(0.05)
     raise AssertionError("condition not reached in time")

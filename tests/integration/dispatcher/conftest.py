@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,8 +79,8 @@ class StreamClient:
     def send(self, cmd: pb.ConsumerCommand) -> None:
         self._requests.put(cmd)
 
-    def subscribe(self, topic: str, subscription: str, **kw: object) -> StreamClient:
-        self.send(pb.ConsumerCommand(subscribe=pb.Subscribe(topic=topic, subscription=subscription, **kw)))  # type: ignore[arg-type]
+    def subscribe(self, topic: str, subscription: str, **kw: Any) -> StreamClient:
+        self.send(pb.ConsumerCommand(subscribe=pb.Subscribe(topic=topic, subscription=subscription, **kw)))
         return self
 
     def flow(self, permits: int) -> None:
@@ -305,9 +305,9 @@ class Cluster:
         assert "Traceback" not in log, log[-5000:]
 
 
-def wait_until(pred: object, timeout: float = 10, what: str = "condition") -> None:
+def wait_until(pred: Callable[[], object], timeout: float = 10, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
-    while not pred():  # type: ignore[operator]
+    while not pred():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
 

@@ -79,14 +79,14 @@ def ack_ranges(s: StreamClient, partition: int, bounds: list[int]) -> None:
 
 def test_filtered_shared_records_arrive_whole_and_acks_as_ranges_count(cluster: Cluster) -> None:
     cluster.create_topic("rb", partitions=2)
-    tags = ["a" if i % 3 else "b" for i in range(30)]
+    tags: list[str | None] = ["a" if i % 3 else "b" for i in range(30)]
     for p in (0, 1):
         cluster.produce(
             "rb",
             p,
             [f"{p}-{i}".encode() for i in range(30)],
             keys=[f"k{i % 4}".encode() for i in range(30)],
-            tags=tags,  # type: ignore[arg-type]
+            tags=tags,
             headers={"h": b"x"},
         )
     expected = {(r.partition, r.offset): r for p in (0, 1) for r in cluster.read_all("rb", p) if r.tag == "a"}

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -66,9 +67,9 @@ def leader_of(client: LeaderFollower, address: str) -> str | None:
     )
 
 
-def wait_until(predicate: object, within: float, what: str) -> float:
+def wait_until(predicate: Callable[[], object], within: float, what: str) -> float:
     start = time.monotonic()
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         if time.monotonic() - start > within:
             raise AssertionError(f"not within {within}s: {what}")
         time.sleep(0.05)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -22,7 +23,7 @@ from sluice.v1 import (
 from tests.integration.push.conftest import PushCluster, run_push_cluster
 from tests.integration.push.helpers import drain
 
-FAST = {"session_timeout": "5s", "fetch_max_wait": "100ms", "enable_auto_commit": False}
+FAST: dict[str, Any] = {"session_timeout": "5s", "fetch_max_wait": "100ms", "enable_auto_commit": False}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,13 @@ def rds(own: PushCluster) -> Iterator[redis.Redis]:
     r.close()
 
 
+def text(raw: bytes | str) -> str:
+    """A Redis reply as text. The tests' clients answer bytes (no decode_responses); redis-py's
+    types also allow str."""
+    assert isinstance(raw, bytes), raw
+    return raw.decode()
+
+
 def inventory(r: redis.Redis) -> set[str]:
     """Every key, and every field of a hash and member of a set: what a deleted topic could leak
     (group offsets live in hash fields, broadcasting members in index sets)."""
@@ -46,11 +54,11 @@ def inventory(r: redis.Redis) -> set[str]:
     for raw in r.scan_iter(count=1000):
         key = raw.decode()
         out.add(key)
-        kind = r.type(raw).decode()
+        kind = text(r.type(raw))
         if kind == "hash":
-            out |= {f"{key} #{f.decode()}" for f in r.hkeys(raw)}
+            out |= {f"{key} #{text(f)}" for f in r.hkeys(raw)}
         elif kind == "set":
-            out |= {f"{key} @{m.decode()}" for m in r.smembers(raw)}
+            out |= {f"{key} @{text(m)}" for m in r.smembers(raw)}
         elif kind != "string":
             raise AssertionError(f"{key}: a {kind} key; teach inventory() to count inside it")
     return out

@@ -6,6 +6,8 @@ Key_Shared, redeliveries pick records out of the middle of a batch) and the SDK 
 
 from __future__ import annotations
 
+from typing import Any
+
 from sluice import Client
 from sluice.client.push import Message
 from tests.integration.push.conftest import PushCluster
@@ -33,7 +35,7 @@ def test_key_shared_filtered_records_keep_every_field_and_redelivery_counts(
             sent[value] = (key, tag, headers, 1_000 + i)
         producer.flush()
     wanted = {v: s for v, s in sent.items() if s[1] == "a"}
-    opts = {"initial_position": "earliest", "filter": "a", "nack_delay": "50ms"}
+    opts: dict[str, Any] = {"initial_position": "earliest", "filter": "a", "nack_delay": "50ms"}
     with (
         client.push_consumer(topic, "rb", "key_shared", consumer_name="x", **opts) as x,
         client.push_consumer(topic, "rb", "key_shared", consumer_name="y", **opts) as y,

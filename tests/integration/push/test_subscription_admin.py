@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -53,9 +53,9 @@ def consumer(client: Client, topic: str, subscription: str, queue: int) -> PushC
     )
 
 
-def wait_for(pred: object, what: str, timeout: float = 15) -> None:
+def wait_for(pred: Callable[[], object], what: str, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
-    while not pred():  # type: ignore[operator]
+    while not pred():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
 

@@ -33,6 +33,7 @@ from tests.integration.push.identity_helpers import (
     own,
     rds,
     split_group_with_idle_tag_b,
+    text,
 )
 
 __all__ = ["own", "rds"]  # the fixtures, imported for pytest
@@ -75,7 +76,7 @@ def test_recreated_topic_starts_clean_and_the_delete_leaves_nothing(
         # The durable subscription has no consumer any more: unloaded, listed from the registry.
         eventually(lambda: idle_in_registry(own, client, topic, sub), what="idle subscription")
         assert rds.hexists("sluice:subs", f"{topic}/{sub}")
-        registered = {k.decode() for k in rds.hkeys(f"sluice:topic:{{{topic}}}:refs")}
+        registered = {text(k) for k in rds.hkeys(f"sluice:topic:{{{topic}}}:refs")}
         assert registered == {
             f"sluice:off:{{{group}}}:default",
             f"sluice:cur:{{{sub}}}:{topic}/0",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from collections import Counter
@@ -34,7 +35,7 @@ def test_complete_and_only_subscribed_topics(name: str, case: Case) -> None:
 @pytest.mark.parametrize("name", ALL)
 @settings(max_examples=50, deadline=None)
 @given(case=groups(), order=st.randoms(use_true_random=False))
-def test_deterministic_whatever_the_insertion_order(name: str, case: Case, order: object) -> None:
+def test_deterministic_whatever_the_insertion_order(name: str, case: Case, order: random.Random) -> None:
     spec, topic_partitions = case
     assignor: Assignor = ASSIGNORS[name]
     first = assignor.assign(spec, topic_partitions)
@@ -43,7 +44,7 @@ def test_deterministic_whatever_the_insertion_order(name: str, case: Case, order
     shuffled_current = list(spec.current.items())
     shuffled_topics = list(topic_partitions.items())
     for items in (shuffled_members, shuffled_current, shuffled_topics):
-        order.shuffle(items)  # type: ignore[attr-defined]
+        order.shuffle(items)
     again = assignor.assign(GroupSpec(dict(shuffled_members), dict(shuffled_current)), dict(shuffled_topics))
     assert again == first
     assert list(again) == list(first)  # result keys in member-id order too

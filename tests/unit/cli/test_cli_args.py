@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from sluice.cli.topic import parse_topic_config
 from sluice.cli.up import Ports, plan_ports
 
 
-def parse(*argv: str) -> object:
+def parse(*argv: str) -> argparse.Namespace:
     return commands.build_parser().parse_args(list(argv))
 
 
@@ -28,12 +29,12 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 def test_bootstrap_defaults_to_the_contract_address(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SLUICE_BOOTSTRAP", raising=False)
-    assert parse("topic", "list").bootstrap == "127.0.0.1:7600"  # type: ignore[attr-defined]
+    assert parse("topic", "list").bootstrap == "127.0.0.1:7600"
 
 
 def test_bootstrap_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLUICE_BOOTSTRAP", "10.0.0.1:7700")
-    assert parse("topic", "list").bootstrap == "10.0.0.1:7700"  # type: ignore[attr-defined]
+    assert parse("topic", "list").bootstrap == "10.0.0.1:7700"
 
 
 @pytest.mark.parametrize(
@@ -49,13 +50,13 @@ def test_bootstrap_is_accepted_before_or_after_the_sub_command(
     argv: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLUICE_BOOTSTRAP", "env:9")
-    assert parse(*argv).bootstrap == "h:1"  # type: ignore[attr-defined]
+    assert parse(*argv).bootstrap == "h:1"
 
 
 def test_request_timeout_before_or_after_the_sub_command() -> None:
-    assert parse("topic", "list").request_timeout == 30.0  # type: ignore[attr-defined]
-    assert parse("--request-timeout", "2", "topic", "list").request_timeout == 2.0  # type: ignore[attr-defined]
-    assert parse("topic", "list", "--request-timeout", "0.5").request_timeout == 0.5  # type: ignore[attr-defined]
+    assert parse("topic", "list").request_timeout == 30.0
+    assert parse("--request-timeout", "2", "topic", "list").request_timeout == 2.0
+    assert parse("topic", "list", "--request-timeout", "0.5").request_timeout == 0.5
 
 
 # ---- sub-commands -----------------------------------------------------------------------
@@ -73,8 +74,8 @@ def test_topic_create_flags() -> None:
         "-c",
         "segment_bytes=1",
     )
-    assert (args.name, args.partitions) == ("orders", 4)  # type: ignore[attr-defined]
-    assert args.config == [("retention_ms", "7d"), ("segment_bytes", "1")]  # type: ignore[attr-defined]
+    assert (args.name, args.partitions) == ("orders", 4)
+    assert args.config == [("retention_ms", "7d"), ("segment_bytes", "1")]
 
 
 def test_topic_config_values() -> None:
@@ -93,9 +94,9 @@ def test_topic_config_values() -> None:
 
 def test_consume_defaults() -> None:
     args = parse("consume", "orders")
-    assert args.start == Start("latest")  # type: ignore[attr-defined]
-    assert args.format == "value"  # type: ignore[attr-defined]
-    assert (args.max, args.timeout, args.filter, args.group, args.partition) == (None, None, None, None, None)  # type: ignore[attr-defined]
+    assert args.start == Start("latest")
+    assert args.format == "value"
+    assert (args.max, args.timeout, args.filter, args.group, args.partition) == (None, None, None, None, None)
 
 
 def test_consume_flags() -> None:
@@ -103,7 +104,7 @@ def test_consume_flags() -> None:
         "consume", "orders", "--from", "earliest", "--filter", "a || b", "--max", "3", "--format", "json",
         "--timeout", "1.5", "-p", "0", "-p", "2",
     )  # fmt: skip
-    assert (args.start, args.filter, args.max, args.format, args.timeout, args.partition) == (  # type: ignore[attr-defined]
+    assert (args.start, args.filter, args.max, args.format, args.timeout, args.partition) == (
         Start("earliest"), "a || b", 3, "json", 1.5, [0, 2],
     )  # fmt: skip
 
@@ -112,13 +113,13 @@ def test_produce_flags() -> None:
     args = parse(
         "produce", "orders", "--key", "k", "--tag", "t", "-H", "a=1", "--header", "b=x=y", "--partition", "1"
     )
-    assert (args.topic, args.key, args.tag, args.partition) == ("orders", "k", "t", 1)  # type: ignore[attr-defined]
-    assert args.header == [("a", "1"), ("b", "x=y")]  # type: ignore[attr-defined]
+    assert (args.topic, args.key, args.tag, args.partition) == ("orders", "k", "t", 1)
+    assert args.header == [("a", "1"), ("b", "x=y")]
 
 
 def test_up_flags_and_defaults() -> None:
     args = parse("up")
-    assert (args.data_dir, args.port, args.host, args.redis_url, args.metrics_port) == (  # type: ignore[attr-defined]
+    assert (args.data_dir, args.port, args.host, args.redis_url, args.metrics_port) == (
         Path("sluice-data"), 7600, "127.0.0.1", None, None,
     )  # fmt: skip
     args = parse("up", "--port", "0", "--data-dir", "/tmp/x", "--redis-url", "redis://h:1/0", "-v")
@@ -127,7 +128,7 @@ def test_up_flags_and_defaults() -> None:
         Path("/tmp/x"),
         "redis://h:1/0",
         True,
-    )  # type: ignore[attr-defined]
+    )
 
 
 def test_port_plan() -> None:

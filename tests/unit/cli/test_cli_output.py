@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -22,8 +23,8 @@ from sluice.cli.output import (
 from sluice.codec.batch import Record
 
 
-def make_record(**kw: object) -> Record:
-    fields: dict[str, object] = {
+def make_record(**kw: Any) -> Record:
+    fields: dict[str, Any] = {
         "topic": "orders",
         "partition": 2,
         "offset": 41,
@@ -34,7 +35,7 @@ def make_record(**kw: object) -> Record:
         "timestamp": 1_700_000_000_123,
     }
     fields.update(kw)
-    return Record(**fields)  # type: ignore[arg-type]
+    return Record(**fields)
 
 
 def test_utf8_bytes_print_as_text() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -87,7 +88,7 @@ def test_reset_targets_are_checked_before_any_request() -> None:
     back = ResetTo.duration("15m")
     assert back.kind == "timestamp"
     assert abs(back.value - (time.time() * 1000 - 900_000)) < 60_000
-    for bad in (
+    bad_targets: tuple[Callable[[], ResetTo], ...] = (
         lambda: ResetTo.offset(-1),
         lambda: ResetTo.offset(True),
         lambda: ResetTo.shift(1.5),  # type: ignore[arg-type]
@@ -95,6 +96,7 @@ def test_reset_targets_are_checked_before_any_request() -> None:
         lambda: ResetTo.duration("0s"),
         lambda: ResetTo.duration("soon"),
         lambda: ResetTo.duration(True),
-    ):
+    )
+    for bad in bad_targets:
         with pytest.raises(InvalidArgument):
             bad()

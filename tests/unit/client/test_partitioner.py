@@ -73,7 +73,11 @@ def test_sticky_moves_to_an_idle_partition_when_there_is_one() -> None:
         p = StickyPartitioner(4, random.Random(seed))
         cur = p.keyless()
         idle = (cur + 2) % 4
-        p.on_batch_closed(cur, lambda q, idle=idle: q != idle)
+
+        def busy(q: int, idle: int = idle) -> bool:
+            return q != idle
+
+        p.on_batch_closed(cur, busy)
         assert p.keyless() == idle
     # Every other partition busy: it still moves on (randomly), never stays.
     moved: Counter[int] = Counter()

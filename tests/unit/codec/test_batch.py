@@ -15,6 +15,8 @@ from sluice.errors import BatchTooLarge, CorruptBatch
 
 LIMIT = 1 << 20
 
+# (value, key, tag, headers, timestamp_ms), what encode_records takes.
+RecordTuple = tuple[bytes, bytes | None, str | None, dict[str, bytes] | None, int]
 record_st = st.tuples(
     st.binary(max_size=64),
     st.one_of(st.none(), st.binary(max_size=16)),
@@ -35,7 +37,7 @@ def _records(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(record_st, min_size=1, max_size=40), st.integers(0, 2**40))
-def test_round_trip_preserves_every_field(records: list, base: int) -> None:  # type: ignore[type-arg]
+def test_round_trip_preserves_every_field(records: list[RecordTuple], base: int) -> None:
     raw = bytearray(b.encode_records(records))
     header = b.validate_batch(bytes(raw), 0, LIMIT)
     assert header.record_count == len(records)
@@ -132,7 +134,7 @@ def test_random_bytes_never_escape_as_anything_but_corrupt_batch(data: bytes) ->
     st.integers(0, 45),
 )
 def test_decode_from_a_start_offset_inside_a_filtered_batch(
-    records: list,  # type: ignore[type-arg]
+    records: list[RecordTuple],
     keep: set[str],
     start: int,
 ) -> None:

@@ -13,13 +13,14 @@ from typing import Any
 import grpc
 from coordinator_context import ClusterContext
 from grpc import aio
+from tests.broker_peer import CoordinatorFacingBroker
 
 from sluice.coordinator.broker_updates import UNKNOWN_VERSION, BrokerNotifier
 from sluice.coordinator.cluster.model import Endpoint, MetadataChange
 from sluice.v1 import broker_pb2, broker_pb2_grpc
 
 
-class ContractBroker(broker_pb2_grpc.BrokerServicer):
+class ContractBroker(CoordinatorFacingBroker):
     def __init__(self) -> None:
         self.version = 0
         self.partitions: dict[tuple[str, int], str] = {}

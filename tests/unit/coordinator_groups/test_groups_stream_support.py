@@ -9,6 +9,7 @@ declined when the heartbeat changes something.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, TypeVar
 
 import pytest
 
@@ -18,6 +19,8 @@ from sluice.coordinator.records import Result
 
 from .groups_context import SETTINGS, GroupsContext, tps
 
+T = TypeVar("T")
+
 
 @pytest.fixture
 def ctx() -> GroupsContext:
@@ -26,9 +29,9 @@ def ctx() -> GroupsContext:
     return c
 
 
-def request(member_id: str, epoch: int, owned: set[tuple[str, int]], **kw: object) -> HeartbeatRequest:
-    fields: dict[str, object] = {"subscription": {"t": "*"}, "owned": frozenset(owned), **kw}
-    return HeartbeatRequest("g", member_id, epoch, **fields)  # type: ignore[arg-type]
+def request(member_id: str, epoch: int, owned: set[tuple[str, int]], **kw: Any) -> HeartbeatRequest:
+    fields: dict[str, Any] = {"subscription": {"t": "*"}, "owned": frozenset(owned), **kw}
+    return HeartbeatRequest("g", member_id, epoch, **fields)
 
 
 def test_a_steady_heartbeat_is_answered_by_the_quick_path(ctx: GroupsContext) -> None:
@@ -88,7 +91,7 @@ def test_a_member_with_partitions_to_release_is_not_answered_quickly_once_it_rel
     assert ctx.groups.quick_heartbeat(request(a.member_id, a2.member_epoch, kept), ctx.now_ms) is None
 
 
-def nudged(ctx: GroupsContext, result: Result[object]) -> list[tuple[str, str]]:
+def nudged(ctx: GroupsContext, result: Result[T]) -> list[tuple[str, str]]:
     """Apply ``result`` as the service does and return whom its write tells to heartbeat now."""
     touched = ctx.groups.touched_groups(result.records)
     basis: NudgeBasis = ctx.groups.nudge_basis(result.records, touched)

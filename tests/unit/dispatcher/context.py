@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 from sluice.codec.batch import BatchBuilder, batch_views, stamp
 from sluice.codec.filter import parse_filter
@@ -93,8 +94,8 @@ class Ctx:
         self.apply(self.sub.offer(partition, msgs, start + len(msgs), self.now))
         return [m.offset for m in msgs]
 
-    def join(self, cid: str, permits: int = 0, **spec: object) -> Consumer:
-        s = ConsumerSpec(consumer_id=cid, name=str(spec.pop("name", cid)), **spec)  # type: ignore[arg-type]
+    def join(self, cid: str, permits: int = 0, **spec: Any) -> Consumer:
+        s = ConsumerSpec(consumer_id=cid, name=str(spec.pop("name", cid)), **spec)
         c, fx = self.sub.add_consumer(s, self.settings_for(s), self.now)
         self.consumers[cid] = c
         self.apply(fx)

@@ -125,7 +125,9 @@ def test_messages_of_skips_records_below_the_start() -> None:
 
 
 def test_compact_moves_few_held_messages_out_of_a_large_batch() -> None:
-    rows = [(f"k{i}".encode(), bytes([i % 251]) * 100, "a" if i % 2 else None, {}) for i in range(2000)]
+    rows: list[tuple[bytes | None, bytes, str | None, dict[str, bytes]]] = [
+        (f"k{i}".encode(), bytes([i % 251]) * 100, "a" if i % 2 else None, {}) for i in range(2000)
+    ]
     msgs = log_batch(1, 500, rows)
     big = msgs[0].view
     assert big.header.length > COMPACT_MIN_BATCH_BYTES

@@ -101,7 +101,9 @@ def test_a_conflict_on_replace_means_someone_else_won() -> None:
             assert rec1.holder == "c1"
             assert rec1.transitions == 1
             assert (won2, rec2) == (False, None)
-            assert int(await r.get(f"{PREFIX}:coordinator:epoch")) == 2, "the loser took no epoch"
+            epoch = await r.get(f"{PREFIX}:coordinator:epoch")
+            assert epoch is not None
+            assert int(epoch) == 2, "the loser took no epoch"
             # Creating a Lease that exists is a conflict too.
             s3 = LeaseStoreK8s(api, NAME, NS, r, PREFIX)
             assert await s3.acquire(None, Candidate("c3", "10.0.0.3:7600", 1.0)) == (False, None)

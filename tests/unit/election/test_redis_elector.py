@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -121,18 +122,18 @@ def test_a_restarted_replica_at_the_same_address_takes_over_its_dead_predecessor
 
 
 def test_the_leader_steps_down_before_its_lease_expires_when_redis_goes_away_and_returns() -> None:
-    async def scenario(server_url: str, kill: object, restart: object) -> None:
+    async def scenario(server_url: str, kill: Callable[[], object], restart: Callable[[], object]) -> None:
         async with redis_client(server_url) as ra:
             a = Running(elector(ra, "a")).start()
             await a.wait_for("leader")
-            kill()  # type: ignore[operator]
+            kill()
             # No renewal can succeed from now on: by the renew deadline it must not lead any more, well
             # before the 1 s lease could expire and be handed to someone else. (is_leader() reads the
             # clock, so this holds however late the event loop gets round to stepping down.)
             await asyncio.sleep(FAST.renew_deadline + 0.02)
             assert not a.elector.is_leader()
             await a.wait_for("lost:1", within=3)
-            restart()  # type: ignore[operator]
+            restart()
             # Back in office (the key was taken over or expired) with a fresh epoch.
             await a.wait_for("leader", within=5)
             assert a.epochs == [1, 2]
@@ -206,7 +207,9 @@ def test_lease_store_scripts_compare_before_they_write() -> None:
                 LeaseRecord("x", "x:1", 9, 2.0, "not-the-value"), Candidate("b", "b:1", 2)
             )
             assert not won
-            assert int(await r.get(store.epoch_key)) == 1
+            epoch = await r.get(store.epoch_key)
+            assert epoch is not None
+            assert int(epoch) == 1
             # Renew: only the same identity *and* epoch.
             ok, _ = await store.renew(LeaseRecord("a", "a:1", 5, 2.0, rec.version))
             assert not ok

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sluice.errors import (
@@ -65,7 +67,7 @@ def test_oversized_requests_are_refused() -> None:
 
 
 def reset(**overrides: object) -> ResetRequest:
-    fields: dict[str, object] = {
+    fields: dict[str, Any] = {
         "group": "g",
         "targets": (("t", (0, 1)),),
         "spec": ResetSpec.OFFSET,
@@ -73,7 +75,7 @@ def reset(**overrides: object) -> ResetRequest:
         "track": "",
     }
     fields.update(overrides)
-    return ResetRequest(**fields)  # type: ignore[arg-type]
+    return ResetRequest(**fields)
 
 
 def test_reset_validation() -> None:

@@ -113,7 +113,12 @@ def test_nack_backoff_schedule() -> None:
     s = NackScheduler()
     fired: list[int] = []
     done = threading.Event()
-    s.schedule(0.05, lambda: (fired.append(2), done.set()))
+
+    def fire_last() -> None:
+        fired.append(2)
+        done.set()
+
+    s.schedule(0.05, fire_last)
     s.schedule(0.01, lambda: fired.append(1))
     assert done.wait(2)
     assert fired == [1, 2]
