@@ -42,7 +42,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check services tests bench scripts spark-jobs
 	$(VENV)/bin/ruff format --check services tests bench scripts spark-jobs
 
-## typecheck: mypy --strict over the package
+## typecheck: mypy --strict over the package, the tests and the benchmarks
 typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from sluice.cli.consume import Printer
+from sluice.cli.output import Printer
 from sluice.cli.produce import DeliveryTracker, split_line
 from sluice.client.producer.futures import BatchResult, FutureRecordMetadata
 from sluice.codec.batch import Record
