@@ -56,10 +56,14 @@ from sluice.errors import (
     FetchSessionNotFound,
     InvalidArgument,
     InvalidFetchSessionEpoch,
+    NotLeader,
     OffsetOutOfRange,
+    RequestTimedOut,
     SluiceError,
+    StorageError,
     UnknownTopicOrPartition,
-    error_for_code,
+    error_from_proto,
+    raise_for_proto,
 )
 from sluice.v1 import broker_pb2, common_pb2
 
@@ -80,14 +84,13 @@ _RETRY_BACKOFF = 0.1
 #: it only adds buffers to allocate and fault in.
 _MAX_QUEUED_ANSWERS = 1
 _RETRY_BACKOFF_MAX = 2.0
-_RETRIABLE_PARTITION_CODES = frozenset(
-    {
-        common_pb2.NOT_LEADER,
-        common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-        common_pb2.BROKER_NOT_AVAILABLE,
-        common_pb2.STORAGE_ERROR,
-        common_pb2.REQUEST_TIMED_OUT,
-    }
+#: Partition errors retried after a metadata refresh (an unknown partition may be one being created).
+_RETRIABLE_PARTITION_ERRORS: tuple[type[SluiceError], ...] = (
+    NotLeader,
+    UnknownTopicOrPartition,
+    BrokerNotAvailable,
+    StorageError,
+    RequestTimedOut,
 )
 
 
@@ -401,7 +404,9 @@ class Fetcher:
                     room.wait()
                 broker.queued += 1
             completions.put((address, req, outcome, True))
-            return not (outcome.error.code or any(p.error.code for p in outcome.partitions))
+            return error_from_proto(outcome.error) is None and all(
+                error_from_proto(p.error) is None for p in outcome.partitions
+            )
 
         link.follow(
             self._request(req, continuous=True), self._max_wait_ms / 1000 + self._request_timeout, on_answer
@@ -455,8 +460,7 @@ class Fetcher:
             if isinstance(outcome, SluiceError):
                 raise outcome
             resp: broker_pb2.FetchResponse = outcome
-            if resp.error.code:
-                raise error_for_code(resp.error.code, resp.error.message)
+            raise_for_proto(resp.error)
         except (FetchSessionNotFound, InvalidFetchSessionEpoch) as exc:
             log.debug("fetch session with %s reset: %s", address, exc)
             self._end_request(broker)
@@ -487,12 +491,13 @@ class Fetcher:
                 sent = following.get(tp)
                 if sent is not None:  # the broker reads on from here (it stops after an error)
                     following[tp] = PartitionFetchState(pr.next_offset, sent.max_bytes, sent.filter)
-            ended = ended or bool(pr.error.code)
+            err = error_from_proto(pr.error)
+            ended = ended or err is not None
             st = parts.get(tp)
             if sent is None or st is None or st.position != sent.fetch_offset or st.paused:
                 continue  # removed or seeked while the request was in flight
-            if pr.error.code:
-                self._partition_error(tp, st, pr)
+            if err is not None:
+                self._partition_error(tp, st, pr, err)
                 continue
             st.failures = 0
             data = pr.records
@@ -531,9 +536,8 @@ class Fetcher:
             self._send(broker, parts)
 
     def _partition_error(
-        self, tp: TopicPartition, st: _Partition, pr: broker_pb2.FetchPartitionResponse
+        self, tp: TopicPartition, st: _Partition, pr: broker_pb2.FetchPartitionResponse, err: SluiceError
     ) -> None:
-        err = error_for_code(pr.error.code, pr.error.message)
         if isinstance(err, OffsetOutOfRange):
             if self._reset == "none":
                 st.paused = True
@@ -567,7 +571,7 @@ class Fetcher:
             )
             st.position = offsets[tp[1]]
             return
-        if pr.error.code in _RETRIABLE_PARTITION_CODES or err.retriable:
+        if isinstance(err, _RETRIABLE_PARTITION_ERRORS) or err.retriable:
             st.failures += 1
             st.backoff_until = time.monotonic() + _backoff(st.failures)
             self._need_metadata = True
