@@ -31,7 +31,7 @@ from grpc import aio
 import sluice
 import sluice.v1
 from sluice import errors
-from sluice.common.rpc import error_from_rpc
+from sluice.common.rpc import error_from_rpc, is_unimplemented
 from sluice.common.wire import error_from_frame
 from sluice.server.interceptors import ServiceInterceptor
 from sluice.v1 import common_pb2
@@ -191,6 +191,22 @@ def test_every_rpc_decodes_every_error_the_server_raises(refusing_server: str) -
                 assert type(decoded) is expected, (m.full_name, code, decoded)
                 assert decoded.code == code
                 assert decoded.message == _message(code)
+
+
+def test_a_method_the_server_lacks_is_told_apart_from_a_refusal(refusing_server: str) -> None:
+    """The one status the SDK inspects that is not an error code: an older server without the RPC."""
+    raw: Any = lambda b: b  # noqa: E731 - bytes in, bytes out
+    with grpc.insecure_channel(refusing_server) as channel:
+        missing = channel.unary_unary("/sluice.v1.Coordinator/NoSuchMethod", raw, raw)
+        with pytest.raises(grpc.RpcError) as caught:
+            missing(b"", timeout=10)
+        assert is_unimplemented(caught.value)
+        refused = channel.unary_unary("/sluice.v1.Coordinator/Heartbeat", raw, raw)
+        metadata = ((_RAISE_KEY, str(common_pb2.NOT_COORDINATOR)),)
+        with pytest.raises(grpc.RpcError) as caught:
+            refused(b"", metadata=metadata, timeout=10)
+        assert not is_unimplemented(caught.value)
+        assert isinstance(error_from_rpc(caught.value), errors.NotCoordinator)
 
 
 def _call(invoke: Any, streaming: bool, request: Any, metadata: tuple[tuple[str, str], ...]) -> None:
