@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/.tools/bin:$(PATH)
 
-.PHONY: all help deps tools protos check-protos lint typecheck test unit integration bench up clean
+.PHONY: all help deps tools protos check-protos module-map lint typecheck test unit integration bench up clean
 
 all: test
 
@@ -32,6 +32,10 @@ protos: $(VENV)/.installed
 ## check-protos: fail if the committed generated code differs from what `make protos` writes
 check-protos: $(VENV)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_protos_fresh.py
+
+## module-map: regenerate the module map of docs/architecture.md (a test checks freshness)
+module-map: $(VENV)/.installed
+	$(PY) scripts/module_map.py
 
 ## lint: ruff lint and format check
 lint: $(VENV)/.installed

@@ -31,11 +31,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from sluice.broker.context import RequestContext
 from sluice.broker.fetch import FetchLimits, FetchRead, PartitionRead, PartitionSpec
 from sluice.broker.longpoll import ParkedRead
 from sluice.broker.requests import FetchOutcome, FollowFrom
 from sluice.errors import SluiceError
+from sluice.server.context import RequestContext
 
 __all__ = ["ContinuousFetch", "Deliver", "FetchCore"]
 

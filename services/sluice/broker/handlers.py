@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice.broker.context import RequestContext
 from sluice.broker.fetch import PartitionRead, PartitionSpec
 from sluice.broker.follow import ContinuousFetch
 from sluice.broker.requests import FetchOutcome, FetchParams, FollowFrom, ProduceItem, ProduceResult
 from sluice.broker.service import BrokerService
 from sluice.errors import SluiceError
+from sluice.server.context import RequestContext
 from sluice.server.metrics import MethodRecorder
 from sluice.v1 import broker_pb2, common_pb2
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sluice.broker.context import RequestContext
 from sluice.broker.fetch import FetchLimits, PartitionRead, PartitionSpec, TopicPartitionKey
 from sluice.errors import InvalidRequest, SluiceError
+from sluice.server.context import RequestContext
 
 __all__ = [
     "CONSUMER_REPLICA_ID",

@@ -1,7 +1,7 @@
 """The broker core: the one implementation of every operation the broker serves.
 
 Produce, Fetch (long-poll and continuous), ListOffsets and UpdatePartitions each have one
-method here that validates the request, asks the authorizer (``sluice.broker.context``),
+method here that validates the request, asks the authorizer (``sluice.server.context``),
 executes and reports failures as typed ``SluiceError`` (per partition where the answer is
 per partition). Callers: the transport adapters (``handlers`` for the gRPC servicer and the
 wire connections, which translate protobuf and frames and do nothing else) and the
@@ -22,7 +22,6 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
 from sluice.broker.config import BrokerConfig
-from sluice.broker.context import ANONYMOUS, GRPC, AllowAll, Authorizer, Operation, RequestContext
 from sluice.broker.fetch import (
     FetchLimits,
     FetchRead,
@@ -62,6 +61,7 @@ from sluice.errors import (
     SluiceError,
     StorageError,
 )
+from sluice.server.context import ANONYMOUS, GRPC, AllowAll, Authorizer, Operation, RequestContext
 
 log = logging.getLogger(__name__)
 

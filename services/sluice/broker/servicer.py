@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment, TopicOverrides
-from sluice.broker.context import ANONYMOUS, GRPC, RequestContext
 from sluice.broker.handlers import (
     AppendedProduce,
     RequestHandlers,
@@ -24,6 +23,7 @@ from sluice.broker.handlers import (
 )
 from sluice.broker.requests import OffsetQuery
 from sluice.broker.service import BrokerService
+from sluice.server.context import ANONYMOUS, GRPC, RequestContext
 from sluice.server.wire import MAX_BACKLOG
 from sluice.v1 import broker_pb2, broker_pb2_grpc
 

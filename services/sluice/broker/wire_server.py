@@ -29,10 +29,10 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from sluice.broker.context import ANONYMOUS, WIRE, RequestContext
 from sluice.broker.follow import ContinuousFetch
 from sluice.broker.handlers import AppendedProduce, RequestHandlers
 from sluice.common.wire import FrameType, WireProtocolError
+from sluice.server.context import ANONYMOUS, WIRE, RequestContext
 from sluice.server.interceptors import Authenticator
 from sluice.server.wire import WireConnection, WireListener, parse_frame
 from sluice.v1 import broker_pb2

@@ -6,6 +6,10 @@ with ``--partition``) from ``--from earliest|latest|offset:N|time:ISO|-15m``
 ``--filter`` is applied by the broker, so only matching records travel. ``--max N``
 stops after N records; ``--timeout S`` stops after S seconds without a record
 (otherwise it follows the topic until Ctrl-C).
+
+``--group G`` (:func:`consume_group`) runs a real group member: it joins, prints what it is assigned, and
+commits on exit (also on Ctrl-C and when ``--max`` is reached: exactly the records printed are committed).
+``--subscription S`` hands over to ``subscription.py``.
 """
 
 from __future__ import annotations
@@ -17,9 +21,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
-from sluice.cli.output import format_record, positive_float
+from sluice.cli.output import Printer, positive_float
 from sluice.cli.positions import Start, check_not_future, parse_start
-from sluice.codec.batch import Record
 from sluice.codec.filter import parse_filter
 
 if TYPE_CHECKING:
@@ -29,6 +32,8 @@ SUBSCRIPTION_TYPES = ("exclusive", "shared", "failover", "key_shared")
 # One long-poll round: the broker answers as soon as records arrive, so this only
 # bounds how late an idle --timeout or Ctrl-C is noticed.
 MAX_WAIT_MS = 500
+# One poll's wait with --group: bounds how late an idle --timeout or Ctrl-C is noticed.
+POLL_WAIT = 0.5
 
 
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -82,8 +87,6 @@ def run(args: argparse.Namespace) -> int:
     if args.filter is not None:
         parse_filter(args.filter)
     if args.group is not None:
-        from sluice.cli.group import consume_group
-
         return consume_group(args, sys.stdout.buffer)
     if args.subscription is not None:
         from sluice.cli.subscription import consume_subscription
@@ -96,29 +99,6 @@ def run(args: argparse.Namespace) -> int:
 
         return consume_subscription(args, sys.stdout.buffer)
     return consume_partitions(args, sys.stdout.buffer)
-
-
-class Printer:
-    """Writes records to ``out`` and counts them against ``--max``."""
-
-    def __init__(self, out: BinaryIO, fmt: str, limit: int | None) -> None:
-        self.out = out
-        self.fmt = fmt
-        self.limit = limit
-        self.count = 0
-
-    @property
-    def done(self) -> bool:
-        return self.limit is not None and self.count >= self.limit
-
-    def write(self, records: list[Record]) -> None:
-        if self.limit is not None:
-            records = records[: self.limit - self.count]
-        self.out.write(b"".join(format_record(r, self.fmt) for r in records))
-        # Flush per fetched batch, not per record: a pipe sees records promptly
-        # without a system call per line.
-        self.out.flush()
-        self.count += len(records)
 
 
 def consume_partitions(args: argparse.Namespace, out: BinaryIO) -> int:
@@ -168,3 +148,43 @@ def start_offsets(client: Client, topic: str, start: Start, partitions: list[int
             )
         out[partition] = offset
     return out
+
+
+# ---- consume --group ----------------------------------------------------------------------------------
+
+
+def consume_group(args: argparse.Namespace, out: BinaryIO) -> int:
+    """``sluice consume TOPIC --group G``: print records as a member of G; commit on exit."""
+    if getattr(args, "partition", None):
+        raise UsageError("--partition cannot be used with --group: the group assigns the partitions")
+    if args.start.kind not in ("earliest", "latest"):
+        raise UsageError(
+            f"--from {args.start} cannot be used with --group: a group starts from its committed offsets "
+            "(--from earliest|latest applies where it has none); move them first with "
+            "'sluice group reset-offsets'"
+        )
+    printer = Printer(out, args.format, args.max)
+    with connect(args) as client:
+        consumer = client.consumer(
+            args.group,
+            {args.topic: args.filter if args.filter is not None else "*"},
+            auto_offset_reset=args.start.kind,
+        )
+        try:
+            idle_since = time.monotonic()
+            while not printer.done:
+                wait = POLL_WAIT
+                if args.timeout is not None:
+                    left = args.timeout - (time.monotonic() - idle_since)
+                    if left <= 0:
+                        break
+                    wait = min(wait, left)
+                limit = None if args.max is None else args.max - printer.count
+                # Never take more than --max still allows: what poll returns counts as consumed.
+                records = consumer.poll(wait, max_records=limit)
+                if records:
+                    printer.write(records)
+                    idle_since = time.monotonic()
+        finally:
+            consumer.close()  # commits what was printed, then leaves the group
+    return 0

@@ -1,10 +1,8 @@
-"""``sluice group list|describe|config`` and ``sluice consume TOPIC --group G``
-(``reset-offsets`` and ``delete``: ``group_offsets.py``).
+"""``sluice group list|describe|config`` (``reset-offsets`` and ``delete``: ``group_offsets.py``;
+``consume --group``: ``consume.py``).
 
 Groups are administered through ``client.admin`` (coordinator for membership and
-config, offset store for committed offsets). ``consume --group`` runs a real group
-member: it joins, prints what it is assigned, and commits on exit (also on Ctrl-C
-and when ``--max`` is reached: exactly the records printed are committed).
+config, offset store for committed offsets).
 """
 
 from __future__ import annotations
@@ -12,17 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 from sluice.cli import group_offsets
 from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
 
 ASSIGNORS = ("sticky", "range", "round-robin", "averagely", "averagely-by-circle", "consistent-hash")
-# One poll's wait: bounds how late an idle --timeout or Ctrl-C is noticed.
-POLL_WAIT = 0.5
 
 
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
@@ -270,46 +265,4 @@ def run_config(args: argparse.Namespace) -> int:
         _print_json(doc)
     else:
         print(" ".join(f"{k}={'(default)' if v is None else v}" for k, v in doc.items()))
-    return 0
-
-
-# ---- consume --group ----------------------------------------------------------------------------------
-
-
-def consume_group(args: argparse.Namespace, out: BinaryIO) -> int:
-    """``sluice consume TOPIC --group G``: print records as a member of G; commit on exit."""
-    from sluice.cli.consume import Printer
-
-    if getattr(args, "partition", None):
-        raise UsageError("--partition cannot be used with --group: the group assigns the partitions")
-    if args.start.kind not in ("earliest", "latest"):
-        raise UsageError(
-            f"--from {args.start} cannot be used with --group: a group starts from its committed offsets "
-            "(--from earliest|latest applies where it has none); move them first with "
-            "'sluice group reset-offsets'"
-        )
-    printer = Printer(out, args.format, args.max)
-    with connect(args) as client:
-        consumer = client.consumer(
-            args.group,
-            {args.topic: args.filter if args.filter is not None else "*"},
-            auto_offset_reset=args.start.kind,
-        )
-        try:
-            idle_since = time.monotonic()
-            while not printer.done:
-                wait = POLL_WAIT
-                if args.timeout is not None:
-                    left = args.timeout - (time.monotonic() - idle_since)
-                    if left <= 0:
-                        break
-                    wait = min(wait, left)
-                limit = None if args.max is None else args.max - printer.count
-                # Never take more than --max still allows: what poll returns counts as consumed.
-                records = consumer.poll(wait, max_records=limit)
-                if records:
-                    printer.write(records)
-                    idle_since = time.monotonic()
-        finally:
-            consumer.close()  # commits what was printed, then leaves the group
     return 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-from typing import Any
+from typing import Any, BinaryIO
 
 from sluice.cli.errors import UsageError
 from sluice.codec.batch import Record
@@ -89,3 +89,26 @@ def collect_pairs(pairs: list[tuple[str, str]] | None, what: str) -> dict[str, s
             raise UsageError(f"{what} {name!r} given twice")
         out[name] = value
     return out
+
+
+class Printer:
+    """Writes records to ``out`` and counts them against ``--max``."""
+
+    def __init__(self, out: BinaryIO, fmt: str, limit: int | None) -> None:
+        self.out = out
+        self.fmt = fmt
+        self.limit = limit
+        self.count = 0
+
+    @property
+    def done(self) -> bool:
+        return self.limit is not None and self.count >= self.limit
+
+    def write(self, records: list[Record]) -> None:
+        if self.limit is not None:
+            records = records[: self.limit - self.count]
+        self.out.write(b"".join(format_record(r, self.fmt) for r in records))
+        # Flush per fetched batch, not per record: a pipe sees records promptly
+        # without a system call per line.
+        self.out.flush()
+        self.count += len(records)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from sluice.coordinator.groups.redis_ops import RedisOp
+from sluice.coordinator.ops import RedisOp
 from sluice.coordinator.records import Record, RecordCodec, RecordValue
 from sluice.errors import NotCoordinator, StorageError
 from sluice.offsetstore.keys import TOPIC_PURGE_LUA

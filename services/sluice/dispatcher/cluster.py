@@ -225,9 +225,11 @@ class CoordinatorLink:
         finally:
             self._refreshing = None
 
-    async def topic(self, name: str) -> coordinator_pb2.TopicDescription:
-        """The topic's description, refreshing metadata once if it is not known yet."""
-        t = self.view.topics.get(name)
+    async def topic(self, name: str, fresh: bool = False) -> coordinator_pb2.TopicDescription:
+        """The topic's description, refreshing metadata once if it is not known yet, or first of all
+        when ``fresh`` (a new subscriber must get the topic as it is now: the cached view may still
+        hold a deleted incarnation of the name, and binding to it would end the subscription at once)."""
+        t = None if fresh else self.view.topics.get(name)
         if t is None:
             t = (await self.refresh()).topics.get(name)
         if t is None:

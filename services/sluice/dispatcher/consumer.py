@@ -10,11 +10,15 @@ what it was sent and has not acknowledged (nor nacked); ``blocked`` latches when
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sluice.dispatcher.keyshared import StickyRanges
 from sluice.dispatcher.messages import Message
+from sluice.dispatcher.model import SubscriptionSettings, SubscriptionType
+from sluice.errors import ConsumerBusy, InvalidArgument, SubscriptionTypeMismatch
 
-__all__ = ["Consumer", "ConsumerSpec", "ConsumerState"]
+__all__ = ["Consumer", "ConsumerSpec", "ConsumerState", "check_join"]
 
 
 class ConsumerState(enum.Enum):
@@ -116,3 +120,37 @@ class Consumer:
             self.blocked = False
             return True
         return False
+
+
+def check_join(
+    topic: str,
+    name: str,
+    current: SubscriptionSettings,
+    consumers: Iterable[Consumer],
+    spec: ConsumerSpec,
+    settings: SubscriptionSettings,
+) -> None:
+    """Raise the typed error a consumer with ``spec`` and ``settings`` gets when it joins subscription
+    ``name`` of ``topic`` (``current`` settings, these ``consumers``); change nothing.
+    Caller: ``Subscription.check_join``."""
+    others = [c for c in consumers if c.consumer_id != spec.consumer_id]
+    if others:
+        why = current.mismatch(settings)
+        if why is not None:
+            raise SubscriptionTypeMismatch(
+                f"subscription {name!r} on {topic!r} has {len(others)} connected consumer(s) "
+                f"and its {why}; disconnect them first or use another subscription name"
+            )
+        if settings.type == SubscriptionType.EXCLUSIVE:
+            raise ConsumerBusy(
+                f"exclusive subscription {name!r} on {topic!r} already has consumer "
+                f"{others[0].spec.name or others[0].consumer_id!r}"
+            )
+    if settings.type == SubscriptionType.KEY_SHARED and settings.sticky:
+        if spec.sticky_ranges is None:
+            raise InvalidArgument("sticky Key_Shared needs key_shared_policy.ranges")
+        probe = StickyRanges()
+        for c in others:
+            if c.spec.sticky_ranges:
+                probe.add(c.consumer_id, c.spec.sticky_ranges)
+        probe.add(spec.consumer_id, spec.sticky_ranges)

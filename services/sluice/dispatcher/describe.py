@@ -6,16 +6,14 @@ loaded, still registered: ``registry.py``) report their backlog from the book, w
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+from sluice.dispatcher.answers import ConsumerDescription, SubscriptionDescription, SubscriptionSummary
+from sluice.dispatcher.host import ServiceHost
 from sluice.dispatcher.metrics import GaugeRow
-from sluice.dispatcher.registry import IdleSubscription, wall_ms
+from sluice.dispatcher.registry import IdleSubscription, SubscriptionBook, wall_ms
+from sluice.dispatcher.runtime import SubscriptionRuntime
 from sluice.errors import SluiceError, UnknownSubscription
-from sluice.v1 import dispatcher_pb2 as pb
-
-if TYPE_CHECKING:
-    from sluice.dispatcher.runtime import SubscriptionRuntime
-    from sluice.dispatcher.service import DispatcherService
+from sluice.server.context import Operation, RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +21,9 @@ __all__ = ["SubscriptionViews"]
 
 
 class SubscriptionViews:
-    def __init__(self, service: DispatcherService) -> None:
+    def __init__(self, service: ServiceHost, book: SubscriptionBook) -> None:
         self._service = service
+        self._book = book
 
     def backlog(self, rt: SubscriptionRuntime) -> int:
         total = 0
@@ -34,12 +33,12 @@ class SubscriptionViews:
             total += max(end - ps.cursor.mark_delete - ps.cursor.acked.count(), 0)
         return total
 
-    def summary(self, rt: SubscriptionRuntime) -> pb.SubscriptionSummary:
+    def summary(self, rt: SubscriptionRuntime) -> SubscriptionSummary:
         settings = rt.machine.settings
-        return pb.SubscriptionSummary(
+        return SubscriptionSummary(
             topic=rt.topic,
             subscription=rt.name,
-            type=int(settings.type),  # type: ignore[arg-type]
+            type=int(settings.type),
             consumers=len(rt.machine.consumers),
             backlog=self.backlog(rt),
             durable=rt.durable,
@@ -48,14 +47,14 @@ class SubscriptionViews:
             filter=settings.filter.expression,
         )
 
-    def idle_summary(self, entry: IdleSubscription) -> pb.SubscriptionSummary:
+    def idle_summary(self, entry: IdleSubscription) -> SubscriptionSummary:
         r = entry.record
-        return pb.SubscriptionSummary(
+        return SubscriptionSummary(
             topic=r.topic,
             subscription=r.subscription,
-            type=r.type,  # type: ignore[arg-type]
+            type=r.type,
             consumers=0,
-            backlog=self._service.book.backlog(entry),
+            backlog=self._book.backlog(entry),
             durable=True,
             last_active_ms=r.last_active_ms,
             loaded=False,
@@ -65,40 +64,43 @@ class SubscriptionViews:
     async def _refresh(self) -> None:
         """Bring the idle book up to date before answering an operator (metrics use it as it is)."""
         try:
-            await self._service.book.refresh()
+            await self._book.refresh()
         except SluiceError as exc:  # answer from what is known; the loaded ones are exact anyway
             log.warning("listing idle subscriptions from the registry failed: %s", exc)
 
-    def _all(self, topic: str) -> list[pb.SubscriptionSummary]:
+    def _all(self, topic: str) -> list[SubscriptionSummary]:
         service = self._service
         loaded = {k: rt for k, rt in list(service.runtimes.items()) if not rt.closing}
         rows = [self.summary(rt) for rt in loaded.values()]
-        rows += [self.idle_summary(e) for k, e in list(service.book.idle.items()) if k not in loaded]
+        rows += [self.idle_summary(e) for k, e in list(self._book.idle.items()) if k not in loaded]
         return sorted(
             (r for r in rows if not topic or r.topic == topic), key=lambda r: (r.topic, r.subscription)
         )
 
-    async def list_all(self, topic: str) -> pb.ListSubscriptionsResponse:
+    async def list_all(self, ctx: RequestContext, topic: str) -> list[SubscriptionSummary]:
+        """Every subscription of ``topic`` (every one, for ``""``) this dispatcher serves."""
+        self._service.authorizer.authorize(ctx, Operation.DESCRIBE, topic)
         await self._refresh()
-        return pb.ListSubscriptionsResponse(subscriptions=self._all(topic))
+        return self._all(topic)
 
-    async def describe(self, topic: str, subscription: str) -> pb.DescribeSubscriptionResponse:
+    async def describe(self, ctx: RequestContext, topic: str, subscription: str) -> SubscriptionDescription:
         service = self._service
+        service.authorizer.authorize(ctx, Operation.DESCRIBE, topic)
         rt = service.runtimes.get((topic, subscription))
         if rt is None or rt.closing:
             await self._refresh()
-            entry = service.book.idle.get((topic, subscription))
+            entry = self._book.idle.get((topic, subscription))
             if entry is None:
                 raise UnknownSubscription(
                     f"dispatcher {service.dispatcher_id!r} has no subscription {subscription!r} of topic "
                     f"{topic!r} (not registered as durable, no consumer connected, or another dispatcher "
                     "serves the topic)"
                 )
-            return pb.DescribeSubscriptionResponse(summary=self.idle_summary(entry))
-        return pb.DescribeSubscriptionResponse(
+            return SubscriptionDescription(self.idle_summary(entry))
+        return SubscriptionDescription(
             summary=self.summary(rt),
             consumers=[
-                pb.ConsumerDescription(
+                ConsumerDescription(
                     consumer_id=c.consumer_id,
                     consumer_name=c.spec.name,
                     permits=c.permits,
@@ -130,11 +132,11 @@ class SubscriptionViews:
                     (wall_ms() if consumers else rt.last_active_ms) / 1000,
                 )
             )
-        for key, entry in list(service.book.idle.items()):
+        for key, entry in list(self._book.idle.items()):
             if key not in loaded:
                 rows.append(
                     GaugeRow(
-                        *key, 0, 0, 0, 0, service.book.backlog(entry), 0, entry.record.last_active_ms / 1000
+                        *key, 0, 0, 0, 0, self._book.backlog(entry), 0, entry.record.last_active_ms / 1000
                     )
                 )
         return rows

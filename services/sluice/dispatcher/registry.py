@@ -33,8 +33,8 @@ from sluice.v1 import common_pb2, offset_store_pb2, offset_store_pb2_grpc
 
 if TYPE_CHECKING:
     from sluice.dispatcher.cursor import PartitionCursor
+    from sluice.dispatcher.host import ServiceHost
     from sluice.dispatcher.runtime import SubscriptionRuntime
-    from sluice.dispatcher.service import DispatcherService
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class IdleSubscription:
 class SubscriptionBook:
     """The registry client and the idle subscriptions of one dispatcher. Caller: ``DispatcherService``."""
 
-    def __init__(self, service: DispatcherService) -> None:
+    def __init__(self, service: ServiceHost) -> None:
         self._service = service
         self.idle: dict[SubKey, IdleSubscription] = {}
         #: (topic, partition) -> log end, for the partitions of idle subscriptions.

@@ -2,9 +2,9 @@
 
 ``SubscriptionRuntime`` wraps the pure :class:`~sluice.dispatcher.subscription.Subscription`: every call
 into the machine goes through here with the current time, and the returned effects are carried out
-by :meth:`SubscriptionRuntime.apply` (encode and queue message batches: cut log batches or
-``PushedMessage``s, send active-consumer events, hand dead letters to the DLQ task, re-arm the one
-timer, wake the partition feeds).
+by :meth:`SubscriptionRuntime.apply` (hand message batches and active-consumer events to each
+consumer's :class:`ConsumerStream`, which the transport adapter encodes; hand dead letters to the
+DLQ task, re-arm the one timer, wake the partition feeds).
 """
 
 from __future__ import annotations
@@ -14,66 +14,85 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sluice.dispatcher.consumer import Consumer
-from sluice.dispatcher.messages import Message, compact, encode_batch_event, encode_batches_event
-from sluice.dispatcher.model import Effects, SubscriptionSettings
+from sluice.dispatcher.dlq import DeadLetterSink
+from sluice.dispatcher.messages import Message, compact
+from sluice.dispatcher.metrics import DispatcherMetrics
+from sluice.dispatcher.model import Delivery, Effects, SubscriptionSettings
 from sluice.dispatcher.subscription import Subscription
 from sluice.errors import SluiceError
-from sluice.v1 import dispatcher_pb2 as pb
-
-if TYPE_CHECKING:
-    from sluice.dispatcher.service import DispatcherService
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConsumerStream", "SubscriptionRuntime"]
+__all__ = ["ConsumerStream", "RuntimeHost", "SubscriptionRuntime"]
 
-Outgoing = bytes | pb.DispatcherEvent | None
 #: Seconds between looks for long-held messages pinning large batches (``messages.compact``).
 COMPACT_INTERVAL = 5.0
 
 
 class ConsumerStream:
-    """The outgoing side of one Consume stream: what the service sends goes to ``sink`` at once
-    (a transport that writes events itself: the wire protocol), or else into a queue that the
-    servicer's gRPC generator drains. ``None`` marks the end of the stream."""
+    """One consumer's stream as the core sees it: what it is attached to, and what it can be told.
 
-    def __init__(self, peer: str = "", sink: Callable[[Outgoing], None] | None = None) -> None:
+    Transport-neutral: the adapter's subclass (``events.EventStream``) encodes each event for its
+    transport and writes or queues it. The core never builds a protobuf message."""
+
+    def __init__(self, peer: str = "") -> None:
         self.peer = peer
-        self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()
-        self._put = sink or self.queue.put_nowait
         self.runtime: SubscriptionRuntime | None = None
         self.consumer: Consumer | None = None
         #: The consumer asked for ``Subscribe.record_batches``: send log batches, not PushedMessages.
         self.record_batches = False
         self.closed = False
 
-    def send(self, item: bytes | pb.DispatcherEvent) -> None:
-        if not self.closed:
-            self._put(item)
+    def subscribed(self, consumer_id: str) -> None:
+        """The Subscribe succeeded: tell the consumer its id."""
+        raise NotImplementedError
+
+    def deliver(self, topic: str, delivery: Delivery) -> int:
+        """Send one consumer's messages (one batch); returns the bytes sent."""
+        raise NotImplementedError
+
+    def active_change(self, partition: int, active: bool) -> None:
+        """Exclusive/Failover: the consumer became (or stopped being) a partition's active one."""
+        raise NotImplementedError
 
     def error(self, err: SluiceError) -> None:
-        self.send(pb.DispatcherEvent(error=err.to_proto()))
+        """Report ``err``; the stream stays open."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """End the stream (idempotent)."""
+        raise NotImplementedError
 
     def fail(self, err: SluiceError) -> None:
         """Send the error, then end the stream."""
         self.error(err)
         self.close()
 
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._put(None)
+
+class RuntimeHost(Protocol):
+    """What a loaded subscription needs of the service that owns it (``DispatcherService`` is one).
+    A protocol, so that the runtime does not import the service that imports it."""
+
+    @property
+    def metrics(self) -> DispatcherMetrics: ...
+
+    @property
+    def dlq(self) -> DeadLetterSink: ...
+
+    def now_ms(self) -> int: ...
+
+    def flush_soon(self) -> None: ...
+
+    def kick_feeds(self, rt: SubscriptionRuntime) -> None: ...
 
 
 class SubscriptionRuntime:
     """One loaded (topic, subscription). Caller: ``DispatcherService`` and the partition feeds."""
 
-    def __init__(
-        self, service: DispatcherService, topic: str, name: str, settings: SubscriptionSettings
-    ) -> None:
+    def __init__(self, service: RuntimeHost, topic: str, name: str, settings: SubscriptionSettings) -> None:
         self.service = service
         self.machine = Subscription(topic, name, settings)
         self.topic = topic
@@ -130,27 +149,14 @@ class SubscriptionRuntime:
                 stream = self.streams.get(cid)
                 if stream is None:
                     continue
-                if stream.record_batches:
-                    payload = encode_batches_event(topic, d.messages, d.counts)
-                elif any(d.counts):
-                    payload = encode_batch_event(
-                        topic, [m.framed(n) for m, n in zip(d.messages, d.counts, strict=True)]
-                    )
-                else:
-                    payload = encode_batch_event(topic, [m.wire for m in d.messages])
-                stream.send(payload)
+                sent_bytes += stream.deliver(topic, d)
                 sent += len(d.messages)
-                sent_bytes += len(payload)
             self._m_messages.inc(sent)
             self._m_bytes.inc(sent_bytes)
         for cid, partition, active in fx.active_changes:
             stream = self.streams.get(cid)
             if stream is not None:
-                stream.send(
-                    pb.DispatcherEvent(
-                        active_change=pb.ActiveConsumerChange(partition=partition, is_active=active)
-                    )
-                )
+                stream.active_change(partition, active)
         if fx.redelivered:
             self._m_redeliveries.inc(fx.redelivered)
         if fx.dead_letters:

@@ -18,23 +18,40 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import islice
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from sluice.dispatcher.model import SubscriptionType
+from sluice.dispatcher.consumer import Consumer
+from sluice.dispatcher.messages import Message
+from sluice.dispatcher.model import SubscriptionSettings, SubscriptionType
+from sluice.dispatcher.partition_state import PartitionState
 
-if TYPE_CHECKING:
-    from sluice.dispatcher.consumer import Consumer
-    from sluice.dispatcher.messages import Message
-    from sluice.dispatcher.subscription import PartitionState, Subscription
+__all__ = ["SHARED_BATCH", "Dispatchable", "dispatch"]
 
-__all__ = ["SHARED_BATCH", "dispatch"]
+
+class Dispatchable(Protocol):
+    """What a dispatch pass reads and changes of a subscription (``Subscription`` is one). A protocol,
+    so that the selectors depend on the state's shape and the state machine imports the selectors,
+    not the other way round."""
+
+    settings: SubscriptionSettings
+    partitions: dict[int, PartitionState]
+    consumers: dict[str, Consumer]
+    #: The partition served last, and the next consumer's index in the Shared ring.
+    partition_rr: int
+    consumer_rr: int
+    #: Key_Shared: the owner of each key hash, and the consumer still holding a hash's messages.
+    owner_table: list[Consumer | None]
+    hash_holder: dict[int, Consumer]
+
+    def deliver(self, c: Consumer, ps: PartitionState, msgs: list[Message], now_ms: int) -> None: ...
+
 
 #: Messages handed to one Shared consumer before moving to the next (Pulsar's round-robin batch is 20;
 #: larger chunks cost less per message and still spread evenly).
 SHARED_BATCH = 50
 
 
-def _rotated(sub: Subscription) -> list[PartitionState]:
+def _rotated(sub: Dispatchable) -> list[PartitionState]:
     """Partitions with work, starting after the one served last (``Subscription.deliver`` records it)."""
     parts = [ps for ps in sub.partitions.values() if ps.replay or ps.pending]
     gated = [ps for ps in parts if not ps.has_work()]
@@ -52,7 +69,7 @@ def _rotated(sub: Subscription) -> list[PartitionState]:
     return parts
 
 
-def dispatch(sub: Subscription, now_ms: int) -> None:
+def dispatch(sub: Dispatchable, now_ms: int) -> None:
     kind = sub.settings.type
     if kind == SubscriptionType.SHARED:
         _shared(sub, now_ms)
@@ -62,7 +79,7 @@ def dispatch(sub: Subscription, now_ms: int) -> None:
         _single_active(sub, now_ms)
 
 
-def _single_active(sub: Subscription, now_ms: int) -> None:
+def _single_active(sub: Dispatchable, now_ms: int) -> None:
     for ps in _rotated(sub):
         c = ps.active
         if c is None:
@@ -74,7 +91,7 @@ def _single_active(sub: Subscription, now_ms: int) -> None:
                 sub.deliver(c, ps, msgs, now_ms)
 
 
-def _next_consumer(sub: Subscription, ring: list[Consumer], partition: int) -> Consumer | None:
+def _next_consumer(sub: Dispatchable, ring: list[Consumer], partition: int) -> Consumer | None:
     """The next consumer in round-robin order with capacity that serves ``partition``."""
     n = len(ring)
     start = sub.consumer_rr
@@ -86,7 +103,7 @@ def _next_consumer(sub: Subscription, ring: list[Consumer], partition: int) -> C
     return None
 
 
-def _shared(sub: Subscription, now_ms: int) -> None:
+def _shared(sub: Dispatchable, now_ms: int) -> None:
     ring = sorted(sub.consumers.values(), key=lambda c: c.join_seq)
     parts = _rotated(sub)
     while parts:
@@ -103,7 +120,7 @@ def _shared(sub: Subscription, now_ms: int) -> None:
         parts = still
 
 
-def _key_shared(sub: Subscription, now_ms: int) -> None:
+def _key_shared(sub: Dispatchable, now_ms: int) -> None:
     table = sub.owner_table
     if not table:
         return

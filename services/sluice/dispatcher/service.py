@@ -1,7 +1,10 @@
-"""The dispatcher's service layer: routing, subscription loading, feeds, cursor flushes, describe.
+"""The dispatcher's core: the one implementation of subscribe, flow, ack and nack, plus routing,
+subscription loading, feeds, cursor flushes and routing changes (docs/architecture.md).
 
-Everything runs on one asyncio loop; the state machines are synchronous, so no locks guard them.
-Caller: ``servicer.DispatcherServicer`` (one method per client command) and ``main`` (start/stop).
+It works on domain values only (``requests.py`` in, ``ConsumerStream`` calls out): each operation
+takes the caller's ``RequestContext``, validates, asks the authorizer, executes and raises a typed
+``SluiceError``. Everything runs on one asyncio loop; the state machines are synchronous, so no locks
+guard them. Callers: ``servicer.DispatcherServicer`` (both transports) and ``main`` (start/stop).
 """
 
 from __future__ import annotations
@@ -9,31 +12,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from collections import defaultdict
 
 import grpc
 
-from sluice.codec.filter import parse_filter
-from sluice.common.names import validate_group, validate_topic
 from sluice.common.rpc import error_from_rpc
 from sluice.dispatcher.cluster import ChannelCache, ClusterView, CoordinatorLink, list_offsets_request
-from sluice.dispatcher.config import DispatcherConfig, ms
+from sluice.dispatcher.config import DispatcherConfig
 from sluice.dispatcher.consumer import ConsumerSpec
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.cursor_store import CursorStore, DirtyCursor
 from sluice.dispatcher.describe import SubscriptionViews
 from sluice.dispatcher.dlq import DeadLetterSink
-from sluice.dispatcher.feed import FeedTarget, PartitionFeed
-from sluice.dispatcher.keyshared import parse_sticky_ranges
+from sluice.dispatcher.feedset import FeedSet
 from sluice.dispatcher.metrics import DispatcherMetrics
-from sluice.dispatcher.model import SubscriptionSettings, SubscriptionType
+from sluice.dispatcher.model import SubscriptionSettings
 from sluice.dispatcher.registry import SubscriptionBook, wall_ms
+from sluice.dispatcher.requests import InitialPosition, SubscribeRequest, ack_offsets, consumer_spec
 from sluice.dispatcher.runtime import ConsumerStream, SubscriptionRuntime
 from sluice.dispatcher.subadmin import SubscriptionAdmin
 from sluice.errors import (
     BrokerNotAvailable,
-    InvalidArgument,
     InvalidPermits,
     NotDispatcher,
     ProtocolViolation,
@@ -42,20 +41,23 @@ from sluice.errors import (
     UnknownTopicOrPartition,
     raise_for_proto,
 )
-from sluice.v1 import broker_pb2_grpc, dispatcher_pb2, offset_store_pb2_grpc
+from sluice.server.context import AllowAll, Authorizer, Operation, RequestContext
+from sluice.v1 import broker_pb2_grpc, offset_store_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DispatcherService"]
 
 SubKey = tuple[str, str]
-FeedKey = tuple[str, int]
-_POSITIONS = {dispatcher_pb2.INITIAL_POSITION_EARLIEST: -2, dispatcher_pb2.INITIAL_POSITION_LATEST: -1}
 
 
 class DispatcherService:
-    def __init__(self, config: DispatcherConfig, metrics: DispatcherMetrics) -> None:
+    def __init__(
+        self, config: DispatcherConfig, metrics: DispatcherMetrics, authorizer: Authorizer | None = None
+    ) -> None:
         self.config = config
+        #: The authorization seam (``sluice.server.context``): asked once per Subscribe.
+        self.authorizer: Authorizer = authorizer or AllowAll()
         self.metrics = metrics
         self.dispatcher_id = config.resolved_id
         self.channels = ChannelCache()
@@ -69,15 +71,15 @@ class DispatcherService:
         self.store = CursorStore(lambda a: offset_store_pb2_grpc.OffsetStoreStub(self.channels.get(a)))
         self.dlq = DeadLetterSink(self.link, self.channels)
         self.book = SubscriptionBook(self)
-        self.admin = SubscriptionAdmin(self)
+        self.admin = SubscriptionAdmin(self, self.book)
         self.runtimes: dict[SubKey, SubscriptionRuntime] = {}
-        self.feeds: dict[FeedKey, PartitionFeed] = {}
-        self._feed_targets: dict[FeedKey, list[SubscriptionRuntime]] = defaultdict(list)
+        self.feedset = FeedSet(config, self.link, self.channels)
+        self.feeds = self.feedset.feeds
         self._save_lock = asyncio.Lock()
         self._flush_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
-        self.views = SubscriptionViews(self)
+        self.views = SubscriptionViews(self, self.book)
         metrics.state.source = self.views.gauge_rows
 
     def now_ms(self) -> int:
@@ -107,53 +109,15 @@ class DispatcherService:
 
     # ---- subscribe -------------------------------------------------------------------------------------
 
-    def _spec(self, req: dispatcher_pb2.Subscribe) -> tuple[ConsumerSpec, SubscriptionSettings]:
-        validate_topic(req.topic)
-        validate_group(req.subscription, "subscription")
-        if req.type not in dispatcher_pb2.SubscriptionType.values():
-            raise InvalidArgument(f"unknown subscription type {req.type}")
-        for name in ("max_unacked", "ack_timeout_ms", "nack_delay_ms", "max_redeliver"):
-            if getattr(req, name) < 0:
-                raise InvalidArgument(
-                    f"{name} must be >= 0 (0: the dispatcher default), got {getattr(req, name)}"
-                )
-        if any(p < 0 for p in req.partitions):
-            raise InvalidArgument(f"partitions must be >= 0, got {list(req.partitions)}")
-        cfg = self.config
-        kind = SubscriptionType(req.type)
-        sticky = (
-            kind == SubscriptionType.KEY_SHARED
-            and req.key_shared_policy.mode == dispatcher_pb2.KEY_SHARED_MODE_STICKY
-        )
-        settings = SubscriptionSettings(
-            type=kind,
-            durable=req.durable,
-            filter=parse_filter(req.filter),
-            sticky=sticky,
-            read_ahead_bytes=cfg.read_ahead_bytes,
-        )
-        spec = ConsumerSpec(
-            consumer_id=req.consumer_id or uuid.uuid4().hex,
-            name=req.consumer_name or req.consumer_id,
-            priority=req.priority,
-            partitions=frozenset(req.partitions) if req.partitions else None,
-            max_unacked=req.max_unacked or cfg.max_unacked,
-            ack_timeout_ms=req.ack_timeout_ms or ms(cfg.ack_timeout),
-            nack_delay_ms=req.nack_delay_ms or ms(cfg.nack_delay),
-            max_redeliver=req.max_redeliver or cfg.max_redeliver,
-            nack_backoff_max_ms=ms(cfg.nack_backoff_max),
-            sticky_ranges=parse_sticky_ranges(req.key_shared_policy.ranges) if sticky else None,
-        )
-        return spec, settings
-
-    async def subscribe(self, stream: ConsumerStream, req: dispatcher_pb2.Subscribe) -> None:
+    async def subscribe(self, ctx: RequestContext, stream: ConsumerStream, req: SubscribeRequest) -> None:
         """Attach ``stream`` as a consumer; raises the typed error (the servicer reports it)."""
-        spec, settings = self._spec(req)
+        spec, settings = consumer_spec(req, self.config)
+        self.authorizer.authorize(ctx, Operation.READ, req.topic)
         try:
             await asyncio.wait_for(self.link.registered.wait(), 10)
         except TimeoutError:
             raise BrokerNotAvailable("the dispatcher is not registered with the coordinator yet") from None
-        desc = await self.link.topic(req.topic)
+        desc = await self.link.topic(req.topic, fresh=True)
         count = len(desc.partitions)
         wanted = sorted(set(req.partitions)) if req.partitions else list(range(count))
         if wanted and wanted[-1] >= count:
@@ -185,13 +149,7 @@ class DispatcherService:
         rt.streams[spec.consumer_id] = stream
         stream.runtime, stream.consumer = rt, consumer
         stream.record_batches = req.record_batches
-        stream.send(
-            dispatcher_pb2.DispatcherEvent(
-                subscribed=dispatcher_pb2.Subscribed(
-                    consumer_id=spec.consumer_id, record_batches=req.record_batches
-                )
-            )
-        )
+        stream.subscribed(spec.consumer_id)
         rt.apply(fx)
         log.info(
             "consumer %s joined %s/%s (%s)",
@@ -203,7 +161,7 @@ class DispatcherService:
 
     async def _runtime(
         self,
-        req: dispatcher_pb2.Subscribe,
+        req: SubscribeRequest,
         settings: SubscriptionSettings,
         partitions: list[int],
         topic_id: str,
@@ -217,6 +175,13 @@ class DispatcherService:
                 continue
             if rt is not None and not rt.machine.consumers and rt.durable != settings.durable:
                 await self.drop(rt)  # an idle subscription changes durability: start over
+                continue
+            if rt is not None and rt.topic_id and topic_id and rt.topic_id != topic_id:
+                # Still serving a deleted incarnation of the topic (the view change that ends it has
+                # not arrived yet): end it now, and start this subscriber on the current topic.
+                for stream in list(rt.streams.values()):
+                    stream.fail(_topic_gone(rt))
+                await self.drop(rt)
                 continue
             break
         if rt is None:
@@ -240,9 +205,7 @@ class DispatcherService:
                 raise rt.load_error
         return rt
 
-    async def _load(
-        self, rt: SubscriptionRuntime, req: dispatcher_pb2.Subscribe, partitions: list[int]
-    ) -> None:
+    async def _load(self, rt: SubscriptionRuntime, req: SubscribeRequest, partitions: list[int]) -> None:
         """Read the durable cursors (or resolve the initial position) and start the feeds."""
         cursors: dict[int, PartitionCursor] = {}
         if rt.durable:
@@ -264,16 +227,16 @@ class DispatcherService:
             rt.machine.attach_partition(cursors[p], cursors[p].mark_delete)
         rt.call(rt.machine.activate)
         for p in partitions:
-            self._attach_feed(rt, p)
+            self.feedset.attach(rt.topic, p, rt)
 
     async def _initial_positions(
-        self, topic: str, partitions: list[int], req: dispatcher_pb2.Subscribe
+        self, topic: str, partitions: list[int], req: SubscribeRequest
     ) -> dict[int, int]:
         earliest = await self.list_offsets(topic, partitions, -2)
         latest = await self.list_offsets(topic, partitions, -1)
-        if req.initial_position == dispatcher_pb2.INITIAL_POSITION_OFFSET:
+        if req.initial_position == InitialPosition.OFFSET:
             return {p: min(max(req.initial_offset, earliest[p]), latest[p]) for p in partitions}
-        return earliest if _POSITIONS.get(req.initial_position) == -2 else latest
+        return earliest if req.initial_position == InitialPosition.EARLIEST else latest
 
     async def list_offsets(self, topic: str, partitions: list[int], timestamp: int) -> dict[int, int]:
         by_broker: dict[str, list[int]] = defaultdict(list)
@@ -293,42 +256,6 @@ class DispatcherService:
 
     # ---- feeds -----------------------------------------------------------------------------------------
 
-    def _attach_feed(self, rt: SubscriptionRuntime, partition: int) -> None:
-        key = (rt.topic, partition)
-        self._feed_targets[key].append(rt)
-        feed = self.feeds.get(key)
-        if feed is None:
-            targets = self._feed_targets[key]
-
-            def current() -> list[FeedTarget]:
-                return list(targets)
-
-            cfg = self.config
-            feed = PartitionFeed(
-                rt.topic,
-                partition,
-                self.link,
-                self.channels,
-                current,
-                ms(cfg.fetch_max_wait),
-                cfg.fetch_max_bytes,
-            )
-            self.feeds[key] = feed
-            feed.start()
-        feed.kick()
-
-    async def _detach_feeds(self, rt: SubscriptionRuntime) -> None:
-        for p in list(rt.machine.partitions):
-            key = (rt.topic, p)
-            targets = self._feed_targets.get(key)
-            if targets is not None and rt in targets:
-                targets.remove(rt)
-            if not targets:
-                self._feed_targets.pop(key, None)
-                feed = self.feeds.pop(key, None)
-                if feed is not None:
-                    await feed.stop()
-
     def kick_feeds(self, rt: SubscriptionRuntime) -> None:
         """``rt`` dispatched messages: its partitions' feeds may read for it again."""
         for p in rt.machine.partitions:
@@ -345,7 +272,7 @@ class DispatcherService:
             raise ProtocolViolation("send Subscribe first")
         return stream.runtime, stream.consumer.spec
 
-    def flow(self, stream: ConsumerStream, permits: int) -> None:
+    def flow(self, ctx: RequestContext, stream: ConsumerStream, permits: int) -> None:
         rt, _ = self._attached(stream)
         if permits <= 0:
             raise InvalidPermits(f"Flow permits must be > 0, got {permits}")
@@ -353,8 +280,18 @@ class DispatcherService:
         assert consumer is not None
         rt.apply(rt.machine.flow(consumer, permits, self.now_ms()))
 
-    def ack(self, stream: ConsumerStream, ids: dict[int, list[int]], cumulative: bool) -> None:
+    def ack(
+        self,
+        ctx: RequestContext,
+        stream: ConsumerStream,
+        ids: dict[int, list[int]],
+        ranges: list[tuple[int, list[int]]],
+        cumulative: bool,
+    ) -> None:
+        """Acknowledge ``ids`` and every offset of ``ranges`` (``(partition, [start, end, ...])``)."""
         rt, _ = self._attached(stream)
+        if ranges:
+            ids = ack_offsets(ids, ranges)
         consumer = stream.consumer
         assert consumer is not None
         before = consumer.unacked
@@ -364,7 +301,7 @@ class DispatcherService:
         if bad:
             raise _unknown_ids(bad, "acknowledge")
 
-    def nack(self, stream: ConsumerStream, ids: dict[int, list[int]]) -> None:
+    def nack(self, ctx: RequestContext, stream: ConsumerStream, ids: dict[int, list[int]]) -> None:
         rt, _ = self._attached(stream)
         consumer = stream.consumer
         assert consumer is not None
@@ -416,7 +353,7 @@ class DispatcherService:
                     except SluiceError as exc:
                         log.error("could not persist the cursors of %s/%s: %s", rt.topic, rt.name, exc)
                 self.book.remember(rt)  # still listed while idle (registry.py)
-            await self._detach_feeds(rt)
+            await self.feedset.detach(rt.topic, rt.machine.partitions, rt)
         finally:
             if self.runtimes.get((rt.topic, rt.name)) is rt:
                 del self.runtimes[(rt.topic, rt.name)]

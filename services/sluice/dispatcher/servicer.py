@@ -1,4 +1,9 @@
-"""The Dispatcher gRPC servicer: protobuf <-> service calls, nothing else.
+"""The Dispatcher gRPC servicer: protobuf <-> core calls (``convert.py``), nothing else.
+
+Both transports run :meth:`DispatcherServicer._read` (the wire protocol through
+:meth:`~DispatcherServicer.consume_into`), so the one rule kept here, the order of a Consume
+stream's commands (Subscribe first, and only once), is written once; every value is validated
+by the core (``service.py``, ``requests.py``).
 
 ``Consume`` is a bidirectional stream. A reader task takes client commands in order and calls the
 service; the generator yields what the service queued for this stream (pre-encoded message batches
@@ -18,9 +23,12 @@ from typing import Any, Protocol
 import grpc
 from grpc import aio
 
-from sluice.dispatcher.runtime import ConsumerStream, Outgoing
+from sluice.dispatcher import convert
+from sluice.dispatcher.convert import ack_ranges, by_partition, subscribe_from_proto
+from sluice.dispatcher.events import EventStream, Outgoing
 from sluice.dispatcher.service import DispatcherService
-from sluice.errors import InvalidArgument, ProtocolViolation, SluiceError
+from sluice.errors import ProtocolViolation, SluiceError
+from sluice.server.context import ANONYMOUS, GRPC, RequestContext
 from sluice.v1 import dispatcher_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -31,54 +39,28 @@ Context = aio.ServicerContext[Any, Any]
 
 
 class PeerContext(Protocol):
-    """What ``Consume`` needs of its context: a gRPC one, or the wire listener's (``wire_server``)."""
+    """What ``Consume`` needs of its gRPC context: the peer's address."""
 
     def peer(self) -> str: ...
-
-
-#: A consumer holds at most max_unacked messages, so a longer ack range cannot be valid; refusing it
-#: keeps a malformed range from making the dispatcher expand billions of offsets.
-MAX_ACK_RANGE = 10_000_000
-
-
-def _by_partition(ids: Any) -> dict[int, list[int]]:
-    """Group message ids by partition (two C-level comprehensions in the usual one-partition case)."""
-    partitions = {i.partition for i in ids}
-    if len(partitions) == 1:
-        return {partitions.pop(): [i.offset for i in ids]}
-    out: dict[int, list[int]] = {p: [] for p in partitions}
-    for i in ids:
-        out[i.partition].append(i.offset)
-    return out
-
-
-def _ack_ids(ack: pb.Ack) -> dict[int, list[int]]:
-    """Every offset an ``Ack`` names, by partition: its ``ids`` plus its ``ranges`` expanded (a C-level
-    ``range`` per run; the state machine checks each offset anyway)."""
-    out = _by_partition(ack.ids) if ack.ids else {}
-    for r in ack.ranges:
-        b = r.bounds
-        if len(b) % 2:
-            raise InvalidArgument(f"Ack.ranges of partition {r.partition} has an odd number of bounds")
-        offsets: list[int] = []
-        for i in range(0, len(b), 2):
-            if b[i + 1] - b[i] > MAX_ACK_RANGE:
-                raise InvalidArgument(f"Ack range [{b[i]}, {b[i + 1]}) is longer than {MAX_ACK_RANGE}")
-            offsets += range(b[i], b[i + 1])
-        if offsets:
-            out.setdefault(r.partition, []).extend(offsets)
-    return out
 
 
 class DispatcherServicer:
     def __init__(self, service: DispatcherService) -> None:
         self._service = service
 
+    @staticmethod
+    def context(context: PeerContext) -> RequestContext:
+        """The core's view of a gRPC caller: where the security issue puts the authenticated
+        principal (today every caller is anonymous). The wire protocol's is built per connection
+        (``wire_server._ConsumeConnection.opened``) and given to :meth:`consume_into`."""
+        return RequestContext(ANONYMOUS, GRPC)
+
     async def Consume(
         self, request_iterator: AsyncIterator[pb.ConsumerCommand], context: PeerContext
     ) -> AsyncIterator[Outgoing]:
-        stream = ConsumerStream(context.peer())
-        reader = asyncio.create_task(self._read(request_iterator, stream), name="consume-reader")
+        stream = EventStream(context.peer())
+        ctx = self.context(context)
+        reader = asyncio.create_task(self._read(ctx, request_iterator, stream), name="consume-reader")
         try:
             while True:
                 item = await stream.queue.get()
@@ -92,19 +74,25 @@ class DispatcherServicer:
             self._service.disconnect(stream)
 
     async def consume_into(
-        self, commands: AsyncIterator[pb.ConsumerCommand], peer: str, sink: Callable[[Outgoing], None]
+        self,
+        ctx: RequestContext,
+        commands: AsyncIterator[pb.ConsumerCommand],
+        peer: str,
+        sink: Callable[[Outgoing], None],
     ) -> None:
         """``Consume`` for a transport that writes events itself (the wire protocol): each event
         goes to ``sink`` as the service sends it, ``None`` last, with no queue or task between.
         Returns when the stream ended (the commands ended, or the service ended the stream)."""
-        stream = ConsumerStream(peer, sink)
+        stream = EventStream(peer, sink)
         try:
-            await self._read(commands, stream)
+            await self._read(ctx, commands, stream)
         finally:
             stream.close()
             self._service.disconnect(stream)
 
-    async def _read(self, commands: AsyncIterator[pb.ConsumerCommand], stream: ConsumerStream) -> None:
+    async def _read(
+        self, ctx: RequestContext, commands: AsyncIterator[pb.ConsumerCommand], stream: EventStream
+    ) -> None:
         service = self._service
         try:
             async for cmd in commands:
@@ -119,18 +107,19 @@ class DispatcherServicer:
                         )
                         return
                     try:
-                        await service.subscribe(stream, cmd.subscribe)
+                        await service.subscribe(ctx, stream, subscribe_from_proto(cmd.subscribe))
                     except SluiceError as err:
                         stream.fail(err)
                         return
                     continue
                 try:
                     if kind == "flow":
-                        service.flow(stream, cmd.flow.permits)
+                        service.flow(ctx, stream, cmd.flow.permits)
                     elif kind == "ack":
-                        service.ack(stream, _ack_ids(cmd.ack), cmd.ack.cumulative)
+                        ack = cmd.ack
+                        service.ack(ctx, stream, by_partition(ack.ids), ack_ranges(ack), ack.cumulative)
                     elif kind == "nack":
-                        service.nack(stream, _by_partition(cmd.nack.ids))
+                        service.nack(ctx, stream, by_partition(cmd.nack.ids))
                     elif kind == "subscribe":
                         raise ProtocolViolation(
                             "this stream is already subscribed; open another stream for another subscription"
@@ -151,32 +140,38 @@ class DispatcherServicer:
     async def ListSubscriptions(
         self, request: pb.ListSubscriptionsRequest, context: Context
     ) -> pb.ListSubscriptionsResponse:
-        return await self._service.views.list_all(request.topic)
+        rows = await self._service.views.list_all(self.context(context), request.topic)
+        return convert.list_to_proto(rows)
 
     async def DescribeSubscription(
         self, request: pb.DescribeSubscriptionRequest, context: Context
     ) -> pb.DescribeSubscriptionResponse:
-        return await self._service.views.describe(request.topic, request.subscription)
+        found = await self._service.views.describe(self.context(context), request.topic, request.subscription)
+        return convert.describe_to_proto(found)
 
     async def ResetSubscription(
         self, request: pb.ResetSubscriptionRequest, context: Context
     ) -> pb.ResetSubscriptionResponse:
-        return await self._service.admin.reset(request)
+        done = await self._service.admin.reset(self.context(context), convert.reset_from_proto(request))
+        return convert.reset_to_proto(done)
 
     async def SkipSubscription(
         self, request: pb.SkipSubscriptionRequest, context: Context
     ) -> pb.SkipSubscriptionResponse:
-        return await self._service.admin.skip(request)
+        done = await self._service.admin.skip(self.context(context), convert.skip_from_proto(request))
+        return convert.skip_to_proto(done)
 
     async def DeleteSubscription(
         self, request: pb.DeleteSubscriptionRequest, context: Context
     ) -> pb.DeleteSubscriptionResponse:
-        return await self._service.admin.delete(request)
+        done = await self._service.admin.delete(self.context(context), convert.delete_from_proto(request))
+        return convert.delete_to_proto(done)
 
     async def PeekSubscription(
         self, request: pb.PeekSubscriptionRequest, context: Context
     ) -> pb.PeekSubscriptionResponse:
-        return await self._service.admin.peek(request)
+        done = await self._service.admin.peek(self.context(context), convert.peek_from_proto(request))
+        return convert.peek_to_proto(done)
 
 
 def _serialize_event(item: bytes | pb.DispatcherEvent) -> bytes:

@@ -23,16 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import grpc
 
 from sluice.codec.batch import Record, decode_records
 from sluice.common.names import validate_group, validate_topic
 from sluice.common.rpc import error_from_rpc
+from sluice.dispatcher.answers import DeleteResult, PartitionPosition, PeekedMessage, ResetResult, SkipResult
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.cursor_store import DirtyCursor
-from sluice.dispatcher.registry import wall_ms
+from sluice.dispatcher.host import ServiceHost
+from sluice.dispatcher.registry import SubscriptionBook, wall_ms
+from sluice.dispatcher.requests import DeleteRequest, PeekRequest, ResetRequest, ResetSpec, SkipRequest
 from sluice.errors import (
     InvalidArgument,
     InvalidRequest,
@@ -42,11 +44,8 @@ from sluice.errors import (
     UnknownTopicOrPartition,
     raise_for_proto,
 )
+from sluice.server.context import Operation, RequestContext
 from sluice.v1 import broker_pb2, broker_pb2_grpc, offset_store_pb2
-from sluice.v1 import dispatcher_pb2 as pb
-
-if TYPE_CHECKING:
-    from sluice.dispatcher.service import DispatcherService
 
 __all__ = ["SubscriptionAdmin"]
 
@@ -60,8 +59,9 @@ CLOCK_SLACK_MS = 5000
 
 
 class SubscriptionAdmin:
-    def __init__(self, service: DispatcherService) -> None:
+    def __init__(self, service: ServiceHost, book: SubscriptionBook) -> None:
         self._service = service
+        self._book = book
         #: Per subscription: its lock and how many tasks hold or wait for it (the lock is forgotten at 0,
         #: never while someone waits: a new lock then would let two tasks in at once).
         self._locks: dict[SubKey, tuple[asyncio.Lock, list[int]]] = {}
@@ -82,16 +82,20 @@ class SubscriptionAdmin:
 
     # ---- shared steps --------------------------------------------------------------------------------
 
-    async def _partitions(self, topic: str, subscription: str) -> list[int]:
+    async def _partitions(
+        self, ctx: RequestContext, op: Operation, topic: str, subscription: str
+    ) -> list[int]:
+        """Validate the names, authorize ``op`` on the topic; the topic's partitions routed here."""
         validate_topic(topic)
         validate_group(subscription, "subscription")
         service = self._service
+        service.authorizer.authorize(ctx, op, topic)
         await service.link.topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist
         return service.link.view.partitions_of(topic, service.dispatcher_id)
 
     async def _known(self, topic: str, subscription: str) -> offset_store_pb2.StoredSubscription | None:
         """The registry entry; raises UNKNOWN_SUBSCRIPTION when neither registered nor loaded here."""
-        record = await self._service.book.lookup(topic, subscription)
+        record = await self._book.lookup(topic, subscription)
         if record is None and (topic, subscription) not in self._service.runtimes:
             raise UnknownSubscription(
                 f"topic {topic!r} has no subscription {subscription!r} (never created, or deleted; a "
@@ -148,14 +152,14 @@ class SubscriptionAdmin:
                 f"another dispatcher took over {topic}/{subscription}, or its topic was deleted or "
                 "re-created, while it was changed: retry the command"
             )
-        service.book.set_positions(
+        self._book.set_positions(
             topic, subscription, {c.partition: (c.mark_delete, c.acked.count()) for c in cursors}
         )
 
     # ---- reset ---------------------------------------------------------------------------------------
 
-    async def reset(self, req: pb.ResetSubscriptionRequest) -> pb.ResetSubscriptionResponse:
-        mine = await self._partitions(req.topic, req.subscription)
+    async def reset(self, ctx: RequestContext, req: ResetRequest) -> ResetResult:
+        mine = await self._partitions(ctx, Operation.ALTER, req.topic, req.subscription)
         wanted = sorted(set(req.partitions)) if req.partitions else mine
         if any(p < 0 for p in wanted):
             raise InvalidArgument(f"partitions must be >= 0, got {wanted}")
@@ -165,7 +169,7 @@ class SubscriptionAdmin:
             raise UnknownTopicOrPartition(f"topic {req.topic!r} has {count} partitions, not {wanted[-1] + 1}")
         wanted = [p for p in wanted if p in mine]  # the others are another dispatcher's
         if not wanted:
-            return pb.ResetSubscriptionResponse()  # nothing here to change: disconnect no one
+            return ResetResult()  # nothing here to change: disconnect no one
         targets = await self._targets(req, wanted)
         async with self.locked(req.topic, req.subscription):
             record = await self._known(req.topic, req.subscription)
@@ -178,9 +182,9 @@ class SubscriptionAdmin:
             before = await self._load_cursors(req.topic, req.subscription, wanted)
             cursors = [PartitionCursor(p, mark_delete=targets[p][0]) for p in wanted]
             await self._save(req.topic, req.subscription, cursors, desc.topic_id)
-        return pb.ResetSubscriptionResponse(
+        return ResetResult(
             partitions=[
-                pb.PartitionPosition(
+                PartitionPosition(
                     partition=p,
                     before=before[p].mark_delete if p in before else -1,
                     after=targets[p][0],
@@ -191,9 +195,7 @@ class SubscriptionAdmin:
             disconnected=disconnected,
         )
 
-    async def _targets(
-        self, req: pb.ResetSubscriptionRequest, partitions: list[int]
-    ) -> dict[int, tuple[int, str]]:
+    async def _targets(self, req: ResetRequest, partitions: list[int]) -> dict[int, tuple[int, str]]:
         """partition -> (new mark-delete, note when the asked position was clamped)."""
         service = self._service
         if not partitions:
@@ -201,11 +203,11 @@ class SubscriptionAdmin:
         earliest = await service.list_offsets(req.topic, partitions, -2)
         latest = await service.list_offsets(req.topic, partitions, -1)
         spec = req.spec
-        if spec == offset_store_pb2.RESET_SPEC_EARLIEST:
+        if spec == ResetSpec.EARLIEST:
             return {p: (earliest[p], "") for p in partitions}
-        if spec == offset_store_pb2.RESET_SPEC_LATEST:
+        if spec == ResetSpec.LATEST:
             return {p: (latest[p], "") for p in partitions}
-        if spec == offset_store_pb2.RESET_SPEC_TIMESTAMP:
+        if spec == ResetSpec.TIMESTAMP:
             now = wall_ms()
             if req.value > now + CLOCK_SLACK_MS:
                 raise InvalidArgument(
@@ -215,7 +217,7 @@ class SubscriptionAdmin:
                 raise InvalidArgument(f"reset time must be >= 0 ms, got {req.value}")
             found = await service.list_offsets(req.topic, partitions, req.value)
             return {p: (found[p], "") for p in partitions}
-        if spec != offset_store_pb2.RESET_SPEC_OFFSET:
+        if spec != ResetSpec.OFFSET:
             raise InvalidArgument(f"unknown reset spec {spec}")
         out: dict[int, tuple[int, str]] = {}
         for p in partitions:
@@ -235,10 +237,10 @@ class SubscriptionAdmin:
 
     # ---- skip ----------------------------------------------------------------------------------------
 
-    async def skip(self, req: pb.SkipSubscriptionRequest) -> pb.SkipSubscriptionResponse:
+    async def skip(self, ctx: RequestContext, req: SkipRequest) -> SkipResult:
         if not 0 < req.count <= MAX_PEEK:
             raise InvalidArgument(f"count must be from 1 to {MAX_PEEK}, got {req.count}")
-        mine = await self._partitions(req.topic, req.subscription)
+        mine = await self._partitions(ctx, Operation.ALTER, req.topic, req.subscription)
         topic_id = (await self._service.link.topic(req.topic)).topic_id
         async with self.locked(req.topic, req.subscription):
             record = await self._known(req.topic, req.subscription)
@@ -257,10 +259,10 @@ class SubscriptionAdmin:
             for p, offsets in by_partition.items():
                 cursors[p].ack_sorted(sorted(offsets))
             await self._save(req.topic, req.subscription, [cursors[p] for p in by_partition], topic_id)
-        return pb.SkipSubscriptionResponse(
-            skipped=[pb.MessageId(partition=r.partition, offset=r.offset) for r in found],
+        return SkipResult(
+            skipped=[(r.partition, r.offset) for r in found],
             partitions=[
-                pb.PartitionPosition(partition=p, before=before[p], after=cursors[p].mark_delete)
+                PartitionPosition(partition=p, before=before[p], after=cursors[p].mark_delete)
                 for p in sorted(by_partition)
             ],
             disconnected=disconnected,
@@ -268,23 +270,23 @@ class SubscriptionAdmin:
 
     # ---- delete --------------------------------------------------------------------------------------
 
-    async def delete(self, req: pb.DeleteSubscriptionRequest) -> pb.DeleteSubscriptionResponse:
-        mine = await self._partitions(req.topic, req.subscription)
+    async def delete(self, ctx: RequestContext, req: DeleteRequest) -> DeleteResult:
+        mine = await self._partitions(ctx, Operation.DELETE, req.topic, req.subscription)
         async with self.locked(req.topic, req.subscription):
             await self._known(req.topic, req.subscription)
             disconnected = await self._unload(req.topic, req.subscription, req.force, deleting=True)
             # Every partition's cursor goes (not only those routed here: a stale one would come back
             # as the starting position of a re-created subscription); the registry entry last.
             count = len((await self._service.link.topic(req.topic)).partitions)
-            await self._service.book.delete(req.topic, req.subscription, list(range(count)), unregister=True)
-        return pb.DeleteSubscriptionResponse(partitions=mine, disconnected=disconnected)
+            await self._book.delete(req.topic, req.subscription, list(range(count)), unregister=True)
+        return DeleteResult(partitions=mine, disconnected=disconnected)
 
     # ---- peek ----------------------------------------------------------------------------------------
 
-    async def peek(self, req: pb.PeekSubscriptionRequest) -> pb.PeekSubscriptionResponse:
+    async def peek(self, ctx: RequestContext, req: PeekRequest) -> list[PeekedMessage]:
         if not 0 < req.count <= MAX_PEEK:
             raise InvalidArgument(f"count must be from 1 to {MAX_PEEK}, got {req.count}")
-        mine = await self._partitions(req.topic, req.subscription)
+        mine = await self._partitions(ctx, Operation.READ, req.topic, req.subscription)
         rt = self._service.runtimes.get((req.topic, req.subscription))
         if rt is not None and not rt.closing:
             await rt.loaded.wait()
@@ -296,20 +298,7 @@ class SubscriptionAdmin:
             cursors = await self._load_cursors(req.topic, req.subscription, mine)
             expression = record.filter
         found = await self._next(req.topic, expression, cursors, req.count)
-        return pb.PeekSubscriptionResponse(
-            messages=[
-                pb.PushedMessage(
-                    id=pb.MessageId(partition=r.partition, offset=r.offset),
-                    redelivery_count=cursors[r.partition].redelivery_count(r.offset),
-                    key=r.key or b"",
-                    value=r.value,
-                    tag=r.tag or "",
-                    headers=r.headers or {},
-                    timestamp=r.timestamp,
-                )
-                for r in found
-            ]
-        )
+        return [PeekedMessage(r, cursors[r.partition].redelivery_count(r.offset)) for r in found]
 
     async def _next(
         self, topic: str, expression: str, cursors: dict[int, PartitionCursor], count: int

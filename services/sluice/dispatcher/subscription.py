@@ -5,10 +5,8 @@ Pure: no I/O and no clock. Every public method takes ``now_ms``, changes state a
 letters) for the service layer to carry out. Who gets which message is decided by the type, in
 ``selectors.py``; this module owns the bookkeeping every type shares:
 
-- per partition (:class:`PartitionState`): the cursor, the read position in the log, ``pending``
-  (read, never sent), ``replay`` (sent, came back, to be sent again first, in offset order),
-  ``inflight`` (sent and unacknowledged: offset -> consumer), ``delayed`` (nacked, waiting for the nack
-  delay) and ``dead`` (handed to the DLQ producer, waiting for its confirmation);
+- per partition (:class:`~sluice.dispatcher.partition_state.PartitionState`): the cursor, the read
+  position in the log, and the messages by state (pending, replay, inflight, delayed, dead);
 - per consumer (:class:`~sluice.dispatcher.consumer.Consumer`): permits, unacked, blocked;
 - one timer heap for nack delays and ack timeouts.
 
@@ -22,14 +20,12 @@ again only once that count is persisted (until then it waits in ``delayed``, lis
 
 from __future__ import annotations
 
-import heapq
 import itertools
-from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import repeat
 
 from sluice.dispatcher import selectors
-from sluice.dispatcher.consumer import Consumer, ConsumerSpec, ConsumerState
+from sluice.dispatcher.consumer import Consumer, ConsumerSpec, ConsumerState, check_join
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.keyshared import AutoSplitRanges, StickyRanges
 from sluice.dispatcher.messages import Message
@@ -40,111 +36,14 @@ from sluice.dispatcher.model import (
     SubscriptionState,
     SubscriptionType,
 )
+from sluice.dispatcher.partition_state import PartitionState
 from sluice.dispatcher.timers import TimerHeap
-from sluice.errors import ConsumerBusy, InvalidArgument, InvalidRequest, SubscriptionTypeMismatch
+from sluice.errors import InvalidRequest
 
-__all__ = ["PartitionState", "Subscription"]
+__all__ = ["Subscription"]
 
 # Timer items: ("nack", partition, offset) or ("ack", consumer, partition, offsets, delivery_seq).
 TimerItem = tuple[object, ...]
-
-
-class PartitionState:
-    """One partition of a subscription. Caller: the subscription and ``selectors``."""
-
-    __slots__ = (
-        "active",
-        "awaiting_save",
-        "cursor",
-        "dead",
-        "delayed",
-        "delivery_seq",
-        "inflight",
-        "partition",
-        "pending",
-        "pending_bytes",
-        "read_position",
-        "replay",
-        "replay_heap",
-    )
-
-    def __init__(self, cursor: PartitionCursor, read_position: int) -> None:
-        self.partition = cursor.partition
-        self.cursor = cursor
-        self.read_position = read_position
-        self.pending: deque[Message] = deque()
-        self.pending_bytes = 0
-        self.replay: dict[int, Message] = {}
-        # Offsets of ``replay`` as a heap; entries no longer in ``replay`` are skipped lazily.
-        self.replay_heap: list[int] = []
-        self.inflight: dict[int, Consumer] = {}
-        self.delivery_seq: dict[int, int] = {}
-        self.delayed: dict[int, Message] = {}
-        self.dead: dict[int, Message] = {}
-        #: Offsets in ``delayed`` that wait only for their raised count to be persisted.
-        self.awaiting_save: set[int] = set()
-        #: Exclusive/Failover: the consumer receiving this partition.
-        self.active: Consumer | None = None
-
-    def has_work(self) -> bool:
-        """Something may be sent now (new messages only below the cursor's gate)."""
-        return bool(self.replay) or bool(self.pending and self.pending[0].offset < self.cursor.gate)
-
-    def add_replay(self, m: Message) -> None:
-        if not self.cursor.count_saved(m.offset):
-            # Its raised count is not persisted yet: wait for the flush (asked for now).
-            self.delayed[m.offset] = m
-            self.awaiting_save.add(m.offset)
-            self.cursor.urgent = True
-            return
-        self.replay[m.offset] = m
-        heapq.heappush(self.replay_heap, m.offset)
-
-    def release_saved(self) -> None:
-        """After a cursor save: messages whose counts are now persisted may be sent again."""
-        waiting = self.awaiting_save
-        if not waiting:
-            return
-        cursor = self.cursor
-        for o in [o for o in waiting if cursor.count_saved(o)]:
-            waiting.discard(o)
-            m = self.delayed.pop(o, None)
-            if m is not None:
-                self.add_replay(m)
-
-    def take_ordered(self, n: int) -> list[Message]:
-        """Up to ``n`` messages: redeliveries first (lowest offset first), then new ones."""
-        out: list[Message] = []
-        replay = self.replay
-        if replay:
-            heap = self.replay_heap
-            while heap and len(out) < n:
-                m = replay.pop(heapq.heappop(heap), None)
-                if m is not None:
-                    out.append(m)
-            if not replay:
-                heap.clear()
-        k = min(n - len(out), len(self.pending))
-        if k > 0:
-            pending = self.pending
-            gate = self.cursor.gate
-            if pending[-1].offset >= gate:
-                # Some read messages are beyond the persisted delivered-up-to mark: only those below go.
-                below = sum(
-                    1 for _ in itertools.takewhile(lambda m: m.offset < gate, itertools.islice(pending, k))
-                )
-                if below < k:
-                    self.cursor.stall(pending[below].offset)
-                k = below
-            popleft = pending.popleft
-            taken = [popleft() for _ in range(k)]
-            self.pending_bytes -= sum(m.size for m in taken)
-            out += taken
-        return out
-
-    def unacked_messages(self) -> int:
-        """Read and not acknowledged, in any state."""
-        return len(self.pending) + len(self.replay) + len(self.inflight) + len(self.delayed) + len(self.dead)
 
 
 class Subscription:
@@ -218,27 +117,7 @@ class Subscription:
 
     def check_join(self, spec: ConsumerSpec, settings: SubscriptionSettings) -> None:
         """Raise the typed error a Subscribe with these values would get; change nothing."""
-        others = [c for c in self.consumers.values() if c.consumer_id != spec.consumer_id]
-        if others:
-            why = self.settings.mismatch(settings)
-            if why is not None:
-                raise SubscriptionTypeMismatch(
-                    f"subscription {self.name!r} on {self.topic!r} has {len(others)} connected consumer(s) "
-                    f"and its {why}; disconnect them first or use another subscription name"
-                )
-            if settings.type == SubscriptionType.EXCLUSIVE:
-                raise ConsumerBusy(
-                    f"exclusive subscription {self.name!r} on {self.topic!r} already has consumer "
-                    f"{others[0].spec.name or others[0].consumer_id!r}"
-                )
-        if settings.type == SubscriptionType.KEY_SHARED and settings.sticky:
-            if spec.sticky_ranges is None:
-                raise InvalidArgument("sticky Key_Shared needs key_shared_policy.ranges")
-            probe = StickyRanges()
-            for c in others:
-                if c.spec.sticky_ranges:
-                    probe.add(c.consumer_id, c.spec.sticky_ranges)
-            probe.add(spec.consumer_id, spec.sticky_ranges)
+        check_join(self.topic, self.name, self.settings, self.consumers.values(), spec, settings)
 
     def add_consumer(
         self, spec: ConsumerSpec, settings: SubscriptionSettings, now_ms: int
@@ -375,6 +254,7 @@ class Subscription:
             )
         bad: list[tuple[int, int]] = []
         released = 0
+        release = self._release_hash if self.settings.type == SubscriptionType.KEY_SHARED else None
         for p, given in by_partition.items():
             ps = self.partitions.get(p)
             if ps is None:
@@ -383,7 +263,7 @@ class Subscription:
             offsets = given
             if cumulative:
                 top = max(given)
-                if not self._ackable(consumer, ps, top):
+                if not ps.ackable(consumer, top):
                     bad.append((p, top))
                     continue
                 mine = consumer.inflight.get(p, {})
@@ -391,60 +271,10 @@ class Subscription:
                 chosen.update(o for o in itertools.chain(ps.replay, ps.delayed) if o <= top)
                 chosen.add(top)
                 offsets = list(chosen)
-            released += self._ack_partition(consumer, ps, offsets, bad)
+            released += ps.ack(consumer, offsets, bad, release)
         if released:
             consumer.on_released(released)
         return self._finish(now_ms), bad
-
-    def _ackable(self, consumer: Consumer, ps: PartitionState, o: int) -> bool:
-        owner = ps.inflight.get(o)
-        if owner is not None:
-            return owner is consumer
-        return o in ps.replay or o in ps.delayed or (o < ps.read_position and ps.cursor.is_acked(o))
-
-    def _ack_partition(
-        self, consumer: Consumer, ps: PartitionState, offsets: Iterable[int], bad: list[tuple[int, int]]
-    ) -> int:
-        pinf = ps.inflight
-        cinf = consumer.inflight.get(ps.partition)
-        key_shared = self.settings.type == SubscriptionType.KEY_SHARED
-        unique = set(offsets)
-        if cinf is not None and not key_shared and cinf.keys() >= unique:
-            # The common case (every id is in flight at this consumer): bulk C-level dict work
-            # instead of a Python loop per id.
-            deque(map(pinf.pop, unique), 0)
-            deque(map(cinf.pop, unique), 0)
-            done = sorted(unique)
-            if ps.delivery_seq:
-                deque(map(ps.delivery_seq.pop, done, repeat(None)), 0)
-            ps.cursor.ack_sorted(done)
-            return len(done)
-        done = []
-        released = 0
-        for o in unique:
-            owner = pinf.get(o)
-            if owner is consumer:
-                del pinf[o]
-                assert cinf is not None
-                m = cinf.pop(o)
-                if key_shared:
-                    self._release_hash(consumer, m)
-                done.append(o)
-                released += 1
-            elif owner is None:
-                if ps.replay.pop(o, None) is not None or ps.delayed.pop(o, None) is not None:
-                    done.append(o)
-                elif not (o < ps.read_position and ps.cursor.is_acked(o)):
-                    bad.append((ps.partition, o))
-            else:
-                bad.append((ps.partition, o))
-        if done:
-            if ps.delivery_seq:
-                for o in done:
-                    ps.delivery_seq.pop(o, None)
-            done.sort()
-            ps.cursor.ack_sorted(done)
-        return released
 
     def nack(
         self, consumer: Consumer, by_partition: dict[int, list[int]], now_ms: int
@@ -524,41 +354,8 @@ class Subscription:
         log count as acknowledged.
         """
         ps = self.partitions.get(partition)
-        if ps is None or next_offset <= ps.read_position:
-            return self._finish(now_ms)
-        pos = ps.read_position
-        cursor = ps.cursor
-        flt = self.settings.filter
-        tags = flt.tags
-        acked = cursor.acked
-        md = cursor.mark_delete
-        skip: list[tuple[int, int]] = []  # runs to acknowledge (gaps, filtered)
-        expected = pos
-        added = 0
-        append = ps.pending.append
-        for m in messages:
-            o = m.offset
-            if o < pos:
-                continue
-            if o > expected:
-                skip.append((expected, o))
-            expected = o + 1
-            if o < md or (acked and o in acked):
-                continue
-            if tags is not None and m.tag not in tags:
-                if skip and skip[-1][1] == o:
-                    skip[-1] = (skip[-1][0], o + 1)
-                else:
-                    skip.append((o, o + 1))
-                continue
-            append(m)
-            added += m.size
-        if next_offset > expected:
-            skip.append((expected, next_offset))
-        ps.pending_bytes += added
-        ps.read_position = next_offset
-        for s, e in skip:
-            cursor.ack_range(s, e)
+        if ps is not None and next_offset > ps.read_position:
+            ps.take_read(messages, next_offset, self.settings.filter.tags)
         return self._finish(now_ms)
 
     def skip_to(self, partition: int, position: int, now_ms: int) -> Effects:

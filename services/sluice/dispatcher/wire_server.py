@@ -1,12 +1,13 @@
 """The dispatcher's wire-protocol connections: one Consume stream per connection (``docs/wire.md``).
 
 A connection carries exactly what one ``Dispatcher.Consume`` gRPC stream carries, and is served
-by the same servicer code (``DispatcherServicer.consume_into``): consume frames from the client
-become the servicer's command iterator, and every event the service sends is written as a
-consume frame right away, with no queue or task between (message batches are already encoded;
-they are written as they are). For a push consumer this replaces grpcio's
-thread hand-offs on both sides with one socket read per batch (the broker's wire port exists
-for the same reason; ``docs/wire.md`` has the measurements).
+by the same servicer code (``DispatcherServicer.consume_into``, with the connection's
+``RequestContext``), so a command reaches the same core call and fails with the same typed
+error. Consume frames from the client become the servicer's command iterator, and every event
+the service sends is written as a consume frame right away, with no queue or task between
+(message batches are already encoded; they are written as they are). For a push consumer this
+replaces grpcio's thread hand-offs on both sides with one socket read per batch (the broker's
+wire port exists for the same reason; ``docs/wire.md`` has the measurements).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import logging
 from collections.abc import AsyncIterator
 
 from sluice.common.wire import FrameType, WireProtocolError
-from sluice.dispatcher.runtime import Outgoing
+from sluice.dispatcher.events import Outgoing
 from sluice.dispatcher.servicer import DispatcherServicer
+from sluice.server.context import ANONYMOUS, WIRE, RequestContext
 from sluice.server.interceptors import Authenticator
 from sluice.server.wire import WireConnection, WireListener, parse_frame
 from sluice.v1 import dispatcher_pb2 as pb
@@ -48,7 +50,10 @@ class _ConsumeConnection(WireConnection):
         return self._commands.qsize()
 
     def opened(self) -> None:
-        serve = self._servicer.consume_into(self._command_iterator(), f"wire:{self.peer}", self._send)
+        """The hello was accepted. The authentication seam (``docs/architecture.md``): the security
+        issue sets the principal its authenticator returned for the hello here."""
+        ctx = RequestContext(ANONYMOUS, WIRE)
+        serve = self._servicer.consume_into(ctx, self._command_iterator(), f"wire:{self.peer}", self._send)
         self._task = asyncio.get_running_loop().create_task(serve, name=f"consume-wire-{self.peer}")
 
     def lost(self) -> None:

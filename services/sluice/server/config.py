@@ -4,7 +4,8 @@ Precedence, lowest first: field defaults, a TOML file (``--config``), environmen
 variables (``SLUICE_<SERVICE>_<FIELD>``, e.g. ``SLUICE_BROKER_DATA_DIR``), then
 command-line flags (``--data-dir``). Unknown keys in the file are rejected.
 Each field documents itself with ``field(metadata={"help": ...})``; durations
-are ``timedelta`` and accept ``250ms``, ``5s``, ``2m``, ``1h``, ``7d``.
+are ``timedelta`` and accept ``250ms``, ``5s``, ``2m``, ``1h``, ``7d``. Values are converted by
+``common/settings.py``, the converter the SDK's settings use too.
 """
 
 from __future__ import annotations
@@ -12,58 +13,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import tomllib
-import types
 import typing
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sluice.common.settings import convert_setting
 from sluice.common.units import parse_duration, parse_size
 from sluice.errors import InvalidArgument
 
 __all__ = ["add_arguments", "load", "parse_duration", "parse_size"]
 
 T = TypeVar("T")
-
-_SIGNED_INT = re.compile(r"^\s*-?\d+\s*$")
-
-
-def _convert(name: str, tp: Any, raw: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if raw is None or raw == "":
-            return None
-        tp = args[0]
-    if tp is timedelta:
-        return parse_duration(raw)
-    if tp is bool:
-        if isinstance(raw, bool):
-            return raw
-        if str(raw).lower() in ("1", "true", "yes", "on"):
-            return True
-        if str(raw).lower() in ("0", "false", "no", "off"):
-            return False
-        raise InvalidArgument(f"{name}: expected a boolean, got {raw!r}")
-    if tp is int:
-        try:
-            if isinstance(raw, str) and _SIGNED_INT.match(raw):
-                return int(raw)  # plain integers may be negative (-1 means "none" for several settings)
-            return parse_size(raw) if isinstance(raw, str) else int(raw)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(f"{name}: expected an integer, got {raw!r}") from exc
-    if tp is float:
-        try:
-            return float(raw)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(f"{name}: expected a number, got {raw!r}") from exc
-    if tp is Path:
-        return Path(raw)
-    if tp is str:
-        return str(raw)
-    raise TypeError(f"unsupported config type {tp!r} for {name}")
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type[Any]) -> None:
@@ -114,14 +76,14 @@ def load(
         if unknown:
             raise InvalidArgument(f"unknown settings in {config_file}: {', '.join(sorted(unknown))}")
         for k, v in data.items():
-            values[k] = _convert(k, hints[k], v)
+            values[k] = convert_setting("", k, hints[k], v)
     for name in names:
         key = f"{env_prefix}{name.upper()}"
         if key in env:
-            values[name] = _convert(key, hints[name], env[key])
+            values[name] = convert_setting("", key, hints[name], env[key])
     if args is not None:
         for name in names:
             raw = getattr(args, name, None)
             if raw is not None:
-                values[name] = _convert("--" + name.replace("_", "-"), hints[name], raw)
+                values[name] = convert_setting("", "--" + name.replace("_", "-"), hints[name], raw)
     return cls(**values)

@@ -7,6 +7,7 @@ written *before* its delivery would be lost with the process, and the tests woul
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -97,12 +98,17 @@ def test_counts_raised_by_nack_and_ack_timeout_survive_a_kill_at_once(cluster: C
     message comes back with that count plus one, never with the count of the last regular flush."""
     cluster.create_topic("raised")
     cluster.produce("raised", 0, [b"nacked", b"timed-out"])
-    # The ack timeout must not fire a second time between the redelivery and the kill (that would
-    # rightly raise the count once more): 2 s leaves a busy CI machine room, 400 ms did not.
-    sub = dict(type=SHARED, initial_position=EARLIEST, durable=True, nack_delay_ms=1, ack_timeout_ms=2000)
+    # Both messages go out at t0, so offset 1's ack timeout fires at t0 + T. Offset 0 is nacked at
+    # t0 + T/2: its redelivery's own timeout falls at t0 + 1.5 T, T/2 after the kill below. (Nacked
+    # at t0, its second timeout would race the first of offset 1, and a count of 3 would be right.)
+    timeout_ms = 2000
+    sub = dict(
+        type=SHARED, initial_position=EARLIEST, durable=True, nack_delay_ms=1, ack_timeout_ms=timeout_ms
+    )
     c = cluster.consumer("raised", "s", **sub)
     c.flow(10)
     assert [(m.id.offset, m.redelivery_count) for m in c.receive(2)] == [(0, 0), (1, 0)]
+    time.sleep(timeout_ms / 2000)
     c.nack([(0, 0)])  # offset 1 is left to its ack timeout
     got = {m.id.offset: m.redelivery_count for m in c.receive(2, timeout=10)}
     assert got == {0: 1, 1: 1}

@@ -213,3 +213,26 @@ def test_a_live_push_consumer_outliving_the_recreation_never_skips_the_new_topic
             assert consume_as_old_subscription(client, topic, sub, 5) == fresh
         client.admin.delete_topic(topic)
         eventually(lambda: not_loaded(own, client, topic, sub), timeout=15, what="subscription unloaded")
+
+
+def test_a_subscriber_arriving_right_after_a_recreation_reads_the_new_topic(own: PushCluster) -> None:
+    """The dispatcher's cached metadata (refreshed every 2 s) may still name the deleted incarnation when a
+    consumer subscribes right after a re-creation. A new subscriber means the topic as it is now: it reads
+    the new topic and stays subscribed past the next metadata refresh (bound to the stale topic_id, that
+    refresh ended its subscription as "deleted, or deleted and re-created")."""
+    topic, sub = "resubscribed", "sub"
+    with Client(own.bootstrap, request_timeout=10) as client:
+        client.admin.create_topic(topic, partitions=1)
+        produce(client, topic, 2)
+        assert consume_as_old_subscription(client, topic, sub, 2) == [b"0", b"1"]
+        client.admin.delete_topic(topic)
+        client.admin.create_topic(topic, partitions=1)
+        produce(client, topic, 3)
+        pc = client.push_consumer(topic, sub, "exclusive", initial_position="earliest")
+        try:
+            assert [m.value for m in drain(pc, 3)] == [b"0", b"1", b"2"]
+            time.sleep(3)  # past the dispatcher's next metadata refresh
+            produce(client, topic, 1)
+            assert [m.value for m in drain(pc, 1)] == [b"0"]
+        finally:
+            pc.close()

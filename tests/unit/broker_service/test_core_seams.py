@@ -17,12 +17,12 @@ import pytest
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment
 from sluice.broker.config import BrokerConfig
-from sluice.broker.context import WIRE, Operation, Principal, RequestContext
 from sluice.broker.fetch import PartitionSpec
 from sluice.broker.log.manager import LogManager
 from sluice.broker.requests import FetchOutcome, FetchParams, OffsetQuery, ProduceItem
 from sluice.broker.service import BrokerService
 from sluice.errors import InvalidRequest, Unauthenticated
+from sluice.server.context import WIRE, Operation, Principal, RequestContext
 
 from .helpers import batch, values
 

@@ -24,9 +24,9 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from sluice.client.rpc import MAX_MESSAGE_BYTES
-from sluice.client.settings import convert_setting
 from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_topic
+from sluice.common.settings import convert_setting
 from sluice.errors import InvalidArgument, SluiceError
 
 __all__ = [

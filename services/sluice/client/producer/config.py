@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from sluice.client.rpc import MAX_MESSAGE_BYTES
-from sluice.client.settings import convert_setting
+from sluice.common.settings import convert_setting
 from sluice.errors import InvalidArgument
 
 __all__ = ["PARTITIONERS", "ProducerConfig"]

@@ -20,8 +20,8 @@ from typing import Any, Literal, Protocol
 
 from sluice.client.push.message import Message
 from sluice.client.push.stats import PushConsumerStats
-from sluice.client.settings import convert_setting
 from sluice.codec.filter import parse_filter
+from sluice.common.settings import convert_setting
 from sluice.errors import InvalidArgument
 from sluice.v1 import dispatcher_pb2
 

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 from redis.asyncio import Redis
 
-from sluice.coordinator.groups.redis_ops import RedisOp
+from sluice.coordinator.ops import RedisOp
 from sluice.offsetstore.keys import REF_FIELDS, REF_INDEX, REF_KEY, Keys, topic_field_prefix
 
 __all__ = ["adopt_legacy_positions", "adoption_marker", "legacy_ops"]

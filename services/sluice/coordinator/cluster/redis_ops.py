@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from sluice.coordinator.cluster.records import TopicRecord
-from sluice.coordinator.groups.redis_ops import RedisOp
+from sluice.coordinator.ops import RedisOp
 from sluice.coordinator.records import Record, Tombstone
 from sluice.offsetstore.keys import REF_FIELDS, Keys, split_field, topic_field_prefix
 

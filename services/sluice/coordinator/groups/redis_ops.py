@@ -20,7 +20,6 @@ a partition, and the field passes to the new owner in the write that hands it ov
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from sluice.coordinator.groups.group import Group
 from sluice.coordinator.groups.model import DEFAULT_TRACK, MessageModel, Slot
@@ -31,6 +30,7 @@ from sluice.coordinator.groups.records import (
     TrackEntry,
 )
 from sluice.coordinator.groups.state import GroupsState
+from sluice.coordinator.ops import RedisOp
 from sluice.coordinator.records import Record, Tombstone
 
 # The offset store publishes the key layout; importing it (dataclasses only, no service code) keeps the
@@ -38,18 +38,6 @@ from sluice.coordinator.records import Record, Tombstone
 from sluice.offsetstore.keys import Keys, partition_field
 
 __all__ = ["GroupKeys", "RedisOp", "full_sync_ops", "group_ops"]
-
-
-@dataclass(frozen=True)
-class RedisOp:
-    """One key operation inside the fenced write: ``HSET key a b``, ``HDEL key a``, ``SET key a``,
-    ``DEL key``, or ``HCOPY key a b`` (copy field ``b`` of hash ``a`` into hash ``key``; delete it there
-    when ``a`` has none)."""
-
-    op: str
-    key: str
-    a: str = ""
-    b: str = ""
 
 
 class GroupKeys:

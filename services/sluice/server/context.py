@@ -1,7 +1,9 @@
 """Who asks, over what: the request context every core operation takes, and the authorization seam.
 
-A transport adapter (the gRPC servicer, a wire connection) builds one :class:`RequestContext`
-and passes it with each call into :class:`~sluice.broker.service.BrokerService`. The core
+Shared by the services whose data plane has two transports: the broker
+(:class:`~sluice.broker.service.BrokerService`) and the dispatcher
+(:class:`~sluice.dispatcher.service.DispatcherService`). A transport adapter (the gRPC servicer, a
+wire connection) builds one :class:`RequestContext` and passes it with each call into the core. The core
 asks :meth:`Authorizer.authorize` before it touches a partition or changes the broker's
 assignment, at one call site per operation, so an authorization rule is written once and holds
 on both transports.
@@ -11,7 +13,8 @@ issue fills the seam in two places and adds no third copy of any request path:
 
 - authentication: ``sluice.server.interceptors.Authenticator`` (gRPC interceptor, wire hello)
   returns the caller's :class:`Principal`; each adapter puts it into its context at one line
-  (``BrokerServicer.context`` and ``_BrokerConnection.opened``);
+  (``BrokerServicer.context`` and ``_BrokerConnection.opened``; the dispatcher's
+  ``DispatcherServicer.context`` and ``_ConsumeConnection.opened``);
 - authorization: an :class:`Authorizer` given to the service replaces :class:`AllowAll`, and a
   refusal is a ``SluiceError`` (per partition where the core answers per partition).
 """
@@ -70,9 +73,11 @@ class Operation(enum.Enum):
     """What a request does to a resource (the authorizer's vocabulary, Kafka's ACL operations)."""
 
     WRITE = "write"  # Produce on a topic
-    READ = "read"  # Fetch (and follow) from a topic
-    DESCRIBE = "describe"  # ListOffsets on a topic
+    READ = "read"  # Fetch (and follow) from a topic; Subscribe to it, peek a subscription (the dispatcher)
+    DESCRIBE = "describe"  # ListOffsets on a topic; List/DescribeSubscription(s) (the dispatcher)
     CLUSTER_ACTION = "cluster-action"  # UpdatePartitions (the coordinator)
+    ALTER = "alter"  # reset or skip a subscription (the dispatcher)
+    DELETE = "delete"  # delete a subscription (the dispatcher)
 
 
 class Authorizer(Protocol):

@@ -1,0 +1,220 @@
+"""One partition of a subscription: what was read, sent, returned, delayed and dead-lettered.
+
+Pure, like the state machine it belongs to (``subscription.py``): ``pending`` (read, never sent),
+``replay`` (sent, came back, to be sent again first, in offset order), ``inflight`` (sent and
+unacknowledged: offset -> consumer), ``delayed`` (nacked, waiting for the nack delay) and ``dead``
+(handed to the DLQ producer, waiting for its confirmation). Its own seam: the selectors
+(``selectors.py``) take messages from it and the subscription settles acknowledgements on it, and
+neither needs the other to do so.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable
+from itertools import repeat
+
+from sluice.dispatcher.consumer import Consumer
+from sluice.dispatcher.cursor import PartitionCursor
+from sluice.dispatcher.messages import Message
+
+__all__ = ["PartitionState"]
+
+
+class PartitionState:
+    """One partition of a subscription. Caller: ``Subscription`` and ``selectors``."""
+
+    __slots__ = (
+        "active",
+        "awaiting_save",
+        "cursor",
+        "dead",
+        "delayed",
+        "delivery_seq",
+        "inflight",
+        "partition",
+        "pending",
+        "pending_bytes",
+        "read_position",
+        "replay",
+        "replay_heap",
+    )
+
+    def __init__(self, cursor: PartitionCursor, read_position: int) -> None:
+        self.partition = cursor.partition
+        self.cursor = cursor
+        self.read_position = read_position
+        self.pending: deque[Message] = deque()
+        self.pending_bytes = 0
+        self.replay: dict[int, Message] = {}
+        # Offsets of ``replay`` as a heap; entries no longer in ``replay`` are skipped lazily.
+        self.replay_heap: list[int] = []
+        self.inflight: dict[int, Consumer] = {}
+        self.delivery_seq: dict[int, int] = {}
+        self.delayed: dict[int, Message] = {}
+        self.dead: dict[int, Message] = {}
+        #: Offsets in ``delayed`` that wait only for their raised count to be persisted.
+        self.awaiting_save: set[int] = set()
+        #: Exclusive/Failover: the consumer receiving this partition.
+        self.active: Consumer | None = None
+
+    def has_work(self) -> bool:
+        """Something may be sent now (new messages only below the cursor's gate)."""
+        return bool(self.replay) or bool(self.pending and self.pending[0].offset < self.cursor.gate)
+
+    def add_replay(self, m: Message) -> None:
+        if not self.cursor.count_saved(m.offset):
+            # Its raised count is not persisted yet: wait for the flush (asked for now).
+            self.delayed[m.offset] = m
+            self.awaiting_save.add(m.offset)
+            self.cursor.urgent = True
+            return
+        self.replay[m.offset] = m
+        heapq.heappush(self.replay_heap, m.offset)
+
+    def release_saved(self) -> None:
+        """After a cursor save: messages whose counts are now persisted may be sent again."""
+        waiting = self.awaiting_save
+        if not waiting:
+            return
+        cursor = self.cursor
+        for o in [o for o in waiting if cursor.count_saved(o)]:
+            waiting.discard(o)
+            m = self.delayed.pop(o, None)
+            if m is not None:
+                self.add_replay(m)
+
+    def take_ordered(self, n: int) -> list[Message]:
+        """Up to ``n`` messages: redeliveries first (lowest offset first), then new ones."""
+        out: list[Message] = []
+        replay = self.replay
+        if replay:
+            heap = self.replay_heap
+            while heap and len(out) < n:
+                m = replay.pop(heapq.heappop(heap), None)
+                if m is not None:
+                    out.append(m)
+            if not replay:
+                heap.clear()
+        k = min(n - len(out), len(self.pending))
+        if k > 0:
+            pending = self.pending
+            gate = self.cursor.gate
+            if pending[-1].offset >= gate:
+                # Some read messages are beyond the persisted delivered-up-to mark: only those below go.
+                below = sum(
+                    1 for _ in itertools.takewhile(lambda m: m.offset < gate, itertools.islice(pending, k))
+                )
+                if below < k:
+                    self.cursor.stall(pending[below].offset)
+                k = below
+            popleft = pending.popleft
+            taken = [popleft() for _ in range(k)]
+            self.pending_bytes -= sum(m.size for m in taken)
+            out += taken
+        return out
+
+    def unacked_messages(self) -> int:
+        """Read and not acknowledged, in any state."""
+        return len(self.pending) + len(self.replay) + len(self.inflight) + len(self.delayed) + len(self.dead)
+
+    # ---- reading (caller: ``Subscription.offer``) ---------------------------------------------------
+
+    def take_read(self, messages: list[Message], next_offset: int, tags: frozenset[str] | None) -> None:
+        """Records read from the log, in offset order, covering ``[first fetched, next_offset)``, with
+        ``next_offset`` past the read position. Offsets below the read position are skipped (another
+        subscription asked for them); acked ones (a restarted cursor with holes) are skipped;
+        filtered-out records (a tag not in ``tags``) and offsets missing from the log count as
+        acknowledged."""
+        pos = self.read_position
+        cursor = self.cursor
+        acked = cursor.acked
+        md = cursor.mark_delete
+        skip: list[tuple[int, int]] = []  # runs to acknowledge (gaps, filtered)
+        expected = pos
+        added = 0
+        append = self.pending.append
+        for m in messages:
+            o = m.offset
+            if o < pos:
+                continue
+            if o > expected:
+                skip.append((expected, o))
+            expected = o + 1
+            if o < md or (acked and o in acked):
+                continue
+            if tags is not None and m.tag not in tags:
+                if skip and skip[-1][1] == o:
+                    skip[-1] = (skip[-1][0], o + 1)
+                else:
+                    skip.append((o, o + 1))
+                continue
+            append(m)
+            added += m.size
+        if next_offset > expected:
+            skip.append((expected, next_offset))
+        self.pending_bytes += added
+        self.read_position = next_offset
+        for s, e in skip:
+            cursor.ack_range(s, e)
+
+    # ---- acknowledgements (caller: ``Subscription.ack``) --------------------------------------------
+
+    def ackable(self, consumer: Consumer, o: int) -> bool:
+        """Whether ``consumer`` may acknowledge offset ``o`` (a cumulative ack's own id)."""
+        owner = self.inflight.get(o)
+        if owner is not None:
+            return owner is consumer
+        return o in self.replay or o in self.delayed or (o < self.read_position and self.cursor.is_acked(o))
+
+    def ack(
+        self,
+        consumer: Consumer,
+        offsets: Iterable[int],
+        bad: list[tuple[int, int]],
+        release: Callable[[Consumer, Message], None] | None,
+    ) -> int:
+        """Acknowledge ``offsets`` for ``consumer``; unknown ones or another consumer's go to ``bad``.
+        ``release`` (Key_Shared only) gives up the consumer's hold on a message's key hash. Returns
+        how many messages the consumer no longer holds."""
+        pinf = self.inflight
+        cinf = consumer.inflight.get(self.partition)
+        unique = set(offsets)
+        if cinf is not None and release is None and cinf.keys() >= unique:
+            # The common case (every id is in flight at this consumer): bulk C-level dict work
+            # instead of a Python loop per id.
+            deque(map(pinf.pop, unique), 0)
+            deque(map(cinf.pop, unique), 0)
+            done = sorted(unique)
+            if self.delivery_seq:
+                deque(map(self.delivery_seq.pop, done, repeat(None)), 0)
+            self.cursor.ack_sorted(done)
+            return len(done)
+        done = []
+        released = 0
+        for o in unique:
+            owner = pinf.get(o)
+            if owner is consumer:
+                del pinf[o]
+                assert cinf is not None
+                m = cinf.pop(o)
+                if release is not None:
+                    release(consumer, m)
+                done.append(o)
+                released += 1
+            elif owner is None:
+                if self.replay.pop(o, None) is not None or self.delayed.pop(o, None) is not None:
+                    done.append(o)
+                elif not (o < self.read_position and self.cursor.is_acked(o)):
+                    bad.append((self.partition, o))
+            else:
+                bad.append((self.partition, o))
+        if done:
+            if self.delivery_seq:
+                for o in done:
+                    self.delivery_seq.pop(o, None)
+            done.sort()
+            self.cursor.ack_sorted(done)
+        return released
