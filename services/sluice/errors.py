@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from sluice.v1 import common_pb2
 
-__all__ = ["SluiceError", "error_for_code", "registry"]
+__all__ = ["SluiceError", "error_for_code", "error_from_proto", "raise_for_proto", "registry"]
 
 _REGISTRY: dict[int, type[SluiceError]] = {}
 
@@ -58,15 +58,34 @@ def registry() -> dict[int, type[SluiceError]]:
 
 
 def error_for_code(code: int, message: str = "") -> SluiceError:
-    """Build the typed error for a wire code; unknown codes become SluiceError."""
+    """Build the typed error for a wire code; unknown codes become SluiceError.
+
+    The registry lookup itself. The SDK never calls it: it decodes through
+    ``error_from_proto`` (an ``Error`` message) or ``sluice.common.rpc.error_from_rpc``
+    (a gRPC status, which hands its code to ``error_from_proto``).
+    """
     cls = _REGISTRY.get(code, SluiceError)
     return cls(message)
 
 
-def raise_for_proto(err: common_pb2.Error | None) -> None:
-    """Raise the typed error carried by a per-item ``Error`` message, if any."""
-    if err is not None and err.code != common_pb2.NONE:
-        raise error_for_code(err.code, err.message)
+def error_from_proto(err: common_pb2.Error | None, where: str = "") -> SluiceError | None:
+    """THE decoder: the typed error an ``Error`` message carries, or None when it carries none.
+
+    The inverse of ``SluiceError.to_proto``. Every error the SDK receives -- a per-partition or
+    per-request ``Error`` in a response, a stream event, a wire frame, or a gRPC status (via
+    ``error_from_rpc``) -- becomes an exception here and nowhere else. ``where`` (e.g.
+    ``"topic[3]"``) prefixes the message as ``"where: message"``.
+    """
+    if err is None or not err.code:  # NONE
+        return None
+    return error_for_code(err.code, f"{where}: {err.message}" if where else err.message)
+
+
+def raise_for_proto(err: common_pb2.Error | None, where: str = "") -> None:
+    """Raise the typed error carried by an ``Error`` message, if any."""
+    error = error_from_proto(err, where)
+    if error is not None:
+        raise error
 
 
 # ---- Generic -----------------------------------------------------------------

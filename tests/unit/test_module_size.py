@@ -15,13 +15,7 @@ GENERATED = SLUICE / "v1"
 
 # Modules other engineers are splitting right now (issue 13: the dispatcher, the SDK client). This allowance
 # must shrink to EMPTY: the lead empties it once their branches are merged, and nothing may be added to it.
-OVERSIZED_BEING_SPLIT: frozenset[str] = frozenset(
-    {
-        "client/consumer/consumer.py",
-        "client/fetcher.py",
-        "client/push/consumer.py",
-    }
-)
+OVERSIZED_BEING_SPLIT: frozenset[str] = frozenset()
 
 
 def line_counts() -> dict[str, int]:

@@ -20,110 +20,68 @@ filter matched nothing). Per broker, it fetches one of two ways:
 
 Records are decoded with ``codec.batch.decode_records`` (columnar).
 
-Partition errors: OFFSET_OUT_OF_RANGE follows ``auto_offset_reset`` ("earliest"
-or "latest" reset the position through ListOffsets; "none" raises
-OffsetOutOfRange from ``fetch()`` and pauses the partition until ``seek()``).
-Routing errors (NOT_LEADER, UNKNOWN_TOPIC_OR_PARTITION, an unreachable broker)
-refresh the metadata and retry after a backoff. Anything else is raised.
+Module map: ``fetch_state`` (the per-broker and per-partition state, checks, the request
+encoder), ``fetch_errors`` (what a partition's error does: reset, back off and refresh, or
+raise from ``fetch()``), ``fetch_session`` (incremental sessions).
 
 Caller: the CLI's ``consume`` and, later, the group consumer.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from types import TracebackType
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
+from sluice.client.fetch_errors import PartitionErrors
 from sluice.client.fetch_session import FetchSession, PartitionFetchState, SessionRequest
-from sluice.client.links import BrokerLink, open_fetch_link
+from sluice.client.fetch_state import (
+    RETRY_BACKOFF,
+    AutoOffsetReset,
+    BrokerState,
+    PartitionState,
+    RawChunk,
+    TopicPartition,
+    backoff,
+    check_limits,
+    check_offset,
+    check_tp,
+    end_of,
+    fetch_request,
+    gc_paused,
+    place,
+)
+from sluice.client.links import open_fetch_link
 from sluice.client.metadata import MetadataCache
-from sluice.client.offsets import list_offsets
-from sluice.client.rpc import MAX_MESSAGE_BYTES, ChannelPool
+from sluice.client.rpc import ChannelPool
 from sluice.client.wire import WireConnection
-from sluice.codec.batch import Record, decode_records, iter_headers
+from sluice.codec.batch import Record, decode_records
 from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_topic
 from sluice.errors import (
     BrokerNotAvailable,
     FetchSessionNotFound,
-    InvalidArgument,
     InvalidFetchSessionEpoch,
-    OffsetOutOfRange,
     SluiceError,
-    UnknownTopicOrPartition,
-    error_for_code,
+    error_from_proto,
+    raise_for_proto,
 )
-from sluice.v1 import broker_pb2, common_pb2
+from sluice.v1 import broker_pb2
 
-__all__ = ["AutoOffsetReset", "Fetcher", "TopicPartition"]
+__all__ = ["AutoOffsetReset", "Fetcher", "RawChunk", "TopicPartition"]
 
 log = logging.getLogger("sluice.fetcher")
 
-TopicPartition = tuple[str, int]
-AutoOffsetReset = Literal["earliest", "latest", "none"]
 
-MAX_WAIT_CAP_MS = 60_000
-# Room for the protobuf envelope of a response.
-_RESPONSE_OVERHEAD = 1024 * 1024
-_RETRY_BACKOFF = 0.1
 #: Answers of a followed fetch that may wait on the completion queue. The reader holds the next
 #: one until there is room, and reads nothing meanwhile: with the one being decoded, three answers
 #: at most, as request by request (one decoded, one on its way). More read-ahead measured slower:
 #: it only adds buffers to allocate and fault in.
 _MAX_QUEUED_ANSWERS = 1
-_RETRY_BACKOFF_MAX = 2.0
-_RETRIABLE_PARTITION_CODES = frozenset(
-    {
-        common_pb2.NOT_LEADER,
-        common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-        common_pb2.BROKER_NOT_AVAILABLE,
-        common_pb2.STORAGE_ERROR,
-        common_pb2.REQUEST_TIMED_OUT,
-    }
-)
-
-
-class RawChunk(NamedTuple):
-    """Encoded batches of one partition from one fetch; records below ``start`` are old."""
-
-    topic: str
-    partition: int
-    start: int
-    data: bytes
-
-
-@dataclass
-class _Broker:
-    """Fetch state for one broker address."""
-
-    address: str
-    session: FetchSession
-    in_flight: SessionRequest | None = None
-    backoff_until: float = 0.0
-    failures: int = 0
-    stream: BrokerLink | None = None
-    #: While following: where the broker reads each partition next (it moves with each answer).
-    follow: dict[TopicPartition, PartitionFetchState] | None = None
-    #: Answers of a followed fetch put on the completion queue and not yet taken from it.
-    queued: int = 0
-
-
-@dataclass
-class _Partition:
-    position: int
-    #: Not fetched until this time (after a retriable error).
-    backoff_until: float = 0.0
-    #: Paused after a fatal error until seek().
-    paused: bool = False
-    failures: int = 0
 
 
 class Fetcher:
@@ -150,21 +108,13 @@ class Fetcher:
         use_sessions: bool = True,
         check_crcs: bool = True,
     ) -> None:
-        _check_int("max_wait_ms", max_wait_ms, 0, MAX_WAIT_CAP_MS)
-        _check_int("min_bytes", min_bytes, 0, MAX_MESSAGE_BYTES)
-        _check_int("max_bytes", max_bytes, 1, MAX_MESSAGE_BYTES - _RESPONSE_OVERHEAD)
-        _check_int("partition_max_bytes", partition_max_bytes, 1, MAX_MESSAGE_BYTES - _RESPONSE_OVERHEAD)
-        if auto_offset_reset not in ("earliest", "latest", "none"):
-            raise InvalidArgument(
-                f"auto_offset_reset must be earliest, latest or none, got {auto_offset_reset!r}"
-            )
+        check_limits(max_wait_ms, min_bytes, max_bytes, partition_max_bytes, auto_offset_reset)
         self._channels = channels
         self._metadata = metadata
         self._max_wait_ms = max_wait_ms
         self._min_bytes = min_bytes
         self._max_bytes = max_bytes
         self._partition_max_bytes = partition_max_bytes
-        self._reset = auto_offset_reset
         self._client_id = client_id
         self._request_timeout = request_timeout
         self._use_sessions = use_sessions
@@ -173,10 +123,10 @@ class Fetcher:
         for topic, expr in (filters or {}).items():
             validate_topic(topic)
             self._filters[topic] = parse_filter(expr).expression
-        self._parts: dict[TopicPartition, _Partition] = {}
+        self._parts: dict[TopicPartition, PartitionState] = {}
         for tp, offset in positions.items():
-            self._parts[_check_tp(tp)] = _Partition(_check_offset(tp, offset))
-        self._brokers: dict[str, _Broker] = {}
+            self._parts[check_tp(tp)] = PartitionState(check_offset(tp, offset))
+        self._brokers: dict[str, BrokerState] = {}
         self._leaders: dict[TopicPartition, str | None] = {}
         self._need_metadata = True
         #: (broker address, the request answered, its answer or a SluiceError, followed or not).
@@ -184,6 +134,9 @@ class Fetcher:
         #: A followed fetch's reader waits on it for room among the queued answers.
         self._room = threading.Condition()
         self._errors: list[SluiceError] = []
+        self._partition_errors = PartitionErrors(
+            channels, metadata, auto_offset_reset, request_timeout, self._errors
+        )
         self._closed = False
         self._wakeup = threading.Event()
 
@@ -200,7 +153,7 @@ class Fetcher:
         chunks = self.fetch_raw(timeout)
         if chunks:
             check = self._check_crcs
-            with _gc_paused():
+            with gc_paused():
                 for c in chunks:
                     records += decode_records(c.data, c.topic, c.partition, c.start, check)
         return records
@@ -256,13 +209,13 @@ class Fetcher:
 
         An answer already in flight for the old position is discarded.
         """
-        tp = _check_tp(tp)
+        tp = check_tp(tp)
         st = self._parts.get(tp)
         if st is None:
-            self._parts[tp] = _Partition(_check_offset(tp, offset))
+            self._parts[tp] = PartitionState(check_offset(tp, offset))
             self._need_metadata = True
         else:
-            st.position = _check_offset(tp, offset)
+            st.position = check_offset(tp, offset)
             st.paused = False
             st.backoff_until = 0.0
         self._wakeup.set()
@@ -319,7 +272,7 @@ class Fetcher:
             address = self._leaders.get(tp)
             if address is None:
                 self._need_metadata = True
-                at = now + _RETRY_BACKOFF
+                at = now + RETRY_BACKOFF
                 next_at = at if next_at is None else min(next_at, at)
                 continue
             wanted.setdefault(address, {})[tp] = PartitionFetchState(
@@ -335,7 +288,7 @@ class Fetcher:
         for address, parts in wanted.items():
             broker = self._brokers.get(address)
             if broker is None:
-                broker = self._brokers[address] = _Broker(address, FetchSession(self._use_sessions))
+                broker = self._brokers[address] = BrokerState(address, FetchSession(self._use_sessions))
             if broker.in_flight is not None:
                 if broker.follow is not None and broker.follow != parts:
                     self._send(broker, parts)  # a seek, a filter, a partition changed: follow anew
@@ -347,9 +300,9 @@ class Fetcher:
             in_flight = True
         if in_flight:
             return None
-        return max((next_at if next_at is not None else now + _RETRY_BACKOFF) - now, 0.0)
+        return max((next_at if next_at is not None else now + RETRY_BACKOFF) - now, 0.0)
 
-    def _send(self, broker: _Broker, parts: dict[TopicPartition, PartitionFetchState]) -> None:
+    def _send(self, broker: BrokerState, parts: dict[TopicPartition, PartitionFetchState]) -> None:
         address = broker.address
         try:
             if broker.stream is None:
@@ -377,7 +330,7 @@ class Fetcher:
 
     def _follow(
         self,
-        broker: _Broker,
+        broker: BrokerState,
         link: WireConnection[Any, Any],
         parts: dict[TopicPartition, PartitionFetchState],
     ) -> None:
@@ -401,13 +354,15 @@ class Fetcher:
                     room.wait()
                 broker.queued += 1
             completions.put((address, req, outcome, True))
-            return not (outcome.error.code or any(p.error.code for p in outcome.partitions))
+            return error_from_proto(outcome.error) is None and all(
+                error_from_proto(p.error) is None for p in outcome.partitions
+            )
 
         link.follow(
             self._request(req, continuous=True), self._max_wait_ms / 1000 + self._request_timeout, on_answer
         )
 
-    def _stop_following(self, broker: _Broker) -> None:
+    def _stop_following(self, broker: BrokerState) -> None:
         """End ``broker``'s followed fetch: close its connection (the next fetch opens another)."""
         with self._room:
             broker.in_flight = None
@@ -416,28 +371,6 @@ class Fetcher:
         if broker.stream is not None:
             broker.stream.close()
             broker.stream = None
-
-    def _request(self, req: SessionRequest, continuous: bool) -> broker_pb2.FetchRequest:
-        return broker_pb2.FetchRequest(
-            max_wait_ms=self._max_wait_ms,
-            min_bytes=self._min_bytes,
-            max_bytes=self._max_bytes,
-            session_id=req.session_id,
-            session_epoch=req.session_epoch,
-            partitions=[
-                broker_pb2.FetchPartition(
-                    topic=tp[0],
-                    partition=tp[1],
-                    fetch_offset=st.fetch_offset,
-                    partition_max_bytes=st.max_bytes,
-                    filter=st.filter,
-                )
-                for tp, st in req.partitions.items()
-            ],
-            forgotten=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in req.forgotten],
-            client_id=self._client_id,
-            continuous=continuous,
-        )
 
     # ---- responses ----------------------------------------------------------------------
 
@@ -455,8 +388,7 @@ class Fetcher:
             if isinstance(outcome, SluiceError):
                 raise outcome
             resp: broker_pb2.FetchResponse = outcome
-            if resp.error.code:
-                raise error_for_code(resp.error.code, resp.error.message)
+            raise_for_proto(resp.error)
         except (FetchSessionNotFound, InvalidFetchSessionEpoch) as exc:
             log.debug("fetch session with %s reset: %s", address, exc)
             self._end_request(broker)
@@ -467,7 +399,7 @@ class Fetcher:
                 self._errors.append(exc)
                 return
             broker.failures += 1
-            broker.backoff_until = time.monotonic() + _backoff(broker.failures)
+            broker.backoff_until = time.monotonic() + backoff(broker.failures)
             self._need_metadata = True
             log.debug("fetch from %s failed: %s", address, exc)
             return
@@ -487,18 +419,20 @@ class Fetcher:
                 sent = following.get(tp)
                 if sent is not None:  # the broker reads on from here (it stops after an error)
                     following[tp] = PartitionFetchState(pr.next_offset, sent.max_bytes, sent.filter)
-            ended = ended or bool(pr.error.code)
+            err = error_from_proto(pr.error)
+            ended = ended or err is not None
             st = parts.get(tp)
             if sent is None or st is None or st.position != sent.fetch_offset or st.paused:
                 continue  # removed or seeked while the request was in flight
-            if pr.error.code:
-                self._partition_error(tp, st, pr)
+            if err is not None:
+                if self._partition_errors.handle(tp, st, pr, err):
+                    self._need_metadata = True
                 continue
             st.failures = 0
             data = pr.records
             nxt = pr.next_offset
             if nxt <= sent.fetch_offset and data:
-                nxt = _end_of(data, sent.fetch_offset)
+                nxt = end_of(data, sent.fetch_offset)
             st.position = max(st.position, nxt)
             if data:
                 chunks.append(RawChunk(pr.topic, pr.partition, sent.fetch_offset, data))
@@ -509,7 +443,7 @@ class Fetcher:
         if not self._closed and broker.backoff_until <= time.monotonic():
             self._send_to(broker)
 
-    def _end_request(self, broker: _Broker) -> None:
+    def _end_request(self, broker: BrokerState) -> None:
         """The broker will not answer the request in flight again (an error, or it was answered)."""
         broker.session.reset()
         with self._room:
@@ -517,7 +451,7 @@ class Fetcher:
             broker.follow = None
             self._room.notify_all()
 
-    def _send_to(self, broker: _Broker) -> None:
+    def _send_to(self, broker: BrokerState) -> None:
         """Send the next request to ``broker`` right away (pipelining), if it has work."""
         now = time.monotonic()
         parts: dict[TopicPartition, PartitionFetchState] = {}
@@ -530,50 +464,15 @@ class Fetcher:
         if parts:
             self._send(broker, parts)
 
-    def _partition_error(
-        self, tp: TopicPartition, st: _Partition, pr: broker_pb2.FetchPartitionResponse
-    ) -> None:
-        err = error_for_code(pr.error.code, pr.error.message)
-        if isinstance(err, OffsetOutOfRange):
-            if self._reset == "none":
-                st.paused = True
-                self._errors.append(
-                    OffsetOutOfRange(
-                        f"{tp[0]}[{tp[1]}]: offset {st.position} is out of range "
-                        f"[{pr.log_start_offset}, {pr.high_watermark}]; seek() to resume",
-                        topic=tp[0],
-                        partition=tp[1],
-                        offset=st.position,
-                        log_start_offset=pr.log_start_offset,
-                        high_watermark=pr.high_watermark,
-                    )
-                )
-                return
-            offsets = list_offsets(
-                self._channels,
-                self._metadata,
-                tp[0],
-                self._reset,
-                partitions=[tp[1]],
-                timeout=self._request_timeout,
-            )
-            log.info(
-                "%s[%d]: offset %d out of range, reset to %s offset %d",
-                tp[0],
-                tp[1],
-                st.position,
-                self._reset,
-                offsets[tp[1]],
-            )
-            st.position = offsets[tp[1]]
-            return
-        if pr.error.code in _RETRIABLE_PARTITION_CODES or err.retriable:
-            st.failures += 1
-            st.backoff_until = time.monotonic() + _backoff(st.failures)
-            self._need_metadata = True
-            return
-        st.paused = True
-        self._errors.append(type(err)(f"{tp[0]}[{tp[1]}]: {err.message}", topic=tp[0], partition=tp[1]))
+    def _request(self, req: SessionRequest, continuous: bool) -> broker_pb2.FetchRequest:
+        return fetch_request(
+            req,
+            continuous,
+            max_wait_ms=self._max_wait_ms,
+            min_bytes=self._min_bytes,
+            max_bytes=self._max_bytes,
+            client_id=self._client_id,
+        )
 
     def _refresh_metadata(self) -> None:
         topics = sorted({tp[0] for tp in self._parts})
@@ -588,82 +487,9 @@ class Fetcher:
             log.debug("metadata refresh failed: %s", exc)
             self._need_metadata = True
             return
-        for tp, st in self._parts.items():
-            topic, partition = tp
-            if topic in md.unknown_topics and not st.paused:
-                st.paused = True
-                self._errors.append(
-                    UnknownTopicOrPartition(
-                        f"topic {topic!r} does not exist", topic=topic, partition=partition
-                    )
-                )
-                continue
-            t = md.topics.get(topic)
-            if t is not None and not 0 <= partition < len(t.partitions) and not st.paused:
-                st.paused = True
-                self._errors.append(
-                    UnknownTopicOrPartition(
-                        f"topic {topic!r} has no partition {partition} (it has {len(t.partitions)})",
-                        topic=topic,
-                        partition=partition,
-                    )
-                )
-                continue
-            self._leaders[tp] = md.leader_address(topic, partition)
+        place(md, self._parts, self._leaders, self._errors)
 
     def _raise_error(self) -> None:
         if self._errors:
             err = self._errors.pop(0)
             raise err
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while a response's records are created.
-
-    Tens of thousands of new Records that all survive would otherwise trigger
-    repeated collections (including full ones, as they are promoted to the old
-    generation) that scan the whole heap: measured, that doubles the cost of
-    decoding. Records hold no cycles, so nothing is lost by collecting later.
-    The previous state is restored, so a program that disabled GC keeps it off.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-def _backoff(failures: int) -> float:
-    return float(min(_RETRY_BACKOFF * 2 ** (failures - 1), _RETRY_BACKOFF_MAX))
-
-
-def _end_of(data: bytes, fallback: int) -> int:
-    """The offset after the last whole batch in ``data`` (if the broker left next_offset unset)."""
-    end = fallback
-    for _, h in iter_headers(data):
-        end = max(end, h.next_offset)
-    return end
-
-
-def _check_int(name: str, value: int, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidArgument(f"{name} must be an integer from {lo} to {hi}, got {value!r}")
-
-
-def _check_tp(tp: Any) -> TopicPartition:
-    if not (isinstance(tp, tuple) and len(tp) == 2 and isinstance(tp[1], int)):
-        raise InvalidArgument(f"a partition is a (topic, partition) tuple, got {tp!r}")
-    validate_topic(tp[0])
-    if tp[1] < 0:
-        raise UnknownTopicOrPartition(f"partition {tp[1]} of {tp[0]!r} is negative")
-    return (tp[0], tp[1])
-
-
-def _check_offset(tp: TopicPartition, offset: Any) -> int:
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise OffsetOutOfRange(f"{tp[0]}[{tp[1]}]: offset must be an integer >= 0, got {offset!r}")
-    return offset

@@ -14,9 +14,9 @@ from sluice.errors import (
     RequestTimedOut,
     SluiceError,
     UnknownTopicOrPartition,
-    error_for_code,
+    error_from_proto,
 )
-from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from sluice.v1 import broker_pb2, broker_pb2_grpc
 
 __all__ = ["EARLIEST", "LATEST", "OffsetSpec", "list_offsets", "spec_to_timestamp"]
 
@@ -87,8 +87,8 @@ def list_offsets(
                 retry = exc
                 continue
             for r in resp.partitions:
-                if r.error.code != common_pb2.NONE:
-                    err = error_for_code(r.error.code, r.error.message)
+                err = error_from_proto(r.error)
+                if err is not None:
                     if isinstance(err, _ROUTING):
                         retry = err
                         continue

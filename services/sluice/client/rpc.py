@@ -16,6 +16,7 @@ from sluice.common.rpc import (
     MAX_MESSAGE_BYTES,
     call,
     error_from_rpc,
+    is_unimplemented,
 )
 from sluice.errors import SluiceError
 
@@ -27,6 +28,7 @@ __all__ = [
     "ChannelPool",
     "call",
     "error_from_rpc",
+    "is_unimplemented",
 ]
 
 S = TypeVar("S")

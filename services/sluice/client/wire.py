@@ -44,7 +44,7 @@ from sluice.common.wire import (
     frame_parts,
     split_address,
 )
-from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_for_code
+from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, raise_for_proto
 from sluice.v1 import wire_pb2
 
 __all__ = ["WireConnection"]
@@ -343,8 +343,7 @@ def greet(sock: socket.socket, hello: bytes, name: str) -> None:
             if kind != FrameType.HELLO:
                 raise WireProtocolError(f"{name}: expected a hello answer, got frame type {kind}")
             answer = wire_pb2.WireHelloResponse.FromString(payload)
-    if answer.error.code:
-        raise error_for_code(answer.error.code, answer.error.message)
+    raise_for_proto(answer.error)
 
 
 def connect(endpoint: tuple[str, int], hello: bytes, name: str, timeout: float) -> socket.socket:

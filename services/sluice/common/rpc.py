@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_for_code
+from sluice.errors import SluiceError, error_from_proto
+from sluice.v1 import common_pb2
 
 ERROR_CODE_KEY = "sluice-error-code"
 # Messages carry whole record batches; servers use the same limit.
@@ -29,7 +30,11 @@ Resp = TypeVar("Resp")
 
 
 def error_from_rpc(exc: grpc.RpcError) -> SluiceError:
-    """Rebuild the typed error a server raised, or classify a transport failure."""
+    """Rebuild the typed error a server raised, or classify a transport failure.
+
+    Only unpacks the status: the code and message go through the one decoder,
+    ``sluice.errors.error_from_proto``, like every ``Error`` message does.
+    """
     call: Any = exc
     code_text = None
     try:
@@ -43,14 +48,29 @@ def error_from_rpc(exc: grpc.RpcError) -> SluiceError:
         details = call.details() or ""
     except Exception:
         details = str(exc)
-    if code_text is not None:
-        return error_for_code(int(code_text), details)
     status = call.code() if hasattr(call, "code") else None
-    if status == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return RequestTimedOut(details or "deadline exceeded")
-    if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-        return BrokerNotAvailable(details or "service unavailable")
-    return SluiceError(f"{status.name if status else 'UNKNOWN'}: {details}")
+    if code_text is not None:
+        code, message = int(code_text), details
+    elif status == grpc.StatusCode.DEADLINE_EXCEEDED:
+        code, message = common_pb2.REQUEST_TIMED_OUT, details or "deadline exceeded"
+    elif status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        code, message = common_pb2.BROKER_NOT_AVAILABLE, details or "service unavailable"
+    else:
+        code, message = common_pb2.UNKNOWN, f"{status.name if status else 'UNKNOWN'}: {details}"
+    # A code-less SluiceError when a (broken) server sends NONE in the trailer.
+    return error_from_proto(common_pb2.Error(code=code, message=message)) or SluiceError(message)  # type: ignore[arg-type]
+
+
+def is_unimplemented(exc: grpc.RpcError) -> bool:
+    """Whether a call failed because the server does not know the method (an older release).
+
+    A capability probe, not an error to raise: the caller falls back to another RPC.
+    """
+    call: Any = exc
+    try:
+        return bool(call.code() == grpc.StatusCode.UNIMPLEMENTED)
+    except Exception:
+        return False
 
 
 def call(method: Callable[..., Resp], request: Any, timeout: float | None = None) -> Resp:

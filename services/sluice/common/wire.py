@@ -13,7 +13,7 @@ import struct
 from typing import Protocol
 
 from sluice.common.rpc import MAX_MESSAGE_BYTES
-from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, error_for_code
+from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, error_from_proto
 from sluice.v1 import common_pb2
 
 __all__ = [
@@ -109,7 +109,8 @@ def split_address(address: str) -> tuple[str, int]:
 def error_from_frame(payload: bytes, peer: str) -> SluiceError:
     """The typed error an error frame carries (the server closes the connection after it)."""
     err = common_pb2.Error.FromString(payload)
-    return error_for_code(err.code, f"{peer} closed the connection: {err.message}")
+    where = f"{peer} closed the connection"
+    return error_from_proto(err, where) or SluiceError(f"{where}: {err.message}")
 
 
 #: Payloads up to this size are copied behind their header (one buffer, one send); larger ones

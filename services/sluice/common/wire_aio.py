@@ -36,7 +36,7 @@ from sluice.common.wire import (
     frame,
     split_address,
 )
-from sluice.errors import BrokerNotAvailable, error_for_code
+from sluice.errors import BrokerNotAvailable, error_from_proto
 from sluice.v1 import broker_pb2, wire_pb2
 
 __all__ = ["FetchFollower"]
@@ -243,8 +243,9 @@ class FetchFollower(asyncio.BufferedProtocol):
                 BrokerNotAvailable(f"broker {self.address}: a hello answer that does not parse: {exc}")
             )
             return
-        if answer.error.code:
-            self._fail(error_for_code(answer.error.code, answer.error.message))
+        refusal = error_from_proto(answer.error)
+        if refusal is not None:
+            self._fail(refusal)
             return
         self._greeted = True
         assert self._transport is not None

@@ -25,7 +25,7 @@ import grpc
 from sluice.client.metadata import MetadataCache
 from sluice.client.offsets import list_offsets
 from sluice.client.rpc import ChannelPool, call, error_from_rpc
-from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_for_code
+from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_from_proto
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
 
 __all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "CommitResult", "OffsetStoreClient"]
@@ -198,9 +198,5 @@ class OffsetStoreClient:
 def results(resp: offset_store_pb2.CommitOffsetsResponse) -> CommitResult:
     out: CommitResult = {}
     for r in resp.results:
-        tp = (r.topic, r.partition)
-        if r.error.code == common_pb2.NONE:
-            out[tp] = None
-        else:
-            out[tp] = error_for_code(r.error.code, f"{r.topic}[{r.partition}]: {r.error.message}")
+        out[(r.topic, r.partition)] = error_from_proto(r.error, f"{r.topic}[{r.partition}]")
     return out

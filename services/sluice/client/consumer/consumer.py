@@ -23,31 +23,21 @@ Use one thread for ``poll``/``commit``/``seek``/``pause``/``resume``/``close``;
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from types import TracebackType
 
-from sluice.client.consumer.async_commits import AsyncCommitter, CommitStats, Waiter
-from sluice.client.consumer.commits import CommitResult, OffsetStoreClient
-from sluice.client.consumer.config import CommitCallback, ConsumerConfig
-from sluice.client.consumer.member import GroupMember
-from sluice.client.consumer.membership import Event, Fatal, Lost, MemberState, NewTarget
-from sluice.client.consumer.prefetch import Prefetcher
-from sluice.client.consumer.state import Assignment, PartitionLifecycle, PartitionState, SubscriptionState
-from sluice.client.fetcher import Fetcher
-from sluice.client.metadata import MetadataCache
-from sluice.client.rpc import ChannelPool
+from sluice.client.consumer.async_commits import CommitStats, Waiter
+from sluice.client.consumer.config import CommitCallback
+from sluice.client.consumer.engine import ConsumerEngine, check_tp
+from sluice.client.consumer.membership import MemberState
+from sluice.client.consumer.state import PartitionLifecycle
 from sluice.codec.batch import Record
 from sluice.errors import (
     InvalidArgument,
     OffsetOutOfRange,
-    SluiceError,
-    StaleMemberEpoch,
-    UnknownTopicId,
-    UnknownTopicOrPartition,
 )
 
 __all__ = ["CommitCallback", "Consumer", "ConsumerStats"]
@@ -66,74 +56,8 @@ class ConsumerStats:
     commits: CommitStats
 
 
-class Consumer:
+class Consumer(ConsumerEngine):
     """A member of a consumer group. Make one with ``client.consumer(...)``."""
-
-    def __init__(
-        self,
-        channels: ChannelPool,
-        metadata: MetadataCache,
-        group: str,
-        subscription: Mapping[str, str],
-        config: ConsumerConfig,
-        client_id: str,
-        on_close: Callable[[Consumer], None] | None = None,
-    ) -> None:
-        self.group = group
-        self.subscription = dict(subscription)
-        self.config = config
-        self._on_close = on_close
-        self._lock = threading.RLock()
-        self._ready = threading.Condition(self._lock)
-        self._state = SubscriptionState(in_flight_min=config.commit_mode == "in-flight-min")
-        self._events: list[Event] = []
-        self._fatal: SluiceError | None = None
-        #: False while rebalance work may be pending (events, revocations, positions to look up).
-        self._settled = False
-        self._closed = False
-        self._timeout = config.request_timeout.total_seconds()
-        fetcher = Fetcher(
-            channels,
-            metadata,
-            {},
-            max_wait_ms=config.fetch_max_wait_ms,
-            min_bytes=config.fetch_min_bytes,
-            max_bytes=config.fetch_max_bytes,
-            partition_max_bytes=config.partition_max_bytes,
-            auto_offset_reset=config.auto_offset_reset,  # type: ignore[arg-type]
-            client_id=client_id,
-            request_timeout=self._timeout,
-            check_crcs=config.check_crcs,
-        )
-        self._prefetch = Prefetcher(
-            fetcher, config.buffer_max_bytes, self._lock, self._ready, check_crcs=config.check_crcs
-        )
-        self._offsets = OffsetStoreClient(
-            channels, metadata, group, subscription, self._timeout, config.message_model == "broadcasting"
-        )
-        self._member = GroupMember(metadata, group, subscription, config, client_id, self._on_events)
-        self._async = AsyncCommitter(
-            self._offsets,
-            self._member,
-            self._holds,
-            self._stored,
-            self._restart_recreated,
-            config.max_in_flight_commits,
-            self._timeout,
-        )
-        #: A failed commit_async() that had no callback (nor on_commit): raised by the next call.
-        self._commit_error: SluiceError | None = None
-        self._interval = config.auto_commit_interval.total_seconds()
-        self._next_auto_commit = time.monotonic() + self._interval
-        self._prefetch.start()
-        self._member.start()
-        try:
-            # Joining synchronously makes a refused subscription (INCONSISTENT_SUBSCRIPTION,
-            # an unknown topic or assignor) an error of client.consumer(...) itself.
-            self._member.wait_first_answer(self._timeout)
-        except BaseException:
-            self._shutdown(leave=True)
-            raise
 
     # ---- polling ------------------------------------------------------------------------------------
 
@@ -222,154 +146,6 @@ class Consumer:
 
     # ---- rebalances (application thread, from poll) --------------------------------------------------
 
-    def _on_events(self, events: list[Event]) -> None:
-        """Caller: the heartbeat thread. Queue the events for the next poll and wake it."""
-        with self._lock:
-            self._events.extend(events)
-            self._ready.notify_all()
-
-    def _reconcile(self) -> None:
-        if self._fatal is not None:
-            raise self._fatal
-        if not self._events and self._settled:
-            return  # the common case, once per poll: nothing changed since the last pass
-        with self._lock:
-            events, self._events = self._events, []
-            self._settled = False
-        for ev in events:
-            if isinstance(ev, Fatal):
-                self._fatal = ev.error
-            elif isinstance(ev, Lost):
-                self._lose_all(ev.error)
-            elif isinstance(ev, NewTarget):
-                self._apply_target(ev)
-        self._finish_revocations()
-        self._add_assigned()
-        self._resolve_positions()
-        if self._fatal is not None:
-            raise self._fatal
-        with self._lock:
-            # Settled: every partition fetches (or is paused) and nothing waits for a revocation.
-            self._settled = not self._events and all(
-                p.lifecycle is _L.FETCHING or p.lifecycle is _L.PAUSED for p in self._state.parts.values()
-            )
-
-    def _apply_target(self, ev: NewTarget) -> None:
-        with self._lock:
-            self._state.replace_assignment(Assignment(ev.epoch, ev.partitions))
-            for tp, part in self._state.parts.items():
-                target = ev.partitions.get(tp)
-                if target is not None and (target.track, target.filter) == (part.track, part.filter):
-                    continue
-                if part.lifecycle is not _L.REVOKING:
-                    self._state.begin_revoke(part)
-                    self._prefetch.stop_fetching(tp)
-        log.info("group %s: target assignment at epoch %d: %s", self.group, ev.epoch, sorted(ev.partitions))
-
-    def _revocations_ready(self) -> bool:
-        return any(p.lifecycle is _L.REVOKING and not p.in_flight for p in self._state.parts.values())
-
-    def _finish_revocations(self) -> None:
-        """Commit, call on_revoke and release every revoked partition with nothing in flight."""
-        with self._lock:
-            ready = sorted(
-                tp for tp, p in self._state.parts.items() if p.lifecycle is _L.REVOKING and not p.in_flight
-            )
-            offsets = self._state.to_commit(ready)
-        if not ready:
-            return
-        # Async commits still travelling finish first: none reaches the store after the release.
-        self._async.flush(self._timeout)
-        try:
-            self._commit_sync(offsets)
-        except SluiceError as exc:
-            # A zombie's commit is refused (its Lost event follows); anything else means the
-            # next owner re-reads from the last commit: duplicates, never a loss.
-            log.warning("group %s: commit before revoking %s failed: %s", self.group, ready, exc)
-        try:
-            self._callback("on_revoke", ready)
-        finally:
-            with self._lock:
-                for tp in ready:
-                    self._state.remove(tp)
-            self._member.released(frozenset(ready))
-
-    def _add_assigned(self) -> None:
-        """Take on the target's partitions that are not held yet (once revocations are done)."""
-        with self._lock:
-            added = [
-                target
-                for tp, target in self._state.assignment.partitions.items()
-                if tp not in self._state.parts
-            ]
-            for target in added:
-                self._state.add(target)
-            owned = self._state.owned()
-        if not added:
-            return
-        self._member.set_owned(owned)
-        self._callback("on_assign", sorted(t.tp for t in added))
-
-    def _resolve_positions(self) -> None:
-        """Look up the committed offsets of partitions without a position (auto_offset_reset if none)."""
-        with self._lock:
-            todo = {
-                tp: p.track
-                for tp, p in self._state.parts.items()
-                if p.lifecycle is _L.AWAITING_POSITION and p.position_error is None
-            }
-        if todo:
-            committed = self._offsets.fetch(todo, self._member.member_id)
-            resets = self._offsets.reset_positions(
-                [tp for tp, off in committed.items() if off < 0], self.config.auto_offset_reset
-            )
-            with self._lock:
-                for tp in todo:
-                    part = self._state.parts.get(tp)
-                    if part is None or part.lifecycle is not _L.AWAITING_POSITION:
-                        continue  # revoked, lost or seeked meanwhile
-                    if committed[tp] >= 0:
-                        self._state.start(part, committed[tp], committed[tp])
-                    elif tp in resets:
-                        # Committed at the next commit, so a later owner starts from the same place.
-                        self._state.start(part, resets[tp], -1)
-                    else:
-                        part.position_error = OffsetOutOfRange(
-                            f"{tp[0]}[{tp[1]}]: group {self.group} has no committed offset on track "
-                            f"{part.track!r} and auto_offset_reset is 'none'; seek() to choose a position",
-                            topic=tp[0],
-                            partition=tp[1],
-                        )
-                        continue
-                    self._prefetch.fetch_from(tp, part.position, part.fetch_epoch, part.filter)
-        with self._lock:
-            for part in self._state.parts.values():
-                if part.position_error is not None and part.lifecycle is _L.AWAITING_POSITION:
-                    raise part.position_error
-
-    def _lose_all(self, error: SluiceError) -> None:
-        """Fenced or forgotten: drop every partition without committing, then rejoin."""
-        with self._lock:
-            lost = sorted(self._state.parts)
-            for tp in lost:
-                self._prefetch.stop_fetching(tp)
-            self._state.parts.clear()
-            self._state.replace_assignment(Assignment())
-        self._async.fail_unsent(error)
-        log.warning(
-            "group %s: membership lost (%s); partitions %s dropped uncommitted", self.group, error, lost
-        )
-        try:
-            if lost:
-                self._callback("on_lost", lost)
-        finally:
-            self._member.lost_handled()
-
-    def _callback(self, name: str, partitions: list[TopicPartition]) -> None:
-        fn = self.config.callback(name)
-        if fn is not None and partitions:
-            fn(partitions)
-
     # ---- commits ------------------------------------------------------------------------------------
 
     def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
@@ -425,135 +201,6 @@ class Consumer:
         """Counters of this consumer (the asynchronous commits and auto-commits)."""
         return ConsumerStats(commits=self._async.stats())
 
-    def _explicit(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, tuple[int, str]]:
-        """Checked explicit offsets as {tp: (offset, track)} (the caller holds the lock)."""
-        todo = {}
-        for tp, off in offsets.items():
-            part = self._owned(tp)
-            if isinstance(off, bool) or not isinstance(off, int) or off < 0:
-                raise OffsetOutOfRange(f"{tp[0]}[{tp[1]}]: offset must be an integer >= 0, got {off!r}")
-            todo[tp] = (off, part.track)
-        return todo
-
-    def _report_commits(self, closing: bool = False) -> BaseException | None:
-        """Hand finished asynchronous commits to their callbacks (application thread), one at a
-        time, so an exception in one leaves the rest queued. Then raise a failed commit_async()
-        that nobody was told of (once). ``closing``: deliver everything whatever the callbacks
-        raise, and return (not raise) the first exception."""
-        first: BaseException | None = None
-        while self._async.has_outcomes:
-            outcome = self._async.next_outcome()
-            if outcome is None:
-                break
-            fn = outcome.waiter.callback or self.config.on_commit
-            if fn is not None:
-                try:
-                    fn(outcome.offsets, outcome.error)
-                except Exception as exc:
-                    if not closing:
-                        raise
-                    first = first or exc
-            elif outcome.error is not None and outcome.waiter.auto:
-                # Counted in stats().commits.auto_failed; the next auto-commit tries again.
-                log.warning("group %s: auto-commit failed: %s", self.group, outcome.error)
-            elif outcome.error is not None and self._commit_error is None:
-                self._commit_error = outcome.error
-        error, self._commit_error = self._commit_error, None
-        if error is not None and closing:
-            log.warning("group %s: commit_async failed (no callback, closing): %s", self.group, error)
-        elif error is not None:
-            raise error
-        return first
-
-    def _holds(self, tp: TopicPartition) -> bool:
-        """Caller: the AsyncCommitter. Whether ``tp`` is still this member's (revoking counts)."""
-        with self._lock:
-            return tp in self._state.parts
-
-    def _stored(self, offsets: dict[TopicPartition, int]) -> None:
-        """Caller: the AsyncCommitter (gRPC's thread), after the store accepted ``offsets``."""
-        with self._lock:
-            for tp, off in offsets.items():
-                self._state.committed_ok(tp, off)
-
-    def _commit_sync(self, todo: dict[TopicPartition, tuple[int, str]]) -> CommitResult:
-        """Commit under the current epoch; a STALE_MEMBER_EPOCH (the coordinator moved the epoch
-        on while the commit travelled) is retried after the next heartbeat answer."""
-        result: CommitResult = {}
-        pending = dict(todo)
-        for attempt in range(3):
-            if not pending:
-                break
-            answered = self._member.answered
-            epoch = self._member.member_epoch
-            got = self._offsets.commit(self._offsets.request(self._member.member_id, epoch, pending))
-            with self._lock:
-                for tp, err in got.items():
-                    result[tp] = err
-                    if err is None:
-                        self._state.committed_ok(tp, pending[tp][0])
-            self._restart_recreated(got)
-            stale = {tp for tp, err in got.items() if isinstance(err, StaleMemberEpoch)}
-            if not stale or attempt == 2 or self._member.state is not MemberState.STABLE:
-                break
-            self._member.heartbeat_now()
-            self._member.wait_answer_after(answered, min(self._timeout, 5.0))
-            if self._member.member_epoch == epoch:
-                break
-            pending = {tp: pending[tp] for tp in stale}
-        return result
-
-    def _restart_recreated(self, result: CommitResult) -> None:
-        """A commit refused with UnknownTopicId: the partition's topic was deleted and re-created since
-        its position was looked up, so that position is the old topic's. Look it up again on the new
-        topic (nothing committed there: ``auto_offset_reset``), so none of the new topic's records is
-        skipped; records read at the old position meanwhile come again (at least once)."""
-        self._restart(tp for tp, err in result.items() if isinstance(err, UnknownTopicId))
-
-    def _restart_vanished(self, error: SluiceError) -> None:
-        """A fetch found no topic under a partition (deleted; maybe re-created by now). Its position is
-        looked up again, so a re-created topic is read from its own committed offset (none: from
-        ``auto_offset_reset``) rather than from the old topic's position; while no topic has the name
-        the lookup keeps failing with UnknownTopicOrPartition, until the group revokes the partition."""
-        topic, partition = error.fields.get("topic"), error.fields.get("partition")
-        if (
-            isinstance(error, UnknownTopicOrPartition)
-            and isinstance(topic, str)
-            and isinstance(partition, int)
-        ):
-            self._restart([(topic, partition)])
-
-    def _restart(self, tps: Iterable[TopicPartition]) -> None:
-        gone = sorted(tps)
-        if not gone:
-            return
-        with self._lock:
-            for tp in gone:
-                part = self._state.parts.get(tp)
-                if part is not None and part.lifecycle is not _L.REVOKING and part.position >= 0:
-                    self._prefetch.stop_fetching(tp)
-                    self._state.restart(part)
-            self._settled = False
-            self._ready.notify_all()
-        log.warning(
-            "group %s: the topic of %s was deleted or re-created; positions looked up again", self.group, gone
-        )
-
-    def _maybe_auto_commit(self) -> None:
-        if not self.config.enable_auto_commit:
-            return
-        now = time.monotonic()
-        if now < self._next_auto_commit:
-            return
-        self._next_auto_commit = now + self._interval
-        if self._member.state is not MemberState.STABLE:
-            return
-        with self._lock:
-            todo = self._state.to_commit()
-        if todo:
-            # Coalesces with commits still travelling; its outcome goes to on_commit.
-            self._async.submit(todo, Waiter(None, auto=True))
-
     # ---- positions ------------------------------------------------------------------------------------
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
@@ -581,7 +228,7 @@ class Consumer:
         partition's track (``default`` for partitions not assigned here)."""
         self._check_open()
         with self._lock:
-            tps = sorted(self._state.parts) if partitions is None else [_check_tp(tp) for tp in partitions]
+            tps = sorted(self._state.parts) if partitions is None else [check_tp(tp) for tp in partitions]
             tracks = {
                 tp: (self._state.parts[tp].track if tp in self._state.parts else "default") for tp in tps
             }
@@ -629,12 +276,6 @@ class Consumer:
     def member_epoch(self) -> int:
         return self._member.member_epoch
 
-    def _owned(self, tp: TopicPartition) -> PartitionState:
-        part = self._state.parts.get(_check_tp(tp))
-        if part is None or part.lifecycle is _L.REVOKING:
-            raise InvalidArgument(f"{tp[0]}[{tp[1]}] is not assigned to this consumer (group {self.group})")
-        return part
-
     # ---- lifecycle ------------------------------------------------------------------------------------
 
     def close(self, timeout: float | None = None) -> None:
@@ -668,37 +309,9 @@ class Consumer:
         finally:
             self._shutdown(leave=True)
 
-    def _final_commit(self, todo: dict[TopicPartition, tuple[int, str]]) -> None:
-        if not todo:
-            return
-        error: SluiceError | None
-        try:
-            error = next((e for e in self._commit_sync(todo).values() if e is not None), None)
-        except SluiceError as exc:
-            error = exc
-        if error is not None:
-            log.warning("group %s: commit on close failed: %s", self.group, error)
-        if self.config.on_commit is not None:
-            self.config.on_commit({tp: off for tp, (off, _) in todo.items()}, error)
-
-    def _shutdown(self, leave: bool) -> None:
-        self._closed = True
-        try:
-            self._member.close(leave=leave)
-        finally:
-            # A fetch thread blocked in a long poll ends when that answer arrives (or the
-            # client's channels close); close() does not wait for it.
-            self._prefetch.close(0.2)
-            if self._on_close is not None:
-                self._on_close(self)
-
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SluiceError("the consumer is closed")
 
     def __enter__(self) -> Consumer:
         return self
@@ -717,9 +330,3 @@ def _positive(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"{name} must be an integer >= 1, got {value!r}")
     return value
-
-
-def _check_tp(tp: TopicPartition) -> TopicPartition:
-    if not (isinstance(tp, tuple) and len(tp) == 2 and isinstance(tp[0], str) and isinstance(tp[1], int)):
-        raise InvalidArgument(f"a partition is a (topic, partition) tuple, got {tp!r}")
-    return tp

@@ -39,8 +39,8 @@ from sluice.client.consumer.membership import (
     TargetPartition,
 )
 from sluice.client.metadata import MetadataCache
-from sluice.client.rpc import call, error_from_rpc
-from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_for_code
+from sluice.client.rpc import call, error_from_rpc, is_unimplemented
+from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_from_proto
 from sluice.v1 import common_pb2, coordinator_pb2
 
 __all__ = ["GroupMember", "HeartbeatStream"]
@@ -307,8 +307,8 @@ class GroupMember:
         self, now: float, resp: coordinator_pb2.GroupHeartbeatResponse | None, error: SluiceError | None
     ) -> list[Event]:
         """Feed one heartbeat's outcome to the state machine. Caller holds the condition."""
-        if error is None and resp is not None and resp.error.code != common_pb2.NONE:
-            error = error_for_code(resp.error.code, resp.error.message)
+        if error is None and resp is not None:
+            error = error_from_proto(resp.error)
         if error is not None or resp is None:
             error = error or SluiceError("heartbeat answered nothing")
             if error.retriable:
@@ -367,8 +367,8 @@ class GroupMember:
             if kind == "heartbeat" and self._stream_deadline is not None:
                 self._stream_deadline = None
                 events = self._absorb(now, message.heartbeat, None)
-                code = message.heartbeat.error.code
-                if code != common_pb2.NONE and error_for_code(code, "").retriable:
+                refusal = error_from_proto(message.heartbeat.error)
+                if refusal is not None and refusal.retriable:
                     # NOT_COORDINATOR and the like: the next heartbeat opens a new stream, which may
                     # reach another coordinator.
                     self._stream = None
@@ -387,7 +387,7 @@ class GroupMember:
             now = time.monotonic()
             in_flight = self._stream_deadline is not None
             self._stream_deadline = None
-            if error is not None and error.code() == grpc.StatusCode.UNIMPLEMENTED:
+            if error is not None and is_unimplemented(error):
                 log.info("group %s: the coordinator has no heartbeat stream; using the unary RPC", self.group)
                 self._use_stream = False
                 if in_flight:

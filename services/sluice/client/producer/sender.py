@@ -47,7 +47,8 @@ from sluice.errors import (
     RequestTimedOut,
     SluiceError,
     UnknownTopicOrPartition,
-    error_for_code,
+    error_from_proto,
+    raise_for_proto,
 )
 from sluice.v1 import broker_pb2
 
@@ -309,8 +310,7 @@ class Sender:
             if isinstance(outcome, SluiceError):
                 raise outcome
             resp: broker_pb2.ProduceResponse = outcome
-            if resp.error.code:  # the broker refused the whole request
-                raise error_for_code(resp.error.code, resp.error.message)
+            raise_for_proto(resp.error)  # the broker refused the whole request
         except SluiceError as exc:
             if isinstance(exc, BrokerNotAvailable):
                 exc = BrokerNotAvailable(f"broker {address}: {exc.message}")
@@ -326,8 +326,8 @@ class Sender:
                     f"broker {address} did not answer for partition {b.partition}"
                 )
                 self._retry_or_fail(b, err, now, done)
-            elif r.error.code:
-                self._retry_or_fail(b, error_for_code(r.error.code, r.error.message), now, done)
+            elif (refusal := error_from_proto(r.error)) is not None:
+                self._retry_or_fail(b, refusal, now, done)
             else:
                 # Batches of one partition were appended in order: offsets follow on.
                 base = next_offset.get(b.partition, r.base_offset)

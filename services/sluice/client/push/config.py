@@ -16,20 +16,19 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
+from sluice.client.push.message import Message
+from sluice.client.push.stats import PushConsumerStats
 from sluice.codec.filter import parse_filter
 from sluice.common.settings import convert_setting
 from sluice.errors import InvalidArgument
 from sluice.v1 import dispatcher_pb2
 
-if TYPE_CHECKING:
-    from sluice.client.push.consumer import PushConsumer
-    from sluice.client.push.message import Message
-
 __all__ = [
     "SUBSCRIPTION_TYPES",
     "KeySharedPolicy",
+    "ListenerConsumer",
     "MessageListener",
     "PushConsumerConfig",
     "SubscriptionTypeName",
@@ -47,7 +46,26 @@ SUBSCRIPTION_TYPES: dict[str, int] = {
 #: The hash space Key_Shared ranges live in (inclusive).
 HASH_MAX = 65535
 
-MessageListener = Callable[["PushConsumer", "Message"], None]
+
+class ListenerConsumer(Protocol):
+    """What a ``message_listener`` gets as its first argument: the PushConsumer that received the
+    message, through the calls a listener makes. Stated here as a Protocol because the consumer
+    depends on its config, never the other way round (no import cycle)."""
+
+    def ack(self, msg: Message, /) -> None: ...
+
+    def ack_cumulative(self, msg: Message, /) -> None: ...
+
+    def nack(self, msg: Message, /) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def stats(self) -> PushConsumerStats: ...
+
+
+MessageListener = Callable[[ListenerConsumer, Message], None]
 
 
 def dlq_topic(topic: str, subscription: str) -> str:

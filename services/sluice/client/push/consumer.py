@@ -14,39 +14,29 @@ that serves some of the topic's partitions (the coordinator's routing), and
 into one receiver queue, hands messages to ``receive()`` / ``receive_async()`` / the
 listener thread, and routes each ack back to the session that delivered the message.
 
-Locking: one Condition guards the queue, the flow counters and the sessions' unacked
-sets. Streams call in from their threads; no callback does I/O under the lock beyond
-appending to an :class:`~sluice.client.push.outbound.Outbound`.
+The streams, the routing and the callbacks the stream threads call live in
+:mod:`~sluice.client.push.sessions` (``PushSessions``, which this class extends).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
 import threading
 import time
-import uuid
-from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from sluice.client.links import use_wire
 from sluice.client.metadata import MetadataCache
-from sluice.client.push.backoff import Backoff
 from sluice.client.push.config import PushConsumerConfig
-from sluice.client.push.flow import FlowControl, Grant
-from sluice.client.push.message import Message, messages_of
-from sluice.client.push.nacks import NackScheduler, backoff_hold
+from sluice.client.push.message import Message
+from sluice.client.push.nacks import backoff_hold
+from sluice.client.push.sessions import PushSessions
 from sluice.client.push.stats import PushConsumerStats, StreamInfo
-from sluice.client.push.stream import ConsumeCall, ConsumeStream, Session, StreamState
-from sluice.client.push.wire_call import WireConsumeCall
+from sluice.client.push.stream import Session, StreamState
 from sluice.client.rpc import ChannelPool
 from sluice.errors import InvalidArgument, RequestTimedOut, SluiceError
-from sluice.v1 import dispatcher_pb2 as pb
-from sluice.v1 import dispatcher_pb2_grpc
 
 __all__ = ["PushConsumer", "PushConsumerStats", "StreamInfo", "StreamState", "make_config"]
 
@@ -57,10 +47,9 @@ CLOSE_GRACE = 2.0
 _DEFAULT_NACK_DELAY = 1.0  # the dispatcher's default, used for the client-side backoff
 #: Cap of the doubling zero-queue handoff delay.
 ZERO_QUEUE_HANDOFF_MAX = 5.0
-_stream_keys = itertools.count(1)
 
 
-class PushConsumer:
+class PushConsumer(PushSessions):
     """Made by :meth:`sluice.Client.push_consumer`; see the module docstring. Thread-safe."""
 
     def __init__(
@@ -74,44 +63,8 @@ class PushConsumer:
         client_id: str,
         on_close: Callable[[PushConsumer], None] | None = None,
     ) -> None:
-        self.topic = topic
-        self.subscription = subscription
-        self.type = type_
-        self.config = config
-        self._listener = config.message_listener
-        self.consumer_id = config.consumer_id or uuid.uuid4().hex
-        self.consumer_name = config.consumer_name or client_id
-        self._channels = channels
-        self._metadata = metadata
         self._on_close = on_close
-        # Hot paths take the plain lock (a C call); only waits and wake-ups use the Condition.
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._queue: deque[Message] = deque()
-        self._flow = FlowControl(config.receiver_queue_size)
-        self._streams: dict[Hashable, ConsumeStream] = {}
-        self._plan: dict[str, tuple[int, ...]] = {}
-        self._waiting = 0
-        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self._fatal: SluiceError | None = None
-        self._closed = False
-        self._acked = self._nacked = self._stale = self._command_errors = 0
-        self._active: set[int] = set()
-        self._nacks = NackScheduler()
-        self._listener_thread: threading.Thread | None = None
-        # Zero-queue permit handoff between streams (see _handoff_wait).
-        self._handoff_base = config.zero_queue_handoff.total_seconds()
-        self._handoff_delay = self._handoff_base
-        self._permit_since = 0.0
-        self._handoffs = 0
-        self._reroutes = 0
-        try:
-            with self._lock:
-                self._reroute_locked(self._compute_plan(refresh=False))
-            self._wait_subscribed(config.subscribe_timeout.total_seconds())
-        except BaseException:
-            self._shutdown(grace=0.0)
-            raise
+        super().__init__(topic, subscription, type_, config, channels, metadata, client_id)
         if config.message_listener is not None:
             self._listener_thread = threading.Thread(
                 target=self._listen, daemon=True, name=f"sluice-push-listener-{subscription}"
@@ -363,18 +316,6 @@ class PushConsumer:
     def closed(self) -> bool:
         return self._closed
 
-    def _shutdown(self, grace: float) -> None:
-        with self._lock:
-            self._closed = True
-            streams = list(self._streams.values())
-            self._wake_all()
-        for s in streams:
-            s.stop(join=True, grace=grace)
-        self._nacks.close()
-        t = self._listener_thread
-        if t is not None and t is not threading.current_thread():
-            t.join(10)
-
     def __enter__(self) -> PushConsumer:
         return self
 
@@ -389,204 +330,11 @@ class PushConsumer:
             f"consumer_id={self.consumer_id} streams={len(self._streams)}>"
         )
 
-    def _check_usable(self) -> None:
-        if self._fatal is not None:
-            raise self._fatal
-        if self._closed:
-            raise SluiceError("the push consumer is closed")
-
-    def _wait_subscribed(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while True:
-                if self._fatal is not None:
-                    raise self._fatal
-                streams = list(self._streams.values())
-                if streams and all(s.session is not None and s.session.subscribed for s in streams):
-                    return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    errors = "; ".join(str(s.last_error) for s in streams if s.last_error is not None)
-                    raise RequestTimedOut(
-                        f"not subscribed to {self.topic}/{self.subscription} within {timeout:g} s"
-                        + (f": {errors}" if errors else "")
-                    )
-                self._cond.wait(remaining)
-
-    # ---- routing ---------------------------------------------------------------------------------------
-
-    def _compute_plan(self, refresh: bool) -> dict[str, tuple[int, ...]]:
-        """{dispatcher_id: partitions} from the coordinator's routing ("" = no live dispatcher)."""
-        md = self._metadata.get([self.topic], refresh=refresh, retry=not refresh)
-        plan: dict[str, list[int]] = {}
-        for p in md.topic(self.topic).partitions:
-            plan.setdefault(p.dispatcher_id, []).append(p.partition)
-        return {d: tuple(sorted(ps)) for d, ps in sorted(plan.items())}
-
-    def _reroute_locked(self, plan: dict[str, tuple[int, ...]]) -> None:
-        """Replace every stream: a new routing means new sessions anyway (Pulsar clears the
-        receiver queue on reconnect too); what was queued is redelivered."""
-        old = list(self._streams.values())
-        self._plan = plan
-        self._streams = {}
-        self._queue.clear()
-        cfg = self.config
-        for dispatcher_id, partitions in plan.items():
-            key = next(_stream_keys)
-            backoff = Backoff(
-                cfg.reconnect_backoff.total_seconds(), cfg.reconnect_backoff_max.total_seconds()
-            )
-            self._streams[key] = ConsumeStream(self, key, dispatcher_id, partitions, backoff)
-        self._flow.set_streams(self._streams)
-        for s in old:
-            s.stop(join=False)
-        for s in self._streams.values():
-            s.start()
-
-    def _current(self, session: Session) -> bool:
-        return session.active and self._streams.get(session.stream.key) is session.stream
-
-    # ---- StreamOwner: called from the stream threads --------------------------------------------
-
-    def address_of(self, dispatcher_id: str) -> str | None:
-        if not dispatcher_id:
-            return None
-        d = self._metadata.current().dispatchers.get(dispatcher_id)
-        if d is None or not d.alive:
-            return None
-        return d.address
-
-    def open_consume(
-        self, dispatcher_id: str, address: str, commands: Iterator[pb.ConsumerCommand]
-    ) -> ConsumeCall:
-        d = self._metadata.current().dispatchers.get(dispatcher_id)
-        if d is not None and d.wire_address is not None and use_wire():
-            return WireConsumeCall(d.wire_address, commands, self.consumer_name)
-        stub = self._channels.stub(address, dispatcher_pb2_grpc.DispatcherStub)
-        return stub.Consume(commands)
-
-    def subscribe_request(self, stream: ConsumeStream) -> pb.Subscribe:
-        return self.config.to_subscribe(
-            self.topic, self.subscription, self.type, self.consumer_id, self.consumer_name, stream.partitions
-        )
-
-    def routing_changed(self) -> bool:
-        try:
-            plan = self._compute_plan(refresh=True)
-        except SluiceError as exc:
-            if not exc.retriable:
-                # The topic is gone (or similar): nothing to reconnect to.
-                self._fail(exc)
-                return True
-            return False  # coordinator unreachable: keep the plan, back off
-        with self._lock:
-            if self._closed or plan == self._plan:
-                return False
-            log.info("routing of %s changed: %s -> %s", self.topic, self._plan, plan)
-            self._reroutes += 1
-            self._reroute_locked(plan)
-            self._cond.notify_all()
-            return True
-
-    def on_subscribed(self, session: Session) -> None:
-        with self._lock:
-            if not self._current(session):
-                return
-            self._send(self._flow.on_subscribed(session.stream.key))
-            self._send(self._flow.want_one(self._waiting > 0))
-            self._cond.notify_all()  # the constructor waits for this
-
-    def on_messages(self, session: Session, batch: pb.MessageBatch) -> None:
-        msgs = messages_of(batch, batch.topic or self.topic, session)
-        if not msgs:
-            return
-        with self._lock:
-            if not self._current(session):
-                return
-            self._flow.on_delivered(session.stream.key, len(msgs))
-            self._queue.extend(msgs)
-            self._handoff_delay = self._handoff_base
-            if self._waiting:
-                self._cond.notify(len(msgs))
-                if self._async_waiters:
-                    self._wake_async()
-
-    def on_active_change(self, session: Session, partition: int, active: bool) -> None:
-        with self._lock:
-            if not self._current(session):
-                return
-            if active:
-                self._active.add(partition)
-            else:
-                self._active.discard(partition)
-
-    def on_command_error(self, session: Session, error: SluiceError) -> None:
-        log.warning("dispatcher rejected a command of %s/%s: %s", self.topic, self.subscription, error)
-        with self._lock:
-            self._command_errors += 1
-
-    def on_session_end(self, session: Session, reason: SluiceError) -> None:
-        with self._lock:
-            if self._streams.get(session.stream.key) is not session.stream:
-                return
-            if session.subscribed:
-                self._flow.on_disconnected(session.stream.key)
-                self._queue = deque(m for m in self._queue if m._session is not session)
-                for p in session.stream.partitions:
-                    self._active.discard(p)
-                if not self._closed:
-                    log.info("push stream to %s lost: %s", session.stream.dispatcher_id, reason)
-            # A zero-queue permit held by the lost stream moves to a live one.
-            self._send(self._flow.want_one(self._waiting > 0))
-
-    def on_fatal(self, stream: ConsumeStream, error: SluiceError) -> None:
-        with self._lock:
-            if self._streams.get(stream.key) is not stream:
-                return
-        self._fail(error)
-
-    def _fail(self, error: SluiceError) -> None:
-        with self._lock:
-            if self._fatal is not None or self._closed:
-                return
-            log.error("push consumer %s/%s failed: %s", self.topic, self.subscription, error)
-            self._fatal = error
-            self._queue.clear()
-            streams = list(self._streams.values())
-            self._wake_all()
-        for s in streams:
-            s.stop(join=False)
-
-    # ---- helpers (under the lock) --------------------------------------------------------------
-
-    def _send(self, grants: list[Grant]) -> None:
-        if grants and self._flow.zero_queue:
-            self._permit_since = time.monotonic()
-        for key, permits in grants:
-            stream = self._streams.get(key)
-            session = stream.session if stream is not None else None
-            if session is not None and session.active:
-                session.outbound.flow(permits)
-
-    def _wake_all(self) -> None:
-        self._cond.notify_all()
-        self._wake_async()
-
-    def _wake_async(self) -> None:
-        for loop, fut in self._async_waiters:
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                loop.call_soon_threadsafe(_resolve, fut)
-
 
 def _earliest(a: float | None, b: float | None) -> float | None:
     if a is None:
         return b
     return a if b is None else min(a, b)
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 def make_config(config: PushConsumerConfig | None, overrides: dict[str, Any]) -> PushConsumerConfig:

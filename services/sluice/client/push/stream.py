@@ -30,8 +30,14 @@ import grpc
 from sluice.client.push.backoff import Backoff
 from sluice.client.push.outbound import Outbound
 from sluice.client.rpc import error_from_rpc
-from sluice.errors import BrokerNotAvailable, NotDispatcher, SluiceError, error_for_code
-from sluice.v1 import common_pb2
+from sluice.errors import (
+    BrokerNotAvailable,
+    NotDispatcher,
+    SluiceError,
+    UnknownSubscription,
+    UnknownTopicOrPartition,
+    error_from_proto,
+)
 from sluice.v1 import dispatcher_pb2 as pb
 
 __all__ = ["ConsumeStream", "Session", "StreamOwner", "StreamState"]
@@ -41,9 +47,7 @@ log = logging.getLogger(__name__)
 #: Errors after Subscribed that end the stream (routing moved, topic or subscription deleted).
 #: Any other error on a subscribed stream concerns one command (an unknown message id, bad
 #: permits) and the stream stays usable; before Subscribed, every error ends it.
-STREAM_ENDING = frozenset(
-    {common_pb2.NOT_DISPATCHER, common_pb2.UNKNOWN_TOPIC_OR_PARTITION, common_pb2.UNKNOWN_SUBSCRIPTION}
-)
+STREAM_ENDING: tuple[type[SluiceError], ...] = (NotDispatcher, UnknownTopicOrPartition, UnknownSubscription)
 
 
 class StreamState(enum.Enum):
@@ -270,8 +274,8 @@ class ConsumeStream:
                     ch = event.active_change
                     self.owner.on_active_change(session, ch.partition, ch.is_active)
                 elif kind == "error":
-                    err = error_for_code(event.error.code, event.error.message)
-                    if session.subscribed and event.error.code not in STREAM_ENDING:
+                    err = error_from_proto(event.error) or SluiceError(event.error.message)
+                    if session.subscribed and not isinstance(err, STREAM_ENDING):
                         self.owner.on_command_error(session, err)
                     else:
                         reason = err  # the dispatcher ends the stream after it
