@@ -13,6 +13,7 @@ from sluice.codec.batch.layout import (
     NO_KEY,
     NO_TAG,
     BatchHeader,
+    Columns,
     columns,
     crc32c,
     dense_offset_deltas,
@@ -32,6 +33,22 @@ def validate_batch(
     C-level reductions over the columns.
     """
     h = read_header(buf, pos)
+    end = _check_frame(buf, pos, h, max_batch_bytes)
+    tags = read_tags(buf, pos, h)
+    if pos + HEADER_SIZE + h.tag_table_length + COLUMN_BYTES * h.record_count > end:
+        raise CorruptBatch("record columns do not fit in the batch")
+    c = columns(buf, pos, h)
+    key_bytes = _check_lengths(c)
+    _check_offsets(c, h, require_dense)
+    _check_tag_indexes(c, h.record_count, len(tags))
+    data_len = key_bytes + sum(c.value_lengths) + sum(c.headers_lengths)
+    if c.data_start + data_len != end:
+        raise CorruptBatch("record lengths do not add up to the batch length")
+    return h
+
+
+def _check_frame(buf: bytes | memoryview, pos: int, h: BatchHeader, max_batch_bytes: int) -> int:
+    """The header's own fields and the CRC; returns where the batch ends."""
     if h.length < HEADER_SIZE + 2:
         raise CorruptBatch(f"batch length {h.length} is smaller than a header")
     if h.length > max_batch_bytes:
@@ -43,20 +60,21 @@ def validate_batch(
         raise CorruptBatch(f"unsupported batch magic {h.magic}")
     if h.attributes != 0:
         raise CorruptBatch(f"unsupported batch attributes {h.attributes}")
-    mv = memoryview(buf)
-    if crc32c(mv[pos + CRC_START : end]) != h.crc:
+    if crc32c(memoryview(buf)[pos + CRC_START : end]) != h.crc:
         raise CorruptBatch("batch CRC32C mismatch")
     n = h.record_count
     if not 0 < n <= MAX_RECORDS_PER_BATCH:
         raise CorruptBatch(f"record count {n} is out of range")
     if h.last_offset_delta < n - 1:
         raise CorruptBatch("last offset delta is smaller than the record count")
-    tags = read_tags(buf, pos, h)
-    cols_start = pos + HEADER_SIZE + h.tag_table_length
-    if cols_start + COLUMN_BYTES * n > end:
-        raise CorruptBatch("record columns do not fit in the batch")
-    c = columns(buf, pos, h)
-    # Sign checks and sums are C-level scans of the columns: no Python step per record.
+    return end
+
+
+def _check_lengths(c: Columns) -> int:
+    """Signs of the length and timestamp columns; returns the bytes the keys take.
+
+    Sign checks and sums are C-level scans of the columns: no Python step per record.
+    """
     if not _all_non_negative(c.value_lengths) or not _all_non_negative(c.headers_lengths):
         raise CorruptBatch("negative record length")
     key_lengths = c.key_lengths
@@ -69,26 +87,30 @@ def validate_batch(
         key_bytes = sum(lengths) + lengths.count(NO_KEY)
     if not _all_non_negative(c.timestamp_deltas):
         raise CorruptBatch("negative timestamp delta")
+    return key_bytes
+
+
+def _check_offsets(c: Columns, h: BatchHeader, require_dense: bool) -> None:
+    n = h.record_count
     deltas = c.offset_deltas
     if require_dense:
         if h.last_offset_delta != n - 1 or deltas.tobytes() != dense_offset_deltas(n):
             raise CorruptBatch("a produced batch must hold offset deltas 0..record_count-1")
-    else:
-        if deltas[0] < 0 or deltas[n - 1] > h.last_offset_delta:
-            raise CorruptBatch("offset deltas fall outside the batch")
-        if n > 1 and any(b <= a for a, b in itertools.pairwise(deltas)):
-            raise CorruptBatch("offset deltas are not increasing")
-    if tags:
+        return
+    if deltas[0] < 0 or deltas[n - 1] > h.last_offset_delta:
+        raise CorruptBatch("offset deltas fall outside the batch")
+    if n > 1 and any(b <= a for a, b in itertools.pairwise(deltas)):
+        raise CorruptBatch("offset deltas are not increasing")
+
+
+def _check_tag_indexes(c: Columns, n: int, tag_count: int) -> None:
+    if tag_count:
         used_tags = set(c.tag_indexes.tolist())
         used_tags.discard(NO_TAG)
-        if used_tags and max(used_tags) >= len(tags):
+        if used_tags and max(used_tags) >= tag_count:
             raise CorruptBatch("record tag index is out of range")
     elif c.tag_indexes.tobytes().count(0xFF) != 2 * n:  # no tags: every index must be NO_TAG
         raise CorruptBatch("record tag index is out of range")
-    data_len = key_bytes + sum(c.value_lengths) + sum(c.headers_lengths)
-    if c.data_start + data_len != end:
-        raise CorruptBatch("record lengths do not add up to the batch length")
-    return h
 
 
 def _all_non_negative(column: memoryview) -> bool:
