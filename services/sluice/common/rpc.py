@@ -61,6 +61,17 @@ def error_from_rpc(exc: grpc.RpcError) -> SluiceError:
     return error_from_proto(common_pb2.Error(code=code, message=message)) or SluiceError(message)  # type: ignore[arg-type]
 
 
+def answered_error(exc: grpc.RpcError) -> SluiceError | None:
+    """The typed error the server answered with (its ``sluice-error-code`` trailer), or None when the
+    call failed in transport (unreachable, timed out): for a caller that handles those two apart."""
+    call: Any = exc
+    try:
+        answered = any(key == ERROR_CODE_KEY for key, _ in call.trailing_metadata() or ())
+    except Exception:
+        return None
+    return error_from_rpc(exc) if answered else None
+
+
 def is_unimplemented(exc: grpc.RpcError) -> bool:
     """Whether a call failed because the server does not know the method (an older release).
 

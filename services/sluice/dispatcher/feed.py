@@ -43,15 +43,14 @@ from collections.abc import Callable
 from typing import Protocol
 
 import grpc
-from grpc import aio
 
 from sluice.codec.batch import batch_views
-from sluice.common.rpc import error_from_rpc
+from sluice.common.rpc import error_from_rpc, is_unimplemented
 from sluice.common.wire_aio import FetchFollower
 from sluice.dispatcher.cluster import ChannelCache, ClusterView, CoordinatorLink, list_offsets_request
 from sluice.dispatcher.messages import Message, messages_of
-from sluice.errors import BrokerNotAvailable, OffsetOutOfRange, SluiceError, error_for_code
-from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from sluice.errors import BrokerNotAvailable, OffsetOutOfRange, SluiceError, error_from_proto
+from sluice.v1 import broker_pb2, broker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -320,18 +319,19 @@ class PartitionFeed:
         do with a fetched answer, without the task."""
         self.fetches += 1
         start = self._following
-        if resp.error.code != common_pb2.NONE:
-            self._on_follow_error(error_for_code(resp.error.code, resp.error.message))
+        error = error_from_proto(resp.error)
+        if error is not None:
+            self._on_follow_error(error)
             return
         part = resp.partitions[0]
-        code = part.error.code
-        if code == common_pb2.OFFSET_OUT_OF_RANGE:  # the broker has stopped following too
+        error = error_from_proto(part.error)
+        if isinstance(error, OffsetOutOfRange):  # the broker has stopped following too
             self._close_follower()
             self._out_of_range_at = start  # asks the broker for the log start: the task's job
             self._kick.set()
             return
-        if code != common_pb2.NONE:
-            self._on_follow_error(error_for_code(code, part.error.message))
+        if error is not None:
+            self._on_follow_error(error)
             return
         self.high_watermark = part.high_watermark
         self.log_start_offset = part.log_start_offset
@@ -431,11 +431,7 @@ class PartitionFeed:
             raise
         except grpc.RpcError as exc:
             self._close_call()
-            if (
-                not self._unary
-                and isinstance(exc, aio.AioRpcError)
-                and exc.code() == grpc.StatusCode.UNIMPLEMENTED
-            ):
+            if not self._unary and is_unimplemented(exc):
                 log.info("broker %s has no FetchStream: using unary Fetch", broker)
                 self._unary = True
             raise error_from_rpc(exc) from None
@@ -443,15 +439,17 @@ class PartitionFeed:
             self._fetch_offset = -1
             self._fetching = None
         self.fetches += 1
-        if resp.error.code != common_pb2.NONE:
+        error = error_from_proto(resp.error)
+        if error is not None:
             self._close_call()
-            raise error_for_code(resp.error.code, resp.error.message)
+            raise error
         part = resp.partitions[0]
-        if part.error.code == common_pb2.OFFSET_OUT_OF_RANGE:
+        error = error_from_proto(part.error)
+        if isinstance(error, OffsetOutOfRange):
             await self._out_of_range(offset)
             return None
-        if part.error.code != common_pb2.NONE:
-            raise error_for_code(part.error.code, part.error.message)
+        if error is not None:
+            raise error
         self.high_watermark = part.high_watermark
         self.log_start_offset = part.log_start_offset
         return part

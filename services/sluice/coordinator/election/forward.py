@@ -19,11 +19,10 @@ from typing import Any
 
 from grpc import aio
 
-from sluice.common.rpc import CHANNEL_OPTIONS
+from sluice.common.rpc import CHANNEL_OPTIONS, answered_error
 from sluice.coordinator.election.base import Elector
 from sluice.coordinator.election.guard import not_leader
-from sluice.errors import NotCoordinator, SluiceError, error_for_code
-from sluice.server.interceptors import ERROR_CODE_KEY
+from sluice.errors import NotCoordinator
 from sluice.v1 import coordinator_pb2 as pb
 from sluice.v1 import coordinator_pb2_grpc
 
@@ -33,17 +32,6 @@ log = logging.getLogger(__name__)
 
 FORWARDED_HEADER = "sluice-forwarded-by"
 FORWARD_TIMEOUT_S = 5.0
-
-
-def _leader_error(exc: aio.AioRpcError) -> SluiceError | None:
-    """The typed error the leader answered with (its ``sluice-error-code`` trailer), or None when the
-    call failed in transport (unreachable, timed out). The SDK's ``error_from_rpc`` does the same; it is
-    not imported so that the coordinator does not load the client package."""
-    trailers: Any = exc.trailing_metadata() or ()
-    for key, value in trailers:
-        if key == ERROR_CODE_KEY:
-            return error_for_code(int(value), exc.details() or "")
-    return None
 
 
 class MetadataForwarder:
@@ -74,7 +62,7 @@ class MetadataForwarder:
                 metadata=((FORWARDED_HEADER, self._elector.identity),),
             )
         except aio.AioRpcError as exc:
-            error = _leader_error(exc)
+            error = answered_error(exc)
             if error is None or isinstance(error, NotCoordinator):
                 # The leader we know of is gone or no longer leads: the election will tell.
                 why = error.message if error is not None else f"{exc.code().name}: {exc.details()}"
