@@ -27,15 +27,14 @@ Caller: the Consumer (commands, ``pop``); the thread itself (fetching).
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
+from sluice.client.fetch_state import gc_paused
 from sluice.client.fetcher import Fetcher, RawChunk
 from sluice.codec.batch import Record, decode_records
 from sluice.errors import SluiceError
@@ -227,7 +226,7 @@ def decode_runs(
 ) -> list[tuple[TopicPartition, list[Record]]]:
     """Decode each raw run of a partition still fetched (one per partition and response)."""
     runs: list[tuple[TopicPartition, list[Record]]] = []
-    with _gc_paused():
+    with gc_paused():  # the Fetcher's: Records hold no cycles, collections would double decoding
         for raw in raws:
             tp = (raw.topic, raw.partition)
             if tp not in epochs:
@@ -236,21 +235,6 @@ def decode_runs(
             if records:
                 runs.append((tp, records))
     return runs
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while a round's records are created (the Fetcher does the same:
-    tens of thousands of surviving Records would trigger full collections that double the
-    cost of decoding; Records hold no cycles)."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def cut_chunks(
