@@ -323,41 +323,52 @@ class AsyncCommitter:
         """Caller: gRPC's thread (or ``_send``'s, when no stub could be had)."""
         self._guarded(functools.partial(self._handle, answer=answer), batch)
 
-    # Over the complexity limit when it was set (pyproject.toml): next to split.
-    def _handle(self, batch: _Batch, answer: CommitResult | SluiceError) -> None:  # noqa: C901, PLR0912
+    def _handle(self, batch: _Batch, answer: CommitResult | SluiceError) -> None:
         if batch.done:
             return  # finished by close() while on the wire
-        retry: dict[TopicPartition, tuple[int, str]] = {}
         if isinstance(answer, SluiceError):
-            for tp in batch.to_send:
-                batch.errors[tp] = answer
-            if self._may_retry(batch, answer, None):
-                retry = dict(batch.to_send)
-            batch.refresh = isinstance(answer, BrokerNotAvailable)
+            retry = self._failed_whole(batch, answer)
         else:
-            stored: dict[TopicPartition, int] = {}
-            for tp, err in answer.items():
-                sent = batch.to_send.get(tp)
-                if sent is None:
-                    continue
-                if err is None:
-                    stored[tp] = sent[0]
-                    batch.errors.pop(tp, None)
-                else:
-                    batch.errors[tp] = err
-                    if self._may_retry(batch, err, tp):
-                        retry[tp] = sent
-            if stored:
-                self._on_stored(stored)
-            refused: CommitResult = {
-                tp: e for tp, e in answer.items() if e is not None and tp in batch.to_send
-            }
-            if refused:
-                self._on_refused(refused)
-        now = time.monotonic()
+            retry = self._answered_per_partition(batch, answer)
         if not retry:
             self._finish(batch)
             return
+        self._schedule_retry(batch, retry)
+
+    def _failed_whole(self, batch: _Batch, error: SluiceError) -> dict[TopicPartition, tuple[int, str]]:
+        """The request as a whole failed: every partition of it carries the error; returns what to retry."""
+        for tp in batch.to_send:
+            batch.errors[tp] = error
+        batch.refresh = isinstance(error, BrokerNotAvailable)
+        return dict(batch.to_send) if self._may_retry(batch, error, None) else {}
+
+    def _answered_per_partition(
+        self, batch: _Batch, answer: CommitResult
+    ) -> dict[TopicPartition, tuple[int, str]]:
+        """Records what was stored and what was refused; returns the refusals worth retrying."""
+        retry: dict[TopicPartition, tuple[int, str]] = {}
+        stored: dict[TopicPartition, int] = {}
+        refused: CommitResult = {}
+        for tp, err in answer.items():
+            sent = batch.to_send.get(tp)
+            if sent is None:
+                continue
+            if err is None:
+                stored[tp] = sent[0]
+                batch.errors.pop(tp, None)
+                continue
+            batch.errors[tp] = err
+            refused[tp] = err
+            if self._may_retry(batch, err, tp):
+                retry[tp] = sent
+        if stored:
+            self._on_stored(stored)
+        if refused:
+            self._on_refused(refused)
+        return retry
+
+    def _schedule_retry(self, batch: _Batch, retry: dict[TopicPartition, tuple[int, str]]) -> None:
+        now = time.monotonic()
         if now >= batch.deadline:
             last = next(iter(batch.errors.values()))
             self._finish(batch, RequestTimedOut(f"commit not stored within {self._timeout:g} s: {last}"))
