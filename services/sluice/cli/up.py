@@ -41,6 +41,7 @@ import sluice
 from sluice.cli.errors import CliError
 from sluice.cli.output import positive_float
 from sluice.cli.supervisor import SERVICE_READY, Child, Supervisor
+from sluice.server.limits import raise_open_files_limit
 
 REDIS_READY = re.compile(r"Ready to accept connections")
 DEFAULT_PORT = 7600
@@ -307,6 +308,10 @@ def _run(args: argparse.Namespace) -> int:
     for name in ("coordinator", "broker"):
         if not service_available(name):
             raise CliError("NOT_AVAILABLE", f"this installation has no {name} ({SERVICE_MODULES[name]})")
+    # The children inherit the raised limit (each service raises its own again; redis-server
+    # needs maxclients + 32 descriptors and does not raise its soft limit past the hard one).
+    limit = raise_open_files_limit()
+    print(f"open files limit: soft {limit.soft} (was {limit.before}), hard {limit.hard}", file=sys.stderr)
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     lock_fd = lock_data_dir(data_dir)

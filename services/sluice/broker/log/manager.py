@@ -9,6 +9,12 @@ A directory being deleted is first renamed to ``~deleted-...`` (``~`` cannot app
 topic name), so a crash mid-delete never resurrects half a partition; ``open_all`` finishes
 the job.
 
+Descriptors: every open log holds one (its active segment); sealed segments share the
+``ReadHandles`` LRU. ``create`` refuses a partition, with a retriable StorageError, when
+``partitions + LRU capacity + reserve`` would pass the soft open-files limit: the reserve
+keeps descriptors for connections, so a broker with too many partitions says so at
+CreateTopic rather than later failing to accept clients (docs/storage.md).
+
 Caller: the broker service, from its event loop (``flush_all`` may run on a worker thread).
 """
 
@@ -25,15 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from sluice.broker.log.config import LogConfig
+from sluice.broker.log.handles import DEFAULT_READ_HANDLES, ReadHandles, storage_error
 from sluice.broker.log.partition_log import PartitionLog, wall_clock_ms
 from sluice.common.names import validate_topic
 from sluice.errors import InvalidArgument, InvalidPartitions, SluiceError, StorageError
+from sluice.server.limits import open_files_soft_limit
 
 log = logging.getLogger(__name__)
 
 META_FILE = "partition.json"
 META_VERSION = 1
 DELETED_PREFIX = "~deleted-"
+#: Descriptors kept free of partition logs by default: connections, the listeners, gRPC's
+#: own (epoll, wakeup pipes), flush dups, metadata writes.
+DEFAULT_DESCRIPTOR_RESERVE = 256
 
 TopicPartition = tuple[str, int]
 
@@ -99,11 +110,19 @@ class LogManager:
     """Opens, creates and removes the partition logs of a broker."""
 
     def __init__(
-        self, data_dir: Path, default_config: LogConfig, now_ms: Callable[[], int] = wall_clock_ms
+        self,
+        data_dir: Path,
+        default_config: LogConfig,
+        now_ms: Callable[[], int] = wall_clock_ms,
+        read_handles: int = DEFAULT_READ_HANDLES,
+        descriptor_reserve: int = DEFAULT_DESCRIPTOR_RESERVE,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.default_config = default_config
         self._now_ms = now_ms
+        #: Read descriptors of sealed segments, shared by every partition (bounded LRU).
+        self.handles = ReadHandles(read_handles)
+        self.descriptor_reserve = descriptor_reserve
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._meta: dict[TopicPartition, PartitionMeta] = {}
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +153,7 @@ class LogManager:
                 log.warning("skipping %s: its metadata names %s-%d", path, *key)
                 continue
             try:
-                self._logs[key] = PartitionLog(path, meta.config or self.default_config, self._now_ms)
+                self._logs[key] = self._open_log(path, meta.config)
             except (OSError, SluiceError):
                 log.exception("cannot open the log of %s-%d in %s", meta.topic, meta.partition, path)
                 continue
@@ -178,18 +197,44 @@ class LogManager:
         if path.exists() and (on_disk is None or on_disk.topic_id != topic_id):
             self._remove_dir(path)
             on_disk = None
+        self._check_descriptor_budget(topic, partition)
         meta = PartitionMeta(topic, partition, topic_id, config)
+        created = not path.exists()
         try:
             path.mkdir(parents=True, exist_ok=True)
             if on_disk != meta:
                 meta.write(path)
                 _fsync_dir(self.data_dir)
-            plog = PartitionLog(path, meta.config or self.default_config, self._now_ms)
-        except OSError as exc:
-            raise StorageError(f"cannot create the log of {topic}-{partition}: {exc}") from exc
+            plog = self._open_log(path, meta.config)
+        except (OSError, StorageError) as exc:
+            # All or nothing: a partition that could not be opened leaves no directory that
+            # a restart would take for a created partition.
+            if created:
+                shutil.rmtree(path, ignore_errors=True)
+            if isinstance(exc, StorageError):
+                raise StorageError(f"cannot create the log of {topic}-{partition}: {exc.message}") from exc
+            raise storage_error(f"creating the log of {topic}-{partition}", exc) from exc
         self._logs[key] = plog
         self._meta[key] = meta
         return plog
+
+    def _open_log(self, path: Path, config: LogConfig | None) -> PartitionLog:
+        return PartitionLog(path, config or self.default_config, self._now_ms, self.handles)
+
+    def descriptor_budget(self) -> int:
+        """How many partition logs this broker can hold open under its soft limit now."""
+        return open_files_soft_limit() - self.handles.capacity - self.descriptor_reserve
+
+    def _check_descriptor_budget(self, topic: str, partition: int) -> None:
+        budget = self.descriptor_budget()
+        if len(self._logs) >= budget:
+            raise StorageError(
+                f"cannot create the log of {topic}-{partition}: out of file descriptors "
+                f"({len(self._logs)} partitions open, budget {max(budget, 0)} = soft open files "
+                f"limit {open_files_soft_limit()} - {self.handles.capacity} read handles - "
+                f"{self.descriptor_reserve} reserved); raise the limit (docs/kubernetes.md) "
+                "or remove partitions"
+            )
 
     def remove(self, topic: str, partition: int) -> None:
         """Close the partition's log (if open) and delete its data (if any)."""
@@ -236,3 +281,4 @@ class LogManager:
                 log.exception("closing %r failed", plog)
         self._logs.clear()
         self._meta.clear()
+        self.handles.close_all()

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.broker.log.config import MAX_SEGMENT_BYTES, LogConfig
-from sluice.broker.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment
+from sluice.broker.log.handles import ReadHandles, storage_error
+from sluice.broker.log.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    Segment,
+    delete_segment_files,
+)
 from sluice.codec.batch import HEADER_SIZE, BatchHeader, stamp, validate_batch
 from sluice.errors import CorruptBatch, InvalidRequest, OffsetOutOfRange, StorageError
 
@@ -28,6 +35,8 @@ log = logging.getLogger(__name__)
 #: Relative offsets are u32 in the index: roll before a segment would span more.
 _MAX_RELATIVE_OFFSET = 2**32 - 1
 _STEM_DIGITS = 20
+#: Read handles of a log opened on its own (tests, tools); a broker shares one LRU.
+_PRIVATE_READ_HANDLES = 4
 
 
 def wall_clock_ms() -> int:
@@ -52,12 +61,24 @@ class ReadResult:
 
 
 class PartitionLog:
-    """Append-only, segmented, indexed log of one partition in one directory."""
+    """Append-only, segmented, indexed log of one partition in one directory.
 
-    def __init__(self, directory: Path, config: LogConfig, now_ms: Callable[[], int] = wall_clock_ms) -> None:
+    Holds one descriptor of its own (the active segment's); sealed segments are read
+    through ``handles``, the broker's shared LRU. Opening is all or nothing: a failure
+    (a StorageError) leaves no descriptor open.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        now_ms: Callable[[], int] = wall_clock_ms,
+        handles: ReadHandles | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.config = config
         self._now_ms = now_ms
+        self._handles = handles if handles is not None else ReadHandles(_PRIVATE_READ_HANDLES)
         #: Guards what flush() shares with the appending thread: the active segment,
         #: its in-memory index arrays and the list of sealed segments awaiting fsync.
         self._lock = threading.Lock()
@@ -89,7 +110,7 @@ class PartitionLog:
                 path.unlink()  # left by a retention delete interrupted by a crash
         bases.sort()
         if not bases:
-            self._segments = [Segment.create(self.directory, 0)]
+            self._segments = [Segment.create(self.directory, 0, self._handles)]
             self._dir_dirty = True
         else:
             self._segments = self._open_segments(bases)
@@ -99,19 +120,30 @@ class PartitionLog:
         self.log_end_offset = self._segments[-1].next_offset
 
     def _open_segments(self, bases: list[int]) -> list[Segment]:
+        """Load sealed segments one at a time (one descriptor open at once, closed after
+        the check), then recover the last one as the active segment."""
         interval = self.config.index_interval_bytes
-        segments = [Segment.open(self.directory, base) for base in bases]
-        for i, seg in enumerate(segments[:-1]):
-            if not seg.load_sealed(bases[i + 1], interval):
-                # A closed segment lost its tail (power loss before an fsync): nothing
-                # after it can have been acknowledged, and keeping it would leave a gap.
-                for later in segments[i + 1 :]:
-                    log.warning("dropping segment %s after a torn segment", later.log_path)
-                    later.delete()
-                del segments[i + 1 :]
-                self._dir_dirty = True
-                break
-        segments[-1].recover(interval)
+        segments: list[Segment] = []
+        for i, base in enumerate(bases):
+            seg = Segment.open(self.directory, base, self._handles)
+            try:
+                if i + 1 < len(bases):
+                    if seg.load_sealed(bases[i + 1], interval):
+                        os.close(seg.release_fd())
+                        segments.append(seg)
+                        continue
+                    # A closed segment lost its tail (power loss before an fsync): nothing
+                    # after it can have been acknowledged, and keeping it would leave a gap.
+                    for later in bases[i + 1 :]:
+                        log.warning("dropping segment %d of %s after a torn segment", later, self.directory)
+                        delete_segment_files(self.directory, later)
+                    self._dir_dirty = True
+                seg.recover(interval)
+            except BaseException:
+                seg.close()
+                raise
+            segments.append(seg)
+            break
         return segments
 
     # ---- appending --------------------------------------------------------------------
@@ -186,10 +218,13 @@ class PartitionLog:
         return seg.first_append_ms is not None and now - seg.first_append_ms >= self.config.segment_ms
 
     def _roll_locked(self) -> Segment:
+        # Seal, then create: either can fail (StorageError) and leave the old segment
+        # active and intact; sealing twice is harmless. Only then does the old segment
+        # hand its descriptor to the next flush (to fsync its tail, then close it).
         old = self._segments[-1]
         old.seal()
-        self._unsynced_fds.append(os.dup(old.fd))
-        new = Segment.create(self.directory, old.next_offset)
+        new = Segment.create(self.directory, old.next_offset, self._handles)
+        self._unsynced_fds.append(old.release_fd())
         self._segments.append(new)
         self._bases.append(new.base_offset)
         self._sealed_bytes += old.size
@@ -290,9 +325,13 @@ class PartitionLog:
                 return
             active = self._segments[-1]
             active.persist_indexes()
+            try:
+                active_fd = os.dup(active.fd)
+            except OSError as exc:
+                raise storage_error(f"flushing {self.directory}", exc) from exc
             fds = self._unsynced_fds
             self._unsynced_fds = []
-            fds.append(os.dup(active.fd))
+            fds.append(active_fd)
             dir_dirty, self._dir_dirty = self._dir_dirty, False
         try:
             for fd in fds:
