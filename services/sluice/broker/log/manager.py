@@ -33,6 +33,7 @@ from typing import Any
 from sluice.broker.log.config import LogConfig
 from sluice.broker.log.handles import DEFAULT_READ_HANDLES, ReadHandles, storage_error
 from sluice.broker.log.partition_log import PartitionLog, wall_clock_ms
+from sluice.broker.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_stem
 from sluice.common.names import validate_topic
 from sluice.errors import InvalidArgument, InvalidPartitions, SluiceError, StorageError
 from sluice.server.limits import open_files_soft_limit
@@ -104,6 +105,26 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _discard_new_dir(path: Path) -> None:
+    """Remove a partition directory whose creation failed, without needing a descriptor
+    (out of them is a likely reason it failed, and ``rmtree`` opens each directory).
+
+    The metadata goes first: a directory without it is skipped by ``open_all``, so even a
+    removal cut short never passes for a created partition.
+    """
+    stem = segment_stem(0)  # a new log's only segment
+    segment_files = (stem + suffix for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX))
+    names = (META_FILE, META_FILE + ".tmp", *segment_files)
+    try:
+        for name in names:
+            (path / name).unlink(missing_ok=True)
+        path.rmdir()
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+    if path.exists():
+        log.warning("could not remove %s after its creation failed; it has no metadata and is ignored", path)
 
 
 class LogManager:
@@ -210,7 +231,7 @@ class LogManager:
             # All or nothing: a partition that could not be opened leaves no directory that
             # a restart would take for a created partition.
             if created:
-                shutil.rmtree(path, ignore_errors=True)
+                _discard_new_dir(path)
             if isinstance(exc, StorageError):
                 raise StorageError(f"cannot create the log of {topic}-{partition}: {exc.message}") from exc
             raise storage_error(f"creating the log of {topic}-{partition}", exc) from exc

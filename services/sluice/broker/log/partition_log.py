@@ -39,6 +39,18 @@ _STEM_DIGITS = 20
 _PRIVATE_READ_HANDLES = 4
 
 
+def _sync_file(path: Path) -> None:
+    """fdatasync a closed file by path; a file deleted meanwhile has nothing left to sync."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -84,9 +96,9 @@ class PartitionLog:
         self._lock = threading.Lock()
         self._segments: list[Segment] = []
         self._bases: list[int] = []
-        #: Duplicated descriptors of segments sealed since the last flush: their tails
-        #: still need an fsync, and a dup stays valid even if retention deletes the file.
-        self._unsynced_fds: list[int] = []
+        #: Files of segments sealed since the last flush: their tails still need an fsync.
+        #: Paths, not descriptors, so a roll never holds a second descriptor per partition.
+        self._unsynced_paths: list[Path] = []
         self._dir_dirty = False
         self._sealed_bytes = 0
         self._listeners: list[Callable[[], None]] = []
@@ -220,11 +232,12 @@ class PartitionLog:
     def _roll_locked(self) -> Segment:
         # Seal, then create: either can fail (StorageError) and leave the old segment
         # active and intact; sealing twice is harmless. Only then does the old segment
-        # hand its descriptor to the next flush (to fsync its tail, then close it).
+        # close its descriptor; the next flush reopens the file to fsync its tail.
         old = self._segments[-1]
         old.seal()
         new = Segment.create(self.directory, old.next_offset, self._handles)
-        self._unsynced_fds.append(old.release_fd())
+        os.close(old.release_fd())
+        self._unsynced_paths.append(old.log_path)
         self._segments.append(new)
         self._bases.append(new.base_offset)
         self._sealed_bytes += old.size
@@ -314,11 +327,14 @@ class PartitionLog:
     def flush(self) -> None:
         """Make everything appended before this call durable (fdatasync).
 
-        Thread-safe against appends: under the lock it only writes pending index entries
-        and duplicates the descriptors to sync, then fsyncs outside the lock, so appends
-        go on while the disk works. The dup'd descriptors stay valid if the segment is
-        rolled, closed or deleted meanwhile. Index files are not fsynced: they are
-        rebuilt from the log if a crash leaves them behind or wrong.
+        Thread-safe against appends: under the lock it only writes pending index entries,
+        duplicates the active segment's descriptor and takes the list of segments sealed
+        since the last flush, then fsyncs outside the lock, so appends go on while the disk
+        works. The dup stays valid if the segment is rolled, closed or deleted meanwhile;
+        a sealed segment is reopened by path (fsync applies to the file, whichever
+        descriptor asks), one at a time, and one deleted by retention meanwhile needs no
+        sync. Index files are not fsynced: they are rebuilt from the log if a crash leaves
+        them behind or wrong. A failure leaves the sealed segments queued for the next flush.
         """
         with self._lock:
             if self._closed:
@@ -329,13 +345,13 @@ class PartitionLog:
                 active_fd = os.dup(active.fd)
             except OSError as exc:
                 raise storage_error(f"flushing {self.directory}", exc) from exc
-            fds = self._unsynced_fds
-            self._unsynced_fds = []
-            fds.append(active_fd)
+            sealed, self._unsynced_paths = self._unsynced_paths, []
             dir_dirty, self._dir_dirty = self._dir_dirty, False
         try:
-            for fd in fds:
-                os.fdatasync(fd)
+            os.fdatasync(active_fd)
+            while sealed:
+                _sync_file(sealed[0])
+                sealed.pop(0)
             if dir_dirty:
                 dir_fd = os.open(self.directory, os.O_RDONLY)
                 try:
@@ -346,10 +362,12 @@ class PartitionLog:
             if not self._closed:  # else: deleted while this flush ran; nothing left to sync
                 raise StorageError(f"the log directory {self.directory} disappeared") from None
         except OSError as exc:
-            raise StorageError(f"fsync of {self.directory} failed: {exc}") from exc
+            with self._lock:
+                self._unsynced_paths[:0] = sealed
+                self._dir_dirty = self._dir_dirty or dir_dirty
+            raise storage_error(f"fsync of {self.directory}", exc) from exc
         finally:
-            for fd in fds:
-                os.close(fd)
+            os.close(active_fd)
 
     def apply_retention(self) -> int:
         """Delete the oldest whole segments that are past retention; returns how many.
@@ -399,9 +417,7 @@ class PartitionLog:
             self._closed = True
             for seg in self._segments:
                 seg.close()
-            for fd in self._unsynced_fds:
-                os.close(fd)
-            self._unsynced_fds = []
+            self._unsynced_paths = []
 
     def delete(self) -> None:
         """Close the log (without syncing what is about to be removed) and remove its directory."""
