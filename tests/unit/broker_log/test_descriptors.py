@@ -109,19 +109,20 @@ def test_the_lru_never_closes_a_descriptor_in_use(tmp_path: Path) -> None:
         path.write_bytes(b"x" * 10)
         paths.append(str(path))
     handles = ReadHandles(1)
-    with handles.pinned(paths[0]) as fd0, handles.pinned(paths[1]) as fd1:
-        # Over capacity while both are pinned: neither is closed under its reader.
-        assert os.pread(fd0, 1, 0) == b"x"
-        assert os.pread(fd1, 1, 0) == b"x"
-        handles.forget(paths[0])  # deleted while read: closed by the last reader
-        assert os.pread(fd0, 1, 0) == b"x"
-    # f1 was evicted back to capacity once unpinned (f0 still pinned), then f0 closed.
-    assert len(handles) == 0
+    fd0 = handles.acquire(paths[0])
+    fd1 = handles.acquire(paths[1])
+    # Over capacity while both are pinned: neither is closed under its reader.
+    assert os.pread(fd0, 1, 0) == b"x"
+    assert os.pread(fd1, 1, 0) == b"x"
+    handles.forget(paths[0])  # deleted while read: closed by the last reader
+    assert os.pread(fd0, 1, 0) == b"x"
+    handles.release(paths[1])  # back to capacity: f1 is evicted (f0 is still pinned)
     assert handles.evictions == 1
-    with handles.pinned(paths[2]):
-        pass
-    with handles.pinned(paths[2]):
-        pass
+    handles.release(paths[0])  # forgotten: closed now
+    assert len(handles) == 0
+    for _ in range(2):
+        handles.acquire(paths[2])
+        handles.release(paths[2])
     assert len(handles) == 1
     assert handles.opens == 3
     assert handles.hits == 1

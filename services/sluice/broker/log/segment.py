@@ -320,8 +320,12 @@ class Segment:
         """
         if self.fd >= 0:  # the active segment: the hot path, no LRU
             return self._read(self.fd, start, offset, max_bytes, min_one, slack)
-        with self.handles.pinned(str(self.log_path)) as fd:
+        path = str(self.log_path)
+        fd = self.handles.acquire(path)
+        try:
             return self._read(fd, start, offset, max_bytes, min_one, slack)
+        finally:
+            self.handles.release(path)
 
     def _read(
         self, fd: int, start: int, offset: int, max_bytes: int, min_one: bool, slack: int
@@ -374,8 +378,12 @@ class Segment:
         """First (offset, timestamp) in this segment with a record timestamp >= ``timestamp``."""
         if self.fd >= 0:
             return self._find_timestamp(self.fd, timestamp)
-        with self.handles.pinned(str(self.log_path)) as fd:
+        path = str(self.log_path)
+        fd = self.handles.acquire(path)
+        try:
             return self._find_timestamp(fd, timestamp)
+        finally:
+            self.handles.release(path)
 
     def _find_timestamp(self, fd: int, timestamp: int) -> tuple[int, int] | None:
         rel = self.time_index.floor_below(timestamp)
