@@ -26,11 +26,12 @@ import re
 import resource
 import time
 from pathlib import Path
-from typing import Any
-
-from tests.harness import ServiceProcess, restart
+from typing import TYPE_CHECKING, Any
 
 from _stack import cpu_seconds, rss_mb, save, stack
+
+if TYPE_CHECKING:
+    from tests.harness import ServiceProcess
 
 #: Answers a partition may give while the broker is still applying its assignment.
 RETRY_UNTIL_S = 120.0
@@ -145,6 +146,8 @@ def main() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     # The services inherit this soft limit, as they would from a shell or a container runtime.
     resource.setrlimit(resource.RLIMIT_NOFILE, (args.soft_limit, hard))
+
+    from tests.harness import restart  # importable once _stack has set sys.path
 
     from sluice import Client
     from sluice.codec.batch import BatchBuilder

@@ -175,3 +175,20 @@ def test_the_manager_refuses_partitions_past_its_descriptor_budget(tmp_path: Pat
     mgr.remove("t", 0)
     mgr.create("t", "id-1", 2)  # room again
     mgr.close()
+
+
+def test_a_restart_opens_no_more_partitions_than_the_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mgr = LogManager(tmp_path, small_config())
+    for p in range(3):
+        mgr.create("t", "id-1", p)
+    mgr.close()
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    restarted = LogManager(tmp_path, small_config(), read_handles=8, descriptor_reserve=soft - 8 - 2)
+    restarted.open_all()
+    # Two opened; the third stays on disk, untouched, rather than eating the connections' reserve.
+    assert sorted(restarted.partitions()) == [("t", 0), ("t", 1)]
+    assert (tmp_path / "t-2" / "partition.json").exists()
+    assert "1 partitions on disk were not opened: the descriptor budget is 2" in caplog.text
+    restarted.close()

@@ -155,8 +155,12 @@ class LogManager:
         """Open (and recover) every partition directory on disk.
 
         A partition that cannot be opened is logged and left out rather than stopping
-        the broker: its other partitions stay available.
+        the broker: its other partitions stay available. So are partitions past the
+        descriptor budget: opening them would leave no descriptor for connections, a
+        broker that runs but cannot be reached (raise the limit and restart).
         """
+        budget = self.descriptor_budget()
+        over_budget = 0
         for path in sorted(self.data_dir.iterdir()):
             if not path.is_dir():
                 continue
@@ -173,12 +177,25 @@ class LogManager:
             if path != self._dir(*key):
                 log.warning("skipping %s: its metadata names %s-%d", path, *key)
                 continue
+            if len(self._logs) >= budget:
+                over_budget += 1
+                continue
             try:
                 self._logs[key] = self._open_log(path, meta.config)
             except (OSError, SluiceError):
                 log.exception("cannot open the log of %s-%d in %s", meta.topic, meta.partition, path)
                 continue
             self._meta[key] = meta
+        if over_budget:
+            log.error(
+                "%d partitions on disk were not opened: the descriptor budget is %d (soft open files "
+                "limit %d - %d read handles - %d reserved); raise the limit (docs/kubernetes.md) and restart",
+                over_budget,
+                budget,
+                open_files_soft_limit(),
+                self.handles.capacity,
+                self.descriptor_reserve,
+            )
 
     def get(self, topic: str, partition: int) -> PartitionLog | None:
         return self._logs.get((topic, partition))
