@@ -21,6 +21,7 @@ stopped accepting connections at about 330 partitions under a 1,024 soft limit.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import resource
@@ -78,6 +79,23 @@ def each_chunk(
                 raise RuntimeError(f"{topic}: {len(pending)} partitions still failing: {parts[0].error}")
             if pending:
                 time.sleep(pause_s)
+
+
+def create_topic(client: Any, topic: str, partitions: int) -> None:
+    """CreateTopic, retried while the coordinator reports no live broker: a broker applying a
+    large assignment can miss heartbeats for a while (issue 20, creation cost)."""
+    from sluice.errors import BrokerNotAvailable
+
+    deadline = time.monotonic() + RETRY_UNTIL_S
+    while True:
+        try:
+            client.admin.create_topic(topic, partitions=partitions)
+            return
+        except BrokerNotAvailable as err:
+            if time.monotonic() > deadline:
+                raise
+            print(f"  {topic}: {err.message[:100]}; retrying", flush=True)
+            time.sleep(1.0)
 
 
 def broker_stub(address: str) -> Any:
@@ -140,6 +158,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=1_000, help="partitions per topic (and per timing)")
     parser.add_argument("--soft-limit", type=int, default=1_024)
     parser.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU measurement")
+    parser.add_argument("--no-save", action="store_true", help="print the result, do not write bench/results")
     args = parser.parse_args()
     if args.partitions % args.chunk:
         parser.error("--partitions must be a multiple of --chunk")
@@ -165,7 +184,7 @@ def main() -> None:
         with channel, Client(s.bootstrap) as client:
             for i, topic in enumerate(topics):
                 t0 = time.perf_counter()
-                client.admin.create_topic(topic, partitions=args.chunk)
+                create_topic(client, topic, args.chunk)
                 wait_served(stub, topic, args.chunk)
                 seconds = time.perf_counter() - t0
                 creation.append({"existing": i * args.chunk, "seconds": round(seconds, 2)})
@@ -187,23 +206,24 @@ def main() -> None:
             print(f"after the restart: {restarted}", flush=True)
         finally:
             again.terminate(60)
-    save(
-        f"scale_partitions_{args.partitions}",
-        {
-            "partitions": args.partitions,
-            "soft_limit_given": args.soft_limit,
-            "hard_limit": hard,
-            "broker_at_start": started,
-            "creation_seconds_per_chunk": creation,
-            "chunk": args.chunk,
-            "produce_all_s": produce_s,
-            "fetch_all_s": fetch_s,
-            "loaded": loaded,
-            "restart_to_ready_s": restart_s,
-            "fetch_all_after_restart_s": refetch_s,
-            "restarted": restarted,
-        },
-    )
+    result = {
+        "partitions": args.partitions,
+        "soft_limit_given": args.soft_limit,
+        "hard_limit": hard,
+        "broker_at_start": started,
+        "creation_seconds_per_chunk": creation,
+        "chunk": args.chunk,
+        "produce_all_s": produce_s,
+        "fetch_all_s": fetch_s,
+        "loaded": loaded,
+        "restart_to_ready_s": restart_s,
+        "fetch_all_after_restart_s": refetch_s,
+        "restarted": restarted,
+    }
+    if args.no_save:
+        print(json.dumps(result))
+    else:
+        save(f"scale_partitions_{args.partitions}", result)
 
 
 if __name__ == "__main__":
