@@ -29,13 +29,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import grpc
+
 from _stack import cpu_seconds, rss_mb, save, stack
 
 if TYPE_CHECKING:
     from tests.harness import ServiceProcess
 
-#: Answers a partition may give while the broker is still applying its assignment.
-RETRY_UNTIL_S = 120.0
+#: How long a chunk may take to be served (or a busy broker to answer) before the bench gives up:
+#: a broker applies an assignment on its event loop, and creating 1,000 partitions there takes
+#: 20-80 s on a busy shared disk (two fsyncs per partition), during which calls time out.
+RETRY_UNTIL_S = 600.0
+#: Per call: past it, the call is retried (the broker was busy), until RETRY_UNTIL_S.
+CALL_TIMEOUT_S = 30.0
 
 
 def open_fds(pid: int) -> int:
@@ -73,7 +79,15 @@ def each_chunk(
         pending = list(range(chunk))
         deadline = time.monotonic() + RETRY_UNTIL_S
         while pending:
-            parts = answer(request(topic, pending)).partitions
+            try:
+                parts = answer(request(topic, pending)).partitions
+            except grpc.RpcError as err:
+                if err.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                print(f"  {topic}: the broker is busy ({err.code().name}); retrying", flush=True)
+                continue
             pending = [p.partition for p in parts if p.error.code]
             if pending and time.monotonic() > deadline:
                 raise RuntimeError(f"{topic}: {len(pending)} partitions still failing: {parts[0].error}")
@@ -99,7 +113,6 @@ def create_topic(client: Any, topic: str, partitions: int) -> None:
 
 
 def broker_stub(address: str) -> Any:
-    import grpc
 
     from sluice.client.rpc import CHANNEL_OPTIONS
     from sluice.v1 import broker_pb2_grpc
@@ -114,13 +127,12 @@ def wait_served(stub: Any, topic: str, chunk: int) -> None:
 
     def latest(t: str, partitions: list[int]) -> Any:
         parts = [pb.ListOffsetsPartition(topic=t, partition=p, timestamp=-1) for p in partitions]
-        return stub.ListOffsets(pb.ListOffsetsRequest(partitions=parts), timeout=60)
+        return stub.ListOffsets(pb.ListOffsetsRequest(partitions=parts), timeout=CALL_TIMEOUT_S)
 
     each_chunk(stub, [topic], chunk, latest, lambda r: r, pause_s=0.02)
 
 
 def produce_and_fetch(address: str, topics: list[str], chunk: int, batch: bytes) -> tuple[float, float]:
-    import grpc
 
     from sluice.client.rpc import CHANNEL_OPTIONS
     from sluice.v1 import broker_pb2 as pb
@@ -131,11 +143,11 @@ def produce_and_fetch(address: str, topics: list[str], chunk: int, batch: bytes)
 
         def produce(topic: str, partitions: list[int]) -> Any:
             parts = [pb.ProducePartition(topic=topic, partition=p, records=batch) for p in partitions]
-            return stub.Produce(pb.ProduceRequest(acks=1, partitions=parts), timeout=60)
+            return stub.Produce(pb.ProduceRequest(acks=1, partitions=parts), timeout=CALL_TIMEOUT_S)
 
         def fetch(topic: str, partitions: list[int]) -> Any:
             parts = [pb.FetchPartition(topic=topic, partition=p, fetch_offset=0) for p in partitions]
-            resp = stub.Fetch(pb.FetchRequest(partitions=parts, max_bytes=64 << 20), timeout=60)
+            resp = stub.Fetch(pb.FetchRequest(partitions=parts, max_bytes=64 << 20), timeout=CALL_TIMEOUT_S)
             for p in resp.partitions:
                 if not p.error.code and not p.records:
                     raise RuntimeError(f"{topic}/{p.partition}: fetched nothing from offset 0")
