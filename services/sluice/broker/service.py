@@ -151,7 +151,7 @@ class BrokerService:
         self.flusher.start()
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="log-maintenance")
         self.metrics.log_stats.source = self._log_stats
-        self.metrics.handle_stats.source = self._handle_stats
+        self.metrics.handle_stats.source = self.logs.descriptor_stats
 
     async def stop(self) -> None:
         """Refuse new requests, answer parked fetches, fsync, close the logs. Idempotent."""
@@ -478,10 +478,6 @@ class BrokerService:
         deleted = self.logs.apply_retention_all()
         if deleted:
             log.info("retention deleted %s segment(s)", deleted)
-
-    def _handle_stats(self) -> tuple[int, int, int, int, int, int]:
-        h = self.logs.handles
-        return len(h), h.capacity, h.opens, h.hits, h.evictions, self.logs.descriptor_budget()
 
     def _log_stats(self) -> list[tuple[TopicPartitionKey, int, int, int]]:
         """Per served partition (start, end, size), read from the metrics thread."""

@@ -263,6 +263,11 @@ class LogManager:
         """How many partition logs this broker can hold open under its soft limit now."""
         return open_files_soft_limit() - self.handles.capacity - self.descriptor_reserve
 
+    def descriptor_stats(self) -> tuple[int, int, int, int, int, int]:
+        """(read handles open, capacity, opens, hits, evictions, partition budget), for metrics."""
+        h = self.handles
+        return len(h), h.capacity, h.opens, h.hits, h.evictions, self.descriptor_budget()
+
     def _check_descriptor_budget(self, topic: str, partition: int) -> None:
         budget = self.descriptor_budget()
         if len(self._logs) >= budget:
