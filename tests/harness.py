@@ -182,9 +182,16 @@ class ServiceProcess:
         return "".join(self.output)
 
 
-def start_service(service: str, *args: str, timeout: float = 30) -> ServiceProcess:
-    """Start ``python -m sluice <service> --port 0 ...`` and wait until it is ready."""
+def start_service(
+    service: str, *args: str, timeout: float = 30, nofile: tuple[int, int] | None = None
+) -> ServiceProcess:
+    """Start ``python -m sluice <service> --port 0 ...`` and wait until it is ready.
+
+    ``nofile``: the (soft, hard) open-files limit the process starts with.
+    """
     cmd = [sys.executable, "-m", "sluice", service, *args]
+    if nofile is not None:  # prlimit(1) sets it in the child only, with no preexec_fn in a threaded parent
+        cmd = ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}", "--", *cmd]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT
     )

@@ -9,6 +9,8 @@ from pathlib import Path
 from sluice.broker.fetch import FetchCaps
 from sluice.broker.flusher import FlushPolicy
 from sluice.broker.log.config import LogConfig
+from sluice.broker.log.handles import DEFAULT_READ_HANDLES
+from sluice.broker.log.manager import DEFAULT_DESCRIPTOR_RESERVE
 from sluice.common.wire import wire_listen_port, wire_port_help
 from sluice.errors import InvalidArgument
 
@@ -91,6 +93,17 @@ class BrokerConfig:
     fetch_session_idle: timedelta = field(
         default=timedelta(minutes=2), metadata={"help": "an unused fetch session is dropped after this"}
     )
+    segment_read_handles: int = field(
+        default=DEFAULT_READ_HANDLES,
+        metadata={"help": "read descriptors kept open on sealed segments (LRU, shared by all partitions)"},
+    )
+    descriptor_reserve: int = field(
+        default=DEFAULT_DESCRIPTOR_RESERVE,
+        metadata={
+            "help": "descriptors kept free for connections: a partition that would eat into them "
+            "is refused with STORAGE_ERROR"
+        },
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
@@ -106,6 +119,8 @@ class BrokerConfig:
             raise InvalidArgument("max_wait, max_fetch_bytes and filter_scan_bytes must be positive")
         if self.max_fetch_sessions < 0:
             raise InvalidArgument("max_fetch_sessions must be >= 0")
+        if self.segment_read_handles < 1 or self.descriptor_reserve < 0:
+            raise InvalidArgument("segment_read_handles must be >= 1 and descriptor_reserve >= 0")
         self.log_defaults()  # validates the log settings
 
     @property

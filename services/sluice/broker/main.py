@@ -68,7 +68,12 @@ def parse_config(argv: list[str]) -> BrokerConfig:
 async def run(config: BrokerConfig) -> None:
     """Serve until SIGTERM/SIGINT."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    logs = LogManager(config.data_dir, config.log_defaults())
+    logs = LogManager(
+        config.data_dir,
+        config.log_defaults(),
+        read_handles=config.segment_read_handles,
+        descriptor_reserve=config.descriptor_reserve,
+    )
     logs.open_all()
     service = BrokerService(config, logs)
     await service.start()

@@ -10,6 +10,10 @@
   ``sluice_broker_group_commit_waiters``: produce requests released per round.
 - ``sluice_broker_fetch_parked``: fetch requests parked in long-poll now;
   ``sluice_broker_fetch_sessions``: open incremental fetch sessions.
+- ``sluice_broker_segment_handles_open`` / ``_capacity``, ``sluice_broker_segment_handle_opens_total``
+  / ``_hits_total`` / ``_evictions_total``: the LRU of read descriptors on sealed segments
+  (docs/storage.md, "Descriptor budget"); ``sluice_broker_partition_budget``: partition logs
+  the soft open-files limit leaves room for.
 - ``sluice_broker_wire_connections``: open wire-protocol connections (``sluice.server.wire``).
 
 Metric objects are process-wide (the default registry), created once.
@@ -21,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from threading import Lock
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sluice.broker.fetch import TopicPartitionKey
@@ -70,6 +74,42 @@ class _LogCollector(Collector):
         yield size
 
 
+class HandleStats:
+    """What the descriptor collector reads: a callable giving (open, capacity, opens, hits,
+    evictions, partition budget)."""
+
+    __slots__ = ("source",)
+
+    def __init__(self) -> None:
+        self.source: Callable[[], tuple[int, int, int, int, int, int]] | None = None
+
+
+class _HandleCollector(Collector):
+    def __init__(self, stats: HandleStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        source = self._stats.source
+        if source is None:
+            return
+        open_now, capacity, opens, hits, evictions, budget = source()
+        prefix = "sluice_broker_segment_handle"
+        yield GaugeMetricFamily(prefix + "s_open", "Sealed-segment read descriptors open now", value=open_now)
+        yield GaugeMetricFamily(prefix + "s_capacity", "Size of the sealed-segment read LRU", value=capacity)
+        yield CounterMetricFamily(prefix + "_opens", "Sealed-segment files opened for reading", value=opens)
+        yield CounterMetricFamily(
+            prefix + "_hits", "Sealed-segment reads served by an open descriptor", value=hits
+        )
+        yield CounterMetricFamily(
+            prefix + "_evictions", "Read descriptors closed to stay in the LRU", value=evictions
+        )
+        yield GaugeMetricFamily(
+            "sluice_broker_partition_budget",
+            "Partition logs the soft open-files limit leaves room for",
+            value=budget,
+        )
+
+
 class BrokerMetrics:
     """The broker's metric objects, with per-topic children cached (labels() is not free)."""
 
@@ -95,6 +135,8 @@ class BrokerMetrics:
         self.fetch_sessions = Gauge("sluice_broker_fetch_sessions", "Open incremental fetch sessions")
         self.log_stats = LogStats()
         REGISTRY.register(_LogCollector(self.log_stats))
+        self.handle_stats = HandleStats()
+        REGISTRY.register(_HandleCollector(self.handle_stats))
         self._in: dict[str, tuple[Counter, Counter]] = {}
         self._out: dict[str, tuple[Counter, Counter]] = {}
 

@@ -151,6 +151,7 @@ class BrokerService:
         self.flusher.start()
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="log-maintenance")
         self.metrics.log_stats.source = self._log_stats
+        self.metrics.handle_stats.source = self.logs.descriptor_stats
 
     async def stop(self) -> None:
         """Refuse new requests, answer parked fetches, fsync, close the logs. Idempotent."""
@@ -167,6 +168,7 @@ class BrokerService:
                 await self._maintenance
         await self.flusher.stop()
         self.metrics.log_stats.source = None
+        self.metrics.handle_stats.source = None
         self.registry.unserve_all()
         try:
             self.logs.flush_all()

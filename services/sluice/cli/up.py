@@ -41,6 +41,7 @@ import sluice
 from sluice.cli.errors import CliError
 from sluice.cli.output import positive_float
 from sluice.cli.supervisor import SERVICE_READY, Child, Supervisor
+from sluice.server.limits import OpenFilesLimit, raise_open_files_limit
 
 REDIS_READY = re.compile(r"Ready to accept connections")
 DEFAULT_PORT = 7600
@@ -200,6 +201,8 @@ class Stack:
         self.redis_url: str = args.redis_url or ""
         self.addresses: dict[str, str] = {}
         self.summary: list[str] = []
+        #: The launcher's open-files limit, as raised before starting anything (for the banner).
+        self.open_files: OpenFilesLimit | None = None
 
     def _start(self, name: str, argv: list[str], ready: re.Pattern[str]) -> re.Match[str] | None:
         child = Child(
@@ -290,6 +293,9 @@ class Stack:
         missing = [s for s in OPTIONAL_SERVICES if s not in self.addresses]
         if missing:
             lines.append(f"  (not in this installation yet: {', '.join(missing)})")
+        if self.open_files is not None:
+            lim = self.open_files
+            lines.append(f"Open files limit: soft {lim.soft} (was {lim.before}), hard {lim.hard}")
         lines.append(f"Logs: {self.logs}/<service>.log. Ctrl-C or SIGTERM stops everything.")
         out.write("\n".join(lines) + "\n")
         out.flush()
@@ -307,6 +313,10 @@ def _run(args: argparse.Namespace) -> int:
     for name in ("coordinator", "broker"):
         if not service_available(name):
             raise CliError("NOT_AVAILABLE", f"this installation has no {name} ({SERVICE_MODULES[name]})")
+    # The children inherit the raised limit (each service raises its own again; redis-server
+    # needs maxclients + 32 descriptors and does not raise its soft limit past the hard one).
+    # Reported in the banner: stderr is kept for errors.
+    limit = raise_open_files_limit()
     data_dir: Path = args.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     lock_fd = lock_data_dir(data_dir)
@@ -314,6 +324,7 @@ def _run(args: argparse.Namespace) -> int:
     sup.install_signal_handlers()
     try:
         stack = Stack(args, sup)
+        stack.open_files = limit
         died: Child | None = None
         try:
             if stack.start_all():

@@ -31,6 +31,7 @@ from prometheus_client import start_http_server
 
 from sluice.errors import InvalidArgument, SluiceError
 from sluice.server.interceptors import Authenticator, ServiceInterceptor
+from sluice.server.limits import raise_open_files_limit
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +155,15 @@ async def serve(
 
 
 def configure_logging(level: str = "INFO") -> None:
+    """The start-up of every service process (``service_main`` and the coordinator's main call
+    it before anything else): configure logging, then raise the open-files limit to the hard
+    limit and log both (``sluice.server.limits``), before a broker opens its logs."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    raise_open_files_limit()
 
 
 #: ``SLUICE_EVENT_LOOP=asyncio`` runs a service on the standard library's loop instead of uvloop.

@@ -179,10 +179,12 @@ def part(topic: str, offset: int = 0, partition: int = 0, pmax: int = 0, flt: st
     )
 
 
-def start_tracked(service: str, *args: str) -> tuple[ServiceProcess, list[threading.Thread]]:
+def start_tracked(
+    service: str, *args: str, nofile: tuple[int, int] | None = None
+) -> tuple[ServiceProcess, list[threading.Thread]]:
     """``harness.start_service`` plus the thread pumping the process output (see :func:`reap`)."""
     before = set(threading.enumerate())
-    proc = start_service(service, *args)
+    proc = start_service(service, *args, nofile=nofile)
     return proc, [t for t in set(threading.enumerate()) - before if t.name.startswith("pump-")]
 
 
@@ -197,7 +199,9 @@ def reap(proc: ServiceProcess, pumps: list[threading.Thread]) -> None:
         proc.process.stdout.close()
 
 
-def start_broker(data_dir: Path, *extra: str, flush: str = "interval") -> Broker:
+def start_broker(
+    data_dir: Path, *extra: str, flush: str = "interval", nofile: tuple[int, int] | None = None
+) -> Broker:
     proc, pumps = start_tracked(
         "broker",
         "--port", "0",
@@ -206,6 +210,7 @@ def start_broker(data_dir: Path, *extra: str, flush: str = "interval") -> Broker
         "--broker-id", "1",
         "--flush", flush,
         *extra,
+        nofile=nofile,
     )  # fmt: skip
     return Broker(proc, data_dir, pumps)
 

@@ -396,3 +396,20 @@ def test_a_service_that_dies_stops_everything(tmp_path: Path) -> None:
     err = stack.stderr()
     assert err.startswith("error: SERVICE_DIED: broker exited unexpectedly with code -9")
     assert "SLUICE_READY service=broker" in err  # its last log lines are shown
+
+
+# ---- process limits ----------------------------------------------------------------------------
+
+
+def test_up_and_every_service_raise_the_open_files_limit_to_the_hard_one(up: Up) -> None:
+    # The raise itself is tested from a lowered soft limit in tests/unit/test_server_limits.py and
+    # tests/integration/broker/test_descriptors.py; here: every process of `sluice up` goes through it.
+    assert any(line.startswith("Open files limit: soft ") for line in up.stdout)
+    services = {name: pid for name, pid in up.pids.items() if name != "redis"}
+    assert {"coordinator", "broker"} <= set(services)
+    for name, pid in services.items():
+        assert "open files limit: soft" in (up.data_dir / "logs" / f"{name}.log").read_text(), name
+        limits = Path(f"/proc/{pid}/limits").read_text()
+        m = re.search(r"^Max open files\s+(\d+)\s+(\d+)", limits, re.MULTILINE)
+        assert m, limits
+        assert m.group(1) == m.group(2), f"{name}: {m.group(0)}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from sluice.broker.log import LogConfig, PartitionLog
@@ -67,6 +66,5 @@ def abandon(log: PartitionLog) -> None:
     """Release the descriptors without the clean-shutdown work close() does."""
     for seg in log._segments:
         seg.close()
-    for fd in log._unsynced_fds:
-        os.close(fd)
+    log._unsynced_paths.clear()
     log._closed = True

@@ -28,6 +28,8 @@ from bisect import bisect_left, bisect_right
 from itertools import islice
 from pathlib import Path
 
+from sluice.broker.log.handles import storage_error
+
 OFFSET_ENTRY_BYTES = 8
 TIME_ENTRY_BYTES = 12
 _TIME_ENTRY = struct.Struct("<qI")
@@ -39,13 +41,17 @@ def _strictly_increasing(values: array[int]) -> bool:
 
 
 class _IndexFile:
-    """The append-only file behind an index: tracks how many entries are on disk."""
+    """The append-only file behind an index: tracks how many entries are on disk.
 
-    __slots__ = ("_fd", "path", "persisted")
+    Holds no descriptor between writes: entries are written in batches (on flush, roll and
+    close), so opening per batch costs one ``open``/``close`` per flush interval at most, and
+    a broker's descriptors stay one per partition (docs/storage.md, "Descriptor budget").
+    """
+
+    __slots__ = ("path", "persisted")
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd: int | None = None
         #: Entries already written to the file; the arrays may hold more.
         self.persisted = 0
 
@@ -56,26 +62,35 @@ class _IndexFile:
         except FileNotFoundError:
             return None
 
-    def fd(self) -> int:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        return self._fd
+    def _open(self, flags: int) -> int:
+        try:
+            return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | flags, 0o644)
+        except OSError as exc:
+            raise storage_error(f"opening the index {self.path}", exc) from exc
 
     def write(self, data: bytes) -> None:
-        if data:
+        if not data:
+            return
+        fd = self._open(os.O_APPEND)
+        try:
             view = memoryview(data)
             while view:
-                view = view[os.write(self.fd(), view) :]
+                view = view[os.write(fd, view) :]
+        except OSError as exc:
+            raise storage_error(f"writing the index {self.path}", exc) from exc
+        finally:
+            os.close(fd)
 
     def truncate(self, entries: int, entry_bytes: int) -> None:
         """Cut the file to ``entries`` entries (creating it if missing)."""
-        os.ftruncate(self.fd(), entries * entry_bytes)
+        fd = self._open(0)
+        try:
+            os.ftruncate(fd, entries * entry_bytes)
+        except OSError as exc:
+            raise storage_error(f"truncating the index {self.path}", exc) from exc
+        finally:
+            os.close(fd)
         self.persisted = entries
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class OffsetIndex:
@@ -154,9 +169,6 @@ class OffsetIndex:
     def memory_bytes(self) -> int:
         return self.rel_offsets.buffer_info()[1] * 4 + self.positions.buffer_info()[1] * 4
 
-    def close(self) -> None:
-        self._file.close()
-
 
 class TimeIndex:
     """Running max timestamp -> relative offset, as an i64 and a u32 array."""
@@ -234,6 +246,3 @@ class TimeIndex:
 
     def memory_bytes(self) -> int:
         return self.timestamps.buffer_info()[1] * 8 + self.rel_offsets.buffer_info()[1] * 4
-
-    def close(self) -> None:
-        self._file.close()

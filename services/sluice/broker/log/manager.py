@@ -9,6 +9,12 @@ A directory being deleted is first renamed to ``~deleted-...`` (``~`` cannot app
 topic name), so a crash mid-delete never resurrects half a partition; ``open_all`` finishes
 the job.
 
+Descriptors: every open log holds one (its active segment); sealed segments share the
+``ReadHandles`` LRU. ``create`` refuses a partition, with a retriable StorageError, when
+``partitions + LRU capacity + reserve`` would pass the soft open-files limit: the reserve
+keeps descriptors for connections, so a broker with too many partitions says so at
+CreateTopic rather than later failing to accept clients (docs/storage.md).
+
 Caller: the broker service, from its event loop (``flush_all`` may run on a worker thread).
 """
 
@@ -25,15 +31,21 @@ from pathlib import Path
 from typing import Any
 
 from sluice.broker.log.config import LogConfig
+from sluice.broker.log.handles import DEFAULT_READ_HANDLES, ReadHandles, storage_error
 from sluice.broker.log.partition_log import PartitionLog, wall_clock_ms
+from sluice.broker.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_stem
 from sluice.common.names import validate_topic
 from sluice.errors import InvalidArgument, InvalidPartitions, SluiceError, StorageError
+from sluice.server.limits import open_files_soft_limit
 
 log = logging.getLogger(__name__)
 
 META_FILE = "partition.json"
 META_VERSION = 1
 DELETED_PREFIX = "~deleted-"
+#: Descriptors kept free of partition logs by default: connections, the listeners, gRPC's
+#: own (epoll, wakeup pipes), flush dups, metadata writes.
+DEFAULT_DESCRIPTOR_RESERVE = 256
 
 TopicPartition = tuple[str, int]
 
@@ -95,15 +107,43 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _discard_new_dir(path: Path) -> None:
+    """Remove a partition directory whose creation failed, without needing a descriptor
+    (out of them is a likely reason it failed, and ``rmtree`` opens each directory).
+
+    The metadata goes first: a directory without it is skipped by ``open_all``, so even a
+    removal cut short never passes for a created partition.
+    """
+    stem = segment_stem(0)  # a new log's only segment
+    segment_files = (stem + suffix for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX))
+    names = (META_FILE, META_FILE + ".tmp", *segment_files)
+    try:
+        for name in names:
+            (path / name).unlink(missing_ok=True)
+        path.rmdir()
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+    if path.exists():
+        log.warning("could not remove %s after its creation failed; it has no metadata and is ignored", path)
+
+
 class LogManager:
     """Opens, creates and removes the partition logs of a broker."""
 
     def __init__(
-        self, data_dir: Path, default_config: LogConfig, now_ms: Callable[[], int] = wall_clock_ms
+        self,
+        data_dir: Path,
+        default_config: LogConfig,
+        now_ms: Callable[[], int] = wall_clock_ms,
+        read_handles: int = DEFAULT_READ_HANDLES,
+        descriptor_reserve: int = DEFAULT_DESCRIPTOR_RESERVE,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.default_config = default_config
         self._now_ms = now_ms
+        #: Read descriptors of sealed segments, shared by every partition (bounded LRU).
+        self.handles = ReadHandles(read_handles)
+        self.descriptor_reserve = descriptor_reserve
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._meta: dict[TopicPartition, PartitionMeta] = {}
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -115,8 +155,12 @@ class LogManager:
         """Open (and recover) every partition directory on disk.
 
         A partition that cannot be opened is logged and left out rather than stopping
-        the broker: its other partitions stay available.
+        the broker: its other partitions stay available. So are partitions past the
+        descriptor budget: opening them would leave no descriptor for connections, a
+        broker that runs but cannot be reached (raise the limit and restart).
         """
+        budget = self.descriptor_budget()
+        over_budget = 0
         for path in sorted(self.data_dir.iterdir()):
             if not path.is_dir():
                 continue
@@ -133,12 +177,25 @@ class LogManager:
             if path != self._dir(*key):
                 log.warning("skipping %s: its metadata names %s-%d", path, *key)
                 continue
+            if len(self._logs) >= budget:
+                over_budget += 1
+                continue
             try:
-                self._logs[key] = PartitionLog(path, meta.config or self.default_config, self._now_ms)
+                self._logs[key] = self._open_log(path, meta.config)
             except (OSError, SluiceError):
                 log.exception("cannot open the log of %s-%d in %s", meta.topic, meta.partition, path)
                 continue
             self._meta[key] = meta
+        if over_budget:
+            log.error(
+                "%d partitions on disk were not opened: the descriptor budget is %d (soft open files "
+                "limit %d - %d read handles - %d reserved); raise the limit (docs/kubernetes.md) and restart",
+                over_budget,
+                budget,
+                open_files_soft_limit(),
+                self.handles.capacity,
+                self.descriptor_reserve,
+            )
 
     def get(self, topic: str, partition: int) -> PartitionLog | None:
         return self._logs.get((topic, partition))
@@ -178,18 +235,49 @@ class LogManager:
         if path.exists() and (on_disk is None or on_disk.topic_id != topic_id):
             self._remove_dir(path)
             on_disk = None
+        self._check_descriptor_budget(topic, partition)
         meta = PartitionMeta(topic, partition, topic_id, config)
+        created = not path.exists()
         try:
             path.mkdir(parents=True, exist_ok=True)
             if on_disk != meta:
                 meta.write(path)
                 _fsync_dir(self.data_dir)
-            plog = PartitionLog(path, meta.config or self.default_config, self._now_ms)
-        except OSError as exc:
-            raise StorageError(f"cannot create the log of {topic}-{partition}: {exc}") from exc
+            plog = self._open_log(path, meta.config)
+        except (OSError, StorageError) as exc:
+            # All or nothing: a partition that could not be opened leaves no directory that
+            # a restart would take for a created partition.
+            if created:
+                _discard_new_dir(path)
+            if isinstance(exc, StorageError):
+                raise StorageError(f"cannot create the log of {topic}-{partition}: {exc.message}") from exc
+            raise storage_error(f"creating the log of {topic}-{partition}", exc) from exc
         self._logs[key] = plog
         self._meta[key] = meta
         return plog
+
+    def _open_log(self, path: Path, config: LogConfig | None) -> PartitionLog:
+        return PartitionLog(path, config or self.default_config, self._now_ms, self.handles)
+
+    def descriptor_budget(self) -> int:
+        """How many partition logs this broker can hold open under its soft limit now."""
+        return open_files_soft_limit() - self.handles.capacity - self.descriptor_reserve
+
+    def descriptor_stats(self) -> tuple[int, int, int, int, int, int]:
+        """(read handles open, capacity, opens, hits, evictions, partition budget), for metrics."""
+        h = self.handles
+        return len(h), h.capacity, h.opens, h.hits, h.evictions, self.descriptor_budget()
+
+    def _check_descriptor_budget(self, topic: str, partition: int) -> None:
+        budget = self.descriptor_budget()
+        if len(self._logs) >= budget:
+            raise StorageError(
+                f"cannot create the log of {topic}-{partition}: out of file descriptors "
+                f"({len(self._logs)} partitions open, budget {max(budget, 0)} = soft open files "
+                f"limit {open_files_soft_limit()} - {self.handles.capacity} read handles - "
+                f"{self.descriptor_reserve} reserved); raise the limit (docs/kubernetes.md) "
+                "or remove partitions"
+            )
 
     def remove(self, topic: str, partition: int) -> None:
         """Close the partition's log (if open) and delete its data (if any)."""
@@ -236,3 +324,4 @@ class LogManager:
                 log.exception("closing %r failed", plog)
         self._logs.clear()
         self._meta.clear()
+        self.handles.close_all()

@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.broker.log.config import MAX_SEGMENT_BYTES, LogConfig
-from sluice.broker.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment
+from sluice.broker.log.handles import ReadHandles, storage_error
+from sluice.broker.log.segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    Segment,
+    delete_segment_files,
+)
 from sluice.codec.batch import HEADER_SIZE, BatchHeader, stamp, validate_batch
 from sluice.errors import CorruptBatch, InvalidRequest, OffsetOutOfRange, StorageError
 
@@ -28,6 +35,20 @@ log = logging.getLogger(__name__)
 #: Relative offsets are u32 in the index: roll before a segment would span more.
 _MAX_RELATIVE_OFFSET = 2**32 - 1
 _STEM_DIGITS = 20
+#: Read handles of a log opened on its own (tests, tools); a broker shares one LRU.
+_PRIVATE_READ_HANDLES = 4
+
+
+def _sync_file(path: Path) -> None:
+    """fdatasync a closed file by path; a file deleted meanwhile has nothing left to sync."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def wall_clock_ms() -> int:
@@ -52,20 +73,32 @@ class ReadResult:
 
 
 class PartitionLog:
-    """Append-only, segmented, indexed log of one partition in one directory."""
+    """Append-only, segmented, indexed log of one partition in one directory.
 
-    def __init__(self, directory: Path, config: LogConfig, now_ms: Callable[[], int] = wall_clock_ms) -> None:
+    Holds one descriptor of its own (the active segment's); sealed segments are read
+    through ``handles``, the broker's shared LRU. Opening is all or nothing: a failure
+    (a StorageError) leaves no descriptor open.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        now_ms: Callable[[], int] = wall_clock_ms,
+        handles: ReadHandles | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.config = config
         self._now_ms = now_ms
+        self._handles = handles if handles is not None else ReadHandles(_PRIVATE_READ_HANDLES)
         #: Guards what flush() shares with the appending thread: the active segment,
         #: its in-memory index arrays and the list of sealed segments awaiting fsync.
         self._lock = threading.Lock()
         self._segments: list[Segment] = []
         self._bases: list[int] = []
-        #: Duplicated descriptors of segments sealed since the last flush: their tails
-        #: still need an fsync, and a dup stays valid even if retention deletes the file.
-        self._unsynced_fds: list[int] = []
+        #: Files of segments sealed since the last flush: their tails still need an fsync.
+        #: Paths, not descriptors, so a roll never holds a second descriptor per partition.
+        self._unsynced_paths: list[Path] = []
         self._dir_dirty = False
         self._sealed_bytes = 0
         self._listeners: list[Callable[[], None]] = []
@@ -89,7 +122,7 @@ class PartitionLog:
                 path.unlink()  # left by a retention delete interrupted by a crash
         bases.sort()
         if not bases:
-            self._segments = [Segment.create(self.directory, 0)]
+            self._segments = [Segment.create(self.directory, 0, self._handles)]
             self._dir_dirty = True
         else:
             self._segments = self._open_segments(bases)
@@ -99,19 +132,30 @@ class PartitionLog:
         self.log_end_offset = self._segments[-1].next_offset
 
     def _open_segments(self, bases: list[int]) -> list[Segment]:
+        """Load sealed segments one at a time (one descriptor open at once, closed after
+        the check), then recover the last one as the active segment."""
         interval = self.config.index_interval_bytes
-        segments = [Segment.open(self.directory, base) for base in bases]
-        for i, seg in enumerate(segments[:-1]):
-            if not seg.load_sealed(bases[i + 1], interval):
-                # A closed segment lost its tail (power loss before an fsync): nothing
-                # after it can have been acknowledged, and keeping it would leave a gap.
-                for later in segments[i + 1 :]:
-                    log.warning("dropping segment %s after a torn segment", later.log_path)
-                    later.delete()
-                del segments[i + 1 :]
-                self._dir_dirty = True
-                break
-        segments[-1].recover(interval)
+        segments: list[Segment] = []
+        for i, base in enumerate(bases):
+            seg = Segment.open(self.directory, base, self._handles)
+            try:
+                if i + 1 < len(bases):
+                    if seg.load_sealed(bases[i + 1], interval):
+                        os.close(seg.release_fd())
+                        segments.append(seg)
+                        continue
+                    # A closed segment lost its tail (power loss before an fsync): nothing
+                    # after it can have been acknowledged, and keeping it would leave a gap.
+                    for later in bases[i + 1 :]:
+                        log.warning("dropping segment %d of %s after a torn segment", later, self.directory)
+                        delete_segment_files(self.directory, later)
+                    self._dir_dirty = True
+                seg.recover(interval)
+            except BaseException:
+                seg.close()
+                raise
+            segments.append(seg)
+            break
         return segments
 
     # ---- appending --------------------------------------------------------------------
@@ -186,10 +230,14 @@ class PartitionLog:
         return seg.first_append_ms is not None and now - seg.first_append_ms >= self.config.segment_ms
 
     def _roll_locked(self) -> Segment:
+        # Seal, then create: either can fail (StorageError) and leave the old segment
+        # active and intact; sealing twice is harmless. Only then does the old segment
+        # close its descriptor; the next flush reopens the file to fsync its tail.
         old = self._segments[-1]
         old.seal()
-        self._unsynced_fds.append(os.dup(old.fd))
-        new = Segment.create(self.directory, old.next_offset)
+        new = Segment.create(self.directory, old.next_offset, self._handles)
+        os.close(old.release_fd())
+        self._unsynced_paths.append(old.log_path)
         self._segments.append(new)
         self._bases.append(new.base_offset)
         self._sealed_bytes += old.size
@@ -279,24 +327,31 @@ class PartitionLog:
     def flush(self) -> None:
         """Make everything appended before this call durable (fdatasync).
 
-        Thread-safe against appends: under the lock it only writes pending index entries
-        and duplicates the descriptors to sync, then fsyncs outside the lock, so appends
-        go on while the disk works. The dup'd descriptors stay valid if the segment is
-        rolled, closed or deleted meanwhile. Index files are not fsynced: they are
-        rebuilt from the log if a crash leaves them behind or wrong.
+        Thread-safe against appends: under the lock it only writes pending index entries,
+        duplicates the active segment's descriptor and takes the list of segments sealed
+        since the last flush, then fsyncs outside the lock, so appends go on while the disk
+        works. The dup stays valid if the segment is rolled, closed or deleted meanwhile;
+        a sealed segment is reopened by path (fsync applies to the file, whichever
+        descriptor asks), one at a time, and one deleted by retention meanwhile needs no
+        sync. Index files are not fsynced: they are rebuilt from the log if a crash leaves
+        them behind or wrong. A failure leaves the sealed segments queued for the next flush.
         """
         with self._lock:
             if self._closed:
                 return
             active = self._segments[-1]
             active.persist_indexes()
-            fds = self._unsynced_fds
-            self._unsynced_fds = []
-            fds.append(os.dup(active.fd))
+            try:
+                active_fd = os.dup(active.fd)
+            except OSError as exc:
+                raise storage_error(f"flushing {self.directory}", exc) from exc
+            sealed, self._unsynced_paths = self._unsynced_paths, []
             dir_dirty, self._dir_dirty = self._dir_dirty, False
         try:
-            for fd in fds:
-                os.fdatasync(fd)
+            os.fdatasync(active_fd)
+            while sealed:
+                _sync_file(sealed[0])
+                sealed.pop(0)
             if dir_dirty:
                 dir_fd = os.open(self.directory, os.O_RDONLY)
                 try:
@@ -307,10 +362,12 @@ class PartitionLog:
             if not self._closed:  # else: deleted while this flush ran; nothing left to sync
                 raise StorageError(f"the log directory {self.directory} disappeared") from None
         except OSError as exc:
-            raise StorageError(f"fsync of {self.directory} failed: {exc}") from exc
+            with self._lock:
+                self._unsynced_paths[:0] = sealed
+                self._dir_dirty = self._dir_dirty or dir_dirty
+            raise storage_error(f"fsync of {self.directory}", exc) from exc
         finally:
-            for fd in fds:
-                os.close(fd)
+            os.close(active_fd)
 
     def apply_retention(self) -> int:
         """Delete the oldest whole segments that are past retention; returns how many.
@@ -360,9 +417,7 @@ class PartitionLog:
             self._closed = True
             for seg in self._segments:
                 seg.close()
-            for fd in self._unsynced_fds:
-                os.close(fd)
-            self._unsynced_fds = []
+            self._unsynced_paths = []
 
     def delete(self) -> None:
         """Close the log (without syncing what is about to be removed) and remove its directory."""

@@ -1,9 +1,10 @@
 """One log segment: ``<base>.log`` plus its offset and time indexes.
 
 A segment holds whole stamped batches back to back, exactly as producers encoded them.
-All reads are ``os.pread`` on a descriptor kept open for the segment's lifetime, so
-concurrent positions never interfere; all writes go through the active segment's
-``O_APPEND`` descriptor.
+All reads are ``os.pread``, so concurrent positions never interfere; all writes go through
+the active segment's ``O_APPEND`` descriptor. Only the active segment keeps a descriptor of
+its own; a sealed segment is read through the broker's ``ReadHandles`` LRU, and index files
+are opened only to write a batch of entries (docs/storage.md, "Descriptor budget").
 
 Caller: ``PartitionLog`` only. Not thread-safe on its own; ``PartitionLog`` serialises.
 """
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sluice.broker.log.config import MAX_SEGMENT_BYTES
+from sluice.broker.log.handles import ReadHandles, storage_error
 from sluice.broker.log.index import OffsetIndex, TimeIndex
 from sluice.codec.batch import HEADER, HEADER_SIZE, BatchHeader, columns, validate_batch
 from sluice.errors import SluiceError, StorageError
@@ -83,6 +85,7 @@ class Segment:
         "base_offset",
         "fd",
         "first_append_ms",
+        "handles",
         "index",
         "last_batch_offset",
         "log_path",
@@ -92,11 +95,14 @@ class Segment:
         "time_index",
     )
 
-    def __init__(self, directory: Path, base_offset: int, fd: int, size: int) -> None:
+    def __init__(self, directory: Path, base_offset: int, fd: int, size: int, handles: ReadHandles) -> None:
         stem = segment_stem(base_offset)
         self.base_offset = base_offset
         self.log_path = directory / (stem + LOG_SUFFIX)
+        #: The segment's own read-write descriptor while it is active (or being loaded);
+        #: -1 once sealed: reads then borrow one from ``handles``.
         self.fd = fd
+        self.handles = handles
         #: Bytes of whole, valid batches: reads never go past it.
         self.size = size
         #: Offset the next batch appended here would get.
@@ -113,24 +119,43 @@ class Segment:
     # ---- opening --------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int) -> Segment:
-        """A new, empty active segment (stale index files of the same name are emptied)."""
+    def create(cls, directory: Path, base_offset: int, handles: ReadHandles) -> Segment:
+        """A new, empty active segment (stale index files of the same name are emptied).
+
+        All or nothing: if any of the three files cannot be made (EMFILE, ENOSPC, EACCES),
+        none is left behind and the error is a StorageError.
+        """
         path = directory / (segment_stem(base_offset) + LOG_SUFFIX)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise StorageError(f"cannot create segment {path}: {exc}") from exc
-        seg = cls(directory, base_offset, fd, 0)
-        seg.index.reset()
-        seg.time_index.reset()
+            raise storage_error(f"creating segment {path}", exc) from exc
+        seg = cls(directory, base_offset, fd, 0, handles)
+        try:
+            seg.index.reset()
+            seg.time_index.reset()
+        except StorageError:
+            seg.delete()
+            raise
         return seg
 
     @classmethod
-    def open(cls, directory: Path, base_offset: int) -> Segment:
+    def open(cls, directory: Path, base_offset: int, handles: ReadHandles) -> Segment:
         """Open an existing segment file; call ``load_sealed`` or ``recover`` next."""
         path = directory / (segment_stem(base_offset) + LOG_SUFFIX)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND)
-        return cls(directory, base_offset, fd, os.fstat(fd).st_size)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        except OSError as exc:
+            raise storage_error(f"opening segment {path}", exc) from exc
+        return cls(directory, base_offset, fd, os.fstat(fd).st_size, handles)
+
+    def release_fd(self) -> int:
+        """Hand over the segment's own descriptor (it is sealed: reads go through ``handles``).
+
+        Returns it, for the caller to fsync and close, or -1 if it had none.
+        """
+        fd, self.fd = self.fd, -1
+        return fd
 
     def _indexed_max_timestamp(self) -> int:
         ts = self.time_index.max_timestamp()
@@ -293,8 +318,20 @@ class Segment:
         Usually one pread of ``slack + max_bytes`` bytes both finds the batch and holds
         the answer; a second pread happens only when the answer did not fit in it.
         """
+        if self.fd >= 0:  # the active segment: the hot path, no LRU
+            return self._read(self.fd, start, offset, max_bytes, min_one, slack)
+        path = str(self.log_path)
+        fd = self.handles.acquire(path)
+        try:
+            return self._read(fd, start, offset, max_bytes, min_one, slack)
+        finally:
+            self.handles.release(path)
+
+    def _read(
+        self, fd: int, start: int, offset: int, max_bytes: int, min_one: bool, slack: int
+    ) -> tuple[bytes, int, int, bool]:
         size = self.size
-        buf = os.pread(self.fd, min(size - start, slack + max(max_bytes, 0)), start)
+        buf = os.pread(fd, min(size - start, slack + max(max_bytes, 0)), start)
         buf_start, off = start, 0
         # 1. Find the batch that holds `offset` (header fields only).
         while True:
@@ -302,7 +339,7 @@ class Segment:
                 if buf_start + off >= size:  # offset is past this segment's data
                     return b"", offset, offset, True
                 buf_start += off
-                buf = os.pread(self.fd, min(size - buf_start, slack + max(max_bytes, 0)), buf_start)
+                buf = os.pread(fd, min(size - buf_start, slack + max(max_bytes, 0)), buf_start)
                 off = 0
                 continue
             base, length = _BASE_AND_LENGTH.unpack_from(buf, off)
@@ -322,7 +359,7 @@ class Segment:
             want = max_bytes
         avail = min(size - first_pos, want)
         if off + avail > len(buf):
-            buf = os.pread(self.fd, avail, first_pos)
+            buf = os.pread(fd, avail, first_pos)
             off = 0
         limit = off + avail
         end, next_offset = off, offset
@@ -339,12 +376,22 @@ class Segment:
 
     def find_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """First (offset, timestamp) in this segment with a record timestamp >= ``timestamp``."""
+        if self.fd >= 0:
+            return self._find_timestamp(self.fd, timestamp)
+        path = str(self.log_path)
+        fd = self.handles.acquire(path)
+        try:
+            return self._find_timestamp(fd, timestamp)
+        finally:
+            self.handles.release(path)
+
+    def _find_timestamp(self, fd: int, timestamp: int) -> tuple[int, int] | None:
         rel = self.time_index.floor_below(timestamp)
         start = self.index.lookup(rel)[1]
-        for pos, header, _buf, _off in walk_batches(self.fd, start, self.size, need_body=False):
+        for pos, header, _buf, _off in walk_batches(fd, start, self.size, need_body=False):
             if header.max_timestamp < timestamp:
                 continue
-            body = os.pread(self.fd, header.length, pos)
+            body = os.pread(fd, header.length, pos)
             cols = columns(body, 0, header)
             target_delta = timestamp - header.base_timestamp
             for offset_delta, ts_delta in zip(cols.offset_deltas, cols.timestamp_deltas, strict=True):
@@ -358,8 +405,7 @@ class Segment:
         return self.index.memory_bytes() + self.time_index.memory_bytes()
 
     def close(self) -> None:
-        self.index.close()
-        self.time_index.close()
+        self.handles.forget(str(self.log_path))
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -368,5 +414,12 @@ class Segment:
         """Close and remove the files (log first: index files without a log are orphans
         that the next open cleans up)."""
         self.close()
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-            self.log_path.with_suffix(suffix).unlink(missing_ok=True)
+        delete_segment_files(self.log_path.parent, self.base_offset)
+
+
+def delete_segment_files(directory: Path, base_offset: int) -> None:
+    """Remove a segment's files (log first: index files without a log are orphans that the
+    next open cleans up)."""
+    stem = segment_stem(base_offset)
+    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        (directory / (stem + suffix)).unlink(missing_ok=True)
