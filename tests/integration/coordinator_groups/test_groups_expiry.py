@@ -3,7 +3,8 @@
 - 300 empty groups (a member joined, committed, left) are exported on /metrics at most
   ``--group-metrics-max`` at a time, every one still counted;
 - lag is refreshed for a live group (right) and for an empty group once DescribeGroup asked about it,
-  not for the other empty groups;
+  not for the other empty groups; the brokers are asked for a partition's log end once per refresh,
+  however many groups read it;
 - a coordinator restarted with a 2 s retention expires every empty group whole: no key of theirs is left
   in Redis (SCAN), no record, no topic ref; the live group keeps everything.
 """
@@ -61,6 +62,15 @@ def eventually(what: str, condition: Callable[[], bool], timeout: float = 20.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout}s: {what}")
         time.sleep(0.1)
+
+
+def list_offsets_calls(broker: ServiceProcess) -> float:
+    """ListOffsets requests the broker has handled (its per-RPC counter)."""
+    total = 0.0
+    for line in metrics(broker).splitlines():
+        if line.startswith("sluice_broker_rpc_requests_total{") and 'method="ListOffsets"' in line:
+            total += float(line.rpartition(" ")[2])
+    return total
 
 
 def group_keys(r: redis.Redis, groups: set[str]) -> list[str]:
@@ -154,6 +164,26 @@ def test_empty_groups_are_bounded_on_metrics_get_lag_only_when_live_or_asked_and
                 "the live group's lag",
                 lambda: sample(metrics(coordinator), "sluice_coordinator_consumer_lag", **series) == 3,
             )
+            # Log-end offsets once per partition per refresh, however many groups read it: three live
+            # groups on the one partition, ten refreshes in 3 s, so at most ~10 ListOffsets (was one per
+            # group ever seen per refresh: 3,000 here).
+            for extra in ("live-b", "live-c"):
+                cluster.join_and_commit(extra, 0)
+            eventually(
+                "three live groups' lag",
+                lambda: (
+                    sample(
+                        metrics(coordinator),
+                        "sluice_coordinator_consumer_lag",
+                        **{**series, "group": "live-c"},
+                    )
+                    == 5
+                ),
+            )
+            calls = list_offsets_calls(broker)
+            time.sleep(3.0)
+            calls = list_offsets_calls(broker) - calls
+            assert 0 < calls <= 3.0 / 0.3 + 2, calls
             asked = {**series, "group": "g-007"}
             time.sleep(1.0)  # three lag refreshes
             assert sample(metrics(coordinator), "sluice_coordinator_consumer_lag", **asked) is None
@@ -172,7 +202,7 @@ def test_empty_groups_are_bounded_on_metrics_get_lag_only_when_live_or_asked_and
             assert len(shown) <= CAP, len(shown)
             assert {"live", "g-007"} <= shown
             assert sample(text, "sluice_coordinator_groups", state="empty") == GROUPS
-            assert sample(text, "sluice_coordinator_groups_not_exported") == GROUPS + 1 - len(shown)
+            assert sample(text, "sluice_coordinator_groups_not_exported") == GROUPS + 3 - len(shown)
             per_group = sum(len(line) + 1 for line in text.splitlines() if 'group="' in line)
             assert per_group <= CAP * 3_000, per_group  # ~2.3 KB a group (histogram buckets mostly)
 
@@ -187,9 +217,12 @@ def test_empty_groups_are_bounded_on_metrics_get_lag_only_when_live_or_asked_and
                 "every empty group's keys deleted", lambda: not group_keys(raw, set(empty)), timeout=30
             )
             fields = [f.decode() for f in raw.hkeys("sluice:coordinator:records")]
-            assert [f for f in fields if f.startswith(("group:", "grpconfig:"))] == ["group:live"]
+            kept = ["live", "live-b", "live-c"]
+            assert sorted(f for f in fields if f.startswith(("group:", "grpconfig:"))) == [
+                f"group:{g}" for g in kept
+            ]
             refs = [f.decode() for f in raw.hkeys(f"sluice:topic:{{{TOPIC}}}:refs")]
-            assert [f for f in refs if ":off:" in f] == ["sluice:off:{live}:default"]
+            assert sorted(f for f in refs if ":off:" in f) == [f"sluice:off:{{{g}}}:default" for g in kept]
             assert raw.hget("sluice:off:{live}:default", f"{TOPIC}/0") == b"2"
             raw.close()
             del live
