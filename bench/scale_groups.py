@@ -24,11 +24,12 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import redis
 
-from _stack import ServiceProcess, cpu_seconds, free_port, save, start_service
+from _stack import cpu_seconds, save
 from sluice.v1 import (
     common_pb2,
     coordinator_pb2,
@@ -36,6 +37,9 @@ from sluice.v1 import (
     offset_store_pb2,
     offset_store_pb2_grpc,
 )
+
+if TYPE_CHECKING:
+    from tests.harness import ServiceProcess
 
 TOPIC = "scale"
 PREFIX = "sluice"
@@ -46,9 +50,7 @@ def metrics_text(service: ServiceProcess) -> str:
         return str(response.read().decode())
 
 
-async def make_group(
-    coordinator: coordinator_pb2_grpc.CoordinatorStub, store: offset_store_pb2_grpc.OffsetStoreStub, name: str
-) -> None:
+async def make_group(coordinator: Any, store: Any, name: str) -> None:
     """Join, commit offset 0 of partition 0, leave: an empty group with one committed offset."""
     joined = await coordinator.Heartbeat(
         coordinator_pb2.GroupHeartbeatRequest(group=name, member_epoch=0, subscription={TOPIC: "*"}),
@@ -77,8 +79,8 @@ async def make_group(
 async def make_groups(coordinator: str, store: str, names: list[str], concurrency: int) -> float:
     started = time.perf_counter()
     async with grpc.aio.insecure_channel(coordinator) as c, grpc.aio.insecure_channel(store) as s:
-        coord_stub = coordinator_pb2_grpc.CoordinatorStub(c)
-        store_stub = offset_store_pb2_grpc.OffsetStoreStub(s)
+        coord_stub: Any = coordinator_pb2_grpc.CoordinatorStub(c)  # grpc.aio: awaitable calls
+        store_stub: Any = offset_store_pb2_grpc.OffsetStoreStub(s)
         queue = list(reversed(names))
 
         async def worker() -> None:
@@ -101,11 +103,14 @@ def group_keys(r: redis.Redis, deadline_s: float = 60.0) -> int:
     return count
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def leftovers(r: redis.Redis) -> dict[str, int]:
-    records = [
-        f for f in r.hkeys(f"{PREFIX}:coordinator:records") if f.startswith((b"group:", b"grpconfig:"))
-    ]
-    refs = [f for f in r.hkeys(f"{PREFIX}:topic:{{{TOPIC}}}:refs") if b":off:" in f]
+    fields = map(_text, r.hkeys(f"{PREFIX}:coordinator:records"))
+    records = [f for f in fields if f.startswith(("group:", "grpconfig:"))]
+    refs = [f for f in map(_text, r.hkeys(f"{PREFIX}:topic:{{{TOPIC}}}:refs")) if ":off:" in f]
     return {"group_keys": group_keys(r), "group_records": len(records), "topic_refs_of_groups": len(refs)}
 
 
@@ -132,6 +137,8 @@ def redis_server(port: int) -> Iterator[str]:
 
 
 def main() -> None:
+    from tests.harness import free_port, start_service  # on the path once _stack is imported
+
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
