@@ -68,7 +68,7 @@ class CoordinatorTimers(CoordinatorWriter):
         Without live groups it sleeps until that deadline (at most a second, for the gauges and the
         heap keeper) or until a group write wakes it: 10,000 empty groups cost nothing in between."""
         last_sweep = last_gauges = 0.0
-        gauges_version = -1
+        gauges_of: tuple[int, int] | None = None  # (state object, its version) the gauges show
         while True:
             await self._group_wait()
             now = time.monotonic()
@@ -91,8 +91,10 @@ class CoordinatorTimers(CoordinatorWriter):
                 log.warning("group timer: %s", exc)
             if now - last_gauges >= GROUP_GAUGES_S:
                 last_gauges = now
-                if gauges_version != self.groups.version or self._asked_changed():
-                    gauges_version = self.groups.version
+                # Only when a group record was replayed since (a reload replaces the state object).
+                version = (id(self.groups), self.groups.version)
+                if self._asked_changed() or version != gauges_of:
+                    gauges_of = version
                     self._refresh_group_gauges()
                 self._heap.tick()
 
