@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sluice.coordinator.groups.deadlines import Deadlines
+from sluice.coordinator.groups.model import ConflictPolicy, GroupConfig
 from sluice.coordinator.groups.timer import EXPIRE_BATCH
 
 from .groups_context import KEYS, SETTINGS, GroupsContext
@@ -59,4 +60,23 @@ def test_empty_groups_are_not_live_and_expire_whole_in_batches() -> None:
     assert ctx.writes - writes == -(-(len(names) + 1) // EXPIRE_BATCH)  # whole groups, EXPIRE_BATCH a write
     assert [k for k in ctx.redis if "{e" in k and ctx.redis[k] not in ({}, set())] == []
     assert len(g.deadlines) == 0
+    ctx.check_redis_matches_state()
+
+
+def test_a_live_group_s_idle_binding_and_empty_groups_due_together_all_expire() -> None:
+    ctx = GroupsContext(replace(SETTINGS, offsets_retention_ms=5_000))  # shorter than the sessions
+    ctx.create_topic("t", 1)
+    ctx.apply(ctx.groups.set_config("mixed", GroupConfig(ConflictPolicy.SPLIT), True, ctx.now_ms))
+    ctx.heartbeat(group="mixed", subscription={"t": "tagA"})
+    b = ctx.heartbeat(group="mixed", subscription={"t": "tagB"})
+    ctx.heartbeat(group="mixed", member_id=b.member_id, epoch=-1)
+    for name in ("e1", "e2", "e3"):
+        m = ctx.heartbeat(group=name, subscription={"t": "*"})
+        ctx.heartbeat(group=name, member_id=m.member_id, epoch=-1)
+    outcome_writes = ctx.writes
+    ctx.advance(5_000)
+    assert sorted(ctx.groups.groups) == ["mixed"]
+    assert [key[1] for key in ctx.groups.groups["mixed"].tracks] == ["tagA"]
+    assert ctx.writes - outcome_writes == 2  # the three empty groups in one write, the binding in another
+    assert list(ctx.groups.live) == ["mixed"]
     ctx.check_redis_matches_state()

@@ -83,8 +83,10 @@ class GroupTimer(GroupsBase):
             if not g.members and len(expired) == len(g.tracks):
                 records += group_tombstones(g.group_id, set(g.members) | set(g.targets) | set(g.current))
                 gone.append(name)
-            elif gone or not expired:
-                self.deadlines.set(name, self._retention_due(g))  # for the next call
+            elif not expired:
+                continue  # nothing due after all: the next replay of the group sets its deadline
+            elif gone:
+                self.deadlines.set(name, self._retention_due(g))  # a write of its own, next call
             else:
                 kept = [e for e in g.tracks.values() if e not in expired]
                 record = new_group_metadata_record(
