@@ -8,6 +8,7 @@ from datetime import timedelta
 from sluice.coordinator.cluster.model import Endpoint
 from sluice.coordinator.cluster.state import ClusterSettings
 from sluice.coordinator.election import validate_election
+from sluice.coordinator.group_metrics import DEFAULT_MAX_GROUPS, GroupMetricsPolicy
 from sluice.coordinator.groups.model import GroupSettings
 from sluice.errors import InvalidArgument
 
@@ -82,6 +83,22 @@ class CoordinatorConfig:
     group_lag_interval: timedelta = field(
         default=timedelta(seconds=10),
         metadata={"help": "how often consumer lag metrics are refreshed (0 turns the refresh off)"},
+    )
+    group_metrics_max: int = field(
+        default=DEFAULT_MAX_GROUPS,
+        metadata={
+            "help": "at most this many consumer groups get per-group series on /metrics: those with members "
+            "first, then those described recently, then the rest by name (0: none; every group is still "
+            "counted in sluice_coordinator_groups)"
+        },
+    )
+    group_metrics_groups: str = field(
+        default="",
+        metadata={
+            "help": "export per-group series only for these groups: names or regular expressions, comma "
+            "separated, each matched in full (still at most --group-metrics-max); their lag is refreshed "
+            "even while they are empty"
+        },
     )
     offset_store: str = field(
         default="", metadata={"help": "offset-store address (host:port) that Metadata hands to clients"}
@@ -166,6 +183,7 @@ class CoordinatorConfig:
             raise InvalidArgument("--group-offsets-retention must be >= 0 (0: keep offsets until deleted)")
         if self.group_lag_interval < timedelta(0):
             raise InvalidArgument("--group-lag-interval must be >= 0")
+        self.group_metrics_policy()
         if self.broker_update_timeout <= timedelta(0):
             raise InvalidArgument("--broker-update-timeout must be positive")
         if self.offset_store:
@@ -191,6 +209,9 @@ class CoordinatorConfig:
             reconcile_heartbeat_interval_ms=min(interval, max(100, interval // 10)),
             offsets_retention_ms=_ms(self.group_offsets_retention),
         )
+
+    def group_metrics_policy(self) -> GroupMetricsPolicy:
+        return GroupMetricsPolicy.parse(self.group_metrics_max, self.group_metrics_groups)
 
     def offset_store_endpoint(self) -> Endpoint | None:
         return Endpoint.parse(self.offset_store) if self.offset_store else None

@@ -7,6 +7,7 @@ process (tests) does not register a name twice.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from threading import Lock
 
@@ -43,6 +44,7 @@ class CoordinatorMetrics:
     fenced_members: Counter
     consumer_lag: Gauge
     consumer_lag_seconds: Gauge
+    groups_not_exported: Gauge
 
     def refresh(self, cluster: ClusterState, now_ms: int) -> None:
         """Recompute the gauges from the state (cheap: one pass over brokers, dispatchers and topics)."""
@@ -53,26 +55,40 @@ class CoordinatorMetrics:
         self.partitions.set(cluster.partition_count())
         self.metadata_version.set(cluster.metadata_version)
 
-    def refresh_groups(self, groups: GroupsState, known: set[str]) -> set[str]:
-        """Group gauges from the state; series of groups that disappeared are removed. Returns the groups
-        exported now (the caller passes it back next time)."""
+    def refresh_groups(self, groups: GroupsState, known: set[str], selected: Iterable[str]) -> set[str]:
+        """Group gauges from the state for the ``selected`` groups (``group_metrics.py`` bounds them);
+        series of groups no longer selected (or gone) are removed; every group is counted by state.
+        Returns the groups exported now (the caller passes it back next time)."""
         by_state = dict.fromkeys(GroupState, 0)
+        empty = 0
+        for name, g in groups.groups.items():
+            if not g.exists:
+                continue
+            if name in groups.live:
+                by_state[g.state()] += 1
+            else:
+                empty += 1  # no members: EMPTY, without building a summary of each of thousands
+        by_state[GroupState.EMPTY] += empty
         now_known = set()
-        for summary in groups.list_groups():
-            now_known.add(summary.group)
-            by_state[summary.state] += 1
-            if summary.group not in known:
-                self._start_group_series(summary.group)
-            self.group_members.labels(summary.group).set(summary.members)
-            for state in GroupState:
-                self.group_state.labels(summary.group, state.value).set(1 if state is summary.state else 0)
+        for name in selected:
+            group = groups.groups.get(name)
+            if group is None or not group.exists:
+                continue
+            now_known.add(name)
+            if name not in known:
+                self.start_group_series(name)
+            state = group.state()
+            self.group_members.labels(name).set(len(group.members))
+            for s in GroupState:
+                self.group_state.labels(name, s.value).set(1 if s is state else 0)
         for gone in known - now_known:
             self._remove_group_series(gone)
-        for state, count in by_state.items():
-            self.groups.labels(state.value).set(count)
+        for s, count in by_state.items():
+            self.groups.labels(s.value).set(count)
+        self.groups_not_exported.set(sum(by_state.values()) - len(now_known))
         return now_known
 
-    def _start_group_series(self, group: str) -> None:
+    def start_group_series(self, group: str) -> None:
         """Counters and the histogram of a group exist from when the group does, at 0: a query's first
         ``increase()`` then counts the first rebalance or fencing instead of missing it."""
         self.rebalances.labels(group)
@@ -117,6 +133,7 @@ class CoordinatorMetrics:
             metric.clear()
         for state in GroupState:
             self.groups.labels(state.value).set(0)
+        self.groups_not_exported.set(0)
 
     def count_update(self, ok: bool) -> None:
         self.broker_updates.labels("ok" if ok else "failed").inc()
@@ -174,6 +191,11 @@ def coordinator_metrics() -> CoordinatorMetrics:
                     f"{p}_consumer_lag",
                     "Records between a group's committed offset and the high watermark",
                     ["group", "track", "topic", "partition"],
+                ),
+                groups_not_exported=Gauge(
+                    f"{p}_groups_not_exported",
+                    "Consumer groups without per-group series (over --group-metrics-max, or not named by "
+                    "--group-metrics-groups); sluice_coordinator_groups counts them all",
                 ),
                 consumer_lag_seconds=Gauge(
                     f"{p}_consumer_lag_seconds",

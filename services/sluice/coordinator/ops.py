@@ -15,8 +15,9 @@ __all__ = ["RedisOp"]
 @dataclass(frozen=True)
 class RedisOp:
     """One key operation inside the fenced write: ``HSET key a b``, ``HDEL key a``, ``SET key a``,
-    ``DEL key``, or ``HCOPY key a b`` (copy field ``b`` of hash ``a`` into hash ``key``; delete it there
-    when ``a`` has none)."""
+    ``DEL key``, ``HCOPY key a b`` (copy field ``b`` of hash ``a`` into hash ``key``; delete it there
+    when ``a`` has none), or ``DELINDEX key a b`` (delete the hash ``a + id`` of every id in the set
+    ``key``, and its field in hash ``b`` when ``b`` is given)."""
 
     op: str
     key: str

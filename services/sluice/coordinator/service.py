@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from redis.asyncio import Redis
 
@@ -29,6 +30,7 @@ from sluice.coordinator.cluster.model import (
     TopicView,
 )
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
+from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
 from sluice.coordinator.groups.deletion import delete_group, deletion_ops, find_group_keys
@@ -73,6 +75,7 @@ class CoordinatorService(CoordinatorTimers):
             offset_store=config.offset_store_endpoint(),
             group_settings=config.group_settings(),
             lag_interval_s=config.group_lag_interval.total_seconds(),
+            group_metrics=config.group_metrics_policy(),
             election=election,
         )
 
@@ -303,15 +306,23 @@ class CoordinatorService(CoordinatorTimers):
             description: GroupDescription | None = self.groups.describe(group)
         except UnknownGroup:
             description = None
-        rows = await self._lag.rows(self.cluster, description, group)
+        # Fresh high watermarks (max age 0: an operator expects what was just produced), through the
+        # shared cache, so the next lag refresh need not ask again.
+        rows = await self._lag.rows(self.cluster, description, group, self._fresh_log_end)
         if description is None and not any(r.committed >= 0 for r in rows):
             raise UnknownGroup(f"group {group!r} does not exist (no members, no committed offsets)")
         if description is not None:
             description = await self._lag.with_handovers(group, description)
+        self._asked[group] = time.monotonic()  # its lag is refreshed for a while (timers.py)
         lagging = lag_positions(rows)
         stamps = await self._lag.record_timestamps(self.cluster, lagging) if lagging else {}
         now_ms = self._clock.now_ms()
         return description, rows, [time_lag(r, stamps, now_ms) for r in rows]
+
+    async def _fresh_log_end(
+        self, cluster: ClusterState, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        return await self._log_end.get(cluster, partitions, max_age_s=0.0)
 
     async def delete_group(self, group: str) -> int:
         """DeleteGroup (groups/deletion.py): the group's records and every Redis key it left, at once;
@@ -323,5 +334,6 @@ class CoordinatorService(CoordinatorTimers):
             lambda now: delete_group(self.groups, group, found), extra_ops=deletion_ops(found, self._keys)
         )
         self.groups.soft.groups.pop(group, None)
+        self._asked.pop(group, None)
         log.info("group %s deleted: %d keys, %d committed offsets", group, len(found.keys), deleted)
         return deleted

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 #   HSET key a=field b=value | HDEL key a=field | SET key a=value | DEL key
 #   HCOPY key a=index of the source hash b=field (copy the field, or delete it when the source has none)
 #   PURGE key=a topic's refs a=the topic's field prefix (remove every registered piece of its data).
+#   DELINDEX key=a set of member ids a=the prefix of their hashes b=index of a topic's refs hash or ''
+#     (delete each listed member's hash, and unregister it from those refs; the set itself stays).
 # Records are HSET/HDEL on KEYS[2].
 FENCED_WRITE = (
     TOPIC_PURGE_LUA
@@ -56,6 +58,13 @@ for i = 2, #ARGV, 4 do
     if v then redis.call('HSET', key, ARGV[i + 3], v) else redis.call('HDEL', key, ARGV[i + 3]) end
   elseif op == 'PURGE' then
     purge_topic(key, ARGV[i + 2])
+  elseif op == 'DELINDEX' then
+    local refs = nil
+    if ARGV[i + 3] ~= '' then refs = KEYS[tonumber(ARGV[i + 3])] end
+    for _, id in ipairs(redis.call('SMEMBERS', key)) do
+      redis.call('DEL', ARGV[i + 2] .. id)
+      if refs then redis.call('HDEL', refs, ARGV[i + 2] .. id) end
+    end
   else
     return redis.error_reply('unknown operation ' .. op)
   end
@@ -131,7 +140,8 @@ class MetadataStore:
                 args += ["HSET", "2", field, value]
         for op in ops:
             a = key_index(op.a) if op.op == "HCOPY" else op.a
-            args += [op.op, key_index(op.key), a, op.b]
+            b = key_index(op.b) if op.op == "DELINDEX" and op.b else op.b
+            args += [op.op, key_index(op.key), a, b]
         try:
             reply = await self._write(keys=keys, args=args)
         except ResponseError as exc:

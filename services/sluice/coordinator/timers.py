@@ -10,7 +10,7 @@ import logging
 import time
 
 from sluice.coordinator.groups.assignment import AssignmentJob
-from sluice.coordinator.groups.lag import lag_positions, time_lag
+from sluice.coordinator.groups.lag import lag_positions, rows_off_loop, time_lag
 from sluice.coordinator.groups.model import GroupDescription, Slot, TickOutcome
 from sluice.coordinator.metrics import LagKey
 from sluice.coordinator.records import Result
@@ -20,6 +20,16 @@ from sluice.errors import SluiceError, UnknownGroup
 log = logging.getLogger(__name__)
 
 Targets = dict[str, frozenset[Slot]]
+
+#: The group timer's cadence while some group has members (targets, topic changes), its session and
+#: rebalance-deadline sweep, its gauge refresh, and its longest sleep while no group has members.
+GROUP_PERIOD_S = 0.05
+GROUP_SWEEP_S = 0.25
+GROUP_GAUGES_S = 1.0
+GROUP_IDLE_S = 1.0
+#: A group DescribeGroup asked about keeps its lag refreshed (and is exported before the other empty
+#: groups) for this long.
+ASKED_TTL_S = 600.0
 
 
 class CoordinatorTimers(CoordinatorWriter):
@@ -52,14 +62,20 @@ class CoordinatorTimers(CoordinatorWriter):
             self._metrics.refresh(self.cluster, now)
 
     async def _group_loop(self) -> None:
-        """The groups' timer: throttled target assignments and topic changes every 50 ms; sessions and
-        rebalance deadlines every 250 ms; gauges every second."""
-        period, sweep_every, gauges_every = 0.05, 5, 20
-        n = 0
+        """The groups' timer. With live groups (members): throttled target assignments and topic
+        changes every 50 ms, sessions and rebalance deadlines every 250 ms, as before, over the live
+        groups only. Offsets retention: when its earliest deadline is due (``groups/deadlines.py``).
+        Without live groups it sleeps until that deadline (at most a second, for the gauges and the
+        heap keeper) or until a group write wakes it: 10,000 empty groups cost nothing in between."""
+        last_sweep = last_gauges = 0.0
+        gauges_of: tuple[int, int] | None = None  # (state object, its version) the gauges show
         while True:
-            await asyncio.sleep(period)
-            n += 1
-            sweep = n % sweep_every == 0
+            await self._group_wait()
+            now = time.monotonic()
+            due = self.groups.deadlines.next_at()
+            sweep = now - last_sweep >= GROUP_SWEEP_S or (due is not None and due <= self._clock.now_ms())
+            if sweep:
+                last_sweep = now
 
             def tick(now: int, sweep: bool = sweep) -> Result[TickOutcome]:
                 return self.groups.tick(now, sweep, assign_inline=False)
@@ -67,26 +83,83 @@ class CoordinatorTimers(CoordinatorWriter):
             try:
                 for _ in range(64):  # one group per write; bounded so a huge backlog yields to requests
                     outcome = await self._write(tick)
-                    for group, member, reason in outcome.removed:
-                        log.warning("group %s: member %s removed (%s)", group, member, reason)
-                        self._metrics.count_fenced(group, reason)
-                    for group, topic, expr, track in outcome.expired_tracks:
-                        log.info(
-                            "group %s: offsets of topic %s read with filter %r (track %s) expired: "
-                            "unread for --group-offsets-retention",
-                            group,
-                            topic,
-                            expr,
-                            track,
-                        )
+                    self._log_tick(outcome)
                     if not outcome.changed:
                         break
                 await self._assign_due_groups()
             except SluiceError as exc:
                 log.warning("group timer: %s", exc)
-            if n % gauges_every == 0:
-                self._exported_groups = self._metrics.refresh_groups(self.groups, self._exported_groups)
+            if now - last_gauges >= GROUP_GAUGES_S:
+                last_gauges = now
+                # Only when a group record was replayed since (a reload replaces the state object).
+                version = (id(self.groups), self.groups.version)
+                if self._asked_changed() or version != gauges_of:
+                    gauges_of = version
+                    self._refresh_group_gauges()
                 self._heap.tick()
+
+    async def _group_wait(self) -> None:
+        """Until the next thing the group timer has to do: 50 ms while a group has members; otherwise
+        the earliest retention deadline, at most ``GROUP_IDLE_S``, or a group write (``_group_wake``)."""
+        self._group_wake.clear()
+        if self.groups.live:
+            self._group_idle = False
+            await asyncio.sleep(GROUP_PERIOD_S)
+            return
+        delay = GROUP_IDLE_S
+        due = self.groups.deadlines.next_at()
+        if due is not None:
+            delay = min(delay, max(0.0, (due - self._clock.now_ms()) / 1000))
+        self._group_idle = True
+        try:
+            await asyncio.wait_for(self._group_wake.wait(), delay)
+        except TimeoutError:
+            pass
+        finally:
+            self._group_idle = False
+
+    def _log_tick(self, outcome: TickOutcome) -> None:
+        for group, member, reason in outcome.removed:
+            log.warning("group %s: member %s removed (%s)", group, member, reason)
+            if self._exporting(group):
+                self._metrics.count_fenced(group, reason)
+        for group, topic, expr, track in outcome.expired_tracks:
+            log.info(
+                "group %s: offsets of topic %s read with filter %r (track %s) expired: "
+                "unread for --group-offsets-retention",
+                group,
+                topic,
+                expr,
+                track,
+            )
+        for group in outcome.expired_groups:
+            self.groups.soft.groups.pop(group, None)
+            self._asked.pop(group, None)
+        if outcome.expired_groups:
+            log.info(
+                "%d empty group(s) expired with their offsets (unread for --group-offsets-retention): %s",
+                len(outcome.expired_groups),
+                ", ".join(outcome.expired_groups[:10])
+                + (", ..." if len(outcome.expired_groups) > 10 else ""),
+            )
+
+    def _asked_changed(self) -> bool:
+        """Forget DescribeGroup asks older than ``ASKED_TTL_S``; whether the asked set changed since the
+        last gauge refresh (the exported selection puts asked groups second)."""
+        oldest = time.monotonic() - ASKED_TTL_S
+        for name in [n for n, at in self._asked.items() if at < oldest]:
+            del self._asked[name]
+        key = frozenset(self._asked)
+        changed = key != self._asked_seen
+        self._asked_seen = key
+        return changed
+
+    def _refresh_group_gauges(self) -> None:
+        groups = self.groups
+        selected = self._group_metrics.select(
+            (n for n, g in groups.groups.items() if g.exists), groups.live, self._asked
+        )
+        self._exported_groups = self._metrics.refresh_groups(groups, self._exported_groups, selected)
 
     async def _assign_due_groups(self) -> None:
         """Compute the throttled target assignments in a worker thread, from a snapshot, outside the
@@ -122,22 +195,41 @@ class CoordinatorTimers(CoordinatorWriter):
             except SluiceError as exc:
                 log.warning("consumer lag refresh: %s", exc)
 
-    async def refresh_lag(self) -> None:
-        """Set ``sluice_coordinator_consumer_lag`` (records) and ``_consumer_lag_seconds`` for every group
-        (the largest over a broadcasting group's members); remove the series of partitions no group
-        reads any more.
+    def _lag_groups(self) -> list[str]:
+        """The groups whose lag is refreshed: exported ones (``group_metrics.py``) that have members,
+        were asked about within ``ASKED_TTL_S``, or are named by ``--group-metrics-groups``. Not every
+        group ever seen: an empty group's lag moves only with its topics, and nobody is reading it."""
+        named = self._group_metrics.named
+        return sorted(
+            n for n in self._exported_groups if n in self.groups.live or n in self._asked or named(n)
+        )
 
-        Seconds behind = now - timestamp of the first unconsumed record, read per group with one Fetch
-        per broker for the lagging partitions (``LagReader.record_timestamps``); 0 when caught up, no
-        series while that record cannot be read."""
-        lag: dict[LagKey, int] = {}
-        seconds: dict[LagKey, float] = {}
-        for name in sorted(self.groups.groups):
+    async def refresh_lag(self) -> None:
+        """Set ``sluice_coordinator_consumer_lag`` (records) and ``_consumer_lag_seconds`` for the groups
+        of ``_lag_groups`` (the largest over a broadcasting group's members); remove the series of
+        partitions no such group reads any more.
+
+        High watermarks come from the shared log-end cache (``groups/log_end.py``): the partitions of
+        every group refreshed are asked for once, one ListOffsets per broker. Seconds behind = now -
+        timestamp of the first unconsumed record, read per group with one Fetch per broker for the
+        lagging partitions (``LagReader.record_timestamps``); 0 when caught up, no series while that
+        record cannot be read."""
+        inputs = []
+        wanted: set[tuple[str, int]] = set()
+        for name in self._lag_groups():
             try:
                 description: GroupDescription | None = self.groups.lag_view(name)
             except UnknownGroup:
                 description = None
-            rows = await self._lag.rows(self.cluster, description, name)
+            committed, partitions = await self._lag.inputs(description, name)
+            inputs.append((name, description, committed, len(partitions)))
+            wanted |= partitions
+        ends = await self._log_end.get(self.cluster, wanted, self._lag_interval_s / 2) if wanted else {}
+        self._log_end.forget_older_than(3 * max(self._lag_interval_s, 1.0))
+        lag: dict[LagKey, int] = {}
+        seconds: dict[LagKey, float] = {}
+        for name, description, committed, count in inputs:
+            rows = await rows_off_loop(description, committed, ends, count)
             lagging = lag_positions(rows)
             stamps = await self._lag.record_timestamps(self.cluster, lagging) if lagging else {}
             now_ms = self._clock.now_ms()

@@ -26,7 +26,9 @@ from sluice.coordinator.cluster.model import BrokerUpdate, Endpoint, MetadataCha
 from sluice.coordinator.cluster.redis_ops import copy_registrations, topic_ops
 from sluice.coordinator.cluster.state import ClusterSettings, ClusterState
 from sluice.coordinator.election import CoordinatorElection
+from sluice.coordinator.group_metrics import GroupMetricsPolicy
 from sluice.coordinator.groups.lag import LagReader
+from sluice.coordinator.groups.log_end import LogEndCache
 from sluice.coordinator.groups.model import GroupSettings, GroupState
 from sluice.coordinator.groups.redis_ops import GroupKeys, group_ops
 from sluice.coordinator.groups.state import GroupsState
@@ -74,6 +76,7 @@ class CoordinatorWriter:
         offset_store: Endpoint | None = None,
         group_settings: GroupSettings | None = None,
         lag_interval_s: float = 10.0,
+        group_metrics: GroupMetricsPolicy | None = None,
         election: CoordinatorElection | None = None,
     ) -> None:
         #: None (--election none): this process leads from start() on, fencing older ones by epoch.
@@ -89,7 +92,16 @@ class CoordinatorWriter:
         self._keys = Keys(key_prefix)
         self._group_keys = GroupKeys(key_prefix)
         self._lag = LagReader(redis, key_prefix)
+        #: High watermarks shared by every group's lag (one ListOffsets per partition per refresh).
+        self._log_end = LogEndCache(self._lag.high_watermarks)
         self._lag_interval_s = lag_interval_s
+        self._group_metrics = group_metrics or GroupMetricsPolicy()
+        #: Group -> when (monotonic s) DescribeGroup last asked about it: its lag is refreshed a while.
+        self._asked: dict[str, float] = {}
+        self._asked_seen: frozenset[str] = frozenset()
+        #: Set by a group write while the group timer sleeps long (no live group): it looks again.
+        self._group_wake = asyncio.Event()
+        self._group_idle = False
         self._group_tasks: list[asyncio.Task[None]] = []
         self._exported_groups: set[str] = set()
         self._lag_series: set[LagKey] = set()
@@ -195,6 +207,8 @@ class CoordinatorWriter:
                 # Every write that touches a group is looked at, so a rebalance that starts and
                 # settles between two timer ticks is still counted and timed.
                 self._observe_rebalances(touched, self._clock.now_ms())
+                if touched and self._group_idle:
+                    self._group_wake.set()
                 if len(touched) < len(result.records):
                     self._refresh_metrics()
                 if basis is not None:
@@ -227,11 +241,29 @@ class CoordinatorWriter:
                 len(futures),
             )
 
+    def _exporting(self, name: str) -> bool:
+        """Whether ``name`` has per-group series (``group_metrics.py``). A group not exported yet is
+        taken in at once while there is room (so a new group's first rebalance is counted before the
+        next gauge refresh); that refresh keeps it or removes its series."""
+        if name in self._exported_groups:
+            return True
+        policy = self._group_metrics
+        if len(self._exported_groups) >= policy.max_groups or (policy.patterns and not policy.named(name)):
+            return False
+        self._exported_groups.add(name)
+        self._metrics.start_group_series(name)
+        return True
+
     def _observe_rebalances(self, touched: set[str], now_ms: int) -> None:
         for name in touched:
             g = self.groups.groups.get(name)
+            if g is None:  # deleted or expired: no soft state to keep (nor to re-create here)
+                self.groups.soft.groups.pop(name, None)
+                continue
+            if not self._exporting(name):
+                continue
             soft = self.groups.soft.group(name)
-            settled = g is None or g.state() in (GroupState.STABLE, GroupState.EMPTY)
+            settled = g.state() in (GroupState.STABLE, GroupState.EMPTY)
             if not settled and soft.rebalancing_since_ms is None:
                 soft.rebalancing_since_ms = now_ms
                 self._metrics.rebalances.labels(name).inc()

@@ -61,6 +61,14 @@ def apply_ops(redis: dict[str, object], ops: Iterable[RedisOp]) -> None:
                 dst[op.b] = src[op.b]
             else:
                 dst.pop(op.b, None)
+        elif op.op == "DELINDEX":
+            index = redis.get(op.key, set())
+            assert isinstance(index, set)
+            for mid in index:
+                redis.pop(op.a + mid, None)
+                refs = redis.get(op.b, {}) if op.b else {}
+                assert isinstance(refs, dict)
+                refs.pop(op.a + mid, None)
         else:
             raise AssertionError(f"unknown op {op.op}")
 

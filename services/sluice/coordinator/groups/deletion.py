@@ -22,17 +22,10 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluice.coordinator.groups.records import (
-    CurrentAssignmentRecord,
-    GroupConfigRecord,
-    GroupMetadataRecord,
-    MemberRecord,
-    TargetAssignmentRecord,
-    member_key,
-)
+from sluice.coordinator.groups.records import group_tombstones
 from sluice.coordinator.groups.redis_ops import RedisOp
 from sluice.coordinator.groups.state import GroupsState
-from sluice.coordinator.records import Record, Result, Tombstone
+from sluice.coordinator.records import Record, Result
 from sluice.errors import GroupNotEmpty, StorageError, UnknownGroup
 from sluice.offsetstore.keys import Keys
 
@@ -104,14 +97,7 @@ def delete_group(state: GroupsState, group: str, found: GroupKeysFound) -> Resul
         raise UnknownGroup(f"group {group!r} does not exist (no members, no committed offsets)")
     records: list[Record] = []
     if g is not None:
-        for mid in sorted(set(g.targets) | set(g.current)):
-            key = member_key(group, mid)
-            records += [
-                Tombstone(CurrentAssignmentRecord.TYPE, key),
-                Tombstone(TargetAssignmentRecord.TYPE, key),
-                Tombstone(MemberRecord.TYPE, key),
-            ]
-        records += [Tombstone(GroupConfigRecord.TYPE, group), Tombstone(GroupMetadataRecord.TYPE, group)]
+        records += group_tombstones(group, set(g.targets) | set(g.current))
     return Result(found.offsets, tuple(records))
 
 

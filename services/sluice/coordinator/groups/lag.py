@@ -28,6 +28,7 @@ from sluice.codec.batch import HEADER_SIZE, columns, read_header
 from sluice.common.rpc import CHANNEL_OPTIONS
 from sluice.coordinator.cluster.records import TopicRecord
 from sluice.coordinator.cluster.state import ClusterState
+from sluice.coordinator.groups.log_end import FetchHighWatermarks
 from sluice.coordinator.groups.model import DEFAULT_TRACK, GroupDescription, MessageModel, Slot
 from sluice.coordinator.groups.redis_ops import GroupKeys
 from sluice.errors import CorruptBatch, StorageError
@@ -36,7 +37,15 @@ from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LagReader", "LagRow", "lag_positions", "lag_rows", "record_timestamp", "time_lag"]
+__all__ = [
+    "LagReader",
+    "LagRow",
+    "lag_positions",
+    "lag_rows",
+    "record_timestamp",
+    "rows_off_loop",
+    "time_lag",
+]
 
 
 #: ListOffsets' "latest" sentinel (broker.proto): the high watermark.
@@ -183,6 +192,19 @@ def _high_watermarks_of(
             if item.error.code == common_pb2.NONE:
                 out[(item.topic, item.partition)] = item.offset
     return out
+
+
+async def rows_off_loop(
+    description: GroupDescription | None,
+    committed: Committed,
+    high_watermarks: Mapping[tuple[str, int], int],
+    partitions: int,
+) -> list[LagRow]:
+    """:func:`lag_rows`; thousands of partitions take tens of milliseconds: then in a worker thread, so
+    the event loop keeps answering heartbeats meanwhile (the inputs are the caller's own copies)."""
+    if partitions < _THREAD_MIN:
+        return lag_rows(description, committed, high_watermarks)
+    return await asyncio.to_thread(lag_rows, description, committed, high_watermarks)
 
 
 class LagReader:
@@ -398,9 +420,10 @@ class LagReader:
             channel = self._channels[address] = aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         return channel
 
-    async def rows(
-        self, cluster: ClusterState, description: GroupDescription | None, group: str
-    ) -> list[LagRow]:
+    async def inputs(
+        self, description: GroupDescription | None, group: str
+    ) -> tuple[Committed, set[tuple[str, int]]]:
+        """The group's committed offsets (Redis) and the partitions whose high watermarks its rows need."""
         tracks = description.tracks if description is not None else (DEFAULT_TRACK,)
         broadcast = (
             [m.member_id for m in description.members]
@@ -411,12 +434,20 @@ class LagReader:
         wanted = {(t, p) for (_, t, p, _) in committed}
         if description is not None:
             wanted |= {(t, p) for t, n in description.topics.items() for p in range(n)}
-        high_watermarks = await self.high_watermarks(cluster, wanted)
-        if len(wanted) < _THREAD_MIN:
-            return lag_rows(description, committed, high_watermarks)
-        # Thousands of partitions take tens of milliseconds: in a worker thread the event loop keeps
-        # answering heartbeats meanwhile (the inputs are this call's own copies).
-        return await asyncio.to_thread(lag_rows, description, committed, high_watermarks)
+        return committed, wanted
+
+    async def rows(
+        self,
+        cluster: ClusterState,
+        description: GroupDescription | None,
+        group: str,
+        high_watermarks: FetchHighWatermarks | None = None,
+    ) -> list[LagRow]:
+        """The group's lag rows; high watermarks from ``high_watermarks`` (the shared log-end cache,
+        ``log_end.py``), else asked of the brokers here."""
+        committed, wanted = await self.inputs(description, group)
+        ends = await (high_watermarks or self.high_watermarks)(cluster, wanted)
+        return await rows_off_loop(description, committed, ends, len(wanted))
 
     async def close(self) -> None:
         for channel in self._channels.values():

@@ -242,8 +242,10 @@ class TickOutcome:
     assigned_groups: tuple[str, ...] = ()
     #: (group, topic, filter, track) bindings expired by the offsets retention, with their offsets.
     expired_tracks: tuple[tuple[str, str, str, str], ...] = ()
+    #: Empty groups removed whole by the offsets retention, with every key they had.
+    expired_groups: tuple[str, ...] = ()
 
     @property
     def changed(self) -> bool:
         """Whether the timer wrote: the caller calls again (one group per call)."""
-        return bool(self.removed or self.assigned_groups or self.expired_tracks)
+        return bool(self.removed or self.assigned_groups or self.expired_tracks or self.expired_groups)

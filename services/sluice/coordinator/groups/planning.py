@@ -14,6 +14,7 @@ from typing import Protocol
 
 from sluice.coordinator.cluster.records import TopicRecord
 from sluice.coordinator.groups.assignment import Overlay
+from sluice.coordinator.groups.deadlines import Deadlines
 from sluice.coordinator.groups.group import Group
 from sluice.coordinator.groups.model import GroupConfig, GroupSettings, Slot
 from sluice.coordinator.groups.records import (
@@ -65,6 +66,36 @@ class GroupsBase:
         self.topics = topics
         self.groups: dict[str, Group] = {}
         self.soft = soft or GroupSoftState()
+        #: Groups with members, in the order they became live: the only ones the timer's sessions,
+        #: assignments and topic checks look at (deadlines.py).
+        self.live: dict[str, None] = {}
+        #: When the offsets retention next expires something of a group (deadlines.py).
+        self.deadlines = Deadlines()
+        #: Moves on every replay of a group record: the gauges are recomputed only when it moved.
+        self.version = 0
+
+    def _scheduled(self, group_id: str) -> None:
+        """Keep ``live`` and ``deadlines`` equal to the group's replayed state. O(1) (plus a heap push
+        when its deadline moved). Caller: replay."""
+        self.version += 1
+        g = self.groups.get(group_id)
+        if g is None or not g.members:
+            self.live.pop(group_id, None)
+        elif group_id not in self.live:
+            self.live[group_id] = None
+        self.deadlines.set(group_id, self._retention_due(g) if g is not None else None)
+
+    def _retention_due(self, g: Group) -> int | None:
+        """When the offsets retention next expires something of ``g``: its oldest idle binding; an
+        empty group without bindings (only configured, never read) from its creation. None: never."""
+        retention = self.settings.offsets_retention_ms
+        if retention <= 0 or not g.exists:
+            return None
+        if g.earliest_idle_ms:
+            return g.earliest_idle_ms + retention
+        if g.members or any(not e.idle_since_ms for e in g.tracks.values()):
+            return None
+        return g.created_ms + retention
 
     def _group(self, group_id: str) -> Group:
         g = self.groups.get(group_id)

@@ -36,6 +36,7 @@ __all__ = [
     "TrackEntry",
     "decode_slots",
     "encode_slots",
+    "group_tombstones",
     "member_key",
 ]
 
@@ -368,3 +369,14 @@ def new_member_tombstones(group: str, member_id: str) -> tuple[Tombstone, ...]:
         Tombstone(TargetAssignmentRecord.TYPE, key),
         Tombstone(MemberRecord.TYPE, key),
     )
+
+
+def group_tombstones(group: str, member_ids: Iterable[str]) -> list[Tombstone]:
+    """A group goes (DeleteGroup, or expired by the offsets retention): any member records first, then
+    its config and metadata (replay drops the group with its metadata tombstone; ``redis_ops.py``
+    deletes its keys with it)."""
+    out: list[Tombstone] = []
+    for mid in sorted(member_ids):
+        out.extend(new_member_tombstones(group, mid))
+    out += [Tombstone(GroupConfigRecord.TYPE, group), Tombstone(GroupMetadataRecord.TYPE, group)]
+    return out

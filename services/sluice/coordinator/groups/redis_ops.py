@@ -37,7 +37,7 @@ from sluice.coordinator.records import Record, Tombstone
 # two sides from drifting apart.
 from sluice.offsetstore.keys import Keys, partition_field
 
-__all__ = ["GroupKeys", "RedisOp", "full_sync_ops", "group_ops"]
+__all__ = ["GroupKeys", "RedisOp", "full_sync_ops", "group_deletion_ops", "group_ops"]
 
 
 class GroupKeys:
@@ -59,6 +59,15 @@ class GroupKeys:
     def handover(self, group: str, track: str) -> str:
         return self._keys.handover(group, track)
 
+    def member_index(self, group: str, track: str) -> str:
+        return self._keys.member_index(group, track)
+
+    def member_offsets_prefix(self, group: str, track: str) -> str:
+        return self._keys.member_offsets_prefix(group, track)
+
+    def topic_refs(self, topic: str) -> str:
+        return self._keys.topic_refs(topic)
+
 
 class _Overlay:
     """One group's state as the records of this write change it, seeded lazily from the replayed state."""
@@ -70,6 +79,7 @@ class _Overlay:
         self.owner: dict[Slot, str | None] = {}
         self.tracks: dict[tuple[str, str], TrackEntry] | None = None
         self.membership_changed = False
+        self.deleted = False
 
     def member(self, mid: str) -> MemberRecord | None:
         if mid in self.members:
@@ -114,17 +124,7 @@ def group_ops(state: GroupsState, records: Sequence[Record], keys: GroupKeys) ->
 
     for record in records:
         if isinstance(record, Tombstone):
-            group, _, mid = record.id.partition("/")
-            if record.type == CurrentAssignmentRecord.TYPE:
-                o = overlay(group)
-                old = o.cur(mid)
-                ops.append(RedisOp("HDEL", keys.members(group), mid))
-                _release(o, group, mid, old.owned if old else frozenset(), frozenset(), keys, ops)
-                o.current[mid] = None
-            elif record.type == MemberRecord.TYPE:
-                o = overlay(group)
-                o.members[mid] = None
-                o.membership_changed = True
+            _tombstone_ops(record, overlay(record.id.partition("/")[0]), keys, ops)
         elif isinstance(record, MemberRecord):
             o = overlay(record.group)
             o.membership_changed = o.membership_changed or o.member(record.member_id) is None
@@ -164,9 +164,24 @@ def group_ops(state: GroupsState, records: Sequence[Record], keys: GroupKeys) ->
             _track_ops(state, record, o.track_table(), keys, ops)
             o.tracks = {(t.topic, t.filter): t for t in record.tracks}
     for group, o in sorted(overlays.items()):
-        if o.membership_changed:
+        if o.membership_changed and not o.deleted:
             ops.append(RedisOp("SET", keys.live(group), str(o.member_count())))
     return ops
+
+
+def _tombstone_ops(record: Tombstone, o: _Overlay, keys: GroupKeys, ops: list[RedisOp]) -> None:
+    group, _, mid = record.id.partition("/")
+    if record.type == CurrentAssignmentRecord.TYPE:
+        old = o.cur(mid)
+        ops.append(RedisOp("HDEL", keys.members(group), mid))
+        _release(o, group, mid, old.owned if old else frozenset(), frozenset(), keys, ops)
+        o.current[mid] = None
+    elif record.type == MemberRecord.TYPE:
+        o.members[mid] = None
+        o.membership_changed = True
+    elif record.type == GroupMetadataRecord.TYPE:
+        ops += group_deletion_ops(group, o.track_table().values(), keys)
+        o.deleted = True
 
 
 def _release(
@@ -227,6 +242,28 @@ def _track_ops(
         for f in fields(entry.topic):  # expired: its offsets of that topic go
             ops.append(RedisOp("HDEL", keys.offsets(g, entry.track), f))
             ops.append(RedisOp("HDEL", keys.handover(g, entry.track), f))
+
+
+def group_deletion_ops(group: str, bindings: Iterable[TrackEntry], keys: GroupKeys) -> list[RedisOp]:
+    """Delete every key of ``group`` its records name, and unregister them from the refs of the topics
+    it is bound to (docs/redis-schema.md, "Topic identity"): ownership keys, and per track (``default``
+    and every bound one) the committed offsets, the handover copy and a broadcasting group's per-member
+    offsets with their index. Written with the group's metadata tombstone (an expired group, or
+    DeleteGroup, which also deletes what its SCAN found: a track only an admin reset ever wrote)."""
+    bindings = list(bindings)
+    tracks = sorted({DEFAULT_TRACK} | {e.track for e in bindings})
+    refs = [keys.topic_refs(t) for t in sorted({e.topic for e in bindings})]
+    ops = [RedisOp("DEL", keys.members(group)), RedisOp("DEL", keys.live(group))]
+    for track in tracks:
+        offsets, index = keys.offsets(group, track), keys.member_index(group, track)
+        prefix = keys.member_offsets_prefix(group, track)
+        ops += [RedisOp("DELINDEX", index, prefix, r) for r in refs or [""]]
+        ops += [RedisOp("HDEL", r, k) for r in refs for k in (offsets, index)]
+        ops += [
+            RedisOp("DEL", k)
+            for k in (offsets, keys.handover(group, track), keys.owners(group, track), index)
+        ]
+    return ops
 
 
 def full_sync_ops(state: GroupsState, keys: GroupKeys) -> list[RedisOp]:

@@ -56,6 +56,13 @@ class GroupsState(HeartbeatHandlers, GroupTimer, GroupViews):
     # ---- replay: the only mutation of durable state ---------------------------------------------
 
     def replay(self, record: Record) -> None:
+        self._replay(record)  # raises on a record that is not a group's
+        if isinstance(record, Tombstone):
+            self._scheduled(record.id.partition("/")[0])
+        elif isinstance(record, GROUP_RECORD_TYPES):
+            self._scheduled(record.group)  # type: ignore[attr-defined]
+
+    def _replay(self, record: Record) -> None:
         if isinstance(record, Tombstone):
             if record.type in (GroupConfigRecord.TYPE, GroupMetadataRecord.TYPE):
                 self.groups.pop(record.id, None)

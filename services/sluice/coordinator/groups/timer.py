@@ -10,10 +10,14 @@ from sluice.coordinator.groups.assignment import AssignmentJob
 from sluice.coordinator.groups.group import Group
 from sluice.coordinator.groups.model import DEFAULT_TRACK, Slot, TickOutcome
 from sluice.coordinator.groups.planning import GroupsBase
-from sluice.coordinator.groups.records import new_group_metadata_record, new_target_record
+from sluice.coordinator.groups.records import group_tombstones, new_group_metadata_record, new_target_record
 from sluice.coordinator.groups.targets import choose_assignor
 from sluice.coordinator.groups.tracks import expire_tracks
 from sluice.coordinator.records import Record, Result
+
+#: Whole groups expired per write at most: 10,000 groups expiring at once are ~40 writes, and requests
+#: get the write lock between them.
+EXPIRE_BATCH = 256
 
 
 class GroupTimer(GroupsBase):
@@ -31,21 +35,13 @@ class GroupTimer(GroupsBase):
         shortest session timeout, and those with partitions to release). Without ``assign_inline`` the
         caller computes throttled targets itself (``assignment_jobs`` / ``apply_assignment``, in a thread).
         """
-        retention = self.settings.offsets_retention_ms
-        for g in self.groups.values():
-            if sweep and retention and g.earliest_idle_ms and now_ms - g.earliest_idle_ms >= retention:
-                expired = expire_tracks(g.tracks, now_ms, retention)
-                kept = [e for e in g.tracks.values() if e not in expired]
-                record = new_group_metadata_record(
-                    g.group_id, g.group_epoch, g.assignment_epoch, kept, g.created_ms
-                )
-                return Result(
-                    TickOutcome(
-                        expired_tracks=tuple((g.group_id, e.topic, e.filter, e.track) for e in expired)
-                    ),
-                    (record,),
-                )
-            if not g.members:
+        if sweep:
+            expired = self._expire_due(now_ms)
+            if expired is not None:
+                return expired
+        for name in list(self.live):  # only groups with members have sessions and targets
+            g = self.groups.get(name)
+            if g is None or not g.members:
                 continue
             removed = self._overdue(g, now_ms) if sweep else []
             if removed:
@@ -69,6 +65,40 @@ class GroupTimer(GroupsBase):
                 job = self._assignment_job(g)
                 return self.apply_assignment(job, job.compute(), now_ms)
         return Result(TickOutcome())
+
+    def _expire_due(self, now_ms: int) -> Result[TickOutcome] | None:
+        """What the offsets retention expires now (``deadlines.py`` says which groups are due; nothing
+        else is looked at). An empty group whose every binding expires goes whole: its records, and in
+        the same write every key it has in Redis (``redis_ops.py``: the group's tombstone deletes them),
+        as Kafka removes an empty group with its offsets. Up to ``EXPIRE_BATCH`` such groups per write.
+        Otherwise one group's expired bindings (the rest of the group stays): one write of its own."""
+        retention = self.settings.offsets_retention_ms
+        records: list[Record] = []
+        gone: list[str] = []
+        for name in self.deadlines.pop_due(now_ms, EXPIRE_BATCH):
+            g = self.groups.get(name)
+            if g is None:
+                continue
+            expired = expire_tracks(g.tracks, now_ms, retention)
+            if not g.members and len(expired) == len(g.tracks):
+                records += group_tombstones(g.group_id, set(g.members) | set(g.targets) | set(g.current))
+                gone.append(name)
+            elif not expired:
+                continue  # nothing due after all: the next replay of the group sets its deadline
+            elif gone:
+                self.deadlines.set(name, self._retention_due(g))  # a write of its own, next call
+            else:
+                kept = [e for e in g.tracks.values() if e not in expired]
+                record = new_group_metadata_record(
+                    g.group_id, g.group_epoch, g.assignment_epoch, kept, g.created_ms
+                )
+                outcome = TickOutcome(
+                    expired_tracks=tuple((g.group_id, e.topic, e.filter, e.track) for e in expired)
+                )
+                return Result(outcome, (record,))
+        if gone:
+            return Result(TickOutcome(expired_groups=tuple(gone)), tuple(records))
+        return None
 
     # ---- target assignments computed off the event loop (assignment.py) -------------------------
 
@@ -104,7 +134,8 @@ class GroupTimer(GroupsBase):
         after the previous one was applied, one in flight per group). The caller computes each one
         (``job.compute()``, in a worker thread) and applies it with :meth:`apply_assignment`, or gives it
         up with :meth:`abandon_assignment`."""
-        return [self._assignment_job(g) for g in self.groups.values() if self._assignment_due(g, now_ms)]
+        due = [self.groups[name] for name in self.live if name in self.groups]
+        return [self._assignment_job(g) for g in due if self._assignment_due(g, now_ms)]
 
     def abandon_assignment(self, job: AssignmentJob) -> None:
         self.soft.group(job.group).assigning_epoch = None
