@@ -167,7 +167,7 @@ class BrokerService:
                 await self._maintenance
         await self.flusher.stop()
         self.metrics.log_stats.source = None
-        self.registry.unserve_all()
+        self.registry.close()
         try:
             self.logs.flush_all()
         finally:
