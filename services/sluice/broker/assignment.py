@@ -319,14 +319,27 @@ class PartitionRegistry:
                 dropped.add(key)
         for key in (*plan.delete, *replaced):
             self._remove_log(key)
+        # A log that cannot be created does not stop the others: they are created and served, and
+        # the update then fails naming the ones that were not (the version stays, so it comes again).
+        failed: dict[TopicPartitionKey, StorageError] = {}
         for item in (*plan.replace, *plan.create, *plan.keep):
-            self._create_log(item)
+            try:
+                self._create_log(item)
+            except StorageError as exc:
+                failed[item.key] = exc
         for key in sorted(plan.assigned):
-            if key not in self.served:
+            if key not in self.served and key not in failed:
                 plog = self.logs.get(*key)
                 if plog is not None:
                     self._serve(key, plog)
                     added.append(key)
+        if failed:
+            names = ", ".join(f"{t}-{p}" for t, p in sorted(failed)[:5])
+            names += ", ..." if len(failed) > 5 else ""
+            raise StorageError(
+                f"could not create {len(failed)} of {len(plan.assigned)} assigned partition logs "
+                f"({names}): {next(iter(failed.values())).message}"
+            )
 
     def _journal(self, added: list[TopicPartitionKey], dropped: set[TopicPartitionKey]) -> None:
         unserved = dropped.difference(added)

@@ -77,7 +77,10 @@ class Admin:
     ) -> TopicInfo:
         """Create a topic with ``partitions`` partitions placed across the live brokers.
 
-        Raises InvalidTopic, InvalidPartitions, TopicAlreadyExists, InvalidArgument.
+        Raises InvalidTopic, InvalidPartitions, TopicAlreadyExists, InvalidArgument, and
+        BrokerUpdateFailed when the topic was recorded but a broker could not create its partitions
+        (the message names the broker and why): fix the cause and call again with the same arguments,
+        which completes the creation (docs/coordinator.md).
         """
         validate_topic(name)
         if (
@@ -100,7 +103,8 @@ class Admin:
         """Grow ``name`` to ``partitions`` partitions (never shrinks; existing data stays put).
 
         Keyed records may map to other partitions afterwards, as in Kafka. Raises
-        UnknownTopicOrPartition, InvalidPartitions.
+        UnknownTopicOrPartition, InvalidPartitions, and BrokerUpdateFailed as ``create_topic`` does
+        (a retry to the same count completes the growth).
         """
         validate_topic(name)
         if isinstance(partitions, bool) or not isinstance(partitions, int):
@@ -135,7 +139,8 @@ class Admin:
         return TopicInfo.from_proto(resp.topic)
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic and its data; raises UnknownTopicOrPartition when it does not exist."""
+        """Delete a topic and its data; raises UnknownTopicOrPartition when it does not exist, and
+        BrokerUpdateFailed when a broker did not remove its partitions (a retry pushes the removal again)."""
         validate_topic(name)
         request = coordinator_pb2.DeleteTopicRequest(name=name)
         try:

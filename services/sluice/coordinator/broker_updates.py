@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import grpc
 from grpc import aio
 
-from sluice.common.rpc import CHANNEL_OPTIONS
+from sluice.common.rpc import CHANNEL_OPTIONS, answered_error, error_from_rpc
 from sluice.coordinator.cluster.model import BrokerUpdate, Endpoint, MetadataChange, PartitionRef
 from sluice.coordinator.convert import broker_update_to_proto
 from sluice.v1 import broker_pb2_grpc
@@ -38,11 +38,15 @@ log = logging.getLogger(__name__)
 UNKNOWN_VERSION = -1
 
 
+#: How a push ended for one broker: None when it acknowledged, else why not (for the caller's answer).
+PushOutcome = str | None
+
+
 @dataclass
 class _Pending:
     base_version: int
     delta: BrokerUpdate
-    done: asyncio.Future[bool]
+    done: asyncio.Future[PushOutcome]
 
 
 @dataclass
@@ -99,23 +103,28 @@ class BrokerNotifier:
         if link is not None:
             link.known_version = reported_version
 
-    def submit(self, change: MetadataChange, live_brokers: Iterable[int]) -> list[asyncio.Future[bool]]:
+    def submit(
+        self, change: MetadataChange, live_brokers: Iterable[int]
+    ) -> dict[int, asyncio.Future[PushOutcome]]:
         """Queue ``change`` for every live broker (unaffected ones get an empty delta: it keeps their
-        deltas contiguous). Returns futures for the affected brokers: True once acknowledged."""
+        deltas contiguous). Returns a future per affected live broker: None once acknowledged, else
+        why it was not."""
         loop = asyncio.get_running_loop()
         affected = change.affected
-        futures = []
+        futures = {}
         for broker_id in live_brokers:
             link = self._links.get(broker_id)
-            done: asyncio.Future[bool] = loop.create_future()
+            done: asyncio.Future[PushOutcome] = loop.create_future()
             if link is None or self._closed:
-                done.set_result(False)
+                done.set_result(
+                    "the coordinator has no connection to it" if link is None else "shutting down"
+                )
             else:
                 link.queue.append(_Pending(change.base_version, change.delta_for(broker_id), done))
                 if link.worker is None:
                     link.worker = loop.create_task(self._drain(broker_id), name=f"push-broker-{broker_id}")
             if broker_id in affected:
-                futures.append(done)
+                futures[broker_id] = done
         return futures
 
     async def _drain(self, broker_id: int) -> None:
@@ -130,45 +139,48 @@ class BrokerNotifier:
                 else:
                     queued = [r for p in link.queue for r in p.delta.remove]
                     update = _with_removals(self._full_update(broker_id), [*link.unsent_removals, *queued])
-                ok = await self._send(link, update)
+                failure = await self._send(link, update)
                 link = self._links[broker_id]
-                if ok:
+                if failure is None:
                     link.unsent_removals.difference_update(update.remove)
                     link.known_version = update.metadata_version
                     # The update covers every queued change up to its version (a full one covers all).
                     while link.queue and link.queue[0].delta.metadata_version <= update.metadata_version:
-                        _resolve(link.queue.popleft().done, True)
+                        _resolve(link.queue.popleft().done, None)
                     if link.queue and link.queue[0] is head:  # cannot happen: a full is never older
-                        _resolve(link.queue.popleft().done, False)
+                        _resolve(link.queue.popleft().done, "superseded")
                 else:
                     link.known_version = UNKNOWN_VERSION
                     link.unsent_removals.update(update.remove)
                     while link.queue:
                         pending = link.queue.popleft()
                         link.unsent_removals.update(pending.delta.remove)
-                        _resolve(pending.done, False)
+                        _resolve(pending.done, failure)
         finally:
             current = self._links.get(broker_id)
             if current is not None:
                 current.worker = None
 
-    async def _send(self, link: _Link, update: BrokerUpdate) -> bool:
+    async def _send(self, link: _Link, update: BrokerUpdate) -> PushOutcome:
+        """Push one update; None when acknowledged, else the broker's typed error (it could not apply
+        the update) or the transport failure, as text for the caller's answer."""
         try:
             await link.stub.UpdatePartitions(broker_update_to_proto(update), timeout=self._timeout_s)
         except grpc.RpcError as exc:
-            code = exc.code() if isinstance(exc, aio.AioRpcError) else None
+            answered = answered_error(exc)
+            reason = str(answered) if answered is not None else f"no answer ({error_from_rpc(exc)})"
             log.warning(
                 "UpdatePartitions (version %d, full=%s) to broker %d at %s failed: %s; heartbeats reconcile",
                 update.metadata_version,
                 update.full,
                 link.broker_id,
                 link.endpoint,
-                code or exc,
+                reason,
             )
             self._count(False)
-            return False
+            return reason
         self._count(True)
-        return True
+        return None
 
     def _count(self, ok: bool) -> None:
         if self._on_result is not None:
@@ -189,7 +201,7 @@ class BrokerNotifier:
                 await w
         for link in self._links.values():
             while link.queue:
-                _resolve(link.queue.popleft().done, False)
+                _resolve(link.queue.popleft().done, "the coordinator is shutting down")
             await link.channel.close(None)
         if self._retired:
             await asyncio.gather(*self._retired, return_exceptions=True)
@@ -212,6 +224,6 @@ def _with_removals(update: BrokerUpdate, extra: Iterable[PartitionRef]) -> Broke
     return replace(update, remove=tuple(sorted(removals)))
 
 
-def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
+def _resolve(fut: asyncio.Future[PushOutcome], value: PushOutcome) -> None:
     if not fut.done():
         fut.set_result(value)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from redis.asyncio import Redis
 
 from sluice.common.names import validate_group
-from sluice.coordinator.broker_updates import UNKNOWN_VERSION
+from sluice.coordinator.broker_updates import UNKNOWN_VERSION, PushOutcome
 from sluice.coordinator.cluster.adopt import adopt_legacy_positions
 from sluice.coordinator.cluster.model import (
     BrokerHeartbeatResult,
@@ -29,6 +29,7 @@ from sluice.coordinator.cluster.model import (
     TopicView,
 )
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
+from sluice.coordinator.cluster.repush import repush_removals, repush_topic
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
 from sluice.coordinator.groups.deletion import delete_group, deletion_ops, find_group_keys
@@ -45,6 +46,7 @@ from sluice.coordinator.groups.redis_ops import full_sync_ops
 from sluice.coordinator.groups.tracks import topic_deleted
 from sluice.coordinator.records import Result
 from sluice.coordinator.timers import CoordinatorTimers
+from sluice.coordinator.topic_acks import Incomplete, wait_for_brokers
 from sluice.coordinator.writer import Clock, SystemClock
 from sluice.errors import UnknownGroup
 
@@ -190,39 +192,77 @@ class CoordinatorService(CoordinatorTimers):
 
     async def create_topic(self, name: str, partitions: int, config: TopicConfig) -> TopicView:
         """Create, persist, then wait (bounded) until the hosting brokers acknowledged the new partitions,
-        so that a produce right after this returns finds them."""
+        so that a produce right after this returns finds them. A broker that did not: BROKER_UPDATE_FAILED,
+        and a retry with the same spec completes the creation (topic_acks.py)."""
         topic_id = uuid.uuid4().hex
-        acks: list[asyncio.Future[bool]] = []
-        result: CreateTopicResult = await self._write(
-            lambda now: self.cluster.create_topic(name, partitions, config, topic_id, now),
-            lambda res: acks.extend(self._publish(res.change)),
-        )
-        log.info("created topic %s (%d partitions, id %s)", name, partitions, topic_id)
-        await self._await_acks(f"create topic {name}", acks)
+        acks: dict[int, asyncio.Future[PushOutcome]] = {}
+
+        def create(now_ms: int) -> Result[CreateTopicResult]:
+            existing = self.cluster.topics.get(name)
+            retry = self._incomplete.lookup(name, "create")
+            if (
+                existing is not None
+                and retry is not None
+                and (retry.topic_id, retry.partitions) == (existing.topic_id, partitions)
+                and existing.partitions == partitions
+                and existing.config == config
+            ):
+                log.info("create topic %s again: pushing its partitions to the brokers again", name)
+                return repush_topic(self.cluster, name, now_ms)
+            return self.cluster.create_topic(name, partitions, config, topic_id, now_ms)
+
+        result = await self._write(create, lambda res: acks.update(self._publish(res.change)))
+        log.info("created topic %s (%d partitions, id %s)", name, partitions, result.topic.topic_id)
+        await self._settle_create(f"create topic {name}", result.topic, acks)
         return result.topic
 
     async def add_partitions(self, name: str, partitions: int) -> TopicView:
-        acks: list[asyncio.Future[bool]] = []
-        result: CreateTopicResult = await self._write(
-            lambda now: self.cluster.add_partitions(name, partitions, now),
-            lambda res: acks.extend(self._publish(res.change)),
-        )
+        acks: dict[int, asyncio.Future[PushOutcome]] = {}
+
+        def grow(now_ms: int) -> Result[CreateTopicResult]:
+            existing = self.cluster.topics.get(name)
+            retry = self._incomplete.lookup(name, "create")
+            if (
+                existing is not None
+                and retry is not None
+                and existing.partitions == partitions == retry.partitions
+            ):
+                log.info("add partitions to %s again: pushing its partitions to the brokers again", name)
+                return repush_topic(self.cluster, name, now_ms)
+            return self.cluster.add_partitions(name, partitions, now_ms)
+
+        result = await self._write(grow, lambda res: acks.update(self._publish(res.change)))
         log.info("topic %s grown to %d partitions", name, partitions)
-        await self._await_acks(f"add partitions to {name}", acks)
+        await self._settle_create(f"add partitions to {name}", result.topic, acks)
         return result.topic
 
+    async def _settle_create(
+        self, what: str, topic: TopicView, acks: dict[int, asyncio.Future[PushOutcome]]
+    ) -> None:
+        failures = await wait_for_brokers(acks, self._update_timeout_s + 1.0)
+        incomplete = Incomplete("create", topic.topic_id, len(topic.partitions), topic.config, {})
+        self._incomplete.record(topic.name, failures, incomplete, what)
+
     async def delete_topic(self, name: str) -> None:
-        acks: list[asyncio.Future[bool]] = []
+        acks: dict[int, asyncio.Future[PushOutcome]] = {}
 
         def delete(now_ms: int) -> Result[DeleteTopicResult]:
+            retry = self._incomplete.lookup(name, "delete")
+            if retry is not None and name not in self.cluster.topics:
+                log.info("delete topic %s again: pushing its removals to the brokers again", name)
+                return repush_removals(self.cluster, name, retry.removals)
             # The groups forget the topic's bindings in the same write as its tombstone and purge.
             deleted = self.cluster.delete_topic(name)
             forget = topic_deleted(self.groups.groups.values(), name, now_ms)
             return Result(deleted.response, (*deleted.records, *forget))
 
-        await self._write(delete, lambda res: acks.extend(self._publish(res.change)))
+        result: DeleteTopicResult = await self._write(
+            delete, lambda res: acks.update(self._publish(res.change))
+        )
         log.info("deleted topic %s", name)
-        await self._await_acks(f"delete topic {name}", acks)
+        failures = await wait_for_brokers(acks, self._update_timeout_s + 1.0)
+        incomplete = Incomplete("delete", "", 0, TopicConfig(), result.change.remove)
+        self._incomplete.record(name, failures, incomplete, f"delete topic {name}")
 
     def list_topics(self) -> list[TopicView]:
         self._check_leader()
