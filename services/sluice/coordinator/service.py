@@ -239,7 +239,7 @@ class CoordinatorService(CoordinatorTimers):
     async def _settle_create(
         self, what: str, topic: TopicView, acks: dict[int, asyncio.Future[PushOutcome]]
     ) -> None:
-        failures = await wait_for_brokers(acks, self._update_timeout_s + 1.0)
+        failures = await wait_for_brokers(acks, self._notifier.deadline_s(len(topic.partitions)) + 1.0)
         incomplete = Incomplete("create", topic.topic_id, len(topic.partitions), topic.config, {})
         self._incomplete.record(topic.name, failures, incomplete, what)
 
@@ -260,7 +260,8 @@ class CoordinatorService(CoordinatorTimers):
             delete, lambda res: acks.update(self._publish(res.change))
         )
         log.info("deleted topic %s", name)
-        failures = await wait_for_brokers(acks, self._update_timeout_s + 1.0)
+        removed = sum(len(refs) for refs in result.change.remove.values())
+        failures = await wait_for_brokers(acks, self._notifier.deadline_s(removed) + 1.0)
         incomplete = Incomplete("delete", "", 0, TopicConfig(), result.change.remove)
         self._incomplete.record(name, failures, incomplete, f"delete topic {name}")
 
