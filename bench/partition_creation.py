@@ -48,6 +48,8 @@ class Level:
     median_create_s: float
     broker_cpu_s: float
     coordinator_cpu_s: float
+    #: Partitions the coordinator lists afterwards (checked against what was created).
+    listed: int
 
 
 class Cluster:
@@ -91,15 +93,21 @@ class Cluster:
             self.client.admin.create_topic(f"level{level}-{i}", partitions=partitions)
             times.append(time.perf_counter() - t)
         seconds = time.perf_counter() - start
+        broker_cpu = cpu_seconds(self.broker.process.pid) - broker0
+        coordinator_cpu = cpu_seconds(self.coordinator.process.pid) - coord0
         self.partitions += topics * partitions
+        listed = sum(len(t.partitions) for t in self.client.admin.list_topics())
+        if listed != self.partitions:
+            raise RuntimeError(f"the coordinator lists {listed} partitions, {self.partitions} were created")
         return Level(
             existing=level,
             created=topics * partitions,
             seconds=round(seconds, 3),
             slowest_create_s=round(max(times), 3),
             median_create_s=round(statistics.median(times), 3),
-            broker_cpu_s=round(cpu_seconds(self.broker.process.pid) - broker0, 3),
-            coordinator_cpu_s=round(cpu_seconds(self.coordinator.process.pid) - coord0, 3),
+            broker_cpu_s=round(broker_cpu, 3),
+            coordinator_cpu_s=round(coordinator_cpu, 3),
+            listed=listed,
         )
 
 
