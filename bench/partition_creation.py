@@ -4,8 +4,9 @@ One broker, one coordinator, a private Redis, as processes. At each level the cl
 with topics (``fill-*``, 1,000 partitions each) until it holds ``level`` partitions, then the broker is
 restarted and allowed to settle (its first heartbeat after a restart brings the full assignment), and then
 ``--topics`` topics of ``--partitions`` partitions each are created one after another, each CreateTopic
-waiting for the broker's acknowledgement as it does for a user. Reported per level: the wall time for
-them all, the slowest CreateTopic, and the CPU the broker and the coordinator used meanwhile.
+waiting for the broker's acknowledgement as it does for a user, and deleted again (``--rounds`` times; the
+median round is reported). Reported per level: the wall time for them all, the slowest CreateTopic, and the
+CPU the broker and the coordinator used meanwhile.
 
 The broker is restarted before every fill of at most ``FILL_CHUNK`` partitions and before each
 measurement: until the descriptor work of issue 20 lands, a partition created in a process holds 3 file
@@ -83,25 +84,41 @@ class Cluster:
                 self._fills += 1
                 self.partitions += n
 
-    def measure(self, level: int, topics: int, partitions: int) -> Level:
+    def measure(self, level: int, topics: int, partitions: int, rounds: int) -> Level:
+        """``rounds`` times: create the topics (timed), check the count, delete them again (not timed);
+        the round with the median time is reported. A warm-up topic first, so no round pays for cold
+        connections."""
         self.restart_broker()
+        self.client.admin.create_topic(f"warmup-{level}", partitions=1)
+        self.partitions += 1
+        measured = []
+        for r in range(rounds):
+            names = [f"level{level}-{r}-{i}" for i in range(topics)]
+            measured.append(self._round(names, partitions, level))
+            for name in names:
+                self.client.admin.delete_topic(name)
+            self.partitions -= topics * partitions
+        measured.sort(key=lambda lv: lv.seconds)
+        return measured[len(measured) // 2]
+
+    def _round(self, names: list[str], partitions: int, level: int) -> Level:
         broker0, coord0 = cpu_seconds(self.broker.process.pid), cpu_seconds(self.coordinator.process.pid)
         times = []
         start = time.perf_counter()
-        for i in range(topics):
+        for name in names:
             t = time.perf_counter()
-            self.client.admin.create_topic(f"level{level}-{i}", partitions=partitions)
+            self.client.admin.create_topic(name, partitions=partitions)
             times.append(time.perf_counter() - t)
         seconds = time.perf_counter() - start
         broker_cpu = cpu_seconds(self.broker.process.pid) - broker0
         coordinator_cpu = cpu_seconds(self.coordinator.process.pid) - coord0
-        self.partitions += topics * partitions
+        self.partitions += len(names) * partitions
         listed = sum(len(t.partitions) for t in self.client.admin.list_topics())
         if listed != self.partitions:
             raise RuntimeError(f"the coordinator lists {listed} partitions, {self.partitions} were created")
         return Level(
             existing=level,
-            created=topics * partitions,
+            created=len(names) * partitions,
             seconds=round(seconds, 3),
             slowest_create_s=round(max(times), 3),
             median_create_s=round(statistics.median(times), 3),
@@ -129,14 +146,14 @@ def cluster(data_root: str | None) -> Iterator[Cluster]:
         yield c
 
 
-def run(levels: list[int], topics: int, partitions: int, data_root: str | None) -> list[Level]:
+def run(levels: list[int], topics: int, partitions: int, rounds: int, data_root: str | None) -> list[Level]:
     results = []
     with cluster(data_root) as c:
         for level in sorted(levels):
             if level < c.partitions:
                 raise SystemExit(f"level {level} is below the {c.partitions} partitions already created")
             c.fill_to(level)
-            result = c.measure(level, topics, partitions)
+            result = c.measure(level, topics, partitions, rounds)
             print(
                 f"existing {result.existing:>6}: {result.created} partitions in {result.seconds:7.2f} s "
                 f"(CreateTopic median {result.median_create_s:.3f} s, max {result.slowest_create_s:.3f} s; "
@@ -152,11 +169,12 @@ def main() -> None:
     parser.add_argument("--levels", default="0,5000,10000", help="existing partition counts to measure at")
     parser.add_argument("--topics", type=int, default=10, help="topics created per measurement")
     parser.add_argument("--partitions", type=int, default=100, help="partitions per created topic")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per level (median reported)")
     parser.add_argument("--tmpfs", action="store_true", help="data directory in /dev/shm")
     parser.add_argument("--name", default="partition_creation", help="results file name")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",") if x]
-    results = run(levels, args.topics, args.partitions, "/dev/shm" if args.tmpfs else None)
+    results = run(levels, args.topics, args.partitions, args.rounds, "/dev/shm" if args.tmpfs else None)
     base = results[0].seconds
     print(
         "\n| existing partitions | create (s) | vs first | CreateTopic max (s) | broker CPU (s) "
@@ -173,6 +191,7 @@ def main() -> None:
         {
             "topics": args.topics,
             "partitions_per_topic": args.partitions,
+            "rounds": args.rounds,
             "data_dir": "tmpfs" if args.tmpfs else "disk",
             "levels": [r.__dict__ for r in results],
             "max_over_min": round(max(r.seconds for r in results) / min(r.seconds for r in results), 3),

@@ -48,6 +48,10 @@ MAX_DEADLINE_S = 120.0
 PushOutcome = str | None
 
 
+#: Unanswered pushes kept per broker for its heartbeat to settle (older ones fail at once beyond this).
+MAX_AWAITING = 1_000
+
+
 @dataclass
 class _Pending:
     base_version: int
@@ -87,6 +91,9 @@ class BrokerNotifier:
         self._links: dict[int, _Link] = {}
         self._closed = False
         self._retired: set[asyncio.Task[None]] = set()
+        #: Per broker: pushes it did not answer in time, and the version each needs.
+        #: A slow broker may still apply them; its next heartbeat settles them (``observed``).
+        self._awaiting: dict[int, list[tuple[int, asyncio.Future[PushOutcome]]]] = {}
 
     def registered(self, broker_id: int, endpoint: Endpoint, known_version: int = UNKNOWN_VERSION) -> None:
         """A broker (re)registered or was recovered from the store. A new incarnation starts at version 0."""
@@ -108,6 +115,29 @@ class BrokerNotifier:
         link = self._links.get(broker_id)
         if link is not None:
             link.known_version = reported_version
+        self._settle_awaiting(broker_id, reported_version)
+
+    def _settle_awaiting(self, broker_id: int, applied_version: int) -> None:
+        """Acknowledge the unanswered pushes the broker has applied by now (its version only grows and every
+        version it reaches includes all earlier changes, docs/coordinator.md); keep waiting for the rest (the
+        caller's wait bounds that)."""
+        waiting = self._awaiting.pop(broker_id, [])
+        still = []
+        for version, done in waiting:
+            if done.done():
+                continue
+            if 0 < version <= applied_version:
+                _resolve(done, None)
+            else:
+                still.append((version, done))
+        if still:
+            self._awaiting[broker_id] = still
+
+    def _await_heartbeat(self, broker_id: int, pending: _Pending) -> None:
+        waiting = self._awaiting.setdefault(broker_id, [])
+        waiting.append((pending.delta.metadata_version, pending.done))
+        while len(waiting) > MAX_AWAITING:
+            _resolve(waiting.pop(0)[1], "no answer, and too many unanswered updates to wait for")
 
     def submit(
         self, change: MetadataChange, live_brokers: Iterable[int]
@@ -145,11 +175,12 @@ class BrokerNotifier:
                 else:
                     queued = [r for p in link.queue for r in p.delta.remove]
                     update = _with_removals(self._full_update(broker_id), [*link.unsent_removals, *queued])
-                failure = await self._send(link, update)
+                failure, final = await self._send(link, update)
                 link = self._links[broker_id]
                 if failure is None:
                     link.unsent_removals.difference_update(update.remove)
                     link.known_version = update.metadata_version
+                    self._settle_awaiting(broker_id, update.metadata_version)
                     # The update covers every queued change up to its version (a full one covers all).
                     while link.queue and link.queue[0].delta.metadata_version <= update.metadata_version:
                         _resolve(link.queue.popleft().done, None)
@@ -161,15 +192,19 @@ class BrokerNotifier:
                     while link.queue:
                         pending = link.queue.popleft()
                         link.unsent_removals.update(pending.delta.remove)
-                        _resolve(pending.done, failure)
+                        if final:
+                            _resolve(pending.done, failure)
+                        else:
+                            self._await_heartbeat(broker_id, pending)
         finally:
             current = self._links.get(broker_id)
             if current is not None:
                 current.worker = None
 
-    async def _send(self, link: _Link, update: BrokerUpdate) -> PushOutcome:
-        """Push one update; None when acknowledged, else the broker's typed error (it could not apply
-        the update) or the transport failure, as text for the caller's answer."""
+    async def _send(self, link: _Link, update: BrokerUpdate) -> tuple[PushOutcome, bool]:
+        """Push one update: (None, True) when acknowledged, else why not as text for the caller's answer,
+        and whether that is final: False only when the deadline passed (a slow broker may still apply the
+        update, which its next heartbeat tells); an error it answered, or an unreachable broker, is final."""
         try:
             deadline = self.deadline_s(len(update.assign) + len(update.remove))
             await link.stub.UpdatePartitions(broker_update_to_proto(update), timeout=deadline)
@@ -185,9 +220,11 @@ class BrokerNotifier:
                 reason,
             )
             self._count(False)
-            return reason
+            timed_out = answered is None and isinstance(exc, aio.AioRpcError)
+            timed_out = timed_out and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            return reason, not timed_out
         self._count(True)
-        return None
+        return None, True
 
     def deadline_s(self, partitions: int) -> float:
         """The deadline of a push naming ``partitions`` partitions."""
@@ -214,6 +251,10 @@ class BrokerNotifier:
             while link.queue:
                 _resolve(link.queue.popleft().done, "the coordinator is shutting down")
             await link.channel.close(None)
+        for waiting in self._awaiting.values():
+            for _, done in waiting:
+                _resolve(done, "the coordinator is shutting down")
+        self._awaiting.clear()
         if self._retired:
             await asyncio.gather(*self._retired, return_exceptions=True)
         self._links.clear()

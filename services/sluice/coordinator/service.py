@@ -213,7 +213,7 @@ class CoordinatorService(CoordinatorTimers):
 
         result = await self._write(create, lambda res: acks.update(self._publish(res.change)))
         log.info("created topic %s (%d partitions, id %s)", name, partitions, result.topic.topic_id)
-        await self._settle_create(f"create topic {name}", result.topic, acks)
+        await self._settle_create(f"create topic {name}", result, acks)
         return result.topic
 
     async def add_partitions(self, name: str, partitions: int) -> TopicView:
@@ -233,13 +233,15 @@ class CoordinatorService(CoordinatorTimers):
 
         result = await self._write(grow, lambda res: acks.update(self._publish(res.change)))
         log.info("topic %s grown to %d partitions", name, partitions)
-        await self._settle_create(f"add partitions to {name}", result.topic, acks)
+        await self._settle_create(f"add partitions to {name}", result, acks)
         return result.topic
 
     async def _settle_create(
-        self, what: str, topic: TopicView, acks: dict[int, asyncio.Future[PushOutcome]]
+        self, what: str, result: CreateTopicResult, acks: dict[int, asyncio.Future[PushOutcome]]
     ) -> None:
-        failures = await wait_for_brokers(acks, self._notifier.deadline_s(len(topic.partitions)) + 1.0)
+        topic = result.topic
+        wait_s = self._ack_wait_s(len(topic.partitions))
+        failures = await wait_for_brokers(acks, wait_s, result.change.affected)
         incomplete = Incomplete("create", topic.topic_id, len(topic.partitions), topic.config, {})
         self._incomplete.record(topic.name, failures, incomplete, what)
 
@@ -261,7 +263,7 @@ class CoordinatorService(CoordinatorTimers):
         )
         log.info("deleted topic %s", name)
         removed = sum(len(refs) for refs in result.change.remove.values())
-        failures = await wait_for_brokers(acks, self._notifier.deadline_s(removed) + 1.0)
+        failures = await wait_for_brokers(acks, self._ack_wait_s(removed), result.change.affected)
         incomplete = Incomplete("delete", "", 0, TopicConfig(), result.change.remove)
         self._incomplete.record(name, failures, incomplete, f"delete topic {name}")
 

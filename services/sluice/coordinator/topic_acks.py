@@ -21,7 +21,7 @@ Caller: the service layer, under the write lock for ``lookup``/``record``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sluice.coordinator.broker_updates import PushOutcome
@@ -76,13 +76,16 @@ def failed(what: str, failures: Mapping[int, str]) -> BrokerUpdateFailed:
 
 
 async def wait_for_brokers(
-    futures: Mapping[int, asyncio.Future[PushOutcome]], timeout_s: float
+    futures: Mapping[int, asyncio.Future[PushOutcome]], timeout_s: float, affected: Iterable[int] = ()
 ) -> dict[int, str]:
-    """Wait (at most ``timeout_s``) for the pushes; returns broker -> why it did not acknowledge."""
-    if not futures:
-        return {}
-    await asyncio.wait(futures.values(), timeout=timeout_s)
-    failures = {}
+    """Wait (at most ``timeout_s``) for the pushes; returns broker -> why it did not acknowledge.
+    A broker among ``affected`` that got no push (not alive when the change was queued) has not applied it
+    either."""
+    failures = {
+        b: "not alive (no heartbeat within its session timeout)" for b in affected if b not in futures
+    }
+    if futures:
+        await asyncio.wait(futures.values(), timeout=timeout_s)
     for broker_id, fut in futures.items():
         if not fut.done():
             failures[broker_id] = f"no answer within {timeout_s:g}s"

@@ -217,6 +217,13 @@ class CoordinatorWriter:
             return {}
         return self._notifier.submit(change, self.cluster.live_brokers(self._clock.now_ms()))
 
+    def _ack_wait_s(self, partitions: int) -> float:
+        """How long a topic change waits for the brokers: the push's deadline, then two heartbeats (a push
+        left unanswered is settled by the broker's next heartbeat reporting its version, and a broker that
+        missed it applies its full assignment from the heartbeat after), plus 1 s."""
+        heartbeat_s = self._settings.broker_heartbeat_interval_ms / 1000
+        return self._notifier.deadline_s(partitions) + 2 * heartbeat_s + 1.0
+
     def _observe_rebalances(self, touched: set[str], now_ms: int) -> None:
         for name in touched:
             g = self.groups.groups.get(name)

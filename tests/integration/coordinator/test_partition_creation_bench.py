@@ -15,7 +15,7 @@ def test_the_partition_creation_bench_runs_and_counts_right() -> None:
     name = f"smoke-partition-creation-{uuid.uuid4().hex[:8]}"
     result = ROOT / "bench" / "results" / f"{name}.json"
     argv = [sys.executable, "bench/partition_creation.py", "--levels", "0,120", "--topics", "2"]
-    argv += ["--partitions", "20", "--name", name]
+    argv += ["--partitions", "20", "--rounds", "2", "--name", name]
     try:
         run = subprocess.run(argv, cwd=ROOT, capture_output=True, timeout=600, check=False)
         assert run.returncode == 0, run.stderr.decode()[-3000:]
@@ -25,5 +25,7 @@ def test_the_partition_creation_bench_runs_and_counts_right() -> None:
     levels = data["levels"]
     assert [(lv["existing"], lv["created"]) for lv in levels] == [(0, 40), (120, 40)]
     # After each measurement the coordinator lists exactly what was created (fills included).
-    assert [lv["listed"] for lv in levels] == [40, 160]
+    # After each round the coordinator lists exactly what exists: the fills, the warm-up topics (1 partition
+    # per level) and the round's topics (the earlier rounds' were deleted again).
+    assert [lv["listed"] for lv in levels] == [1 + 40, 120 + 1 + 40]
     assert all(lv["seconds"] > 0 for lv in levels)
