@@ -44,8 +44,18 @@ DEADLINE_PER_PARTITION_S = 0.025
 MAX_DEADLINE_S = 120.0
 
 
-#: How a push ended for one broker: None when it acknowledged, else why not (for the caller's answer).
-PushOutcome = str | None
+@dataclass(frozen=True)
+class PushFailure:
+    """Why a broker did not acknowledge a change (for the caller's answer)."""
+
+    reason: str
+    #: The broker answered that it could not apply the change (a typed error), as opposed to no answer
+    #: (unreachable, deadline passed, not alive), after which its heartbeats may still bring it the change.
+    answered: bool = False
+
+
+#: How a push ended for one broker: None when it acknowledged.
+PushOutcome = PushFailure | None
 
 
 #: Unanswered pushes kept per broker for its heartbeat to settle (older ones fail at once beyond this).
@@ -137,7 +147,7 @@ class BrokerNotifier:
         waiting = self._awaiting.setdefault(broker_id, [])
         waiting.append((pending.delta.metadata_version, pending.done))
         while len(waiting) > MAX_AWAITING:
-            _resolve(waiting.pop(0)[1], "no answer, and too many unanswered updates to wait for")
+            _resolve(waiting.pop(0)[1], PushFailure("no answer, and too many unanswered updates to wait for"))
 
     def submit(
         self, change: MetadataChange, live_brokers: Iterable[int]
@@ -152,9 +162,8 @@ class BrokerNotifier:
             link = self._links.get(broker_id)
             done: asyncio.Future[PushOutcome] = loop.create_future()
             if link is None or self._closed:
-                done.set_result(
-                    "the coordinator has no connection to it" if link is None else "shutting down"
-                )
+                why = "the coordinator has no connection to it" if link is None else "shutting down"
+                done.set_result(PushFailure(why))
             else:
                 link.queue.append(_Pending(change.base_version, change.delta_for(broker_id), done))
                 if link.worker is None:
@@ -185,7 +194,7 @@ class BrokerNotifier:
                     while link.queue and link.queue[0].delta.metadata_version <= update.metadata_version:
                         _resolve(link.queue.popleft().done, None)
                     if link.queue and link.queue[0] is head:  # cannot happen: a full is never older
-                        _resolve(link.queue.popleft().done, "superseded")
+                        _resolve(link.queue.popleft().done, PushFailure("superseded"))
                 else:
                     link.known_version = UNKNOWN_VERSION
                     link.unsent_removals.update(update.remove)
@@ -222,7 +231,7 @@ class BrokerNotifier:
             self._count(False)
             timed_out = answered is None and isinstance(exc, aio.AioRpcError)
             timed_out = timed_out and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            return reason, not timed_out
+            return PushFailure(reason, answered is not None), not timed_out
         self._count(True)
         return None, True
 
@@ -249,11 +258,11 @@ class BrokerNotifier:
                 await w
         for link in self._links.values():
             while link.queue:
-                _resolve(link.queue.popleft().done, "the coordinator is shutting down")
+                _resolve(link.queue.popleft().done, PushFailure("the coordinator is shutting down"))
             await link.channel.close(None)
         for waiting in self._awaiting.values():
             for _, done in waiting:
-                _resolve(done, "the coordinator is shutting down")
+                _resolve(done, PushFailure("the coordinator is shutting down"))
         self._awaiting.clear()
         if self._retired:
             await asyncio.gather(*self._retired, return_exceptions=True)

@@ -48,7 +48,7 @@ from sluice.coordinator.records import Result
 from sluice.coordinator.timers import CoordinatorTimers
 from sluice.coordinator.topic_acks import Incomplete, wait_for_brokers
 from sluice.coordinator.writer import Clock, SystemClock
-from sluice.errors import UnknownGroup
+from sluice.errors import SluiceError, UnknownGroup
 
 log = logging.getLogger(__name__)
 
@@ -190,10 +190,13 @@ class CoordinatorService(CoordinatorTimers):
 
     # ---- topics --------------------------------------------------------------------------------------
 
-    async def create_topic(self, name: str, partitions: int, config: TopicConfig) -> TopicView:
+    async def create_topic(
+        self, name: str, partitions: int, config: TopicConfig
+    ) -> tuple[TopicView, tuple[SluiceError, ...]]:
         """Create, persist, then wait (bounded) until the hosting brokers acknowledged the new partitions,
-        so that a produce right after this returns finds them. A broker that did not: BROKER_UPDATE_FAILED,
-        and a retry with the same spec completes the creation (topic_acks.py)."""
+        so that a produce right after this returns finds them. Returns the topic and the brokers that did
+        not answer (a degraded success); a broker that answered it could not apply the change raises
+        BROKER_UPDATE_FAILED, and a retry with the same spec completes the creation (topic_acks.py)."""
         topic_id = uuid.uuid4().hex
         acks: dict[int, asyncio.Future[PushOutcome]] = {}
 
@@ -213,10 +216,9 @@ class CoordinatorService(CoordinatorTimers):
 
         result = await self._write(create, lambda res: acks.update(self._publish(res.change)))
         log.info("created topic %s (%d partitions, id %s)", name, partitions, result.topic.topic_id)
-        await self._settle_create(f"create topic {name}", result, acks)
-        return result.topic
+        return result.topic, await self._settle_create(f"create topic {name}", result, acks)
 
-    async def add_partitions(self, name: str, partitions: int) -> TopicView:
+    async def add_partitions(self, name: str, partitions: int) -> tuple[TopicView, tuple[SluiceError, ...]]:
         acks: dict[int, asyncio.Future[PushOutcome]] = {}
 
         def grow(now_ms: int) -> Result[CreateTopicResult]:
@@ -233,19 +235,19 @@ class CoordinatorService(CoordinatorTimers):
 
         result = await self._write(grow, lambda res: acks.update(self._publish(res.change)))
         log.info("topic %s grown to %d partitions", name, partitions)
-        await self._settle_create(f"add partitions to {name}", result, acks)
-        return result.topic
+        return result.topic, await self._settle_create(f"add partitions to {name}", result, acks)
 
     async def _settle_create(
         self, what: str, result: CreateTopicResult, acks: dict[int, asyncio.Future[PushOutcome]]
-    ) -> None:
+    ) -> tuple[SluiceError, ...]:
         topic = result.topic
         wait_s = self._ack_wait_s(len(topic.partitions))
         failures = await wait_for_brokers(acks, wait_s, result.change.affected)
         incomplete = Incomplete("create", topic.topic_id, len(topic.partitions), topic.config, {})
-        self._incomplete.record(topic.name, failures, incomplete, what)
+        return self._incomplete.record(topic.name, failures, incomplete, what)
 
-    async def delete_topic(self, name: str) -> None:
+    async def delete_topic(self, name: str) -> tuple[SluiceError, ...]:
+        """Delete; returns the brokers that did not answer, as ``create_topic``."""
         acks: dict[int, asyncio.Future[PushOutcome]] = {}
 
         def delete(now_ms: int) -> Result[DeleteTopicResult]:
@@ -265,7 +267,7 @@ class CoordinatorService(CoordinatorTimers):
         removed = sum(len(refs) for refs in result.change.remove.values())
         failures = await wait_for_brokers(acks, self._ack_wait_s(removed), result.change.affected)
         incomplete = Incomplete("delete", "", 0, TopicConfig(), result.change.remove)
-        self._incomplete.record(name, failures, incomplete, f"delete topic {name}")
+        return self._incomplete.record(name, failures, incomplete, f"delete topic {name}")
 
     def list_topics(self) -> list[TopicView]:
         self._check_leader()
