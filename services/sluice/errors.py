@@ -207,6 +207,15 @@ class BrokerNotAvailable(SluiceError):
     grpc_status = "UNAVAILABLE"
 
 
+class BrokerUpdateFailed(SluiceError):
+    """The coordinator recorded a topic change but a broker did not apply it (the message says which
+    and why). Retrying the same request completes it once the broker can (docs/coordinator.md)."""
+
+    code = common_pb2.BROKER_UPDATE_FAILED
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
 # ---- Consumer groups --------------------------------------------------------------
 
 

@@ -13,33 +13,39 @@ The coordinator places partitions on brokers and tells each broker its share wit
 A partition that is not served answers NOT_LEADER when the broker knows its topic (it holds
 a log of it) and UNKNOWN_TOPIC_OR_PARTITION otherwise.
 
-The served set is kept in ``<data_dir>/.broker-assignment.json`` so that a restarted broker
-serves what it served before, without waiting for the coordinator.
+The served set is kept in an append-only journal over a snapshot (``assignment_journal.py``) so
+that a restarted broker serves what it served before, without waiting for the coordinator; an
+update costs the partitions it names, never all of them (docs/storage.md).
 
 :func:`plan_update` is pure; :class:`PartitionRegistry` applies a plan to the log manager.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import logging
-import os
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluice.broker.assignment_journal import AssignmentJournal, JournalRecovery
 from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.log.config import LogConfig
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
 from sluice.common.names import MAX_PARTITIONS, validate_topic
-from sluice.errors import InvalidArgument, InvalidPartitions, NotLeader, SluiceError, UnknownTopicOrPartition
+from sluice.errors import (
+    InvalidArgument,
+    InvalidPartitions,
+    NotLeader,
+    SluiceError,
+    StorageError,
+    UnknownTopicOrPartition,
+)
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = ".broker-assignment.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,15 +88,33 @@ class AssignmentUpdate:
 
 @dataclass(slots=True)
 class UpdatePlan:
-    """What applying an update does, in this order: delete, replace, create, then serve."""
+    """What applying an update does, in this order: unserve, delete, replace, create, then serve.
 
+    Only the partitions the update names are in it (a full update also names, in ``unserve``, the
+    served partitions it leaves out), so applying it costs O(update), not O(partitions served).
+    """
+
+    #: The served set the plan was made against (a live view, not a copy).
+    base: AbstractSet[TopicPartitionKey] = field(default_factory=frozenset)
+    full: bool = False
     delete: list[TopicPartitionKey] = field(default_factory=list)
     #: Logs of a deleted topic incarnation: delete, then create anew.
     replace: list[PartitionAssignment] = field(default_factory=list)
     create: list[PartitionAssignment] = field(default_factory=list)
     #: Existing logs that stay: their topic config is re-applied (a no-op when unchanged).
     keep: list[PartitionAssignment] = field(default_factory=list)
-    serve: set[TopicPartitionKey] = field(default_factory=set)
+    #: Partitions served after the update because it assigns them.
+    assigned: set[TopicPartitionKey] = field(default_factory=set)
+    #: Partitions removed by the update (not stale).
+    removed: set[TopicPartitionKey] = field(default_factory=set)
+    #: Served partitions that stop being served (removed, or left out of a full update).
+    unserve: set[TopicPartitionKey] = field(default_factory=set)
+
+    @property
+    def serve(self) -> set[TopicPartitionKey]:
+        """The whole served set after the update. O(served): for tests and logs, not for ``apply``."""
+        kept = set() if self.full else set(self.base) - self.removed
+        return kept | self.assigned
 
 
 def validate_update(update: AssignmentUpdate) -> None:
@@ -106,26 +130,21 @@ def validate_update(update: AssignmentUpdate) -> None:
 
 
 def plan_update(
-    served: set[TopicPartitionKey],
+    served: AbstractSet[TopicPartitionKey],
     on_disk: Mapping[TopicPartitionKey, str],
     update: AssignmentUpdate,
 ) -> UpdatePlan:
     """Decide what an update does, given the served set and on-disk logs (key -> topic_id).
 
+    Only keys the update names are looked up in ``served`` and ``on_disk``, except that a full update
+    computes ``served - assigned``. A removal wins over an assignment of the same key.
+
     Worked example: served {a/0, a/1}, on disk {a/0: X, a/1: X, b/0: Y}; a full update
     assigning a/0 (X) and c/0 (Z) and removing b/0 (Y) gives delete [b/0], create [c/0] and
     serve {a/0, c/0}: a/1 stops being served but keeps its data.
     """
-    plan = UpdatePlan(serve=set() if update.full else set(served))
-    for item in update.assign:
-        current = on_disk.get(item.key)
-        if current is None:
-            plan.create.append(item)
-        elif item.topic_id and current and current != item.topic_id:
-            plan.replace.append(item)
-        else:
-            plan.keep.append(item)
-        plan.serve.add(item.key)
+    plan = UpdatePlan(base=served, full=update.full)
+    assigned = {item.key: item for item in update.assign}
     for item in update.remove:
         current = on_disk.get(item.key)
         if item.topic_id and current and current != item.topic_id:
@@ -133,12 +152,25 @@ def plan_update(
                 "ignoring stale removal of %s/%s (topic id %s, log has %s)", *item.key, item.topic_id, current
             )
             continue
-        plan.serve.discard(item.key)
-        plan.create = [c for c in plan.create if c.key != item.key]
-        plan.replace = [r for r in plan.replace if r.key != item.key]
-        plan.keep = [k for k in plan.keep if k.key != item.key]
+        assigned.pop(item.key, None)
+        if item.key in plan.removed:
+            continue  # named twice
+        plan.removed.add(item.key)
         if current is not None:
             plan.delete.append(item.key)
+    for item in assigned.values():
+        current = on_disk.get(item.key)
+        if current is None:
+            plan.create.append(item)
+        elif item.topic_id and current and current != item.topic_id:
+            plan.replace.append(item)
+        else:
+            plan.keep.append(item)
+    plan.assigned = set(assigned)
+    if update.full:
+        plan.unserve = {key for key in served if key not in assigned}
+    else:
+        plan.unserve = {key for key in plan.removed if key in served}
     return plan
 
 
@@ -162,11 +194,32 @@ def is_stale(update: AssignmentUpdate, applied_version: int) -> bool:
 Hook = Callable[[TopicPartitionKey, PartitionLog], None]
 
 
+class _OnDisk(Mapping[TopicPartitionKey, str]):
+    """The log manager's topic ids as the Mapping ``plan_update`` reads: a view, so a lookup costs
+    one dict access instead of a copy of every partition's id."""
+
+    def __init__(self, logs: LogManager) -> None:
+        self._logs = logs
+
+    def __getitem__(self, key: TopicPartitionKey) -> str:
+        if self._logs.get(*key) is None:
+            raise KeyError(key)
+        return self._logs.topic_id(*key) or ""
+
+    def __iter__(self) -> Iterator[TopicPartitionKey]:
+        return iter(self._logs.partitions())
+
+    def __len__(self) -> int:
+        return len(self._logs.partitions())
+
+
 class PartitionRegistry:
     """The served partitions of this broker, on top of the log manager.
 
     Caller: the service. ``on_serve``/``on_unserve`` let it attach and detach append
-    listeners; ``on_unserve`` runs before a log is closed or deleted.
+    listeners; ``on_unserve`` runs before a log is closed or deleted. Every change of the
+    served set is appended to the assignment journal (``assignment_journal.py``) before
+    ``apply`` returns.
     """
 
     def __init__(
@@ -179,11 +232,17 @@ class PartitionRegistry:
     ) -> None:
         self.logs = logs
         self.defaults = defaults
-        self.state_path = data_dir / STATE_FILE
+        self.journal = AssignmentJournal(data_dir)
         self._on_serve = on_serve
         self._on_unserve = on_unserve
         self.served: dict[TopicPartitionKey, PartitionLog] = {}
         self.metadata_version = 0
+        #: What the last ``load`` found in the journal (tests, and the corruption it reports).
+        self.recovery = JournalRecovery()
+        #: topic -> number of its logs on disk: tells NOT_LEADER from UNKNOWN_TOPIC in O(1).
+        self._disk_topics: Counter[str] = Counter()
+        #: Partitions touched by ``apply`` since start (a measure of its cost, for tests).
+        self.touched = 0
 
     # ---- lookups (hot path) --------------------------------------------------------
 
@@ -199,37 +258,39 @@ class PartitionRegistry:
             validate_topic(topic)
         except SluiceError as err:
             return err
-        if partition >= 0 and (self.logs.get(topic, partition) is not None or topic in self._disk_topics()):
+        if partition >= 0 and (self.logs.get(topic, partition) is not None or self._disk_topics[topic] > 0):
             return NotLeader(f"partition {topic}/{partition} is not served by this broker: refresh metadata")
         return UnknownTopicOrPartition(f"unknown topic or partition {topic}/{partition}")
-
-    def _disk_topics(self) -> set[str]:
-        return {t for t, _ in self.logs.partitions()}
 
     # ---- startup -------------------------------------------------------------------
 
     def load(self) -> None:
-        """Serve what was served before a restart (all on-disk logs if nothing was recorded)."""
-        on_disk = set(self.logs.partitions())
-        wanted: Iterable[TopicPartitionKey] = on_disk
+        """Serve what was served before a restart (all on-disk logs if nothing was recorded), then
+        start a fresh journal generation holding exactly that."""
+        on_disk = self.logs.partitions()
+        self._disk_topics = Counter(topic for topic, _ in on_disk)
+        # The metadata version is not restored: a fresh process reports 0, so the
+        # coordinator sends it a full assignment on its first heartbeat.
+        self.recovery = self.journal.recover()
+        for problem in self.recovery.corruption:
+            log.warning("assignment journal: %s", problem)
+        wanted = on_disk.keys() if self.recovery.served is None else self.recovery.served
+        for key in sorted(wanted & on_disk.keys()):
+            self._serve(key, on_disk[key])
         try:
-            raw = json.loads(self.state_path.read_text())
-            # The metadata version is not restored: a fresh process reports 0, so the
-            # coordinator sends it a full assignment on its first heartbeat.
-            wanted = {(str(t), int(p)) for t, p in raw["served"]}
-        except FileNotFoundError:
-            pass
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring unreadable %s (%s): serving every local partition", self.state_path, exc)
-        for key in sorted(set(wanted) & on_disk):
-            plog = self.logs.get(*key)
-            if plog is not None:
-                self._serve(key, plog)
+            self.journal.compact(self.served)
+        except OSError as exc:
+            raise self._journal_error(exc) from exc
 
     # ---- updates -------------------------------------------------------------------
 
     def apply(self, update: AssignmentUpdate) -> UpdatePlan | None:
-        """Apply an update; returns the plan, or None when the update was stale."""
+        """Apply an update; returns the plan, or None when the update was stale.
+
+        Costs O(partitions the update names) (plus O(served) for a full update): nothing here
+        walks every partition. The served-set changes are journaled (one fsync) even when a log
+        cannot be created half way; the version then stays put, so the coordinator sends it again.
+        """
         validate_update(update)
         if is_stale(update, self.metadata_version):
             log.info(
@@ -239,50 +300,94 @@ class PartitionRegistry:
                 self.metadata_version,
             )
             return None
-        on_disk = {key: self.logs.topic_id(*key) or "" for key in self.logs.partitions()}
-        plan = plan_update(set(self.served), on_disk, update)
-        for key in list(self.served):
-            if key not in plan.serve or key in plan.delete or any(r.key == key for r in plan.replace):
-                self._unserve(key)
-        for key in plan.delete:
-            self.logs.remove(*key)
-        for item in plan.replace:
-            self.logs.remove(*item.key)
+        plan = plan_update(self.served.keys(), _OnDisk(self.logs), update)
+        added: list[TopicPartitionKey] = []
+        dropped: set[TopicPartitionKey] = set()
+        try:
+            self._apply_plan(plan, added, dropped)
+        finally:
+            self._journal(added, dropped)
+        self.metadata_version = max(self.metadata_version, update.metadata_version)
+        return plan
+
+    def _apply_plan(
+        self, plan: UpdatePlan, added: list[TopicPartitionKey], dropped: set[TopicPartitionKey]
+    ) -> None:
+        replaced = [r.key for r in plan.replace]
+        for key in (*plan.unserve, *plan.delete, *replaced):
+            if self._unserve(key):
+                dropped.add(key)
+        for key in (*plan.delete, *replaced):
+            self._remove_log(key)
+        # A log that cannot be created does not stop the others: they are created and served, and
+        # the update then fails naming the ones that were not (the version stays, so it comes again).
+        failed: dict[TopicPartitionKey, StorageError] = {}
         for item in (*plan.replace, *plan.create, *plan.keep):
-            self.logs.create(item.topic, item.topic_id, item.partition, item.config.log_config(self.defaults))
-        for key in sorted(plan.serve):
-            if key not in self.served:
+            try:
+                self._create_log(item)
+            except StorageError as exc:
+                failed[item.key] = exc
+        for key in sorted(plan.assigned):
+            if key not in self.served and key not in failed:
                 plog = self.logs.get(*key)
                 if plog is not None:
                     self._serve(key, plog)
-        self.metadata_version = max(self.metadata_version, update.metadata_version)
-        self._save()
-        return plan
+                    added.append(key)
+        if failed:
+            names = ", ".join(f"{t}-{p}" for t, p in sorted(failed)[:5])
+            names += ", ..." if len(failed) > 5 else ""
+            raise StorageError(
+                f"could not create {len(failed)} of {len(plan.assigned)} assigned partition logs "
+                f"({names}): {next(iter(failed.values())).message}"
+            )
+
+    def _journal(self, added: list[TopicPartitionKey], dropped: set[TopicPartitionKey]) -> None:
+        unserved = dropped.difference(added)
+        if not added and not unserved:
+            return  # most updates of a broker change nothing here (another broker's topic)
+        try:
+            self.journal.append(added, unserved)
+            if self.journal.wants_compaction():
+                self.journal.compact(self.served)
+        except OSError as exc:
+            raise self._journal_error(exc) from exc
+
+    def _journal_error(self, exc: OSError) -> StorageError:
+        return StorageError(f"cannot write the assignment journal in {self.journal.data_dir}: {exc}")
+
+    def _create_log(self, item: PartitionAssignment) -> None:
+        self.touched += 1
+        known = self.logs.get(*item.key) is not None
+        self.logs.create(item.topic, item.topic_id, item.partition, item.config.log_config(self.defaults))
+        if not known:
+            self._disk_topics[item.topic] += 1
+
+    def _remove_log(self, key: TopicPartitionKey) -> None:
+        self.touched += 1
+        if self.logs.get(*key) is not None:
+            self._disk_topics[key[0]] -= 1
+            if self._disk_topics[key[0]] <= 0:
+                del self._disk_topics[key[0]]
+        self.logs.remove(*key)
 
     def _serve(self, key: TopicPartitionKey, plog: PartitionLog) -> None:
+        self.touched += 1
         self.served[key] = plog
         self._on_serve(key, plog)
 
-    def _unserve(self, key: TopicPartitionKey) -> None:
+    def _unserve(self, key: TopicPartitionKey) -> bool:
         plog = self.served.pop(key, None)
-        if plog is not None:
-            self._on_unserve(key, plog)
+        if plog is None:
+            return False
+        self.touched += 1
+        self._on_unserve(key, plog)
+        return True
 
     def unserve_all(self) -> None:
+        """Stop serving everything (shutdown). Not journaled: a restart serves the same set again."""
         for key in list(self.served):
             self._unserve(key)
 
-    def _save(self) -> None:
-        state = {"metadata_version": self.metadata_version, "served": sorted(self.served)}
-        tmp = self.state_path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.state_path)
-        with contextlib.suppress(OSError):
-            fd = os.open(self.state_path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+    def close(self) -> None:
+        self.unserve_all()
+        self.journal.close()

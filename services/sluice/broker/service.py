@@ -169,7 +169,7 @@ class BrokerService:
         await self.flusher.stop()
         self.metrics.log_stats.source = None
         self.metrics.handle_stats.source = None
-        self.registry.unserve_all()
+        self.registry.close()
         try:
             self.logs.flush_all()
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from sluice.cli.connect import connect
@@ -99,10 +100,17 @@ def _print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
 
 
+def _warn(unacknowledged: Iterable[SluiceError]) -> None:
+    """A degraded success: the change is recorded, but these brokers have not acknowledged it yet."""
+    for err in unacknowledged:
+        print(f"warning: {err}", file=sys.stderr)
+
+
 def run_create(args: argparse.Namespace) -> int:
     config = parse_topic_config(args.config)
     with connect(args) as client:
         info = client.admin.create_topic(args.name, partitions=args.partitions, config=config or None)
+    _warn(info.unacknowledged)
     if args.format == "json":
         _print_json(topic_to_dict(info))
     else:
@@ -113,6 +121,7 @@ def run_create(args: argparse.Namespace) -> int:
 def run_alter(args: argparse.Namespace) -> int:
     with connect(args) as client:
         info = client.admin.add_partitions(args.name, args.partitions)
+    _warn(info.unacknowledged)
     if args.format == "json":
         _print_json(topic_to_dict(info))
     else:
@@ -181,6 +190,6 @@ def _opt(value: int | None) -> str:
 
 def run_delete(args: argparse.Namespace) -> int:
     with connect(args) as client:
-        client.admin.delete_topic(args.name)
+        _warn(client.admin.delete_topic(args.name))
     print(f"Deleted topic {args.name}.")
     return 0

@@ -3,6 +3,8 @@ subscriptions (dispatchers)."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,8 +20,24 @@ from sluice.client.push.sub_admin import PeekedMessage, SubscriptionChange
 from sluice.client.rpc import ChannelPool, call
 from sluice.common.names import MAX_PARTITIONS, validate_topic
 from sluice.common.units import parse_duration, parse_size
-from sluice.errors import InvalidArgument, InvalidPartitions
-from sluice.v1 import broker_pb2, coordinator_pb2
+from sluice.errors import InvalidArgument, InvalidPartitions, SluiceError, error_from_proto
+from sluice.v1 import broker_pb2, common_pb2, coordinator_pb2
+
+log = logging.getLogger(__name__)
+
+
+def _unacknowledged(errors: Iterable[common_pb2.Error]) -> tuple[SluiceError, ...]:
+    """A topic change's degraded part: brokers that did not acknowledge it in time (logged too)."""
+    found = tuple(e for e in (error_from_proto(p) for p in errors) if e is not None)
+    for err in found:
+        log.warning("%s", err)
+    return found
+
+
+def _with_unacknowledged(info: TopicInfo, errors: Iterable[common_pb2.Error]) -> TopicInfo:
+    found = _unacknowledged(errors)
+    return dataclasses.replace(info, unacknowledged=found) if found else info
+
 
 __all__ = ["Admin", "topic_config_to_proto"]
 
@@ -77,7 +95,10 @@ class Admin:
     ) -> TopicInfo:
         """Create a topic with ``partitions`` partitions placed across the live brokers.
 
-        Raises InvalidTopic, InvalidPartitions, TopicAlreadyExists, InvalidArgument.
+        Raises InvalidTopic, InvalidPartitions, TopicAlreadyExists, InvalidArgument, and
+        BrokerUpdateFailed when the topic was recorded but a broker could not create its partitions
+        (the message names the broker and why): fix the cause and call again with the same arguments,
+        which completes the creation (docs/coordinator.md).
         """
         validate_topic(name)
         if (
@@ -94,13 +115,14 @@ class Admin:
         # Not retried: a create whose answer was lost would come back as TopicAlreadyExists.
         resp = call(self._metadata.coordinator_stub().CreateTopic, request, self._timeout)
         self._metadata.invalidate(name)
-        return TopicInfo.from_proto(resp.topic)
+        return _with_unacknowledged(TopicInfo.from_proto(resp.topic), resp.unacknowledged)
 
     def add_partitions(self, name: str, partitions: int) -> TopicInfo:
         """Grow ``name`` to ``partitions`` partitions (never shrinks; existing data stays put).
 
         Keyed records may map to other partitions afterwards, as in Kafka. Raises
-        UnknownTopicOrPartition, InvalidPartitions.
+        UnknownTopicOrPartition, InvalidPartitions, and BrokerUpdateFailed as ``create_topic`` does
+        (a retry to the same count completes the growth).
         """
         validate_topic(name)
         if isinstance(partitions, bool) or not isinstance(partitions, int):
@@ -110,7 +132,7 @@ class Admin:
             resp = call(self._metadata.coordinator_stub().AddPartitions, request, self._timeout)
         finally:
             self._metadata.invalidate(name)
-        return TopicInfo.from_proto(resp.topic)
+        return _with_unacknowledged(TopicInfo.from_proto(resp.topic), resp.unacknowledged)
 
     def list_topics(self) -> list[TopicInfo]:
         """Every topic, sorted by name."""
@@ -134,14 +156,17 @@ class Admin:
         )
         return TopicInfo.from_proto(resp.topic)
 
-    def delete_topic(self, name: str) -> None:
-        """Delete a topic and its data; raises UnknownTopicOrPartition when it does not exist."""
+    def delete_topic(self, name: str) -> tuple[SluiceError, ...]:
+        """Delete a topic and its data; raises UnknownTopicOrPartition when it does not exist, and
+        BrokerUpdateFailed when a broker did not remove its partitions (a retry pushes the removal again).
+        Returns the brokers that did not acknowledge in time (BrokerNotAvailable each; usually none)."""
         validate_topic(name)
         request = coordinator_pb2.DeleteTopicRequest(name=name)
         try:
-            call(self._metadata.coordinator_stub().DeleteTopic, request, self._timeout)
+            resp = call(self._metadata.coordinator_stub().DeleteTopic, request, self._timeout)
         finally:
             self._metadata.invalidate(name)
+        return _unacknowledged(resp.unacknowledged)
 
     # ---- consumer groups ------------------------------------------------------------------------
 

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.client.rpc import ChannelPool, call
-from sluice.errors import BrokerNotAvailable, NotCoordinator, RequestTimedOut, UnknownTopicOrPartition
+from sluice.errors import (
+    BrokerNotAvailable,
+    NotCoordinator,
+    RequestTimedOut,
+    SluiceError,
+    UnknownTopicOrPartition,
+)
 from sluice.v1 import broker_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 __all__ = [
@@ -46,6 +52,9 @@ class TopicInfo:
     partitions: list[PartitionInfo]
     config: dict[str, int] = field(default_factory=dict)
     created_ms: int = 0
+    #: Set by create_topic/add_partitions: hosting brokers that did not acknowledge the change in time
+    #: (BrokerNotAvailable each). The topic is recorded; their heartbeats bring it to them.
+    unacknowledged: tuple[SluiceError, ...] = field(default=(), compare=False)
 
     @classmethod
     def from_proto(cls, t: coordinator_pb2.TopicDescription) -> TopicInfo:

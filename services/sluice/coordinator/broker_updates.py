@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 import grpc
 from grpc import aio
 
-from sluice.common.rpc import CHANNEL_OPTIONS
+from sluice.common.rpc import CHANNEL_OPTIONS, answered_error, error_from_rpc
 from sluice.coordinator.cluster.model import BrokerUpdate, Endpoint, MetadataChange, PartitionRef
 from sluice.coordinator.convert import broker_update_to_proto
 from sluice.v1 import broker_pb2_grpc
@@ -36,13 +36,37 @@ from sluice.v1 import broker_pb2_grpc
 log = logging.getLogger(__name__)
 
 UNKNOWN_VERSION = -1
+#: Added to a push's deadline per partition it assigns or removes: creating a log costs the broker a few
+#: fsyncs (6.5 ms per partition measured on the development VM's disk, more under load), so a fixed
+#: deadline would report every large CreateTopic as unacknowledged. docs/coordinator.md.
+DEADLINE_PER_PARTITION_S = 0.025
+#: No push waits longer than this, however large (a hung broker must not hold its queue for minutes).
+MAX_DEADLINE_S = 120.0
+
+
+@dataclass(frozen=True)
+class PushFailure:
+    """Why a broker did not acknowledge a change (for the caller's answer)."""
+
+    reason: str
+    #: The broker answered that it could not apply the change (a typed error), as opposed to no answer
+    #: (unreachable, deadline passed, not alive), after which its heartbeats may still bring it the change.
+    answered: bool = False
+
+
+#: How a push ended for one broker: None when it acknowledged.
+PushOutcome = PushFailure | None
+
+
+#: Unanswered pushes kept per broker for its heartbeat to settle (older ones fail at once beyond this).
+MAX_AWAITING = 1_000
 
 
 @dataclass
 class _Pending:
     base_version: int
     delta: BrokerUpdate
-    done: asyncio.Future[bool]
+    done: asyncio.Future[PushOutcome]
 
 
 @dataclass
@@ -77,6 +101,9 @@ class BrokerNotifier:
         self._links: dict[int, _Link] = {}
         self._closed = False
         self._retired: set[asyncio.Task[None]] = set()
+        #: Per broker: pushes it did not answer in time, and the version each needs.
+        #: A slow broker may still apply them; its next heartbeat settles them (``observed``).
+        self._awaiting: dict[int, list[tuple[int, asyncio.Future[PushOutcome]]]] = {}
 
     def registered(self, broker_id: int, endpoint: Endpoint, known_version: int = UNKNOWN_VERSION) -> None:
         """A broker (re)registered or was recovered from the store. A new incarnation starts at version 0."""
@@ -98,24 +125,51 @@ class BrokerNotifier:
         link = self._links.get(broker_id)
         if link is not None:
             link.known_version = reported_version
+        self._settle_awaiting(broker_id, reported_version)
 
-    def submit(self, change: MetadataChange, live_brokers: Iterable[int]) -> list[asyncio.Future[bool]]:
+    def _settle_awaiting(self, broker_id: int, applied_version: int) -> None:
+        """Acknowledge the unanswered pushes the broker has applied by now (its version only grows and every
+        version it reaches includes all earlier changes, docs/coordinator.md); keep waiting for the rest (the
+        caller's wait bounds that)."""
+        waiting = self._awaiting.pop(broker_id, [])
+        still = []
+        for version, done in waiting:
+            if done.done():
+                continue
+            if 0 < version <= applied_version:
+                _resolve(done, None)
+            else:
+                still.append((version, done))
+        if still:
+            self._awaiting[broker_id] = still
+
+    def _await_heartbeat(self, broker_id: int, pending: _Pending) -> None:
+        waiting = self._awaiting.setdefault(broker_id, [])
+        waiting.append((pending.delta.metadata_version, pending.done))
+        while len(waiting) > MAX_AWAITING:
+            _resolve(waiting.pop(0)[1], PushFailure("no answer, and too many unanswered updates to wait for"))
+
+    def submit(
+        self, change: MetadataChange, live_brokers: Iterable[int]
+    ) -> dict[int, asyncio.Future[PushOutcome]]:
         """Queue ``change`` for every live broker (unaffected ones get an empty delta: it keeps their
-        deltas contiguous). Returns futures for the affected brokers: True once acknowledged."""
+        deltas contiguous). Returns a future per affected live broker: None once acknowledged, else
+        why it was not."""
         loop = asyncio.get_running_loop()
         affected = change.affected
-        futures = []
+        futures = {}
         for broker_id in live_brokers:
             link = self._links.get(broker_id)
-            done: asyncio.Future[bool] = loop.create_future()
+            done: asyncio.Future[PushOutcome] = loop.create_future()
             if link is None or self._closed:
-                done.set_result(False)
+                why = "the coordinator has no connection to it" if link is None else "shutting down"
+                done.set_result(PushFailure(why))
             else:
                 link.queue.append(_Pending(change.base_version, change.delta_for(broker_id), done))
                 if link.worker is None:
                     link.worker = loop.create_task(self._drain(broker_id), name=f"push-broker-{broker_id}")
             if broker_id in affected:
-                futures.append(done)
+                futures[broker_id] = done
         return futures
 
     async def _drain(self, broker_id: int) -> None:
@@ -130,45 +184,60 @@ class BrokerNotifier:
                 else:
                     queued = [r for p in link.queue for r in p.delta.remove]
                     update = _with_removals(self._full_update(broker_id), [*link.unsent_removals, *queued])
-                ok = await self._send(link, update)
+                failure, final = await self._send(link, update)
                 link = self._links[broker_id]
-                if ok:
+                if failure is None:
                     link.unsent_removals.difference_update(update.remove)
                     link.known_version = update.metadata_version
+                    self._settle_awaiting(broker_id, update.metadata_version)
                     # The update covers every queued change up to its version (a full one covers all).
                     while link.queue and link.queue[0].delta.metadata_version <= update.metadata_version:
-                        _resolve(link.queue.popleft().done, True)
+                        _resolve(link.queue.popleft().done, None)
                     if link.queue and link.queue[0] is head:  # cannot happen: a full is never older
-                        _resolve(link.queue.popleft().done, False)
+                        _resolve(link.queue.popleft().done, PushFailure("superseded"))
                 else:
                     link.known_version = UNKNOWN_VERSION
                     link.unsent_removals.update(update.remove)
                     while link.queue:
                         pending = link.queue.popleft()
                         link.unsent_removals.update(pending.delta.remove)
-                        _resolve(pending.done, False)
+                        if final:
+                            _resolve(pending.done, failure)
+                        else:
+                            self._await_heartbeat(broker_id, pending)
         finally:
             current = self._links.get(broker_id)
             if current is not None:
                 current.worker = None
 
-    async def _send(self, link: _Link, update: BrokerUpdate) -> bool:
+    async def _send(self, link: _Link, update: BrokerUpdate) -> tuple[PushOutcome, bool]:
+        """Push one update: (None, True) when acknowledged, else why not as text for the caller's answer,
+        and whether that is final: False only when the deadline passed (a slow broker may still apply the
+        update, which its next heartbeat tells); an error it answered, or an unreachable broker, is final."""
         try:
-            await link.stub.UpdatePartitions(broker_update_to_proto(update), timeout=self._timeout_s)
+            deadline = self.deadline_s(len(update.assign) + len(update.remove))
+            await link.stub.UpdatePartitions(broker_update_to_proto(update), timeout=deadline)
         except grpc.RpcError as exc:
-            code = exc.code() if isinstance(exc, aio.AioRpcError) else None
+            answered = answered_error(exc)
+            reason = str(answered) if answered is not None else f"no answer ({error_from_rpc(exc)})"
             log.warning(
                 "UpdatePartitions (version %d, full=%s) to broker %d at %s failed: %s; heartbeats reconcile",
                 update.metadata_version,
                 update.full,
                 link.broker_id,
                 link.endpoint,
-                code or exc,
+                reason,
             )
             self._count(False)
-            return False
+            timed_out = answered is None and isinstance(exc, aio.AioRpcError)
+            timed_out = timed_out and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            return PushFailure(reason, answered is not None), not timed_out
         self._count(True)
-        return True
+        return None, True
+
+    def deadline_s(self, partitions: int) -> float:
+        """The deadline of a push naming ``partitions`` partitions."""
+        return min(self._timeout_s + DEADLINE_PER_PARTITION_S * partitions, MAX_DEADLINE_S)
 
     def _count(self, ok: bool) -> None:
         if self._on_result is not None:
@@ -189,8 +258,12 @@ class BrokerNotifier:
                 await w
         for link in self._links.values():
             while link.queue:
-                _resolve(link.queue.popleft().done, False)
+                _resolve(link.queue.popleft().done, PushFailure("the coordinator is shutting down"))
             await link.channel.close(None)
+        for waiting in self._awaiting.values():
+            for _, done in waiting:
+                _resolve(done, PushFailure("the coordinator is shutting down"))
+        self._awaiting.clear()
         if self._retired:
             await asyncio.gather(*self._retired, return_exceptions=True)
         self._links.clear()
@@ -212,6 +285,6 @@ def _with_removals(update: BrokerUpdate, extra: Iterable[PartitionRef]) -> Broke
     return replace(update, remove=tuple(sorted(removals)))
 
 
-def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
+def _resolve(fut: asyncio.Future[PushOutcome], value: PushOutcome) -> None:
     if not fut.done():
         fut.set_result(value)

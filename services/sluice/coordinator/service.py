@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from redis.asyncio import Redis
 
 from sluice.common.names import validate_group
-from sluice.coordinator.broker_updates import UNKNOWN_VERSION
+from sluice.coordinator.broker_updates import UNKNOWN_VERSION, PushOutcome
 from sluice.coordinator.cluster.adopt import adopt_legacy_positions
 from sluice.coordinator.cluster.model import (
     BrokerHeartbeatResult,
@@ -30,6 +30,7 @@ from sluice.coordinator.cluster.model import (
     TopicView,
 )
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
+from sluice.coordinator.cluster.repush import repush_removals, repush_topic
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
@@ -47,8 +48,9 @@ from sluice.coordinator.groups.redis_ops import full_sync_ops
 from sluice.coordinator.groups.tracks import topic_deleted
 from sluice.coordinator.records import Result
 from sluice.coordinator.timers import CoordinatorTimers
+from sluice.coordinator.topic_acks import Incomplete, wait_for_brokers
 from sluice.coordinator.writer import Clock, SystemClock
-from sluice.errors import UnknownGroup
+from sluice.errors import SluiceError, UnknownGroup
 
 log = logging.getLogger(__name__)
 
@@ -191,41 +193,84 @@ class CoordinatorService(CoordinatorTimers):
 
     # ---- topics --------------------------------------------------------------------------------------
 
-    async def create_topic(self, name: str, partitions: int, config: TopicConfig) -> TopicView:
+    async def create_topic(
+        self, name: str, partitions: int, config: TopicConfig
+    ) -> tuple[TopicView, tuple[SluiceError, ...]]:
         """Create, persist, then wait (bounded) until the hosting brokers acknowledged the new partitions,
-        so that a produce right after this returns finds them."""
+        so that a produce right after this returns finds them. Returns the topic and the brokers that did
+        not answer (a degraded success); a broker that answered it could not apply the change raises
+        BROKER_UPDATE_FAILED, and a retry with the same spec completes the creation (topic_acks.py)."""
         topic_id = uuid.uuid4().hex
-        acks: list[asyncio.Future[bool]] = []
-        result: CreateTopicResult = await self._write(
-            lambda now: self.cluster.create_topic(name, partitions, config, topic_id, now),
-            lambda res: acks.extend(self._publish(res.change)),
-        )
-        log.info("created topic %s (%d partitions, id %s)", name, partitions, topic_id)
-        await self._await_acks(f"create topic {name}", acks)
-        return result.topic
+        acks: dict[int, asyncio.Future[PushOutcome]] = {}
 
-    async def add_partitions(self, name: str, partitions: int) -> TopicView:
-        acks: list[asyncio.Future[bool]] = []
-        result: CreateTopicResult = await self._write(
-            lambda now: self.cluster.add_partitions(name, partitions, now),
-            lambda res: acks.extend(self._publish(res.change)),
-        )
+        def create(now_ms: int) -> Result[CreateTopicResult]:
+            existing = self.cluster.topics.get(name)
+            retry = self._incomplete.lookup(name, "create")
+            if (
+                existing is not None
+                and retry is not None
+                and (retry.topic_id, retry.partitions) == (existing.topic_id, partitions)
+                and existing.partitions == partitions
+                and existing.config == config
+            ):
+                log.info("create topic %s again: pushing its partitions to the brokers again", name)
+                return repush_topic(self.cluster, name, now_ms)
+            return self.cluster.create_topic(name, partitions, config, topic_id, now_ms)
+
+        result = await self._write(create, lambda res: acks.update(self._publish(res.change)))
+        log.info("created topic %s (%d partitions, id %s)", name, partitions, result.topic.topic_id)
+        return result.topic, await self._settle_create(f"create topic {name}", result, acks)
+
+    async def add_partitions(self, name: str, partitions: int) -> tuple[TopicView, tuple[SluiceError, ...]]:
+        acks: dict[int, asyncio.Future[PushOutcome]] = {}
+
+        def grow(now_ms: int) -> Result[CreateTopicResult]:
+            existing = self.cluster.topics.get(name)
+            retry = self._incomplete.lookup(name, "create")
+            if (
+                existing is not None
+                and retry is not None
+                and existing.partitions == partitions == retry.partitions
+            ):
+                log.info("add partitions to %s again: pushing its partitions to the brokers again", name)
+                return repush_topic(self.cluster, name, now_ms)
+            return self.cluster.add_partitions(name, partitions, now_ms)
+
+        result = await self._write(grow, lambda res: acks.update(self._publish(res.change)))
         log.info("topic %s grown to %d partitions", name, partitions)
-        await self._await_acks(f"add partitions to {name}", acks)
-        return result.topic
+        return result.topic, await self._settle_create(f"add partitions to {name}", result, acks)
 
-    async def delete_topic(self, name: str) -> None:
-        acks: list[asyncio.Future[bool]] = []
+    async def _settle_create(
+        self, what: str, result: CreateTopicResult, acks: dict[int, asyncio.Future[PushOutcome]]
+    ) -> tuple[SluiceError, ...]:
+        topic = result.topic
+        wait_s = self._ack_wait_s(len(topic.partitions))
+        failures = await wait_for_brokers(acks, wait_s, result.change.affected)
+        incomplete = Incomplete("create", topic.topic_id, len(topic.partitions), topic.config, {})
+        return self._incomplete.record(topic.name, failures, incomplete, what)
+
+    async def delete_topic(self, name: str) -> tuple[SluiceError, ...]:
+        """Delete; returns the brokers that did not answer, as ``create_topic``."""
+        acks: dict[int, asyncio.Future[PushOutcome]] = {}
 
         def delete(now_ms: int) -> Result[DeleteTopicResult]:
+            retry = self._incomplete.lookup(name, "delete")
+            if retry is not None and name not in self.cluster.topics:
+                log.info("delete topic %s again: pushing its removals to the brokers again", name)
+                return repush_removals(self.cluster, name, retry.removals)
             # The groups forget the topic's bindings in the same write as its tombstone and purge.
             deleted = self.cluster.delete_topic(name)
             forget = topic_deleted(self.groups.groups.values(), name, now_ms)
             return Result(deleted.response, (*deleted.records, *forget))
 
-        await self._write(delete, lambda res: acks.extend(self._publish(res.change)))
+        result: DeleteTopicResult = await self._write(
+            delete, lambda res: acks.update(self._publish(res.change))
+        )
         log.info("deleted topic %s", name)
-        await self._await_acks(f"delete topic {name}", acks)
+        removed = sum(len(refs) for refs in result.change.remove.values())
+        failures = await wait_for_brokers(acks, self._ack_wait_s(removed), result.change.affected)
+        incomplete = Incomplete("delete", "", 0, TopicConfig(), result.change.remove)
+        return self._incomplete.record(name, failures, incomplete, f"delete topic {name}")
 
     def list_topics(self) -> list[TopicView]:
         self._check_leader()

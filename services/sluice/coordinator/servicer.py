@@ -81,20 +81,24 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     # ---- topics and routing --------------------------------------------------------------------------
 
     async def CreateTopic(self, request: pb.CreateTopicRequest, context: Context) -> pb.CreateTopicResponse:
-        topic = await self._service.create_topic(
+        topic, unacked = await self._service.create_topic(
             request.name, request.partitions, topic_config_from_proto(request.config)
         )
-        return pb.CreateTopicResponse(topic=topic_to_proto(topic))
+        return pb.CreateTopicResponse(
+            topic=topic_to_proto(topic), unacknowledged=[e.to_proto() for e in unacked]
+        )
 
     async def AddPartitions(
         self, request: pb.AddPartitionsRequest, context: Context
     ) -> pb.AddPartitionsResponse:
-        topic = await self._service.add_partitions(request.name, request.partitions)
-        return pb.AddPartitionsResponse(topic=topic_to_proto(topic))
+        topic, unacked = await self._service.add_partitions(request.name, request.partitions)
+        return pb.AddPartitionsResponse(
+            topic=topic_to_proto(topic), unacknowledged=[e.to_proto() for e in unacked]
+        )
 
     async def DeleteTopic(self, request: pb.DeleteTopicRequest, context: Context) -> pb.DeleteTopicResponse:
-        await self._service.delete_topic(request.name)
-        return pb.DeleteTopicResponse()
+        unacked = await self._service.delete_topic(request.name)
+        return pb.DeleteTopicResponse(unacknowledged=[e.to_proto() for e in unacked])
 
     async def ListTopics(self, request: pb.ListTopicsRequest, context: Context) -> pb.ListTopicsResponse:
         return pb.ListTopicsResponse(topics=[topic_to_proto(t) for t in self._service.list_topics()])

@@ -21,7 +21,7 @@ from typing import Protocol, TypeVar
 
 from redis.asyncio import Redis
 
-from sluice.coordinator.broker_updates import BrokerNotifier
+from sluice.coordinator.broker_updates import BrokerNotifier, PushOutcome
 from sluice.coordinator.cluster.model import BrokerUpdate, Endpoint, MetadataChange
 from sluice.coordinator.cluster.redis_ops import copy_registrations, topic_ops
 from sluice.coordinator.cluster.state import ClusterSettings, ClusterState
@@ -38,6 +38,7 @@ from sluice.coordinator.ops import RedisOp
 from sluice.coordinator.records import Result
 from sluice.coordinator.state import CoordinatorState
 from sluice.coordinator.store import MetadataStore
+from sluice.coordinator.topic_acks import IncompleteTopics
 from sluice.errors import NotCoordinator, StorageError
 from sluice.offsetstore.keys import Keys
 
@@ -118,6 +119,8 @@ class CoordinatorWriter:
         self._update_timeout_s = update_timeout_s
         self._timer: asyncio.Task[None] | None = None
         self._heap = HeapKeeper()
+        #: Topic changes a broker did not acknowledge: a retry of the same request completes them.
+        self._incomplete = IncompleteTopics()
         #: (group, member id) -> how to tell that member to heartbeat now (its open heartbeat stream).
         self._watchers: dict[tuple[str, str], Callable[[], None]] = {}
         #: How to end each open heartbeat stream (at close, so the server's graceful stop need not wait).
@@ -223,23 +226,17 @@ class CoordinatorWriter:
                         watcher()
             return result.response
 
-    def _publish(self, change: MetadataChange | None) -> list[asyncio.Future[bool]]:
+    def _publish(self, change: MetadataChange | None) -> dict[int, asyncio.Future[PushOutcome]]:
         if change is None:
-            return []
+            return {}
         return self._notifier.submit(change, self.cluster.live_brokers(self._clock.now_ms()))
 
-    async def _await_acks(self, what: str, futures: Sequence[asyncio.Future[bool]]) -> None:
-        if not futures:
-            return
-        done, pending = await asyncio.wait(futures, timeout=self._update_timeout_s + 1.0)
-        failed = len(pending) + sum(1 for f in done if not f.result())
-        if failed:
-            log.warning(
-                "%s: %d of %d brokers did not acknowledge; heartbeats will reconcile",
-                what,
-                failed,
-                len(futures),
-            )
+    def _ack_wait_s(self, partitions: int) -> float:
+        """How long a topic change waits for the brokers: the push's deadline, then two heartbeats (a push
+        left unanswered is settled by the broker's next heartbeat reporting its version, and a broker that
+        missed it applies its full assignment from the heartbeat after), plus 1 s."""
+        heartbeat_s = self._settings.broker_heartbeat_interval_ms / 1000
+        return self._notifier.deadline_s(partitions) + 2 * heartbeat_s + 1.0
 
     def _exporting(self, name: str) -> bool:
         """Whether ``name`` has per-group series (``group_metrics.py``). A group not exported yet is

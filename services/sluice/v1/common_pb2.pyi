@@ -47,6 +47,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """The request names a topic incarnation (topic_id) that is not the topic's current one: the topic
     was deleted, or deleted and re-created. Re-read Metadata and restart from the new topic.
     """
+    BROKER_UPDATE_FAILED: _ErrorCode.ValueType  # 21
+    """A topic change (create, add partitions, delete) is recorded by the coordinator, but a broker did
+    not apply it (the message names each broker and why: it could not create the log, it did not
+    answer). The brokers keep reconciling through heartbeats; retrying the same request completes it.
+    """
     UNKNOWN_GROUP: _ErrorCode.ValueType  # 30
     """Consumer groups."""
     UNKNOWN_MEMBER: _ErrorCode.ValueType  # 31
@@ -94,6 +99,11 @@ UNAUTHENTICATED: ErrorCode.ValueType  # 19
 UNKNOWN_TOPIC_ID: ErrorCode.ValueType  # 20
 """The request names a topic incarnation (topic_id) that is not the topic's current one: the topic
 was deleted, or deleted and re-created. Re-read Metadata and restart from the new topic.
+"""
+BROKER_UPDATE_FAILED: ErrorCode.ValueType  # 21
+"""A topic change (create, add partitions, delete) is recorded by the coordinator, but a broker did
+not apply it (the message names each broker and why: it could not create the log, it did not
+answer). The brokers keep reconciling through heartbeats; retrying the same request completes it.
 """
 UNKNOWN_GROUP: ErrorCode.ValueType  # 30
 """Consumer groups."""

@@ -250,16 +250,25 @@ class CreateTopicResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOPIC_FIELD_NUMBER: _builtins.int
+    UNACKNOWLEDGED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def topic(self) -> Global___TopicDescription: ...
+    @_builtins.property
+    def unacknowledged(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Error]:
+        """Hosting brokers that did not acknowledge in time (unreachable, no answer): the topic is recorded and
+        their heartbeats bring it to them, but until then it is not usable there (a degraded success; a
+        broker that answered it could not apply the change fails the call with BROKER_UPDATE_FAILED).
+        """
+
     def __init__(
         self,
         *,
         topic: Global___TopicDescription | None = ...,
+        unacknowledged: _abc.Iterable[_common_pb2.Error] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic", "unacknowledged", b"unacknowledged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -288,12 +297,19 @@ Global___DeleteTopicRequest: _TypeAlias = DeleteTopicRequest  # noqa: Y015
 class DeleteTopicResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    UNACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def unacknowledged(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Error]:
+        """As in CreateTopicResponse: brokers that did not acknowledge the removal in time."""
+
     def __init__(
         self,
+        *,
+        unacknowledged: _abc.Iterable[_common_pb2.Error] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["unacknowledged", b"unacknowledged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -327,16 +343,22 @@ class AddPartitionsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOPIC_FIELD_NUMBER: _builtins.int
+    UNACKNOWLEDGED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def topic(self) -> Global___TopicDescription: ...
+    @_builtins.property
+    def unacknowledged(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Error]:
+        """As in CreateTopicResponse."""
+
     def __init__(
         self,
         *,
         topic: Global___TopicDescription | None = ...,
+        unacknowledged: _abc.Iterable[_common_pb2.Error] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic", "unacknowledged", b"unacknowledged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -15,7 +15,7 @@ from coordinator_context import ClusterContext
 from grpc import aio
 from tests.broker_peer import CoordinatorFacingBroker
 
-from sluice.coordinator.broker_updates import UNKNOWN_VERSION, BrokerNotifier
+from sluice.coordinator.broker_updates import UNKNOWN_VERSION, BrokerNotifier, PushOutcome
 from sluice.coordinator.cluster.model import Endpoint, MetadataChange
 from sluice.v1 import broker_pb2, broker_pb2_grpc
 
@@ -66,10 +66,12 @@ async def _scenario() -> None:
         reg = ctx.register_broker(1, port=port)
         notifier.registered(1, Endpoint("127.0.0.1", port), known_version=0)
         assert reg.change is not None
-        await asyncio.gather(*notifier.submit(reg.change, [1]))
+        await asyncio.gather(*notifier.submit(reg.change, [1]).values())
 
         async def change(c: MetadataChange) -> list[bool]:
-            return list(await asyncio.gather(*notifier.submit(c, ctx.state.live_brokers(ctx.now_ms))))
+            # True: acknowledged (the outcome None); otherwise the outcome says why not.
+            outcomes = await asyncio.gather(*notifier.submit(c, ctx.state.live_brokers(ctx.now_ms)).values())
+            return [o is None for o in outcomes]
 
         # A fresh broker (version 0) first gets a full update; then contiguous deltas.
         assert await change(ctx.create_topic("a", 3).change) == [True]
@@ -89,11 +91,11 @@ async def _scenario() -> None:
         assert (peer.version, peer.partitions) == (ctx.state.metadata_version, expected(ctx, 1))
 
         # Several changes queued at once are sent in version order and all acknowledged.
-        futures = []
+        futures: list[asyncio.Future[PushOutcome]] = []
         for name in ("d", "e", "f"):
-            futures += notifier.submit(ctx.create_topic(name, 2).change, [1])
-        futures += notifier.submit(ctx.delete_topic("b").change, [1])
-        assert all(await asyncio.gather(*futures))
+            futures += notifier.submit(ctx.create_topic(name, 2).change, [1]).values()
+        futures += notifier.submit(ctx.delete_topic("b").change, [1]).values()
+        assert all(o is None for o in await asyncio.gather(*futures))
         assert (peer.version, peer.partitions) == (ctx.state.metadata_version, expected(ctx, 1))
         versions = [r.metadata_version for r in peer.received]
         assert versions == sorted(versions)
@@ -117,7 +119,7 @@ async def _scenario() -> None:
         # A broker not registered with the notifier: nothing to push to, reported as not acknowledged.
         ctx.register_broker(2, port=1)
         unknown = notifier.submit(MetadataChange(0, 1, assign={2: ()}), [2])
-        assert [f.result() for f in unknown] == [False]
+        assert [f.result() is None for f in unknown.values()] == [False]
         notifier.registered(2, Endpoint("127.0.0.1", 1), UNKNOWN_VERSION)
     finally:
         await notifier.close()
