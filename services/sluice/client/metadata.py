@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.client.rpc import ChannelPool, call
+from sluice.client.rpc import call
+from sluice.common.peers import Peers
 from sluice.errors import BrokerNotAvailable, NotCoordinator, RequestTimedOut, UnknownTopicOrPartition
 from sluice.v1 import broker_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -164,7 +165,7 @@ class MetadataCache:
     and fetchers (refresh after routing errors). Thread-safe.
     """
 
-    def __init__(self, channels: ChannelPool, bootstrap: str, request_timeout: float) -> None:
+    def __init__(self, channels: Peers, bootstrap: str, request_timeout: float) -> None:
         self._channels = channels
         self._bootstrap = bootstrap
         self._timeout = request_timeout

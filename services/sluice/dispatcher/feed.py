@@ -45,9 +45,11 @@ from typing import Protocol
 import grpc
 
 from sluice.codec.batch import batch_views
+from sluice.common.list_offsets import EARLIEST
+from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc, is_unimplemented
 from sluice.common.wire_aio import FetchFollower
-from sluice.dispatcher.cluster import ChannelCache, ClusterView, CoordinatorLink, list_offsets_request
+from sluice.dispatcher.cluster import ClusterView, CoordinatorLink
 from sluice.dispatcher.messages import Message, messages_of
 from sluice.errors import BrokerNotAvailable, OffsetOutOfRange, SluiceError, error_from_proto
 from sluice.v1 import broker_pb2, broker_pb2_grpc
@@ -104,7 +106,7 @@ class PartitionFeed:
         topic: str,
         partition: int,
         link: CoordinatorLink,
-        channels: ChannelCache,
+        channels: AioPeers,
         targets: Callable[[], list[FeedTarget]],
         max_wait_ms: int,
         max_bytes: int,
@@ -393,7 +395,7 @@ class PartitionFeed:
         elsewhere), or a unary Fetch."""
         if self._call is not None and self._call_broker != broker:
             self._close_call()
-        stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
+        stub = self._channels.broker(broker)
         if self._unary:
             return asyncio.ensure_future(stub.Fetch(request, timeout=self._max_wait_ms / 1000 + FETCH_GRACE))
         if self._call is None:
@@ -458,10 +460,7 @@ class PartitionFeed:
 
     async def _out_of_range(self, offset: int) -> None:
         """The log no longer starts where subscriptions are (retention): move them to the log start."""
-        broker = self._link.broker_for(self.topic, self.partition)
-        stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
-        resp = await stub.ListOffsets(list_offsets_request(self.topic, [self.partition], -2), timeout=10)
-        start = resp.partitions[0].offset
+        start = (await self._link.list_offsets(self.topic, [self.partition], EARLIEST))[self.partition]
         if offset < start:
             log.warning(
                 "%s/%d: offset %d is below the log start %d; skipping ahead",

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from sluice.client.push.backoff import Backoff
+from sluice.common.backoff import Backoff
 from sluice.client.push.config import KeySharedPolicy, PushConsumerConfig, dlq_topic
 from sluice.client.push.message import messages_of
 from sluice.client.push.nacks import NackScheduler, backoff_hold

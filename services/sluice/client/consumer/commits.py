@@ -24,7 +24,8 @@ import grpc
 
 from sluice.client.metadata import MetadataCache
 from sluice.client.offsets import list_offsets
-from sluice.client.rpc import ChannelPool, call, error_from_rpc
+from sluice.client.rpc import call, error_from_rpc
+from sluice.common.peers import Peers
 from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_from_proto
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
 
@@ -40,7 +41,7 @@ BACKOFF_MAX = 1.0
 class OffsetStoreClient:
     def __init__(
         self,
-        channels: ChannelPool,
+        channels: Peers,
         metadata: MetadataCache,
         group: str,
         topics: Iterable[str],
