@@ -26,12 +26,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import grpc
-from grpc import aio
 
-from sluice.common.rpc import CHANNEL_OPTIONS
+from sluice.common.peers import AioPeers
+from sluice.common.rpc import error_from_rpc
 from sluice.coordinator.cluster.model import BrokerUpdate, Endpoint, MetadataChange, PartitionRef
 from sluice.coordinator.convert import broker_update_to_proto
-from sluice.v1 import broker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +45,11 @@ class _Pending:
 
 
 @dataclass
-class _Link:
+class _PushQueue:
+    """One broker's ordered pushes (its channel is the peer layer's, by address)."""
+
     broker_id: int
     endpoint: Endpoint
-    channel: aio.Channel
-    stub: broker_pb2_grpc.BrokerAsyncStub
     known_version: int = UNKNOWN_VERSION
     queue: deque[_Pending] = field(default_factory=deque)
     #: Removals that failed to reach the broker: sent again with its next update.
@@ -62,7 +61,8 @@ class BrokerNotifier:
     """One ordered push queue per broker.
 
     Caller: the service layer, under its write lock for ``registered``/``observed``/``submit`` (so pushes
-    are queued in version order). Affects: soft state only (channels, what each broker is known to have).
+    are queued in version order). Affects: soft state only (what each broker is known to have; the
+    channels are in the peer layer's cache, dropped when a broker moves to another address).
     """
 
     def __init__(
@@ -74,18 +74,17 @@ class BrokerNotifier:
         self._full_update = full_update
         self._timeout_s = timeout_s
         self._on_result = on_result
-        self._links: dict[int, _Link] = {}
+        self._links: dict[int, _PushQueue] = {}
         self._closed = False
-        self._retired: set[asyncio.Task[None]] = set()
+        self._peers = AioPeers()
 
     def registered(self, broker_id: int, endpoint: Endpoint, known_version: int = UNKNOWN_VERSION) -> None:
         """A broker (re)registered or was recovered from the store. A new incarnation starts at version 0."""
         link = self._links.get(broker_id)
         if link is None or link.endpoint != endpoint:
             if link is not None:
-                self._close_channel(link.channel)
-            channel = aio.insecure_channel(str(endpoint), options=CHANNEL_OPTIONS)
-            new = _Link(broker_id, endpoint, channel, broker_pb2_grpc.BrokerStub(channel))
+                self._peers.drop(str(link.endpoint))
+            new = _PushQueue(broker_id, endpoint)
             if link is not None:
                 # Keep queued work: the worker below sends it over the new channel.
                 new.queue, new.worker, new.unsent_removals = link.queue, link.worker, link.unsent_removals
@@ -152,18 +151,18 @@ class BrokerNotifier:
             if current is not None:
                 current.worker = None
 
-    async def _send(self, link: _Link, update: BrokerUpdate) -> bool:
+    async def _send(self, link: _PushQueue, update: BrokerUpdate) -> bool:
+        stub = self._peers.broker(str(link.endpoint))
         try:
-            await link.stub.UpdatePartitions(broker_update_to_proto(update), timeout=self._timeout_s)
+            await stub.UpdatePartitions(broker_update_to_proto(update), timeout=self._timeout_s)
         except grpc.RpcError as exc:
-            code = exc.code() if isinstance(exc, aio.AioRpcError) else None
             log.warning(
                 "UpdatePartitions (version %d, full=%s) to broker %d at %s failed: %s; heartbeats reconcile",
                 update.metadata_version,
                 update.full,
                 link.broker_id,
                 link.endpoint,
-                code or exc,
+                error_from_rpc(exc),
             )
             self._count(False)
             return False
@@ -173,11 +172,6 @@ class BrokerNotifier:
     def _count(self, ok: bool) -> None:
         if self._on_result is not None:
             self._on_result(ok)
-
-    def _close_channel(self, channel: aio.Channel) -> None:
-        task = asyncio.get_running_loop().create_task(channel.close(None))
-        self._retired.add(task)
-        task.add_done_callback(self._retired.discard)
 
     async def close(self) -> None:
         self._closed = True
@@ -190,9 +184,7 @@ class BrokerNotifier:
         for link in self._links.values():
             while link.queue:
                 _resolve(link.queue.popleft().done, False)
-            await link.channel.close(None)
-        if self._retired:
-            await asyncio.gather(*self._retired, return_exceptions=True)
+        await self._peers.close()
         self._links.clear()
 
 
