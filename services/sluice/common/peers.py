@@ -5,6 +5,8 @@ store, and the one rule for refreshing metadata after a routing error.
   address, and one stub of each kind on it. At most ``max_peers`` addresses: past that the least recently
   used channel is closed, so addresses that come and go (a broker restarted on a new port) cannot pile up
   channels. ``close()`` closes them all. No other module creates a gRPC channel (a test checks it).
+  Only stubs leave the cache, never a channel: grpc crashes the process (SIGSEGV, grpcio 1.6x) when a stub
+  is built on a closed channel, so stubs are built here, under the lock, on a channel known open.
 - Every channel reconnects with the one backoff (``sluice.common.backoff``): gRPC's own reconnect timer
   set to :data:`PEER_CHANNEL_OPTIONS`, 100 ms doubling to 2 s instead of gRPC's 1 s to 120 s.
 - :class:`RefreshGate` / :class:`AioRefreshGate` run the caller's metadata refresh after routing errors
@@ -120,13 +122,6 @@ class Peers:
         self._cache: _Lru[grpc.Channel] = _Lru(max_peers)
         self._closed = False
 
-    def channel(self, address: str) -> grpc.Channel:
-        with self._lock:
-            channel, evicted = self._channel(address)
-        for old in evicted:
-            old.close()
-        return channel
-
     def stub(self, address: str, stub_class: type[S]) -> S:
         """The ``stub_class`` stub on the channel to ``address`` (one per address and kind)."""
         key = (address, stub_class)
@@ -171,7 +166,7 @@ class AioPeers:
         self._retiring: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    def channel(self, address: str) -> aio.Channel:
+    def _channel(self, address: str) -> aio.Channel:
         if self._closed:
             raise SluiceError("the peer channels are closed")
         channel, evicted = self._cache.get(
@@ -203,7 +198,7 @@ class AioPeers:
         key = (address, stub_class)
         stub = self._cache.stubs.get(key)
         if stub is None:
-            stub = self._cache.stubs[key] = stub_class(self.channel(address))
+            stub = self._cache.stubs[key] = stub_class(self._channel(address))
         else:
             self._cache.channels.move_to_end(address)
         return stub

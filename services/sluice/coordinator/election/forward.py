@@ -20,7 +20,7 @@ from typing import Any
 from grpc import aio
 
 from sluice.common.peers import AioPeers
-from sluice.common.rpc import answered_error
+from sluice.common.rpc import answered_error, error_from_rpc
 from sluice.coordinator.election.base import Elector
 from sluice.coordinator.election.guard import not_leader
 from sluice.errors import NotCoordinator
@@ -64,7 +64,7 @@ class MetadataForwarder:
             error = answered_error(exc)
             if error is None or isinstance(error, NotCoordinator):
                 # The leader we know of is gone or no longer leads: the election will tell.
-                why = error.message if error is not None else f"{exc.code().name}: {exc.details()}"
+                why = (error or error_from_rpc(exc)).message
                 raise not_leader(self._elector, f" (the leader did not answer: {why})") from None
             raise error from None  # the leader's own answer (e.g. INVALID_TOPIC): relay it as is
         return response
