@@ -35,7 +35,8 @@ def test_one_channel_and_one_stub_per_address() -> None:
         stub = peers.stub("127.0.0.1:1", broker_pb2_grpc.BrokerStub)
         assert peers.stub("127.0.0.1:1", broker_pb2_grpc.BrokerStub) is stub
         assert peers.stub("127.0.0.1:2", broker_pb2_grpc.BrokerStub) is not stub
-        assert peers.stub("127.0.0.1:1", coordinator_pb2_grpc.CoordinatorStub) is not stub
+        coordinator = peers.stub("127.0.0.1:1", coordinator_pb2_grpc.CoordinatorStub)
+        assert isinstance(coordinator, coordinator_pb2_grpc.CoordinatorStub)
         assert len(peers._cache.channels) == 2  # the coordinator stub shares 127.0.0.1:1's channel
     finally:
         peers.close()
