@@ -128,8 +128,8 @@ class CoordinatorLink:
         self.registered = asyncio.Event()
         self.view = ClusterView()
         self._refreshing: asyncio.Future[ClusterView] | None = None
-        #: Routing errors of ListOffsets refresh the view through here: once per burst.
-        self._routing = AioRefreshGate(self.refresh)
+        #: Routing errors (ListOffsets, a feed's failed fetch) refresh the view through here: once per burst.
+        self.routing = AioRefreshGate(self.refresh)
         self.endpoint: tuple[str, int] = ("", 0)
         #: The wire-protocol port this dispatcher serves consumers on (0: none).
         self.wire_port = 0
@@ -253,7 +253,7 @@ class CoordinatorLink:
             self._leader_of,
             bound=planner.RetryBound(LIST_OFFSETS_RETRY_S),
             rpc_timeout=RPC_TIMEOUT,
-            gate=self._routing,
+            gate=self.routing,
         )
         error = answer.first_error()
         if error is not None:

@@ -45,6 +45,7 @@ from typing import Protocol
 import grpc
 
 from sluice.codec.batch import batch_views
+from sluice.common.backoff import Backoff
 from sluice.common.list_offsets import EARLIEST
 from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc, is_unimplemented
@@ -61,6 +62,8 @@ __all__ = ["FeedTarget", "PartitionFeed"]
 #: Seconds a fetch may take beyond its max_wait before the broker is considered hung.
 FETCH_GRACE = 10.0
 
+#: A failed fetch is retried after the peer layer's backoff, from 50 ms (not its 100 ms: a feed is on the
+#: delivery path, and most failures are a broker restart the next fetch already survives) to its 2 s.
 _FIRST_BACKOFF = 0.05
 _MAX_BACKOFF = 2.0
 
@@ -120,7 +123,7 @@ class PartitionFeed:
         self._max_bytes = max_bytes
         #: Wakes the feed task: something changed that it must look at.
         self._kick = asyncio.Event()
-        self._backoff = _FIRST_BACKOFF
+        self._backoff = Backoff(_FIRST_BACKOFF, _MAX_BACKOFF)
         #: The offset the task is working at, for its log lines.
         self._offset = -1
 
@@ -207,6 +210,7 @@ class PartitionFeed:
     async def _run(self) -> None:
         while True:
             self._kick.clear()
+            seen = self._link.routing.generation
             try:
                 busy = await self._step()
             except Exception as exc:
@@ -216,10 +220,10 @@ class PartitionFeed:
                 else:  # a bug: say so loudly, and keep the feed alive (a dead feed delivers nothing)
                     log.exception("fetch %s/%d at %d failed", self.topic, self.partition, self._offset)
                     self._close_call()
-                await asyncio.sleep(self._backoff)
-                self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+                await asyncio.sleep(self._backoff.next())
+                # Once per burst: when every feed of a dead broker fails at once, one of them refreshes.
                 with contextlib.suppress(SluiceError, grpc.RpcError):
-                    await self._link.refresh()
+                    await self._link.routing.refresh_after(seen)
                 continue
             if not busy:
                 await self._kick.wait()
@@ -246,7 +250,7 @@ class PartitionFeed:
         if wire is None:  # no wire port (any more): gRPC
             self._close_follower()
             resp = await self._fetch(broker, offset)
-            self._backoff = _FIRST_BACKOFF
+            self._backoff.reset()
             if resp is not None:
                 self._deliver(offset, resp)
             return True
@@ -338,7 +342,7 @@ class PartitionFeed:
         self.high_watermark = part.high_watermark
         self.log_start_offset = part.log_start_offset
         self._following = part.next_offset
-        self._backoff = _FIRST_BACKOFF
+        self._backoff.reset()
         self._delivering = True
         try:
             self._deliver(start, part)
