@@ -19,8 +19,8 @@ docs/architecture.md ("Peer layer") has the numbers and the reasons.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -73,40 +73,52 @@ def is_routing(error: BaseException) -> bool:
 
 
 class _Lru(Generic[C]):
-    """Address -> channel (and its stubs), least recently used first. Not locked: the owner locks."""
+    """Address -> channel (and its stubs), evicting the least recently used. The owner locks changes.
+
+    Use is recorded with one dict store from a counter (``touch``), no lock and no reordering: a cached
+    stub is handed out on every RPC, and that must cost what a dict lookup costs. Finding the least
+    recently used address is a scan of at most ``max_peers`` entries, only when a new address needs room.
+    """
 
     def __init__(self, max_peers: int) -> None:
         if max_peers < 1:
             raise ValueError("max_peers must be >= 1")
         self.max_peers = max_peers
-        self.channels: OrderedDict[str, C] = OrderedDict()
+        self.channels: dict[str, C] = {}
         self.stubs: dict[tuple[str, type[Any]], Any] = {}
+        self.last_use: dict[str, int] = {}
+        self._clock = itertools.count(1)
+
+    def touch(self, address: str) -> None:
+        self.last_use[address] = next(self._clock)
 
     def get(self, address: str, make: Callable[[str], C]) -> tuple[C, list[C]]:
         """The channel to ``address`` (made if new) and the channels evicted to make room."""
+        self.touch(address)
         channel = self.channels.get(address)
         if channel is not None:
-            self.channels.move_to_end(address)
             return channel, []
         evicted = []
         while len(self.channels) >= self.max_peers:
-            old, ch = self.channels.popitem(last=False)
-            self._forget_stubs(old)
-            evicted.append(ch)
+            oldest = min(self.channels, key=lambda a: self.last_use.get(a, 0))
+            evicted.append(self.channels.pop(oldest))
+            self._forget(oldest)
         channel = self.channels[address] = make(address)
         return channel, evicted
 
     def pop(self, address: str) -> C | None:
-        self._forget_stubs(address)
+        self._forget(address)
         return self.channels.pop(address, None)
 
     def clear(self) -> list[C]:
         channels = list(self.channels.values())
         self.channels.clear()
         self.stubs.clear()
+        self.last_use.clear()
         return channels
 
-    def _forget_stubs(self, address: str) -> None:
+    def _forget(self, address: str) -> None:
+        self.last_use.pop(address, None)
         for key in [k for k in self.stubs if k[0] == address]:
             del self.stubs[key]
 
@@ -125,15 +137,17 @@ class Peers:
     def stub(self, address: str, stub_class: type[S]) -> S:
         """The ``stub_class`` stub on the channel to ``address`` (one per address and kind)."""
         key = (address, stub_class)
-        evicted: list[grpc.Channel] = []
+        stub = self._cache.stubs.get(key)
+        if stub is not None:  # the path of every RPC: no lock
+            self._cache.touch(address)
+            return stub  # type: ignore[no-any-return]
         with self._lock:
-            stub = self._cache.stubs.get(key)
+            stub = self._cache.stubs.get(key)  # another thread may have made it meanwhile
+            evicted: list[grpc.Channel] = []
             if stub is None:
                 channel, evicted = self._channel(address)
                 made: Any = stub_class
                 stub = self._cache.stubs[key] = made(channel)
-            else:
-                self._cache.channels.move_to_end(address)
         for old in evicted:
             old.close()
         return stub  # type: ignore[no-any-return]
@@ -200,7 +214,7 @@ class AioPeers:
         if stub is None:
             stub = self._cache.stubs[key] = stub_class(self._channel(address))
         else:
-            self._cache.channels.move_to_end(address)
+            self._cache.touch(address)
         return stub
 
     def drop(self, address: str) -> None:
