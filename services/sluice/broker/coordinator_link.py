@@ -6,8 +6,10 @@
 - ``BrokerHeartbeat`` every interval reports the metadata version the broker last applied;
   a response carrying ``update`` goes through the same code path as the UpdatePartitions RPC.
 - A heartbeat answered with an error (unknown broker, stale epoch) makes the broker register
-  again. An unreachable coordinator is retried with exponential backoff (100 ms doubling to
-  10 s); the broker keeps serving what it has meanwhile.
+  again. An unreachable coordinator is retried with the peer layer's backoff
+  (``sluice.common.backoff``: 100 ms doubling to 2 s, jittered); the broker keeps serving what it has
+  meanwhile. The channel is the peer layer's too; errors decode through ``error_from_rpc`` /
+  ``error_from_proto``.
 """
 
 from __future__ import annotations
@@ -17,17 +19,18 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 
-from grpc import aio
+import grpc
 
 from sluice.broker.assignment import AssignmentUpdate
 from sluice.broker.servicer import update_from_proto
-from sluice.errors import SluiceError
-from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from sluice.common.backoff import Backoff
+from sluice.common.peers import AioPeers
+from sluice.common.rpc import error_from_rpc
+from sluice.errors import SluiceError, error_from_proto
+from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-BACKOFF_START_S = 0.1
-BACKOFF_MAX_S = 10.0
 DEFAULT_HEARTBEAT_S = 3.0
 RPC_TIMEOUT_S = 5.0
 
@@ -59,30 +62,31 @@ class CoordinatorLink:
         self.registered = asyncio.Event()
 
     async def run(self) -> None:
-        backoff = BACKOFF_START_S
-        async with aio.insecure_channel(self.address) as channel:
-            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        """Register, heartbeat, register again when refused or unreachable. Runs until cancelled."""
+        backoff = Backoff()
+        peers = AioPeers(max_peers=1)
+        try:
             while True:
+                stub = peers.coordinator(self.address)
                 try:
                     interval = await self._register(stub)
-                    backoff = BACKOFF_START_S
+                    backoff.reset()
                     await self._heartbeat_until_error(stub, interval)
                     # Refused: register again after one interval, not in a tight loop.
                     await asyncio.sleep(interval)
                     continue
-                except aio.AioRpcError as exc:
+                except grpc.RpcError as exc:
+                    delay = backoff.next()
                     log.warning(
-                        "coordinator %s: %s (%s); retrying in %.1fs",
-                        self.address,
-                        exc.code().name,
-                        exc.details(),
-                        backoff,
+                        "coordinator %s: %s; retrying in %.1fs", self.address, error_from_rpc(exc), delay
                     )
                 except Exception:
-                    log.exception("coordinator link failed; retrying in %.1fs", backoff)
+                    delay = backoff.next()
+                    log.exception("coordinator link failed; retrying in %.1fs", delay)
                 self.registered.clear()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX_S)
+                await asyncio.sleep(delay)
+        finally:
+            await peers.close()
 
     async def _register(self, stub: coordinator_pb2_grpc.CoordinatorAsyncStub) -> float:
         resp = await stub.RegisterBroker(
@@ -118,10 +122,9 @@ class CoordinatorLink:
                 ),
                 timeout=max(RPC_TIMEOUT_S, 2 * interval),
             )
-            if resp.error.code != common_pb2.NONE:
-                log.warning(
-                    "heartbeat refused (%s: %s): registering again", resp.error.code, resp.error.message
-                )
+            refused = error_from_proto(resp.error)
+            if refused is not None:
+                log.warning("heartbeat refused (%s: %s): registering again", type(refused).__name__, refused)
                 self.registered.clear()
                 return
             if resp.HasField("update"):

@@ -17,8 +17,9 @@ from sluice.client.push import admin as push_admin
 from sluice.client.push import sub_admin
 from sluice.client.push.admin import SubscriptionInfo
 from sluice.client.push.sub_admin import PeekedMessage, SubscriptionChange
-from sluice.client.rpc import ChannelPool, call
+from sluice.client.rpc import call
 from sluice.common.names import MAX_PARTITIONS, validate_topic
+from sluice.common.peers import Peers
 from sluice.common.units import parse_duration, parse_size
 from sluice.errors import InvalidArgument, InvalidPartitions, SluiceError, error_from_proto
 from sluice.v1 import broker_pb2, common_pb2, coordinator_pb2
@@ -84,11 +85,11 @@ class Admin:
     """``client.admin``: topic and group operations. Every call raises typed ``sluice.errors``."""
 
     def __init__(
-        self, metadata: MetadataCache, request_timeout: float, channels: ChannelPool | None = None
+        self, metadata: MetadataCache, request_timeout: float, channels: Peers | None = None
     ) -> None:
         self._metadata = metadata
         self._timeout = request_timeout
-        self._channels = channels if channels is not None else ChannelPool()
+        self._channels = channels if channels is not None else Peers()
 
     def create_topic(
         self, name: str, partitions: int = 1, config: Mapping[str, Any] | None = None

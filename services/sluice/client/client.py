@@ -35,8 +35,8 @@ from sluice.client.producer import Producer, ProducerConfig
 from sluice.client.push import PushConsumer, PushConsumerConfig
 from sluice.client.push.admin import SubscriptionInfo, describe_subscription, list_subscriptions
 from sluice.client.push.config import SUBSCRIPTION_TYPES
-from sluice.client.rpc import ChannelPool
 from sluice.common.names import validate_group, validate_topic
+from sluice.common.peers import Peers
 from sluice.errors import InvalidArgument, SluiceError
 
 __all__ = ["DEFAULT_BOOTSTRAP", "Client"]
@@ -73,7 +73,7 @@ class Client:
         self.bootstrap = address
         self.client_id = client_id or f"sluice-python-{os.getpid()}-{next(_ids)}"
         self.request_timeout = float(request_timeout)
-        self._channels = ChannelPool()
+        self._channels = Peers()
         self._metadata = MetadataCache(self._channels, address, self.request_timeout)
         self.admin = Admin(self._metadata, self.request_timeout, self._channels)
         self._lock = threading.Lock()

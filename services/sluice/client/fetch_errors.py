@@ -15,7 +15,7 @@ import time
 from sluice.client.fetch_state import AutoOffsetReset, PartitionState, TopicPartition, backoff
 from sluice.client.metadata import MetadataCache
 from sluice.client.offsets import list_offsets
-from sluice.client.rpc import ChannelPool
+from sluice.common.peers import Peers
 from sluice.errors import (
     BrokerNotAvailable,
     NotLeader,
@@ -46,7 +46,7 @@ class PartitionErrors:
 
     def __init__(
         self,
-        channels: ChannelPool,
+        channels: Peers,
         metadata: MetadataCache,
         reset: AutoOffsetReset,
         request_timeout: float,

@@ -57,11 +57,11 @@ from sluice.client.fetch_state import (
 )
 from sluice.client.links import open_fetch_link
 from sluice.client.metadata import MetadataCache
-from sluice.client.rpc import ChannelPool
 from sluice.client.wire import WireConnection
 from sluice.codec.batch import Record, decode_records
 from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_topic
+from sluice.common.peers import Peers
 from sluice.errors import (
     BrokerNotAvailable,
     FetchSessionNotFound,
@@ -93,7 +93,7 @@ class Fetcher:
 
     def __init__(
         self,
-        channels: ChannelPool,
+        channels: Peers,
         metadata: MetadataCache,
         positions: Mapping[TopicPartition, int],
         filters: Mapping[str, str] | None = None,

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 import grpc
 
 from sluice.client.metadata import MetadataCache
-from sluice.client.rpc import ChannelPool
 from sluice.client.streams import Callback, RequestStream
 from sluice.client.wire import WireConnection
+from sluice.common.peers import Peers
 from sluice.common.wire import FrameType
 from sluice.errors import BrokerNotAvailable, InvalidArgument, SluiceError
 from sluice.v1 import broker_pb2, broker_pb2_grpc
@@ -45,7 +45,7 @@ def use_wire() -> bool:
 
 
 def _open(
-    channels: ChannelPool, metadata: MetadataCache, address: str, kind: FrameType, client_id: str
+    channels: Peers, metadata: MetadataCache, address: str, kind: FrameType, client_id: str
 ) -> BrokerLink:
     name = f"{kind.name.lower()}-{address}"
     if use_wire() and metadata.current().wire_address(address) is not None:
@@ -63,14 +63,14 @@ def _open(
 
 
 def open_produce_link(
-    channels: ChannelPool, metadata: MetadataCache, address: str, client_id: str = ""
+    channels: Peers, metadata: MetadataCache, address: str, client_id: str = ""
 ) -> BrokerLink:
     """Raises BrokerNotAvailable when no link can be made (the client is closed)."""
     return _open(channels, metadata, address, FrameType.PRODUCE, client_id)
 
 
 def open_fetch_link(
-    channels: ChannelPool, metadata: MetadataCache, address: str, client_id: str = ""
+    channels: Peers, metadata: MetadataCache, address: str, client_id: str = ""
 ) -> BrokerLink:
     """Raises BrokerNotAvailable when no link can be made (the client is closed)."""
     return _open(channels, metadata, address, FrameType.FETCH, client_id)

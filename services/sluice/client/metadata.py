@@ -15,7 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.client.rpc import ChannelPool, call
+from sluice.client.rpc import call
+from sluice.common.backoff import Backoff
+from sluice.common.peers import Peers
 from sluice.errors import (
     BrokerNotAvailable,
     NotCoordinator,
@@ -173,7 +175,7 @@ class MetadataCache:
     and fetchers (refresh after routing errors). Thread-safe.
     """
 
-    def __init__(self, channels: ChannelPool, bootstrap: str, request_timeout: float) -> None:
+    def __init__(self, channels: Peers, bootstrap: str, request_timeout: float) -> None:
         self._channels = channels
         self._bootstrap = bootstrap
         self._timeout = request_timeout
@@ -269,13 +271,14 @@ def _replace(m: ClusterMetadata, **changes: Any) -> ClusterMetadata:
 _RETRY_ERRORS = (BrokerNotAvailable, NotCoordinator)
 
 
-def call_with_retry(fn: Any, timeout: float, backoff: float = 0.1) -> Any:
+def call_with_retry(fn: Any, timeout: float) -> Any:
     """Run an idempotent coordinator call, retrying while it is unreachable, up to ``timeout``.
 
-    A coordinator restart (or a standby taking over) then costs a short wait
-    instead of an error. Other errors propagate at once.
+    A coordinator restart (or a standby taking over) then costs a short wait (the peer layer's
+    backoff) instead of an error. Other errors propagate at once.
     """
     deadline = time.monotonic() + timeout
+    backoff = Backoff()
     while True:
         try:
             return fn()
@@ -284,5 +287,4 @@ def call_with_retry(fn: Any, timeout: float, backoff: float = 0.1) -> Any:
             if remaining <= 0:
                 raise RequestTimedOut(f"coordinator unreachable for {timeout:g} s: {exc.message}") from exc
             # A backoff, not a poll: there is no event to wait for while the peer is down.
-            time.sleep(min(backoff, remaining))
-            backoff = min(backoff * 2, 2.0)
+            time.sleep(min(backoff.next(), remaining))

@@ -1,27 +1,22 @@
-"""ListOffsets: earliest, latest or by-timestamp offsets of a topic's partitions."""
+"""ListOffsets: earliest, latest or by-timestamp offsets of a topic's partitions.
+
+The SDK's face of the peer layer's one planner (``sluice.common.list_offsets``): this module turns an
+offset spec into a timestamp, checks the partitions against the metadata, and raises what is left.
+"""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
-from sluice.client.metadata import MetadataCache
-from sluice.client.rpc import ChannelPool, call
-from sluice.errors import (
-    BrokerNotAvailable,
-    InvalidArgument,
-    NotLeader,
-    RequestTimedOut,
-    SluiceError,
-    UnknownTopicOrPartition,
-    error_from_proto,
-)
-from sluice.v1 import broker_pb2, broker_pb2_grpc
+from sluice.client.metadata import ClusterMetadata, MetadataCache
+from sluice.common import list_offsets as planner
+from sluice.common.peers import Peers, RefreshGate, is_routing
+from sluice.errors import InvalidArgument, RequestTimedOut, UnknownTopicOrPartition
 
 __all__ = ["EARLIEST", "LATEST", "OffsetSpec", "list_offsets", "spec_to_timestamp"]
 
-EARLIEST = -2
-LATEST = -1
+EARLIEST = planner.EARLIEST
+LATEST = planner.LATEST
 #: "earliest", "latest" or a timestamp in ms.
 OffsetSpec = str | int
 
@@ -37,13 +32,8 @@ def spec_to_timestamp(spec: OffsetSpec) -> int:
     raise InvalidArgument(f"offset spec must be 'earliest', 'latest' or a timestamp in ms >= 0, got {spec!r}")
 
 
-# Routing errors that a metadata refresh and another try can fix.
-_ROUTING = (NotLeader, BrokerNotAvailable, UnknownTopicOrPartition)
-
-
-# Over the complexity limit when it was set (pyproject.toml): next to split.
-def list_offsets(  # noqa: C901
-    channels: ChannelPool,
+def list_offsets(
+    channels: Peers,
     metadata: MetadataCache,
     topic: str,
     spec: OffsetSpec = "earliest",
@@ -58,54 +48,47 @@ def list_offsets(  # noqa: C901
     and retry until ``timeout``; other errors raise.
     """
     ts = spec_to_timestamp(spec)
-    md = metadata.get([topic])
+    view = _TopicView(metadata, topic)
+    wanted = _wanted(view.md, topic, partitions)
+    answer = planner.list_offsets_blocking(
+        channels,
+        [(topic, p) for p in wanted],
+        ts,
+        view.leader_of,
+        bound=planner.RetryBound(timeout),
+        rpc_timeout=timeout,
+        gate=RefreshGate(view.refresh),
+    )
+    error = answer.first_error()
+    if error is None:
+        return {p: answer.offsets[(topic, p)] for p in wanted}
+    if is_routing(error):
+        raise RequestTimedOut(f"list_offsets({topic!r}) gave up after {timeout:g} s: {error}")
+    raise error
+
+
+def _wanted(md: ClusterMetadata, topic: str, partitions: Iterable[int] | None) -> list[int]:
     count = md.partition_count(topic)
     wanted = list(range(count)) if partitions is None else sorted(set(partitions))
     for p in wanted:
         if not 0 <= p < count:
             raise UnknownTopicOrPartition(f"topic {topic!r} has no partition {p} (it has {count})")
-    result: dict[int, int] = {}
-    deadline = time.monotonic() + timeout
-    backoff = 0.05
-    while True:
-        pending = [p for p in wanted if p not in result]
-        by_broker: dict[str | None, list[int]] = {}
-        for p in pending:
-            by_broker.setdefault(md.leader_address(topic, p), []).append(p)
-        retry: SluiceError | None = None
-        for address, parts in by_broker.items():
-            if address is None:
-                retry = BrokerNotAvailable(f"no live broker hosts {topic!r} partitions {parts}")
-                continue
-            request = broker_pb2.ListOffsetsRequest(
-                partitions=[
-                    broker_pb2.ListOffsetsPartition(topic=topic, partition=p, timestamp=ts) for p in parts
-                ]
-            )
-            try:
-                resp = call(channels.stub(address, broker_pb2_grpc.BrokerStub).ListOffsets, request, timeout)
-            except _ROUTING as exc:
-                retry = exc
-                continue
-            for r in resp.partitions:
-                err = error_from_proto(r.error)
-                if err is not None:
-                    if isinstance(err, _ROUTING):
-                        retry = err
-                        continue
-                    raise err
-                if r.topic == topic and r.partition in parts:
-                    result[r.partition] = r.offset
-        if all(p in result for p in wanted):
-            return {p: result[p] for p in wanted}
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            if retry is not None:
-                raise RequestTimedOut(f"list_offsets({topic!r}) gave up after {timeout:g} s: {retry}")
-            raise SluiceError(f"broker answered ListOffsets without partitions {pending}")
-        # A backoff before asking the coordinator where the partitions went.
-        time.sleep(min(backoff, remaining))
-        backoff = min(backoff * 2, 1.0)
-        md = metadata.get([topic], refresh=True)
-        if topic in md.unknown_topics:
-            raise UnknownTopicOrPartition(f"topic {topic!r} does not exist")
+    return wanted
+
+
+class _TopicView:
+    """The metadata one call routes by; ``refresh`` asks the coordinator where the partitions went."""
+
+    def __init__(self, metadata: MetadataCache, topic: str) -> None:
+        self._metadata = metadata
+        self._topic = topic
+        self.md = metadata.get([topic])
+
+    def leader_of(self, topic: str, partition: int) -> str | None:
+        return self.md.leader_address(topic, partition)
+
+    def refresh(self) -> None:
+        md = self._metadata.get([self._topic], refresh=True)
+        if self._topic in md.unknown_topics:
+            raise UnknownTopicOrPartition(f"topic {self._topic!r} does not exist")
+        self.md = md

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field, replace
 import grpc
 from grpc import aio
 
-from sluice.common.rpc import CHANNEL_OPTIONS, answered_error, error_from_rpc
+from sluice.common.peers import AioPeers
+from sluice.common.rpc import answered_error, error_from_rpc
 from sluice.coordinator.cluster.model import BrokerUpdate, Endpoint, MetadataChange, PartitionRef
 from sluice.coordinator.convert import broker_update_to_proto
-from sluice.v1 import broker_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,11 @@ class _Pending:
 
 
 @dataclass
-class _Link:
+class _PushQueue:
+    """One broker's ordered pushes (its channel is the peer layer's, by address)."""
+
     broker_id: int
     endpoint: Endpoint
-    channel: aio.Channel
-    stub: broker_pb2_grpc.BrokerAsyncStub
     known_version: int = UNKNOWN_VERSION
     queue: deque[_Pending] = field(default_factory=deque)
     #: Removals that failed to reach the broker: sent again with its next update.
@@ -86,7 +86,8 @@ class BrokerNotifier:
     """One ordered push queue per broker.
 
     Caller: the service layer, under its write lock for ``registered``/``observed``/``submit`` (so pushes
-    are queued in version order). Affects: soft state only (channels, what each broker is known to have).
+    are queued in version order). Affects: soft state only (what each broker is known to have; the
+    channels are in the peer layer's cache, dropped when a broker moves to another address).
     """
 
     def __init__(
@@ -98,9 +99,9 @@ class BrokerNotifier:
         self._full_update = full_update
         self._timeout_s = timeout_s
         self._on_result = on_result
-        self._links: dict[int, _Link] = {}
+        self._links: dict[int, _PushQueue] = {}
         self._closed = False
-        self._retired: set[asyncio.Task[None]] = set()
+        self._peers = AioPeers()
         #: Per broker: pushes it did not answer in time, and the version each needs.
         #: A slow broker may still apply them; its next heartbeat settles them (``observed``).
         self._awaiting: dict[int, list[tuple[int, asyncio.Future[PushOutcome]]]] = {}
@@ -110,9 +111,8 @@ class BrokerNotifier:
         link = self._links.get(broker_id)
         if link is None or link.endpoint != endpoint:
             if link is not None:
-                self._close_channel(link.channel)
-            channel = aio.insecure_channel(str(endpoint), options=CHANNEL_OPTIONS)
-            new = _Link(broker_id, endpoint, channel, broker_pb2_grpc.BrokerStub(channel))
+                self._peers.drop(str(link.endpoint))
+            new = _PushQueue(broker_id, endpoint)
             if link is not None:
                 # Keep queued work: the worker below sends it over the new channel.
                 new.queue, new.worker, new.unsent_removals = link.queue, link.worker, link.unsent_removals
@@ -210,13 +210,14 @@ class BrokerNotifier:
             if current is not None:
                 current.worker = None
 
-    async def _send(self, link: _Link, update: BrokerUpdate) -> tuple[PushOutcome, bool]:
+    async def _send(self, link: _PushQueue, update: BrokerUpdate) -> tuple[PushOutcome, bool]:
         """Push one update: (None, True) when acknowledged, else why not as text for the caller's answer,
         and whether that is final: False only when the deadline passed (a slow broker may still apply the
         update, which its next heartbeat tells); an error it answered, or an unreachable broker, is final."""
         try:
             deadline = self.deadline_s(len(update.assign) + len(update.remove))
-            await link.stub.UpdatePartitions(broker_update_to_proto(update), timeout=deadline)
+            stub = self._peers.broker(str(link.endpoint))
+            await stub.UpdatePartitions(broker_update_to_proto(update), timeout=deadline)
         except grpc.RpcError as exc:
             answered = answered_error(exc)
             reason = str(answered) if answered is not None else f"no answer ({error_from_rpc(exc)})"
@@ -243,11 +244,6 @@ class BrokerNotifier:
         if self._on_result is not None:
             self._on_result(ok)
 
-    def _close_channel(self, channel: aio.Channel) -> None:
-        task = asyncio.get_running_loop().create_task(channel.close(None))
-        self._retired.add(task)
-        task.add_done_callback(self._retired.discard)
-
     async def close(self) -> None:
         self._closed = True
         workers = [link.worker for link in self._links.values() if link.worker is not None]
@@ -259,13 +255,11 @@ class BrokerNotifier:
         for link in self._links.values():
             while link.queue:
                 _resolve(link.queue.popleft().done, PushFailure("the coordinator is shutting down"))
-            await link.channel.close(None)
         for waiting in self._awaiting.values():
             for _, done in waiting:
                 _resolve(done, PushFailure("the coordinator is shutting down"))
         self._awaiting.clear()
-        if self._retired:
-            await asyncio.gather(*self._retired, return_exceptions=True)
+        await self._peers.close()
         self._links.clear()
 
 

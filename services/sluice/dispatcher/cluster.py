@@ -1,8 +1,10 @@
 """The dispatcher's view of the cluster: registration with the coordinator and cached metadata.
 
-``CoordinatorLink.run`` registers (``RegisterDispatcher``), then re-registers every
-``heartbeat_interval_ms`` (there is no dispatcher heartbeat RPC; re-registering with the same
-incarnation renews the session) and re-reads ``Metadata`` every refresh interval. The registration
+``CoordinatorLink.run`` registers (``RegisterDispatcher``; until it works, after the peer backoff),
+then re-registers every ``heartbeat_interval_ms`` (there is no dispatcher heartbeat RPC; re-registering
+with the same incarnation renews the session) and re-reads ``Metadata`` every refresh interval. Its
+channels are the peer layer's (``sluice.common.peers``), and ``list_offsets`` is the peer layer's
+planner routed by this view, refreshing it after routing errors once per burst. The registration
 epoch is the cursor ``owner_epoch``: a newer registration of any dispatcher has a higher epoch, so a
 stale dispatcher cannot overwrite a cursor the new owner has written.
 """
@@ -16,9 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
-from grpc import aio
 
-from sluice.common.rpc import CHANNEL_OPTIONS, error_from_rpc
+from sluice.common import list_offsets as planner
+from sluice.common.backoff import Backoff
+from sluice.common.peers import AioPeers, AioRefreshGate
+from sluice.common.rpc import error_from_rpc
 from sluice.errors import (
     BrokerNotAvailable,
     NotDispatcher,
@@ -26,39 +30,15 @@ from sluice.errors import (
     TopicAlreadyExists,
     UnknownTopicOrPartition,
 )
-from sluice.v1 import broker_pb2, coordinator_pb2, coordinator_pb2_grpc
+from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChannelCache", "ClusterView", "CoordinatorLink", "Route"]
+__all__ = ["ClusterView", "CoordinatorLink", "Route"]
 
 RPC_TIMEOUT = 10.0
-
-
-class ChannelCache:
-    """One ``grpc.aio`` channel per address."""
-
-    def __init__(self) -> None:
-        self._channels: dict[str, aio.Channel] = {}
-
-    def get(self, address: str) -> aio.Channel:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = aio.insecure_channel(
-                address,
-                options=(
-                    *CHANNEL_OPTIONS,
-                    ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.min_reconnect_backoff_ms", 100),
-                    ("grpc.max_reconnect_backoff_ms", 1000),
-                ),
-            )
-        return ch
-
-    async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close(None)
-        self._channels.clear()
+#: How long ListOffsets keeps retrying routing errors (a broker restarting, a partition moving).
+LIST_OFFSETS_RETRY_S = 10.0
 
 
 def _address(ep: coordinator_pb2.Endpoint) -> str:
@@ -133,7 +113,7 @@ class CoordinatorLink:
         self,
         address: str,
         dispatcher_id: str,
-        channels: ChannelCache,
+        channels: AioPeers,
         refresh_interval_s: float,
         on_view: Callable[[ClusterView], None],
     ) -> None:
@@ -148,13 +128,15 @@ class CoordinatorLink:
         self.registered = asyncio.Event()
         self.view = ClusterView()
         self._refreshing: asyncio.Future[ClusterView] | None = None
+        #: Routing errors (ListOffsets, a feed's failed fetch) refresh the view through here: once per burst.
+        self.routing = AioRefreshGate(self.refresh)
         self.endpoint: tuple[str, int] = ("", 0)
         #: The wire-protocol port this dispatcher serves consumers on (0: none).
         self.wire_port = 0
 
     @property
     def stub(self) -> coordinator_pb2_grpc.CoordinatorAsyncStub:
-        return coordinator_pb2_grpc.CoordinatorStub(self._channels.get(self.address))
+        return self._channels.coordinator(self.address)
 
     async def register(self) -> None:
         host, port = self.endpoint
@@ -177,7 +159,7 @@ class CoordinatorLink:
         """Register until it works, then keep the session and the metadata fresh. Runs until cancelled."""
         self.endpoint = (host, port)
         self.wire_port = wire_port
-        delay = 0.1
+        backoff = Backoff()
         while True:
             try:
                 await self.register()
@@ -185,8 +167,7 @@ class CoordinatorLink:
                 break
             except (grpc.RpcError, SluiceError) as exc:
                 log.warning("cannot register with the coordinator at %s yet: %s", self.address, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await asyncio.sleep(backoff.next())
         loop = asyncio.get_running_loop()
         next_register = loop.time() + self.heartbeat_s
         while True:
@@ -262,10 +243,23 @@ class CoordinatorLink:
             raise BrokerNotAvailable(f"no broker address known for {topic}/{partition}")
         return route.broker
 
+    async def list_offsets(self, topic: str, partitions: list[int], timestamp: int) -> dict[int, int]:
+        """``{partition: offset}`` at ``timestamp`` (``planner.EARLIEST`` / ``LATEST`` / ms); raises the
+        typed error of a partition left without one (routing errors after ``LIST_OFFSETS_RETRY_S``)."""
+        answer = await planner.list_offsets(
+            self._channels,
+            [(topic, p) for p in partitions],
+            timestamp,
+            self._leader_of,
+            bound=planner.RetryBound(LIST_OFFSETS_RETRY_S),
+            rpc_timeout=RPC_TIMEOUT,
+            gate=self.routing,
+        )
+        error = answer.first_error()
+        if error is not None:
+            raise error
+        return {p: answer.offsets[(topic, p)] for p in partitions}
 
-def list_offsets_request(topic: str, partitions: list[int], timestamp: int) -> broker_pb2.ListOffsetsRequest:
-    return broker_pb2.ListOffsetsRequest(
-        partitions=[
-            broker_pb2.ListOffsetsPartition(topic=topic, partition=p, timestamp=timestamp) for p in partitions
-        ]
-    )
+    def _leader_of(self, topic: str, partition: int) -> str | None:
+        route = self.view.route(topic, partition)
+        return route.broker if route is not None and route.broker else None

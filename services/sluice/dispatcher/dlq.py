@@ -13,11 +13,12 @@ from collections.abc import Sequence
 import grpc
 
 from sluice.codec.batch import BatchBuilder
+from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc
-from sluice.dispatcher.cluster import ChannelCache, CoordinatorLink
+from sluice.dispatcher.cluster import CoordinatorLink
 from sluice.dispatcher.messages import Message
 from sluice.errors import raise_for_proto
-from sluice.v1 import broker_pb2, broker_pb2_grpc
+from sluice.v1 import broker_pb2
 
 __all__ = ["DeadLetterSink", "dlq_topic"]
 
@@ -29,7 +30,7 @@ def dlq_topic(topic: str, subscription: str) -> str:
 
 
 class DeadLetterSink:
-    def __init__(self, link: CoordinatorLink, channels: ChannelCache) -> None:
+    def __init__(self, link: CoordinatorLink, channels: AioPeers) -> None:
         self._link = link
         self._channels = channels
 
@@ -46,7 +47,7 @@ class DeadLetterSink:
         broker = address.broker if address is not None else ""
         if not broker:
             broker = (await self._link.refresh()).route(name, partition).broker  # type: ignore[union-attr]
-        stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
+        stub = self._channels.broker(broker)
         try:
             resp = await stub.Produce(
                 broker_pb2.ProduceRequest(

@@ -45,9 +45,12 @@ from typing import Protocol
 import grpc
 
 from sluice.codec.batch import batch_views
+from sluice.common.backoff import Backoff
+from sluice.common.list_offsets import EARLIEST
+from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc, is_unimplemented
 from sluice.common.wire_aio import FetchFollower
-from sluice.dispatcher.cluster import ChannelCache, ClusterView, CoordinatorLink, list_offsets_request
+from sluice.dispatcher.cluster import ClusterView, CoordinatorLink
 from sluice.dispatcher.messages import Message, messages_of
 from sluice.errors import BrokerNotAvailable, OffsetOutOfRange, SluiceError, error_from_proto
 from sluice.v1 import broker_pb2, broker_pb2_grpc
@@ -59,6 +62,8 @@ __all__ = ["FeedTarget", "PartitionFeed"]
 #: Seconds a fetch may take beyond its max_wait before the broker is considered hung.
 FETCH_GRACE = 10.0
 
+#: A failed fetch is retried after the peer layer's backoff, from 50 ms (not its 100 ms: a feed is on the
+#: delivery path, and most failures are a broker restart the next fetch already survives) to its 2 s.
 _FIRST_BACKOFF = 0.05
 _MAX_BACKOFF = 2.0
 
@@ -104,7 +109,7 @@ class PartitionFeed:
         topic: str,
         partition: int,
         link: CoordinatorLink,
-        channels: ChannelCache,
+        channels: AioPeers,
         targets: Callable[[], list[FeedTarget]],
         max_wait_ms: int,
         max_bytes: int,
@@ -118,7 +123,7 @@ class PartitionFeed:
         self._max_bytes = max_bytes
         #: Wakes the feed task: something changed that it must look at.
         self._kick = asyncio.Event()
-        self._backoff = _FIRST_BACKOFF
+        self._backoff = Backoff(_FIRST_BACKOFF, _MAX_BACKOFF)
         #: The offset the task is working at, for its log lines.
         self._offset = -1
 
@@ -205,6 +210,7 @@ class PartitionFeed:
     async def _run(self) -> None:
         while True:
             self._kick.clear()
+            seen = self._link.routing.generation
             try:
                 busy = await self._step()
             except Exception as exc:
@@ -214,10 +220,10 @@ class PartitionFeed:
                 else:  # a bug: say so loudly, and keep the feed alive (a dead feed delivers nothing)
                     log.exception("fetch %s/%d at %d failed", self.topic, self.partition, self._offset)
                     self._close_call()
-                await asyncio.sleep(self._backoff)
-                self._backoff = min(self._backoff * 2, _MAX_BACKOFF)
+                await asyncio.sleep(self._backoff.next())
+                # Once per burst: when every feed of a dead broker fails at once, one of them refreshes.
                 with contextlib.suppress(SluiceError, grpc.RpcError):
-                    await self._link.refresh()
+                    await self._link.routing.refresh_after(seen)
                 continue
             if not busy:
                 await self._kick.wait()
@@ -244,7 +250,7 @@ class PartitionFeed:
         if wire is None:  # no wire port (any more): gRPC
             self._close_follower()
             resp = await self._fetch(broker, offset)
-            self._backoff = _FIRST_BACKOFF
+            self._backoff.reset()
             if resp is not None:
                 self._deliver(offset, resp)
             return True
@@ -336,7 +342,7 @@ class PartitionFeed:
         self.high_watermark = part.high_watermark
         self.log_start_offset = part.log_start_offset
         self._following = part.next_offset
-        self._backoff = _FIRST_BACKOFF
+        self._backoff.reset()
         self._delivering = True
         try:
             self._deliver(start, part)
@@ -393,7 +399,7 @@ class PartitionFeed:
         elsewhere), or a unary Fetch."""
         if self._call is not None and self._call_broker != broker:
             self._close_call()
-        stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
+        stub = self._channels.broker(broker)
         if self._unary:
             return asyncio.ensure_future(stub.Fetch(request, timeout=self._max_wait_ms / 1000 + FETCH_GRACE))
         if self._call is None:
@@ -458,10 +464,7 @@ class PartitionFeed:
 
     async def _out_of_range(self, offset: int) -> None:
         """The log no longer starts where subscriptions are (retention): move them to the log start."""
-        broker = self._link.broker_for(self.topic, self.partition)
-        stub = broker_pb2_grpc.BrokerStub(self._channels.get(broker))
-        resp = await stub.ListOffsets(list_offsets_request(self.topic, [self.partition], -2), timeout=10)
-        start = resp.partitions[0].offset
+        start = (await self._link.list_offsets(self.topic, [self.partition], EARLIEST))[self.partition]
         if offset < start:
             log.warning(
                 "%s/%d: offset %d is below the log start %d; skipping ahead",

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from sluice.dispatcher.cluster import ChannelCache, CoordinatorLink
+from sluice.common.peers import AioPeers
+from sluice.dispatcher.cluster import CoordinatorLink
 from sluice.dispatcher.config import DispatcherConfig, ms
 from sluice.dispatcher.feed import FeedTarget, PartitionFeed
 
@@ -18,7 +19,7 @@ FeedKey = tuple[str, int]
 
 
 class FeedSet:
-    def __init__(self, config: DispatcherConfig, link: CoordinatorLink, channels: ChannelCache) -> None:
+    def __init__(self, config: DispatcherConfig, link: CoordinatorLink, channels: AioPeers) -> None:
         self._config = config
         self._link = link
         self._channels = channels

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sluice.dispatcher.cluster import ChannelCache, CoordinatorLink
+from sluice.common.peers import AioPeers
+from sluice.dispatcher.cluster import CoordinatorLink
 from sluice.dispatcher.cursor_store import CursorStore
 from sluice.dispatcher.feed import PartitionFeed
 from sluice.dispatcher.runtime import SubscriptionRuntime
@@ -25,7 +26,7 @@ class ServiceHost(Protocol):
     def authorizer(self) -> Authorizer: ...
 
     @property
-    def channels(self) -> ChannelCache: ...
+    def channels(self) -> AioPeers: ...
 
     @property
     def link(self) -> CoordinatorLink: ...

@@ -76,7 +76,7 @@ class SubscriptionBook:
         address = self._service.store.address
         if not address:
             raise StorageError("no offset store is known yet to keep durable subscriptions in")
-        return offset_store_pb2_grpc.OffsetStoreStub(self._service.channels.get(address))
+        return self._service.channels.offset_store(address)
 
     # ---- the registry --------------------------------------------------------------------------------
 

@@ -12,12 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
 
-import grpc
-
-from sluice.common.rpc import error_from_rpc
-from sluice.dispatcher.cluster import ChannelCache, ClusterView, CoordinatorLink, list_offsets_request
+from sluice.common.peers import AioPeers
+from sluice.dispatcher.cluster import ClusterView, CoordinatorLink
 from sluice.dispatcher.config import DispatcherConfig
 from sluice.dispatcher.consumer import ConsumerSpec
 from sluice.dispatcher.cursor import PartitionCursor
@@ -39,10 +36,8 @@ from sluice.errors import (
     SluiceError,
     UnknownMessageId,
     UnknownTopicOrPartition,
-    raise_for_proto,
 )
 from sluice.server.context import AllowAll, Authorizer, Operation, RequestContext
-from sluice.v1 import broker_pb2_grpc, offset_store_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +55,7 @@ class DispatcherService:
         self.authorizer: Authorizer = authorizer or AllowAll()
         self.metrics = metrics
         self.dispatcher_id = config.resolved_id
-        self.channels = ChannelCache()
+        self.channels = AioPeers()
         self.link = CoordinatorLink(
             config.coordinator,
             self.dispatcher_id,
@@ -68,7 +63,7 @@ class DispatcherService:
             config.metadata_refresh_interval.total_seconds(),
             self._on_view,
         )
-        self.store = CursorStore(lambda a: offset_store_pb2_grpc.OffsetStoreStub(self.channels.get(a)))
+        self.store = CursorStore(self.channels.offset_store)
         self.dlq = DeadLetterSink(self.link, self.channels)
         self.book = SubscriptionBook(self)
         self.admin = SubscriptionAdmin(self, self.book)
@@ -239,20 +234,8 @@ class DispatcherService:
         return earliest if req.initial_position == InitialPosition.EARLIEST else latest
 
     async def list_offsets(self, topic: str, partitions: list[int], timestamp: int) -> dict[int, int]:
-        by_broker: dict[str, list[int]] = defaultdict(list)
-        for p in partitions:
-            by_broker[self.link.broker_for(topic, p)].append(p)
-        out: dict[int, int] = {}
-        for broker, parts in by_broker.items():
-            stub = broker_pb2_grpc.BrokerStub(self.channels.get(broker))
-            try:
-                resp = await stub.ListOffsets(list_offsets_request(topic, parts, timestamp), timeout=10)
-            except grpc.RpcError as exc:
-                raise error_from_rpc(exc) from None
-            for r in resp.partitions:
-                raise_for_proto(r.error)
-                out[r.partition] = r.offset
-        return out
+        """The peer layer's planner, routed by the link's view (``CoordinatorLink.list_offsets``)."""
+        return await self.link.list_offsets(topic, partitions, timestamp)
 
     # ---- feeds -----------------------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from sluice.errors import (
     raise_for_proto,
 )
 from sluice.server.context import Operation, RequestContext
-from sluice.v1 import broker_pb2, broker_pb2_grpc, offset_store_pb2
+from sluice.v1 import broker_pb2, offset_store_pb2
 
 __all__ = ["SubscriptionAdmin"]
 
@@ -323,7 +323,7 @@ class SubscriptionAdmin:
     ) -> list[Record]:
         """Up to ``count`` unacknowledged records of one partition from ``position``, in offset order."""
         service = self._service
-        stub = broker_pb2_grpc.BrokerStub(service.channels.get(service.link.broker_for(topic, partition)))
+        stub = service.channels.broker(service.link.broker_for(topic, partition))
         out: list[Record] = []
         for _ in range(MAX_PEEK_FETCHES):
             request = broker_pb2.FetchRequest(

@@ -5,26 +5,33 @@ so that one ResetOffsets call resets all partitions of a topic atomically,
 under one "group is empty" check, and so that ``partitions`` empty can mean
 "every partition of the topic". It asks the coordinator's ``Metadata`` for the
 topic's partitions and their brokers, then each broker's ``ListOffsets`` (one
-call per broker, concurrently). Without a configured coordinator only explicit
-offsets can be set; see docs/offset-store.md.
+call per broker, concurrently: the peer layer's planner, ``sluice.common.list_offsets``).
+Without a configured coordinator only explicit offsets can be set; see docs/offset-store.md.
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections import Counter
 from collections.abc import Sequence
 
 import grpc
-from grpc import aio
 
-from sluice.common.rpc import CHANNEL_OPTIONS, error_from_rpc
-from sluice.errors import BrokerNotAvailable, UnknownTopicOrPartition, raise_for_proto
+from sluice.common import list_offsets as planner
+from sluice.common.list_offsets import EARLIEST, LATEST
+from sluice.common.peers import AioPeers, AioRefreshGate
+from sluice.common.rpc import error_from_rpc
+from sluice.errors import UnknownTopicOrPartition
 from sluice.offsetstore.model import ResetSpec
-from sluice.v1 import broker_pb2, broker_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc
+from sluice.v1 import coordinator_pb2
 
-# ListOffsets' sentinel timestamps (broker.proto).
-EARLIEST = -2
-LATEST = -1
+__all__ = [
+    "EARLIEST",
+    "LATEST",
+    "BrokerOffsetResolver",
+    "Placement",
+    "list_offsets_timestamp",
+    "topic_partitions",
+]
 
 
 def list_offsets_timestamp(spec: ResetSpec, value: int) -> int:
@@ -46,59 +53,62 @@ def topic_partitions(metadata: coordinator_pb2.MetadataResponse, topic: str) -> 
     raise UnknownTopicOrPartition(f"topic {topic!r} does not exist", topic=topic)
 
 
-def plan_list_offsets(
-    metadata: coordinator_pb2.MetadataResponse,
-    topic: str,
-    partitions: Sequence[int],
-    timestamp: int,
-) -> dict[str, broker_pb2.ListOffsetsRequest]:
-    """One ListOffsets request per broker address, covering ``partitions``.
+class Placement:
+    """Where ``topic``'s partitions live according to one ``MetadataResponse``: the planner's routing."""
 
-    Raises UnknownTopicOrPartition for a partition the topic does not have and
-    BrokerNotAvailable for one whose broker is unknown or down.
-    """
-    placement = topic_partitions(metadata, topic)
-    brokers = {b.broker_id: b for b in metadata.brokers}
-    plan: dict[str, broker_pb2.ListOffsetsRequest] = {}
-    for partition in partitions:
-        if partition not in placement:
-            raise UnknownTopicOrPartition(
-                f"topic {topic!r} has no partition {partition} (it has {len(placement)})",
-                topic=topic,
-                partition=partition,
-            )
-        broker = brokers.get(placement[partition])
-        if broker is None or not broker.alive:
-            raise BrokerNotAvailable(
-                f"the broker of {topic}/{partition} (id {placement[partition]}) is not available; retry later"
-            )
-        address = f"{broker.endpoint.host}:{broker.endpoint.port}"
-        request = plan.setdefault(address, broker_pb2.ListOffsetsRequest())
-        request.partitions.add(topic=topic, partition=partition, timestamp=timestamp)
-    return plan
+    def __init__(self, metadata: coordinator_pb2.MetadataResponse, topic: str) -> None:
+        self.topic = topic
+        self.brokers = topic_partitions(metadata, topic)  # partition -> broker id
+        self._alive = {
+            b.broker_id: f"{b.endpoint.host}:{b.endpoint.port}" for b in metadata.brokers if b.alive
+        }
+
+    def check(self, partitions: Sequence[int]) -> None:
+        """UnknownTopicOrPartition for a partition the topic does not have: no broker can fix that."""
+        for partition in partitions:
+            if partition not in self.brokers:
+                raise UnknownTopicOrPartition(
+                    f"topic {self.topic!r} has no partition {partition} (it has {len(self.brokers)})",
+                    topic=self.topic,
+                    partition=partition,
+                )
+
+    def leader_of(self, topic: str, partition: int) -> str | None:
+        """The live broker's address, or None (the planner retries after a refresh, then reports it)."""
+        broker = self.brokers.get(partition) if topic == self.topic else None
+        return None if broker is None else self._alive.get(broker)
 
 
 class BrokerOffsetResolver:
-    """Looks offsets up through the coordinator's Metadata and brokers' ListOffsets."""
+    """Looks offsets up through the coordinator's Metadata and the peer layer's ListOffsets planner.
+
+    A broker that is down or no longer leads makes the planner read Metadata again (once per burst, for
+    every resolve in flight) and retry, for up to ``timeout`` seconds.
+    """
 
     def __init__(self, coordinator: str, timeout: float = 5.0) -> None:
         self._coordinator = coordinator
         self._timeout = timeout
-        self._channels: dict[str, aio.Channel] = {}
-
-    def _channel(self, address: str) -> aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-            self._channels[address] = channel
-        return channel
+        self._peers = AioPeers()
+        #: The placement of each topic a resolve is in flight for (what the planner routes by).
+        self._placements: dict[str, Placement] = {}
+        self._in_flight: Counter[str] = Counter()
+        self._routing = AioRefreshGate(self._refresh)
 
     async def _metadata(self, topic: str) -> coordinator_pb2.MetadataResponse:
-        stub = coordinator_pb2_grpc.CoordinatorStub(self._channel(self._coordinator))
+        stub = self._peers.coordinator(self._coordinator)
         try:
             return await stub.Metadata(coordinator_pb2.MetadataRequest(topics=[topic]), timeout=self._timeout)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
+
+    async def _placement(self, topic: str) -> Placement:
+        placement = self._placements[topic] = Placement(await self._metadata(topic), topic)
+        return placement
+
+    async def _refresh(self) -> None:
+        for topic in [t for t, n in self._in_flight.items() if n > 0]:
+            await self._placement(topic)
 
     async def partitions(self, topic: str) -> list[int]:
         """Every partition of ``topic``, sorted."""
@@ -108,30 +118,31 @@ class BrokerOffsetResolver:
         self, topic: str, partitions: Sequence[int], spec: ResetSpec, value: int
     ) -> dict[int, int]:
         """partition -> offset that ``spec`` (and ``value``) designates now."""
-        plan = plan_list_offsets(
-            await self._metadata(topic), topic, partitions, list_offsets_timestamp(spec, value)
-        )
-        replies = await asyncio.gather(*(self._list_offsets(a, r) for a, r in plan.items()))
-        resolved: dict[int, int] = {}
-        for reply in replies:
-            for item in reply.partitions:
-                raise_for_proto(item.error if item.HasField("error") else None)
-                resolved[item.partition] = item.offset
-        missing = set(partitions) - set(resolved)
-        if missing:
-            raise BrokerNotAvailable(f"brokers did not answer for partitions {sorted(missing)} of {topic!r}")
-        return resolved
-
-    async def _list_offsets(
-        self, address: str, request: broker_pb2.ListOffsetsRequest
-    ) -> broker_pb2.ListOffsetsResponse:
-        stub = broker_pb2_grpc.BrokerStub(self._channel(address))
+        self._in_flight[topic] += 1
         try:
-            return await stub.ListOffsets(request, timeout=self._timeout)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc) from None
+            (await self._placement(topic)).check(partitions)
+            answer = await planner.list_offsets(
+                self._peers,
+                [(topic, p) for p in partitions],
+                list_offsets_timestamp(spec, value),
+                self._leader_of,
+                bound=planner.RetryBound(self._timeout),
+                rpc_timeout=self._timeout,
+                gate=self._routing,
+            )
+        finally:
+            self._in_flight[topic] -= 1
+            if not self._in_flight[topic]:
+                del self._in_flight[topic]
+                self._placements.pop(topic, None)
+        error = answer.first_error()
+        if error is not None:
+            raise error
+        return {p: answer.offsets[(topic, p)] for p in partitions}
+
+    def _leader_of(self, topic: str, partition: int) -> str | None:
+        placement = self._placements.get(topic)
+        return None if placement is None else placement.leader_of(topic, partition)
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
+        await self._peers.close()

@@ -15,7 +15,7 @@ import pytest
 
 from sluice.client.metadata import BrokerInfo, ClusterMetadata, PartitionInfo, TopicInfo
 from sluice.client.producer import Producer, ProducerConfig
-from sluice.client.rpc import ChannelPool
+from sluice.common.peers import Peers
 from sluice.errors import BatchTooLarge, InvalidArgument, SluiceError, UnknownTopicOrPartition
 
 
@@ -33,7 +33,7 @@ class StaticMetadata:
 @pytest.fixture
 def producer() -> Iterator[Producer]:
     cfg = ProducerConfig().replace(linger="1h", batch_size="64KiB", max_request_size="128KiB")
-    channels = ChannelPool()
+    channels = Peers()
     p = Producer("t", cfg, channels, StaticMetadata(4))  # type: ignore[arg-type]
     yield p
     p.close(0)

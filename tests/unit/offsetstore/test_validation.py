@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from sluice.common import list_offsets as planner
 from sluice.errors import (
     BrokerNotAvailable,
     InvalidArgument,
@@ -17,9 +18,9 @@ from sluice.errors import (
 from sluice.offsetstore import scripts, validation
 from sluice.offsetstore.keys import Keys, partition_field, split_field
 from sluice.offsetstore.model import CursorKey, OffsetCommit, ResetRequest, ResetSpec, TopicPartition
-from sluice.offsetstore.resolver import EARLIEST, LATEST, list_offsets_timestamp, plan_list_offsets
+from sluice.offsetstore.resolver import EARLIEST, LATEST, Placement, list_offsets_timestamp
 from sluice.offsetstore.servicer import reset_spec
-from sluice.v1 import common_pb2, coordinator_pb2
+from sluice.v1 import broker_pb2, common_pb2, coordinator_pb2
 
 
 def commit(topic: str = "t", partition: int = 0, offset: int = 5, track: str = "default") -> OffsetCommit:
@@ -149,6 +150,19 @@ def metadata() -> coordinator_pb2.MetadataResponse:
     for partition, broker in enumerate([1, 2, 1, 3]):
         topic.partitions.add(partition=partition, broker_id=broker)
     return md
+
+
+def plan_list_offsets(
+    md: coordinator_pb2.MetadataResponse, topic: str, partitions: list[int], timestamp: int
+) -> dict[str, broker_pb2.ListOffsetsRequest]:
+    """The offset store's first round: its placement checks, then the peer layer's planner."""
+    placement = Placement(md, topic)
+    placement.check(partitions)
+    round_plan = planner.plan([(topic, p) for p in partitions], timestamp, placement.leader_of)
+    error = planner.merge(round_plan, []).first_error()
+    if error is not None:
+        raise error
+    return round_plan.requests
 
 
 def test_reset_plan_asks_each_broker_once() -> None:

@@ -9,12 +9,12 @@ from datetime import timedelta
 
 import pytest
 
-from sluice.client.push.backoff import Backoff
 from sluice.client.push.config import KeySharedPolicy, PushConsumerConfig, dlq_topic
 from sluice.client.push.message import messages_of
 from sluice.client.push.nacks import NackScheduler, backoff_hold
 from sluice.client.push.outbound import ACK_BATCH, Outbound, ack_ranges
 from sluice.codec.batch import BatchBuilder, BatchView, stamp
+from sluice.common.backoff import Backoff
 from sluice.errors import InvalidArgument, InvalidFilter
 from sluice.v1 import dispatcher_pb2 as pb
 

@@ -44,6 +44,7 @@ from typing import Protocol
 from sluice.client.consumer.commits import BACKOFF_FIRST, BACKOFF_MAX, CommitResult, OffsetStoreClient
 from sluice.client.consumer.config import CommitCallback
 from sluice.client.consumer.membership import MemberState
+from sluice.common.backoff import Backoff
 from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, StaleMemberEpoch, UnknownMember
 
 __all__ = ["AsyncCommitter", "CommitStats", "Outcome", "Waiter"]
@@ -123,7 +124,7 @@ class _Batch:
     errors: dict[TopicPartition, SluiceError] = field(default_factory=dict)
     #: The retry budget's end, set at the first send.
     deadline: float = 0.0
-    backoff: float = BACKOFF_FIRST
+    backoff: Backoff = field(default_factory=lambda: Backoff(BACKOFF_FIRST, BACKOFF_MAX))
     due: float = 0.0
     stale_retries: int = 0
     #: Who sent the last attempt: a retry goes out only for the same member.
@@ -373,14 +374,13 @@ class AsyncCommitter:
             last = next(iter(batch.errors.values()))
             self._finish(batch, RequestTimedOut(f"commit not stored within {self._timeout:g} s: {last}"))
             return
-        delay = batch.backoff
+        delay = batch.backoff.next()
         if any(isinstance(batch.errors.get(tp), StaleMemberEpoch) for tp in retry):
             batch.stale_retries += 1
             if self._member.member_epoch != batch.epoch:
                 delay = 0.0  # the new epoch is known already
             else:
                 self._member.heartbeat_now()  # fetch it; the retry follows the backoff
-        batch.backoff = min(batch.backoff * 2, BACKOFF_MAX)
         batch.to_send = retry
         # A timer, not a sleep: this may be gRPC's thread, and the slot stays taken meanwhile.
         timer = threading.Timer(min(delay, max(batch.deadline - now, 0.0)), self._retry_due, (batch,))

@@ -24,7 +24,9 @@ import grpc
 
 from sluice.client.metadata import MetadataCache
 from sluice.client.offsets import list_offsets
-from sluice.client.rpc import ChannelPool, call, error_from_rpc
+from sluice.client.rpc import call, error_from_rpc
+from sluice.common.backoff import Backoff
+from sluice.common.peers import Peers
 from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_from_proto
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
 
@@ -33,6 +35,9 @@ __all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "CommitResult", "OffsetStoreClient"]
 TopicPartition = tuple[str, int]
 #: tp -> None (stored) or the refusal.
 CommitResult = dict[TopicPartition, SluiceError | None]
+#: Commit retries: the peer layer's ``Backoff`` with tighter bounds (50 ms doubling to 1 s) than its
+#: reconnects, because a commit waits on the caller's ``poll()`` or close: a store that is back is used
+#: again within 1 s.
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
 
@@ -40,7 +45,7 @@ BACKOFF_MAX = 1.0
 class OffsetStoreClient:
     def __init__(
         self,
-        channels: ChannelPool,
+        channels: Peers,
         metadata: MetadataCache,
         group: str,
         topics: Iterable[str],
@@ -176,7 +181,7 @@ class OffsetStoreClient:
 
     def _retrying(self, fn: Callable[[offset_store_pb2_grpc.OffsetStoreStub], Any]) -> Any:
         deadline = time.monotonic() + self._timeout
-        backoff = BACKOFF_FIRST
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         refresh = False
         while True:
             try:
@@ -190,8 +195,7 @@ class OffsetStoreClient:
                         f"offset store unreachable for {self._timeout:g} s: {exc.message}"
                     ) from exc
                 # A backoff, not a poll: nothing to wait on while the store is away.
-                time.sleep(min(backoff, remaining))
-                backoff = min(backoff * 2, BACKOFF_MAX)
+                time.sleep(min(backoff.next(), remaining))
                 refresh = isinstance(exc, BrokerNotAvailable)
 
 

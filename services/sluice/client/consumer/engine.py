@@ -25,7 +25,7 @@ from sluice.client.consumer.prefetch import Prefetcher
 from sluice.client.consumer.state import Assignment, PartitionLifecycle, PartitionState, SubscriptionState
 from sluice.client.fetcher import Fetcher
 from sluice.client.metadata import MetadataCache
-from sluice.client.rpc import ChannelPool
+from sluice.common.peers import Peers
 from sluice.errors import (
     InvalidArgument,
     OffsetOutOfRange,
@@ -48,7 +48,7 @@ class ConsumerEngine:
 
     def __init__(
         self,
-        channels: ChannelPool,
+        channels: Peers,
         metadata: MetadataCache,
         group: str,
         subscription: Mapping[str, str],

@@ -15,8 +15,9 @@ from datetime import timedelta
 
 from sluice.client.consumer.offset_reset import ResetTo, offset_store_stub, reset_group_offsets
 from sluice.client.metadata import MetadataCache, call_with_retry
-from sluice.client.rpc import ChannelPool, call
+from sluice.client.rpc import call
 from sluice.common.names import validate_group, validate_topic
+from sluice.common.peers import Peers
 from sluice.common.units import parse_duration
 from sluice.errors import InvalidArgument, OffsetOutOfRange
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2
@@ -262,7 +263,7 @@ def _ms(name: str, value: timedelta | str | float | None) -> int:
 
 
 def fetch_group_offsets(
-    channels: ChannelPool,
+    channels: Peers,
     metadata: MetadataCache,
     group: str,
     timeout: float,
@@ -287,7 +288,7 @@ def fetch_group_offsets(
 
 
 def reset_offsets(
-    channels: ChannelPool,
+    channels: Peers,
     metadata: MetadataCache,
     group: str,
     topic: str,
@@ -332,7 +333,7 @@ def delete_group(metadata: MetadataCache, group: str, timeout: float) -> int:
 
 
 def set_group_offsets(
-    channels: ChannelPool,
+    channels: Peers,
     metadata: MetadataCache,
     group: str,
     topic: str,

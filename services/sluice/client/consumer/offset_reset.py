@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sluice.client.metadata import MetadataCache, call_with_retry
-from sluice.client.rpc import ChannelPool, call
+from sluice.client.rpc import call
 from sluice.common.names import validate_group, validate_topic
+from sluice.common.peers import Peers
 from sluice.common.units import parse_duration
 from sluice.errors import BrokerNotAvailable, InvalidArgument
 from sluice.v1 import offset_store_pb2, offset_store_pb2_grpc
@@ -106,9 +107,7 @@ class OffsetResetRow:
     log_end_offset: int | None
 
 
-def offset_store_stub(
-    channels: ChannelPool, metadata: MetadataCache
-) -> offset_store_pb2_grpc.OffsetStoreStub:
+def offset_store_stub(channels: Peers, metadata: MetadataCache) -> offset_store_pb2_grpc.OffsetStoreStub:
     address = metadata.current().offset_store or metadata.get([], refresh=True).offset_store
     if address is None:
         raise BrokerNotAvailable("the cluster has no offset store: the coordinator's Metadata names none")
@@ -127,7 +126,7 @@ def _targets(topics: Mapping[str, Iterable[int] | None]) -> list[offset_store_pb
 
 
 def reset_group_offsets(
-    channels: ChannelPool,
+    channels: Peers,
     metadata: MetadataCache,
     group: str,
     to: ResetTo,

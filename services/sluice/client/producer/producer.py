@@ -21,9 +21,9 @@ from sluice.client.producer.config import ProducerConfig
 from sluice.client.producer.futures import FutureRecordMetadata
 from sluice.client.producer.partitioner import make_partitioner
 from sluice.client.producer.sender import Sender
-from sluice.client.rpc import ChannelPool
 from sluice.codec.batch import COLUMN_BYTES, HEADER_SIZE, Headers
 from sluice.codec.filter import parse_filter
+from sluice.common.peers import Peers
 from sluice.errors import (
     BatchTooLarge,
     InvalidArgument,
@@ -51,7 +51,7 @@ class Producer:
         self,
         topic: str,
         config: ProducerConfig,
-        channels: ChannelPool,
+        channels: Peers,
         metadata: MetadataCache,
         *,
         clock: Callable[[], float] = time.monotonic,

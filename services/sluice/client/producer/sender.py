@@ -40,7 +40,7 @@ from sluice.client.links import BrokerLink, open_produce_link
 from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
 from sluice.client.producer.config import ProducerConfig
-from sluice.client.rpc import ChannelPool
+from sluice.common.peers import Peers
 from sluice.errors import (
     BrokerNotAvailable,
     NotLeader,
@@ -83,7 +83,7 @@ class Sender:
         cond: threading.Condition,
         config: ProducerConfig,
         *,
-        channels: ChannelPool,
+        channels: Peers,
         metadata: MetadataCache,
         leaders: list[str | None],
         clock: Callable[[], float],

@@ -1,10 +1,10 @@
 """Push consumption (Pulsar-style subscriptions): ``client.push_consumer(...)``.
 
 Parts, each its own module: ``config`` (PushConsumerConfig), ``message`` (Message),
-``flow`` (the permit counters, pure), ``backoff`` (reconnect backoff, pure),
-``outbound`` (coalesced commands of one stream), ``stream`` (one Consume stream per
-dispatcher, reconnecting), ``nacks`` (client-side nack backoff) and ``consumer``
-(the PushConsumer façade). See docs/push-consumer.md.
+``flow`` (the permit counters, pure), ``outbound`` (coalesced commands of one
+stream), ``stream`` (one Consume stream per dispatcher, reconnecting), ``nacks``
+(client-side nack backoff) and ``consumer`` (the PushConsumer façade); the reconnect
+backoff is the peer layer's (``sluice.common.backoff``). See docs/push-consumer.md.
 """
 
 from sluice.client.push.config import KeySharedPolicy, PushConsumerConfig, dlq_topic

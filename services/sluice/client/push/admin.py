@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from sluice.client.metadata import MetadataCache
-from sluice.client.rpc import ChannelPool, call
+from sluice.client.rpc import call
+from sluice.common.peers import Peers
 from sluice.errors import UnknownSubscription
 from sluice.v1 import dispatcher_pb2 as pb
 from sluice.v1 import dispatcher_pb2_grpc
@@ -89,7 +90,7 @@ def dispatchers_of(metadata: MetadataCache, topic: str | None) -> dict[str, str]
 
 
 def list_subscriptions(
-    channels: ChannelPool, metadata: MetadataCache, topic: str | None = None, timeout: float = 10.0
+    channels: Peers, metadata: MetadataCache, topic: str | None = None, timeout: float = 10.0
 ) -> list[SubscriptionInfo]:
     """Every subscription the dispatchers (of ``topic``) serve, idle durable ones included."""
     merged: dict[tuple[str, str], SubscriptionInfo] = {}
@@ -103,7 +104,7 @@ def list_subscriptions(
 
 
 def describe_subscription(
-    channels: ChannelPool, metadata: MetadataCache, topic: str, subscription: str, timeout: float = 10.0
+    channels: Peers, metadata: MetadataCache, topic: str, subscription: str, timeout: float = 10.0
 ) -> SubscriptionInfo:
     """Consumers (permits, unacked, blocked, active partitions), backlog and last-active time of one
     subscription. Raises UnknownSubscription (UnknownTopicOrPartition for a topic that does not exist)."""

@@ -35,7 +35,7 @@ from sluice.client.push.nacks import backoff_hold
 from sluice.client.push.sessions import PushSessions
 from sluice.client.push.stats import PushConsumerStats, StreamInfo
 from sluice.client.push.stream import Session, StreamState
-from sluice.client.rpc import ChannelPool
+from sluice.common.peers import Peers
 from sluice.errors import InvalidArgument, RequestTimedOut, SluiceError
 
 __all__ = ["PushConsumer", "PushConsumerStats", "StreamInfo", "StreamState", "make_config"]
@@ -58,7 +58,7 @@ class PushConsumer(PushSessions):
         subscription: str,
         type_: str,
         config: PushConsumerConfig,
-        channels: ChannelPool,
+        channels: Peers,
         metadata: MetadataCache,
         client_id: str,
         on_close: Callable[[PushConsumer], None] | None = None,

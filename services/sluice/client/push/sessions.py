@@ -25,14 +25,14 @@ from collections.abc import Hashable, Iterator
 
 from sluice.client.links import use_wire
 from sluice.client.metadata import MetadataCache
-from sluice.client.push.backoff import Backoff
 from sluice.client.push.config import PushConsumerConfig
 from sluice.client.push.flow import FlowControl, Grant
 from sluice.client.push.message import Message, messages_of
 from sluice.client.push.nacks import NackScheduler
 from sluice.client.push.stream import ConsumeCall, ConsumeStream, Session
 from sluice.client.push.wire_call import WireConsumeCall
-from sluice.client.rpc import ChannelPool
+from sluice.common.backoff import Backoff
+from sluice.common.peers import Peers
 from sluice.errors import RequestTimedOut, SluiceError
 from sluice.v1 import dispatcher_pb2 as pb
 from sluice.v1 import dispatcher_pb2_grpc
@@ -53,7 +53,7 @@ class PushSessions:
         subscription: str,
         type_: str,
         config: PushConsumerConfig,
-        channels: ChannelPool,
+        channels: Peers,
         metadata: MetadataCache,
         client_id: str,
     ) -> None:

@@ -27,9 +27,9 @@ from typing import Protocol
 
 import grpc
 
-from sluice.client.push.backoff import Backoff
 from sluice.client.push.outbound import Outbound
 from sluice.client.rpc import error_from_rpc
+from sluice.common.backoff import Backoff
 from sluice.errors import (
     BrokerNotAvailable,
     NotDispatcher,

@@ -13,8 +13,9 @@ from typing import TypeVar
 
 from sluice.client.metadata import MetadataCache
 from sluice.client.push.admin import dispatchers_of, list_subscriptions
-from sluice.client.rpc import ChannelPool, call
+from sluice.client.rpc import call
 from sluice.common.names import validate_group, validate_topic
+from sluice.common.peers import Peers
 from sluice.errors import InvalidArgument, SubscriptionInUse, UnknownSubscription
 from sluice.v1 import dispatcher_pb2 as pb
 from sluice.v1 import dispatcher_pb2_grpc, offset_store_pb2
@@ -104,7 +105,7 @@ def reset_target(to: str | int | datetime) -> tuple[int, int]:
 
 
 def _each_dispatcher(
-    channels: ChannelPool,
+    channels: Peers,
     metadata: MetadataCache,
     topic: str,
     subscription: str,
@@ -126,7 +127,7 @@ def _each_dispatcher(
 
 
 def _check_idle(
-    channels: ChannelPool, metadata: MetadataCache, topic: str, subscription: str, force: bool, timeout: float
+    channels: Peers, metadata: MetadataCache, topic: str, subscription: str, force: bool, timeout: float
 ) -> None:
     """Refuse before changing anything when consumers are connected to any dispatcher (each dispatcher
     checks again for its own partitions, under its lock)."""
@@ -155,7 +156,7 @@ def _change(
 
 
 def reset_subscription(
-    channels: ChannelPool,
+    channels: Peers,
     metadata: MetadataCache,
     topic: str,
     subscription: str,
@@ -188,7 +189,7 @@ def reset_subscription(
 
 
 def skip_subscription(
-    channels: ChannelPool,
+    channels: Peers,
     metadata: MetadataCache,
     topic: str,
     subscription: str,
@@ -227,7 +228,7 @@ def skip_subscription(
 
 
 def delete_subscription(
-    channels: ChannelPool,
+    channels: Peers,
     metadata: MetadataCache,
     topic: str,
     subscription: str,
@@ -251,7 +252,7 @@ def delete_subscription(
 
 
 def peek_subscription(
-    channels: ChannelPool,
+    channels: Peers,
     metadata: MetadataCache,
     topic: str,
     subscription: str,

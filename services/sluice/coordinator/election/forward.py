@@ -19,12 +19,12 @@ from typing import Any
 
 from grpc import aio
 
-from sluice.common.rpc import CHANNEL_OPTIONS, answered_error
+from sluice.common.peers import AioPeers
+from sluice.common.rpc import answered_error, error_from_rpc
 from sluice.coordinator.election.base import Elector
 from sluice.coordinator.election.guard import not_leader
 from sluice.errors import NotCoordinator
 from sluice.v1 import coordinator_pb2 as pb
-from sluice.v1 import coordinator_pb2_grpc
 
 __all__ = ["FORWARDED_HEADER", "MetadataForwarder"]
 
@@ -40,9 +40,8 @@ class MetadataForwarder:
     def __init__(self, elector: Elector, timeout_s: float = FORWARD_TIMEOUT_S) -> None:
         self._elector = elector
         self._timeout_s = timeout_s
-        self._channels: dict[str, aio.Channel] = {}
-        # Closing a channel is async; old ones wait here for close() (there is one per leader change).
-        self._retired: list[aio.Channel] = []
+        # One channel: to the leader. A new leader's evicts the old one's, which is of no further use.
+        self._peers = AioPeers(max_peers=1)
 
     async def metadata(
         self, request: pb.MetadataRequest, invocation_metadata: Iterable[Any] | None = None
@@ -54,7 +53,7 @@ class MetadataForwarder:
         leader = self._elector.leader()
         if leader is None or leader.identity == self._elector.identity:
             raise not_leader(self._elector)
-        stub = coordinator_pb2_grpc.CoordinatorStub(self._channel(leader.address))
+        stub = self._peers.coordinator(leader.address)
         try:
             response: pb.MetadataResponse = await stub.Metadata(
                 request,
@@ -65,23 +64,10 @@ class MetadataForwarder:
             error = answered_error(exc)
             if error is None or isinstance(error, NotCoordinator):
                 # The leader we know of is gone or no longer leads: the election will tell.
-                why = error.message if error is not None else f"{exc.code().name}: {exc.details()}"
+                why = (error or error_from_rpc(exc)).message
                 raise not_leader(self._elector, f" (the leader did not answer: {why})") from None
             raise error from None  # the leader's own answer (e.g. INVALID_TOPIC): relay it as is
         return response
 
-    def _channel(self, address: str) -> aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            # A new leader: the old one's channel is of no further use.
-            for old in self._channels.values():
-                self._retired.append(old)
-            self._channels = {address: aio.insecure_channel(address, options=CHANNEL_OPTIONS)}
-            channel = self._channels[address]
-        return channel
-
     async def close(self) -> None:
-        channels = [*self._retired, *self._channels.values()]
-        self._channels, self._retired = {}, []
-        for channel in channels:
-            await channel.close(None)
+        await self._peers.close()

@@ -20,20 +20,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import grpc
-from grpc import aio
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sluice.codec.batch import HEADER_SIZE, columns, read_header
-from sluice.common.rpc import CHANNEL_OPTIONS
+from sluice.common import list_offsets as planner
+from sluice.common.list_offsets import LATEST, LeaderOf
+from sluice.common.peers import AioPeers
+from sluice.common.rpc import error_from_rpc
 from sluice.coordinator.cluster.records import TopicRecord
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.groups.log_end import FetchHighWatermarks
 from sluice.coordinator.groups.model import DEFAULT_TRACK, GroupDescription, MessageModel, Slot
 from sluice.coordinator.groups.redis_ops import GroupKeys
-from sluice.errors import CorruptBatch, StorageError
+from sluice.errors import CorruptBatch, OffsetOutOfRange, StorageError, error_from_proto
 from sluice.offsetstore.keys import Keys, split_field
-from sluice.v1 import broker_pb2, broker_pb2_grpc, common_pb2
+from sluice.v1 import broker_pb2
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +50,6 @@ __all__ = [
 ]
 
 
-#: ListOffsets' "latest" sentinel (broker.proto): the high watermark.
-LATEST = -1
 UNKNOWN = -1
 
 #: Reading first-unconsumed timestamps. The broker returns whole batches, and a batch larger than the
@@ -164,34 +164,16 @@ def record_timestamp(records: bytes, offset: int) -> int | None:
 _THREAD_MIN = 512
 
 
-def _plan_list_offsets(
-    wanted: list[tuple[str, int]], placement: Mapping[str, TopicRecord], endpoints: Mapping[int, str]
-) -> dict[str, broker_pb2.ListOffsetsRequest]:
-    """One ListOffsets request (latest offsets) per broker address for ``wanted``."""
-    plan: dict[str, broker_pb2.ListOffsetsRequest] = {}
-    for topic, partition in wanted:
+def _leaders(placement: Mapping[str, TopicRecord], endpoints: Mapping[int, str]) -> LeaderOf:
+    """The planner's routing, from a snapshot of the placement (it may run in a worker thread)."""
+
+    def leader_of(topic: str, partition: int) -> str | None:
         record = placement.get(topic)
         if record is None or not 0 <= partition < record.partitions:
-            continue
-        address = endpoints.get(record.placement[partition])
-        if address is None:
-            continue
-        request = plan.get(address)
-        if request is None:
-            request = plan[address] = broker_pb2.ListOffsetsRequest()
-        request.partitions.add(topic=topic, partition=partition, timestamp=LATEST)
-    return plan
+            return None
+        return endpoints.get(record.placement[partition])
 
-
-def _high_watermarks_of(
-    replies: Iterable[broker_pb2.ListOffsetsResponse | None],
-) -> dict[tuple[str, int], int]:
-    out = {}
-    for reply in replies:
-        for item in reply.partitions if reply is not None else ():
-            if item.error.code == common_pb2.NONE:
-                out[(item.topic, item.partition)] = item.offset
-    return out
+    return leader_of
 
 
 async def rows_off_loop(
@@ -215,7 +197,7 @@ class LagReader:
         self._keys = GroupKeys(key_prefix)
         self._offset_keys = Keys(key_prefix)
         self._timeout = timeout_s
-        self._channels: dict[str, aio.Channel] = {}
+        self._peers = AioPeers()
 
     async def committed(
         self, group: str, tracks: Iterable[str], broadcast_members: Iterable[str] = ()
@@ -284,28 +266,20 @@ class LagReader:
         topics = {t for t, _ in wanted}
         placement = {t: cluster.topics[t] for t in topics if t in cluster.topics}
         endpoints = {b.broker_id: str(b.endpoint) for b in cluster.brokers.values()}
-        big = len(wanted) >= _THREAD_MIN
-        if big:
-            plan = await asyncio.to_thread(_plan_list_offsets, wanted, placement, endpoints)
-        else:
-            plan = _plan_list_offsets(wanted, placement, endpoints)
-        replies = await asyncio.gather(*(self._list_offsets(a, r) for a, r in plan.items()))
-        if big:
-            return await asyncio.to_thread(_high_watermarks_of, replies)
-        return _high_watermarks_of(replies)
-
-    async def _list_offsets(
-        self, address: str, request: broker_pb2.ListOffsetsRequest
-    ) -> broker_pb2.ListOffsetsResponse | None:
-        try:
-            response: broker_pb2.ListOffsetsResponse = await broker_pb2_grpc.BrokerStub(
-                self._channel(address)
-            ).ListOffsets(request, timeout=self._timeout)
-            return response
-        except grpc.RpcError as exc:
-            # Lag is best effort: a broker that does not answer leaves its partitions' lag unknown.
-            log.debug("ListOffsets to %s failed: %s", address, exc)
-            return None
+        # One round, no retry: lag is best effort, a broker that does not answer leaves its partitions'
+        # lag unknown until the next refresh. The planner plans and merges in a worker thread from
+        # ``planner.OFFLOAD_MIN`` partitions on.
+        answer = await planner.list_offsets(
+            self._peers,
+            wanted,
+            LATEST,
+            _leaders(placement, endpoints),
+            bound=planner.RetryBound(self._timeout, rounds=1),
+            rpc_timeout=self._timeout,
+        )
+        if answer.errors:
+            log.debug("ListOffsets: no high watermark for %d partitions", len(answer.errors))
+        return answer.offsets
 
     async def record_timestamps(
         self, cluster: ClusterState, positions: Iterable[Position]
@@ -370,7 +344,8 @@ class LagReader:
             answer = answers.get((topic, partition))
             if answer is None:
                 continue
-            if answer.error.code == common_pb2.NONE:
+            error = error_from_proto(answer.error)
+            if error is None:
                 # A single-partition retry may have been sent at the log start instead of ``offset``.
                 stamp = record_timestamp(answer.records, max(offset, answer.log_start_offset))
                 if stamp is not None:
@@ -378,7 +353,7 @@ class LagReader:
                 elif retry is not None and offset < answer.high_watermark:
                     retry.append((position, offset))
             elif (
-                answer.error.code == common_pb2.OFFSET_OUT_OF_RANGE
+                isinstance(error, OffsetOutOfRange)
                 and retry is not None
                 and 0 <= offset < answer.log_start_offset < answer.high_watermark
             ):
@@ -403,22 +378,15 @@ class LagReader:
                 partition_max_bytes=PEEK_PARTITION_BYTES,
             )
         try:
-            response: broker_pb2.FetchResponse = await broker_pb2_grpc.BrokerStub(
-                self._channel(address)
-            ).Fetch(request, timeout=self._timeout)
+            response = await self._peers.broker(address).Fetch(request, timeout=self._timeout)
         except grpc.RpcError as exc:
-            log.debug("Fetch (lag timestamps) to %s failed: %s", address, exc)
+            log.debug("Fetch (lag timestamps) to %s failed: %s", address, error_from_rpc(exc))
             return None
-        if response.error.code != common_pb2.NONE:
-            log.debug("Fetch (lag timestamps) to %s refused: %s", address, response.error.message)
+        refused = error_from_proto(response.error)
+        if refused is not None:
+            log.debug("Fetch (lag timestamps) to %s refused: %s", address, refused)
             return None
         return response
-
-    def _channel(self, address: str) -> aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        return channel
 
     async def inputs(
         self, description: GroupDescription | None, group: str
@@ -450,6 +418,4 @@ class LagReader:
         return await rows_off_loop(description, committed, ends, len(wanted))
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close(None)
-        self._channels.clear()
+        await self._peers.close()
