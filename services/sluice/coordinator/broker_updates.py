@@ -26,12 +26,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 import grpc
-from grpc import aio
 
 from sluice.common.peers import AioPeers
 from sluice.common.rpc import answered_error, error_from_rpc
 from sluice.coordinator.cluster.model import BrokerUpdate, Endpoint, MetadataChange, PartitionRef
 from sluice.coordinator.convert import broker_update_to_proto
+from sluice.errors import RequestTimedOut
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,8 @@ class BrokerNotifier:
             await stub.UpdatePartitions(broker_update_to_proto(update), timeout=deadline)
         except grpc.RpcError as exc:
             answered = answered_error(exc)
-            reason = str(answered) if answered is not None else f"no answer ({error_from_rpc(exc)})"
+            failure = error_from_rpc(exc)
+            reason = str(answered) if answered is not None else f"no answer ({failure})"
             log.warning(
                 "UpdatePartitions (version %d, full=%s) to broker %d at %s failed: %s; heartbeats reconcile",
                 update.metadata_version,
@@ -230,8 +231,9 @@ class BrokerNotifier:
                 reason,
             )
             self._count(False)
-            timed_out = answered is None and isinstance(exc, aio.AioRpcError)
-            timed_out = timed_out and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            # Only a deadline leaves the outcome open (the broker may yet apply it); a refusal or an
+            # unreachable broker is final.
+            timed_out = answered is None and isinstance(failure, RequestTimedOut)
             return PushFailure(reason, answered is not None), not timed_out
         self._count(True)
         return None, True
