@@ -9,11 +9,11 @@ so that memory freed by one scenario cannot hide the next one's cost:
   subscription;
 - ``grpc-distinct`` / ``wire-distinct``: N subscriptions of one consumer each.
 
-Every consumer sends what the SDK's push consumer sends: ``Subscribe`` (record batches, durable,
-from the earliest offset), then ``Flow`` with its receiver queue (1,000 permits), and waits for
-``Subscribed``. The consumers are driven straight on the protocol from one asyncio process, not
-through the SDK (1,000 SDK push consumers would be 2,000 threads in the bench process); the
-dispatcher sees the same streams. The topic holds ``--backlog`` records, delivered before the
+Every consumer sends what the SDK's push consumer sends (``tests/push_streams.py``): ``Subscribe``
+(record batches, durable, from the earliest offset), ``Flow`` with its receiver queue (1,000
+permits), and an ack for every batch. They are driven straight on the protocol from one asyncio
+process, not through the SDK (1,000 SDK push consumers would be 2,000 threads in the bench
+process); the dispatcher sees the same streams. The topic holds ``--backlog`` records, delivered before the
 figures are taken (and acked), so the consumers have served traffic, not only subscribed.
 
 The baseline is taken after one consumer of the same kind has subscribed (the subscription is
@@ -29,20 +29,17 @@ import asyncio
 import os
 import resource
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from _stack import save, stack
 
 SCENARIOS = ("grpc-shared", "wire-shared", "grpc-distinct", "wire-distinct")
 TOPIC = "mem"
-PERMITS = 1000
-#: Bounds every wait of the bench (seconds).
+#: Bounds each wait of the bench outside the consumers (seconds).
 STEP_TIMEOUT = 120.0
 
 # A sitecustomize for the dispatcher under --tracemalloc: SIGUSR1 writes a snapshot to the file
@@ -67,146 +64,6 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def subscribe_command(subscription: str, consumer: int) -> bytes:
-    from sluice.v1 import dispatcher_pb2 as pb
-
-    return pb.ConsumerCommand(
-        subscribe=pb.Subscribe(
-            topic=TOPIC,
-            subscription=subscription,
-            type=pb.SUBSCRIPTION_TYPE_SHARED,
-            consumer_name=f"c{consumer}",
-            consumer_id=f"bench-{consumer}-{os.getpid()}",
-            initial_position=pb.INITIAL_POSITION_EARLIEST,
-            durable=True,
-            record_batches=True,
-        )
-    ).SerializeToString()
-
-
-def flow_command() -> bytes:
-    from sluice.v1 import dispatcher_pb2 as pb
-
-    return pb.ConsumerCommand(flow=pb.Flow(permits=PERMITS)).SerializeToString()
-
-
-def ack_command(batch: Any) -> tuple[int, bytes | None]:
-    """How many records a MessageBatch holds, and the ack of all of them (by ranges, as the SDK acks)."""
-    from sluice.codec.batch import batch_views
-    from sluice.v1 import dispatcher_pb2 as pb
-
-    count = 0
-    ranges = []
-    for entry in batch.batches:
-        bounds: list[int] = []
-        for view in batch_views(entry.records):
-            for offset in view.offsets:
-                bounds += [offset, offset + 1]
-        count += len(bounds) // 2
-        if bounds:
-            ranges.append(pb.OffsetRanges(partition=entry.partition, bounds=bounds))
-    if not ranges:
-        return count, None
-    return count, pb.ConsumerCommand(ack=pb.Ack(ranges=ranges)).SerializeToString()
-
-
-class Consumers:
-    """N consumers on one transport; ``received`` counts the records delivered to them."""
-
-    def __init__(self, transport: str, grpc_address: str, wire_address: str) -> None:
-        self.transport = transport
-        self.grpc_address = grpc_address
-        self.wire_address = wire_address
-        self.received = 0
-        self.tasks: list[asyncio.Task[None]] = []
-        self.subscribed = 0
-        self._channel: Any = None
-        self._ready = asyncio.Event()
-        self._want = 0
-
-    async def open(self, subscriptions: list[str]) -> None:
-        """One consumer per entry of ``subscriptions``; returns when all are subscribed."""
-        self._want += len(subscriptions)
-        self._ready.clear()
-        first = len(self.tasks)
-        for i, sub in enumerate(subscriptions):
-            run = self._grpc if self.transport == "grpc" else self._wire
-            self.tasks.append(asyncio.create_task(run(sub, first + i)))
-        await asyncio.wait_for(self._ready.wait(), STEP_TIMEOUT)
-
-    def _subscribed(self) -> None:
-        self.subscribed += 1
-        if self.subscribed >= self._want:
-            self._ready.set()
-
-    def _count(self, event: Any) -> bytes | None:
-        n, ack = ack_command(event.messages)
-        self.received += n
-        return ack
-
-    async def _grpc(self, subscription: str, n: int) -> None:
-        from grpc import aio
-
-        from sluice.v1 import dispatcher_pb2 as pb
-        from sluice.v1 import dispatcher_pb2_grpc
-
-        if self._channel is None:
-            self._channel = aio.insecure_channel(self.grpc_address)
-        stub = dispatcher_pb2_grpc.DispatcherStub(self._channel)
-        call = stub.Consume()
-        await call.write(pb.ConsumerCommand.FromString(subscribe_command(subscription, n)))
-        await call.write(pb.ConsumerCommand.FromString(flow_command()))
-        while isinstance(event := await call.read(), pb.DispatcherEvent):
-            kind = event.WhichOneof("event")
-            if kind == "subscribed":
-                self._subscribed()
-            elif kind == "messages":
-                ack = self._count(event)
-                if ack is not None:
-                    await call.write(pb.ConsumerCommand.FromString(ack))
-            elif kind == "error":
-                raise RuntimeError(f"consumer {n}: {event.error}")
-
-    async def _wire(self, subscription: str, n: int) -> None:
-        from sluice.common.wire import HEADER, FrameReader, FrameType, split_address
-        from sluice.v1 import dispatcher_pb2 as pb
-        from sluice.v1 import wire_pb2
-
-        reader, writer = await asyncio.open_connection(*split_address(self.wire_address))
-
-        def send(kind: int, payload: bytes) -> None:
-            writer.write(HEADER.pack(len(payload) + 1, kind) + payload)
-
-        send(FrameType.HELLO, wire_pb2.WireHello(version=1, client_id=f"c{n}").SerializeToString())
-        send(FrameType.CONSUME, subscribe_command(subscription, n))
-        send(FrameType.CONSUME, flow_command())
-        frames = FrameReader()
-        try:
-            while data := await reader.read(1 << 16):
-                for kind, payload in frames.feed(data):
-                    if kind != FrameType.CONSUME:
-                        continue
-                    event = pb.DispatcherEvent.FromString(payload)
-                    which = event.WhichOneof("event")
-                    if which == "subscribed":
-                        self._subscribed()
-                    elif which == "messages":
-                        ack = self._count(event)
-                        if ack is not None:
-                            send(FrameType.CONSUME, ack)
-                    elif which == "error":
-                        raise RuntimeError(f"consumer {n}: {event.error}")
-        finally:
-            writer.close()
-
-    async def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self._channel is not None:
-            await self._channel.close()
-
-
 async def settle(pid: int, seconds: float) -> int:
     """RSS once the dispatcher's allocations have settled (the lowest of a few samples)."""
     samples = []
@@ -217,26 +74,28 @@ async def settle(pid: int, seconds: float) -> int:
 
 
 async def snapshot(pid: int, path: str, n: int) -> None:
+    """Signal the dispatcher to write snapshot ``n`` and wait for it (a file another process
+    writes: nothing to wait on but the file)."""
     os.kill(pid, signal.SIGUSR1)
     done = Path(f"{path}.{n}.done")
-    deadline = time.monotonic() + STEP_TIMEOUT
-    while not done.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the dispatcher wrote no tracemalloc snapshot")
+    for _ in range(int(STEP_TIMEOUT / 0.1)):
+        if await asyncio.to_thread(done.exists):
+            return
         await asyncio.sleep(0.1)
+    raise TimeoutError("the dispatcher wrote no tracemalloc snapshot")
 
 
 async def scenario(
     name: str, n: int, backlog: int, grpc_address: str, wire_address: str, pid: int, snap: str | None
 ) -> dict[str, object]:
+    from tests.push_streams import PushStreams  # importable once _stack has put the root on the path
+
     transport, kind = name.split("-")
-    consumers = Consumers(transport, grpc_address, wire_address)
+    consumers = PushStreams(transport, TOPIC, grpc_address, wire_address)
     try:
         # The first consumer loads the subscription (and, for Shared, takes the backlog).
         await consumers.open(["s0"])
-        deadline = time.monotonic() + STEP_TIMEOUT
-        while consumers.received < backlog and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await consumers.wait_received(backlog)
         before = await settle(pid, 2.0)
         if snap:
             await snapshot(pid, snap, 1)
@@ -246,9 +105,7 @@ async def scenario(
             await consumers.open(subs[i : i + 100])
         opened_s = time.monotonic() - started
         if kind == "distinct":  # each new subscription reads the backlog too
-            deadline = time.monotonic() + STEP_TIMEOUT
-            while consumers.received < backlog * (n + 1) and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
+            await consumers.wait_received(backlog * (n + 1))
         after = await settle(pid, 3.0)
         if snap:
             await snapshot(pid, snap, 2)
@@ -346,4 +203,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
