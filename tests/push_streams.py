@@ -180,9 +180,11 @@ class PushStreams:
     async def _grpc(self, subscription: str, n: int) -> None:
         if self._channel is None:
             self._channel = aio.insecure_channel(self.grpc_address)
-        # A call written to and read from (no request iterator): the stubs' types know only the other form.
+        # A call written to and read from (no request iterator): the stubs' types know only the other
+        # form. wait_for_ready: on a loaded machine the channel may take longer to connect than
+        # gRPC's default connect timeout; the consumers then wait for it rather than fail.
         stub: Any = dispatcher_pb2_grpc.DispatcherStub(self._channel)
-        call = stub.Consume()
+        call = stub.Consume(wait_for_ready=True, timeout=None)
         await call.write(subscribe(self.topic, subscription, n))
         await call.write(FLOW)
         while isinstance(event := await call.read(), pb.DispatcherEvent):
