@@ -94,6 +94,11 @@ class PushStreams:
 
     async def open(self, subscriptions: list[str]) -> None:
         """One more consumer per entry of ``subscriptions``; returns once all are subscribed."""
+        if self.transport == "grpc" and self._channel is None:
+            self._channel = aio.insecure_channel(self.grpc_address)
+            # Connected before the first stream: on a loaded machine the connection may take longer
+            # than gRPC's own connect timeout, which would fail the streams instead of delaying them.
+            await asyncio.wait_for(self._channel.channel_ready(), STEP_TIMEOUT)
         self._wanted += len(subscriptions)
         self._ready.clear()
         first = len(self._tasks)
@@ -178,11 +183,9 @@ class PushStreams:
         return None
 
     async def _grpc(self, subscription: str, n: int) -> None:
-        if self._channel is None:
-            self._channel = aio.insecure_channel(self.grpc_address)
         # A call written to and read from (no request iterator): the stubs' types know only the other
-        # form. wait_for_ready: on a loaded machine the channel may take longer to connect than
-        # gRPC's default connect timeout; the consumers then wait for it rather than fail.
+        # form. wait_for_ready: a stream waits out a reconnect rather than fail.
+        assert self._channel is not None  # open() made it
         stub: Any = dispatcher_pb2_grpc.DispatcherStub(self._channel)
         call = stub.Consume(wait_for_ready=True, timeout=None)
         await call.write(subscribe(self.topic, subscription, n))
