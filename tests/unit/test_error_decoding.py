@@ -335,3 +335,16 @@ def test_no_sdk_module_decodes_errors_by_hand() -> None:
                 offenders[str(path.relative_to(_SLUICE))] = found
     assert scanned > 40
     assert offenders == {}, "decode through sluice.errors.error_from_proto / sluice.common.rpc.error_from_rpc"
+
+
+def test_no_dispatcher_module_decodes_errors_by_hand() -> None:
+    """The dispatcher is a client too (brokers, the offset store, the coordinator): its feeds, cursor
+    store and registry decide on error classes from the one decoder, as the SDK does."""
+    offenders = {}
+    paths = sorted((_SLUICE / "dispatcher").rglob("*.py"))
+    for path in paths:
+        found = hand_decoding(path.read_text())
+        if found:
+            offenders[str(path.relative_to(_SLUICE))] = found
+    assert len(paths) > 20
+    assert offenders == {}, "decode through sluice.errors.error_from_proto / sluice.common.rpc.error_from_rpc"

@@ -150,6 +150,16 @@ class FrameReader:
         """Bytes received but not yet part of a complete frame."""
         return len(self._buffer)
 
+    @property
+    def missing(self) -> int:
+        """Bytes still to come for the frame begun in the buffer (0: none begun, or its length
+        not yet read). A server sizes its next socket read by it (``server/wire.py``)."""
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return 0
+        length: int = _LENGTH.unpack_from(buffer, 0)[0]
+        return 4 + length - len(buffer)
+
     def feed(self, data: bytes | memoryview) -> list[tuple[int, bytes]]:
         """Every frame ``data`` completes. ``data`` may be reused by the caller afterwards:
         what is kept of it is copied."""

@@ -29,8 +29,15 @@ import grpc
 
 from sluice.common.rpc import error_from_rpc
 from sluice.dispatcher.cursor import PartitionCursor
-from sluice.errors import StorageError
-from sluice.v1 import common_pb2, offset_store_pb2, offset_store_pb2_grpc
+from sluice.errors import (
+    FencedMemberEpoch,
+    SluiceError,
+    StorageError,
+    UnknownTopicId,
+    UnknownTopicOrPartition,
+    error_from_proto,
+)
+from sluice.v1 import offset_store_pb2, offset_store_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +49,7 @@ RPC_TIMEOUT = 10.0
 
 CursorKey = tuple[str, str, int]  # (topic, subscription, partition)
 #: Refusals that mean "stop serving this subscription": another owner, or another topic incarnation.
-_REFUSED = frozenset(
-    {common_pb2.FENCED_MEMBER_EPOCH, common_pb2.UNKNOWN_TOPIC_ID, common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
-)
+_REFUSED: tuple[type[SluiceError], ...] = (FencedMemberEpoch, UnknownTopicId, UnknownTopicOrPartition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +154,11 @@ class CursorStore:
                 raise error_from_rpc(exc) from None
             del request
             self.saves += 1
-            for (d, version, mark), err in zip(chunk, resp.errors, strict=False):
-                if err.code == common_pb2.NONE:
+            for (d, version, mark), answer in zip(chunk, resp.errors, strict=False):
+                err = error_from_proto(answer)
+                if err is None:
                     d.cursor.mark_saved(version, mark)
-                elif err.code in _REFUSED:
+                elif isinstance(err, _REFUSED):
                     log.warning(
                         "cursor %s/%s/%d fenced: %s", d.topic, d.subscription, d.cursor.partition, err.message
                     )

@@ -1,15 +1,15 @@
 """The adapters' side of a consumer's stream: core events encoded as ``DispatcherEvent`` protobuf.
 
 :class:`EventStream` is the :class:`~sluice.dispatcher.runtime.ConsumerStream` both transports use:
-what the core sends is encoded here and goes to ``sink`` at once (a transport that writes events
-itself: the wire protocol) or into a queue that the gRPC generator drains. ``None`` marks the end
-of the stream. Message batches arrive already serialized (``messages.encode_batch_event``: a
+what the core sends is encoded here and goes to ``sink`` at once: the wire protocol writes each
+event itself; gRPC's sink is the queue its response generator drains (the servicer owns it, so a
+wire consumer carries no queue: ``docs/dispatcher.md``, "What a consumer costs"). ``None`` marks
+the end of the stream. Message batches arrive already serialized (``messages.encode_batch_event``: a
 message's bytes are encoded once, when it is read, not once per consumer) and pass through as bytes.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from sluice.dispatcher.messages import encode_batch_event, encode_batches_event
@@ -24,10 +24,9 @@ Outgoing = bytes | pb.DispatcherEvent | None
 
 
 class EventStream(ConsumerStream):
-    def __init__(self, peer: str = "", sink: Callable[[Outgoing], None] | None = None) -> None:
+    def __init__(self, peer: str, sink: Callable[[Outgoing], None]) -> None:
         super().__init__(peer)
-        self.queue: asyncio.Queue[Outgoing] = asyncio.Queue()
-        self._put = sink or self.queue.put_nowait
+        self._put = sink
 
     def send(self, item: bytes | pb.DispatcherEvent) -> None:
         if not self.closed:

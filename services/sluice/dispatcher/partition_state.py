@@ -218,3 +218,19 @@ class PartitionState:
             done.sort()
             self.cursor.ack_sorted(done)
         return released
+
+    def give_back(self, consumers: Iterable[Consumer]) -> None:
+        """Free the tables of this partition's empty in-flight dicts. A dict keeps its table as its
+        entries go: one that held a burst (9 KB at 250 messages) would keep it while empty, per
+        partition and per consumer. Not done on each ack: a dict cleared whenever it empties is
+        regrown from 8 slots by the next deliveries (``bench/push_throughput.py``: 2.18 µs of
+        dispatcher CPU per message against 2.03, medians of 8 runs); the runtime calls this every
+        few seconds instead (``docs/dispatcher.md``, "What a consumer costs")."""
+        if not self.inflight:
+            self.inflight.clear()
+        if not self.delivery_seq:
+            self.delivery_seq.clear()
+        for c in consumers:
+            cinf = c.inflight.get(self.partition)
+            if cinf is not None and not cinf:
+                cinf.clear()

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import grpc
 
 from sluice.common.rpc import error_from_rpc
-from sluice.errors import SluiceError, StorageError
-from sluice.v1 import common_pb2, offset_store_pb2, offset_store_pb2_grpc
+from sluice.errors import SluiceError, StorageError, error_from_proto
+from sluice.v1 import offset_store_pb2, offset_store_pb2_grpc
 
 if TYPE_CHECKING:
     from sluice.dispatcher.cursor import PartitionCursor
@@ -123,8 +123,9 @@ class SubscriptionBook:
             )
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
-        for record, error in zip(records, resp.errors, strict=False):
-            if error.code != common_pb2.NONE:
+        for record, answer in zip(records, resp.errors, strict=False):
+            error = error_from_proto(answer)
+            if error is not None:
                 log.info(
                     "subscription %s/%s not recorded: %s", record.topic, record.subscription, error.message
                 )

@@ -201,10 +201,14 @@ class SubscriptionRuntime:
 
     def _compact(self) -> None:
         """Every COMPACT_INTERVAL while messages are held: free large batches that only a few held
-        messages keep alive. Re-armed by the next delivery once nothing is held."""
+        messages keep alive, and the tables of in-flight dicts a burst left empty. Re-armed by the
+        next delivery once nothing is held."""
         self._compactor = None
+        if self.closing:
+            return
+        self.machine.give_back_memory()
         held = list(self.machine.held_messages())
-        if self.closing or not held:
+        if not held:
             return
         released = compact(held)
         if released:

@@ -120,68 +120,97 @@ def _shared(sub: Dispatchable, now_ms: int) -> None:
         parts = still
 
 
-# Over the complexity limit when it was set (pyproject.toml): next to split.
-def _key_shared(sub: Dispatchable, now_ms: int) -> None:  # noqa: C901
+def _key_shared(sub: Dispatchable, now_ms: int) -> None:
     table = sub.owner_table
     if not table:
         return
     caps: dict[Consumer, int] = {c: c.capacity() for c in sub.consumers.values()}
     if not any(caps.values()):
         return
-    holder = sub.hash_holder
     # Hashes with a message waiting out its nack delay wait too: nothing may overtake it.
     blocked: set[int] = {m.key_hash for ps in sub.partitions.values() for m in ps.delayed.values()}
+    run = _KeySharedPass(table, sub.hash_holder, caps, blocked)
     for ps in _rotated(sub):
-        p = ps.partition
         out: dict[Consumer, list[Message]] = {}
-
-        def eligible(m: Message, p: int = p) -> Consumer | None:
-            h = m.key_hash
-            if h in blocked:
-                return None
-            c = table[h]
-            if c is None or not caps.get(c) or not c.serves(p):
-                blocked.add(h)
-                return None
-            held_by = holder.get(h)
-            if held_by is not None and held_by is not c:
-                blocked.add(h)  # draining: the previous owner still holds this hash
-                return None
-            return c
-
         if ps.replay:
-            for o in sorted(ps.replay):
-                m = ps.replay[o]
-                c = eligible(m)
-                if c is not None:
-                    del ps.replay[o]
-                    out.setdefault(c, []).append(m)
-                    caps[c] -= 1
-            ps.replay_heap = sorted(ps.replay)
+            run.take_replay(ps, out)
         if ps.pending and any(caps.values()):
-            kept: deque[Message] = deque()
-            taken_bytes = 0
-            pending = ps.pending
-            gate = ps.cursor.gate
-            for i, m in enumerate(pending):
-                if m.offset >= gate:
-                    # Beyond the persisted delivered-up-to mark: wait for the flush it asks for.
-                    ps.cursor.stall(m.offset)
-                    kept.extend(islice(pending, i, None))
-                    break
-                c = eligible(m)
-                if c is None:
-                    kept.append(m)
-                    continue
-                out.setdefault(c, []).append(m)
-                taken_bytes += m.size
-                caps[c] -= 1
-                if not caps[c] and not any(caps.values()):
-                    kept.extend(islice(pending, i + 1, None))
-                    break
-            ps.pending = kept
-            ps.pending_bytes -= taken_bytes
+            run.take_pending(ps, out)
         for c, msgs in out.items():
             sub.deliver(c, ps, msgs, now_ms)
         if not any(caps.values()):
             return
+
+
+class _KeySharedPass:
+    """What one Key_Shared pass carries from partition to partition: the consumers' capacities left
+    and the hashes that must wait (``blocked``: once a message of a hash waits, every later one of
+    that hash waits too, in every partition)."""
+
+    __slots__ = ("blocked", "caps", "holder", "table")
+
+    def __init__(
+        self,
+        table: list[Consumer | None],
+        holder: dict[int, Consumer],
+        caps: dict[Consumer, int],
+        blocked: set[int],
+    ) -> None:
+        self.table = table
+        self.holder = holder
+        self.caps = caps
+        self.blocked = blocked
+
+    def eligible(self, m: Message, p: int) -> Consumer | None:
+        """The consumer ``m`` (of partition ``p``) goes to now, or None (its hash then waits)."""
+        h = m.key_hash
+        blocked = self.blocked
+        if h in blocked:
+            return None
+        c = self.table[h]
+        if c is None or not self.caps.get(c) or not c.serves(p):
+            blocked.add(h)
+            return None
+        held_by = self.holder.get(h)
+        if held_by is not None and held_by is not c:
+            blocked.add(h)  # draining: the previous owner still holds this hash
+            return None
+        return c
+
+    def take_replay(self, ps: PartitionState, out: dict[Consumer, list[Message]]) -> None:
+        """Redeliveries first, in offset order."""
+        replay, caps, p = ps.replay, self.caps, ps.partition
+        for o in sorted(replay):
+            m = replay[o]
+            c = self.eligible(m, p)
+            if c is not None:
+                del replay[o]
+                out.setdefault(c, []).append(m)
+                caps[c] -= 1
+        ps.replay_heap = sorted(replay)
+
+    def take_pending(self, ps: PartitionState, out: dict[Consumer, list[Message]]) -> None:
+        """New messages in order, up to the persisted delivered-up-to mark; those not taken stay."""
+        caps, p = self.caps, ps.partition
+        kept: deque[Message] = deque()
+        taken_bytes = 0
+        pending = ps.pending
+        gate = ps.cursor.gate
+        for i, m in enumerate(pending):
+            if m.offset >= gate:
+                # Beyond the persisted delivered-up-to mark: wait for the flush it asks for.
+                ps.cursor.stall(m.offset)
+                kept.extend(islice(pending, i, None))
+                break
+            c = self.eligible(m, p)
+            if c is None:
+                kept.append(m)
+                continue
+            out.setdefault(c, []).append(m)
+            taken_bytes += m.size
+            caps[c] -= 1
+            if not caps[c] and not any(caps.values()):
+                kept.extend(islice(pending, i + 1, None))
+                break
+        ps.pending = kept
+        ps.pending_bytes -= taken_bytes

@@ -58,12 +58,13 @@ class DispatcherServicer:
     async def Consume(
         self, request_iterator: AsyncIterator[pb.ConsumerCommand], context: PeerContext
     ) -> AsyncIterator[Outgoing]:
-        stream = EventStream(context.peer())
+        queue: asyncio.Queue[Outgoing] = asyncio.Queue()
+        stream = EventStream(context.peer(), queue.put_nowait)
         ctx = self.context(context)
         reader = asyncio.create_task(self._read(ctx, request_iterator, stream), name="consume-reader")
         try:
             while True:
-                item = await stream.queue.get()
+                item = await queue.get()
                 if item is None:
                     return
                 yield item

@@ -478,6 +478,11 @@ class Subscription:
     def unacked_total(self) -> int:
         return sum(len(ps.inflight) for ps in self.partitions.values())
 
+    def give_back_memory(self) -> None:
+        """Free the tables of empty in-flight dicts (``PartitionState.give_back``)."""
+        for ps in self.partitions.values():
+            ps.give_back(self.consumers.values())
+
     def held_messages(self) -> Iterator[Message]:
         """Every message sent and not acknowledged, or waiting for redelivery or the DLQ (what may stay
         in memory for long; ``messages.compact`` looks at these)."""

@@ -94,22 +94,29 @@ class WireListener:
             conn.close()
 
 
-#: Bytes one socket read may bring (the receive buffer every connection reuses).
-READ_BUFFER_BYTES = 256 * 1024
+#: A connection's receive buffer, as it starts and as it returns to once a burst has passed. Most
+#: connections only ever carry small frames (a push consumer's flow and acks, a fetch request), and
+#: a dispatcher holds one per push consumer: 16 KiB, not 256, is what keeps 1,000 of them cheap
+#: (``docs/dispatcher.md``, "What a consumer costs").
+READ_BUFFER_MIN = 16 * 1024
+#: The most one socket read may bring: the buffer grows to it for a large frame, or while reads
+#: fill the buffer (a peer that streams), so a large produce batch takes as few reads as before.
+READ_BUFFER_MAX = 256 * 1024
 
 
 class WireConnection(asyncio.BufferedProtocol):
     """One client connection. Everything here runs on the event loop thread.
 
     A buffered protocol: the loop reads into this connection's own buffer (``get_buffer``), so
-    a read allocates nothing; the frame reader copies out only what it keeps.
+    a read allocates nothing; the frame reader copies out only what it keeps. The buffer starts
+    at ``READ_BUFFER_MIN``, grows (up to ``READ_BUFFER_MAX``) while a large frame arrives or reads
+    fill it, and shrinks back when a read that fits the small one ends on a frame boundary.
     """
 
     def __init__(self, listener: WireListener) -> None:
         self.listener = listener
         self._reader = FrameReader(listener.max_frame_bytes)
-        self._buffer = bytearray(READ_BUFFER_BYTES)
-        self._view = memoryview(self._buffer)
+        self._view = memoryview(bytearray(READ_BUFFER_MIN))
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self._greeted = False
@@ -169,6 +176,27 @@ class WireConnection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self.data_received(self._view[:nbytes])
+        self._size_buffer(nbytes)
+
+    @property
+    def read_buffer_bytes(self) -> int:
+        """The size of the receive buffer now (it grows and shrinks, see the class docstring)."""
+        return len(self._view)
+
+    def _size_buffer(self, nbytes: int) -> None:
+        """Size the next read: larger while a large frame is incomplete or the last read filled
+        the buffer (more is waiting), back to the minimum once a small read ended on a frame
+        boundary. A new buffer costs one allocation per change of size, never one per read."""
+        size = len(self._view)
+        missing = self._reader.missing
+        if nbytes == size or missing > size:
+            wanted = min(READ_BUFFER_MAX, max(2 * size, missing))
+        elif size > READ_BUFFER_MIN and nbytes <= READ_BUFFER_MIN and not self._reader.buffered:
+            wanted = READ_BUFFER_MIN
+        else:
+            return
+        if wanted != size:
+            self._view = memoryview(bytearray(wanted))
 
     def data_received(self, data: bytes | memoryview) -> None:
         if self.closing:
