@@ -328,7 +328,7 @@ class WireConnection(Generic[Req, Resp]):
             w.on_done(error)
 
 
-def greet(sock: socket.socket, hello: bytes, name: str) -> None:
+def greet(sock: socket.socket, hello: bytes, name: str) -> wire_pb2.WireHelloResponse:
     """Send the hello and read its answer; a refusal raises its typed error (Unauthenticated...)."""
     sock.sendall(frame(FrameType.HELLO, hello))
     reader = FrameReader()
@@ -344,6 +344,7 @@ def greet(sock: socket.socket, hello: bytes, name: str) -> None:
                 raise WireProtocolError(f"{name}: expected a hello answer, got frame type {kind}")
             answer = wire_pb2.WireHelloResponse.FromString(payload)
     raise_for_proto(answer.error)
+    return answer
 
 
 def connect(endpoint: tuple[str, int], hello: bytes, name: str, timeout: float) -> socket.socket:
