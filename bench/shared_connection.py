@@ -19,6 +19,9 @@ Results go to ``bench/results/shared_connection.json``.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
+import sys
 import threading
 import time
 import uuid
@@ -34,6 +37,7 @@ def main() -> None:
     parser.add_argument("--consumers", type=int, default=1000)
     parser.add_argument("--records", type=int, default=20)
     args = parser.parse_args()
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: where every thread is
     results: dict[str, object] = {"consumers": args.consumers, "records": args.records}
     with stack(push=True) as s, Client(s.bootstrap, request_timeout=60) as client:
         topic = f"shared-{uuid.uuid4().hex[:8]}"
@@ -42,10 +46,11 @@ def main() -> None:
         assert broker.wire_address is not None
         wire_port = int(broker.wire_address.rsplit(":", 1)[1])
         started = time.perf_counter()
-        consumers = [
-            client.consumer(f"g{i}-{topic}", [topic], auto_offset_reset="earliest", fetch_max_wait="500ms")
-            for i in range(args.consumers)
-        ]
+        consumers = []
+        for i in range(args.consumers):
+            consumers.append(client.consumer(f"g{i}-{topic}", [topic], auto_offset_reset="earliest"))
+            if (i + 1) % 100 == 0:
+                print(f"{i + 1} consumers after {time.perf_counter() - started:.1f} s", file=sys.stderr)
         results["create_s"] = round(time.perf_counter() - started, 2)
         with client.producer(topic, linger="5ms") as producer:
             for f in [producer.send(b"r%d" % i, partition=i % 2) for i in range(args.records)]:
