@@ -1,4 +1,8 @@
-"""Requests to a broker over the wire protocol: one TCP connection per broker and kind.
+"""Requests to a broker over wire protocol version 1: one TCP connection per broker and kind.
+
+The SDK itself shares one connection per broker and client (version 2, ``client.shared_wire``);
+this version-1 client stays for tools and tests that speak version 1, and holds the hello
+(``greet``, ``connect``) both versions and the push consumer use.
 
 :class:`WireConnection` keeps the contract of :class:`sluice.client.streams.RequestStream`
 (``send(request, timeout, on_done)``, answers matched by ``request_id``, every request still

@@ -85,7 +85,7 @@ def test_lanes_are_served_independently_on_one_connection(broker: Broker, wire: 
     request = pb.ProduceRequest(acks=1, timeout_ms=5000, request_id=3)
     request.partitions.add(topic=topic, partition=0, records=make_batch([b"late"]))
     wire.produce(request)
-    got = {}
+    got: dict[int, bytes] = {}
     while len(got) < 2:
         kind, payload = wire.recv() or (0, b"")
         assert kind in (FrameType.PRODUCE, FrameType.FETCH_LANE), kind

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from typing import Any
 
 from sluice import Client
 from sluice.client.consumer import Consumer
@@ -71,7 +72,7 @@ def test_a_consumer_that_stops_polling_stops_nobody_else_on_its_client(cluster: 
     value = b"x" * 1000
     with Client(cluster.bootstrap, request_timeout=30) as client:
         client.admin.create_topic(topic, partitions=1)
-        settings = {"auto_offset_reset": "earliest", "partition_max_bytes": 64 * 1024}
+        settings: dict[str, Any] = {"auto_offset_reset": "earliest", "partition_max_bytes": 64 * 1024}
         # A small prefetch buffer: the idle consumer's buffer fills after a few answers, and then
         # only the broker's lane window holds anything more for it.
         idle = client.consumer(f"idle-{topic}", [topic], buffer_max_bytes=256 * 1024, **settings)
