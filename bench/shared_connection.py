@@ -10,7 +10,8 @@ every consumer has them all. It reports:
   wire port, with everyone open (expected: 1 each);
 * the seconds to create the consumers and to deliver every record to every consumer;
 * the latency of one more record to the last of the consumers;
-* this process's RSS and threads, and the broker's RSS.
+* this process's RSS and threads, and the broker's RSS;
+* the CPU this process and the broker use over ``--idle-seconds`` with nothing produced.
 
 Run it on the code before shared connections to compare (one connection per consumer there).
 Results go to ``bench/results/shared_connection.json``.
@@ -20,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
 import signal
 import sys
 import threading
 import time
 import uuid
 
-from _stack import rss_mb, save, stack
+from _stack import cpu_seconds, rss_mb, save, stack
 from sluice import Client
 
 
@@ -36,6 +38,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--consumers", type=int, default=1000)
     parser.add_argument("--records", type=int, default=20)
+    parser.add_argument(
+        "--session-timeout",
+        default="5m",
+        help="the consumers' session_timeout (1,000 members in one process are slow to heartbeat)",
+    )
+    parser.add_argument(
+        "--fetch-max-wait",
+        default="500ms",
+        help="the consumers' fetch_max_wait (an idle follow answers this often)",
+    )
+    parser.add_argument(
+        "--idle-seconds", type=float, default=10.0, help="how long to measure CPU with nothing produced"
+    )
     args = parser.parse_args()
     faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: where every thread is
     results: dict[str, object] = {"consumers": args.consumers, "records": args.records}
@@ -48,7 +63,15 @@ def main() -> None:
         started = time.perf_counter()
         consumers = []
         for i in range(args.consumers):
-            consumers.append(client.consumer(f"g{i}-{topic}", [topic], auto_offset_reset="earliest"))
+            consumers.append(
+                client.consumer(
+                    f"g{i}-{topic}",
+                    [topic],
+                    auto_offset_reset="earliest",
+                    session_timeout=args.session_timeout,
+                    fetch_max_wait=args.fetch_max_wait,
+                )
+            )
             if (i + 1) % 100 == 0:
                 print(f"{i + 1} consumers after {time.perf_counter() - started:.1f} s", file=sys.stderr)
         results["create_s"] = round(time.perf_counter() - started, 2)
@@ -70,6 +93,15 @@ def main() -> None:
             results["client_rss_mb"] = round(rss_mb_self(), 1)
             results["client_threads"] = threading.active_count()
             results["broker_rss_mb"] = round(rss_mb(s.broker.process.pid), 1)
+            # Idle: every consumer's follow answers empty each fetch_max_wait; heartbeats go on.
+            client_cpu, broker_cpu = sum(os.times()[:2]), cpu_seconds(s.broker.process.pid)
+            time.sleep(args.idle_seconds)
+            results["idle_client_cpu_pct"] = round(
+                (sum(os.times()[:2]) - client_cpu) / args.idle_seconds * 100, 1
+            )
+            results["idle_broker_cpu_pct"] = round(
+                (cpu_seconds(s.broker.process.pid) - broker_cpu) / args.idle_seconds * 100, 1
+            )
             sent = time.perf_counter()
             producer.send(b"late", partition=0).result(timeout=60)
             results["late_ack_ms"] = round((time.perf_counter() - sent) * 1000, 1)
@@ -84,8 +116,6 @@ def main() -> None:
 
 
 def rss_mb_self() -> float:
-    import os
-
     return rss_mb(os.getpid())
 
 
