@@ -142,6 +142,8 @@ class _BrokerConnection(WireConnection):
         header = LANE_CREDIT if kind != FrameType.LANE_END else LANE
         if len(payload) < header.size:
             raise WireProtocolError(f"a frame of type {kind} shorter than its {header.size}-byte lane header")
+        if LANE.unpack_from(payload)[0] == 0:
+            raise WireProtocolError("lane 0 is the version-1 fetch frames': lanes are numbered from 1")
         if kind == FrameType.FETCH_LANE:
             lane_id, window = LANE_CREDIT.unpack_from(payload)
             request = parse_frame(broker_pb2.FetchRequest, payload[LANE_CREDIT.size :], "fetch")

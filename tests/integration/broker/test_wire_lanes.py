@@ -135,13 +135,22 @@ def test_a_version_1_connection_refuses_lane_frames(broker: Broker, wire: RawWir
     assert "needs protocol version 2" in error.message
 
 
-@pytest.mark.parametrize("kind", [FrameType.FETCH_LANE, FrameType.LANE_CREDIT, FrameType.LANE_END])
-def test_a_lane_frame_shorter_than_its_header_is_refused(
-    broker: Broker, wire: RawWire, topic: str, kind: FrameType
+@pytest.mark.parametrize(
+    ("kind", "payload", "message"),
+    [
+        (FrameType.FETCH_LANE, b"\x00\x01", "lane header"),
+        (FrameType.LANE_CREDIT, b"\x00\x00\x00\x01", "lane header"),
+        (FrameType.LANE_END, b"\x00\x01", "lane header"),
+        (FrameType.FETCH_LANE, LANE_CREDIT.pack(0, 1), "lanes are numbered from 1"),
+    ],
+    ids=["short-fetch", "short-credit", "short-end", "lane-0"],
+)
+def test_a_broken_lane_frame_is_refused(
+    broker: Broker, wire: RawWire, topic: str, kind: FrameType, payload: bytes, message: str
 ) -> None:
     broker.assign(topic)
     wire.hello(version=2)
-    wire.send(kind, b"\x00\x01")
+    wire.send(kind, payload)
     error = wire.closed_with_error()
     assert error.code == common_pb2.INVALID_REQUEST
-    assert "lane header" in error.message
+    assert message in error.message
