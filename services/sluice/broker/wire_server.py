@@ -42,6 +42,7 @@ from sluice.common.wire import (
     LANES_VERSION,
     FrameType,
     WireProtocolError,
+    has_records,
     lane_frame_parts,
 )
 from sluice.server.context import ANONYMOUS, WIRE, RequestContext
@@ -181,9 +182,9 @@ class _BrokerConnection(WireConnection):
         if lane.task is None:
             lane.task = asyncio.get_running_loop().create_task(self._serve_fetches(lane_id, lane))
 
-    def _answer_fetch(self, lane: _FetchLane, payload: bytes) -> None:
-        if lane.credit is not None:
-            lane.credit -= 1
+    def _answer_fetch(self, lane: _FetchLane, payload: bytes, has_records: bool) -> None:
+        if lane.credit is not None and has_records:
+            lane.credit -= 1  # an answer without records holds nothing in the client's memory
         if not lane.prefix:
             self.write(FrameType.FETCH, payload)
             return
@@ -223,7 +224,7 @@ class _BrokerConnection(WireConnection):
                 request = fetches.popleft()
                 self._queued_fetches -= 1
                 answer, follow = await handlers.fetch(request, self._ctx)
-                self._answer_fetch(lane, answer.SerializeToString())
+                self._answer_fetch(lane, answer.SerializeToString(), has_records(answer))
                 self.update_reading()
                 if follow is not None and not fetches and not self.closing:
                     # Go on from where this answer ended (the core decided it can be followed),
@@ -232,7 +233,7 @@ class _BrokerConnection(WireConnection):
                         follow,
                         request.request_id,
                         self._ctx,
-                        lambda payload: self._answer_fetch(lane, payload),
+                        lambda payload, records: self._answer_fetch(lane, payload, records),
                         lambda: self.takes_writes and (lane.credit is None or lane.credit > 0),
                     )
         finally:

@@ -63,6 +63,7 @@ from sluice.client.rpc import ChannelPool
 from sluice.codec.batch import Record, decode_records
 from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_topic
+from sluice.common.wire import has_records
 from sluice.errors import (
     BrokerNotAvailable,
     FetchSessionNotFound,
@@ -377,8 +378,10 @@ class Fetcher:
         broker = self._brokers.get(address)
         if broker is None or broker.in_flight is not req or self._closed:
             return  # an answer to a request replaced or abandoned since
-        if followed and isinstance(broker.stream, FetchLane) and not isinstance(outcome, SluiceError):
-            broker.stream.grant()  # room for the next answer, which the broker reads meanwhile
+        followed_lane = broker.stream if followed and isinstance(broker.stream, FetchLane) else None
+        if followed_lane is not None and not isinstance(outcome, SluiceError) and has_records(outcome):
+            # Room for the next answer, which the broker reads meanwhile (an empty one used none).
+            followed_lane.grant()
         following = broker.follow
         try:
             if isinstance(outcome, SluiceError):

@@ -49,6 +49,7 @@ from sluice.common.wire import (
     WireRequest,
     error_from_frame,
     frame_parts,
+    has_records,
     lane_frame_parts,
     split_address,
 )
@@ -375,7 +376,8 @@ class SharedConnection:
             for _ in range(replaced):
                 waiting.popleft()
             if head.span:
-                head.credit -= 1
+                if has_records(response):
+                    head.credit -= 1
                 # No answer is due while the broker may send none: the owner has not made room.
                 head.deadline = time.monotonic() + head.span if head.credit > 0 else math.inf
             else:

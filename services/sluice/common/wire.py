@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Iterable
 from typing import Protocol
 
 from sluice.common.rpc import MAX_MESSAGE_BYTES
@@ -32,6 +33,7 @@ __all__ = [
     "error_from_frame",
     "frame",
     "frame_parts",
+    "has_records",
     "lane_frame_parts",
     "split_address",
     "wire_listen_port",
@@ -154,6 +156,24 @@ def lane_frame_parts(kind: FrameType, prefix: bytes, payload: bytes) -> tuple[by
     if len(payload) <= COALESCE_BYTES:
         return (header + payload,)
     return header, payload
+
+
+class _Answer(Protocol):
+    @property
+    def partitions(self) -> Iterable[_PartitionAnswer]: ...
+
+
+class _PartitionAnswer(Protocol):
+    @property
+    def records(self) -> bytes: ...
+
+
+def has_records(answer: _Answer) -> bool:
+    """Whether a fetch answer counts against its lane's window (``docs/wire.md``, "Lanes"): it
+    does when a partition carries records. An empty answer (a long-poll that timed out, every
+    record filtered out) holds nothing in the client's memory, so it is free: an idle follow
+    costs one frame per ``max_wait``, and no credit frame back."""
+    return any(part.records for part in answer.partitions)
 
 
 class FrameReader:

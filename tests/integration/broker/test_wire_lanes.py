@@ -154,3 +154,21 @@ def test_a_broken_lane_frame_is_refused(
     error = wire.closed_with_error()
     assert error.code == common_pb2.INVALID_REQUEST
     assert message in error.message
+
+
+def test_empty_answers_use_no_credit(broker: Broker, wire: RawWire, topic: str) -> None:
+    """An idle follow answers empty every max_wait without any credit frame: an empty answer
+    holds nothing in the client's memory."""
+    broker.assign(topic)
+    wire.hello(version=2)
+    _lane_fetch(wire, 3, 1, _follow(topic, 0, 9, max_wait_ms=100))
+    for _ in range(3):
+        lane, answer = _lane_answer(wire)
+        assert (lane, answer.request_id) == (3, 9)
+        assert not answer.partitions[0].records
+    broker.produce(topic, 0, make_batch([b"one"]))
+    while not (answer := _lane_answer(wire)[1]).partitions[0].records:
+        pass  # empty rounds that were on the way
+    assert [r.value for r in records(answer.partitions[0])] == [b"one"]
+    broker.produce(topic, 0, make_batch([b"two"]))
+    assert _nothing_within(wire, 0.5), "an answer with records past the window"

@@ -27,7 +27,7 @@ from sluice.v1 import wire_pb2
 
 class Peer:
     """Answers the hello with ``version``; a produce at once unless its ``acks`` is 0 (never);
-    a lane fetch once (a follow's window is then spent: it never grants more here)."""
+    a lane fetch once, with records (a follow's window of 1 is then spent)."""
 
     def __init__(self, version: int = 2) -> None:
         self.version = version
@@ -64,7 +64,10 @@ class Peer:
                     elif kind == FrameType.FETCH_LANE:
                         lane, _ = LANE_CREDIT.unpack_from(payload)
                         request_f = pb.FetchRequest.FromString(payload[LANE_CREDIT.size :])
-                        answer_f = pb.FetchResponse(request_id=request_f.request_id).SerializeToString()
+                        answer_f = pb.FetchResponse(
+                            request_id=request_f.request_id,
+                            partitions=[pb.FetchPartitionResponse(records=b"r")],
+                        ).SerializeToString()
                         sock.sendall(
                             b"".join(lane_frame_parts(FrameType.FETCH_LANE, LANE.pack(lane), answer_f))
                         )
