@@ -75,17 +75,26 @@ def main() -> None:
             if (i + 1) % 100 == 0:
                 print(f"{i + 1} consumers after {time.perf_counter() - started:.1f} s", file=sys.stderr)
         results["create_s"] = round(time.perf_counter() - started, 2)
+        # Every consumer has joined and follows its partitions: count the connections now.
+        results["broker_wire_connections_after_create"] = wire_connections(s.broker.metrics, "broker")
+        results["client_sockets_after_create"] = sockets_to(wire_port)
+        print(f"after create: {results}", file=sys.stderr)
         with client.producer(topic, linger="5ms") as producer:
             for f in [producer.send(b"r%d" % i, partition=i % 2) for i in range(args.records)]:
                 f.result(timeout=60)
             started = time.perf_counter()
             missing = 0
-            for c in consumers:
+            for done, c in enumerate(consumers, 1):
                 got = 0
                 deadline = time.monotonic() + 120
                 while got < args.records and time.monotonic() < deadline:
                     got += len(c.poll(timeout=1.0))
                 missing += args.records - got
+                if done % 100 == 0:
+                    print(
+                        f"{done} consumers have their records, {time.perf_counter() - started:.1f} s",
+                        file=sys.stderr,
+                    )
             results["deliver_all_s"] = round(time.perf_counter() - started, 2)
             results["records_missing"] = missing
             results["broker_wire_connections"] = wire_connections(s.broker.metrics, "broker")
