@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import time
@@ -89,3 +90,25 @@ def settle_connections(metrics: str, service: str, expected: float, timeout: flo
             f"the {service} counts {now} wire connections, expected {expected}"
         )
         time.sleep(0.02)
+
+
+def sockets_to(port: int) -> int:
+    """This process's established TCP connections to ``port`` (loopback, IPv4 or IPv6)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for row in f:
+                cols = row.split()
+                remote_port = int(cols[2].rsplit(":", 1)[1], 16)
+                if remote_port == port and cols[3] == "01" and cols[9] in inodes:
+                    count += 1
+    return count

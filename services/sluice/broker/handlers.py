@@ -153,15 +153,16 @@ class RequestHandlers:
         plan: FollowFrom,
         request_id: int,
         ctx: RequestContext,
-        send: Callable[[bytes], None],
+        send: Callable[[bytes, bool], None],
         writable: Callable[[], bool],
     ) -> ContinuousFetch:
-        """Follow a continuous fetch; each round is one serialized answer to ``send``, counted
-        as one Fetch, as each answer of a served fetch is."""
+        """Follow a continuous fetch; each round is one serialized answer to ``send`` (with
+        whether it carries records), counted as one Fetch, as each answer of a served fetch is."""
         record = self.fetch_metrics.record
 
         def deliver(outcome: FetchOutcome, started: float) -> None:
             record("OK" if outcome.error is None else outcome.error.code_name, started)
-            send(fetch_response_to_proto(outcome, request_id).SerializeToString())
+            answer = fetch_response_to_proto(outcome, request_id).SerializeToString()
+            send(answer, any(part.records for part in outcome.partitions))
 
         return self.service.follow(plan, ctx, deliver, writable)

@@ -21,7 +21,12 @@ Per connection (the hello, protocol errors and back-pressure are ``sluice.server
   (``BrokerService.follow``) from its answer's next offsets, round after round, until
   another fetch frame arrives or a partition answers with an error: a
   long-polling consumer then costs one frame per answer instead of two, and the broker no
-  task switch per answer.
+  task switch per answer;
+- version 2 (``docs/wire.md``, "Lanes"): fetches travel in lanes, each lane served as a
+  version-1 connection serves its fetches (in order, one at a time, a new fetch replacing the
+  followed one), lanes independently of each other; a lane's follow sends only while its
+  client granted room (credit) for more answers, so a client that stops reading one lane
+  stops that lane alone. A version-1 connection's fetch frames are lane 0, with no credit.
 """
 
 from __future__ import annotations
@@ -31,7 +36,15 @@ import collections
 
 from sluice.broker.follow import ContinuousFetch
 from sluice.broker.handlers import AppendedProduce, RequestHandlers
-from sluice.common.wire import FrameType, WireProtocolError
+from sluice.common.wire import (
+    LANE,
+    LANE_CREDIT,
+    LANES_VERSION,
+    FrameType,
+    WireProtocolError,
+    has_records,
+    lane_frame_parts,
+)
 from sluice.server.context import ANONYMOUS, WIRE, RequestContext
 from sluice.server.interceptors import Authenticator
 from sluice.server.wire import WireConnection, WireListener, parse_frame
@@ -44,8 +57,33 @@ def broker_wire_listener(
     handlers: RequestHandlers, host: str, port: int, authenticator: Authenticator | None = None
 ) -> WireListener:
     return WireListener(
-        "broker", lambda listener: _BrokerConnection(listener, handlers), host, port, authenticator
+        "broker",
+        lambda listener: _BrokerConnection(listener, handlers),
+        host,
+        port,
+        authenticator,
+        version=LANES_VERSION,
     )
+
+
+class _FetchLane:
+    """The fetches of one lane: queued requests, the task serving them, the follow."""
+
+    __slots__ = ("credit", "fetches", "follow", "prefix", "task")
+
+    def __init__(self, prefix: bytes, credit: int | None) -> None:
+        #: The lane header of its answers (b"" for lane 0, the version-1 fetch frames).
+        self.prefix = prefix
+        #: Answers the client has room for (None: no limit, version 1).
+        self.credit = credit
+        self.fetches: collections.deque[broker_pb2.FetchRequest] = collections.deque()
+        self.task: asyncio.Task[None] | None = None
+        self.follow: ContinuousFetch | None = None
+
+    def stop_following(self) -> None:
+        if self.follow is not None:
+            self.follow.stop()
+            self.follow = None
 
 
 class _BrokerConnection(WireConnection):
@@ -55,9 +93,10 @@ class _BrokerConnection(WireConnection):
         #: Produce answers owed, in request order; the head may wait for its fsync.
         self._produces: collections.deque[AppendedProduce] = collections.deque()
         self._produce_task: asyncio.Task[None] | None = None
-        self._fetches: collections.deque[broker_pb2.FetchRequest] = collections.deque()
-        self._fetch_task: asyncio.Task[None] | None = None
-        self._follow: ContinuousFetch | None = None
+        #: Lanes with a fetch queued, served or followed (0: version-1 fetch frames).
+        self._lanes: dict[int, _FetchLane] = {}
+        #: Fetch requests queued over all lanes (the backlog, without a walk over the lanes).
+        self._queued_fetches = 0
         self._ctx = RequestContext(ANONYMOUS, WIRE)
 
     def opened(self) -> None:
@@ -66,34 +105,92 @@ class _BrokerConnection(WireConnection):
         self._ctx = RequestContext(ANONYMOUS, WIRE)
 
     def backlog(self) -> int:
-        return len(self._produces) + len(self._fetches)
+        return len(self._produces) + self._queued_fetches
 
     def lost(self) -> None:
-        self._stop_following()
-        for task in (self._produce_task, self._fetch_task):
-            if task is not None:
-                task.cancel()
+        if self._produce_task is not None:
+            self._produce_task.cancel()
+        for lane in self._lanes.values():
+            lane.stop_following()
+            if lane.task is not None:
+                lane.task.cancel()
+        self._lanes.clear()
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        if self._follow is not None:
-            self._follow.resume()
-
-    def _stop_following(self) -> None:
-        if self._follow is not None:
-            self._follow.stop()
-            self._follow = None
+        for lane in list(self._lanes.values()):
+            if lane.follow is not None:
+                lane.follow.resume()
 
     def on_frame(self, kind: int, payload: bytes) -> None:
         if kind == FrameType.PRODUCE:
             self._produce(parse_frame(broker_pb2.ProduceRequest, payload, "produce"))
         elif kind == FrameType.FETCH:
-            self._stop_following()  # a new fetch replaces a continuous one
-            self._fetches.append(parse_frame(broker_pb2.FetchRequest, payload, "fetch"))
-            if self._fetch_task is None:
-                self._fetch_task = asyncio.get_running_loop().create_task(self._serve_fetches())
+            self._fetch(0, b"", None, parse_frame(broker_pb2.FetchRequest, payload, "fetch"))
+        elif kind in (FrameType.FETCH_LANE, FrameType.LANE_CREDIT, FrameType.LANE_END):
+            if self.version < LANES_VERSION:
+                raise WireProtocolError(
+                    f"frame type {kind} needs protocol version {LANES_VERSION}, "
+                    f"the hello agreed {self.version}"
+                )
+            self._lane_frame(kind, payload)
         else:
             raise WireProtocolError(f"unknown frame type {kind}")
+
+    # ---- lanes ----------------------------------------------------------------------------
+
+    def _lane_frame(self, kind: int, payload: bytes) -> None:
+        header = LANE_CREDIT if kind != FrameType.LANE_END else LANE
+        if len(payload) < header.size:
+            raise WireProtocolError(f"a frame of type {kind} shorter than its {header.size}-byte lane header")
+        if LANE.unpack_from(payload)[0] == 0:
+            raise WireProtocolError("lane 0 is the version-1 fetch frames': lanes are numbered from 1")
+        if kind == FrameType.FETCH_LANE:
+            lane_id, window = LANE_CREDIT.unpack_from(payload)
+            request = parse_frame(broker_pb2.FetchRequest, payload[LANE_CREDIT.size :], "fetch")
+            self._fetch(lane_id, payload[: LANE.size], window, request)
+            return
+        lane_id = LANE.unpack_from(payload)[0]
+        lane = self._lanes.get(lane_id)
+        if kind == FrameType.LANE_END:
+            if lane is not None:
+                self._end_lane(lane_id, lane)
+        elif lane is not None and lane.credit is not None:  # credit for a lane gone: nothing to do
+            lane.credit += LANE_CREDIT.unpack_from(payload)[1]
+            if lane.follow is not None:
+                lane.follow.resume()
+
+    def _end_lane(self, lane_id: int, lane: _FetchLane) -> None:
+        del self._lanes[lane_id]
+        lane.stop_following()
+        self._queued_fetches -= len(lane.fetches)
+        lane.fetches.clear()
+        if lane.task is not None:
+            lane.task.cancel()
+
+    def _fetch(
+        self, lane_id: int, prefix: bytes, window: int | None, request: broker_pb2.FetchRequest
+    ) -> None:
+        lane = self._lanes.get(lane_id)
+        if lane is None:
+            lane = self._lanes[lane_id] = _FetchLane(prefix, window)
+        else:
+            lane.stop_following()  # a new fetch replaces a continuous one
+            lane.credit = window
+        lane.fetches.append(request)
+        self._queued_fetches += 1
+        if lane.task is None:
+            lane.task = asyncio.get_running_loop().create_task(self._serve_fetches(lane_id, lane))
+
+    def _answer_fetch(self, lane: _FetchLane, payload: bytes, has_records: bool) -> None:
+        if lane.credit is not None and has_records:
+            lane.credit -= 1  # an answer without records holds nothing in the client's memory
+        if not lane.prefix:
+            self.write(FrameType.FETCH, payload)
+            return
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(lane_frame_parts(FrameType.FETCH_LANE, lane.prefix, payload))
 
     def _produce(self, request: broker_pb2.ProduceRequest) -> None:
         item = self._handlers.append(request, self._ctx)
@@ -118,23 +215,28 @@ class _BrokerConnection(WireConnection):
         finally:
             self._produce_task = None
 
-    async def _serve_fetches(self) -> None:
+    async def _serve_fetches(self, lane_id: int, lane: _FetchLane) -> None:
         handlers = self._handlers
-        fetches = self._fetches
+        fetches = lane.fetches
         try:
             while fetches:
                 await self.writable.wait()
                 request = fetches.popleft()
+                self._queued_fetches -= 1
                 answer, follow = await handlers.fetch(request, self._ctx)
-                self.write(FrameType.FETCH, answer.SerializeToString())
+                self._answer_fetch(lane, answer.SerializeToString(), has_records(answer))
                 self.update_reading()
                 if follow is not None and not fetches and not self.closing:
-                    # Go on from where this answer ended (the core decided it can be followed).
-                    self._follow = handlers.follow(
-                        follow, request.request_id, self._ctx, self._send_fetch, lambda: self.takes_writes
+                    # Go on from where this answer ended (the core decided it can be followed),
+                    # while the connection takes writes and the lane's client has room.
+                    lane.follow = handlers.follow(
+                        follow,
+                        request.request_id,
+                        self._ctx,
+                        lambda payload, records: self._answer_fetch(lane, payload, records),
+                        lambda: self.takes_writes and (lane.credit is None or lane.credit > 0),
                     )
         finally:
-            self._fetch_task = None
-
-    def _send_fetch(self, payload: bytes) -> None:
-        self.write(FrameType.FETCH, payload)
+            lane.task = None
+            if lane.follow is None and not fetches and self._lanes.get(lane_id) is lane:
+                del self._lanes[lane_id]  # nothing left on it: a lane costs nothing between fetches

@@ -29,6 +29,7 @@ from typing import Any
 from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer, ConsumerConfig, subscription_of
 from sluice.client.fetcher import AutoOffsetReset, Fetcher, TopicPartition
+from sluice.client.links import BrokerLinks
 from sluice.client.metadata import ClusterMetadata, MetadataCache
 from sluice.client.offsets import OffsetSpec, list_offsets
 from sluice.client.producer import Producer, ProducerConfig
@@ -75,6 +76,8 @@ class Client:
         self.request_timeout = float(request_timeout)
         self._channels = Peers()
         self._metadata = MetadataCache(self._channels, address, self.request_timeout)
+        #: One wire connection per broker, shared by every producer, fetcher and consumer made here.
+        self._links = BrokerLinks(self._channels, self._metadata, self.client_id)
         self.admin = Admin(self._metadata, self.request_timeout, self._channels)
         self._lock = threading.Lock()
         self._producers: set[Producer] = set()
@@ -121,7 +124,9 @@ class Client:
         self._check_open()
         validate_topic(topic)
         cfg = (config or ProducerConfig()).replace(**overrides) if overrides else (config or ProducerConfig())
-        producer = Producer(topic, cfg, self._channels, self._metadata, on_close=self._forget_producer)
+        producer = Producer(
+            topic, cfg, self._channels, self._metadata, on_close=self._forget_producer, links=self._links
+        )
         with self._lock:
             self._producers.add(producer)
         return producer
@@ -159,6 +164,7 @@ class Client:
             request_timeout=self.request_timeout,
             use_sessions=use_sessions,
             check_crcs=check_crcs,
+            links=self._links,
         )
         with self._lock:
             self._fetchers.add(fetcher)
@@ -244,6 +250,7 @@ class Client:
             cfg,
             self.client_id,
             on_close=self._forget_consumer,
+            links=self._links,
         )
         with self._lock:
             self._consumers.add(consumer)
@@ -272,6 +279,7 @@ class Client:
             p.close(timeout)
         for f in fetchers:
             f.close()
+        self._links.close()
         self._channels.close()
 
     @property

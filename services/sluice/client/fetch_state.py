@@ -71,8 +71,6 @@ class BrokerState:
     stream: BrokerLink | None = None
     #: While following: where the broker reads each partition next (it moves with each answer).
     follow: dict[TopicPartition, PartitionFetchState] | None = None
-    #: Answers of a followed fetch put on the completion queue and not yet taken from it.
-    queued: int = 0
 
 
 @dataclass

@@ -1,9 +1,14 @@
-"""The connection that carries a producer's or a fetcher's requests to one broker.
+"""The connections that carry a client's produce and fetch requests to its brokers.
 
-The wire protocol (``client.wire``) when the broker advertises a wire port, else the Broker
-gRPC streams (``client.streams``); both answer requests in order and fail what is waiting
-with a typed, retriable error when they end, so callers do not care which they hold.
-``docs/wire.md`` says why there are two.
+:class:`BrokerLinks` belongs to a ``Client`` (or to a producer or consumer made without one)
+and hands out links: over the wire protocol (``client.shared_wire``) when the broker
+advertises a wire port, else the Broker gRPC streams (``client.streams``). Both answer
+requests in order and fail what is waiting with a typed, retriable error when they end, so
+callers do not care which they hold. ``docs/wire.md`` says why there are two.
+
+Over the wire, every producer and fetcher of the client shares **one connection per broker**
+(version 2, lanes), as Kafka clients do: 1,000 consumers of one client cost a broker one
+connection. Over gRPC each link is a stream on the client's one channel per broker.
 
 ``SLUICE_CLIENT_TRANSPORT=grpc`` in the environment makes the SDK use the gRPC streams even
 where a wire port is advertised: for a network that passes only gRPC (a gRPC-aware proxy),
@@ -13,19 +18,19 @@ and to compare the two.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Protocol
 
 import grpc
 
 from sluice.client.metadata import MetadataCache
+from sluice.client.shared_wire import FetchLane, SharedConnection
 from sluice.client.streams import Callback, RequestStream
-from sluice.client.wire import WireConnection
 from sluice.common.peers import Peers
-from sluice.common.wire import FrameType
 from sluice.errors import BrokerNotAvailable, InvalidArgument, SluiceError
-from sluice.v1 import broker_pb2, broker_pb2_grpc
+from sluice.v1 import broker_pb2_grpc
 
-__all__ = ["TRANSPORT_ENV", "BrokerLink", "open_fetch_link", "open_produce_link", "use_wire"]
+__all__ = ["TRANSPORT_ENV", "BrokerLink", "BrokerLinks", "FetchLane", "use_wire"]
 
 TRANSPORT_ENV = "SLUICE_CLIENT_TRANSPORT"
 
@@ -44,33 +49,66 @@ def use_wire() -> bool:
     return transport == "auto"
 
 
-def _open(
-    channels: Peers, metadata: MetadataCache, address: str, kind: FrameType, client_id: str
-) -> BrokerLink:
-    name = f"{kind.name.lower()}-{address}"
-    if use_wire() and metadata.current().wire_address(address) is not None:
-        response_type = broker_pb2.ProduceResponse if kind is FrameType.PRODUCE else broker_pb2.FetchResponse
-        # Resolved again at every (re)connect: the metadata a failure refreshes has the current port.
-        resolve = lambda: metadata.current().wire_address(address)  # noqa: E731
-        return WireConnection(resolve, kind, response_type, name, client_id=client_id)
-    try:
-        stub = channels.stub(address, broker_pb2_grpc.BrokerStub)
-    except (SluiceError, grpc.RpcError, ValueError) as exc:  # e.g. the client was closed
-        raise BrokerNotAvailable(f"cannot reach broker {address}: {exc}") from exc
-    if kind is FrameType.PRODUCE:
-        return RequestStream(stub.ProduceStream, name)
-    return RequestStream(stub.FetchStream, name)
+class BrokerLinks:
+    """A client's links to its brokers: one shared wire connection per broker, opened lazily.
 
+    Thread-safe. ``close()`` ends every shared connection (what waits fails, retriable) and
+    makes later ``produce``/``fetch`` calls raise BrokerNotAvailable.
+    """
 
-def open_produce_link(
-    channels: Peers, metadata: MetadataCache, address: str, client_id: str = ""
-) -> BrokerLink:
-    """Raises BrokerNotAvailable when no link can be made (the client is closed)."""
-    return _open(channels, metadata, address, FrameType.PRODUCE, client_id)
+    def __init__(self, channels: Peers, metadata: MetadataCache, client_id: str = "") -> None:
+        self._channels = channels
+        self._metadata = metadata
+        self._client_id = client_id
+        self._lock = threading.Lock()
+        self._wire: dict[str, SharedConnection] = {}
+        self._closed = False
 
+    def produce(self, address: str) -> BrokerLink:
+        """A producer's link to ``address``. Raises BrokerNotAvailable when none can be made."""
+        wire = self._shared(address)
+        if wire is not None:
+            return wire.produce_link()
+        return RequestStream(self._stub(address).ProduceStream, f"produce-{address}")
 
-def open_fetch_link(
-    channels: Peers, metadata: MetadataCache, address: str, client_id: str = ""
-) -> BrokerLink:
-    """Raises BrokerNotAvailable when no link can be made (the client is closed)."""
-    return _open(channels, metadata, address, FrameType.FETCH, client_id)
+    def fetch(self, address: str) -> BrokerLink:
+        """A fetcher's link to ``address`` (a ``FetchLane`` over the wire, which can follow)."""
+        wire = self._shared(address)
+        if wire is not None:
+            return wire.fetch_lane()
+        return RequestStream(self._stub(address).FetchStream, f"fetch-{address}")
+
+    def connections(self) -> int:
+        """Wire connections made so far (open or reopening), one per broker at most."""
+        with self._lock:
+            return len(self._wire)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._wire = list(self._wire.values()), {}
+        for conn in conns:
+            conn.close()
+
+    def _shared(self, address: str) -> SharedConnection | None:
+        if not use_wire() or self._metadata.current().wire_address(address) is None:
+            return None
+        with self._lock:
+            if self._closed:
+                raise BrokerNotAvailable(f"cannot reach broker {address}: the client is closed")
+            conn = self._wire.get(address)
+            if conn is None:
+                metadata = self._metadata
+                # Resolved again at every (re)connect: the metadata a failure refreshes has the current port.
+                conn = self._wire[address] = SharedConnection(
+                    lambda: metadata.current().wire_address(address),
+                    f"wire-{address}",
+                    client_id=self._client_id,
+                )
+            return conn
+
+    def _stub(self, address: str) -> broker_pb2_grpc.BrokerStub:
+        try:
+            return self._channels.stub(address, broker_pb2_grpc.BrokerStub)
+        except (SluiceError, grpc.RpcError, ValueError) as exc:  # e.g. the client was closed
+            raise BrokerNotAvailable(f"cannot reach broker {address}: {exc}") from exc

@@ -1,4 +1,8 @@
-"""Requests to a broker over the wire protocol: one TCP connection per broker and kind.
+"""Requests to a broker over wire protocol version 1: one TCP connection per broker and kind.
+
+The SDK itself shares one connection per broker and client (version 2, ``client.shared_wire``);
+this version-1 client stays for tools and tests that speak version 1, and holds the hello
+(``greet``, ``connect``) both versions and the push consumer use.
 
 :class:`WireConnection` keeps the contract of :class:`sluice.client.streams.RequestStream`
 (``send(request, timeout, on_done)``, answers matched by ``request_id``, every request still
@@ -328,7 +332,7 @@ class WireConnection(Generic[Req, Resp]):
             w.on_done(error)
 
 
-def greet(sock: socket.socket, hello: bytes, name: str) -> None:
+def greet(sock: socket.socket, hello: bytes, name: str) -> wire_pb2.WireHelloResponse:
     """Send the hello and read its answer; a refusal raises its typed error (Unauthenticated...)."""
     sock.sendall(frame(FrameType.HELLO, hello))
     reader = FrameReader()
@@ -344,6 +348,7 @@ def greet(sock: socket.socket, hello: bytes, name: str) -> None:
                 raise WireProtocolError(f"{name}: expected a hello answer, got frame type {kind}")
             answer = wire_pb2.WireHelloResponse.FromString(payload)
     raise_for_proto(answer.error)
+    return answer
 
 
 def connect(endpoint: tuple[str, int], hello: bytes, name: str, timeout: float) -> socket.socket:

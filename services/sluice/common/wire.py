@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Iterable
 from typing import Protocol
 
 from sluice.common.rpc import MAX_MESSAGE_BYTES
@@ -19,6 +20,9 @@ from sluice.v1 import common_pb2
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "HEADER",
+    "LANE",
+    "LANES_VERSION",
+    "LANE_CREDIT",
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "WIRE_PORT_OFFSET",
@@ -29,12 +33,18 @@ __all__ = [
     "error_from_frame",
     "frame",
     "frame_parts",
+    "has_records",
+    "lane_frame_parts",
     "split_address",
     "wire_listen_port",
     "wire_port_help",
 ]
 
+#: The version every wire server speaks (the dispatcher's Consume, the broker's per-kind frames).
 PROTOCOL_VERSION = 1
+#: Version 2 (brokers): fetch lanes, so one connection carries every fetch of a client
+#: (``docs/wire.md``, "Lanes"). A broker answers a version-1 hello as before.
+LANES_VERSION = 2
 
 #: How long a client may take to connect and be greeted (the hello answered).
 CONNECT_TIMEOUT_S = 10.0
@@ -42,6 +52,10 @@ CONNECT_TIMEOUT_S = 10.0
 #: The length prefix (counting the type byte and the payload) and the type byte.
 HEADER = struct.Struct(">IB")
 _LENGTH = struct.Struct(">I")
+#: A lane frame's payload starts with its lane id (then, for FETCH_LANE and LANE_CREDIT from the
+#: client, a count of answers): fetches of several owners share one connection by lane.
+LANE = struct.Struct(">I")
+LANE_CREDIT = struct.Struct(">II")
 
 #: The largest frame either side accepts: what a gRPC message may be, so a request that
 #: fits one transport fits the other.
@@ -56,6 +70,12 @@ class FrameType(enum.IntEnum):
     FETCH = 3
     #: Dispatcher: ConsumerCommand in, DispatcherEvent out (one Consume stream per connection).
     CONSUME = 4
+    #: Broker, version 2: ``lane, window`` + FetchRequest in; ``lane`` + FetchResponse out.
+    FETCH_LANE = 5
+    #: Broker, version 2: ``lane, n`` in: the lane's client holds room for ``n`` more answers.
+    LANE_CREDIT = 6
+    #: Broker, version 2: ``lane`` in: the lane is over (its fetch stops, nothing is answered).
+    LANE_END = 7
     #: Broker -> client, then the broker closes: the connection broke the protocol.
     ERROR = 127
 
@@ -128,6 +148,32 @@ def frame_parts(kind: FrameType, payload: bytes) -> tuple[bytes, ...]:
     if len(payload) <= COALESCE_BYTES:
         return (HEADER.pack(len(payload) + 1, kind) + payload,)
     return HEADER.pack(len(payload) + 1, kind), payload
+
+
+def lane_frame_parts(kind: FrameType, prefix: bytes, payload: bytes) -> tuple[bytes, ...]:
+    """A lane frame (``prefix``: its lane header) as the buffers to send, as ``frame_parts``."""
+    header = HEADER.pack(len(prefix) + len(payload) + 1, kind) + prefix
+    if len(payload) <= COALESCE_BYTES:
+        return (header + payload,)
+    return header, payload
+
+
+class _Answer(Protocol):
+    @property
+    def partitions(self) -> Iterable[_PartitionAnswer]: ...
+
+
+class _PartitionAnswer(Protocol):
+    @property
+    def records(self) -> bytes: ...
+
+
+def has_records(answer: _Answer) -> bool:
+    """Whether a fetch answer counts against its lane's window (``docs/wire.md``, "Lanes"): it
+    does when a partition carries records. An empty answer (a long-poll that timed out, every
+    record filtered out) holds nothing in the client's memory, so it is free: an idle follow
+    costs one frame per ``max_wait``, and no credit frame back."""
+    return any(part.records for part in answer.partitions)
 
 
 class FrameReader:

@@ -62,8 +62,12 @@ class WireListener:
         port: int,
         authenticator: Authenticator | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        version: int = PROTOCOL_VERSION,
     ) -> None:
         self.service = service
+        #: The highest protocol version this service speaks (a connection speaks the lower of
+        #: it and the client's).
+        self.version = version
         self._connection = connection
         self.host = host
         self.port = port
@@ -120,6 +124,8 @@ class WireConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self._greeted = False
+        #: The protocol version agreed at the hello.
+        self.version = PROTOCOL_VERSION
         self.closing = False
         self._reading_paused = False
         self._writing_paused = False
@@ -262,9 +268,8 @@ class WireConnection(asyncio.BufferedProtocol):
                 f"protocol version {hello.version} is not supported (this server speaks 1)"
             )
         listener = self.listener
-        answer = wire_pb2.WireHelloResponse(
-            version=min(hello.version, PROTOCOL_VERSION), max_frame_bytes=listener.max_frame_bytes
-        )
+        self.version = min(hello.version, listener.version)
+        answer = wire_pb2.WireHelloResponse(version=self.version, max_frame_bytes=listener.max_frame_bytes)
         try:
             listener.authenticator.authenticate(listener.method, tuple(hello.metadata.items()))
         except SluiceError as err:

@@ -13,19 +13,19 @@ from collections.abc import Callable, Iterator
 
 from sluice import Client
 from sluice.client.fetcher import Fetcher
+from sluice.client.links import FetchLane
 from sluice.client.producer import Producer
-from sluice.client.wire import WireConnection
 
 from .conftest import run_cluster
 
 
 def _requests_sent(fetcher: Fetcher) -> int:
-    """How many fetch requests the fetcher's wire connections have sent."""
+    """How many fetch requests the fetcher's wire lanes have sent."""
     links = [b.stream for b in fetcher._brokers.values()]
     assert links
-    wire = [link for link in links if isinstance(link, WireConnection)]
+    wire = [link for link in links if isinstance(link, FetchLane)]
     assert len(wire) == len(links), links
-    return sum(link._next_id - 1 for link in wire)
+    return sum(link.sent for link in wire)
 
 
 def _values(fetcher: Fetcher, expected: int) -> list[bytes]:

@@ -36,7 +36,9 @@ def test_metadata_carries_the_wire_port_and_the_sdk_uses_it(
     with Client(cluster.bootstrap) as client:
         (broker,) = client.metadata(refresh=True).brokers.values()
         assert broker.wire_address is not None
-        _round_trip_holding(cluster, client, topic, b"v", expected=2)  # one produce, one fetch connection
+        # One connection carries the producer's and the fetcher's requests (issue 20: one
+        # connection per broker per client; it was one per kind before).
+        _round_trip_holding(cluster, client, topic, b"v", expected=1)
 
 
 def test_with_the_grpc_transport_forced_the_sdk_leaves_the_wire_port_alone(

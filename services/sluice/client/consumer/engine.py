@@ -24,6 +24,7 @@ from sluice.client.consumer.membership import Event, Fatal, Lost, MemberState, N
 from sluice.client.consumer.prefetch import Prefetcher
 from sluice.client.consumer.state import Assignment, PartitionLifecycle, PartitionState, SubscriptionState
 from sluice.client.fetcher import Fetcher
+from sluice.client.links import BrokerLinks
 from sluice.client.metadata import MetadataCache
 from sluice.common.peers import Peers
 from sluice.errors import (
@@ -55,6 +56,7 @@ class ConsumerEngine:
         config: ConsumerConfig,
         client_id: str,
         on_close: Callable[[Self], None] | None = None,
+        links: BrokerLinks | None = None,
     ) -> None:
         self.group = group
         self.subscription = dict(subscription)
@@ -81,6 +83,7 @@ class ConsumerEngine:
             client_id=client_id,
             request_timeout=self._timeout,
             check_crcs=config.check_crcs,
+            links=links,
         )
         self._prefetch = Prefetcher(
             fetcher, config.buffer_max_bytes, self._lock, self._ready, check_crcs=config.check_crcs

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Callable
 from types import TracebackType
 
+from sluice.client.links import BrokerLinks
 from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
 from sluice.client.producer.config import ProducerConfig
@@ -56,6 +57,7 @@ class Producer:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_close: Callable[[Producer], None] | None = None,
+        links: BrokerLinks | None = None,
     ) -> None:
         md = metadata.get([topic])
         info = md.topic(topic)
@@ -81,6 +83,10 @@ class Producer:
         self._tags: set[str] = set()
         self._on_close = on_close
         leaders = [md.leader_address(topic, p) for p in range(self._partitions)]
+        #: The client's links (one shared connection per broker); a producer made without one
+        #: owns its own.
+        self._own_links = links is None
+        self._links = links if links is not None else BrokerLinks(channels, metadata)
         self._sender = Sender(
             topic,
             self._acc,
@@ -88,6 +94,7 @@ class Producer:
             config,
             channels=channels,
             metadata=metadata,
+            links=self._links,
             leaders=leaders,
             clock=clock,
         )
@@ -271,6 +278,8 @@ class Producer:
                 self._sender.force_close = True
                 self._cond.notify_all()
             self._sender.join(None)
+        if self._own_links:
+            self._links.close()
         if self._on_close is not None:
             self._on_close(self)
             self._on_close = None

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sluice.client.links import BrokerLink, open_produce_link
+from sluice.client.links import BrokerLink, BrokerLinks
 from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
 from sluice.client.producer.config import ProducerConfig
@@ -85,6 +85,7 @@ class Sender:
         *,
         channels: Peers,
         metadata: MetadataCache,
+        links: BrokerLinks,
         leaders: list[str | None],
         clock: Callable[[], float],
     ) -> None:
@@ -94,6 +95,7 @@ class Sender:
         self._cfg = config
         self._channels = channels
         self._metadata = metadata
+        self._links = links
         self._clock = clock
         self._leaders = leaders
         self._need_metadata = any(a is None for a in leaders)
@@ -254,7 +256,7 @@ class Sender:
         stream = self._streams.get(address)
         if stream is None:
             try:
-                stream = open_produce_link(self._channels, self._metadata, address)
+                stream = self._links.produce(address)
             except SluiceError as exc:
                 return exc
             self._streams[address] = stream

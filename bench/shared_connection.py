@@ -1,0 +1,132 @@
+"""1,000 group consumers and a producer on one ``Client``: how many broker connections, and what
+they cost (issue 20, "one broker connection per Client").
+
+One stack (coordinator, broker, offset store, private Redis). This process makes one Client,
+``--consumers`` group consumers on it (each in a group of its own, so each reads the whole
+topic and no rebalance mixes in) and a producer, produces ``--records`` records, and waits until
+every consumer has them all. It reports:
+
+* the broker's ``sluice_broker_wire_connections`` and this process's sockets to the broker's
+  wire port, with everyone open (expected: 1 each);
+* the seconds to create the consumers and to deliver every record to every consumer;
+* the latency of one more record to the last of the consumers;
+* this process's RSS and threads, and the broker's RSS;
+* the CPU this process and the broker use over ``--idle-seconds`` with nothing produced.
+
+Run it on the code before shared connections to compare (one connection per consumer there).
+Results go to ``bench/results/shared_connection.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+
+from _stack import cpu_seconds, rss_mb, save, stack
+from sluice import Client
+
+
+def main() -> None:
+    from tests.wire_client import sockets_to, wire_connections  # on the path once _stack is imported
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--consumers", type=int, default=1000)
+    parser.add_argument("--records", type=int, default=20)
+    parser.add_argument(
+        "--session-timeout",
+        default="5m",
+        help="the consumers' session_timeout (1,000 members in one process are slow to heartbeat)",
+    )
+    parser.add_argument(
+        "--fetch-max-wait",
+        default="500ms",
+        help="the consumers' fetch_max_wait (an idle follow answers this often)",
+    )
+    parser.add_argument(
+        "--idle-seconds", type=float, default=10.0, help="how long to measure CPU with nothing produced"
+    )
+    args = parser.parse_args()
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: where every thread is
+    results: dict[str, object] = {"consumers": args.consumers, "records": args.records}
+    with stack(push=True) as s, Client(s.bootstrap, request_timeout=60) as client:
+        topic = f"shared-{uuid.uuid4().hex[:8]}"
+        client.admin.create_topic(topic, partitions=2)
+        (broker,) = client.metadata(refresh=True).brokers.values()
+        assert broker.wire_address is not None
+        wire_port = int(broker.wire_address.rsplit(":", 1)[1])
+        started = time.perf_counter()
+        consumers = []
+        for i in range(args.consumers):
+            consumers.append(
+                client.consumer(
+                    f"g{i}-{topic}",
+                    [topic],
+                    auto_offset_reset="earliest",
+                    session_timeout=args.session_timeout,
+                    fetch_max_wait=args.fetch_max_wait,
+                )
+            )
+            if (i + 1) % 100 == 0:
+                print(f"{i + 1} consumers after {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        results["create_s"] = round(time.perf_counter() - started, 2)
+        # Every consumer has joined and follows its partitions: count the connections now.
+        results["broker_wire_connections_after_create"] = wire_connections(s.broker.metrics, "broker")
+        results["client_sockets_after_create"] = sockets_to(wire_port)
+        print(f"after create: {results}", file=sys.stderr)
+        with client.producer(topic, linger="5ms") as producer:
+            for f in [producer.send(b"r%d" % i, partition=i % 2) for i in range(args.records)]:
+                f.result(timeout=60)
+            started = time.perf_counter()
+            missing = 0
+            for done, c in enumerate(consumers, 1):
+                got = 0
+                deadline = time.monotonic() + 120
+                while got < args.records and time.monotonic() < deadline:
+                    got += len(c.poll(timeout=1.0))
+                missing += args.records - got
+                if done % 100 == 0:
+                    print(
+                        f"{done} consumers have their records, {time.perf_counter() - started:.1f} s",
+                        file=sys.stderr,
+                    )
+            results["deliver_all_s"] = round(time.perf_counter() - started, 2)
+            results["records_missing"] = missing
+            results["broker_wire_connections"] = wire_connections(s.broker.metrics, "broker")
+            results["client_sockets_to_broker_wire_port"] = sockets_to(wire_port)
+            results["client_rss_mb"] = round(rss_mb_self(), 1)
+            results["client_threads"] = threading.active_count()
+            results["broker_rss_mb"] = round(rss_mb(s.broker.process.pid), 1)
+            # Idle: every consumer's follow answers empty each fetch_max_wait; heartbeats go on.
+            client_cpu, broker_cpu = sum(os.times()[:2]), cpu_seconds(s.broker.process.pid)
+            time.sleep(args.idle_seconds)
+            results["idle_client_cpu_pct"] = round(
+                (sum(os.times()[:2]) - client_cpu) / args.idle_seconds * 100, 1
+            )
+            results["idle_broker_cpu_pct"] = round(
+                (cpu_seconds(s.broker.process.pid) - broker_cpu) / args.idle_seconds * 100, 1
+            )
+            sent = time.perf_counter()
+            producer.send(b"late", partition=0).result(timeout=60)
+            results["late_ack_ms"] = round((time.perf_counter() - sent) * 1000, 1)
+            for c in consumers:
+                deadline = time.monotonic() + 60
+                while not c.poll(timeout=1.0) and time.monotonic() < deadline:
+                    pass
+            results["late_record_to_all_s"] = round(time.perf_counter() - sent, 2)
+        for c in consumers:
+            c.close()
+    save("shared_connection", results)
+
+
+def rss_mb_self() -> float:
+    return rss_mb(os.getpid())
+
+
+if __name__ == "__main__":
+    main()
