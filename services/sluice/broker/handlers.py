@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice.broker.fetch import PartitionRead, PartitionSpec
+from sluice.broker.fetch import PartitionRead, PartitionSpec, TopicPartitionKey
 from sluice.broker.follow import ContinuousFetch
 from sluice.broker.requests import FetchOutcome, FetchParams, FollowFrom, ProduceItem, ProduceResult
 from sluice.broker.service import BrokerService
@@ -46,7 +46,7 @@ def fetch_params_from_proto(req: broker_pb2.FetchRequest) -> FetchParams:
     )
 
 
-def _partition_response(part: PartitionRead) -> broker_pb2.FetchPartitionResponse:
+def _partition_response(part: PartitionRead, records: bool = True) -> broker_pb2.FetchPartitionResponse:
     return broker_pb2.FetchPartitionResponse(
         topic=part.spec.topic,
         partition=part.spec.partition,
@@ -54,7 +54,7 @@ def _partition_response(part: PartitionRead) -> broker_pb2.FetchPartitionRespons
         high_watermark=part.high_watermark,
         log_start_offset=part.log_start_offset,
         next_offset=part.position,
-        records=part.records,
+        records=part.records if records else b"",
     )
 
 
@@ -65,6 +65,58 @@ def fetch_response_to_proto(outcome: FetchOutcome, request_id: int) -> broker_pb
         partitions=[_partition_response(p) for p in outcome.partitions],
         request_id=request_id,
     )
+
+
+class FollowAnswers:
+    """Encodes the answers of one followed fetch.
+
+    A follow's rounds after the first carry only the partitions with something new
+    (``FetchOutcome.delta``), but the wire protocol's answer names every followed partition, as
+    it always has (the dispatcher's feeds and the SDK read each answer whole). So this keeps
+    each partition's encoded entry, without records, in answer order, re-encodes only the
+    partitions an outcome carries, and joins the rest as they were: an idle round is one join
+    of cached bytes. (Protobuf parses concatenated encodings of a message as one message, so
+    an answer is the header's encoding followed by one encoding per partition.)
+    """
+
+    def __init__(self, request_id: int) -> None:
+        self._request_id = request_id
+        self._header = broker_pb2.FetchResponse(request_id=request_id).SerializeToString()
+        #: Each partition's entry as the next answer must carry it, unless the outcome has news.
+        self._entries: dict[TopicPartitionKey, bytes] = {}
+        #: Partitions last sent with records: their entry without records is made when needed.
+        self._stale: dict[TopicPartitionKey, PartitionRead] = {}
+
+    def encode(self, outcome: FetchOutcome) -> bytes:
+        if outcome.error is not None or not outcome.delta:
+            self._entries = dict.fromkeys((part.key for part in outcome.partitions), b"")
+            self._stale = {part.key: part for part in outcome.partitions}
+            return fetch_response_to_proto(outcome, self._request_id).SerializeToString()
+        entries = self._entries
+        stale, self._stale = self._stale, {}
+        with_records: list[PartitionRead] = []
+        for part in outcome.partitions:
+            stale.pop(part.key, None)
+            if part.batches:
+                self._stale[part.key] = part
+                with_records.append(part)
+            else:
+                entries[part.key] = _entry(part)
+        for key, part in stale.items():
+            entries[key] = _entry(part, records=False)
+        if not with_records:
+            return self._header + b"".join(entries.values())
+        if len(with_records) == len(entries):  # every partition has records: encode as one
+            return fetch_response_to_proto(outcome, self._request_id).SerializeToString()
+        sent = dict(entries)
+        for part in with_records:
+            sent[part.key] = _entry(part)
+        return self._header + b"".join(sent.values())
+
+
+def _entry(part: PartitionRead, records: bool = True) -> bytes:
+    """One partition's entry of a FetchResponse, encoded (field tag and length included)."""
+    return broker_pb2.FetchResponse(partitions=[_partition_response(part, records)]).SerializeToString()
 
 
 def produce_items(request: broker_pb2.ProduceRequest) -> list[ProduceItem]:
@@ -159,9 +211,10 @@ class RequestHandlers:
         """Follow a continuous fetch; each round is one serialized answer to ``send``, counted
         as one Fetch, as each answer of a served fetch is."""
         record = self.fetch_metrics.record
+        answers = FollowAnswers(request_id)
 
         def deliver(outcome: FetchOutcome, started: float) -> None:
             record("OK" if outcome.error is None else outcome.error.code_name, started)
-            send(fetch_response_to_proto(outcome, request_id).SerializeToString())
+            send(answers.encode(outcome))
 
         return self.service.follow(plan, ctx, deliver, writable)
