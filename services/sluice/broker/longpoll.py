@@ -141,8 +141,12 @@ class StandingWatch:
         self._waiters.remove(self, keys)
 
     def close(self) -> None:
-        """The session or follow is over. Idempotent."""
+        """The session or follow is over. Idempotent. A read still parked on it (a request of a
+        session replaced or evicted meanwhile) answers now with what it has: nothing would wake
+        it any more, not even the broker's shutdown."""
         self._waiters.unwatch(self)
+        for parked in tuple(self._parked):
+            parked.wake(None)
 
     def attach(self, parked: ParkedRead) -> None:
         if parked not in self._parked:

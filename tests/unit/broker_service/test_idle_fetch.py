@@ -45,13 +45,13 @@ def _descriptors() -> Iterator[None]:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-async def _service(data: Path) -> BrokerService:
+async def _service(data: Path, partitions: int = PARTITIONS) -> BrokerService:
     config = BrokerConfig(data_dir=data, flush="never")
     logs = LogManager(data, config.log_defaults())
     logs.open_all()
     service = BrokerService(config, logs)
     await service.start()
-    assigned = tuple(PartitionAssignment("t", "id-t", p) for p in range(PARTITIONS))
+    assigned = tuple(PartitionAssignment("t", "id-t", p) for p in range(partitions))
     await service.update_partitions(AssignmentUpdate(0, False, assigned))
     return service
 
@@ -157,6 +157,30 @@ def test_an_idle_follow_round_touches_no_partition_yet_answers_them_all(tmp_path
         assert service.partitions_routed == before[0] + 1
         follow.stop()
         assert len(service.waiters) == 0
+        await service.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_fetch_parked_on_a_session_that_is_replaced_answers_at_once(tmp_path: Path) -> None:
+    """Nothing wakes a read parked on a dropped session's watch any more (not even shutdown), so
+    dropping the session answers it."""
+
+    async def scenario() -> None:
+        service = await _service(tmp_path, partitions=2)
+        spec = PartitionSpec("t", 0, 0, 0)
+        opened = await service.fetch(FetchParams(0, 1, 0, [spec], session_id=0, session_epoch=0))
+        session = opened.session_id
+        parked = asyncio.create_task(
+            service.fetch(FetchParams(10_000, 1, 0, [], session_id=session, session_epoch=1))
+        )
+        await asyncio.sleep(0.05)
+        assert not parked.done()
+        # The client opens a new session in place of that one.
+        await service.fetch(FetchParams(0, 1, 0, [spec], session_id=session, session_epoch=0))
+        outcome = await asyncio.wait_for(parked, 5)
+        assert outcome.partitions == []
+        assert len(service.waiters) == 1, "only the new session's watch is left"
         await service.stop()
 
     asyncio.run(scenario())
