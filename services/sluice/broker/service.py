@@ -130,11 +130,10 @@ class BrokerService(ReadSteps):
             config.flush_policy, config.flush_interval.total_seconds(), self.metrics.fsync_round
         )
         self.sessions = FetchSessionCache(
-            config.max_fetch_sessions,
-            int(config.fetch_session_idle.total_seconds() * 1000),
-            on_drop=lambda session: self._session_watches.dropped(session.id),
+            config.max_fetch_sessions, int(config.fetch_session_idle.total_seconds() * 1000)
         )
         self._session_watches = SessionWatches(self.waiters)
+        self.sessions.on_drop = lambda session: self._session_watches.dropped(session.id)
         self.registry = PartitionRegistry(
             logs, config.log_defaults(), config.data_dir, self._on_serve, self._on_unserve
         )

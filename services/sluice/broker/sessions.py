@@ -211,7 +211,6 @@ class FetchSessionCache:
         idle_timeout_ms: int = 120_000,
         new_id: Callable[[], int] = _random_id,
         min_evict_ms: int = 10_000,
-        on_drop: Callable[[FetchSession], None] | None = None,
     ) -> None:
         self.max_sessions = max_sessions
         self.idle_timeout_ms = idle_timeout_ms
@@ -220,8 +219,8 @@ class FetchSessionCache:
         self._new_id = new_id
         self._sessions: OrderedDict[int, FetchSession] = OrderedDict()
         self.evictions = 0
-        #: Told of every session that ends (closed, replaced, evicted, expired).
-        self._on_drop = on_drop
+        #: Told of every session that ends (closed, replaced, evicted, expired); set by the owner.
+        self.on_drop: Callable[[FetchSession], None] | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -319,8 +318,8 @@ class FetchSessionCache:
 
     def _drop(self, session_id: int) -> None:
         session = self._sessions.pop(session_id, None)
-        if session is not None and self._on_drop is not None:
-            self._on_drop(session)
+        if session is not None and self.on_drop is not None:
+            self.on_drop(session)
 
     def _expire(self, now_ms: int) -> None:
         limit = now_ms - self.idle_timeout_ms
