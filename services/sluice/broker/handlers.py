@@ -75,48 +75,53 @@ class FollowAnswers:
     it always has (the dispatcher's feeds and the SDK read each answer whole). So this keeps
     each partition's encoded entry, without records, in answer order, re-encodes only the
     partitions an outcome carries, and joins the rest as they were: an idle round is one join
-    of cached bytes. (Protobuf parses concatenated encodings of a message as one message, so
-    an answer is the header's encoding followed by one encoding per partition.)
+    of cached bytes. Protobuf parses concatenated encodings as one message (fields in any
+    order), so an answer is its header's encoding followed by one entry per partition, and an
+    entry with records is its entry without records with the records field appended.
     """
 
     def __init__(self, request_id: int) -> None:
         self._request_id = request_id
         self._header = broker_pb2.FetchResponse(request_id=request_id).SerializeToString()
-        #: Each partition's entry as the next answer must carry it, unless the outcome has news.
+        #: Each partition's entry (without records) as the next answer carries it unless an
+        #: outcome has news for it; in answer order.
         self._entries: dict[TopicPartitionKey, bytes] = {}
-        #: Partitions last sent with records: their entry without records is made when needed.
-        self._stale: dict[TopicPartitionKey, PartitionRead] = {}
 
     def encode(self, outcome: FetchOutcome) -> bytes:
-        if outcome.error is not None or not outcome.delta:
-            self._entries = dict.fromkeys((part.key for part in outcome.partitions), b"")
-            self._stale = {part.key: part for part in outcome.partitions}
+        if outcome.error is not None:
             return fetch_response_to_proto(outcome, self._request_id).SerializeToString()
+        if not outcome.delta:
+            self._entries = {}
         entries = self._entries
-        stale, self._stale = self._stale, {}
-        with_records: list[PartitionRead] = []
+        with_records: dict[TopicPartitionKey, bytes] = {}
         for part in outcome.partitions:
-            stale.pop(part.key, None)
+            body = _partition_response(part, records=False).SerializeToString()
+            entries[part.key] = _field(_PARTITIONS_FIELD, body)
             if part.batches:
-                self._stale[part.key] = part
-                with_records.append(part)
-            else:
-                entries[part.key] = _entry(part)
-        for key, part in stale.items():
-            entries[key] = _entry(part, records=False)
+                records = _field(_RECORDS_FIELD, part.records)
+                with_records[part.key] = _field(_PARTITIONS_FIELD, body + records)
         if not with_records:
             return self._header + b"".join(entries.values())
-        if len(with_records) == len(entries):  # every partition has records: encode as one
-            return fetch_response_to_proto(outcome, self._request_id).SerializeToString()
-        sent = dict(entries)
-        for part in with_records:
-            sent[part.key] = _entry(part)
+        sent = entries | with_records  # answer order kept: every key is in entries already
         return self._header + b"".join(sent.values())
 
 
-def _entry(part: PartitionRead, records: bool = True) -> bytes:
-    """One partition's entry of a FetchResponse, encoded (field tag and length included)."""
-    return broker_pb2.FetchResponse(partitions=[_partition_response(part, records)]).SerializeToString()
+_PARTITIONS_FIELD = broker_pb2.FetchResponse.DESCRIPTOR.fields_by_name["partitions"].number
+_RECORDS_FIELD = broker_pb2.FetchPartitionResponse.DESCRIPTOR.fields_by_name["records"].number
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field: its key, the payload's length, the payload."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def produce_items(request: broker_pb2.ProduceRequest) -> list[ProduceItem]:
