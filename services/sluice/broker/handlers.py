@@ -98,8 +98,7 @@ class FollowAnswers:
             body = _partition_response(part, records=False).SerializeToString()
             entries[part.key] = _field(_PARTITIONS_FIELD, body)
             if part.batches:
-                records = _field(_RECORDS_FIELD, part.records)
-                with_records[part.key] = _field(_PARTITIONS_FIELD, body + records)
+                with_records[part.key] = _entry_with_records(body, part.batches)
         if not with_records:
             return self._header + b"".join(entries.values())
         sent = entries | with_records  # answer order kept: every key is in entries already
@@ -108,6 +107,15 @@ class FollowAnswers:
 
 _PARTITIONS_FIELD = broker_pb2.FetchResponse.DESCRIPTOR.fields_by_name["partitions"].number
 _RECORDS_FIELD = broker_pb2.FetchPartitionResponse.DESCRIPTOR.fields_by_name["records"].number
+
+
+def _entry_with_records(body: bytes, batches: list[bytes]) -> bytes:
+    """A partition's entry: its body without records, then the records field, built with one
+    copy of the batches (they are most of the answer's bytes while a backlog drains)."""
+    size = sum(len(batch) for batch in batches)
+    records_key = _varint(_RECORDS_FIELD << 3 | 2) + _varint(size)
+    length = len(body) + len(records_key) + size
+    return b"".join([_varint(_PARTITIONS_FIELD << 3 | 2), _varint(length), body, records_key, *batches])
 
 
 def _field(number: int, payload: bytes) -> bytes:

@@ -19,8 +19,8 @@ import pytest
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment
 from sluice.broker.config import BrokerConfig
-from sluice.broker.fetch import PartitionSpec
-from sluice.broker.handlers import RequestHandlers
+from sluice.broker.fetch import PartitionRead, PartitionSpec
+from sluice.broker.handlers import FollowAnswers, RequestHandlers, fetch_response_to_proto
 from sluice.broker.log.manager import LogManager
 from sluice.broker.requests import FetchOutcome, FetchParams, ProduceItem
 from sluice.broker.service import BrokerService
@@ -184,3 +184,25 @@ def test_a_fetch_parked_on_a_session_that_is_replaced_answers_at_once(tmp_path: 
         await service.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_follow_answer_from_cached_entries_equals_the_whole_answer_encoded() -> None:
+    parts = []
+    for partition in range(3):
+        part = PartitionRead(spec=PartitionSpec("t", partition, 5, 0), log=None, position=5)
+        part.high_watermark, part.log_start_offset = 9, 2
+        parts.append(part)
+    answers = FollowAnswers(7)
+
+    def sent(outcome: FetchOutcome) -> broker_pb2.FetchResponse:
+        return broker_pb2.FetchResponse.FromString(answers.encode(outcome))
+
+    def whole() -> broker_pb2.FetchResponse:
+        return fetch_response_to_proto(FetchOutcome(0, parts), 7)
+
+    assert sent(FetchOutcome(0, parts)) == whole()
+    parts[1].batches += [b"a" * 200, b"b" * 300]
+    parts[1].position = 9
+    assert sent(FetchOutcome(0, [parts[1]], delta=True)) == whole()
+    parts[1].batches.clear()  # the next round has no news: partition 1 as last told, no records
+    assert sent(FetchOutcome(0, [], delta=True)) == whole()
