@@ -187,13 +187,28 @@ class FetchRead:
     Caller: the service, which creates it, calls :meth:`read` once, and, while the request is
     parked, again with the partitions an append woke it for.
     Affects: only its own ``PartitionRead`` objects.
+
+    A session's request or a follow's round reads only the partitions that may have something
+    new; ``others`` counts the rest of its partitions (caught up when the read began, so an
+    append could still add to them): the read waits for them, and :meth:`add` brings one in
+    when an append wakes it.
     """
 
-    def __init__(self, parts: list[PartitionRead], limits: FetchLimits, caps: FetchCaps) -> None:
+    def __init__(
+        self, parts: list[PartitionRead], limits: FetchLimits, caps: FetchCaps, others: int = 0
+    ) -> None:
         self.parts = parts
         self.limits = limits
         self.caps = caps
+        self.others = others
         self.total_bytes = 0
+        self.index = {part.key: part for part in parts}
+
+    def add(self, part: PartitionRead) -> None:
+        """One of the ``others`` joins the read (an append woke it)."""
+        self.parts.append(part)
+        self.index[part.key] = part
+        self.others = max(self.others - 1, 0)
 
     @property
     def room(self) -> int:
@@ -201,10 +216,12 @@ class FetchRead:
 
     def read(self, only: Collection[TopicPartitionKey] | None = None) -> None:
         """Read every partition (or those in ``only``) in request order, within the limits."""
-        for part in self.parts:
+        if only is None or len(only) > 1:
+            parts = self.parts if only is None else [p for p in self.parts if p.key in only]
+        else:  # a wake-up: one partition, found without a walk over the others
+            parts = [self.index[key] for key in only if key in self.index]
+        for part in parts:
             if part.error is not None or part.full or part.log is None:
-                continue
-            if only is not None and part.key not in only:
                 continue
             try:
                 if part.tags is None:
@@ -284,11 +301,11 @@ class FetchRead:
 
     def ready(self) -> bool:
         """Whether the request should be answered now rather than parked."""
-        if not self.parts or self.limits.max_wait_ms <= 0:
+        if self.limits.max_wait_ms <= 0 or not (self.parts or self.others):
             return True
         if self.total_bytes >= self.limits.min_bytes or self.room <= 0:
             return True
-        waiting = False
+        waiting = self.others > 0
         for part in self.parts:
             if part.error is not None or part.scan_budget_hit:
                 return True
@@ -311,12 +328,18 @@ def new_read(
     specs: Iterable[tuple[PartitionSpec, ReadableLog | None, SluiceError | None]],
     limits: FetchLimits,
     caps: FetchCaps,
+    others: int = 0,
 ) -> FetchRead:
     """Build the read state from (spec, log or None, routing error or None) triples."""
-    parts = []
-    for spec, log, error in specs:
-        part = prepare_partition(spec, log, caps)
-        if error is not None and part.error is None:
-            part.fail(error)
-        parts.append(part)
-    return FetchRead(parts, limits, caps)
+    parts = [routed_partition(spec, log, error, caps) for spec, log, error in specs]
+    return FetchRead(parts, limits, caps, others)
+
+
+def routed_partition(
+    spec: PartitionSpec, log: ReadableLog | None, error: SluiceError | None, caps: FetchCaps
+) -> PartitionRead:
+    """One partition's read state from its routing (its log, or the routing error)."""
+    part = prepare_partition(spec, log, caps)
+    if error is not None and part.error is None:
+        part.fail(error)
+    return part

@@ -16,7 +16,12 @@ across rounds and does its work in callbacks:
 - back-pressure: a round starts only while the transport takes writes; :meth:`resume` starts
   the next one when it does again;
 - the next round after an immediate answer (a backlog) is started with ``call_soon``, so
-  draining a long backlog shares the event loop with other connections.
+  draining a long backlog shares the event loop with other connections;
+- it keeps a private fetch session (``sessions.FetchSession``) that advances itself, and a
+  standing watch registered once for all its partitions: a round reads only the partitions
+  appended to or not yet caught up, and answers only the partitions with something new
+  (``FetchOutcome.delta``; the adapter sends the others again as they were). So an idle round
+  costs one timer and no work per partition (``docs/fetch.md``, "Idle long-polls").
 
 It ends when its connection sends another fetch or goes away (:meth:`stop`), when an answer
 carries an error (the client decides what next), or when the broker stops. Answers go to the
@@ -26,14 +31,14 @@ transport's ``deliver(outcome, started)`` as domain objects; the adapter encodes
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from sluice.broker.fetch import FetchLimits, FetchRead, PartitionRead, PartitionSpec
-from sluice.broker.longpoll import ParkedRead
+from sluice.broker.fetch import FetchLimits, FetchRead, PartitionRead, PartitionSpec, TopicPartitionKey
+from sluice.broker.longpoll import ParkedRead, StandingWatch
 from sluice.broker.requests import FetchOutcome, FollowFrom
+from sluice.broker.sessions import FetchSession
 from sluice.errors import SluiceError
 from sluice.server.context import RequestContext
 
@@ -47,10 +52,17 @@ class FetchCore(Protocol):
     """The part of the core a follow's rounds use (``BrokerService``)."""
 
     def begin_read(
-        self, specs: Iterable[PartitionSpec], limits: FetchLimits, ctx: RequestContext
+        self, specs: Iterable[PartitionSpec], limits: FetchLimits, ctx: RequestContext, others: int = 0
     ) -> FetchRead: ...
     def finish_read(self, read: FetchRead) -> list[PartitionRead]: ...
-    def parked_read(self, on_ready: Callable[[], None]) -> ParkedRead: ...
+    def parked_read(
+        self,
+        on_ready: Callable[[], None],
+        standing: tuple[StandingWatch, FetchSession, RequestContext] | None = None,
+    ) -> ParkedRead: ...
+    def standing_watch(
+        self, dirty: set[TopicPartitionKey], keys: Iterable[TopicPartitionKey]
+    ) -> StandingWatch: ...
 
 
 class ContinuousFetch:
@@ -65,13 +77,17 @@ class ContinuousFetch:
         writable: Callable[[], bool],
     ) -> None:
         self._core = core
-        self._specs = plan.specs
+        #: Where each partition goes on from, what the follower was told, which to read next.
+        self._session = FetchSession.of(0, plan.specs)
         self._limits = plan.limits
         self._ctx = ctx
         self._deliver = deliver
         self._writable = writable
         self._loop = asyncio.get_running_loop()
-        self._parked = core.parked_read(self._on_ready)
+        self._watch = core.standing_watch(self._session.dirty, self._session.partitions)
+        self._parked = core.parked_read(self._on_ready, (self._watch, self._session, ctx))
+        #: The first round answers every partition; later ones only those with something new.
+        self._answered = False
         #: The parked round, or None between rounds.
         self._read: FetchRead | None = None
         self._started = 0.0
@@ -88,6 +104,7 @@ class ContinuousFetch:
         self._stopped = True
         self._read = None
         self._parked.close()
+        self._watch.close()
 
     def resume(self) -> None:
         """The connection takes writes again: go on if a round was held back for it."""
@@ -101,8 +118,10 @@ class ContinuousFetch:
         if self._stopped or not self._writable():
             return  # resume() goes on when the connection drains
         self._started = time.perf_counter()
+        session = self._session
+        specs = session.dirty_specs()
         try:
-            read = self._core.begin_read(self._specs, self._limits, self._ctx)
+            read = self._core.begin_read(specs, self._limits, self._ctx, len(session.partitions) - len(specs))
         except SluiceError as err:  # the broker is stopping
             self._deliver(FetchOutcome(0, [], err), self._started)
             self.stop()
@@ -123,14 +142,14 @@ class ContinuousFetch:
 
     def _answer(self, read: FetchRead) -> None:
         parts = self._core.finish_read(read)
-        self._deliver(FetchOutcome(0, parts), self._started)
-        if any(part.error is not None for part in parts):
+        delta = self._answered
+        news = self._session.select(parts, incremental=delta)
+        self._session.advance(parts)
+        self._answered = True
+        self._deliver(FetchOutcome(0, news, delta=delta), self._started)
+        if any(part.error is not None for part in news):
             self.stop()
             return
-        self._specs = [
-            dataclasses.replace(spec, fetch_offset=part.position)
-            for spec, part in zip(self._specs, parts, strict=True)
-        ]
         if not self._round_scheduled:
             self._round_scheduled = True
             self._loop.call_soon(self._next_round)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice.broker.fetch import PartitionRead, PartitionSpec
+from sluice.broker.fetch import PartitionRead, PartitionSpec, TopicPartitionKey
 from sluice.broker.follow import ContinuousFetch
 from sluice.broker.requests import FetchOutcome, FetchParams, FollowFrom, ProduceItem, ProduceResult
 from sluice.broker.service import BrokerService
@@ -46,7 +46,7 @@ def fetch_params_from_proto(req: broker_pb2.FetchRequest) -> FetchParams:
     )
 
 
-def _partition_response(part: PartitionRead) -> broker_pb2.FetchPartitionResponse:
+def _partition_response(part: PartitionRead, records: bool = True) -> broker_pb2.FetchPartitionResponse:
     return broker_pb2.FetchPartitionResponse(
         topic=part.spec.topic,
         partition=part.spec.partition,
@@ -54,7 +54,7 @@ def _partition_response(part: PartitionRead) -> broker_pb2.FetchPartitionRespons
         high_watermark=part.high_watermark,
         log_start_offset=part.log_start_offset,
         next_offset=part.position,
-        records=part.records,
+        records=part.records if records else b"",
     )
 
 
@@ -65,6 +65,71 @@ def fetch_response_to_proto(outcome: FetchOutcome, request_id: int) -> broker_pb
         partitions=[_partition_response(p) for p in outcome.partitions],
         request_id=request_id,
     )
+
+
+class FollowAnswers:
+    """Encodes the answers of one followed fetch.
+
+    A follow's rounds after the first carry only the partitions with something new
+    (``FetchOutcome.delta``), but the wire protocol's answer names every followed partition, as
+    it always has (the dispatcher's feeds and the SDK read each answer whole). So this keeps
+    each partition's encoded entry, without records, in answer order, re-encodes only the
+    partitions an outcome carries, and joins the rest as they were: an idle round is one join
+    of cached bytes. Protobuf parses concatenated encodings as one message (fields in any
+    order), so an answer is its header's encoding followed by one entry per partition, and an
+    entry with records is its entry without records with the records field appended.
+    """
+
+    def __init__(self, request_id: int) -> None:
+        self._request_id = request_id
+        self._header = broker_pb2.FetchResponse(request_id=request_id).SerializeToString()
+        #: Each partition's entry (without records) as the next answer carries it unless an
+        #: outcome has news for it; in answer order.
+        self._entries: dict[TopicPartitionKey, bytes] = {}
+
+    def encode(self, outcome: FetchOutcome) -> bytes:
+        if outcome.error is not None:
+            return fetch_response_to_proto(outcome, self._request_id).SerializeToString()
+        if not outcome.delta:
+            self._entries = {}
+        entries = self._entries
+        with_records: dict[TopicPartitionKey, bytes] = {}
+        for part in outcome.partitions:
+            body = _partition_response(part, records=False).SerializeToString()
+            entries[part.key] = _field(_PARTITIONS_FIELD, body)
+            if part.batches:
+                with_records[part.key] = _entry_with_records(body, part.batches)
+        if not with_records:
+            return self._header + b"".join(entries.values())
+        sent = entries | with_records  # answer order kept: every key is in entries already
+        return self._header + b"".join(sent.values())
+
+
+_PARTITIONS_FIELD = broker_pb2.FetchResponse.DESCRIPTOR.fields_by_name["partitions"].number
+_RECORDS_FIELD = broker_pb2.FetchPartitionResponse.DESCRIPTOR.fields_by_name["records"].number
+
+
+def _entry_with_records(body: bytes, batches: list[bytes]) -> bytes:
+    """A partition's entry: its body without records, then the records field, built with one
+    copy of the batches (they are most of the answer's bytes while a backlog drains)."""
+    size = sum(len(batch) for batch in batches)
+    records_key = _varint(_RECORDS_FIELD << 3 | 2) + _varint(size)
+    length = len(body) + len(records_key) + size
+    return b"".join([_varint(_PARTITIONS_FIELD << 3 | 2), _varint(length), body, records_key, *batches])
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field: its key, the payload's length, the payload."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def produce_items(request: broker_pb2.ProduceRequest) -> list[ProduceItem]:
@@ -159,10 +224,11 @@ class RequestHandlers:
         """Follow a continuous fetch; each round is one serialized answer to ``send`` (with
         whether it carries records), counted as one Fetch, as each answer of a served fetch is."""
         record = self.fetch_metrics.record
+        answers = FollowAnswers(request_id)
 
         def deliver(outcome: FetchOutcome, started: float) -> None:
             record("OK" if outcome.error is None else outcome.error.code_name, started)
-            answer = fetch_response_to_proto(outcome, request_id).SerializeToString()
-            send(answer, any(part.records for part in outcome.partitions))
+            # ``batches``, not ``records``: the latter joins them, a copy just to test for any.
+            send(answers.encode(outcome), any(part.batches for part in outcome.partitions))
 
         return self.service.follow(plan, ctx, deliver, writable)

@@ -17,6 +17,12 @@ Its two users are the core's two fetch shapes (``sluice.broker.service``):
   same ``ParkedRead``: its watch registration and timer are kept across rounds, and
   ``on_ready`` answers inside the callback, so a followed record costs no task switch.
 
+A fetch session and a follow each keep one :class:`StandingWatch` for as long as they live:
+registered once for all their partitions, it marks the partitions appended to as dirty and
+wakes the parked read of the moment. Their requests and rounds read only dirty partitions, so
+an idle long-poll costs one timer and an empty answer, whatever the number of partitions
+(``docs/fetch.md``, "Idle long-polls").
+
 Everything here runs on the event loop thread: appends happen there.
 """
 
@@ -27,14 +33,13 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Protocol
 
 from sluice.broker.fetch import FetchRead, TopicPartitionKey
+from sluice.broker.sessions import FetchContext
 
-__all__ = ["AppendWaiters", "ParkedRead", "Watcher"]
+__all__ = ["AppendWaiters", "ParkedRead", "SessionWatches", "StandingWatch", "Watcher"]
 
 
 class Watcher(Protocol):
-    """What :class:`AppendWaiters` wakes (a :class:`ParkedRead`)."""
-
-    keys: tuple[TopicPartitionKey, ...]
+    """What :class:`AppendWaiters` wakes (a :class:`ParkedRead` or a :class:`StandingWatch`)."""
 
     def wake(self, key: TopicPartitionKey | None) -> None:
         """``key`` was appended to (or stopped being served here); None: the broker stops."""
@@ -48,11 +53,16 @@ class Gauge(Protocol):
 
 
 class AppendWaiters:
-    """Partition -> parked reads. Caller: parked reads (watch/unwatch) and append listeners."""
+    """Partition -> watchers. Caller: parked reads and standing watches (watch/unwatch) and
+    append listeners (notify)."""
 
     def __init__(self) -> None:
         self._by_key: dict[TopicPartitionKey, set[Watcher]] = {}
-        self._all: set[Watcher] = set()
+        #: Every watcher and the partitions it watches.
+        self._all: dict[Watcher, set[TopicPartitionKey]] = {}
+        #: Partition registrations made and dropped so far: work that must not happen per idle
+        #: fetch (the smoke test counts it).
+        self.key_changes = 0
 
     def __len__(self) -> int:
         return len(self._all)
@@ -60,20 +70,38 @@ class AppendWaiters:
     def watch(self, waiter: Watcher, keys: Iterable[TopicPartitionKey]) -> None:
         """(Re)register ``waiter`` for exactly ``keys``."""
         self.unwatch(waiter)
-        waiter.keys = tuple(keys)
-        for key in waiter.keys:
-            self._by_key.setdefault(key, set()).add(waiter)
-        self._all.add(waiter)
+        self.add(waiter, keys)
+
+    def add(self, waiter: Watcher, keys: Iterable[TopicPartitionKey]) -> None:
+        """Watch ``keys`` too (registers ``waiter`` if it is new)."""
+        mine = self._all.setdefault(waiter, set())
+        for key in keys:
+            if key not in mine:
+                mine.add(key)
+                self._by_key.setdefault(key, set()).add(waiter)
+                self.key_changes += 1
+
+    def remove(self, waiter: Watcher, keys: Iterable[TopicPartitionKey]) -> None:
+        """Stop watching ``keys`` (``waiter`` stays registered)."""
+        mine = self._all.get(waiter)
+        if mine is None:
+            return
+        for key in keys:
+            if key in mine:
+                mine.discard(key)
+                self._drop(waiter, key)
 
     def unwatch(self, waiter: Watcher) -> None:
-        for key in waiter.keys:
-            waiters = self._by_key.get(key)
-            if waiters is not None:
-                waiters.discard(waiter)
-                if not waiters:
-                    del self._by_key[key]
-        waiter.keys = ()
-        self._all.discard(waiter)
+        for key in self._all.pop(waiter, ()):
+            self._drop(waiter, key)
+
+    def _drop(self, waiter: Watcher, key: TopicPartitionKey) -> None:
+        self.key_changes += 1
+        waiters = self._by_key.get(key)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del self._by_key[key]
 
     def notify(self, key: TopicPartitionKey) -> None:
         """An append (or a serving change) happened on ``key``: wake whoever watches it."""
@@ -83,16 +111,96 @@ class AppendWaiters:
                 waiter.wake(key)
 
     def wake_all(self) -> None:
-        """Wake every parked read (shutdown): each answers with what it has."""
+        """Wake every watcher (shutdown): each parked read answers with what it has."""
         for waiter in tuple(self._all):
             waiter.wake(None)
+
+
+class StandingWatch:
+    """The append watch of a fetch session or a follow, for as long as it lives. Event-loop thread only.
+
+    Registered once for the partitions it covers (then changed only as partitions are added or
+    forgotten), never per request or round. An append marks its partition in ``dirty`` (the
+    owner's set of partitions that may have something new) and wakes the parked reads
+    currently waiting on it. So an idle request or round reads, watches and answers only the
+    dirty partitions, not every partition of the session.
+    """
+
+    __slots__ = ("_parked", "_waiters", "dirty")
+
+    def __init__(self, waiters: AppendWaiters, dirty: set[TopicPartitionKey]) -> None:
+        self._waiters = waiters
+        #: The owner's set, shared (mutated, never replaced).
+        self.dirty = dirty
+        self._parked: list[ParkedRead] = []
+
+    def add(self, keys: Iterable[TopicPartitionKey]) -> None:
+        self._waiters.add(self, keys)
+
+    def remove(self, keys: Iterable[TopicPartitionKey]) -> None:
+        self._waiters.remove(self, keys)
+
+    def close(self) -> None:
+        """The session or follow is over. Idempotent. A read still parked on it (a request of a
+        session replaced or evicted meanwhile) answers now with what it has: nothing would wake
+        it any more, not even the broker's shutdown."""
+        self._waiters.unwatch(self)
+        for parked in tuple(self._parked):
+            parked.wake(None)
+
+    def attach(self, parked: ParkedRead) -> None:
+        if parked not in self._parked:
+            self._parked.append(parked)
+
+    def detach(self, parked: ParkedRead) -> None:
+        if parked in self._parked:
+            self._parked.remove(parked)
+
+    def wake(self, key: TopicPartitionKey | None) -> None:
+        if key is not None:
+            self.dirty.add(key)
+        for parked in tuple(self._parked):
+            parked.wake(key)
+
+
+class SessionWatches:
+    """Each fetch session's standing watch, by session id. Caller: the service."""
+
+    def __init__(self, waiters: AppendWaiters) -> None:
+        self._waiters = waiters
+        self._by_id: dict[int, StandingWatch] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def of(self, context: FetchContext) -> StandingWatch | None:
+        """The request's session's watch, created with the session and kept in step with its
+        partitions (None without a session)."""
+        session = context.session
+        if session is None:
+            return None
+        watch = self._by_id.get(session.id)
+        if watch is None:
+            watch = self._by_id[session.id] = StandingWatch(self._waiters, session.dirty)
+        watch.add(context.added)
+        watch.remove(context.forgotten)
+        return watch
+
+    def dropped(self, session_id: int) -> None:
+        """The session ended (closed, replaced, evicted or expired)."""
+        watch = self._by_id.pop(session_id, None)
+        if watch is not None:
+            watch.close()
 
 
 class ParkedRead:
     """Parks a :class:`FetchRead` until it is ready or its wait is over. Event-loop thread only.
 
     Created by the service (``BrokerService.parked_read``), which supplies the waiters, the
-    re-read (it also fails a partition that stopped being served here) and the gauge.
+    re-read (it also fails a partition that stopped being served here, and adds a partition
+    a standing watch woke it for) and the gauge. Without a ``standing`` watch it watches the
+    partitions its read could still add to, per park (a sessionless long-poll: the request
+    named them all anyway); with one, it waits on that watch and registers nothing itself.
     """
 
     __slots__ = (
@@ -103,6 +211,7 @@ class ParkedRead:
         "_read",
         "_read_again",
         "_released",
+        "_standing",
         "_timer",
         "_waiters",
         "keys",
@@ -114,8 +223,10 @@ class ParkedRead:
         read_again: Callable[[FetchRead, Collection[TopicPartitionKey]], None],
         gauge: Gauge,
         on_ready: Callable[[], None],
+        standing: StandingWatch | None = None,
     ) -> None:
         self._waiters = waiters
+        self._standing = standing
         self._read_again = read_again
         self._gauge = gauge
         self._on_ready = on_ready
@@ -135,7 +246,10 @@ class ParkedRead:
         self._read = read
         self._released = False
         self._gauge.inc()
-        self._watch(read)
+        if self._standing is not None:
+            self._standing.attach(self)
+        else:
+            self._watch(read)
         self._deadline = self._loop.time() + max_wait_ms / 1000
         if self._timer is None:
             self._timer = self._loop.call_at(self._deadline, self._on_timer)
@@ -150,7 +264,11 @@ class ParkedRead:
     def close(self) -> None:
         """Done for good: unwatch and cancel the timer. Idempotent."""
         self.take()
-        self._waiters.unwatch(self)
+        if self._standing is not None:
+            self._standing.detach(self)
+        else:
+            self._waiters.unwatch(self)
+            self.keys = ()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -166,7 +284,8 @@ class ParkedRead:
             if self._released:
                 return  # ready already; the owner takes what has come in by the time it runs
             if not read.ready():
-                self._watch(read)
+                if self._standing is None:
+                    self._watch(read)
                 return
         self._release()
 
@@ -174,6 +293,7 @@ class ParkedRead:
         keys = tuple(read.waiting_keys())
         if keys != self.keys:
             self._waiters.watch(self, keys)
+            self.keys = keys
 
     def _on_timer(self) -> None:
         self._timer = None

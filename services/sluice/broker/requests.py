@@ -79,6 +79,9 @@ class FetchOutcome:
     error: SluiceError | None = None
     #: A continuous fetch whose answer had no error: how to follow it.
     follow: FollowFrom | None = None
+    #: A follow's round that holds only the partitions with something new since the previous
+    #: answer; the others are as that answer said (the adapter sends them again as they were).
+    delta: bool = False
 
 
 @dataclass(frozen=True, slots=True)

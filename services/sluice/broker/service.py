@@ -18,26 +18,22 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
 from sluice.broker.config import BrokerConfig
 from sluice.broker.fetch import (
-    FetchLimits,
     FetchRead,
-    PartitionRead,
-    PartitionSpec,
-    ReadableLog,
     TopicPartitionKey,
-    new_read,
     validate_limits,
 )
 from sluice.broker.flusher import Flusher, FlushPolicy
 from sluice.broker.follow import ContinuousFetch, Deliver
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
-from sluice.broker.longpoll import AppendWaiters, ParkedRead
+from sluice.broker.longpoll import AppendWaiters, ParkedRead, SessionWatches, StandingWatch
 from sluice.broker.metrics import BrokerMetrics, broker_metrics
+from sluice.broker.reading import ReadSteps
 from sluice.broker.requests import (
     CONSUMER_REPLICA_ID,
     FetchOutcome,
@@ -49,7 +45,7 @@ from sluice.broker.requests import (
     ProduceResult,
     check_continuous,
 )
-from sluice.broker.sessions import FetchSessionCache
+from sluice.broker.sessions import FetchSession, FetchSessionCache
 from sluice.errors import (
     BrokerNotAvailable,
     CorruptBatch,
@@ -111,7 +107,7 @@ class _Inflight:
                 self.idle.set()
 
 
-class BrokerService:
+class BrokerService(ReadSteps):
     """One broker's request handling over its partition logs."""
 
     def __init__(
@@ -136,6 +132,8 @@ class BrokerService:
         self.sessions = FetchSessionCache(
             config.max_fetch_sessions, int(config.fetch_session_idle.total_seconds() * 1000)
         )
+        self._session_watches = SessionWatches(self.waiters)
+        self.sessions.on_drop = lambda session: self._session_watches.dropped(session.id)
         self.registry = PartitionRegistry(
             logs, config.log_defaults(), config.data_dir, self._on_serve, self._on_unserve
         )
@@ -318,10 +316,12 @@ class BrokerService:
                 return FetchOutcome(params.session_id, [], err)
             finally:
                 self.metrics.fetch_sessions.set(len(self.sessions))
-            read = self.begin_read(session.specs, limits, ctx)
+            watch = self._session_watches.of(session)
+            read = self.begin_read(session.specs, limits, ctx, session.others)
             if not read.ready():
-                await self._park(read, limits.max_wait_ms)
+                await self._park(read, limits.max_wait_ms, session.session, watch, ctx)
             parts = session.select(self.finish_read(read))
+            session.settle(read.parts)
             follow = None
             if params.continuous and not any(part.error is not None for part in parts):
                 specs = [dataclasses.replace(part.spec, fetch_offset=part.position) for part in parts]
@@ -341,49 +341,33 @@ class BrokerService:
         following.start()
         return following
 
-    def begin_read(
-        self, specs: Iterable[PartitionSpec], limits: FetchLimits, ctx: RequestContext = DEFAULT_CONTEXT
-    ) -> FetchRead:
-        """Route ``specs`` and read what is there now. Raises BrokerNotAvailable when stopping."""
-        self._check_running()
-        read = new_read((self._route(spec, ctx) for spec in specs), limits, self.caps)
-        read.read()
-        return read
+    def parked_read(
+        self,
+        on_ready: Callable[[], None],
+        standing: tuple[StandingWatch, FetchSession, RequestContext] | None = None,
+    ) -> ParkedRead:
+        """The one parked-read mechanism (``longpoll``), for a long-poll or a follow; with
+        ``standing`` (a session's or a follow's watch, its session and the caller), parked on
+        that watch and reading woken partitions into the read (:meth:`read_more`)."""
+        if standing is None:
+            return ParkedRead(self.waiters, self.read_again, self.metrics.fetch_parked, on_ready)
+        watch, session, ctx = standing
+        return ParkedRead(
+            self.waiters,
+            functools.partial(self.read_more, session, ctx),
+            self.metrics.fetch_parked,
+            on_ready,
+            watch,
+        )
 
-    def read_again(self, read: FetchRead, dirty: Collection[TopicPartitionKey]) -> None:
-        """Read the partitions an append (or a serving change) woke a parked read for; a
-        partition no longer served here fails with NOT_LEADER."""
-        served = self.registry.served
-        for part in read.parts:
-            if part.key in dirty and part.error is None and served.get(part.key) is not part.log:
-                part.fail(self.registry.not_served_error(*part.key))
-        read.read(dirty)
-
-    def finish_read(self, read: FetchRead) -> list[PartitionRead]:
-        """The read's partitions, marks refreshed, counted in the fetch metrics."""
-        parts = read.finish()
-        for part in parts:
-            if part.batches:
-                self.metrics.fetched(part.key[0], part.batches)
-        return parts
-
-    def parked_read(self, on_ready: Callable[[], None]) -> ParkedRead:
-        """The one parked-read mechanism (``longpoll``), for a long-poll or a follow."""
-        return ParkedRead(self.waiters, self.read_again, self.metrics.fetch_parked, on_ready)
-
-    def _route(
-        self, spec: PartitionSpec, ctx: RequestContext
-    ) -> tuple[PartitionSpec, ReadableLog | None, SluiceError | None]:
-        try:
-            self._authorize(ctx, Operation.READ, spec.topic)
-        except SluiceError as err:
-            return spec, None, err
-        plog = self.registry.served.get(spec.key)
-        if plog is None:
-            return spec, None, self.registry.not_served_error(spec.topic, spec.partition)
-        return spec, plog, None
-
-    async def _park(self, read: FetchRead, max_wait_ms: int) -> None:
+    async def _park(
+        self,
+        read: FetchRead,
+        max_wait_ms: int,
+        session: FetchSession | None,
+        watch: StandingWatch | None,
+        ctx: RequestContext,
+    ) -> None:
         """Wait for appends on the request's partitions until it is ready or max_wait passes."""
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -391,7 +375,8 @@ class BrokerService:
             if not ready.done():
                 ready.set_result(None)
 
-        parked = self.parked_read(on_ready)
+        standing = None if session is None or watch is None else (watch, session, ctx)
+        parked = self.parked_read(on_ready, standing)
         parked.park(read, max_wait_ms)
         try:
             await ready
@@ -475,9 +460,16 @@ class BrokerService:
             plog = self.logs.get(*key)
             if plog is not None:
                 plog.maybe_roll()
+        starts = {key: plog.log_start_offset for key, plog in self.registry.served.items()}
         deleted = self.logs.apply_retention_all()
         if deleted:
             log.info("retention deleted %s segment(s)", deleted)
+            # A moved log start is news to sessions and follows, which read only partitions
+            # something happened to: tell their watches as an append would.
+            for key, start in starts.items():
+                plog = self.registry.served.get(key)
+                if plog is not None and plog.log_start_offset != start:
+                    self.waiters.notify(key)
 
     def _log_stats(self) -> list[tuple[TopicPartitionKey, int, int, int]]:
         """Per served partition (start, end, size), read from the metrics thread."""

@@ -135,3 +135,25 @@ def test_a_full_cache_evicts_the_idle_or_smaller_session_or_declines() -> None:
     assert ctx.session_id == 103
     assert 100 not in c
     assert c.evictions == 2
+
+
+def test_an_incremental_request_reads_only_the_dirty_partitions_in_fetch_order() -> None:
+    c = cache()
+    a, b, d = spec("a"), spec("b"), spec("d")
+    ctx = c.context(0, 0, [a, b, d], [], now_ms=0)
+    assert ctx.added == [a.key, b.key, d.key]
+    parts = [answer(a, 0), answer(b, 0), answer(d, 0)]
+    ctx.select(parts)
+    ctx.settle(parts)  # every partition caught up and told: nothing left to read
+    idle = c.context(ctx.session_id, 1, [], [], now_ms=1)
+    assert (idle.specs, idle.others) == ([], 3)
+    assert idle.session is not None
+    idle.session.dirty.add(d.key)  # an append, as the session's standing watch marks it
+    changed = c.context(ctx.session_id, 2, [spec("a", offset=0)], [b.key], now_ms=2)
+    assert [s.key for s in changed.specs] == [a.key, d.key]
+    assert (changed.others, changed.forgotten) == (0, [b.key])
+    # A partition that returned records stays dirty until the client sends its new offset.
+    with_records = answer(d, 5, b"xx", position=5)
+    changed.select([with_records])
+    changed.settle([with_records, answer(a, 0)])
+    assert c.context(ctx.session_id, 3, [], [], now_ms=3).specs == [d]
