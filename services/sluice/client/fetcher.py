@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
+from sluice.client.fetch_answer import advance
 from sluice.client.fetch_errors import PartitionErrors
 from sluice.client.fetch_session import FetchSession, PartitionFetchState, SessionRequest
 from sluice.client.fetch_state import (
@@ -52,7 +53,6 @@ from sluice.client.fetch_state import (
     check_limits,
     check_offset,
     check_tp,
-    end_of,
     fetch_request,
     gc_paused,
     place,
@@ -257,8 +257,7 @@ class Fetcher:
 
     # ---- requests -----------------------------------------------------------------------
 
-    # Over the complexity limit when it was set (pyproject.toml): next to split.
-    def _send_fetches(self) -> float | None:  # noqa: C901
+    def _send_fetches(self) -> float | None:
         """Send a Fetch to every idle broker with partitions to fetch.
 
         Returns None when at least one request is in flight (wait on the completion
@@ -267,30 +266,11 @@ class Fetcher:
         now = time.monotonic()
         if self._need_metadata:
             self._refresh_metadata()
-        wanted: dict[str, dict[TopicPartition, PartitionFetchState]] = {}
-        next_at: float | None = None
-        for tp, st in self._parts.items():
-            if st.paused:
-                continue
-            if st.backoff_until > now:
-                next_at = st.backoff_until if next_at is None else min(next_at, st.backoff_until)
-                continue
-            address = self._leaders.get(tp)
-            if address is None:
-                self._need_metadata = True
-                at = now + RETRY_BACKOFF
-                next_at = at if next_at is None else min(next_at, at)
-                continue
-            wanted.setdefault(address, {})[tp] = PartitionFetchState(
-                st.position, self._partition_max_bytes, self._filters.get(tp[0], "")
-            )
+        wanted, next_at = self._wanted_by_broker(now)
         for address, b in self._brokers.items():
             if b.follow is not None and address not in wanted:
                 self._stop_following(b)  # nothing left to fetch there
-        in_flight = False
-        for b in self._brokers.values():
-            if b.in_flight is not None:
-                in_flight = True
+        in_flight = any(b.in_flight is not None for b in self._brokers.values())
         for address, parts in wanted.items():
             broker = self._brokers.get(address)
             if broker is None:
@@ -300,13 +280,36 @@ class Fetcher:
                     self._send(broker, parts)  # a seek, a filter, a partition changed: follow anew
                 continue
             if broker.backoff_until > now:
-                next_at = broker.backoff_until if next_at is None else min(next_at, broker.backoff_until)
+                next_at = _earliest(next_at, broker.backoff_until)
                 continue
             self._send(broker, parts)
             in_flight = True
         if in_flight:
             return None
         return max((next_at if next_at is not None else now + RETRY_BACKOFF) - now, 0.0)
+
+    def _wanted_by_broker(
+        self, now: float
+    ) -> tuple[dict[str, dict[TopicPartition, PartitionFetchState]], float | None]:
+        """The partitions to fetch now, by leader address, and when the earliest of the others
+        (in backoff, or with no known leader) may be fetched."""
+        wanted: dict[str, dict[TopicPartition, PartitionFetchState]] = {}
+        next_at: float | None = None
+        for tp, st in self._parts.items():
+            if st.paused:
+                continue
+            if st.backoff_until > now:
+                next_at = _earliest(next_at, st.backoff_until)
+                continue
+            address = self._leaders.get(tp)
+            if address is None:
+                self._need_metadata = True
+                next_at = _earliest(next_at, now + RETRY_BACKOFF)
+                continue
+            wanted.setdefault(address, {})[tp] = PartitionFetchState(
+                st.position, self._partition_max_bytes, self._filters.get(tp[0], "")
+            )
+        return wanted, next_at
 
     def _send(self, broker: BrokerState, parts: dict[TopicPartition, PartitionFetchState]) -> None:
         address = broker.address
@@ -372,8 +375,7 @@ class Fetcher:
 
     # ---- responses ----------------------------------------------------------------------
 
-    # Over the complexity limit when it was set (pyproject.toml): next to split.
-    def _handle(self, item: tuple[str, SessionRequest, Any, bool], chunks: list[RawChunk]) -> None:  # noqa: C901, PLR0912
+    def _handle(self, item: tuple[str, SessionRequest, Any, bool], chunks: list[RawChunk]) -> None:
         address, req, outcome, followed = item
         broker = self._brokers.get(address)
         if broker is None or broker.in_flight is not req or self._closed:
@@ -383,24 +385,8 @@ class Fetcher:
             # Room for the next answer, which the broker reads meanwhile (an empty one used none).
             followed_lane.grant()
         following = broker.follow
-        try:
-            if isinstance(outcome, SluiceError):
-                raise outcome
-            resp: broker_pb2.FetchResponse = outcome
-            raise_for_proto(resp.error)
-        except (FetchSessionNotFound, InvalidFetchSessionEpoch) as exc:
-            log.debug("fetch session with %s reset: %s", address, exc)
-            self._end_request(broker)
-            return
-        except SluiceError as exc:
-            self._end_request(broker)
-            if not exc.retriable:
-                self._errors.append(exc)
-                return
-            broker.failures += 1
-            broker.backoff_until = time.monotonic() + backoff(broker.failures)
-            self._need_metadata = True
-            log.debug("fetch from %s failed: %s", address, exc)
+        resp = self._accepted(broker, outcome)
+        if resp is None:
             return
         broker.failures = 0
         if following is None:
@@ -408,39 +394,36 @@ class Fetcher:
             broker.session.on_response(req, resp.session_id)
         # Advance positions first, then send the next request, then decode: the broker
         # prepares the next answer while this thread decodes the current one.
-        parts = self._parts
-        ended = False
-        for pr in resp.partitions:
-            tp = (pr.topic, pr.partition)
-            if following is None:
-                sent = req.session.get(tp)
-            else:
-                sent = following.get(tp)
-                if sent is not None:  # the broker reads on from here (it stops after an error)
-                    following[tp] = PartitionFetchState(pr.next_offset, sent.max_bytes, sent.filter)
-            err = error_from_proto(pr.error)
-            ended = ended or err is not None
-            st = parts.get(tp)
-            if sent is None or st is None or st.position != sent.fetch_offset or st.paused:
-                continue  # removed or seeked while the request was in flight
-            if err is not None:
-                if self._partition_errors.handle(tp, st, pr, err):
-                    self._need_metadata = True
-                continue
-            st.failures = 0
-            data = pr.records
-            nxt = pr.next_offset
-            if nxt <= sent.fetch_offset and data:
-                nxt = end_of(data, sent.fetch_offset)
-            st.position = max(st.position, nxt)
-            if data:
-                chunks.append(RawChunk(pr.topic, pr.partition, sent.fetch_offset, data))
+        ended, lost_leader = advance(self._parts, self._partition_errors, req, following, resp, chunks)
+        self._need_metadata = self._need_metadata or lost_leader
         if following is not None:
             if not ended:
                 return  # the broker goes on by itself
             self._end_request(broker)  # it stopped following at this answer
         if not self._closed and broker.backoff_until <= time.monotonic():
             self._send_to(broker)
+
+    def _accepted(self, broker: BrokerState, outcome: Any) -> broker_pb2.FetchResponse | None:
+        """The answer, or None when it failed as a whole (handled here: session reset, backoff)."""
+        try:
+            if isinstance(outcome, SluiceError):
+                raise outcome
+            resp: broker_pb2.FetchResponse = outcome
+            raise_for_proto(resp.error)
+            return resp
+        except (FetchSessionNotFound, InvalidFetchSessionEpoch) as exc:
+            log.debug("fetch session with %s reset: %s", broker.address, exc)
+            self._end_request(broker)
+        except SluiceError as exc:
+            self._end_request(broker)
+            if not exc.retriable:
+                self._errors.append(exc)
+                return None
+            broker.failures += 1
+            broker.backoff_until = time.monotonic() + backoff(broker.failures)
+            self._need_metadata = True
+            log.debug("fetch from %s failed: %s", broker.address, exc)
+        return None
 
     def _end_request(self, broker: BrokerState) -> None:
         """The broker will not answer the request in flight again (an error, or it was answered)."""
@@ -490,3 +473,7 @@ class Fetcher:
         if self._errors:
             err = self._errors.pop(0)
             raise err
+
+
+def _earliest(current: float | None, candidate: float) -> float:
+    return candidate if current is None else min(current, candidate)

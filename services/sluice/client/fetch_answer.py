@@ -1,0 +1,60 @@
+"""What one Fetch answer does to the partitions it names: positions move on, records are collected.
+
+Kept apart from the fetcher's loop (``fetcher.py``) because it is the one place where an answer meets
+the partitions' state, and the rules are subtle: a partition removed, paused or seeked while the
+request travelled ignores its part of the answer; a followed fetch's sent offsets move on with each
+answer, because the broker reads on from there by itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sluice.client.fetch_errors import PartitionErrors
+from sluice.client.fetch_session import PartitionFetchState, SessionRequest
+from sluice.client.fetch_state import PartitionState, RawChunk, TopicPartition, end_of
+from sluice.errors import error_from_proto
+from sluice.v1 import broker_pb2
+
+__all__ = ["advance"]
+
+
+def advance(
+    parts: Mapping[TopicPartition, PartitionState],
+    errors: PartitionErrors,
+    req: SessionRequest,
+    following: dict[TopicPartition, PartitionFetchState] | None,
+    resp: broker_pb2.FetchResponse,
+    chunks: list[RawChunk],
+) -> tuple[bool, bool]:
+    """Moves each answered partition's position on and appends its records to ``chunks``.
+
+    Returns (ended, lost_leader): ended when a partition came back with an error (a followed
+    fetch stops there); lost_leader when a partition's error means the metadata is stale.
+    """
+    ended = lost_leader = False
+    for pr in resp.partitions:
+        tp = (pr.topic, pr.partition)
+        if following is None:
+            sent = req.session.get(tp)
+        else:
+            sent = following.get(tp)
+            if sent is not None:  # the broker reads on from here (it stops after an error)
+                following[tp] = PartitionFetchState(pr.next_offset, sent.max_bytes, sent.filter)
+        err = error_from_proto(pr.error)
+        ended = ended or err is not None
+        st = parts.get(tp)
+        if sent is None or st is None or st.position != sent.fetch_offset or st.paused:
+            continue  # removed or seeked while the request was in flight
+        if err is not None:
+            lost_leader = errors.handle(tp, st, pr, err) or lost_leader
+            continue
+        st.failures = 0
+        data = pr.records
+        nxt = pr.next_offset
+        if nxt <= sent.fetch_offset and data:
+            nxt = end_of(data, sent.fetch_offset)
+        st.position = max(st.position, nxt)
+        if data:
+            chunks.append(RawChunk(pr.topic, pr.partition, sent.fetch_offset, data))
+    return ended, lost_leader
