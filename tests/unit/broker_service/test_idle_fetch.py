@@ -121,7 +121,11 @@ def test_an_idle_follow_round_touches_no_partition_yet_answers_them_all(tmp_path
         assert plan is not None
         assert len(first.partitions) == PARTITIONS
         sent: list[bytes] = []
-        follow = handlers.follow(plan, 5, WIRE_CTX, sent.append, lambda: True)
+
+        def send(answer: bytes, _has_records: bool) -> None:
+            sent.append(answer)
+
+        follow = handlers.follow(plan, 5, WIRE_CTX, send, lambda: True)
 
         async def rounds(count: int, start: int | None = None) -> list[broker_pb2.FetchResponse]:
             """The ``count`` answers from ``start`` (default: the next; a round is at most a
