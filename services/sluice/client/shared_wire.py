@@ -23,7 +23,6 @@ gives.
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import math
 import select
@@ -37,7 +36,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from sluice.client.streams import Callback
-from sluice.client.wire import greet
+from sluice.client.wire import greet, shutdown
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
     LANE,
@@ -143,7 +142,7 @@ class SharedConnection:
             self._closed = True
             link, self._link = self._link, None
         if link is not None:
-            _shutdown(link.sock)
+            shutdown(link.sock)
             self._end(link, BrokerNotAvailable(f"{self._name}: the connection was closed"))
 
     # ---- sending --------------------------------------------------------------------------
@@ -238,7 +237,7 @@ class SharedConnection:
                 link.sock.sendall(part)
         except OSError:
             # The reader sees the connection end too, and fails what waits (this included).
-            _shutdown(link.sock)
+            shutdown(link.sock)
 
     # ---- the reader thread ----------------------------------------------------------------
 
@@ -264,7 +263,7 @@ class SharedConnection:
         except (OSError, DecodeError) as exc:
             error = BrokerNotAvailable(f"{self._name}: {exc}")
         if link.sock is not None:
-            _shutdown(link.sock)
+            shutdown(link.sock)
             link.sock.close()
         self._end(link, error)
 
@@ -465,9 +464,3 @@ class FetchLane:
     def close(self) -> None:
         """End the lane: its waiting requests fail (BrokerNotAvailable), the broker stops it."""
         self._conn.cancel(self, self.lane)
-
-
-def _shutdown(sock: socket.socket | None) -> None:
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)

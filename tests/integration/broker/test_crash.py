@@ -9,11 +9,11 @@ from pathlib import Path
 
 import grpc
 
-from sluice.client.wire import WireConnection
 from sluice.codec.batch import decode_records
 from sluice.common.wire import FrameType
 from sluice.v1 import broker_pb2 as pb
 from sluice.v1 import common_pb2
+from tests.wire_v1_client import WireConnection
 
 from .conftest import make_batch, running_broker, start_broker, vals
 

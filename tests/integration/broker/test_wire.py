@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.client.wire import WireConnection
 from sluice.common.wire import HEADER, FrameType, frame
 from sluice.errors import BrokerNotAvailable, SluiceError
 from sluice.v1 import broker_pb2 as pb
 from sluice.v1 import common_pb2, wire_pb2
 from tests.wire_client import RawWire
+from tests.wire_v1_client import WireConnection
 
 from .conftest import Broker, make_batch, part, records, rpc_error, running_broker, start_broker, vals
 

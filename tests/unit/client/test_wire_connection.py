@@ -15,11 +15,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from sluice.client.wire import WireConnection
 from sluice.common.wire import FrameReader, FrameType, frame
 from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, Unauthenticated
 from sluice.v1 import broker_pb2 as pb
 from sluice.v1 import common_pb2, wire_pb2
+from tests.wire_v1_client import WireConnection
 
 
 class Peer:
