@@ -180,11 +180,17 @@ class AssignmentJournal:
         if self._fd is None:
             raise RuntimeError("the assignment journal is not open: call compact() first")
         frame = encode_frame({"serve": sorted(serve), "unserve": sorted(unserve)})
-        written = os.write(self._fd, frame)
-        if written != len(frame):
-            # A short write leaves a torn frame; the next recovery cuts it. Say so now.
-            raise OSError(f"short write to {self.journal_path}: {written} of {len(frame)} bytes")
-        os.fdatasync(self._fd)
+        try:
+            written = os.write(self._fd, frame)
+            if written != len(frame):
+                raise OSError(f"short write to {self.journal_path}: {written} of {len(frame)} bytes")
+            os.fdatasync(self._fd)
+        except OSError:
+            # Cut back to the last whole frame: a torn frame left in place would make recovery stop
+            # there and drop every later change, though each of those was fsynced whole.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self.journal_bytes)
+            raise
         self.journal_bytes += len(frame)
         self.appended += 1
 

@@ -3,6 +3,7 @@ the partitions an update names, not the partitions the broker holds."""
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from pathlib import Path
@@ -229,3 +230,28 @@ def test_applying_one_change_touches_only_that_partition(tmp_path: Path, existin
     assert reg.logs.scans == scans
     reg.logs.close()
     shutil.rmtree(tmp_path / "data")
+
+
+def test_a_failed_append_leaves_no_torn_frame_before_later_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append whose write reached the file but whose fsync failed (EIO) leaves nothing behind: a
+    change the broker answered as failed is not replayed, and a torn frame cannot hide later changes."""
+    journal = AssignmentJournal(tmp_path, min_compact_bytes=1 << 30)
+    journal.compact(set())
+    journal.append({("a", 0)}, set())
+    before = (tmp_path / JOURNAL_FILE).stat().st_size
+
+    def failing_sync(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing_sync)
+    with pytest.raises(OSError, match="Input/output"):
+        journal.append({("b", 0)}, set())
+    monkeypatch.undo()
+    assert (tmp_path / JOURNAL_FILE).stat().st_size == before
+    journal.append({("c", 0)}, set())
+    journal.close()
+    found = AssignmentJournal(tmp_path).recover()
+    assert found.served == {("a", 0), ("c", 0)}
+    assert not found.corruption
