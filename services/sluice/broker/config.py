@@ -119,8 +119,10 @@ class BrokerConfig:
             raise InvalidArgument("max_wait, max_fetch_bytes and filter_scan_bytes must be positive")
         if self.max_fetch_sessions < 0:
             raise InvalidArgument("max_fetch_sessions must be >= 0")
-        if self.segment_read_handles < 1 or self.descriptor_reserve < 0:
-            raise InvalidArgument("segment_read_handles must be >= 1 and descriptor_reserve >= 0")
+        if self.segment_read_handles < 1:
+            raise InvalidArgument(f"segment_read_handles must be >= 1, got {self.segment_read_handles}")
+        if self.descriptor_reserve < 0:
+            raise InvalidArgument(f"descriptor_reserve must be >= 0, got {self.descriptor_reserve}")
         self.log_defaults()  # validates the log settings
 
     @property
