@@ -330,3 +330,14 @@ class UnknownProducerId(SluiceError):
 
     code = common_pb2.UNKNOWN_PRODUCER_ID
     grpc_status = "FAILED_PRECONDITION"
+
+
+# ---- Replication -------------------------------------------------------------------
+
+
+class NotEnoughReplicas(SluiceError):
+    """Fewer replicas than required hold the write; it may not survive a failover. Retry."""
+
+    code = common_pb2.NOT_ENOUGH_REPLICAS
+    retriable = True
+    grpc_status = "UNAVAILABLE"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from sluice.common.redis_client import validate_url as validate_redis_url
 from sluice.coordinator.cluster.model import Endpoint
 from sluice.coordinator.cluster.state import ClusterSettings
 from sluice.coordinator.election import validate_election
@@ -153,8 +154,7 @@ class CoordinatorConfig:
                 f"--redis-url (or {ENV_PREFIX}REDIS_URL) is required: "
                 "the coordinator keeps its metadata in Redis"
             )
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise InvalidArgument(f"--redis-url {self.redis_url!r}: expected redis://, rediss:// or unix://")
+        validate_redis_url(self.redis_url)
         for name in ("port", "metrics_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:

@@ -81,6 +81,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """The broker holds no state for the producer id (expired or evicted) and the batch does not start
     a sequence: the producer must start again from sequence 0 with a new epoch.
     """
+    NOT_ENOUGH_REPLICAS: _ErrorCode.ValueType  # 73
+    """Replication. Fewer replicas than required hold the write (Redis replicas under the offset store's
+    WAIT guard; later: the in-sync set of a partition under acks=all). Retriable.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -144,6 +148,10 @@ INVALID_PRODUCER_EPOCH: ErrorCode.ValueType  # 71
 UNKNOWN_PRODUCER_ID: ErrorCode.ValueType  # 72
 """The broker holds no state for the producer id (expired or evicted) and the batch does not start
 a sequence: the producer must start again from sequence 0 with a new epoch.
+"""
+NOT_ENOUGH_REPLICAS: ErrorCode.ValueType  # 73
+"""Replication. Fewer replicas than required hold the write (Redis replicas under the offset store's
+WAIT guard; later: the in-sync set of a partition under acks=all). Retriable.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
