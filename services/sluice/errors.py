@@ -341,3 +341,14 @@ class NotEnoughReplicas(SluiceError):
     code = common_pb2.NOT_ENOUGH_REPLICAS
     retriable = True
     grpc_status = "UNAVAILABLE"
+
+
+# ---- Limits ------------------------------------------------------------------------------
+
+
+class Throttled(SluiceError):
+    """A rate limit refused the request; the message names the limit and the wait before a retry."""
+
+    code = common_pb2.THROTTLED
+    retriable = True
+    grpc_status = "RESOURCE_EXHAUSTED"

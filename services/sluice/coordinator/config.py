@@ -11,6 +11,7 @@ from sluice.coordinator.cluster.state import ClusterSettings
 from sluice.coordinator.election import validate_election
 from sluice.coordinator.group_metrics import DEFAULT_MAX_GROUPS, GroupMetricsPolicy
 from sluice.coordinator.groups.model import GroupSettings
+from sluice.coordinator.producer_ids import DEFAULT_PER_MINUTE
 from sluice.errors import InvalidArgument
 
 ENV_PREFIX = "SLUICE_COORDINATOR_"
@@ -50,6 +51,13 @@ class CoordinatorConfig:
     dispatcher_heartbeat_interval: timedelta = field(
         default=timedelta(seconds=2),
         metadata={"help": "how often dispatchers are told to re-register (their heartbeat)"},
+    )
+    producer_ids_per_minute: int = field(
+        default=DEFAULT_PER_MINUTE,
+        metadata={
+            "help": "new idempotent producer ids one client id may take a minute (bursts up to this many); "
+            "more are refused with THROTTLED (KIP-936: each id is state on every partition it writes)"
+        },
     )
     broker_update_timeout: timedelta = field(
         default=timedelta(seconds=2),

@@ -85,6 +85,8 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """Replication. Fewer replicas than required hold the write (Redis replicas under the offset store's
     WAIT guard; later: the in-sync set of a partition under acks=all). Retriable.
     """
+    THROTTLED: _ErrorCode.ValueType  # 74
+    """A rate limit: the message says what was limited and how long to wait. Retriable after that wait."""
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -153,6 +155,8 @@ NOT_ENOUGH_REPLICAS: ErrorCode.ValueType  # 73
 """Replication. Fewer replicas than required hold the write (Redis replicas under the offset store's
 WAIT guard; later: the in-sync set of a partition under acks=all). Retriable.
 """
+THROTTLED: ErrorCode.ValueType  # 74
+"""A rate limit: the message says what was limited and how long to wait. Retriable after that wait."""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final
