@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ROOT / "services"
 READY = re.compile(r"SLUICE_READY service=(\S+) address=(\S+) metrics=(\S+)")
@@ -86,12 +88,18 @@ class RedisServer:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(10)
 
+    extra: tuple[str, ...] = ()
+
     def restart(self) -> None:
-        self.process = _start_redis(self.port, self.dir, self.appendonly, self.appendfsync)
+        self.process = _start_redis(self.port, self.dir, self.appendonly, self.appendfsync, self.extra)
 
 
 def _start_redis(
-    port: int, directory: Path, appendonly: bool, appendfsync: str = "always"
+    port: int,
+    directory: Path,
+    appendonly: bool,
+    appendfsync: str = "always",
+    extra: tuple[str, ...] = (),
 ) -> subprocess.Popen[bytes]:
     exe = shutil.which("redis-server")
     if exe is None:
@@ -114,6 +122,7 @@ def _start_redis(
         "no",
         "--logfile",
         str(directory / "redis.log"),
+        *extra,
     ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
@@ -145,6 +154,88 @@ def run_redis(appendonly: bool = True, appendfsync: str = "always") -> Iterator[
                     server.process.wait(10)
                 except subprocess.TimeoutExpired:
                     server.process.kill()
+
+
+@dataclass
+class SentinelSet:
+    """A Redis primary, one replica and one Sentinel watching them, all private (``run_redis_sentinel``)."""
+
+    primary: RedisServer
+    replica: RedisServer
+    sentinel_port: int
+    sentinel: subprocess.Popen[bytes]
+    service_name: str = "sluice"
+
+    @property
+    def url(self) -> str:
+        """The address a Sluice service follows the primary by (common/redis_client.py)."""
+        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{self.service_name}/0"
+
+    def primary_port(self) -> int:
+        """Where the Sentinel says the primary is now."""
+        with redis.Redis(port=self.sentinel_port, socket_timeout=2) as s:
+            _host, port = s.sentinel_get_master_addr_by_name(self.service_name)
+        return int(port)
+
+
+def _wait_for_replica(sentinel_port: int, service_name: str, timeout: float = 20) -> None:
+    """Until the Sentinel knows the replica: it can only fail over to a replica it has discovered."""
+    deadline = time.monotonic() + timeout
+    with redis.Redis(port=sentinel_port, socket_timeout=2) as s:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError):
+                replicas = s.sentinel_slaves(service_name)
+                if replicas and not any(r.get("is_sdown") or r.get("is_disconnected") for r in replicas):
+                    return
+            time.sleep(0.1)
+    raise RuntimeError("the Sentinel did not discover the replica")
+
+
+@contextlib.contextmanager
+def run_redis_sentinel(down_after_ms: int = 500) -> Iterator[SentinelSet]:
+    """A primary with a replica and a Sentinel (quorum 1) that fails over ``down_after_ms`` after the
+    primary stops answering; every process on loopback, in private directories."""
+    with tempfile.TemporaryDirectory(prefix="sluice-sentinel-") as d:
+        root = Path(d)
+        dirs = [root / name for name in ("primary", "replica", "sentinel")]
+        for directory in dirs:
+            directory.mkdir()
+        primary_port, replica_port, sentinel_port = free_port(), free_port(), free_port()
+        primary = RedisServer(primary_port, dirs[0], _start_redis(primary_port, dirs[0], True), True)
+        replica_extra = ("--replicaof", "127.0.0.1", str(primary_port))
+        replica = RedisServer(
+            replica_port,
+            dirs[1],
+            _start_redis(replica_port, dirs[1], True, extra=replica_extra),
+            True,
+            extra=replica_extra,
+        )
+        conf = dirs[2] / "sentinel.conf"
+        conf.write_text(
+            f"port {sentinel_port}\nbind 127.0.0.1\ndir {dirs[2]}\nlogfile {dirs[2] / 'sentinel.log'}\n"
+            f"sentinel monitor sluice 127.0.0.1 {primary_port} 1\n"
+            f"sentinel down-after-milliseconds sluice {down_after_ms}\n"
+            "sentinel failover-timeout sluice 3000\nsentinel parallel-syncs sluice 1\n"
+        )
+        exe = shutil.which("redis-server")
+        assert exe is not None
+        sentinel = subprocess.Popen(
+            [exe, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        processes = [primary, replica]
+        try:
+            _wait_for_replica(sentinel_port, "sluice")
+            yield SentinelSet(primary, replica, sentinel_port, sentinel)
+        finally:
+            sentinel.terminate()
+            sentinel.wait(10)
+            for server in processes:
+                if server.process.poll() is None:
+                    server.process.terminate()
+                    try:
+                        server.process.wait(10)
+                    except subprocess.TimeoutExpired:
+                        server.process.kill()
 
 
 @dataclass

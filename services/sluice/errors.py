@@ -306,3 +306,49 @@ class SubscriptionInUse(SluiceError):
 
     code = common_pb2.SUBSCRIPTION_IN_USE
     grpc_status = "FAILED_PRECONDITION"
+
+
+# ---- Idempotent producers ---------------------------------------------------------
+
+
+class OutOfOrderSequence(SluiceError):
+    """A batch's first sequence is not the one after the producer's last batch on the partition."""
+
+    code = common_pb2.OUT_OF_ORDER_SEQUENCE
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class InvalidProducerEpoch(SluiceError):
+    """The producer was fenced: a newer epoch of the same producer id has written to the partition."""
+
+    code = common_pb2.INVALID_PRODUCER_EPOCH
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class UnknownProducerId(SluiceError):
+    """The broker no longer remembers the producer (its state expired or was evicted)."""
+
+    code = common_pb2.UNKNOWN_PRODUCER_ID
+    grpc_status = "FAILED_PRECONDITION"
+
+
+# ---- Replication -------------------------------------------------------------------
+
+
+class NotEnoughReplicas(SluiceError):
+    """Fewer replicas than required hold the write; it may not survive a failover. Retry."""
+
+    code = common_pb2.NOT_ENOUGH_REPLICAS
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
+# ---- Limits ------------------------------------------------------------------------------
+
+
+class Throttled(SluiceError):
+    """A rate limit refused the request; the message names the limit and the wait before a retry."""
+
+    code = common_pb2.THROTTLED
+    retriable = True
+    grpc_status = "RESOURCE_EXHAUSTED"

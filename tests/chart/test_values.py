@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -174,3 +175,12 @@ def test_the_contradictions_have_working_resolutions() -> None:
         ]
     )
     render(sets=["components.dispatcher.enabled=false"])
+
+
+def test_an_external_sentinel_managed_redis_is_accepted() -> None:
+    """``redis+sentinel://`` addresses pass the schema and reach the services as their Redis URL."""
+    url = "redis+sentinel://:pw@s1:26379,s2:26379/sluice/0"
+    escaped = url.replace(",", "\\,")  # --set splits on commas
+    docs = render(sets=["components.redis.enabled=false", f"externalRedis.url={escaped}"])
+    [secret] = [d for d in docs if d["kind"] == "Secret" and "external-redis" in d["metadata"]["name"]]
+    assert base64.b64decode(secret["data"]["redis-url"]).decode() == url

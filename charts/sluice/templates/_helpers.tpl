@@ -83,6 +83,27 @@ app.kubernetes.io/component: {{ . }}
 {{- printf "%s:%d" (include "sluice.componentName" (dict "ctx" . "component" "offset-store")) (int .Values.components.offsetStore.service.port) }}
 {{- end }}
 
+{{/* What the Redis start-up scripts need to find the primary (redis/configmap.yaml, find-primary.sh). */}}
+{{- define "sluice.redisSentinelEnv" -}}
+{{- $r := .ctx.Values.components.redis -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: HEADLESS_SERVICE
+  value: {{ printf "%s.%s.svc.%s" .headless .ctx.Release.Namespace .ctx.Values.clusterDomain | quote }}
+- name: STATEFULSET
+  value: {{ include "sluice.componentName" (dict "ctx" .ctx "component" "redis") | quote }}
+- name: REDIS_REPLICAS
+  value: {{ $r.replicas | quote }}
+- name: REDIS_PORT
+  value: {{ $r.service.port | quote }}
+- name: SENTINEL_PORT
+  value: {{ $r.sentinel.port | quote }}
+- name: MASTER_NAME
+  value: {{ $r.sentinel.masterName | quote }}
+{{- end }}
+
 {{- define "sluice.brokerHeadlessName" -}}
 {{- printf "%s-headless" (include "sluice.componentName" (dict "ctx" . "component" "broker")) }}
 {{- end }}

@@ -6,6 +6,10 @@ one self-pipe (:class:`Waker`), and the main thread blocks in ``select`` on it.
 Signal handlers only record the signal number; the interpreter writes the wakeup
 byte itself (``signal.set_wakeup_fd``), so no lock is ever taken in a handler.
 
+With a :class:`RestartPolicy` (``sluice up --restart``) a child that exits on its own is started again after a
+delay that doubles with each quick failure, as Kubernetes restarts a crashing container (CrashLoopBackOff),
+so failover can be watched on a laptop: ``kill -9`` a broker and see it come back.
+
 Each child runs in its own process group, so a Ctrl-C in the terminal reaches
 ``sluice up`` alone and the children are stopped in reverse start order instead
 of all at once. (A ``kill -9`` of ``sluice up`` itself therefore leaves them
@@ -25,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
@@ -40,6 +45,26 @@ TAIL_LINES = 40
 # A stop signal counts as "hurry up" only this long after the first: tools such as
 # timeout(1) send one signal to the process and the same one to its group at once.
 HURRY_AFTER = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """When to start a child that exited on its own again.
+
+    The first restart waits ``first_delay``; each quick failure after it doubles the wait up to ``max_delay``;
+    a child that ran ``stable_after`` seconds before it exited starts over at ``first_delay``. Shorter than
+    Kubernetes' (10 s doubling to 5 min) because a laptop session wants to see the restart, and a crash loop
+    still costs one start per ``max_delay``.
+    """
+
+    first_delay: float = 1.0
+    max_delay: float = 30.0
+    stable_after: float = 60.0
+
+    def delay(self, ran_for: float, previous: float) -> float:
+        if ran_for >= self.stable_after or previous <= 0:
+            return self.first_delay
+        return min(previous * 2, self.max_delay)
 
 
 class Waker:
@@ -110,6 +135,10 @@ class Child:
         self.exited = False
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._pump_thread: threading.Thread | None = None
+        self.started_at = 0.0
+        self.restarts = 0
+        #: The wait before the last restart (0: never restarted), for the policy's doubling.
+        self.last_delay = 0.0
 
     @property
     def pid(self) -> int:
@@ -121,6 +150,9 @@ class Child:
         return None if self.process is None else self.process.returncode
 
     def start(self) -> None:
+        self.ready = None
+        self.exited = False
+        self.started_at = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -171,6 +203,12 @@ class Child:
         """Wait for the pump to finish (the process is reaped by then)."""
         if self._pump_thread is not None:
             self._pump_thread.join()
+
+    def restart(self) -> None:
+        """Start the same command again (the previous process has exited and been reaped)."""
+        self.join()
+        self.restarts += 1
+        self.start()
 
     def last_lines(self) -> str:
         return "".join(self.tail).rstrip("\n")
@@ -226,12 +264,40 @@ class Supervisor:
             f"last lines of {child.log_path}:\n{child.last_lines()}",
         )
 
-    def wait(self) -> Child | None:
-        """Block until a stop signal (None) or a child exits on its own (that child)."""
-        self.waker.wait_until(lambda: bool(self.signals) or any(c.exited for c in self.children), None)
-        if self.signals:
-            return None
-        return next(c for c in self.children if c.exited)
+    def wait(self, restart: RestartPolicy | None = None) -> Child | None:
+        """Block until a stop signal (None) or, without a restart policy, a child exits on its own (it).
+
+        With a policy, a child that exits is started again after the policy's delay, and this returns only
+        on a stop signal. Restarts are not awaited for readiness: the others keep running meanwhile, as in a
+        cluster.
+        """
+        pending: dict[Child, float] = {}  # child -> when to start it again
+
+        def woken() -> bool:
+            due = bool(pending) and min(pending.values()) <= time.monotonic()
+            return bool(self.signals) or due or any(c.exited and c not in pending for c in self.children)
+
+        while True:
+            timeout = max(0.0, min(pending.values()) - time.monotonic()) if pending else None
+            self.waker.wait_until(woken, timeout)
+            if self.signals:
+                return None
+            for child in self.children:
+                if child.exited and child not in pending:
+                    if restart is None:
+                        return child
+                    ran_for = time.monotonic() - child.started_at
+                    child.last_delay = restart.delay(ran_for, child.last_delay)
+                    pending[child] = time.monotonic() + child.last_delay
+                    _say(
+                        f"{child.name} exited with code {child.returncode} after {ran_for:.1f} s; "
+                        f"restarting in {child.last_delay:g} s"
+                    )
+            for child, at in list(pending.items()):
+                if at <= time.monotonic():
+                    del pending[child]
+                    child.restart()
+                    _say(f"{child.name} restarted (pid {child.pid}, restart {child.restarts})")
 
     def stop_all(self) -> None:
         """SIGTERM each child in reverse start order, SIGKILL after the grace period.
@@ -253,6 +319,12 @@ class Supervisor:
     def close(self) -> None:
         self.restore_signal_handlers()
         self.waker.close()
+
+
+def _say(message: str) -> None:
+    """An event of the supervision (restarts), on stdout beside the banner; stderr is kept for errors."""
+    sys.stdout.write(f"sluice up: {message}\n")
+    sys.stdout.flush()
 
 
 def _exited_or_hurried(child: Child, signal_times: list[float], first: float) -> Callable[[], bool]:

@@ -19,7 +19,8 @@ ephemeral; the real ones are printed. Each service's output goes to
 Stopping (Ctrl-C or SIGTERM) goes in reverse order, SIGTERM first and SIGKILL
 after ``--grace`` seconds; a second Ctrl-C skips the grace periods. If a service
 dies on its own, everything is stopped and ``sluice up`` exits 1 with that
-service's last log lines.
+service's last log lines; with ``--restart`` it is started again instead (on the
+same ports), as Kubernetes would, so failover can be tried locally.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any, TextIO
 import sluice
 from sluice.cli.errors import CliError
 from sluice.cli.output import positive_float
-from sluice.cli.supervisor import SERVICE_READY, Child, Supervisor
+from sluice.cli.supervisor import SERVICE_READY, Child, RestartPolicy, Supervisor
 from sluice.server.limits import OpenFilesLimit, raise_open_files_limit
 
 REDIS_READY = re.compile(r"Ready to accept connections")
@@ -96,6 +97,12 @@ def add_parser(subparsers: Any, _common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--start-timeout", type=positive_float, default=60.0, metavar="SECONDS", help="ready wait per service"
+    )
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="start a service that dies again (after 1 s, doubling to 30 s while it keeps failing), "
+        "as Kubernetes would, instead of stopping everything",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="also print every service's output on stderr")
     p.set_defaults(run=run, parser=p)
@@ -243,6 +250,7 @@ class Stack:
             return False
         port = ready.group("address").rsplit(":", 1)[1]
         self.addresses[name] = f"{self.connect_host}:{port}"
+        _pin_ports(self.sup.children[-1], port, ready.group("metrics"))
         metrics = ready.group("metrics")
         if metrics != "-":
             metrics = f"http://{self.connect_host}:{metrics.rsplit(':', 1)[1]}/metrics"
@@ -301,6 +309,14 @@ class Stack:
         out.flush()
 
 
+def _pin_ports(child: Child, port: str, metrics: str) -> None:
+    """A restart must come back where clients and peers know it: replace ephemeral ports by the bound ones."""
+    argv = child.argv
+    argv[argv.index("--port") + 1] = port
+    if metrics != "-":
+        argv[argv.index("--metrics-port") + 1] = metrics.rsplit(":", 1)[1]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -329,7 +345,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             if stack.start_all():
                 stack.print_banner(sys.stdout)
-                died = sup.wait()
+                died = sup.wait(RestartPolicy() if args.restart else None)
         finally:
             sup.stop_all()
         if died is not None:

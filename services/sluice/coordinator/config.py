@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from sluice.common.redis_client import validate_url as validate_redis_url
 from sluice.coordinator.cluster.model import Endpoint
 from sluice.coordinator.cluster.state import ClusterSettings
 from sluice.coordinator.election import validate_election
 from sluice.coordinator.group_metrics import DEFAULT_MAX_GROUPS, GroupMetricsPolicy
 from sluice.coordinator.groups.model import GroupSettings
+from sluice.coordinator.producer_ids import DEFAULT_PER_MINUTE
 from sluice.errors import InvalidArgument
 
 ENV_PREFIX = "SLUICE_COORDINATOR_"
@@ -49,6 +51,13 @@ class CoordinatorConfig:
     dispatcher_heartbeat_interval: timedelta = field(
         default=timedelta(seconds=2),
         metadata={"help": "how often dispatchers are told to re-register (their heartbeat)"},
+    )
+    producer_ids_per_minute: int = field(
+        default=DEFAULT_PER_MINUTE,
+        metadata={
+            "help": "new idempotent producer ids one client id may take a minute (bursts up to this many); "
+            "more are refused with THROTTLED (KIP-936: each id is state on every partition it writes)"
+        },
     )
     broker_update_timeout: timedelta = field(
         default=timedelta(seconds=2),
@@ -153,8 +162,7 @@ class CoordinatorConfig:
                 f"--redis-url (or {ENV_PREFIX}REDIS_URL) is required: "
                 "the coordinator keeps its metadata in Redis"
             )
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise InvalidArgument(f"--redis-url {self.redis_url!r}: expected redis://, rediss:// or unix://")
+        validate_redis_url(self.redis_url)
         for name in ("port", "metrics_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:

@@ -13,8 +13,7 @@ import logging
 import socket
 import sys
 
-from redis.asyncio import Redis
-
+from sluice.common.redis_client import connect as connect_redis
 from sluice.coordinator.cluster.model import Endpoint
 from sluice.coordinator.config import ENV_PREFIX, CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection, ElectingGrpcServer
@@ -38,7 +37,9 @@ def advertised_host(config: CoordinatorConfig) -> str:
 
 
 async def run(config: CoordinatorConfig) -> None:
-    redis = Redis.from_url(config.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    # No command retry here (retries=0): the election's lease renewals must see a failure at once;
+    # a Sentinel-managed primary is found again on the next command all the same.
+    redis = connect_redis(config.redis_url, socket_timeout=5, connect_timeout=5, retries=0)
     server: GrpcServer | None = None
 
     def coordinator_endpoint() -> Endpoint | None:

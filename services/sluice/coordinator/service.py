@@ -46,6 +46,7 @@ from sluice.coordinator.groups.model import (
 )
 from sluice.coordinator.groups.redis_ops import full_sync_ops
 from sluice.coordinator.groups.tracks import topic_deleted
+from sluice.coordinator.producer_ids import ProducerIdentity, init_producer_id
 from sluice.coordinator.records import Result
 from sluice.coordinator.timers import CoordinatorTimers
 from sluice.coordinator.topic_acks import Incomplete, wait_for_brokers
@@ -79,6 +80,7 @@ class CoordinatorService(CoordinatorTimers):
             lag_interval_s=config.group_lag_interval.total_seconds(),
             group_metrics=config.group_metrics_policy(),
             election=election,
+            producer_ids_per_minute=config.producer_ids_per_minute,
         )
 
     # ---- lifecycle -----------------------------------------------------------------------------------
@@ -92,6 +94,7 @@ class CoordinatorService(CoordinatorTimers):
         async with self._lock:  # a write of an earlier term finishes (or is fenced) first
             self._epoch = epoch if epoch is not None else await self._store.acquire_epoch()
             self._fenced_by = None
+            self._producer_blocks.forget()  # a block reserved under an older term is never reused
             await self._reload()
             for b in self.cluster.brokers.values():
                 self._notifier.registered(b.broker_id, b.endpoint, UNKNOWN_VERSION)
@@ -271,6 +274,15 @@ class CoordinatorService(CoordinatorTimers):
         failures = await wait_for_brokers(acks, self._ack_wait_s(removed), result.change.affected)
         incomplete = Incomplete("delete", "", 0, TopicConfig(), result.change.remove)
         return self._incomplete.record(name, failures, incomplete, f"delete topic {name}")
+
+    # ---- idempotent producers --------------------------------------------------------------------------
+
+    async def init_producer_id(self, client_id: str, current: ProducerIdentity | None) -> ProducerIdentity:
+        """A producer id and epoch (producer_ids.py): new, or ``current``'s id under the next epoch."""
+        self._check_leader()
+        return await init_producer_id(
+            self._producer_blocks, self._producer_quota, self._epoch, client_id, current, self._clock.now_ms()
+        )
 
     def list_topics(self) -> list[TopicView]:
         self._check_leader()

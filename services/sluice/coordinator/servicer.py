@@ -25,6 +25,7 @@ from sluice.coordinator.convert import (
     topic_to_proto,
 )
 from sluice.coordinator.heartbeat_stream import HeartbeatStream
+from sluice.coordinator.producer_ids import ProducerIdentity
 from sluice.coordinator.service import CoordinatorService
 from sluice.server.runtime import Registrar
 from sluice.v1 import coordinator_pb2 as pb
@@ -115,6 +116,18 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             return await election.forward_metadata(request, context.invocation_metadata())
         view = self._service.metadata(list(request.topics))
         return metadata_to_proto(view, self._service.coordinator_endpoint, self._service.offset_store)
+
+    # ---- idempotent producers ----------------------------------------------------------------------
+
+    async def InitProducerId(
+        self, request: pb.InitProducerIdRequest, context: Context
+    ) -> pb.InitProducerIdResponse:
+        given = request.producer_id >= 0 or request.producer_epoch >= 0
+        current = ProducerIdentity(request.producer_id, request.producer_epoch) if given else None
+        identity = await self._service.init_producer_id(request.client_id, current)
+        return pb.InitProducerIdResponse(
+            producer_id=identity.producer_id, producer_epoch=identity.producer_epoch
+        )
 
     # ---- consumer groups ---------------------------------------------------------------------------
 

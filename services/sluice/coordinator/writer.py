@@ -35,6 +35,7 @@ from sluice.coordinator.groups.state import GroupsState
 from sluice.coordinator.heap import HeapKeeper
 from sluice.coordinator.metrics import CoordinatorMetrics, LagKey, coordinator_metrics
 from sluice.coordinator.ops import RedisOp
+from sluice.coordinator.producer_ids import DEFAULT_PER_MINUTE, ProducerIdBlocks, ProducerIdQuota
 from sluice.coordinator.records import Result
 from sluice.coordinator.state import CoordinatorState
 from sluice.coordinator.store import MetadataStore
@@ -79,6 +80,7 @@ class CoordinatorWriter:
         lag_interval_s: float = 10.0,
         group_metrics: GroupMetricsPolicy | None = None,
         election: CoordinatorElection | None = None,
+        producer_ids_per_minute: int = DEFAULT_PER_MINUTE,
     ) -> None:
         #: None (--election none): this process leads from start() on, fencing older ones by epoch.
         self.election = election
@@ -89,6 +91,8 @@ class CoordinatorWriter:
         self._offset_store = offset_store
         self._state = CoordinatorState(settings=settings, group_settings=self._group_settings)
         self._store = MetadataStore(redis, key_prefix, self._state.codec)
+        self._producer_blocks = ProducerIdBlocks(redis, key_prefix, self._store.epoch_key)
+        self._producer_quota = ProducerIdQuota(producer_ids_per_minute)
         self._redis = redis
         self._keys = Keys(key_prefix)
         self._group_keys = GroupKeys(key_prefix)

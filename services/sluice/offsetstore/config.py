@@ -28,4 +28,16 @@ class OffsetStoreConfig:
             "Metadata and the brokers' ListOffsets; without it only explicit offsets can be reset"
         },
     )
+    commit_replicas: int = field(
+        default=0,
+        metadata={
+            "help": "Redis replicas that must hold a commit (or a saved cursor, a reset) before it is "
+            "acknowledged (Redis WAIT); 0 acknowledges once the primary has it. With replicas, 1 makes an "
+            "acknowledged commit survive a Sentinel failover (docs/offset-store.md, 'Redis failover')"
+        },
+    )
+    commit_replicas_timeout_ms: int = field(
+        default=2000,
+        metadata={"help": "how long a write waits for --commit-replicas; then NOT_ENOUGH_REPLICAS"},
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 
+from sluice.common.redis_client import connect
 from sluice.errors import InvalidArgument, StorageError
 from sluice.offsetstore.config import ENV_PREFIX, OffsetStoreConfig
 from sluice.offsetstore.keys import Keys
 from sluice.offsetstore.resolver import BrokerOffsetResolver
 from sluice.offsetstore.service import OffsetStoreService
 from sluice.offsetstore.servicer import OffsetStoreServicer
-from sluice.offsetstore.storage import PositionStore, connect
+from sluice.offsetstore.storage import PositionStore, ReplicaWait
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main
 from sluice.v1 import offset_store_pb2_grpc
@@ -35,11 +36,21 @@ def parse_config(argv: list[str] | None) -> OffsetStoreConfig:
         raise InvalidArgument(
             f"--key-prefix {config.key_prefix!r} must be non-empty, without braces or spaces"
         )
+    if not 0 <= config.commit_replicas <= 16:
+        raise InvalidArgument(f"--commit-replicas must be in [0, 16], got {config.commit_replicas}")
+    if not 1 <= config.commit_replicas_timeout_ms <= 60_000:
+        raise InvalidArgument(
+            f"--commit-replicas-timeout-ms must be in [1, 60000], got {config.commit_replicas_timeout_ms}"
+        )
     return config
 
 
 async def run(config: OffsetStoreConfig) -> None:
-    store = PositionStore(connect(config.redis_url), Keys(config.key_prefix))
+    store = PositionStore(
+        connect(config.redis_url),
+        Keys(config.key_prefix),
+        ReplicaWait(config.commit_replicas, config.commit_replicas_timeout_ms),
+    )
     try:
         await store.load_scripts()
     except StorageError as exc:

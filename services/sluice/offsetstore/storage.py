@@ -22,15 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.errors import (
     GroupNotEmpty,
+    NotEnoughReplicas,
     NotOwner,
     SluiceError,
     StaleMemberEpoch,
@@ -65,29 +62,27 @@ class FetchedOffsets:
     topic_ids: dict[str, str]
 
 
-def connect(url: str) -> aioredis.Redis:
-    """A Redis client that survives a Redis restart.
+@dataclass(frozen=True, slots=True)
+class ReplicaWait:
+    """How many Redis replicas must hold a write before it is acknowledged (``WAIT``), and how long to wait.
 
-    Commands fail fast (StorageError) while Redis is down, after a short
-    retry that covers the common case of one broken pooled connection.
+    Redis replicates asynchronously: a write the primary acknowledged can be missing on the replica a
+    Sentinel promotes. ``WAIT n`` after the write, on the same connection, returns how many replicas have
+    it; fewer than asked means the write may not survive a failover, so it is answered NOT_ENOUGH_REPLICAS
+    (retriable: commits only increase and cursors are fenced by epoch, so the retry is safe).
     """
-    return aioredis.Redis.from_url(
-        url,
-        decode_responses=False,
-        socket_timeout=5.0,
-        socket_connect_timeout=2.0,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        health_check_interval=10,
-    )
+
+    replicas: int = 0
+    timeout_ms: int = 2000
 
 
 class PositionStore:
     """Group offsets and cursors in Redis, every write fenced in Lua."""
 
-    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, client: aioredis.Redis, keys: Keys, wait: ReplicaWait | None = None) -> None:
         self._redis = client
         self.keys = keys
+        self._wait = wait or ReplicaWait()
         self._commit = client.register_script(scripts.COMMIT)
         self._reset = client.register_script(scripts.RESET)
         self._save_cursors = client.register_script(scripts.SAVE_CURSORS)
@@ -150,7 +145,7 @@ class PositionStore:
                 keys += [k.topic_id(c.topic), k.topic_refs(c.topic)]
             argv += [index, t, partition_field(c.topic, c.partition), c.offset, c.topic_id]
         async with _storage_errors(f"committing offsets of group {group!r}"):
-            raw = await self._commit(keys=keys, args=argv)
+            (raw,) = await self._evalsha_pipeline(self._commit, [[len(keys), *keys, *argv]])
         current = _text(raw[0])
         outcomes = []
         for i, c in enumerate(commits):
@@ -238,7 +233,7 @@ class PositionStore:
         for tp, offset in sorted(offsets.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
             argv += [partition_field(tp.topic, tp.partition), offset]
         async with _storage_errors(f"resetting offsets of group {group!r}"):
-            raw = await self._reset(keys=keys, args=argv)
+            (raw,) = await self._evalsha_pipeline(self._reset, [[len(keys), *keys, *argv]])
         code = int(raw[0])
         if code == common_pb2.GROUP_NOT_EMPTY:
             raise group_not_empty(group, int(raw[1]))
@@ -295,11 +290,18 @@ class PositionStore:
         EXISTS first; a NOSCRIPT reply (Redis restarted) loads the script and
         replays the batch, which is safe because a NOSCRIPT call did nothing
         and the other calls are idempotent (same epochs, same blobs).
+
+        Every write goes through here, so the replica guard (:class:`ReplicaWait`) is one ``WAIT`` at the
+        end of the same pipeline: one connection (WAIT counts that connection's writes) and no extra
+        round trip.
         """
+        wait = self._wait
         for attempt in (1, 2):
             async with self._redis.pipeline(transaction=False) as pipe:
                 for argv in calls:
                     pipe.evalsha(script.sha, *argv)  # type: ignore[arg-type]  # argv[0] is numkeys
+                if wait.replicas:
+                    pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms)
                 replies: list[Any] = await pipe.execute(raise_on_error=False)
             if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
                 script.sha = await self._redis.script_load(script.script)
@@ -307,6 +309,14 @@ class PositionStore:
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
+            if wait.replicas:
+                acknowledged = int(replies.pop())
+                if acknowledged < wait.replicas:
+                    raise NotEnoughReplicas(
+                        f"written on the Redis primary but held by {acknowledged} of the "
+                        f"{wait.replicas} replicas asked for within {wait.timeout_ms} ms: a failover could "
+                        "lose it; retry"
+                    )
             return replies
         raise AssertionError("unreachable")
 

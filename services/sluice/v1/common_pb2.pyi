@@ -70,6 +70,23 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     NOT_DISPATCHER: _ErrorCode.ValueType  # 55
     UNKNOWN_SUBSCRIPTION: _ErrorCode.ValueType  # 56
     SUBSCRIPTION_IN_USE: _ErrorCode.ValueType  # 57
+    OUT_OF_ORDER_SEQUENCE: _ErrorCode.ValueType  # 70
+    """Idempotent producers (docs/replication.md, "Idempotent producer").
+    A batch's sequence is not the one after the producer's last batch on the partition (a gap, or
+    a retry older than the batches the broker remembers).
+    """
+    INVALID_PRODUCER_EPOCH: _ErrorCode.ValueType  # 71
+    """The producer epoch is older than the partition's: a newer instance of the producer took over."""
+    UNKNOWN_PRODUCER_ID: _ErrorCode.ValueType  # 72
+    """The broker holds no state for the producer id (expired or evicted) and the batch does not start
+    a sequence: the producer must start again from sequence 0 with a new epoch.
+    """
+    NOT_ENOUGH_REPLICAS: _ErrorCode.ValueType  # 73
+    """Replication. Fewer replicas than required hold the write (Redis replicas under the offset store's
+    WAIT guard; later: the in-sync set of a partition under acks=all). Retriable.
+    """
+    THROTTLED: _ErrorCode.ValueType  # 74
+    """A rate limit: the message says what was limited and how long to wait. Retriable after that wait."""
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -123,6 +140,23 @@ PROTOCOL_VIOLATION: ErrorCode.ValueType  # 54
 NOT_DISPATCHER: ErrorCode.ValueType  # 55
 UNKNOWN_SUBSCRIPTION: ErrorCode.ValueType  # 56
 SUBSCRIPTION_IN_USE: ErrorCode.ValueType  # 57
+OUT_OF_ORDER_SEQUENCE: ErrorCode.ValueType  # 70
+"""Idempotent producers (docs/replication.md, "Idempotent producer").
+A batch's sequence is not the one after the producer's last batch on the partition (a gap, or
+a retry older than the batches the broker remembers).
+"""
+INVALID_PRODUCER_EPOCH: ErrorCode.ValueType  # 71
+"""The producer epoch is older than the partition's: a newer instance of the producer took over."""
+UNKNOWN_PRODUCER_ID: ErrorCode.ValueType  # 72
+"""The broker holds no state for the producer id (expired or evicted) and the batch does not start
+a sequence: the producer must start again from sequence 0 with a new epoch.
+"""
+NOT_ENOUGH_REPLICAS: ErrorCode.ValueType  # 73
+"""Replication. Fewer replicas than required hold the write (Redis replicas under the offset store's
+WAIT guard; later: the in-sync set of a partition under acks=all). Retriable.
+"""
+THROTTLED: ErrorCode.ValueType  # 74
+"""A rate limit: the message says what was limited and how long to wait. Retriable after that wait."""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

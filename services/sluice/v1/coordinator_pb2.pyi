@@ -620,6 +620,53 @@ class MetadataResponse(_message.Message):
 Global___MetadataResponse: _TypeAlias = MetadataResponse  # noqa: Y015
 
 @_typing.final
+class InitProducerIdRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InitProducerIdRequest: _TypeAlias = InitProducerIdRequest  # noqa: Y015
+
+@_typing.final
+class InitProducerIdResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    producer_id: _builtins.int
+    producer_epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InitProducerIdResponse: _TypeAlias = InitProducerIdResponse  # noqa: Y015
+
+@_typing.final
 class GroupHeartbeatRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

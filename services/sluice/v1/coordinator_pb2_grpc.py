@@ -81,6 +81,11 @@ class CoordinatorStub:
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.MetadataRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_coordinator__pb2.MetadataResponse.FromString,
                 _registered_method=True)
+        self.InitProducerId = channel.unary_unary(
+                '/sluice.v1.Coordinator/InitProducerId',
+                request_serializer=sluice_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/sluice.v1.Coordinator/Heartbeat',
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatRequest.SerializeToString,
@@ -177,6 +182,15 @@ class CoordinatorServicer:
 
     def Metadata(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InitProducerId(self, request, context):
+        """Idempotent producers (docs/replication.md, "Idempotent producer"). With producer_id and
+        producer_epoch both -1, a new id at epoch 0 (rationed per client_id: THROTTLED); with both set,
+        the same id under the next epoch, which fences the older instance on every partition.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -279,6 +293,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Metadata,
                     request_deserializer=sluice_dot_v1_dot_coordinator__pb2.MetadataRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_coordinator__pb2.MetadataResponse.SerializeToString,
+            ),
+            'InitProducerId': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducerId,
+                    request_deserializer=sluice_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -561,6 +580,33 @@ class Coordinator:
             '/sluice.v1.Coordinator/Metadata',
             sluice_dot_v1_dot_coordinator__pb2.MetadataRequest.SerializeToString,
             sluice_dot_v1_dot_coordinator__pb2.MetadataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducerId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Coordinator/InitProducerId',
+            sluice_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.SerializeToString,
+            sluice_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.FromString,
             options,
             channel_credentials,
             insecure,

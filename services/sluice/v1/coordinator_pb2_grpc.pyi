@@ -49,6 +49,11 @@ class CoordinatorStub:
     ListTopics: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListTopicsRequest, _coordinator_pb2.ListTopicsResponse]
     DescribeTopic: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeTopicRequest, _coordinator_pb2.DescribeTopicResponse]
     Metadata: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.MetadataRequest, _coordinator_pb2.MetadataResponse]
+    InitProducerId: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.InitProducerIdRequest, _coordinator_pb2.InitProducerIdResponse]
+    """Idempotent producers (docs/replication.md, "Idempotent producer"). With producer_id and
+    producer_epoch both -1, a new id at epoch 0 (rationed per client_id: THROTTLED); with both set,
+    the same id under the next epoch, which fences the older instance on every partition.
+    """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]
     """Consumer groups (server-side assignment, KIP-848 style)."""
     ConsumerGroupStream: _grpc.StreamStreamMultiCallable[_coordinator_pb2.GroupStreamRequest, _coordinator_pb2.GroupStreamResponse]
@@ -89,6 +94,11 @@ class CoordinatorAsyncStub(CoordinatorStub):
     ListTopics: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListTopicsRequest, _coordinator_pb2.ListTopicsResponse]  # type: ignore[assignment]
     DescribeTopic: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeTopicRequest, _coordinator_pb2.DescribeTopicResponse]  # type: ignore[assignment]
     Metadata: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.MetadataRequest, _coordinator_pb2.MetadataResponse]  # type: ignore[assignment]
+    InitProducerId: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.InitProducerIdRequest, _coordinator_pb2.InitProducerIdResponse]  # type: ignore[assignment]
+    """Idempotent producers (docs/replication.md, "Idempotent producer"). With producer_id and
+    producer_epoch both -1, a new id at epoch 0 (rationed per client_id: THROTTLED); with both set,
+    the same id under the next epoch, which fences the older instance on every partition.
+    """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]  # type: ignore[assignment]
     """Consumer groups (server-side assignment, KIP-848 style)."""
     ConsumerGroupStream: _aio.StreamStreamMultiCallable[_coordinator_pb2.GroupStreamRequest, _coordinator_pb2.GroupStreamResponse]  # type: ignore[assignment]
@@ -180,6 +190,17 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         request: _coordinator_pb2.MetadataRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_coordinator_pb2.MetadataResponse, _abc.Awaitable[_coordinator_pb2.MetadataResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def InitProducerId(
+        self,
+        request: _coordinator_pb2.InitProducerIdRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.InitProducerIdResponse, _abc.Awaitable[_coordinator_pb2.InitProducerIdResponse]]:
+        """Idempotent producers (docs/replication.md, "Idempotent producer"). With producer_id and
+        producer_epoch both -1, a new id at epoch 0 (rationed per client_id: THROTTLED); with both set,
+        the same id under the next epoch, which fences the older instance on every partition.
+        """
 
     @_abc_1.abstractmethod
     def Heartbeat(

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -396,6 +397,38 @@ def test_a_service_that_dies_stops_everything(tmp_path: Path) -> None:
     err = stack.stderr()
     assert err.startswith("error: SERVICE_DIED: broker exited unexpectedly with code -9")
     assert "SLUICE_READY service=broker" in err  # its last log lines are shown
+
+
+def test_with_restart_a_killed_broker_comes_back_on_its_ports_with_its_data(tmp_path: Path) -> None:
+    """``sluice up --restart``: kill -9 the broker; it is started again (as Kubernetes would), on the port
+    clients know, and serves what it acknowledged before."""
+    stack = start_up(tmp_path / "data", "--restart")
+    try:
+        ok(sluice(stack, "topic", "create", "cli-restart", "--partitions", "1"))
+        ok(sluice(stack, "produce", "cli-restart", stdin=b"before\n"))
+        old_pid = stack.pids["broker"]
+        os.kill(old_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        restarted = re.compile(r"^sluice up: broker restarted \(pid (\d+), restart 1\)$")
+        new_pid = 0
+        while not new_pid:
+            assert time.monotonic() < deadline, "".join(stack.stdout)
+            assert stack.process.poll() is None, stack.stderr()
+            for line in stack.stdout:
+                if m := restarted.match(line.rstrip("\n")):
+                    new_pid = int(m.group(1))
+            time.sleep(0.1)
+        assert new_pid != old_pid
+        assert any("broker exited with code -9" in line for line in stack.stdout)
+        # The producer retries until the restarted broker serves again; then both records are there.
+        ok(sluice(stack, "produce", "cli-restart", stdin=b"after\n", timeout=90))
+        consumed = sluice(stack, "consume", "cli-restart", "--from", "earliest", "--max", "2", timeout=90)
+        assert ok(consumed) == "before\nafter\n"
+        assert stack.stop() == 0
+    finally:
+        if stack.process.poll() is None:
+            stack.process.kill()
+            stack.wait(30)
 
 
 # ---- process limits ----------------------------------------------------------------------------

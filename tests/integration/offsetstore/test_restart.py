@@ -69,8 +69,7 @@ def test_acknowledged_commits_survive_a_redis_kill_and_the_service_reconnects() 
             assert (loaded.cursor.mark_delete, loaded.cursor.owner_epoch) == (3, 4)
             assert list(loaded.cursor.acked_ranges) == [5, 9, 11, 12]
             assert dict(loaded.cursor.redelivery_counts) == {3: 2}
-            # Writes work again through both script paths (single EVALSHA and
-            # pipeline), which reload the scripts Redis forgot.
+            # Writes work again through both scripts, which are reloaded after Redis forgot them.
             shas = [hashlib.sha1(s.encode()).hexdigest() for s in (scripts.COMMIT, scripts.SAVE_CURSORS)]
             assert stack.redis.script_exists(*shas) == [False, False]
             request = CommitOffsetsRequest(group="g", member_id="m1", member_epoch=1)

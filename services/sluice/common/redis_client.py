@@ -1,0 +1,121 @@
+"""The one way a Sluice service connects to Redis: a plain address or a Sentinel-managed primary.
+
+Addresses:
+
+- ``redis://host:port/db``, ``rediss://...`` (TLS), ``unix:///path?db=N``: one Redis server.
+- ``redis+sentinel://host:port[,host:port...]/service_name[/db]``: ask these Sentinels where the primary
+  of ``service_name`` is, and ask again whenever a connection to it fails (redis-py's Sentinel support). A
+  password in the address (``redis+sentinel://:secret@h:26379/mymaster``) is the data nodes' password; the
+  Sentinels are asked without one.
+
+Why a URL form and not extra flags: every service already takes one ``--redis-url`` (and a ``*_REDIS_URL``
+environment variable in the chart), so following a Sentinel-managed Redis is a value change, not a new
+setting per service.
+
+After a failover, a connection to the old primary fails (it is gone, or answers READONLY as a replica,
+which redis-py turns into a connection error for a Sentinel-managed pool) and the next attempt reconnects
+through the Sentinels. What a failover can lose (Redis replicates asynchronously) and the guard against it
+(``WAIT``) are in docs/offset-store.md, "Redis failover".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from sluice.errors import InvalidArgument
+
+SENTINEL_SCHEME = "redis+sentinel"
+_PLAIN_SCHEMES = ("redis", "rediss", "unix")
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelAddress:
+    sentinels: tuple[tuple[str, int], ...]
+    service_name: str
+    db: int
+    password: str | None
+
+
+def parse_sentinel_url(url: str) -> SentinelAddress:
+    """``redis+sentinel://h1:26379,h2:26379/mymaster/0`` → its parts; InvalidArgument when malformed."""
+    parts = urlsplit(url)
+    if parts.scheme != SENTINEL_SCHEME:
+        raise InvalidArgument(f"{url!r} is not a {SENTINEL_SCHEME}:// address")
+    auth, _, hosts = parts.netloc.rpartition("@")
+    password = unquote(auth.partition(":")[2]) if auth else None
+    sentinels: list[tuple[str, int]] = []
+    for item in hosts.split(","):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidArgument(f"{url!r}: expected host:port for every Sentinel, got {item!r}")
+        sentinels.append((host, int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2:
+        raise InvalidArgument(f"{url!r}: expected /service_name or /service_name/db after the Sentinels")
+    if len(path) == 2 and not path[1].isdigit():
+        raise InvalidArgument(f"{url!r}: the database must be a number, got {path[1]!r}")
+    return SentinelAddress(tuple(sentinels), path[0], int(path[1]) if len(path) == 2 else 0, password or None)
+
+
+def validate_url(url: str, flag: str = "--redis-url") -> None:
+    """Refuse an address no scheme here understands, naming the flag."""
+    scheme = urlsplit(url).scheme
+    if scheme == SENTINEL_SCHEME:
+        parse_sentinel_url(url)
+        return
+    if scheme not in _PLAIN_SCHEMES:
+        raise InvalidArgument(
+            f"{flag} {url!r}: expected redis://, rediss://, unix:// or {SENTINEL_SCHEME}://host:port,.../service"
+        )
+
+
+def connect(
+    url: str,
+    *,
+    socket_timeout: float = 5.0,
+    connect_timeout: float = 2.0,
+    retries: int = 3,
+) -> aioredis.Redis:
+    """A client that survives a Redis restart or a Sentinel failover.
+
+    Commands fail fast while Redis is down, after a short retry that covers the common cases: one broken
+    pooled connection, or a primary that just moved (the retry reconnects through the Sentinels).
+    """
+    retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=retries)
+    retry_on = [RedisConnectionError, RedisTimeoutError]
+    if urlsplit(url).scheme != SENTINEL_SCHEME:
+        validate_url(url)
+        return aioredis.Redis.from_url(
+            url,
+            decode_responses=False,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=connect_timeout,
+            retry=retry,
+            retry_on_error=retry_on,
+            health_check_interval=10,
+        )
+    address = parse_sentinel_url(url)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves its __init__ unannotated
+        list(address.sentinels),
+        sentinel_kwargs={"socket_timeout": connect_timeout, "socket_connect_timeout": connect_timeout},
+    )
+    client: aioredis.Redis = sentinel.master_for(
+        address.service_name,
+        db=address.db,
+        password=address.password,
+        decode_responses=False,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=connect_timeout,
+        retry=retry,
+        retry_on_error=retry_on,
+        health_check_interval=10,
+    )
+    return client
