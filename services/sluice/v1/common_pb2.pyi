@@ -70,6 +70,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     NOT_DISPATCHER: _ErrorCode.ValueType  # 55
     UNKNOWN_SUBSCRIPTION: _ErrorCode.ValueType  # 56
     SUBSCRIPTION_IN_USE: _ErrorCode.ValueType  # 57
+    UNSUPPORTED_VERSION: _ErrorCode.ValueType  # 70
+    """Record batches.
+    A batch in a format version this broker does not take (format 1, written by SDKs before
+    replication): upgrade the client. Not retriable.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -123,6 +128,11 @@ PROTOCOL_VIOLATION: ErrorCode.ValueType  # 54
 NOT_DISPATCHER: ErrorCode.ValueType  # 55
 UNKNOWN_SUBSCRIPTION: ErrorCode.ValueType  # 56
 SUBSCRIPTION_IN_USE: ErrorCode.ValueType  # 57
+UNSUPPORTED_VERSION: ErrorCode.ValueType  # 70
+"""Record batches.
+A batch in a format version this broker does not take (format 1, written by SDKs before
+replication): upgrade the client. Not retriable.
+"""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

@@ -160,8 +160,11 @@ class PartitionLog:
 
     # ---- appending --------------------------------------------------------------------
 
-    def append(self, batches: bytes | bytearray | memoryview) -> AppendResult:
+    def append(self, batches: bytes | bytearray | memoryview, leader_epoch: int = 0) -> AppendResult:
         """Validate, stamp and append one or more concatenated producer batches.
+
+        Every batch is stamped with its base offset, the append time and ``leader_epoch``
+        (the epoch this broker leads the partition in; 0 for a partition without replication).
 
         All or nothing: every batch is checked before a byte is written, and the whole
         request goes into one segment with one write (rolling first if it would not fit),
@@ -180,7 +183,7 @@ class PartitionLog:
         first_offset = offset = self.log_end_offset
         pos = 0
         for h in headers:
-            stamp(buf, pos, offset, now)
+            stamp(buf, pos, offset, now, leader_epoch)
             offset += h.last_offset_delta + 1
             pos += h.length
         interval = self.config.index_interval_bytes

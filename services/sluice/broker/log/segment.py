@@ -20,7 +20,15 @@ from pathlib import Path
 from sluice.broker.log.config import MAX_SEGMENT_BYTES
 from sluice.broker.log.handles import ReadHandles, storage_error
 from sluice.broker.log.index import OffsetIndex, TimeIndex
-from sluice.codec.batch import HEADER, HEADER_SIZE, BatchHeader, columns, validate_batch
+from sluice.codec.batch import (
+    APPEND_TIME_AT,
+    HEADER,
+    HEADER_SIZE,
+    LAST_OFFSET_DELTA_AT,
+    BatchHeader,
+    columns,
+    validate_batch,
+)
 from sluice.errors import SluiceError, StorageError
 
 log = logging.getLogger(__name__)
@@ -34,12 +42,12 @@ SCAN_CHUNK = 1 << 20
 NO_TIMESTAMP = -(2**63)
 
 # Just the header fields a read needs: base_offset, batch_length (at 0) and
-# last_offset_delta (at 30). Two tiny unpacks beat building a BatchHeader per batch.
+# last_offset_delta. Two tiny unpacks beat building a BatchHeader per batch.
 _BASE_AND_LENGTH = struct.Struct("<qi")
 _LAST_DELTA = struct.Struct("<i")
-_LAST_DELTA_AT = 30
+_LAST_DELTA_AT = LAST_OFFSET_DELTA_AT
 _APPEND_TIME = struct.Struct("<q")
-_APPEND_TIME_AT = 12
+_APPEND_TIME_AT = APPEND_TIME_AT
 
 
 def segment_stem(base_offset: int) -> str:
