@@ -26,7 +26,9 @@ from sluice.broker.log.segment import (
     TIME_INDEX_SUFFIX,
     Segment,
     delete_segment_files,
+    segment_stem,
 )
+from sluice.broker.log.upgrade import upgrade_directory
 from sluice.codec.batch import HEADER_SIZE, BatchHeader, stamp, validate_batch
 from sluice.errors import CorruptBatch, InvalidRequest, OffsetOutOfRange, StorageError
 
@@ -121,6 +123,11 @@ class PartitionLog:
             elif suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX) and not path.with_suffix(LOG_SUFFIX).exists():
                 path.unlink()  # left by a retention delete interrupted by a crash
         bases.sort()
+        # Segments written before batch format 2 are converted first (docs/replication.md).
+        if upgrade_directory(
+            self.directory, [segment_stem(b) for b in bases], (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+        ):
+            self._dir_dirty = True
         if not bases:
             self._segments = [Segment.create(self.directory, 0, self._handles)]
             self._dir_dirty = True
