@@ -253,6 +253,47 @@ class Segment:
         self.persist_indexes()
         return cut
 
+    def reactivate(self) -> None:
+        """A sealed segment becomes the active one again (the log was truncated into it)."""
+        if self.fd >= 0:
+            return
+        self.handles.forget(str(self.log_path))
+        try:
+            self.fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        except OSError as exc:
+            raise storage_error(f"reopening segment {self.log_path}", exc) from exc
+
+    def truncate_to(self, offset: int, interval: int) -> None:
+        """Cut the (active) segment before the first batch holding an offset >= ``offset``, fsync
+        it, and recompute its indexes and running state from what is left."""
+        cut = self.size
+        for pos, header, _buf, _off in walk_batches(self.fd, self.position_for(offset), self.size, False):
+            if header.next_offset > offset:
+                cut = pos
+                break
+        self.persist_indexes()
+        try:
+            os.ftruncate(self.fd, cut)
+            os.fsync(self.fd)
+        except OSError as exc:
+            raise storage_error(f"truncating {self.log_path}", exc) from exc
+        self.size = cut
+        self.first_append_ms = None
+        self.last_batch_offset = self.base_offset
+        # recover() reloads the indexes (dropping entries past the cut) and rescans from the
+        # last one that is left: at most one index interval.
+        self.recover(interval)
+
+    def batch_epochs(self) -> Iterator[tuple[int, int]]:
+        """``(base_offset, leader_epoch)`` of every batch, from the headers alone."""
+        fd = self.fd if self.fd >= 0 else self.handles.acquire(str(self.log_path))
+        try:
+            for _pos, header, _buf, _off in walk_batches(fd, 0, self.size, need_body=False):
+                yield header.base_offset, header.partition_leader_epoch
+        finally:
+            if fd != self.fd:
+                self.handles.release(str(self.log_path))
+
     def _scan(self, start: int, expected_offset: int, validate: bool, interval: int) -> tuple[int, int]:
         """Walk batches from ``start``, indexing them; stop at the first bad one.
 
