@@ -160,6 +160,13 @@ class CorruptBatch(SluiceError, ValueError):
     grpc_status = "INVALID_ARGUMENT"
 
 
+class UnsupportedVersion(SluiceError, ValueError):
+    """A batch in a format version the broker does not take (format 1: upgrade the client)."""
+
+    code = common_pb2.UNSUPPORTED_VERSION
+    grpc_status = "FAILED_PRECONDITION"
+
+
 class BatchTooLarge(SluiceError, ValueError):
     code = common_pb2.BATCH_TOO_LARGE
     grpc_status = "INVALID_ARGUMENT"

@@ -254,7 +254,7 @@ class BrokerService(ReadSteps):
             plog = self.registry.lookup(topic, partition)
             if not item.records:
                 raise CorruptBatch(f"no record batches for {topic}/{partition}")
-            appended = plog.append(item.records)
+            appended = plog.append(item.records, leader_epoch=self._leader_epoch(topic, partition))
         except SluiceError as err:
             return ProduceResult(topic, partition, err)
         except OSError as exc:
@@ -270,6 +270,16 @@ class BrokerService(ReadSteps):
         return ProduceResult(
             topic, partition, None, appended.base_offset, appended.append_time_ms, plog.log_start_offset
         )
+
+    def _leader_epoch(self, topic: str, partition: int) -> int:
+        """The leader epoch this broker stamps into what it appends to ``topic/partition``.
+
+        The seam for replication: 0 until the controller sends leader epochs with the partition's
+        role in UpdatePartitions (docs/replication.md, "Leader epochs in the log"); then the epoch
+        the broker leads in, and a produce in any other epoch is fenced.
+        """
+        del topic, partition
+        return 0
 
     async def _wait_durable(self, results: list[ProduceResult], timeout_ms: int) -> None:
         started = time.perf_counter()

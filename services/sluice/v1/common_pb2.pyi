@@ -70,6 +70,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     NOT_DISPATCHER: _ErrorCode.ValueType  # 55
     UNKNOWN_SUBSCRIPTION: _ErrorCode.ValueType  # 56
     SUBSCRIPTION_IN_USE: _ErrorCode.ValueType  # 57
+    UNSUPPORTED_VERSION: _ErrorCode.ValueType  # 60
+    """Record batches.
+    A batch in a format version this broker does not take (format 1, written by SDKs before
+    replication): upgrade the client. Not retriable.
+    """
     OUT_OF_ORDER_SEQUENCE: _ErrorCode.ValueType  # 70
     """Idempotent producers (docs/replication.md, "Idempotent producer").
     A batch's sequence is not the one after the producer's last batch on the partition (a gap, or
@@ -140,6 +145,11 @@ PROTOCOL_VIOLATION: ErrorCode.ValueType  # 54
 NOT_DISPATCHER: ErrorCode.ValueType  # 55
 UNKNOWN_SUBSCRIPTION: ErrorCode.ValueType  # 56
 SUBSCRIPTION_IN_USE: ErrorCode.ValueType  # 57
+UNSUPPORTED_VERSION: ErrorCode.ValueType  # 60
+"""Record batches.
+A batch in a format version this broker does not take (format 1, written by SDKs before
+replication): upgrade the client. Not retriable.
+"""
 OUT_OF_ORDER_SEQUENCE: ErrorCode.ValueType  # 70
 """Idempotent producers (docs/replication.md, "Idempotent producer").
 A batch's sequence is not the one after the producer's last batch on the partition (a gap, or

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from sluice.client.rpc import ERROR_CODE_KEY
 from sluice.client.streams import RequestStream
-from sluice.codec.batch import CRC_START, crc32c, decode_records, validate_batch
-from sluice.errors import BatchTooLarge, CorruptBatch
+from sluice.codec.batch import CRC_AT, CRC_START, crc32c, decode_records, validate_batch
+from sluice.errors import BatchTooLarge, CorruptBatch, UnsupportedVersion
 from sluice.v1 import broker_pb2 as pb
 from sluice.v1 import common_pb2
 
@@ -40,6 +40,7 @@ PRODUCE_CODES = {
     common_pb2.NONE,
     common_pb2.CORRUPT_BATCH,
     common_pb2.BATCH_TOO_LARGE,
+    common_pb2.UNSUPPORTED_VERSION,  # a flip turned the magic into 1
     common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
     common_pb2.NOT_LEADER,
     common_pb2.INVALID_TOPIC,
@@ -64,7 +65,7 @@ def fuzz_broker(broker: Broker) -> Broker:
 
 def _recrc(buf: bytearray) -> None:
     if len(buf) >= CRC_START:
-        struct.pack_into("<I", buf, 20, crc32c(bytes(buf[CRC_START:])))
+        struct.pack_into("<I", buf, CRC_AT, crc32c(bytes(buf[CRC_START:])))
 
 
 @st.composite
@@ -102,7 +103,7 @@ def _locally_valid(payload: bytes) -> bool:
             if h.last_offset_delta != h.record_count - 1:
                 return False
             pos += h.length
-    except (CorruptBatch, BatchTooLarge):
+    except (CorruptBatch, BatchTooLarge, UnsupportedVersion):
         return False
     return len(payload) > 0
 

@@ -18,6 +18,7 @@ import pytest
 from sluice.common.wire import FrameType
 from sluice.v1 import broker_pb2 as pb
 from sluice.v1 import common_pb2
+from tests.batch_v1 import to_v1
 from tests.wire_client import RawWire
 
 from .conftest import Broker, make_batch, part, rpc_error, vals
@@ -101,6 +102,8 @@ def test_bad_produce_requests_get_the_same_error_over_grpc_and_wire(
         (_produce(topic, 0, b"not a record batch at all"), common_pb2.CORRUPT_BATCH, False),
         (_produce(topic, 0, good[:-3]), common_pb2.CORRUPT_BATCH, False),
         (_produce(topic, 0, b""), common_pb2.CORRUPT_BATCH, False),
+        # A batch an SDK from before batch format 2 wrote: refused, naming the fix.
+        (_produce(topic, 0, to_v1(good)), common_pb2.UNSUPPORTED_VERSION, False),
         # Oversized: a batch past the topic's max_batch_bytes.
         (_produce(topic, 0, make_batch(vals(20, size=200))), common_pb2.BATCH_TOO_LARGE, False),
         (_produce(topic, 0, good, acks=5), common_pb2.INVALID_ARGUMENT, True),
@@ -111,6 +114,8 @@ def test_bad_produce_requests_get_the_same_error_over_grpc_and_wire(
         got = top if request_level else parts[0]
         assert got[0] == code, (request, top, parts)
         assert got[1], "a typed error says what was wrong"
+        if code == common_pb2.UNSUPPORTED_VERSION:
+            assert "batch format 1: upgrade the client" in got[1]
         if not request_level:
             assert top == _NONE
     # Nothing bad was appended by any of them, over any transport.
@@ -143,6 +148,8 @@ def test_bad_fetch_requests_get_the_same_error_over_grpc_and_wire(
         got = top if request_level else parts[0]
         assert got[0] == code, (request, top, parts)
         assert got[1], "a typed error says what was wrong"
+        if code == common_pb2.UNSUPPORTED_VERSION:
+            assert "batch format 1: upgrade the client" in got[1]
     # A good fetch still reads the same records on every path afterwards.
     assert _fetch_everywhere(broker, wire, _fetch(part(topic))) == (_NONE, [_NONE])
 

@@ -80,7 +80,7 @@ def test_log_matches_the_model(operations: list[tuple[Any, ...]], segment_bytes:
                 for raw in raws:
                     stamped = bytearray(raw)
                     base = model.end
-                    stamp(stamped, 0, base, clock.now)
+                    stamp(stamped, 0, base, clock.now, 0)
                     model.batches.append((base, base + read_header(raw).record_count, bytes(stamped)))
                 assert result.last_offset == model.end - 1
             elif kind == "read":

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import struct
-
 from sluice.broker.filtering import filter_chunk
-from sluice.codec.batch import HEADER_SIZE, iter_headers, stamp
+from sluice.codec.batch import HEADER_SIZE, iter_headers, read_header, stamp
 
 from .helpers import batch, offsets_and_values, tags_of, values
 
@@ -16,10 +14,9 @@ def _log_run(*batches: bytes) -> bytes:
     offset = 0
     for raw in batches:
         buf = bytearray(raw)
-        stamp(buf, 0, offset, 5)
+        stamp(buf, 0, offset, 5, 0)
         out += buf
-        (count,) = struct.unpack_from("<i", raw, 26)
-        offset += count
+        offset += read_header(raw).record_count
     return bytes(out)
 
 

@@ -53,7 +53,7 @@ def test_a_batch_closes_when_the_next_record_does_not_fit(clock: Clock) -> None:
     acc = make(clock, batch_size=1024)
     first, _ = add(acc, 0, b"x" * 400)
     assert add(acc, 0, b"y" * 400)[0] is first
-    third, idx = add(acc, 0, b"z" * 400)  # 54 + 2 + 3 * 422 > 1024
+    third, idx = add(acc, 0, b"z" * 400)  # 72 + 2 + 3 * 422 > 1024
     assert third is not first
     assert idx == 0
     assert first.state is BatchState.QUEUED

@@ -41,7 +41,7 @@ def test_round_trip_preserves_every_field(records: list[RecordTuple], base: int)
     raw = bytearray(b.encode_records(records))
     header = b.validate_batch(bytes(raw), 0, LIMIT)
     assert header.record_count == len(records)
-    b.stamp(raw, 0, base, 77)
+    b.stamp(raw, 0, base, 77, 3)
     assert b.validate_batch(bytes(raw), 0, LIMIT).base_offset == base  # stamping is outside the CRC
     decoded = b.decode_records(bytes(raw), "t", 3)
     assert [(r.value, r.key, r.tag, r.headers or None, r.timestamp) for r in decoded] == [
@@ -85,16 +85,16 @@ def test_inconsistent_lengths_with_a_valid_crc_are_caught() -> None:
     h = b.read_header(raw)
     value_col = b.HEADER_SIZE + h.tag_table_length + 3 * (4 + 8 + 4)  # fourth column: value lengths
     struct.pack_into("<i", raw, value_col, 1000)
-    struct.pack_into("<I", raw, 20, b.crc32c(bytes(raw[b.CRC_START :])))
+    struct.pack_into("<I", raw, b.CRC_AT, b.crc32c(bytes(raw[b.CRC_START :])))
     with pytest.raises(CorruptBatch, match="do not add up"):
         b.validate_batch(bytes(raw), 0, LIMIT)
 
 
 def test_decode_skips_records_before_start_offset_and_ignores_a_cut_tail() -> None:
     first = bytearray(b.encode_records(_records(5)))
-    b.stamp(first, 0, 100, 1)
+    b.stamp(first, 0, 100, 1, 0)
     second = bytearray(b.encode_records(_records(5)))
-    b.stamp(second, 0, 105, 1)
+    b.stamp(second, 0, 105, 1, 0)
     buf = bytes(first + second[:-3])  # a fetch may cut the last batch
     offsets = [r.offset for r in b.decode_records(buf, "t", 0, start_offset=102)]
     assert offsets == [102, 103, 104]
@@ -102,7 +102,7 @@ def test_decode_skips_records_before_start_offset_and_ignores_a_cut_tail() -> No
 
 def test_filter_keeps_offsets_and_advances_past_filtered_records() -> None:
     raw = bytearray(b.encode_records(_records(10)))
-    b.stamp(raw, 0, 50, 1)
+    b.stamp(raw, 0, 50, 1, 0)
     h = b.read_header(raw)
     kept = b.filter_batch(bytes(raw), 0, h, frozenset({"tagB"}))
     assert kept is not None
@@ -141,7 +141,7 @@ def test_decode_from_a_start_offset_inside_a_filtered_batch(
     """Filtered batches have gaps in their offsets: records before the start are skipped by offset,
     not by position, and every field of the rest survives."""
     raw = bytearray(b.encode_records(records))
-    b.stamp(raw, 0, 1000, 1)
+    b.stamp(raw, 0, 1000, 1, 0)
     full = b.decode_records(bytes(raw), "t", 1)
     kept = b.filter_batch(bytes(raw), 0, b.read_header(raw), frozenset(keep))
     expected = [r for r in full if r.tag in keep and r.offset >= 1000 + start]
@@ -151,7 +151,7 @@ def test_decode_from_a_start_offset_inside_a_filtered_batch(
 
 def test_each_record_has_headers_of_its_own_and_records_are_immutable() -> None:
     raw = bytearray(b.encode_records(_records(3)))
-    b.stamp(raw, 0, 0, 1)
+    b.stamp(raw, 0, 0, 1, 0)
     first, second, _ = b.decode_records(bytes(raw), "t", 0)
     first.headers["x"] = b"1"
     assert second.headers == {}
@@ -186,7 +186,7 @@ def test_every_column_is_checked_even_with_a_valid_crc(
     raw = bytearray(b.encode_records(records))
     assert b.validate_batch(bytes(raw), 0, LIMIT, require_dense=True)
     struct.pack_into(fmt, raw, _column_at(raw, column) + struct.calcsize(fmt) * record, value)
-    struct.pack_into("<I", raw, 20, b.crc32c(bytes(raw[b.CRC_START :])))
+    struct.pack_into("<I", raw, b.CRC_AT, b.crc32c(bytes(raw[b.CRC_START :])))
     with pytest.raises(CorruptBatch, match=message):
         b.validate_batch(bytes(raw), 0, LIMIT, require_dense=True)
 

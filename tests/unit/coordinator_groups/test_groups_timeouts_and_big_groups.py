@@ -197,7 +197,7 @@ def batch(base_offset: int, timestamps: list[int]) -> bytes:
     for i, ts in enumerate(timestamps):
         builder.append(b"value-%d" % i, None, None, None, ts)
     data = bytearray(builder.build())
-    stamp(data, 0, base_offset, 0)
+    stamp(data, 0, base_offset, 0, 0)
     return bytes(data)
 
 

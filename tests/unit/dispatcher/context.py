@@ -88,7 +88,7 @@ class Ctx:
         for i, (k, t) in enumerate(zip(key_list, tag_list, strict=True)):
             builder.append(f"v{start + i}".encode(), k, t, None, 1000 + i)
         raw = bytearray(builder.build())
-        stamp(raw, 0, start, 1)
+        stamp(raw, 0, start, 1, 0)
         msgs = messages_of(batch_views(bytes(raw)), partition, start)
         self.next_offset[partition] = start + len(msgs)
         self.apply(self.sub.offer(partition, msgs, start + len(msgs), self.now))

@@ -68,7 +68,7 @@ def log_batch(
     for i, (key, value, tag, headers) in enumerate(rows):
         b.append(value, key, tag, headers or None, 5_000 + i)
     raw = bytearray(b.build())
-    stamp(raw, 0, base, 7)
+    stamp(raw, 0, base, 7, 0)
     return messages_of(batch_views(bytes(raw)), partition, base)
 
 

@@ -164,7 +164,7 @@ def test_messages_of_forwarded_batches_read_fields_lazily() -> None:
     b.append(b"v1", None, None, None, 1_005)
     b.append(b"v2", b"k2", "b", None, 1_010)
     raw = bytearray(b.build())
-    stamp(raw, 0, 40, 1)
+    stamp(raw, 0, 40, 1, 0)
     view = BatchView(bytes(raw))
     cut = view.cut([(0, 1), (2, 3)])  # what a consumer given offsets 40 and 42 gets
     batch = pb.MessageBatch(topic="t")

@@ -19,22 +19,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.broker.log.config import MAX_SEGMENT_BYTES, LogConfig
+from sluice.broker.log.epochs import LeaderEpochCache
 from sluice.broker.log.handles import ReadHandles, storage_error
-from sluice.broker.log.segment import (
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
-    TIME_INDEX_SUFFIX,
-    Segment,
-    delete_segment_files,
-)
+from sluice.broker.log.recovery import load_segments
+from sluice.broker.log.segment import Segment
+from sluice.broker.log.truncation import EpochsAndTruncation
 from sluice.codec.batch import HEADER_SIZE, BatchHeader, stamp, validate_batch
-from sluice.errors import CorruptBatch, InvalidRequest, OffsetOutOfRange, StorageError
+from sluice.errors import (
+    CorruptBatch,
+    InvalidRequest,
+    NotLeader,
+    OffsetOutOfRange,
+    StorageError,
+)
 
 log = logging.getLogger(__name__)
 
 #: Relative offsets are u32 in the index: roll before a segment would span more.
 _MAX_RELATIVE_OFFSET = 2**32 - 1
-_STEM_DIGITS = 20
 #: Read handles of a log opened on its own (tests, tools); a broker shares one LRU.
 _PRIVATE_READ_HANDLES = 4
 
@@ -72,7 +74,7 @@ class ReadResult:
     base_offset_of_first: int
 
 
-class PartitionLog:
+class PartitionLog(EpochsAndTruncation):
     """Append-only, segmented, indexed log of one partition in one directory.
 
     Holds one descriptor of its own (the active segment's); sealed segments are read
@@ -106,67 +108,92 @@ class PartitionLog:
         self.log_start_offset = 0
         self.log_end_offset = 0
         self.directory.mkdir(parents=True, exist_ok=True)
+        #: Epoch -> start offset (docs/replication.md, "Leader epochs in the log").
+        self._epochs = LeaderEpochCache(self.directory)
         self._load()
 
     # ---- opening and recovery ---------------------------------------------------------
 
     def _load(self) -> None:
-        bases: list[int] = []
-        for path in self.directory.iterdir():
-            stem, suffix = path.stem, path.suffix
-            if len(stem) != _STEM_DIGITS or not stem.isdigit():
-                continue
-            if suffix == LOG_SUFFIX:
-                bases.append(int(stem))
-            elif suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX) and not path.with_suffix(LOG_SUFFIX).exists():
-                path.unlink()  # left by a retention delete interrupted by a crash
-        bases.sort()
-        if not bases:
-            self._segments = [Segment.create(self.directory, 0, self._handles)]
-            self._dir_dirty = True
-        else:
-            self._segments = self._open_segments(bases)
+        loaded = load_segments(self.directory, self._handles, self.config.index_interval_bytes)
+        self._segments = loaded.segments
+        self._dir_dirty = loaded.dir_dirty
         self._bases = [s.base_offset for s in self._segments]
         self._sealed_bytes = sum(s.size for s in self._segments[:-1])
         self.log_start_offset = self._segments[0].base_offset
         self.log_end_offset = self._segments[-1].next_offset
+        self._load_epochs()
 
-    def _open_segments(self, bases: list[int]) -> list[Segment]:
-        """Load sealed segments one at a time (one descriptor open at once, closed after
-        the check), then recover the last one as the active segment."""
-        interval = self.config.index_interval_bytes
-        segments: list[Segment] = []
-        for i, base in enumerate(bases):
-            seg = Segment.open(self.directory, base, self._handles)
-            try:
-                if i + 1 < len(bases):
-                    if seg.load_sealed(bases[i + 1], interval):
-                        os.close(seg.release_fd())
-                        segments.append(seg)
-                        continue
-                    # A closed segment lost its tail (power loss before an fsync): nothing
-                    # after it can have been acknowledged, and keeping it would leave a gap.
-                    for later in bases[i + 1 :]:
-                        log.warning("dropping segment %d of %s after a torn segment", later, self.directory)
-                        delete_segment_files(self.directory, later)
-                    self._dir_dirty = True
-                seg.recover(interval)
-            except BaseException:
+    def _load_epochs(self) -> None:
+        """Load the epoch checkpoint, or rebuild it from the batch headers if it is missing or
+        corrupt; then drop what the log no longer holds (it is written before the data, so it
+        may name an epoch whose batches a crash lost)."""
+        try:
+            if not self._epochs.load():
+                self._epochs.rebuild(e for seg in self._segments for e in seg.batch_epochs())
+            self._epochs.truncate_from_end(self.log_end_offset)
+            self._epochs.truncate_from_start(self.log_start_offset)
+        except BaseException:
+            for seg in self._segments:
                 seg.close()
-                raise
-            segments.append(seg)
-            break
-        return segments
+            raise
 
     # ---- appending --------------------------------------------------------------------
 
-    def append(self, batches: bytes | bytearray | memoryview) -> AppendResult:
+    def append(self, batches: bytes | bytearray | memoryview, leader_epoch: int = 0) -> AppendResult:
         """Validate, stamp and append one or more concatenated producer batches.
+
+        Every batch is stamped with its base offset, the append time and ``leader_epoch``
+        (the epoch this broker leads the partition in; 0 for a partition without replication).
+        An epoch older than the log's latest is refused (NOT_LEADER: this broker was deposed).
 
         All or nothing: every batch is checked before a byte is written, and the whole
         request goes into one segment with one write (rolling first if it would not fit),
         so a failure never leaves part of a request in the log.
         """
+        self._check_appendable(batches)
+        latest = self._epochs.latest_epoch
+        if leader_epoch < latest:
+            raise NotLeader(
+                f"leader epoch {leader_epoch} is older than the log's latest epoch {latest}: "
+                "this broker no longer leads the partition"
+            )
+        headers = self._validate(batches)
+        now = self._now_ms()
+        buf = bytearray(batches)
+        offset = self.log_end_offset
+        pos = 0
+        for h in headers:
+            stamp(buf, pos, offset, now, leader_epoch)
+            offset += h.last_offset_delta + 1
+            pos += h.length
+        return self._write(buf, headers, [leader_epoch] * len(headers), now)
+
+    def append_replicated(self, batches: bytes | bytearray | memoryview) -> AppendResult:
+        """Append batches copied from the leader, byte for byte: a follower's append.
+
+        Each batch keeps the leader's base offset, append time and leader epoch (outside the
+        CRC, which is verified like a produced batch's). The first must start at this log's end
+        and the rest follow densely; epochs never go down, and a new one is recorded in the
+        epoch cache at the batch that starts it.
+        """
+        self._check_appendable(batches)
+        headers = self._validate(batches)
+        expected, epoch = self.log_end_offset, self._epochs.latest_epoch
+        epochs: list[int] = []
+        for h in headers:
+            if h.base_offset != expected:
+                raise CorruptBatch(f"replicated batch at offset {h.base_offset}, expected {expected}")
+            if h.partition_leader_epoch < epoch:
+                raise CorruptBatch(
+                    f"replicated batch in epoch {h.partition_leader_epoch} after epoch {epoch}"
+                )
+            epoch = h.partition_leader_epoch
+            epochs.append(epoch)
+            expected = h.next_offset
+        return self._write(bytes(batches), headers, epochs, self._now_ms())
+
+    def _check_appendable(self, batches: bytes | bytearray | memoryview) -> None:
         if self._closed:
             raise StorageError(f"the log in {self.directory} is closed")
         total = len(batches)
@@ -174,26 +201,35 @@ class PartitionLog:
             raise CorruptBatch("empty produce: no batches")
         if total > MAX_SEGMENT_BYTES:
             raise InvalidRequest(f"produce of {total} bytes for one partition is too large")
-        headers = self._validate(batches)
-        now = self._now_ms()
-        buf = bytearray(batches)
-        first_offset = offset = self.log_end_offset
-        pos = 0
-        for h in headers:
-            stamp(buf, pos, offset, now)
-            offset += h.last_offset_delta + 1
-            pos += h.length
+
+    def _write(
+        self, buf: bytes | bytearray, headers: list[BatchHeader], epochs: list[int], now: int
+    ) -> AppendResult:
+        """Write stamped batches at the log end; ``epochs`` is each batch's leader epoch."""
+        total = len(buf)
+        first_offset = self.log_end_offset
+        offset = first_offset + sum(h.last_offset_delta + 1 for h in headers)
         interval = self.config.index_interval_bytes
         with self._lock:
+            # The epoch cache first: it never lacks an epoch whose batches are on disk.
+            batch_offset = first_offset
+            for h, epoch in zip(headers, epochs, strict=True):
+                if epoch > self._epochs.latest_epoch:
+                    self._epochs.assign(epoch, batch_offset)
+                batch_offset += h.last_offset_delta + 1
             seg = self._segments[-1]
-            if seg.size and (
-                seg.size + total > self.config.segment_bytes
-                or offset - seg.base_offset > _MAX_RELATIVE_OFFSET
-                or self._is_old(seg, now)
-            ):
-                seg = self._roll_locked()
-            start = seg.size
-            seg.write(buf)
+            try:
+                if seg.size and (
+                    seg.size + total > self.config.segment_bytes
+                    or offset - seg.base_offset > _MAX_RELATIVE_OFFSET
+                    or self._is_old(seg, now)
+                ):
+                    seg = self._roll_locked()
+                start = seg.size
+                seg.write(buf)
+            except StorageError:
+                self._epochs.truncate_from_end(first_offset)  # nothing of the new epoch was written
+                raise
             seg.size = start + total
             pos, batch_offset = start, first_offset
             for h in headers:
@@ -392,6 +428,8 @@ class PartitionLog:
                 oldest.delete()
                 deleted += 1
             self.log_start_offset = self._segments[0].base_offset
+            if deleted:
+                self._epochs.truncate_from_start(self.log_start_offset)
         if deleted:
             log.info(
                 "retention deleted %d segment(s) of %s; log start is now %d",

@@ -20,7 +20,15 @@ from pathlib import Path
 from sluice.broker.log.config import MAX_SEGMENT_BYTES
 from sluice.broker.log.handles import ReadHandles, storage_error
 from sluice.broker.log.index import OffsetIndex, TimeIndex
-from sluice.codec.batch import HEADER, HEADER_SIZE, BatchHeader, columns, validate_batch
+from sluice.codec.batch import (
+    APPEND_TIME_AT,
+    HEADER,
+    HEADER_SIZE,
+    LAST_OFFSET_DELTA_AT,
+    BatchHeader,
+    columns,
+    validate_batch,
+)
 from sluice.errors import SluiceError, StorageError
 
 log = logging.getLogger(__name__)
@@ -34,12 +42,12 @@ SCAN_CHUNK = 1 << 20
 NO_TIMESTAMP = -(2**63)
 
 # Just the header fields a read needs: base_offset, batch_length (at 0) and
-# last_offset_delta (at 30). Two tiny unpacks beat building a BatchHeader per batch.
+# last_offset_delta. Two tiny unpacks beat building a BatchHeader per batch.
 _BASE_AND_LENGTH = struct.Struct("<qi")
 _LAST_DELTA = struct.Struct("<i")
-_LAST_DELTA_AT = 30
+_LAST_DELTA_AT = LAST_OFFSET_DELTA_AT
 _APPEND_TIME = struct.Struct("<q")
-_APPEND_TIME_AT = 12
+_APPEND_TIME_AT = APPEND_TIME_AT
 
 
 def segment_stem(base_offset: int) -> str:
@@ -244,6 +252,47 @@ class Segment:
             (self.first_append_ms,) = _APPEND_TIME.unpack(raw)
         self.persist_indexes()
         return cut
+
+    def reactivate(self) -> None:
+        """A sealed segment becomes the active one again (the log was truncated into it)."""
+        if self.fd >= 0:
+            return
+        self.handles.forget(str(self.log_path))
+        try:
+            self.fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        except OSError as exc:
+            raise storage_error(f"reopening segment {self.log_path}", exc) from exc
+
+    def truncate_to(self, offset: int, interval: int) -> None:
+        """Cut the (active) segment before the first batch holding an offset >= ``offset``, fsync
+        it, and recompute its indexes and running state from what is left."""
+        cut = self.size
+        for pos, header, _buf, _off in walk_batches(self.fd, self.position_for(offset), self.size, False):
+            if header.next_offset > offset:
+                cut = pos
+                break
+        self.persist_indexes()
+        try:
+            os.ftruncate(self.fd, cut)
+            os.fsync(self.fd)
+        except OSError as exc:
+            raise storage_error(f"truncating {self.log_path}", exc) from exc
+        self.size = cut
+        self.first_append_ms = None
+        self.last_batch_offset = self.base_offset
+        # recover() reloads the indexes (dropping entries past the cut) and rescans from the
+        # last one that is left: at most one index interval.
+        self.recover(interval)
+
+    def batch_epochs(self) -> Iterator[tuple[int, int]]:
+        """``(base_offset, leader_epoch)`` of every batch, from the headers alone."""
+        fd = self.fd if self.fd >= 0 else self.handles.acquire(str(self.log_path))
+        try:
+            for _pos, header, _buf, _off in walk_batches(fd, 0, self.size, need_body=False):
+                yield header.base_offset, header.partition_leader_epoch
+        finally:
+            if fd != self.fd:
+                self.handles.release(str(self.log_path))
 
     def _scan(self, start: int, expected_offset: int, validate: bool, interval: int) -> tuple[int, int]:
         """Walk batches from ``start``, indexing them; stop at the first bad one.

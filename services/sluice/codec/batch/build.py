@@ -9,6 +9,7 @@ from sluice.codec.batch.layout import (
     COLUMN_BYTES,
     HEADER_SIZE,
     NO_KEY,
+    NO_PRODUCER,
     NO_TAG,
     U16,
     Headers,
@@ -110,8 +111,12 @@ class BatchBuilder:
         self.size += size
         return index
 
-    def build(self) -> bytes:
-        """Encode the batch with base_offset 0 and append_time -1 (unstamped)."""
+    def build(self, producer: tuple[int, int, int] = NO_PRODUCER) -> bytes:
+        """Encode the batch unstamped (base_offset 0, append_time and leader epoch -1).
+
+        ``producer`` is (producer_id, producer_epoch, base_sequence); all -1 (the default) for a
+        producer without idempotence.
+        """
         n = len(self._ts)
         if n == 0:
             raise ValueError("cannot build an empty batch")
@@ -143,14 +148,15 @@ class BatchBuilder:
                 *self._headers,
             )
         )
-        return assemble(n, n - 1, base_ts, self._t0 + max(self._ts), len(tag_bytes), body)
+        return assemble(n, n - 1, base_ts, self._t0 + max(self._ts), len(tag_bytes), body, producer=producer)
 
 
 def encode_records(
     records: Iterable[tuple[bytes, bytes | None, str | None, Headers | None, int]],
+    producer: tuple[int, int, int] = NO_PRODUCER,
 ) -> bytes:
     """Encode (value, key, tag, headers, timestamp_ms) tuples as one batch (tests, tools)."""
     b = BatchBuilder()
     for value, key, tag, headers, ts in records:
         b.append(value, key, tag, headers, ts)
-    return b.build()
+    return b.build(producer)

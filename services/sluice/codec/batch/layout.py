@@ -14,15 +14,24 @@ from dataclasses import dataclass
 
 import crc32c as _crc32c
 
-from sluice.errors import CorruptBatch
+from sluice.errors import CorruptBatch, UnsupportedVersion
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("sluice.codec.batch assumes a little-endian host")
 
-MAGIC = 1
-HEADER = struct.Struct("<qiqIBBiiqqI")
-HEADER_SIZE = HEADER.size  # 54
-CRC_START = 24
+MAGIC = 2
+HEADER = struct.Struct("<qiqiBIBqhiiiqqI")
+HEADER_SIZE = HEADER.size  # 72
+#: Where the magic byte sits, in every version (so a reader can tell them apart).
+MAGIC_AT = 24
+CRC_AT = 25
+CRC_START = 29
+#: "None": the leader epoch of an unstamped batch, the producer fields of a non-idempotent one.
+NO_EPOCH = -1
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PRODUCER = (NO_PRODUCER_ID, NO_PRODUCER_EPOCH, NO_SEQUENCE)
 NO_TAG = 0xFFFF
 NO_KEY = -1
 # Per-record column widths: four int32 columns, one int64 (timestamp delta; a
@@ -33,9 +42,16 @@ U16 = struct.Struct("<H")
 _HDR_NAME = struct.Struct("<H")
 _HDR_VALUE = struct.Struct("<I")
 _OFFSET_FIELD = struct.Struct("<q")
-_STAMP = struct.Struct("<qiq")
-_BATCH_LEN = struct.Struct("<i")
-_FIELDS_8_20 = struct.Struct("<iq")
+_TIME_FIELD = struct.Struct("<q")
+_EPOCH_FIELD = struct.Struct("<i")
+#: The fields stamped outside the CRC, by position: base_offset (0), append_time_ms (12) and
+#: partition_leader_epoch (20). batch_length (8) is outside the CRC too but never changes.
+APPEND_TIME_AT = 12
+LEADER_EPOCH_AT = 20
+#: last_offset_delta's place: with base_offset and batch_length, all a read needs of a header.
+LAST_OFFSET_DELTA_AT = 48
+_COVERED_HEADER = struct.Struct("<BqhiiiqqI")
+_UNCOVERED_HEADER = struct.Struct("<qiqiBI")
 
 Headers = dict[str, bytes]
 
@@ -51,9 +67,13 @@ class BatchHeader:
     base_offset: int
     length: int
     append_time_ms: int
-    crc: int
+    partition_leader_epoch: int
     magic: int
+    crc: int
     attributes: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
     record_count: int
     last_offset_delta: int
     base_timestamp: int
@@ -70,10 +90,30 @@ class BatchHeader:
 
 
 def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
-    """Parse the header at ``pos``; raises CorruptBatch if it does not fit."""
+    """Parse the header at ``pos``; raises CorruptBatch if it does not fit.
+
+    It does not check the magic: ``validate_batch`` does (``check_magic``).
+    """
     if len(buf) - pos < HEADER_SIZE:
         raise CorruptBatch(f"truncated batch header at byte {pos}")
     return BatchHeader(*HEADER.unpack_from(buf, pos))
+
+
+def check_magic(buf: bytes | bytearray | memoryview, pos: int = 0) -> None:
+    """Refuse a batch of another format version, before its header is read as version 2.
+
+    Version 1 (magic 1, a 54-byte header) is what SDKs before replication wrote: the error says
+    so, as UNSUPPORTED_VERSION, rather than a CRC mismatch (docs/replication.md, "Batch format
+    version 2": why the broker refuses such a batch instead of up-converting it).
+    """
+    if len(buf) - pos <= MAGIC_AT:
+        raise CorruptBatch(f"truncated batch header at byte {pos}")
+    magic = buf[pos + MAGIC_AT]
+    if magic == MAGIC:
+        return
+    if magic == 1:
+        raise UnsupportedVersion("batch format 1: upgrade the client (this broker reads format 2)")
+    raise CorruptBatch(f"unsupported batch magic {magic}")
 
 
 def read_tags(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> tuple[str, ...]:
@@ -143,16 +183,24 @@ def assemble(
     body: bytes,
     base_offset: int = 0,
     append_time_ms: int = -1,
+    leader_epoch: int = NO_EPOCH,
+    producer: tuple[int, int, int] = NO_PRODUCER,
 ) -> bytes:
+    """Frame a batch: the header, its CRC, then ``body`` (tag table, columns, data).
+
+    ``producer`` is (producer_id, producer_epoch, base_sequence), inside the CRC.
+    """
     length = HEADER_SIZE + len(body)
-    # The CRC covers magic..end; base_offset, length and append_time are outside it. It is
-    # computed in two steps so the body is copied once, into the result: every large copy is
-    # a fresh allocation whose pages fault in (about 0.5 ms per MiB here).
-    covered_header = struct.pack(
-        "<BBiiqqI", MAGIC, 0, record_count, last_offset_delta, base_ts, max_ts, tag_table_length
+    # The CRC covers attributes..end; base_offset, length, append_time, the leader epoch and
+    # the magic are outside it. It is computed in two steps so the body is copied once, into
+    # the result: every large copy is a fresh allocation whose pages fault in (about 0.5 ms
+    # per MiB here).
+    covered_header = _COVERED_HEADER.pack(
+        0, *producer, record_count, last_offset_delta, base_ts, max_ts, tag_table_length
     )
     crc = int(_crc32c.crc32c(body, _crc32c.crc32c(covered_header)))
-    return b"".join((struct.pack("<qiqI", base_offset, length, append_time_ms, crc), covered_header, body))
+    uncovered = _UNCOVERED_HEADER.pack(base_offset, length, append_time_ms, leader_epoch, MAGIC, crc)
+    return b"".join((uncovered, covered_header, body))
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,10 +269,14 @@ class _DenseOffsetDeltas:
 dense_offset_deltas = _DenseOffsetDeltas()
 
 
-def stamp(batch: bytearray | memoryview, pos: int, base_offset: int, append_time_ms: int) -> None:
-    """Write the broker-assigned base offset and append time in place (outside the CRC)."""
+def stamp(
+    batch: bytearray | memoryview, pos: int, base_offset: int, append_time_ms: int, leader_epoch: int
+) -> None:
+    """Write the leader-assigned base offset, append time and leader epoch in place (all three
+    outside the CRC, so the batch stays valid)."""
     _OFFSET_FIELD.pack_into(batch, pos, base_offset)
-    struct.pack_into("<q", batch, pos + 12, append_time_ms)
+    _TIME_FIELD.pack_into(batch, pos + APPEND_TIME_AT, append_time_ms)
+    _EPOCH_FIELD.pack_into(batch, pos + LEADER_EPOCH_AT, leader_epoch)
 
 
 def iter_headers(

@@ -8,12 +8,12 @@ from sluice.codec.batch.layout import (
     COLUMN_BYTES,
     CRC_START,
     HEADER_SIZE,
-    MAGIC,
     MAX_RECORDS_PER_BATCH,
     NO_KEY,
     NO_TAG,
     BatchHeader,
     Columns,
+    check_magic,
     columns,
     crc32c,
     dense_offset_deltas,
@@ -30,8 +30,10 @@ def validate_batch(
 
     Caller: the broker on produce (``require_dense``: a producer's batch holds
     offsets 0..n-1 exactly) and log recovery. Costs one CRC pass plus a few
-    C-level reductions over the columns.
+    C-level reductions over the columns. A batch of another format version is refused first
+    (UNSUPPORTED_VERSION for format 1), before its bytes are read as a version-2 header.
     """
+    check_magic(buf, pos)
     h = read_header(buf, pos)
     end = _check_frame(buf, pos, h, max_batch_bytes)
     tags = read_tags(buf, pos, h)
@@ -56,8 +58,6 @@ def _check_frame(buf: bytes | memoryview, pos: int, h: BatchHeader, max_batch_by
     end = pos + h.length
     if end > len(buf):
         raise CorruptBatch(f"batch claims {h.length} bytes but only {len(buf) - pos} remain")
-    if h.magic != MAGIC:
-        raise CorruptBatch(f"unsupported batch magic {h.magic}")
     if h.attributes != 0:
         raise CorruptBatch(f"unsupported batch attributes {h.attributes}")
     if crc32c(memoryview(buf)[pos + CRC_START : end]) != h.crc:

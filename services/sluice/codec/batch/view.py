@@ -30,7 +30,8 @@ def filter_batch(buf: bytes, pos: int, h: BatchHeader, keep_tags: frozenset[str]
 
     Returns None when no record matches. The result keeps the original base
     offset, offsets and last_offset_delta, so the consumer's position still
-    moves past every filtered-out record.
+    moves past every filtered-out record, and the leader epoch and producer fields
+    (the CRC is new: the filtered batch is a different batch).
     """
     tags = read_tags(buf, pos, h)
     keep_idx = {i for i, t in enumerate(tags) if t in keep_tags}
@@ -106,6 +107,8 @@ def filter_batch(buf: bytes, pos: int, h: BatchHeader, keep_tags: frozenset[str]
         body,
         base_offset=h.base_offset,
         append_time_ms=h.append_time_ms,
+        leader_epoch=h.partition_leader_epoch,
+        producer=(h.producer_id, h.producer_epoch, h.base_sequence),
     )
 
 
@@ -217,6 +220,8 @@ class BatchView:
             b"".join(parts),
             base_offset=h.base_offset,
             append_time_ms=h.append_time_ms,
+            leader_epoch=h.partition_leader_epoch,
+            producer=(h.producer_id, h.producer_epoch, h.base_sequence),
         )
 
 
