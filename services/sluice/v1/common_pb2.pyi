@@ -70,6 +70,15 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     NOT_DISPATCHER: _ErrorCode.ValueType  # 55
     UNKNOWN_SUBSCRIPTION: _ErrorCode.ValueType  # 56
     SUBSCRIPTION_IN_USE: _ErrorCode.ValueType  # 57
+    INVALID_REPLICATION_FACTOR: _ErrorCode.ValueType  # 70
+    """Replication, the controller side (issue 14, docs/replication.md).
+    A topic asks for more replicas than there are live brokers (or fewer than 1): never placed
+    under-replicated. Start more brokers or ask for fewer replicas.
+    """
+    STALE_CONTROLLER_EPOCH: _ErrorCode.ValueType  # 71
+    """A partition update carries a controller (coordinator) epoch older than one the broker has
+    already seen: it comes from a deposed controller (or a Redis that rolled back) and is refused.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -123,6 +132,15 @@ PROTOCOL_VIOLATION: ErrorCode.ValueType  # 54
 NOT_DISPATCHER: ErrorCode.ValueType  # 55
 UNKNOWN_SUBSCRIPTION: ErrorCode.ValueType  # 56
 SUBSCRIPTION_IN_USE: ErrorCode.ValueType  # 57
+INVALID_REPLICATION_FACTOR: ErrorCode.ValueType  # 70
+"""Replication, the controller side (issue 14, docs/replication.md).
+A topic asks for more replicas than there are live brokers (or fewer than 1): never placed
+under-replicated. Start more brokers or ask for fewer replicas.
+"""
+STALE_CONTROLLER_EPOCH: ErrorCode.ValueType  # 71
+"""A partition update carries a controller (coordinator) epoch older than one the broker has
+already seen: it comes from a deposed controller (or a Redis that rolled back) and is refused.
+"""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final
