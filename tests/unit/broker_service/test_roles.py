@@ -48,7 +48,7 @@ def test_a_follower_answers_not_leader_naming_the_leader_and_keeps_its_log(tmp_p
     reg.apply(AssignmentUpdate(1, True, (pa(0, ME), pa(1, 2)), controller_epoch=3))
     reg.lookup("t", 0)
     assert reg.logs.get("t", 1) is not None
-    with pytest.raises(NotLeader, match="led by broker 2 .leader epoch 0.; this broker is a follower"):
+    with pytest.raises(NotLeader, match=r"led by broker 2 \(leader epoch 0\); this broker is a follower"):
         reg.lookup("t", 1)
     assert reg.not_served_error("t", 1).code_name == "NOT_LEADER"
     # Leadership moves here (epoch 1): served, with the data the log had.
