@@ -359,3 +359,22 @@ class Throttled(SluiceError):
     code = common_pb2.THROTTLED
     retriable = True
     grpc_status = "RESOURCE_EXHAUSTED"
+
+
+# ---- Replication (the controller side, docs/replication.md) ----------------------
+
+
+class InvalidReplicationFactor(SluiceError, ValueError):
+    """A topic asks for more replicas than there are live brokers (or fewer than one). Sluice never
+    places a topic under-replicated: start more brokers, or ask for fewer replicas."""
+
+    code = common_pb2.INVALID_REPLICATION_FACTOR
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class StaleControllerEpoch(SluiceError):
+    """A partition update from a controller epoch older than one the broker has already seen: a deposed
+    coordinator, or state restored from a Redis that rolled back. The broker refuses it."""
+
+    code = common_pb2.STALE_CONTROLLER_EPOCH
+    grpc_status = "FAILED_PRECONDITION"

@@ -13,6 +13,11 @@ The coordinator places partitions on brokers and tells each broker its share wit
 A partition that is not served answers NOT_LEADER when the broker knows its topic (it holds
 a log of it) and UNKNOWN_TOPIC_OR_PARTITION otherwise.
 
+Replication (``roles.py``): an assignment names the partition's leader. This broker *serves* the
+partitions it leads; those it follows are hosted (their logs exist and are kept up to date by
+assignments) but not served, so clients get NOT_LEADER. Updates from an older controller epoch are
+refused, and assignments older than the partition's newest (leader epoch, partition epoch) are ignored.
+
 The served set is kept in an append-only journal over a snapshot (``assignment_journal.py``) so
 that a restarted broker serves what it served before, without waiting for the coordinator; an
 update costs the partitions it names, never all of them (docs/storage.md).
@@ -35,6 +40,7 @@ from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.log.config import LogConfig
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
+from sluice.broker.roles import EpochBook, EpochMark, Role, role_of
 from sluice.common.names import MAX_PARTITIONS, validate_topic
 from sluice.errors import (
     InvalidArgument,
@@ -70,6 +76,14 @@ class PartitionAssignment:
     topic_id: str
     partition: int
     config: TopicOverrides = TopicOverrides()
+    #: The leader's broker id; None in an update without replica state (from before replication, or a
+    #: standalone sender): this broker leads.
+    leader: int | None = None
+    leader_epoch: int = 0
+    partition_epoch: int = 0
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+    min_insync_replicas: int = 1
 
     @property
     def key(self) -> TopicPartitionKey:
@@ -84,6 +98,8 @@ class AssignmentUpdate:
     full: bool = False
     assign: tuple[PartitionAssignment, ...] = ()
     remove: tuple[PartitionAssignment, ...] = ()
+    #: The sending coordinator's term; 0: none (never refused).
+    controller_epoch: int = 0
 
 
 @dataclass(slots=True)
@@ -103,8 +119,10 @@ class UpdatePlan:
     create: list[PartitionAssignment] = field(default_factory=list)
     #: Existing logs that stay: their topic config is re-applied (a no-op when unchanged).
     keep: list[PartitionAssignment] = field(default_factory=list)
-    #: Partitions served after the update because it assigns them.
+    #: Partitions served after the update because it assigns them (with this broker as leader).
     assigned: set[TopicPartitionKey] = field(default_factory=set)
+    #: Partitions the update assigns to this broker as a follower: hosted, not served.
+    follow: dict[TopicPartitionKey, PartitionAssignment] = field(default_factory=dict)
     #: Partitions removed by the update (not stale).
     removed: set[TopicPartitionKey] = field(default_factory=set)
     #: Served partitions that stop being served (removed, or left out of a full update).
@@ -133,11 +151,15 @@ def plan_update(
     served: AbstractSet[TopicPartitionKey],
     on_disk: Mapping[TopicPartitionKey, str],
     update: AssignmentUpdate,
+    broker_id: int = -1,
+    untouched: AbstractSet[TopicPartitionKey] = frozenset(),
 ) -> UpdatePlan:
     """Decide what an update does, given the served set and on-disk logs (key -> topic_id).
 
     Only keys the update names are looked up in ``served`` and ``on_disk``, except that a full update
-    computes ``served - assigned``. A removal wins over an assignment of the same key.
+    computes ``served - assigned``. A removal wins over an assignment of the same key. An assignment
+    naming another broker as leader makes this broker a follower (``follow``: the log is created or
+    kept, the partition not served). ``untouched`` keys (stale assignments) keep whatever they had.
 
     Worked example: served {a/0, a/1}, on disk {a/0: X, a/1: X, b/0: Y}; a full update
     assigning a/0 (X) and c/0 (Z) and removing b/0 (Y) gives delete [b/0], create [c/0] and
@@ -158,6 +180,8 @@ def plan_update(
         plan.removed.add(item.key)
         if current is not None:
             plan.delete.append(item.key)
+    for key in untouched:
+        assigned.pop(key, None)
     for item in assigned.values():
         current = on_disk.get(item.key)
         if current is None:
@@ -166,11 +190,13 @@ def plan_update(
             plan.replace.append(item)
         else:
             plan.keep.append(item)
-    plan.assigned = set(assigned)
+        if role_of(item, broker_id) is Role.FOLLOWER:
+            plan.follow[item.key] = item
+    plan.assigned = {key for key in assigned if key not in plan.follow}
     if update.full:
-        plan.unserve = {key for key in served if key not in assigned}
+        plan.unserve = {key for key in served if key not in plan.assigned and key not in untouched}
     else:
-        plan.unserve = {key for key in plan.removed if key in served}
+        plan.unserve = {key for key in (*plan.removed, *plan.follow) if key in served}
     return plan
 
 
@@ -229,10 +255,16 @@ class PartitionRegistry:
         data_dir: Path,
         on_serve: Hook,
         on_unserve: Hook,
+        broker_id: int = -1,
     ) -> None:
         self.logs = logs
         self.defaults = defaults
+        self.broker_id = broker_id
         self.journal = AssignmentJournal(data_dir)
+        #: The highest controller epoch and per-partition epochs seen (journaled; roles.py).
+        self.epochs = EpochBook()
+        #: Hosted partitions this broker follows: not served (clients get NOT_LEADER naming the leader).
+        self.following: dict[TopicPartitionKey, PartitionAssignment] = {}
         self._on_serve = on_serve
         self._on_unserve = on_unserve
         self.served: dict[TopicPartitionKey, PartitionLog] = {}
@@ -258,6 +290,12 @@ class PartitionRegistry:
             validate_topic(topic)
         except SluiceError as err:
             return err
+        followed = self.following.get((topic, partition))
+        if followed is not None:
+            return NotLeader(
+                f"partition {topic}/{partition} is led by broker {followed.leader} (leader epoch "
+                f"{followed.leader_epoch}); this broker is a follower: refresh metadata"
+            )
         if partition >= 0 and (self.logs.get(topic, partition) is not None or self._disk_topics[topic] > 0):
             return NotLeader(f"partition {topic}/{partition} is not served by this broker: refresh metadata")
         return UnknownTopicOrPartition(f"unknown topic or partition {topic}/{partition}")
@@ -274,11 +312,19 @@ class PartitionRegistry:
         self.recovery = self.journal.recover()
         for problem in self.recovery.corruption:
             log.warning("assignment journal: %s", problem)
+        self.epochs = EpochBook(self.recovery.controller_epoch, self.recovery.epochs)
         wanted = on_disk.keys() if self.recovery.served is None else self.recovery.served
         for key in sorted(wanted & on_disk.keys()):
             self._serve(key, on_disk[key])
+        self._compact()
+
+    def _compact(self) -> None:
         try:
-            self.journal.compact(self.served)
+            # Marks of partitions whose logs are gone (deleted topics) are dropped here, at O(P) cost
+            # the compaction pays anyway: a re-created topic has another topic_id and starts afresh.
+            marks = {k: m for k, m in self.epochs.marks.items() if self.logs.get(*k) is not None}
+            self.journal.compact(self.served, marks, self.epochs.controller_epoch)
+            self.epochs.marks = marks
         except OSError as exc:
             raise self._journal_error(exc) from exc
 
@@ -292,6 +338,7 @@ class PartitionRegistry:
         cannot be created half way; the version then stays put, so the coordinator sends it again.
         """
         validate_update(update)
+        newer_controller = self.epochs.check_controller(update.controller_epoch)
         if is_stale(update, self.metadata_version):
             log.info(
                 "ignoring stale %s partition update v%d (have v%d)",
@@ -299,16 +346,28 @@ class PartitionRegistry:
                 update.metadata_version,
                 self.metadata_version,
             )
+            if newer_controller:  # the term is news even when the update is not
+                self._journal([], set(), {}, update.controller_epoch)
             return None
-        plan = plan_update(self.served.keys(), _OnDisk(self.logs), update)
+        stale = {item.key for item in update.assign if self.epochs.is_stale(item)}
+        plan = plan_update(self.served.keys(), _OnDisk(self.logs), update, self.broker_id, stale)
         added: list[TopicPartitionKey] = []
         dropped: set[TopicPartitionKey] = set()
+        marks = self.epochs.newer_marks(
+            item for item in update.assign if item.key in plan.assigned or item.key in plan.follow
+        )
         try:
             self._apply_plan(plan, added, dropped)
         finally:
-            self._journal(added, dropped)
+            self._set_roles(plan)
+            self._journal(added, dropped, marks, update.controller_epoch if newer_controller else 0)
         self.metadata_version = max(self.metadata_version, update.metadata_version)
         return plan
+
+    def _set_roles(self, plan: UpdatePlan) -> None:
+        for key in (*plan.unserve, *plan.removed, *plan.assigned):
+            self.following.pop(key, None)
+        self.following.update(plan.follow)
 
     def _apply_plan(
         self, plan: UpdatePlan, added: list[TopicPartitionKey], dropped: set[TopicPartitionKey]
@@ -341,16 +400,28 @@ class PartitionRegistry:
                 f"({names}): {next(iter(failed.values())).message}"
             )
 
-    def _journal(self, added: list[TopicPartitionKey], dropped: set[TopicPartitionKey]) -> None:
+    def _journal(
+        self,
+        added: list[TopicPartitionKey],
+        dropped: set[TopicPartitionKey],
+        marks: dict[TopicPartitionKey, EpochMark],
+        controller_epoch: int,
+    ) -> None:
+        """Journal the update's changes (one fsync) before it is acknowledged; the epochs are taken
+        into the book only once durable, so a failed append never lets a broker act on an epoch it
+        would forget in a restart."""
         unserved = dropped.difference(added)
-        if not added and not unserved:
+        if not added and not unserved and not marks and not controller_epoch:
             return  # most updates of a broker change nothing here (another broker's topic)
         try:
-            self.journal.append(added, unserved)
-            if self.journal.wants_compaction():
-                self.journal.compact(self.served)
+            self.journal.append(added, unserved, marks, controller_epoch)
         except OSError as exc:
             raise self._journal_error(exc) from exc
+        self.epochs.marks.update(marks)
+        if controller_epoch:
+            self.epochs.controller_epoch = controller_epoch
+        if self.journal.wants_compaction():
+            self._compact()
 
     def _journal_error(self, exc: OSError) -> StorageError:
         return StorageError(f"cannot write the assignment journal in {self.journal.data_dir}: {exc}")

@@ -2,11 +2,16 @@
 
 Files under the data directory (docs/storage.md, "The assignment journal"):
 
-- ``.broker-assignment.snapshot``: one frame, ``{"generation": g, "served": [[topic, partition], ...]}``;
+- ``.broker-assignment.snapshot``: one frame, ``{"generation": g, "served": [[topic, partition], ...],
+  "epochs": [[topic, partition, topic_id, leader_epoch, partition_epoch], ...], "controller_epoch": c}``;
   replaced atomically (write a temporary file, fsync, rename, fsync the directory);
 - ``.broker-assignment.journal``: a header frame ``{"generation": g}``, then one frame per applied
-  update that changed the served set, ``{"serve": [...], "unserve": [...]}``, fsynced before the update
-  is acknowledged.
+  update that changed the served set or an epoch, ``{"serve": [...], "unserve": [...], "epochs": [...],
+  "controller_epoch": c}`` (the last two only when they changed), fsynced before the update is
+  acknowledged.
+
+The epochs are the highest controller epoch and per-partition (leader, partition) epochs this broker has
+seen (``roles.py``): persisted so that a restarted broker still refuses an order older than one it obeyed.
 
 A frame is ``u32 length | u32 crc32(payload) | payload`` (big endian, payload JSON). Recovery reads the
 journal frame by frame and stops at the first frame that is short or fails its CRC: a write torn by
@@ -31,12 +36,13 @@ import logging
 import os
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sluice.broker.fetch import TopicPartitionKey
+from sluice.broker.roles import EpochMark, marks_from_json
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +103,9 @@ class JournalRecovery:
     corruption: list[str] = field(default_factory=list)
     #: Bytes cut from the journal's tail.
     cut_bytes: int = 0
+    #: The highest controller epoch and per-partition epochs recorded (0 and {} when none).
+    controller_epoch: int = 0
+    epochs: dict[TopicPartitionKey, EpochMark] = field(default_factory=dict)
 
 
 class AssignmentJournal:
@@ -126,7 +135,7 @@ class AssignmentJournal:
         if snapshot is None:
             found.served = self._read_legacy(found)
             return found
-        generation, served = snapshot
+        generation, served, found.epochs, found.controller_epoch = snapshot
         self.generation = generation
         try:
             data = self.journal_path.read_bytes()
@@ -143,13 +152,17 @@ class AssignmentJournal:
             for frame in frames[1:]:
                 served -= _keys(frame.get("unserve", ()))
                 served |= _keys(frame.get("serve", ()))
+                found.epochs.update(marks_from_json(frame.get("epochs", ())))
+                found.controller_epoch = max(found.controller_epoch, int(frame.get("controller_epoch", 0)))
                 found.replayed += 1
         elif frames:
             log.info("ignoring %s of generation %s: older than the snapshot", self.journal_path, frames[0])
         found.served = served
         return found
 
-    def _read_snapshot(self, found: JournalRecovery) -> tuple[int, set[TopicPartitionKey]] | None:
+    def _read_snapshot(
+        self, found: JournalRecovery
+    ) -> tuple[int, set[TopicPartitionKey], dict[TopicPartitionKey, EpochMark], int] | None:
         try:
             data = self.snapshot_path.read_bytes()
         except FileNotFoundError:
@@ -158,7 +171,13 @@ class AssignmentJournal:
         try:
             if len(frames) != 1 or good != len(data):
                 raise ValueError("not exactly one whole frame")
-            return int(frames[0]["generation"]), _keys(frames[0]["served"])
+            frame = frames[0]
+            return (
+                int(frame["generation"]),
+                _keys(frame["served"]),
+                marks_from_json(frame.get("epochs", ())),
+                int(frame.get("controller_epoch", 0)),
+            )
         except (ValueError, KeyError, TypeError) as exc:
             found.corruption.append(f"{self.snapshot_path}: unreadable ({exc}); serving every local log")
             return None
@@ -175,11 +194,22 @@ class AssignmentJournal:
 
     # ---- changes ---------------------------------------------------------------------
 
-    def append(self, serve: Iterable[TopicPartitionKey], unserve: Iterable[TopicPartitionKey]) -> None:
+    def append(
+        self,
+        serve: Iterable[TopicPartitionKey],
+        unserve: Iterable[TopicPartitionKey],
+        epochs: Mapping[TopicPartitionKey, EpochMark] | None = None,
+        controller_epoch: int = 0,
+    ) -> None:
         """Record one update's changes durably (one write, one fsync). Raises OSError."""
         if self._fd is None:
             raise RuntimeError("the assignment journal is not open: call compact() first")
-        frame = encode_frame({"serve": sorted(serve), "unserve": sorted(unserve)})
+        payload: dict[str, Any] = {"serve": sorted(serve), "unserve": sorted(unserve)}
+        if epochs:
+            payload["epochs"] = [mark.to_json(key) for key, mark in sorted(epochs.items())]
+        if controller_epoch:
+            payload["controller_epoch"] = controller_epoch
+        frame = encode_frame(payload)
         try:
             written = os.write(self._fd, frame)
             if written != len(frame):
@@ -197,13 +227,25 @@ class AssignmentJournal:
     def wants_compaction(self) -> bool:
         return self.journal_bytes > max(self.snapshot_bytes, self.min_compact_bytes)
 
-    def compact(self, served: Iterable[TopicPartitionKey]) -> None:
+    def compact(
+        self,
+        served: Iterable[TopicPartitionKey],
+        epochs: Mapping[TopicPartitionKey, EpochMark] | None = None,
+        controller_epoch: int = 0,
+    ) -> None:
         """Write ``served`` as the snapshot of the next generation and start an empty journal of it.
 
         Crash-safe in every order: until the new snapshot's rename, the old snapshot and journal stand;
         after it, the old journal's generation no longer matches and is ignored."""
         generation = self.generation + 1
-        snapshot = encode_frame({"generation": generation, "served": sorted(served)})
+        snapshot = encode_frame(
+            {
+                "generation": generation,
+                "served": sorted(served),
+                "epochs": [mark.to_json(key) for key, mark in sorted((epochs or {}).items())],
+                "controller_epoch": controller_epoch,
+            }
+        )
         header = encode_frame({"generation": generation})
         _replace(self.snapshot_path, snapshot)
         # The snapshot's rename must be durable before the journal's: the other way round, a crash

@@ -39,6 +39,13 @@ class BrokerConfig:
     data_dir: Path = field(
         default=Path("sluice-data/broker"), metadata={"help": "directory of the partition logs"}
     )
+    rack: str = field(
+        default="",
+        metadata={
+            "help": "this broker's rack or zone, registered with the coordinator, which spreads each "
+            "partition's replicas across racks (the Helm chart sets the node's zone); empty: unknown"
+        },
+    )
     coordinator: str = field(
         default="",
         metadata={
@@ -123,6 +130,8 @@ class BrokerConfig:
             raise InvalidArgument(f"segment_read_handles must be >= 1, got {self.segment_read_handles}")
         if self.descriptor_reserve < 0:
             raise InvalidArgument(f"descriptor_reserve must be >= 0, got {self.descriptor_reserve}")
+        if len(self.rack) > 128 or any(c.isspace() or not c.isprintable() for c in self.rack):
+            raise InvalidArgument(f"--rack {self.rack[:128]!r}: at most 128 printable characters, no spaces")
         self.log_defaults()  # validates the log settings
 
     @property

@@ -46,12 +46,14 @@ class CoordinatorLink:
         host: str,
         port: int,
         apply_update: Callable[[AssignmentUpdate], Awaitable[None]],
+        rack: str = "",
         metadata_version: Callable[[], int],
     ) -> None:
         self.address = address
         self.broker_id = broker_id
         self.host = host
         self.port = port
+        self.rack = rack
         #: The wire-protocol port to advertise (0: none); set once bound, like ``port``.
         self.wire_port = 0
         self.incarnation = uuid.uuid4().hex
@@ -94,6 +96,7 @@ class CoordinatorLink:
                 broker_id=self.broker_id,
                 endpoint=coordinator_pb2.Endpoint(host=self.host, port=self.port, wire_port=self.wire_port),
                 incarnation=self.incarnation,
+                rack=self.rack,
             ),
             timeout=RPC_TIMEOUT_S,
         )

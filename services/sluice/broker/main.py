@@ -101,6 +101,7 @@ async def run(config: BrokerConfig) -> None:
             broker_id=config.broker_id,
             host=config.advertised,
             port=0,  # set once bound, below
+            rack=config.rack,
             apply_update=service.update_partitions,
             metadata_version=lambda: service.metadata_version,
         )

@@ -135,7 +135,12 @@ class BrokerService(ReadSteps):
         self._session_watches = SessionWatches(self.waiters)
         self.sessions.on_drop = lambda session: self._session_watches.dropped(session.id)
         self.registry = PartitionRegistry(
-            logs, config.log_defaults(), config.data_dir, self._on_serve, self._on_unserve
+            logs,
+            config.log_defaults(),
+            config.data_dir,
+            self._on_serve,
+            self._on_unserve,
+            config.broker_id,
         )
         self._listeners: dict[TopicPartitionKey, Callable[[], None]] = {}
         self._inflight = _Inflight()

@@ -39,7 +39,19 @@ def overrides_from_proto(config: broker_pb2.TopicConfig) -> TopicOverrides:
 
 
 def _assignment(a: broker_pb2.PartitionAssignment) -> PartitionAssignment:
-    return PartitionAssignment(a.topic, a.topic_id, a.partition, overrides_from_proto(a.config))
+    # No replicas: a sender from before replication (or a standalone one); the receiving broker leads.
+    return PartitionAssignment(
+        a.topic,
+        a.topic_id,
+        a.partition,
+        overrides_from_proto(a.config),
+        leader=a.leader if a.replicas else None,
+        leader_epoch=a.leader_epoch,
+        partition_epoch=a.partition_epoch,
+        replicas=tuple(a.replicas),
+        isr=tuple(a.isr),
+        min_insync_replicas=a.min_insync_replicas or 1,
+    )
 
 
 def update_from_proto(req: broker_pb2.UpdatePartitionsRequest) -> AssignmentUpdate:
@@ -48,6 +60,7 @@ def update_from_proto(req: broker_pb2.UpdatePartitionsRequest) -> AssignmentUpda
         full=req.full,
         assign=tuple(_assignment(a) for a in req.assign),
         remove=tuple(_assignment(a) for a in req.remove),
+        controller_epoch=req.controller_epoch,
     )
 
 

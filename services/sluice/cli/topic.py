@@ -37,6 +37,25 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         help=f"topic setting, repeatable; keys: {', '.join(CONFIG_KEYS)}. "
         "*_ms take durations (7d, 12h, 500ms or ms), *_bytes take sizes (1GiB, 64MiB or bytes)",
     )
+    create.add_argument(
+        "--replication-factor",
+        "-r",
+        type=int,
+        metavar="N",
+        help="replicas per partition, on N distinct brokers (default: the coordinator's "
+        "--default-replication-factor); more than the live brokers is refused",
+    )
+    create.add_argument(
+        "--min-insync-replicas",
+        type=int,
+        metavar="M",
+        help="in-sync replicas an acks=all write needs (default min(2, N)); at most N",
+    )
+    create.add_argument(
+        "--unclean-leader-election",
+        action="store_true",
+        help="let an out-of-sync replica lead when no in-sync one is left (loses data; default off)",
+    )
     _add_format(create)
     create.set_defaults(run=run_create, parser=create)
 
@@ -88,8 +107,21 @@ def topic_to_dict(info: Any) -> dict[str, Any]:
     return {
         "name": info.name,
         "topic_id": info.topic_id,
+        "replication_factor": info.replication_factor,
+        "min_insync_replicas": info.min_insync_replicas,
+        "unclean_leader_election": info.unclean_leader_election,
         "partitions": [
-            {"partition": p.partition, "broker_id": p.broker_id, "dispatcher_id": p.dispatcher_id or None}
+            {
+                "partition": p.partition,
+                # The leader, under its old name too: scripts reading broker_id keep working.
+                "broker_id": p.broker_id,
+                "leader": p.broker_id,
+                "replicas": list(p.replicas),
+                "isr": list(p.isr),
+                "elr": list(p.elr),
+                "leader_epoch": p.leader_epoch,
+                "dispatcher_id": p.dispatcher_id or None,
+            }
             for p in info.partitions
         ],
         "config": dict(info.config),
@@ -109,12 +141,22 @@ def _warn(unacknowledged: Iterable[SluiceError]) -> None:
 def run_create(args: argparse.Namespace) -> int:
     config = parse_topic_config(args.config)
     with connect(args) as client:
-        info = client.admin.create_topic(args.name, partitions=args.partitions, config=config or None)
+        info = client.admin.create_topic(
+            args.name,
+            partitions=args.partitions,
+            config=config or None,
+            replication_factor=args.replication_factor,
+            min_insync_replicas=args.min_insync_replicas,
+            unclean_leader_election=args.unclean_leader_election,
+        )
     _warn(info.unacknowledged)
     if args.format == "json":
         _print_json(topic_to_dict(info))
     else:
-        print(f"Created topic {info.name} with {len(info.partitions)} partition(s) (id {info.topic_id}).")
+        print(
+            f"Created topic {info.name} with {len(info.partitions)} partition(s), replication factor "
+            f"{info.replication_factor} (id {info.topic_id})."
+        )
     return 0
 
 
@@ -164,13 +206,22 @@ def run_describe(args: argparse.Namespace) -> int:
     print(f"Topic:      {doc['name']}")
     print(f"Id:         {doc['topic_id']}")
     print(f"Partitions: {len(doc['partitions'])}")
+    print(
+        f"Replicas:   {doc['replication_factor']} (min in-sync {doc['min_insync_replicas']}, unclean "
+        f"leader election {'on' if doc['unclean_leader_election'] else 'off'})"
+    )
     print(f"Config:     {config}")
-    rows = [("PARTITION", "BROKER", "DISPATCHER", "START", "END")]
+    # END is the leader's log end; the high watermark (what consumers may read) comes from the brokers
+    # once followers replicate (docs/replication.md), and gets its own column then.
+    rows = [("PARTITION", "LEADER", "REPLICAS", "ISR", "EPOCH", "DISPATCHER", "START", "END")]
     for part in doc["partitions"]:
         rows.append(
             (
                 str(part["partition"]),
-                str(part["broker_id"]),
+                str(part["leader"]) if part["leader"] >= 0 else "none",
+                ",".join(map(str, part["replicas"])),
+                ",".join(map(str, part["isr"])),
+                str(part["leader_epoch"]),
                 part["dispatcher_id"] or "-",
                 _opt(part["log_start_offset"]),
                 _opt(part["end_offset"]),

@@ -5,16 +5,19 @@ Start order (each waits for the previous one's ready line):
 1. a private ``redis-server`` with its data (AOF on) in ``DIR/redis`` — unless
    ``--redis-url`` points at one;
 2. the coordinator (``--port``, default 7600: the bootstrap address);
-3. broker 0 (data in ``DIR/broker-0``);
+3. the brokers (``--brokers N``, default 1): broker ``i`` keeps its data in ``DIR/broker-i``;
 4. the offset store, if this installation has it (its port is reserved before
    the coordinator starts, because the coordinator hands it to clients);
 5. the dispatcher, if this installation has it (it asks the coordinator for work).
 
-Ports: the coordinator gets ``--port``, the broker ``+1``, the offset store
-``+2``, the dispatcher ``+3``; metrics ports start at ``--metrics-port`` (default
+Ports: the coordinator gets ``--port``, broker 0 ``+1``, the offset store
+``+2``, the dispatcher ``+3``, and brokers 1.. N-1 ``+4`` onwards (so one broker
+keeps the ports it always had); metrics ports start at ``--metrics-port`` (default
 ``--port`` + 2000, so 9600) in the same order. ``--port 0`` makes every port
-ephemeral; the real ones are printed. Each service's output goes to
-``DIR/logs/<service>.log`` (``--verbose`` also prints it on stderr, prefixed).
+ephemeral; the real ones are printed. With several brokers the coordinator's
+default replication factor is min(3, N) (one broker: 1), and the brokers are named
+``broker-0`` .. ``broker-{N-1}`` in the banner and the logs (one broker: ``broker``).
+Each service's output goes to ``DIR/logs/<service>.log`` (``--verbose`` also prints it on stderr, prefixed).
 
 Stopping (Ctrl-C or SIGTERM) goes in reverse order, SIGTERM first and SIGKILL
 after ``--grace`` seconds; a second Ctrl-C skips the grace periods. If a service
@@ -56,6 +59,9 @@ SERVICE_MODULES = {
     "dispatcher": "sluice.dispatcher.main",
 }
 OPTIONAL_SERVICES = ("offset-store", "dispatcher")
+#: Local brokers beyond this are a mistake on a development machine (each is a process and its fsyncs);
+#: and broker 8's gRPC port (--port + 11) would be broker 0's wire port (its gRPC port + 10).
+MAX_BROKERS = 7
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
@@ -93,6 +99,13 @@ def add_parser(subparsers: Any, _common: argparse.ArgumentParser) -> None:
         "--flush", choices=("always", "interval", "never"), help="broker flush policy (broker default)"
     )
     p.add_argument(
+        "--brokers",
+        type=_broker_count,
+        default=1,
+        metavar="N",
+        help=f"brokers to run (1-{MAX_BROKERS}, default 1); topics default to min(3, N) replicas",
+    )
+    p.add_argument(
         "--grace", type=positive_float, default=15.0, metavar="SECONDS", help="stop grace per service (15)"
     )
     p.add_argument(
@@ -115,6 +128,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _broker_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1 <= value <= MAX_BROKERS:
+        raise argparse.ArgumentTypeError(f"--brokers must be between 1 and {MAX_BROKERS}, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class Ports:
     port: int
@@ -125,12 +148,32 @@ def plan_ports(base: int, metrics_base: int | None) -> dict[str, Ports]:
     """Every service's (port, metrics port); base 0 means ephemeral everywhere."""
     if metrics_base is None:
         metrics_base = base + METRICS_OFFSET if base else 0
-    if base and base + max(PORT_OFFSETS.values()) > 65535:
+    if base and base + max(PORT_OFFSETS.values()) + MAX_BROKERS > 65535:
         raise CliError("INVALID_ARGUMENT", f"--port {base} leaves no room for the services after it")
     return {
         name: Ports(base + off if base else 0, metrics_base + off if metrics_base else 0)
         for name, off in PORT_OFFSETS.items()
     }
+
+
+def broker_ports(plan: dict[str, Ports], index: int) -> Ports:
+    """Broker ``index``'s ports: broker 0 has the ``broker`` slot; the others follow the dispatcher's
+    (``+4``, ``+5``, ...), so adding brokers moves no other service's port."""
+    if index == 0:
+        return plan["broker"]
+    base = plan["broker"]
+    offset = max(PORT_OFFSETS.values()) - PORT_OFFSETS["broker"] + index
+    return Ports(base.port + offset if base.port else 0, base.metrics + offset if base.metrics else 0)
+
+
+def broker_names(count: int) -> list[str]:
+    """The brokers' names in the banner and the logs: ``broker`` alone, ``broker-i`` among several."""
+    return ["broker"] if count == 1 else [f"broker-{i}" for i in range(count)]
+
+
+def default_replication_factor(brokers: int) -> int:
+    """min(3, N): every topic survives the loss of a broker once there are brokers to spare."""
+    return min(3, brokers)
 
 
 def service_available(name: str) -> bool:
@@ -239,10 +282,13 @@ class Stack:
         self.summary.append(f"  {'redis':<14}{self.redis_url:<40}pid {pid:<8} data {redis_dir}")
         return True
 
-    def start_service(self, name: str, extra: list[str]) -> bool:
-        ports = self.ports[name]
+    def start_service(
+        self, name: str, extra: list[str], service: str = "", ports: Ports | None = None
+    ) -> bool:
+        """Start ``service`` (default: ``name``) under ``name`` (its banner line and log file)."""
+        ports = ports or self.ports[name]
         argv = [
-            sys.executable, "-m", "sluice", name, "--host", self.args.host,
+            sys.executable, "-m", "sluice", service or name, "--host", self.args.host,
             "--port", str(ports.port), "--metrics-port", str(ports.metrics), *extra,
         ]  # fmt: skip
         ready = self._start(name, argv, SERVICE_READY)
@@ -275,17 +321,20 @@ class Stack:
             offset_store = f"{self.connect_host}:{port}"
         # The Redis elector, as a cluster would run it: the coordinator leads under an epoch that
         # fences its writes, and a second `sluice coordinator` on the same Redis would stand by.
+        brokers: int = self.args.brokers
         coordinator_args = ["--redis-url", self.redis_url, "--election", "redis", *advertised]
+        coordinator_args += ["--default-replication-factor", str(default_replication_factor(brokers))]
         coordinator_args += ["--offset-store", offset_store] if offset_store else []
         if not self.start_service("coordinator", coordinator_args):
             return False
         coordinator = self.addresses["coordinator"]
-        broker_dir = str(self.data_dir / "broker-0")
-        broker_args = ["--broker-id", "0", "--data-dir", broker_dir, "--coordinator", coordinator]
-        broker_args += advertised
-        broker_args += ["--flush", self.args.flush] if self.args.flush else []
-        if not self.start_service("broker", broker_args):
-            return False
+        for i, name in enumerate(broker_names(brokers)):
+            broker_dir = str(self.data_dir / f"broker-{i}")
+            broker_args = ["--broker-id", str(i), "--data-dir", broker_dir, "--coordinator", coordinator]
+            broker_args += advertised
+            broker_args += ["--flush", self.args.flush] if self.args.flush else []
+            if not self.start_service(name, broker_args, "broker", broker_ports(self.ports, i)):
+                return False
         if offset_store and not self.start_service(
             "offset-store", ["--redis-url", self.redis_url, "--coordinator", coordinator]
         ):

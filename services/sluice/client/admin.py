@@ -21,7 +21,13 @@ from sluice.client.rpc import call
 from sluice.common.names import MAX_PARTITIONS, validate_topic
 from sluice.common.peers import Peers
 from sluice.common.units import parse_duration, parse_size
-from sluice.errors import InvalidArgument, InvalidPartitions, SluiceError, error_from_proto
+from sluice.errors import (
+    InvalidArgument,
+    InvalidPartitions,
+    InvalidReplicationFactor,
+    SluiceError,
+    error_from_proto,
+)
 from sluice.v1 import broker_pb2, common_pb2, coordinator_pb2
 
 log = logging.getLogger(__name__)
@@ -81,6 +87,18 @@ def topic_config_to_proto(config: Mapping[str, Any] | None) -> broker_pb2.TopicC
         raise InvalidArgument(f"topic settings out of range: {exc}") from None
 
 
+def _positive_or_default(what: str, value: int | None) -> int:
+    """None -> 0 (the coordinator's default); else a positive int, checked here so the error names the
+    argument."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        raise (InvalidReplicationFactor if what == "replication_factor" else InvalidArgument)(
+            f"{what} must be a positive integer, got {value!r}"
+        )
+    return value
+
+
 class Admin:
     """``client.admin``: topic and group operations. Every call raises typed ``sluice.errors``."""
 
@@ -92,14 +110,27 @@ class Admin:
         self._channels = channels if channels is not None else Peers()
 
     def create_topic(
-        self, name: str, partitions: int = 1, config: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        partitions: int = 1,
+        config: Mapping[str, Any] | None = None,
+        *,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+        unclean_leader_election: bool = False,
     ) -> TopicInfo:
-        """Create a topic with ``partitions`` partitions placed across the live brokers.
+        """Create a topic with ``partitions`` partitions, each on ``replication_factor`` brokers (None:
+        the coordinator's default), placed across the live brokers (and racks).
 
-        Raises InvalidTopic, InvalidPartitions, TopicAlreadyExists, InvalidArgument, and
-        BrokerUpdateFailed when the topic was recorded but a broker could not create its partitions
-        (the message names the broker and why): fix the cause and call again with the same arguments,
-        which completes the creation (docs/coordinator.md).
+        ``min_insync_replicas`` (None: min(2, factor)) is how many in-sync replicas an ``acks="all"``
+        write needs; ``unclean_leader_election`` lets an out-of-sync replica lead when no in-sync one is
+        left (it loses data; docs/replication.md).
+
+        Raises InvalidTopic, InvalidPartitions, TopicAlreadyExists, InvalidArgument,
+        InvalidReplicationFactor (more replicas than live brokers), and BrokerUpdateFailed when the
+        topic was recorded but a broker could not create its partitions (the message names the broker
+        and why): fix the cause and call again with the same arguments, which completes the creation
+        (docs/coordinator.md).
         """
         validate_topic(name)
         if (
@@ -111,7 +142,12 @@ class Admin:
                 f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {partitions!r}"
             )
         request = coordinator_pb2.CreateTopicRequest(
-            name=name, partitions=partitions, config=topic_config_to_proto(config)
+            name=name,
+            partitions=partitions,
+            config=topic_config_to_proto(config),
+            replication_factor=_positive_or_default("replication_factor", replication_factor),
+            min_insync_replicas=_positive_or_default("min_insync_replicas", min_insync_replicas),
+            unclean_leader_election=bool(unclean_leader_election),
         )
         # Not retried: a create whose answer was lost would come back as TopicAlreadyExists.
         resp = call(self._metadata.coordinator_stub().CreateTopic, request, self._timeout)

@@ -43,8 +43,31 @@ TOPIC_CONFIG_KEYS = ("retention_ms", "retention_bytes", "segment_bytes", "segmen
 @dataclass(frozen=True, slots=True)
 class PartitionInfo:
     partition: int
+    #: The leader: produce and fetch go here (-1: offline, no leader).
     broker_id: int
     dispatcher_id: str = ""
+    #: Replicas in preference order (the first is the preferred leader), in-sync replicas, eligible
+    #: leader replicas (KIP-966) and epochs. A coordinator older than replication sends none: then the
+    #: partition has one replica, ``broker_id``.
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+    leader_epoch: int = 0
+    partition_epoch: int = 0
+    elr: tuple[int, ...] = ()
+
+    @classmethod
+    def from_proto(cls, p: coordinator_pb2.PartitionDescription) -> PartitionInfo:
+        replicas = tuple(p.replicas) or (p.broker_id,)
+        return cls(
+            p.partition,
+            p.broker_id,
+            p.dispatcher_id,
+            replicas,
+            tuple(p.isr) or replicas,
+            p.leader_epoch,
+            p.partition_epoch,
+            tuple(p.elr),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +77,9 @@ class TopicInfo:
     partitions: list[PartitionInfo]
     config: dict[str, int] = field(default_factory=dict)
     created_ms: int = 0
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+    unclean_leader_election: bool = False
     #: Set by create_topic/add_partitions: hosting brokers that did not acknowledge the change in time
     #: (BrokerNotAvailable each). The topic is recorded; their heartbeats bring it to them.
     unacknowledged: tuple[SluiceError, ...] = field(default=(), compare=False)
@@ -63,12 +89,12 @@ class TopicInfo:
         return cls(
             name=t.name,
             topic_id=t.topic_id,
-            partitions=sorted(
-                (PartitionInfo(p.partition, p.broker_id, p.dispatcher_id) for p in t.partitions),
-                key=lambda p: p.partition,
-            ),
+            partitions=sorted((PartitionInfo.from_proto(p) for p in t.partitions), key=lambda p: p.partition),
             config=topic_config_from_proto(t.config),
             created_ms=t.created_ms,
+            replication_factor=t.replication_factor or 1,
+            min_insync_replicas=t.min_insync_replicas or 1,
+            unclean_leader_election=t.unclean_leader_election,
         )
 
 
@@ -80,6 +106,8 @@ class BrokerInfo:
     alive: bool = True
     #: The wire-protocol port on ``host`` (0: the broker serves none).
     wire_port: int = 0
+    #: The broker's rack or zone ("" when unknown).
+    rack: str = ""
 
     @property
     def address(self) -> str:
@@ -230,7 +258,7 @@ class MetadataCache:
             resp = call(self.coordinator_stub().Metadata, request, self._timeout)
         brokers = {
             b.broker_id: BrokerInfo(
-                b.broker_id, b.endpoint.host, b.endpoint.port, b.alive, b.endpoint.wire_port
+                b.broker_id, b.endpoint.host, b.endpoint.port, b.alive, b.endpoint.wire_port, b.rack
             )
             for b in resp.brokers
         }

@@ -95,8 +95,11 @@ class BrokerNotifier:
         full_update: Callable[[int], BrokerUpdate],
         timeout_s: float,
         on_result: Callable[[bool], None] | None = None,
+        controller_epoch: Callable[[], int] = lambda: 0,
     ) -> None:
         self._full_update = full_update
+        #: The coordinator's current term, stamped on every push (brokers refuse an older one).
+        self._controller_epoch = controller_epoch
         self._timeout_s = timeout_s
         self._on_result = on_result
         self._links: dict[int, _PushQueue] = {}
@@ -217,7 +220,8 @@ class BrokerNotifier:
         try:
             deadline = self.deadline_s(len(update.assign) + len(update.remove))
             stub = self._peers.broker(str(link.endpoint))
-            await stub.UpdatePartitions(broker_update_to_proto(update), timeout=deadline)
+            request = broker_update_to_proto(update, self._controller_epoch())
+            await stub.UpdatePartitions(request, timeout=deadline)
         except grpc.RpcError as exc:
             answered = answered_error(exc)
             failure = error_from_rpc(exc)

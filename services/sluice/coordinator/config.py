@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from sluice.common.redis_client import validate_url as validate_redis_url
 from sluice.coordinator.cluster.model import Endpoint
+from sluice.coordinator.cluster.replication import MAX_REPLICATION_FACTOR
 from sluice.coordinator.cluster.state import ClusterSettings
 from sluice.coordinator.election import validate_election
 from sluice.coordinator.group_metrics import DEFAULT_MAX_GROUPS, GroupMetricsPolicy
@@ -57,6 +58,13 @@ class CoordinatorConfig:
         metadata={
             "help": "new idempotent producer ids one client id may take a minute (bursts up to this many); "
             "more are refused with THROTTLED (KIP-936: each id is state on every partition it writes)"
+        },
+    )
+    default_replication_factor: int = field(
+        default=1,
+        metadata={
+            "help": "replicas per partition of a topic created without --replication-factor; creating one "
+            "needs at least this many live brokers (the Helm chart sets 3, `sluice up --brokers N` min(3, N))"
         },
     )
     broker_update_timeout: timedelta = field(
@@ -192,6 +200,11 @@ class CoordinatorConfig:
         if self.group_lag_interval < timedelta(0):
             raise InvalidArgument("--group-lag-interval must be >= 0")
         self.group_metrics_policy()
+        if not 1 <= self.default_replication_factor <= MAX_REPLICATION_FACTOR:
+            raise InvalidArgument(
+                f"--default-replication-factor must be between 1 and {MAX_REPLICATION_FACTOR}, "
+                f"got {self.default_replication_factor}"
+            )
         if self.broker_update_timeout <= timedelta(0):
             raise InvalidArgument("--broker-update-timeout must be positive")
         if self.offset_store:
@@ -205,6 +218,7 @@ class CoordinatorConfig:
             broker_session_timeout_ms=_ms(self.broker_session_timeout),
             dispatcher_heartbeat_interval_ms=_ms(self.dispatcher_heartbeat_interval),
             dispatcher_session_timeout_ms=_ms(self.dispatcher_session_timeout),
+            default_replication_factor=self.default_replication_factor,
         )
 
     def group_settings(self) -> GroupSettings:

@@ -10,9 +10,11 @@ from sluice.coordinator.cluster.model import (
     Endpoint,
     MetadataView,
     PartitionRef,
+    PartitionView,
     TopicConfig,
     TopicView,
 )
+from sluice.coordinator.cluster.replication import ReplicationSpec
 from sluice.coordinator.groups.lag import LagRow
 from sluice.coordinator.groups.model import (
     AssignedPartition,
@@ -59,36 +61,65 @@ def topic_config_to_proto(config: TopicConfig) -> broker_pb2.TopicConfig:
     )
 
 
+def replication_spec_from_proto(msg: coordinator_pb2.CreateTopicRequest) -> ReplicationSpec:
+    return ReplicationSpec(msg.replication_factor, msg.min_insync_replicas, msg.unclean_leader_election)
+
+
+def _partition_to_proto(p: PartitionView) -> coordinator_pb2.PartitionDescription:
+    state = p.replica_state
+    return coordinator_pb2.PartitionDescription(
+        partition=p.partition,
+        broker_id=p.broker_id,
+        dispatcher_id=p.dispatcher_id,
+        replicas=state.replicas,
+        isr=state.isr,
+        leader_epoch=state.leader_epoch,
+        partition_epoch=state.partition_epoch,
+        elr=state.elr,
+    )
+
+
 def topic_to_proto(topic: TopicView) -> coordinator_pb2.TopicDescription:
     return coordinator_pb2.TopicDescription(
         name=topic.name,
         topic_id=topic.topic_id,
-        partitions=[
-            coordinator_pb2.PartitionDescription(
-                partition=p.partition, broker_id=p.broker_id, dispatcher_id=p.dispatcher_id
-            )
-            for p in topic.partitions
-        ],
+        partitions=[_partition_to_proto(p) for p in topic.partitions],
         config=topic_config_to_proto(topic.config),
         created_ms=topic.created_ms,
+        replication_factor=topic.replication.factor,
+        min_insync_replicas=topic.replication.min_insync_replicas,
+        unclean_leader_election=topic.replication.unclean_leader_election,
     )
 
 
 def _assignment(ref: PartitionRef) -> broker_pb2.PartitionAssignment:
-    return broker_pb2.PartitionAssignment(
+    out = broker_pb2.PartitionAssignment(
         topic=ref.topic,
         topic_id=ref.topic_id,
         partition=ref.partition,
         config=topic_config_to_proto(ref.config),
+        min_insync_replicas=ref.min_insync_replicas,
     )
+    if ref.state is not None:
+        out.leader = ref.state.leader
+        out.leader_epoch = ref.state.leader_epoch
+        out.partition_epoch = ref.state.partition_epoch
+        out.replicas.extend(ref.state.replicas)
+        out.isr.extend(ref.state.isr)
+    return out
 
 
-def broker_update_to_proto(update: BrokerUpdate) -> broker_pb2.UpdatePartitionsRequest:
+def broker_update_to_proto(
+    update: BrokerUpdate, controller_epoch: int = 0
+) -> broker_pb2.UpdatePartitionsRequest:
+    """``controller_epoch``: the coordinator's term (its fencing epoch), which brokers never let go
+    backwards (docs/replication.md, "Roles on the broker")."""
     return broker_pb2.UpdatePartitionsRequest(
         metadata_version=update.metadata_version,
         full=update.full,
         assign=[_assignment(r) for r in update.assign],
         remove=[_assignment(r) for r in update.remove],
+        controller_epoch=controller_epoch,
     )
 
 
@@ -98,7 +129,7 @@ def metadata_to_proto(
     response = coordinator_pb2.MetadataResponse(
         brokers=[
             coordinator_pb2.BrokerDescription(
-                broker_id=b.broker_id, endpoint=endpoint_to_proto(b.endpoint), alive=b.alive
+                broker_id=b.broker_id, endpoint=endpoint_to_proto(b.endpoint), alive=b.alive, rack=b.rack
             )
             for b in view.brokers
         ],

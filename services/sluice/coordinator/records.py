@@ -46,6 +46,12 @@ class RecordValue(ABC):
     def from_dict(cls, version: int, data: Mapping[str, Any]) -> Self:
         """Decode fields written under ``version`` (<= VERSION); upgrade older versions here."""
 
+    @property
+    def encoding_version(self) -> int:
+        """The version this record is written as: ``VERSION``, unless the record needs nothing newer than
+        an older version holds (then older coordinators can still read it; see ``TopicRecord``)."""
+        return self.VERSION
+
 
 @dataclass(frozen=True)
 class Tombstone:
@@ -100,7 +106,7 @@ class RecordCodec:
             return field, None
         if self._types.get(record.TYPE) is not type(record):
             raise ValueError(f"record type {type(record).__name__} is not registered with this codec")
-        body = {"v": record.VERSION, **record.to_dict()}
+        body = {"v": record.encoding_version, **record.to_dict()}
         return field, json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
     def decode(self, field: str, value: bytes) -> RecordValue:

@@ -30,6 +30,7 @@ from sluice.coordinator.cluster.model import (
     TopicView,
 )
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
+from sluice.coordinator.cluster.replication import DEFAULT_SPEC, ReplicationSpec
 from sluice.coordinator.cluster.repush import repush_removals, repush_topic
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.config import CoordinatorConfig
@@ -157,7 +158,9 @@ class CoordinatorService(CoordinatorTimers):
 
     # ---- brokers and dispatchers ---------------------------------------------------------------------
 
-    async def register_broker(self, broker_id: int, endpoint: Endpoint, incarnation: str) -> Registration:
+    async def register_broker(
+        self, broker_id: int, endpoint: Endpoint, incarnation: str, rack: str = ""
+    ) -> Registration:
         def committed(reg: Registration) -> None:
             if reg.new_incarnation:
                 # A new process has applied nothing: it reports version 0 and gets a full assignment.
@@ -166,7 +169,7 @@ class CoordinatorService(CoordinatorTimers):
             self._publish(reg.change)
 
         return await self._write(
-            lambda now: self.cluster.register_broker(broker_id, endpoint, incarnation, now), committed
+            lambda now: self.cluster.register_broker(broker_id, endpoint, incarnation, now, rack), committed
         )
 
     async def broker_heartbeat(
@@ -197,7 +200,7 @@ class CoordinatorService(CoordinatorTimers):
     # ---- topics --------------------------------------------------------------------------------------
 
     async def create_topic(
-        self, name: str, partitions: int, config: TopicConfig
+        self, name: str, partitions: int, config: TopicConfig, spec: ReplicationSpec = DEFAULT_SPEC
     ) -> tuple[TopicView, tuple[SluiceError, ...]]:
         """Create, persist, then wait (bounded) until the hosting brokers acknowledged the new partitions,
         so that a produce right after this returns finds them. Returns the topic and the brokers that did
@@ -215,10 +218,12 @@ class CoordinatorService(CoordinatorTimers):
                 and (retry.topic_id, retry.partitions) == (existing.topic_id, partitions)
                 and existing.partitions == partitions
                 and existing.config == config
+                and existing.replication
+                == spec.resolve(self.cluster.settings.default_replication_factor, name)
             ):
                 log.info("create topic %s again: pushing its partitions to the brokers again", name)
                 return repush_topic(self.cluster, name, now_ms)
-            return self.cluster.create_topic(name, partitions, config, topic_id, now_ms)
+            return self.cluster.create_topic(name, partitions, config, topic_id, now_ms, spec)
 
         result = await self._write(create, lambda res: acks.update(self._publish(res.change)))
         log.info("created topic %s (%d partitions, id %s)", name, partitions, result.topic.topic_id)

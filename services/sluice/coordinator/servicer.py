@@ -21,6 +21,7 @@ from sluice.coordinator.convert import (
     heartbeat_from_proto,
     heartbeat_to_proto,
     metadata_to_proto,
+    replication_spec_from_proto,
     topic_config_from_proto,
     topic_to_proto,
 )
@@ -48,7 +49,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         endpoint = endpoint_from_proto(
             request.endpoint, request.HasField("endpoint"), f"broker {request.broker_id}"
         )
-        reg = await self._service.register_broker(request.broker_id, endpoint, request.incarnation)
+        reg = await self._service.register_broker(
+            request.broker_id, endpoint, request.incarnation, request.rack
+        )
         return pb.RegisterBrokerResponse(
             broker_epoch=reg.epoch,
             heartbeat_interval_ms=reg.heartbeat_interval_ms,
@@ -65,7 +68,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         if result.error is not None:
             response.error.CopyFrom(result.error.to_proto())
         if result.update is not None:
-            response.update.CopyFrom(broker_update_to_proto(result.update))
+            response.update.CopyFrom(broker_update_to_proto(result.update, self._service.epoch))
         return response
 
     async def RegisterDispatcher(
@@ -83,7 +86,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     async def CreateTopic(self, request: pb.CreateTopicRequest, context: Context) -> pb.CreateTopicResponse:
         topic, unacked = await self._service.create_topic(
-            request.name, request.partitions, topic_config_from_proto(request.config)
+            request.name,
+            request.partitions,
+            topic_config_from_proto(request.config),
+            replication_spec_from_proto(request),
         )
         return pb.CreateTopicResponse(
             topic=topic_to_proto(topic), unacknowledged=[e.to_proto() for e in unacked]

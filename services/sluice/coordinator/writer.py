@@ -119,6 +119,7 @@ class CoordinatorWriter:
             self._full_update,
             update_timeout_s,
             self._metrics.count_update,
+            controller_epoch=lambda: self._epoch,
         )
         self._update_timeout_s = update_timeout_s
         self._timer: asyncio.Task[None] | None = None

@@ -420,12 +420,38 @@ class PartitionAssignment(_message.Message):
     TOPIC_ID_FIELD_NUMBER: _builtins.int
     PARTITION_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    PARTITION_EPOCH_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    ISR_FIELD_NUMBER: _builtins.int
+    MIN_INSYNC_REPLICAS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     topic_id: _builtins.str
     """Distinguishes a topic from a deleted one of the same name."""
     partition: _builtins.int
+    leader: _builtins.int
+    """Replication (docs/replication.md, "Roles on the broker"). A broker is the
+    leader of the partition when `leader` is its id, a follower otherwise.
+    An update without `replicas` comes from a coordinator older than
+    replication: the receiving broker is the leader, epochs 0.
+    """
+    leader_epoch: _builtins.int
+    """Bumped at every leader change; a broker refuses an assignment whose leader
+    epoch is older than the highest it has seen for the partition.
+    """
+    partition_epoch: _builtins.int
+    """Bumped at every change of the partition's state (leader, ISR, replicas)."""
+    min_insync_replicas: _builtins.int
+    """The topic's min.insync.replicas (for acks=all, later steps); 0: 1."""
     @_builtins.property
     def config(self) -> Global___TopicConfig: ...
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Preference order; the first is the preferred leader."""
+
+    @_builtins.property
+    def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -433,10 +459,16 @@ class PartitionAssignment(_message.Message):
         topic_id: _builtins.str = ...,
         partition: _builtins.int = ...,
         config: Global___TopicConfig | None = ...,
+        leader: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        partition_epoch: _builtins.int = ...,
+        replicas: _abc.Iterable[_builtins.int] | None = ...,
+        isr: _abc.Iterable[_builtins.int] | None = ...,
+        min_insync_replicas: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "partition", b"partition", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "isr", b"isr", "leader", b"leader", "leader_epoch", b"leader_epoch", "min_insync_replicas", b"min_insync_replicas", "partition", b"partition", "partition_epoch", b"partition_epoch", "replicas", b"replicas", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -482,9 +514,16 @@ class UpdatePartitionsRequest(_message.Message):
     FULL_FIELD_NUMBER: _builtins.int
     ASSIGN_FIELD_NUMBER: _builtins.int
     REMOVE_FIELD_NUMBER: _builtins.int
+    CONTROLLER_EPOCH_FIELD_NUMBER: _builtins.int
     metadata_version: _builtins.int
     full: _builtins.bool
     """When full is true `assign` is the broker's complete assignment."""
+    controller_epoch: _builtins.int
+    """The epoch of the coordinator (controller) that sent the update. A broker
+    refuses an update from an older controller epoch than the highest it has
+    seen (STALE_CONTROLLER_EPOCH) and persists that highest epoch. 0: unknown
+    (a standalone sender), never refused.
+    """
     @_builtins.property
     def assign(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionAssignment]: ...
     @_builtins.property
@@ -496,10 +535,11 @@ class UpdatePartitionsRequest(_message.Message):
         full: _builtins.bool = ...,
         assign: _abc.Iterable[Global___PartitionAssignment] | None = ...,
         remove: _abc.Iterable[Global___PartitionAssignment] | None = ...,
+        controller_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assign", b"assign", "full", b"full", "metadata_version", b"metadata_version", "remove", b"remove"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assign", b"assign", "controller_epoch", b"controller_epoch", "full", b"full", "metadata_version", b"metadata_version", "remove", b"remove"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

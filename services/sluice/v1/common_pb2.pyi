@@ -92,6 +92,15 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """
     THROTTLED: _ErrorCode.ValueType  # 74
     """A rate limit: the message says what was limited and how long to wait. Retriable after that wait."""
+    INVALID_REPLICATION_FACTOR: _ErrorCode.ValueType  # 61
+    """Replication, the controller side (issue 14, docs/replication.md).
+    A topic asks for more replicas than there are live brokers (or fewer than 1): never placed
+    under-replicated. Start more brokers or ask for fewer replicas.
+    """
+    STALE_CONTROLLER_EPOCH: _ErrorCode.ValueType  # 62
+    """A partition update carries a controller (coordinator) epoch older than one the broker has
+    already seen: it comes from a deposed controller (or a Redis that rolled back) and is refused.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -167,6 +176,15 @@ WAIT guard; later: the in-sync set of a partition under acks=all). Retriable.
 """
 THROTTLED: ErrorCode.ValueType  # 74
 """A rate limit: the message says what was limited and how long to wait. Retriable after that wait."""
+INVALID_REPLICATION_FACTOR: ErrorCode.ValueType  # 61
+"""Replication, the controller side (issue 14, docs/replication.md).
+A topic asks for more replicas than there are live brokers (or fewer than 1): never placed
+under-replicated. Start more brokers or ask for fewer replicas.
+"""
+STALE_CONTROLLER_EPOCH: ErrorCode.ValueType  # 62
+"""A partition update carries a controller (coordinator) epoch older than one the broker has
+already seen: it comes from a deposed controller (or a Redis that rolled back) and is refused.
+"""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

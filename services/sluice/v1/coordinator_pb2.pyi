@@ -72,10 +72,15 @@ class RegisterBrokerRequest(_message.Message):
     BROKER_ID_FIELD_NUMBER: _builtins.int
     ENDPOINT_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    RACK_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     incarnation: _builtins.str
     """Changes on every broker process start; a stale process cannot
     heartbeat in the name of a newer one.
+    """
+    rack: _builtins.str
+    """The broker's rack or zone (--rack); "" when unknown. Placement spreads a
+    partition's replicas across racks.
     """
     @_builtins.property
     def endpoint(self) -> Global___Endpoint: ...
@@ -85,10 +90,11 @@ class RegisterBrokerRequest(_message.Message):
         broker_id: _builtins.int = ...,
         endpoint: Global___Endpoint | None = ...,
         incarnation: _builtins.str = ...,
+        rack: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "endpoint", b"endpoint", "incarnation", b"incarnation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "endpoint", b"endpoint", "incarnation", b"incarnation", "rack", b"rack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -226,8 +232,18 @@ class CreateTopicRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
+    REPLICATION_FACTOR_FIELD_NUMBER: _builtins.int
+    MIN_INSYNC_REPLICAS_FIELD_NUMBER: _builtins.int
+    UNCLEAN_LEADER_ELECTION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     partitions: _builtins.int
+    replication_factor: _builtins.int
+    """Replicas per partition; 0: the coordinator's --default-replication-factor.
+    More than the live brokers: INVALID_REPLICATION_FACTOR.
+    """
+    min_insync_replicas: _builtins.int
+    """0: min(2, replication_factor). Above replication_factor: INVALID_ARGUMENT."""
+    unclean_leader_election: _builtins.bool
     @_builtins.property
     def config(self) -> _broker_pb2.TopicConfig: ...
     def __init__(
@@ -236,10 +252,13 @@ class CreateTopicRequest(_message.Message):
         name: _builtins.str = ...,
         partitions: _builtins.int = ...,
         config: _broker_pb2.TopicConfig | None = ...,
+        replication_factor: _builtins.int = ...,
+        min_insync_replicas: _builtins.int = ...,
+        unclean_leader_election: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "name", b"name", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "min_insync_replicas", b"min_insync_replicas", "name", b"name", "partitions", b"partitions", "replication_factor", b"replication_factor", "unclean_leader_election", b"unclean_leader_election"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -447,9 +466,15 @@ class TopicDescription(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     CONFIG_FIELD_NUMBER: _builtins.int
     CREATED_MS_FIELD_NUMBER: _builtins.int
+    REPLICATION_FACTOR_FIELD_NUMBER: _builtins.int
+    MIN_INSYNC_REPLICAS_FIELD_NUMBER: _builtins.int
+    UNCLEAN_LEADER_ELECTION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     topic_id: _builtins.str
     created_ms: _builtins.int
+    replication_factor: _builtins.int
+    min_insync_replicas: _builtins.int
+    unclean_leader_election: _builtins.bool
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionDescription]: ...
     @_builtins.property
@@ -462,10 +487,13 @@ class TopicDescription(_message.Message):
         partitions: _abc.Iterable[Global___PartitionDescription] | None = ...,
         config: _broker_pb2.TopicConfig | None = ...,
         created_ms: _builtins.int = ...,
+        replication_factor: _builtins.int = ...,
+        min_insync_replicas: _builtins.int = ...,
+        unclean_leader_election: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "created_ms", b"created_ms", "name", b"name", "partitions", b"partitions", "topic_id", b"topic_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "created_ms", b"created_ms", "min_insync_replicas", b"min_insync_replicas", "name", b"name", "partitions", b"partitions", "replication_factor", b"replication_factor", "topic_id", b"topic_id", "unclean_leader_election", b"unclean_leader_election"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -478,19 +506,42 @@ class PartitionDescription(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     BROKER_ID_FIELD_NUMBER: _builtins.int
     DISPATCHER_ID_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    ISR_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    PARTITION_EPOCH_FIELD_NUMBER: _builtins.int
+    ELR_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     broker_id: _builtins.int
+    """The leader (clients route produce and fetch here); -1: offline."""
     dispatcher_id: _builtins.str
+    leader_epoch: _builtins.int
+    partition_epoch: _builtins.int
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Preference order; the first is the preferred leader."""
+
+    @_builtins.property
+    def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def elr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Eligible leader replicas (KIP-966)."""
+
     def __init__(
         self,
         *,
         partition: _builtins.int = ...,
         broker_id: _builtins.int = ...,
         dispatcher_id: _builtins.str = ...,
+        replicas: _abc.Iterable[_builtins.int] | None = ...,
+        isr: _abc.Iterable[_builtins.int] | None = ...,
+        leader_epoch: _builtins.int = ...,
+        partition_epoch: _builtins.int = ...,
+        elr: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "dispatcher_id", b"dispatcher_id", "partition", b"partition"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "dispatcher_id", b"dispatcher_id", "elr", b"elr", "isr", b"isr", "leader_epoch", b"leader_epoch", "partition", b"partition", "partition_epoch", b"partition_epoch", "replicas", b"replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -503,8 +554,10 @@ class BrokerDescription(_message.Message):
     BROKER_ID_FIELD_NUMBER: _builtins.int
     ENDPOINT_FIELD_NUMBER: _builtins.int
     ALIVE_FIELD_NUMBER: _builtins.int
+    RACK_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     alive: _builtins.bool
+    rack: _builtins.str
     @_builtins.property
     def endpoint(self) -> Global___Endpoint: ...
     def __init__(
@@ -513,10 +566,11 @@ class BrokerDescription(_message.Message):
         broker_id: _builtins.int = ...,
         endpoint: Global___Endpoint | None = ...,
         alive: _builtins.bool = ...,
+        rack: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["alive", b"alive", "broker_id", b"broker_id", "endpoint", b"endpoint"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alive", b"alive", "broker_id", b"broker_id", "endpoint", b"endpoint", "rack", b"rack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -17,6 +17,7 @@ from sluice.coordinator.cluster.model import (
     Registration,
     TopicConfig,
 )
+from sluice.coordinator.cluster.replication import DEFAULT_SPEC, ReplicationSpec
 from sluice.coordinator.cluster.state import ClusterSettings, ClusterState
 from sluice.coordinator.records import RecordValue, Result, record_field
 from sluice.coordinator.state import CoordinatorState
@@ -62,10 +63,10 @@ class ClusterContext:
         return result.response
 
     def register_broker(
-        self, broker_id: int, port: int | None = None, incarnation: str = "i1"
+        self, broker_id: int, port: int | None = None, incarnation: str = "i1", rack: str = ""
     ) -> Registration:
         endpoint = Endpoint("127.0.0.1", port or 9000 + broker_id)
-        return self.apply(self.state.register_broker(broker_id, endpoint, incarnation, self.now_ms))
+        return self.apply(self.state.register_broker(broker_id, endpoint, incarnation, self.now_ms, rack))
 
     def heartbeat(self, broker_id: int, epoch: int, version: int) -> BrokerHeartbeatResult:
         return self.apply(self.state.broker_heartbeat(broker_id, epoch, version, self.now_ms))
@@ -77,12 +78,16 @@ class ClusterContext:
         return self.apply(self.state.register_dispatcher(dispatcher_id, endpoint, incarnation, self.now_ms))
 
     def create_topic(
-        self, name: str, partitions: int = 1, config: TopicConfig | None = None
+        self,
+        name: str,
+        partitions: int = 1,
+        config: TopicConfig | None = None,
+        spec: ReplicationSpec = DEFAULT_SPEC,
     ) -> CreateTopicResult:
         self._topic_ids += 1
         return self.apply(
             self.state.create_topic(
-                name, partitions, config or TopicConfig(), f"id-{self._topic_ids}", self.now_ms
+                name, partitions, config or TopicConfig(), f"id-{self._topic_ids}", self.now_ms, spec
             )
         )
 

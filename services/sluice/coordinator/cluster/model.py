@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sluice.coordinator.cluster.replication import UNREPLICATED, PartitionState, ReplicationConfig
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError
 
 MAX_INCARNATION_LENGTH = 256
@@ -79,12 +80,17 @@ def validate_incarnation(incarnation: str, what: str) -> str:
 
 @dataclass(frozen=True, order=True)
 class PartitionRef:
-    """One partition as a broker needs it: which topic incarnation (topic_id) and its log settings."""
+    """One partition as a broker needs it: which topic incarnation (topic_id), its log settings, and its
+    replica state (leader, epochs, replicas, ISR: the broker's role). Compared by identity only, so a
+    removal matches the partition whatever its state was."""
 
     topic: str
     partition: int
     topic_id: str
     config: TopicConfig = field(compare=False)
+    #: None only in removals built without a record (the broker needs no role to delete).
+    state: PartitionState | None = field(default=None, compare=False)
+    min_insync_replicas: int = field(default=1, compare=False)
 
 
 @dataclass(frozen=True)
@@ -126,9 +132,16 @@ class MetadataChange:
 @dataclass(frozen=True)
 class PartitionView:
     partition: int
+    #: The leader (-1: offline). Clients route here.
     broker_id: int
     #: The live dispatcher that serves push subscriptions of this partition; "" when none is alive.
     dispatcher_id: str
+    #: Replicas, ISR, ELR and epochs; a one-replica state of ``broker_id`` when not given.
+    state: PartitionState | None = None
+
+    @property
+    def replica_state(self) -> PartitionState:
+        return self.state if self.state is not None else PartitionState.new((self.broker_id,))
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,7 @@ class TopicView:
     partitions: tuple[PartitionView, ...]
     config: TopicConfig
     created_ms: int
+    replication: ReplicationConfig = UNREPLICATED
 
 
 @dataclass(frozen=True)
@@ -145,6 +159,7 @@ class BrokerView:
     broker_id: int
     endpoint: Endpoint
     alive: bool
+    rack: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""Pure placement functions: partitions onto brokers, partitions onto dispatchers.
+"""Pure placement functions: partitions (and their replicas) onto brokers, partitions onto dispatchers.
 
-Both are deterministic (no Python ``hash()``, which is salted per process), so every coordinator replica
+All are deterministic (no Python ``hash()``, which is salted per process), so every coordinator replica
 and every test computes the same answer.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 def placement_offset(topic: str, brokers: int) -> int:
@@ -28,6 +28,93 @@ def place_partitions(topic: str, partitions: int, live_brokers: Sequence[int]) -
     brokers = sorted(set(live_brokers))
     start = placement_offset(topic, len(brokers))
     return tuple(brokers[(start + p) % len(brokers)] for p in range(partitions))
+
+
+def assign_replicas(
+    topic: str,
+    partitions: int,
+    live_brokers: Sequence[int],
+    factor: int,
+    racks: Mapping[int, str] | None = None,
+) -> tuple[tuple[int, ...], ...]:
+    """The replicas of each partition, preferred leader first (docs/replication.md, "Placement").
+
+    Kafka's assignment: leaders go round-robin over the brokers from an offset derived from the topic (so
+    with ``factor`` 1 this is exactly :func:`place_partitions`), and the followers of a partition are the
+    brokers at growing distances from its leader, the distances shifting by one every ``len(brokers)``
+    partitions, so that the followers of one broker's partitions spread over all the others instead of
+    always landing on its neighbour. When every live broker has a rack, the brokers are first ordered to
+    alternate racks, and a follower is skipped while its rack already holds a replica of the partition and
+    some rack holds none; each partition then spans ``min(factor, racks)`` racks. When only some brokers
+    have a rack, racks are ignored (a partial label is more likely a mistake than a topology).
+
+    Raises ValueError when ``factor`` exceeds the live brokers (the caller checks first, with a typed
+    error).
+    """
+    brokers = sorted(set(live_brokers))
+    n = len(brokers)
+    if not 1 <= factor <= n:
+        raise ValueError(f"replication factor {factor} needs 1 to {n} live brokers")
+    rack_of = {b: racks.get(b, "") for b in brokers} if racks else {}
+    if rack_of and all(rack_of.values()):
+        return _rack_aware(topic, partitions, _alternate_racks(brokers, rack_of), factor, rack_of)
+    start = placement_offset(topic, n)
+    out = []
+    shift = start
+    for p in range(partitions):
+        if p > 0 and p % n == 0:
+            shift += 1
+        first = (start + p) % n
+        out.append(
+            (brokers[first], *(brokers[_follower_index(first, shift, j, n)] for j in range(factor - 1)))
+        )
+    return tuple(out)
+
+
+def _follower_index(first: int, shift: int, j: int, n: int) -> int:
+    """Kafka's ``replicaIndex``: never ``first`` itself (the distance is 1 to n-1)."""
+    return (first + 1 + (shift + j) % (n - 1)) % n
+
+
+def _alternate_racks(brokers: Sequence[int], rack_of: Mapping[int, str]) -> list[int]:
+    """Brokers ordered rack by rack in turn (a1, b1, c1, a2, b2, ...), so consecutive brokers, which the
+    round-robin makes leaders and followers of one partition, sit in different racks."""
+    by_rack: dict[str, list[int]] = {}
+    for b in brokers:
+        by_rack.setdefault(rack_of[b], []).append(b)
+    columns = [by_rack[r] for r in sorted(by_rack)]
+    return [col[i] for i in range(max(len(c) for c in columns)) for col in columns if i < len(col)]
+
+
+def _rack_aware(
+    topic: str, partitions: int, arranged: Sequence[int], factor: int, rack_of: Mapping[int, str]
+) -> tuple[tuple[int, ...], ...]:
+    n = len(arranged)
+    racks = len(set(rack_of.values()))
+    start = placement_offset(topic, n)
+    shift = start
+    out = []
+    for p in range(partitions):
+        if p > 0 and p % n == 0:
+            shift += 1
+        first = (start + p) % n
+        chosen = [arranged[first]]
+        used_racks = {rack_of[arranged[first]]}
+        k = 0
+        # Each follower needs at most n candidates (every broker is one of them); bounded by n*factor.
+        while len(chosen) < factor and k < n * factor:
+            broker = arranged[_follower_index(first, shift * racks, k, n)]
+            k += 1
+            if broker in chosen:
+                continue
+            if rack_of[broker] in used_racks and len(used_racks) < racks:
+                continue
+            chosen.append(broker)
+            used_racks.add(rack_of[broker])
+        if len(chosen) < factor:  # the skip rules starved it (cannot happen with n >= factor)
+            chosen += [b for b in arranged if b not in chosen][: factor - len(chosen)]
+        out.append(tuple(chosen))
+    return tuple(out)
 
 
 def _score(dispatcher_id: str, topic: str, partition: int) -> bytes:

@@ -28,15 +28,10 @@ __all__ = ["repush_removals", "repush_topic"]
 
 
 def repush_topic(state: ClusterState, name: str, now_ms: int) -> Result[CreateTopicResult]:
-    """Assign every partition of ``name`` to its broker again, at the next version."""
+    """Assign every partition of ``name`` to its replicas again, at the next version."""
     record = state.topics[name]
-    by_broker: dict[int, list[PartitionRef]] = {}
-    for p, b in enumerate(record.placement):
-        by_broker.setdefault(b, []).append(PartitionRef(name, p, record.topic_id, record.config))
     version = state.metadata_version + 1
-    change = MetadataChange(
-        state.metadata_version, version, assign={b: tuple(refs) for b, refs in by_broker.items()}
-    )
+    change = MetadataChange(state.metadata_version, version, assign=record.refs_by_broker())
     return Result(
         CreateTopicResult(state.describe_topic(name, now_ms), change),
         (_step(state, version),),

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sluice.common.names import MAX_PARTITIONS, validate_group, validate_topic
+from sluice.coordinator.cluster.capacity import check_capacity, validate_rack
 from sluice.coordinator.cluster.model import (
     BrokerHeartbeatResult,
     BrokerUpdate,
@@ -26,14 +27,13 @@ from sluice.coordinator.cluster.model import (
     Endpoint,
     MetadataChange,
     MetadataView,
-    PartitionRef,
     PartitionView,
     Registration,
     TopicConfig,
     TopicView,
     validate_incarnation,
 )
-from sluice.coordinator.cluster.placement import place_partitions, route_topic
+from sluice.coordinator.cluster.placement import assign_replicas, route_topic
 from sluice.coordinator.cluster.records import (
     CLUSTER_RECORD_TYPES,
     BrokerRecord,
@@ -43,13 +43,13 @@ from sluice.coordinator.cluster.records import (
     new_broker_record,
     new_cluster_record,
     new_dispatcher_record,
-    new_topic_record,
+    new_replicated_topic_record,
     new_topic_tombstone,
 )
+from sluice.coordinator.cluster.replication import DEFAULT_SPEC, PartitionState, ReplicationSpec
 from sluice.coordinator.cluster.sessions import Liveness, SessionTracker
 from sluice.coordinator.records import Record, RecordValue, Result, Tombstone
 from sluice.errors import (
-    BrokerNotAvailable,
     FencedMemberEpoch,
     InvalidPartitions,
     InvalidRequest,
@@ -67,6 +67,8 @@ class ClusterSettings:
     broker_session_timeout_ms: int = 10_000
     dispatcher_heartbeat_interval_ms: int = 2_000
     dispatcher_session_timeout_ms: int = 10_000
+    #: Replicas of a topic created without a replication factor (``--default-replication-factor``).
+    default_replication_factor: int = 1
 
 
 class ClusterState:
@@ -136,7 +138,7 @@ class ClusterState:
     # ---- brokers -------------------------------------------------------------------------------------
 
     def register_broker(
-        self, broker_id: int, endpoint: Endpoint, incarnation: str, now_ms: int
+        self, broker_id: int, endpoint: Endpoint, incarnation: str, now_ms: int, rack: str = ""
     ) -> Result[Registration]:
         """A broker process (re)starts. Same incarnation and endpoint again: idempotent (a retry, or a
         periodic re-registration), same epoch, nothing persisted. Otherwise a new, higher epoch."""
@@ -144,9 +146,15 @@ class ClusterState:
             raise InvalidRequest(f"broker_id must be >= 0, got {broker_id}")
         endpoint.validate(f"broker {broker_id}")
         validate_incarnation(incarnation, f"broker {broker_id}")
+        validate_rack(rack, broker_id)
         s = self.settings
         existing = self.brokers.get(broker_id)
-        if existing is not None and existing.incarnation == incarnation and existing.endpoint == endpoint:
+        if (
+            existing is not None
+            and existing.incarnation == incarnation
+            and existing.endpoint == endpoint
+            and existing.rack == rack
+        ):
             self.broker_sessions.touch(broker_id, existing.broker_epoch, now_ms)
             return Result(
                 Registration(
@@ -155,14 +163,14 @@ class ClusterState:
             )
         epoch = self.last_broker_epoch + 1
         # A new broker or a moved one changes what Metadata answers; a restart in place does not.
-        moved = existing is None or existing.endpoint != endpoint
+        moved = existing is None or existing.endpoint != endpoint or existing.rack != rack
         version = self.metadata_version + 1 if moved else self.metadata_version
         change = MetadataChange(self.metadata_version, version) if moved else None
         self.broker_sessions.touch(broker_id, epoch, now_ms)
         return Result(
             Registration(epoch, s.broker_heartbeat_interval_ms, s.broker_session_timeout_ms, True, change),
             (
-                new_broker_record(broker_id, endpoint, incarnation, epoch, now_ms),
+                new_broker_record(broker_id, endpoint, incarnation, epoch, now_ms, rack),
                 self._counters(metadata_version=version, broker_epoch=epoch),
             ),
         )
@@ -212,12 +220,13 @@ class ClusterState:
         )
 
     def broker_assignment(self, broker_id: int, version: int | None = None) -> BrokerUpdate:
-        """The broker's complete assignment as a full update at ``version`` (default: the current one)."""
+        """The broker's complete assignment as a full update at ``version`` (default: the current one):
+        every partition it is a replica of."""
         refs = [
-            PartitionRef(t.name, p, t.topic_id, t.config)
+            t.ref(p)
             for t in self.topics.values()
-            for p, b in enumerate(t.placement)
-            if b == broker_id
+            for p, state in enumerate(t.states)
+            if broker_id in state.replicas
         ]
         refs.sort()
         return BrokerUpdate(self.metadata_version if version is None else version, True, tuple(refs))
@@ -282,60 +291,54 @@ class ClusterState:
     # ---- topics --------------------------------------------------------------------------------------
 
     def create_topic(
-        self, name: str, partitions: int, config: TopicConfig, topic_id: str, now_ms: int
+        self,
+        name: str,
+        partitions: int,
+        config: TopicConfig,
+        topic_id: str,
+        now_ms: int,
+        spec: ReplicationSpec = DEFAULT_SPEC,
     ) -> Result[CreateTopicResult]:
-        """Place a new topic's partitions round-robin over the live brokers. ``topic_id`` is chosen by the
-        caller (random in production) so this stays deterministic."""
+        """Place a new topic's partitions and their replicas over the live brokers (``assign_replicas``):
+        the preferred replica leads, all are in sync, epochs 0. ``topic_id`` is chosen by the caller
+        (random in production) so this stays deterministic."""
         validate_topic(name)
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise InvalidPartitions(
                 f"topic {name!r}: partitions must be between 1 and {MAX_PARTITIONS}, got {partitions}"
             )
         config.validate()
+        replication = spec.resolve(self.settings.default_replication_factor, name)
         existing = self.topics.get(name)
         if existing is not None:
             raise TopicAlreadyExists(
                 f"topic {name!r} already exists with {existing.partitions} partitions "
                 f"(id {existing.topic_id})"
             )
-        live = self.live_brokers(now_ms)
-        if not live:
-            raise BrokerNotAvailable(self._no_broker_message(name, now_ms))
-        record = new_topic_record(name, topic_id, place_partitions(name, partitions, live), config, now_ms)
+        live = self._live_for(name, replication.factor, now_ms)
+        replicas = assign_replicas(name, partitions, live, replication.factor, self._racks())
+        record = new_replicated_topic_record(
+            name, topic_id, [PartitionState.new(r) for r in replicas], config, now_ms, replication
+        )
         version = self.metadata_version + 1
-        change = MetadataChange(self.metadata_version, version, assign=_refs_by_broker(record))
+        change = MetadataChange(self.metadata_version, version, assign=record.refs_by_broker())
         return Result(
             CreateTopicResult(self._view(record, self.live_dispatchers(now_ms)), change),
             (record, self._counters(metadata_version=version)),
         )
 
-    def _no_broker_message(self, name: str, now_ms: int) -> str:
-        if not self.brokers:
-            return (
-                f"cannot create topic {name!r}: no broker has registered with this coordinator. Start one "
-                "(`sluice broker --coordinator <this address>`) or use `sluice up`, then retry"
-            )
-        seen = []
-        for b in sorted(self.brokers.values(), key=lambda r: r.broker_id):
-            last = self.broker_sessions.last_seen_ms(b.broker_id)
-            seen.append(
-                f"broker {b.broker_id} at {b.endpoint}: "
-                + (
-                    "not heard from since this coordinator started"
-                    if last is None
-                    else f"last heartbeat {max(0, now_ms - last) / 1000:.1f}s ago"
-                )
-            )
-        return (
-            f"cannot create topic {name!r}: no live broker (none heartbeated within "
-            f"{self.settings.broker_session_timeout_ms / 1000:g}s; "
-            + "; ".join(seen)
-            + "). Check that the brokers are running and can reach this coordinator, then retry"
-        )
+    def _live_for(self, name: str, factor: int, now_ms: int) -> list[int]:
+        """The live brokers, when there are enough for ``factor`` replicas (capacity.py)."""
+        live = self.live_brokers(now_ms)
+        check_capacity(name, factor, live, self.brokers.values(), self.broker_sessions, now_ms)
+        return live
+
+    def _racks(self) -> dict[int, str]:
+        return {b.broker_id: b.rack for b in self.brokers.values() if b.rack}
 
     def add_partitions(self, name: str, partitions: int, now_ms: int) -> Result[CreateTopicResult]:
-        """Grow a topic: existing partitions keep their placement, new ones continue the round-robin
-        over the live brokers."""
+        """Grow a topic: existing partitions keep their replicas, new ones continue the placement over the
+        live brokers, with the topic's replication factor."""
         validate_topic(name)
         record = self.topics.get(name)
         if record is None:
@@ -345,21 +348,22 @@ class ClusterState:
                 f"topic {name!r} has {record.partitions} partitions: the new count must be larger "
                 f"(partitions can be added, never removed) and at most {MAX_PARTITIONS}, got {partitions}"
             )
-        live = self.live_brokers(now_ms)
-        if not live:
-            raise BrokerNotAvailable(self._no_broker_message(name, now_ms))
-        added = place_partitions(name, partitions, live)[record.partitions :]
-        grown = new_topic_record(
-            name, record.topic_id, (*record.placement, *added), record.config, record.created_ms
+        factor = record.replication.factor
+        live = self._live_for(name, factor, now_ms)
+        added = assign_replicas(name, partitions, live, factor, self._racks())[record.partitions :]
+        grown = new_replicated_topic_record(
+            name,
+            record.topic_id,
+            (*record.states, *(PartitionState.new(r) for r in added)),
+            record.config,
+            record.created_ms,
+            record.replication,
         )
-        new_refs: dict[int, list[PartitionRef]] = {}
-        for p in range(record.partitions, partitions):
-            new_refs.setdefault(grown.placement[p], []).append(
-                PartitionRef(name, p, grown.topic_id, grown.config)
-            )
         version = self.metadata_version + 1
         change = MetadataChange(
-            self.metadata_version, version, assign={b: tuple(r) for b, r in new_refs.items()}
+            self.metadata_version,
+            version,
+            assign=grown.refs_by_broker(range(record.partitions, partitions)),
         )
         return Result(
             CreateTopicResult(self._view(grown, self.live_dispatchers(now_ms)), change),
@@ -372,7 +376,7 @@ class ClusterState:
         if record is None:
             raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
         version = self.metadata_version + 1
-        change = MetadataChange(self.metadata_version, version, remove=_refs_by_broker(record))
+        change = MetadataChange(self.metadata_version, version, remove=record.refs_by_broker())
         return Result(
             DeleteTopicResult(name, change),
             (new_topic_tombstone(name), self._counters(metadata_version=version)),
@@ -408,6 +412,7 @@ class ClusterState:
                     b.broker_id,
                     b.endpoint,
                     self.broker_sessions.is_alive(b.broker_id, b.broker_epoch, now_ms),
+                    b.rack,
                 )
                 for b in sorted(self.brokers.values(), key=lambda r: r.broker_id)
             ),
@@ -432,9 +437,10 @@ class ClusterState:
         return TopicView(
             record.name,
             record.topic_id,
-            tuple(PartitionView(p, b, routes[p]) for p, b in enumerate(record.placement)),
+            tuple(PartitionView(p, st.leader, routes[p], st) for p, st in enumerate(record.states)),
             record.config,
             record.created_ms,
+            record.replication,
         )
 
     def _routes_of(self, record: TopicRecord, live_dispatchers: Sequence[str]) -> tuple[str, ...]:
@@ -457,13 +463,6 @@ class ClusterState:
         """Sweep sessions past their timeout. Caller: the service layer's timer. Returns the brokers and
         dispatchers that just stopped being alive."""
         return self.broker_sessions.expire(now_ms), self.dispatcher_sessions.expire(now_ms)
-
-
-def _refs_by_broker(record: TopicRecord) -> dict[int, tuple[PartitionRef, ...]]:
-    by_broker: dict[int, list[PartitionRef]] = {}
-    for p, b in enumerate(record.placement):
-        by_broker.setdefault(b, []).append(PartitionRef(record.name, p, record.topic_id, record.config))
-    return {b: tuple(refs) for b, refs in by_broker.items()}
 
 
 def records_of(state: ClusterState) -> Iterable[Record]:

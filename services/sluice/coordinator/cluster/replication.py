@@ -1,0 +1,154 @@
+"""Replication values of the controller: a topic's replication config and one partition's replica state.
+
+Pure domain values (no protobuf, no I/O). docs/replication.md, "Topic configuration" and "Controller
+state", says what each field means and why the defaults are what they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.errors import InvalidArgument, InvalidReplicationFactor
+
+__all__ = [
+    "DEFAULT_SPEC",
+    "MAX_REPLICATION_FACTOR",
+    "NO_LEADER",
+    "UNREPLICATED",
+    "PartitionState",
+    "ReplicationConfig",
+    "ReplicationSpec",
+    "default_min_insync",
+]
+
+#: ``leader`` of a partition without one (offline): no live in-sync replica could take over.
+NO_LEADER = -1
+#: More replicas than this is a typo, not a plan (Kafka has no cap; each replica costs a broker a fetch).
+MAX_REPLICATION_FACTOR = 16
+
+
+def default_min_insync(factor: int) -> int:
+    """``min(2, factor)``: at factor 3 an acknowledged write survives one lost broker while one more
+    may be down; at factor 1 there is nothing else to wait for."""
+    return min(2, factor)
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """A topic's replication settings, resolved (no "default" placeholders left)."""
+
+    factor: int = 1
+    min_insync_replicas: int = 1
+    unclean_leader_election: bool = False
+
+    @property
+    def is_default(self) -> bool:
+        """The settings every topic had before replication (kept out of the persisted record)."""
+        return self == ReplicationConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "factor": self.factor,
+            "min_insync_replicas": self.min_insync_replicas,
+            "unclean_leader_election": self.unclean_leader_election,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReplicationConfig:
+        return cls(
+            int(data.get("factor", 1)),
+            int(data.get("min_insync_replicas", 1)),
+            bool(data.get("unclean_leader_election", False)),
+        )
+
+
+@dataclass(frozen=True)
+class ReplicationSpec:
+    """What a CreateTopic asks for: 0 means "the default" (the wire form's unset fields)."""
+
+    factor: int = 0
+    min_insync_replicas: int = 0
+    unclean_leader_election: bool = False
+
+    def resolve(self, default_factor: int, topic: str) -> ReplicationConfig:
+        """The config this spec gives, or the typed error naming the bad value. Live brokers are checked
+        by the caller (``ClusterState.create_topic``), which knows them."""
+        factor = self.factor or default_factor
+        if not 1 <= factor <= MAX_REPLICATION_FACTOR:
+            raise InvalidReplicationFactor(
+                f"topic {topic!r}: replication factor must be between 1 and {MAX_REPLICATION_FACTOR}, "
+                f"got {factor}"
+            )
+        min_isr = self.min_insync_replicas or default_min_insync(factor)
+        if self.min_insync_replicas < 0 or not 1 <= min_isr <= factor:
+            raise InvalidArgument(
+                f"topic {topic!r}: min_insync_replicas must be between 1 and the replication factor "
+                f"({factor}), got {self.min_insync_replicas}"
+            )
+        return ReplicationConfig(factor, min_isr, self.unclean_leader_election)
+
+
+#: The replication every topic had before replication existed (and the default of a view without one).
+UNREPLICATED = ReplicationConfig()
+#: A CreateTopic that names no replication settings.
+DEFAULT_SPEC = ReplicationSpec()
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """One partition as the controller keeps it (docs/replication.md, "Controller state").
+
+    ``replicas`` in preference order (the first is the preferred leader); ``leader`` is
+    :data:`NO_LEADER` when offline; ``leader_epoch`` moves at every leader change, ``partition_epoch`` at
+    every change of this state; ``isr`` the in-sync replicas; ``elr`` the eligible leader replicas of
+    KIP-966 (out of the ISR, but still holding every committed record).
+    """
+
+    replicas: tuple[int, ...]
+    leader: int
+    leader_epoch: int = 0
+    partition_epoch: int = 0
+    isr: tuple[int, ...] = ()
+    elr: tuple[int, ...] = ()
+
+    @classmethod
+    def new(cls, replicas: Sequence[int]) -> PartitionState:
+        """A new partition: the preferred replica leads, every replica is in sync, epochs 0."""
+        if not replicas or len(set(replicas)) != len(replicas):
+            raise ValueError(f"replicas must be distinct and non-empty, got {list(replicas)}")
+        return cls(tuple(replicas), replicas[0], 0, 0, tuple(replicas), ())
+
+    @property
+    def is_single(self) -> bool:
+        """A one-replica partition at epoch 0: all that a record of before replication could hold."""
+        return (
+            len(self.replicas) == 1
+            and self.leader == self.replicas[0]
+            and self.isr == self.replicas
+            and not self.elr
+            and self.leader_epoch == 0
+            and self.partition_epoch == 0
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replicas": list(self.replicas),
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "partition_epoch": self.partition_epoch,
+            "isr": list(self.isr),
+            "elr": list(self.elr),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PartitionState:
+        return cls(
+            tuple(int(b) for b in data["replicas"]),
+            int(data["leader"]),
+            int(data.get("leader_epoch", 0)),
+            int(data.get("partition_epoch", 0)),
+            tuple(int(b) for b in data.get("isr", ())),
+            tuple(int(b) for b in data.get("elr", ())),
+        )
