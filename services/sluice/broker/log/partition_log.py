@@ -149,7 +149,8 @@ class PartitionLog(EpochsAndTruncation):
             stamp(buf, pos, offset, now, leader_epoch)
             offset += h.last_offset_delta + 1
             pos += h.length
-        return self._write(buf, headers, [leader_epoch] * len(headers), now)
+        new_epoch = [(leader_epoch, self.log_end_offset)] if leader_epoch > latest else []
+        return self._write(buf, headers, new_epoch, now)
 
     def append_replicated(self, batches: bytes | bytearray | memoryview) -> AppendResult:
         """Append batches copied from the leader, byte for byte: a follower's append.
@@ -162,7 +163,7 @@ class PartitionLog(EpochsAndTruncation):
         self._check_appendable(batches)
         headers = self._validate(batches)
         expected, epoch = self.log_end_offset, self._epochs.latest_epoch
-        epochs: list[int] = []
+        new_epochs: list[tuple[int, int]] = []
         for h in headers:
             if h.base_offset != expected:
                 raise CorruptBatch(f"replicated batch at offset {h.base_offset}, expected {expected}")
@@ -170,10 +171,11 @@ class PartitionLog(EpochsAndTruncation):
                 raise CorruptBatch(
                     f"replicated batch in epoch {h.partition_leader_epoch} after epoch {epoch}"
                 )
-            epoch = h.partition_leader_epoch
-            epochs.append(epoch)
+            if h.partition_leader_epoch > epoch:
+                epoch = h.partition_leader_epoch
+                new_epochs.append((epoch, h.base_offset))
             expected = h.next_offset
-        return self._write(bytes(batches), headers, epochs, self._now_ms())
+        return self._write(bytes(batches), headers, new_epochs, self._now_ms())
 
     def _check_appendable(self, batches: bytes | bytearray | memoryview) -> None:
         if self._closed:
@@ -185,20 +187,18 @@ class PartitionLog(EpochsAndTruncation):
             raise InvalidRequest(f"produce of {total} bytes for one partition is too large")
 
     def _write(
-        self, buf: bytes | bytearray, headers: list[BatchHeader], epochs: list[int], now: int
+        self, buf: bytes | bytearray, headers: list[BatchHeader], new_epochs: list[tuple[int, int]], now: int
     ) -> AppendResult:
-        """Write stamped batches at the log end; ``epochs`` is each batch's leader epoch."""
+        """Write stamped batches at the log end; ``new_epochs`` lists the (epoch, start offset) of
+        each leader epoch these batches begin (usually none: the log's latest epoch goes on)."""
         total = len(buf)
         first_offset = self.log_end_offset
         offset = first_offset + sum(h.last_offset_delta + 1 for h in headers)
         interval = self.config.index_interval_bytes
         with self._lock:
             # The epoch cache first: it never lacks an epoch whose batches are on disk.
-            batch_offset = first_offset
-            for h, epoch in zip(headers, epochs, strict=True):
-                if epoch > self._epochs.latest_epoch:
-                    self._epochs.assign(epoch, batch_offset)
-                batch_offset += h.last_offset_delta + 1
+            for epoch, start in new_epochs:
+                self._epochs.assign(epoch, start)
             seg = self._segments[-1]
             try:
                 if seg.size and (
