@@ -94,6 +94,8 @@ class PartitionLog(EpochsAndTruncation):
         self.directory.mkdir(parents=True, exist_ok=True)
         #: Epoch -> start offset (docs/replication.md, "Leader epochs in the log").
         self._epochs = LeaderEpochCache(self.directory)
+        #: An append began a new epoch since the checkpoint was last written (the next flush does).
+        self._epochs_dirty = False
         #: Offset ranges [base, next) of batches that failed their CRC (or other checks) inside
         #: intact framing at an unclean open: this replica's copy is damaged there.
         self.corrupt_ranges: list[tuple[int, int]] = []
@@ -196,9 +198,9 @@ class PartitionLog(EpochsAndTruncation):
         offset = first_offset + sum(h.last_offset_delta + 1 for h in headers)
         interval = self.config.index_interval_bytes
         with self._lock:
-            # The epoch cache first: it never lacks an epoch whose batches are on disk.
+            # The cache before the data; its file is written by the next flush (off this path).
             for epoch, start in new_epochs:
-                self._epochs.assign(epoch, start)
+                self._epochs_dirty |= self._epochs.assign(epoch, start)
             seg = self._segments[-1]
             try:
                 if seg.size and (
@@ -374,6 +376,8 @@ class PartitionLog(EpochsAndTruncation):
                 raise storage_error(f"flushing {self.directory}", exc) from exc
             sealed, self._unsynced_paths = self._unsynced_paths, []
             dir_dirty, self._dir_dirty = self._dir_dirty, False
+            epochs = self._epochs.encode() if self._epochs_dirty else None
+            self._epochs_dirty = False
         try:
             os.fdatasync(active_fd)
             while sealed:
@@ -385,6 +389,12 @@ class PartitionLog(EpochsAndTruncation):
                     os.fsync(dir_fd)
                 finally:
                     os.close(dir_fd)
+            if epochs is not None:
+                self._epochs.write(*epochs)
+                epochs = None
+        except StorageError:
+            self._epochs_dirty = self._epochs_dirty or epochs is not None
+            raise
         except FileNotFoundError:
             if not self._closed:  # else: deleted while this flush ran; nothing left to sync
                 raise StorageError(f"the log directory {self.directory} disappeared") from None
@@ -392,6 +402,7 @@ class PartitionLog(EpochsAndTruncation):
             with self._lock:
                 self._unsynced_paths[:0] = sealed
                 self._dir_dirty = self._dir_dirty or dir_dirty
+                self._epochs_dirty = self._epochs_dirty or epochs is not None
             raise storage_error(f"fsync of {self.directory}", exc) from exc
         finally:
             os.close(active_fd)

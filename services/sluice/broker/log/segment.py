@@ -11,6 +11,7 @@ Caller: ``PartitionLog`` only. Not thread-safe on its own; ``PartitionLog`` seri
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import struct
@@ -272,15 +273,21 @@ class Segment:
         # last one that is left: at most one index interval.
         self.recover(interval)
 
-    def batch_epochs(self) -> Iterator[tuple[int, int]]:
-        """``(base_offset, leader_epoch)`` of every batch, from the headers alone."""
+    def batch_epochs(self, start: int = 0) -> Iterator[tuple[int, int]]:
+        """``(base_offset, leader_epoch)`` of every batch from position ``start``, from the
+        headers alone."""
         fd = self.fd if self.fd >= 0 else self.handles.acquire(str(self.log_path))
         try:
-            for _pos, header, _buf, _off in walk_batches(fd, 0, self.size, need_body=False):
+            for _pos, header, _buf, _off in walk_batches(fd, start, self.size, need_body=False):
                 yield header.base_offset, header.partition_leader_epoch
         finally:
             if fd != self.fd:
                 self.handles.release(str(self.log_path))
+
+    def last_batch_epoch(self) -> int:
+        """The leader epoch of the segment's last batch; -1 if it has none."""
+        tail = collections.deque(self.batch_epochs(self.position_for(self.last_batch_offset)), maxlen=1)
+        return tail[0][1] if tail else -1
 
     def _scan(
         self,

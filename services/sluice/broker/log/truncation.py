@@ -47,14 +47,26 @@ class EpochsAndTruncation:
     corrupt_ranges: list[tuple[int, int]]
 
     def _load_epochs(self) -> None:
-        """Load the epoch checkpoint, or rebuild it from the batch headers if it is missing or
-        corrupt; then drop what the log no longer holds (it is written before the data, so it
-        may name an epoch whose batches a crash lost)."""
+        """Load the epoch checkpoint, or rebuild it from the batch headers if it is missing,
+        corrupt, or older than the log (its latest epoch is not the last batch's: written at a
+        flush, it may lag the log after a crash). Entries the log no longer holds are dropped
+        (the log may have lost its tail, or retention its head)."""
         try:
-            if not self._epochs.load():
+            loaded = self._epochs.load()
+            if loaded:
+                self._epochs.truncate_from_end(self.log_end_offset)
+                self._epochs.truncate_from_start(self.log_start_offset)
+                last = next((s.last_batch_epoch() for s in reversed(self._segments) if s.size), -1)
+                if last != self._epochs.latest_epoch:
+                    log.warning(
+                        "%s: the epoch checkpoint ends at epoch %d, the log at %d: rebuilding it",
+                        self.directory,
+                        self._epochs.latest_epoch,
+                        last,
+                    )
+                    loaded = False
+            if not loaded:
                 self._epochs.rebuild(e for seg in self._segments for e in seg.batch_epochs())
-            self._epochs.truncate_from_end(self.log_end_offset)
-            self._epochs.truncate_from_start(self.log_start_offset)
         except BaseException:
             for seg in self._segments:
                 seg.close()
