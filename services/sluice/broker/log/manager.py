@@ -335,10 +335,12 @@ class LogManager:
         return sum(plog.apply_retention() for plog in list(self._logs.values()))
 
     def close(self) -> None:
-        """Flush and close every log; if all of them closed cleanly, write the clean-shutdown
-        marker (fsynced), so the next open trusts the segments' tails instead of verifying
-        every batch."""
-        clean = True
+        """Flush and close every log; if all of them closed cleanly and none holds damaged
+        batches, write the clean-shutdown marker (fsynced), so the next open trusts the
+        segments' tails instead of verifying every batch."""
+        # A log with damaged batches keeps the marker away: the next open verifies again and
+        # finds them, since which batches are damaged is known only in memory.
+        clean = not any(plog.corrupt_ranges for plog in self._logs.values())
         for plog in self._logs.values():
             try:
                 plog.close()
