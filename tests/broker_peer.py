@@ -2,7 +2,7 @@
 
 The coordinator calls a broker only through ``UpdatePartitions``; a fake serves that and leaves the
 data-plane RPCs unimplemented. The generated stubs declare every servicer method abstract, so this
-base spells the five data-plane RPCs out with the generated servicer's own default (status
+base spells the data-plane and replication RPCs out with the generated servicer's own default (status
 UNIMPLEMENTED, ``NotImplementedError``): a fake keeps the behaviour it always had and type-checks.
 """
 
@@ -49,4 +49,9 @@ class CoordinatorFacingBroker(broker_pb2_grpc.BrokerServicer):
         _unimplemented(context)
 
     def ListOffsets(self, request: broker_pb2.ListOffsetsRequest, context: Context) -> NoReturn:
+        _unimplemented(context)
+
+    def OffsetForLeaderEpoch(
+        self, request: broker_pb2.OffsetForLeaderEpochRequest, context: Context
+    ) -> NoReturn:
         _unimplemented(context)

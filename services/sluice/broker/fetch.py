@@ -248,6 +248,7 @@ class FetchRead:
 
     def _read_plain(self, part: PartitionRead, log: ReadableLog) -> None:
         end = self._check_range(part, log)
+        start = part.position
         # A log read may stop early (at a segment end), so keep reading while there is room.
         while part.position < end:
             limit = self._limit(part)
@@ -255,7 +256,12 @@ class FetchRead:
             if limit <= 0 and not min_one:
                 part.full = True
                 return
-            chunk = log.read(part.position, max(limit, 0), min_one)
+            try:
+                chunk = log.read(part.position, max(limit, 0), min_one)
+            except StorageError:
+                if part.position != start:  # answer what was read before it; the next fetch meets it
+                    return
+                raise
             if not chunk.data:
                 part.full = True  # the next batch does not fit
                 return
@@ -263,6 +269,7 @@ class FetchRead:
 
     def _read_filtered(self, part: PartitionRead, log: ReadableLog, tags: frozenset[str]) -> None:
         end = self._check_range(part, log)
+        start = part.position
         while part.position < end:
             if part.scanned >= self.caps.scan_bytes:
                 part.scan_budget_hit = True
@@ -274,7 +281,12 @@ class FetchRead:
                 return
             budget = min(self.caps.scan_chunk_bytes, self.caps.scan_bytes - part.scanned)
             # min_one so a batch larger than the scan step is still walked.
-            raw = log.read(part.position, budget, True)
+            try:
+                raw = log.read(part.position, budget, True)
+            except StorageError:
+                if part.position != start:  # as in _read_plain
+                    return
+                raise
             if not raw.data:
                 return
             before = part.position

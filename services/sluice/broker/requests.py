@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 
 from sluice.broker.fetch import FetchLimits, PartitionRead, PartitionSpec, TopicPartitionKey
 from sluice.errors import InvalidRequest, SluiceError
-from sluice.server.context import RequestContext
+from sluice.server.context import ANONYMOUS, GRPC, RequestContext
 
 __all__ = [
     "CONSUMER_REPLICA_ID",
+    "DEFAULT_CONTEXT",
+    "EpochAnswer",
+    "EpochQuery",
     "FetchOutcome",
     "FetchParams",
     "FollowFrom",
@@ -84,6 +87,11 @@ class FetchOutcome:
     delta: bool = False
 
 
+#: What a caller that names no context is: an in-process caller (tests, tools) seen as an
+#: anonymous gRPC client, which is what the servicer passes today.
+DEFAULT_CONTEXT = RequestContext(ANONYMOUS, GRPC)
+
+
 @dataclass(frozen=True, slots=True)
 class OffsetQuery:
     topic: str
@@ -99,6 +107,25 @@ class OffsetAnswer:
     error: SluiceError | None = None
     offset: int = -1
     timestamp: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class EpochQuery:
+    """An OffsetForLeaderEpoch question about one partition."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+
+
+@dataclass(slots=True)
+class EpochAnswer:
+    topic: str
+    partition: int
+    error: SluiceError | None = None
+    #: -1 and -1: undefined (docs/replication.md, "Leader epochs in the log").
+    leader_epoch: int = -1
+    end_offset: int = -1
 
 
 def check_continuous(params: FetchParams, ctx: RequestContext) -> None:

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
 from sluice.broker.config import BrokerConfig
@@ -33,9 +33,11 @@ from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.longpoll import AppendWaiters, ParkedRead, SessionWatches, StandingWatch
 from sluice.broker.metrics import BrokerMetrics, broker_metrics
+from sluice.broker.offset_queries import OffsetQueries
 from sluice.broker.reading import ReadSteps
 from sluice.broker.requests import (
     CONSUMER_REPLICA_ID,
+    DEFAULT_CONTEXT,
     FetchOutcome,
     FetchParams,
     FollowFrom,
@@ -57,7 +59,7 @@ from sluice.errors import (
     SluiceError,
     StorageError,
 )
-from sluice.server.context import ANONYMOUS, GRPC, AllowAll, Authorizer, Operation, RequestContext
+from sluice.server.context import AllowAll, Authorizer, Operation, RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +69,6 @@ MAX_PRODUCE_TIMEOUT_MS = 300_000
 DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
 #: How long stop() waits for in-flight requests before closing the logs anyway.
 DRAIN_TIMEOUT_S = 10.0
-
-EARLIEST = -2
-LATEST = -1
-
-#: What a caller that names no context is: an in-process caller (tests, tools) seen as an
-#: anonymous gRPC client, which is what the servicer passes today.
-DEFAULT_CONTEXT = RequestContext(ANONYMOUS, GRPC)
 
 __all__ = [
     "DEFAULT_CONTEXT",
@@ -107,7 +102,7 @@ class _Inflight:
                 self.idle.set()
 
 
-class BrokerService(ReadSteps):
+class BrokerService(ReadSteps, OffsetQueries):
     """One broker's request handling over its partition logs."""
 
     def __init__(
@@ -397,35 +392,6 @@ class BrokerService(ReadSteps):
             await ready
         finally:
             parked.close()
-
-    # ---- ListOffsets -----------------------------------------------------------------
-
-    def list_offsets(
-        self, queries: Iterable[OffsetQuery], ctx: RequestContext = DEFAULT_CONTEXT
-    ) -> list[OffsetAnswer]:
-        self._check_running()
-        return [self._list_offset(q, ctx) for q in queries]
-
-    def _list_offset(self, q: OffsetQuery, ctx: RequestContext) -> OffsetAnswer:
-        try:
-            self._authorize(ctx, Operation.DESCRIBE, q.topic)
-            plog = self.registry.lookup(q.topic, q.partition)
-            if q.timestamp == EARLIEST:
-                return OffsetAnswer(q.topic, q.partition, None, plog.log_start_offset)
-            if q.timestamp == LATEST:
-                return OffsetAnswer(q.topic, q.partition, None, plog.log_end_offset)
-            if q.timestamp < 0:
-                raise InvalidArgument(
-                    f"timestamp must be -2 (earliest), -1 (latest) or >= 0, got {q.timestamp}"
-                )
-            found = plog.offset_for_timestamp(q.timestamp)
-            if found is None:
-                return OffsetAnswer(q.topic, q.partition, None, plog.log_end_offset)
-            return OffsetAnswer(q.topic, q.partition, None, found[0], found[1])
-        except SluiceError as err:
-            return OffsetAnswer(q.topic, q.partition, err)
-        except OSError as exc:
-            return OffsetAnswer(q.topic, q.partition, StorageError(f"offset lookup failed: {exc}"))
 
     # ---- UpdatePartitions ------------------------------------------------------------
 

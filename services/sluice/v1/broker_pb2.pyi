@@ -559,3 +559,109 @@ class UpdatePartitionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdatePartitionsResponse: _TypeAlias = UpdatePartitionsResponse  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetForLeaderEpochPartition]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___OffsetForLeaderEpochPartition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochRequest: _TypeAlias = OffsetForLeaderEpochRequest  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochPartition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    leader_epoch: _builtins.int
+    """The epoch asked about: the asker's latest (or, after an answer naming an epoch it does not
+    have, its largest below that one).
+    """
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochPartition: _TypeAlias = OffsetForLeaderEpochPartition  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetForLeaderEpochPartitionResponse]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___OffsetForLeaderEpochPartitionResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochResponse: _TypeAlias = OffsetForLeaderEpochResponse  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochPartitionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    leader_epoch: _builtins.int
+    """The largest epoch <= leader_epoch in this log; -1 when undefined (asked above the latest
+    epoch, or the log has none).
+    """
+    end_offset: _builtins.int
+    """Where that epoch ends: the start of the next higher epoch, or the log end offset for the
+    latest; -1 when undefined.
+    """
+    @_builtins.property
+    def error(self) -> _common_pb2.Error: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error: _common_pb2.Error | None = ...,
+        leader_epoch: _builtins.int = ...,
+        end_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "error", b"error", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochPartitionResponse: _TypeAlias = OffsetForLeaderEpochPartitionResponse  # noqa: Y015

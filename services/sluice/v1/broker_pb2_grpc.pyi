@@ -52,6 +52,11 @@ class BrokerStub:
     """Called by the coordinator when it places or removes partitions on this
     broker. The broker heartbeat reconciles the same state periodically.
     """
+    OffsetForLeaderEpoch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]
+    """Replication (docs/replication.md, "Leader epochs in the log"): per partition, the
+    largest leader epoch <= the one asked and the offset where it ends in this broker's log.
+    A follower asks its leader to find where their logs diverge (KIP-101, KIP-279).
+    """
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -76,6 +81,11 @@ class BrokerAsyncStub(BrokerStub):
     UpdatePartitions: _aio.UnaryUnaryMultiCallable[_broker_pb2.UpdatePartitionsRequest, _broker_pb2.UpdatePartitionsResponse]  # type: ignore[assignment]
     """Called by the coordinator when it places or removes partitions on this
     broker. The broker heartbeat reconciles the same state periodically.
+    """
+    OffsetForLeaderEpoch: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]  # type: ignore[assignment]
+    """Replication (docs/replication.md, "Leader epochs in the log"): per partition, the
+    largest leader epoch <= the one asked and the offset where it ends in this broker's log.
+    A follower asks its leader to find where their logs diverge (KIP-101, KIP-279).
     """
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -134,6 +144,17 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broker_pb2.UpdatePartitionsResponse, _abc.Awaitable[_broker_pb2.UpdatePartitionsResponse]]:
         """Called by the coordinator when it places or removes partitions on this
         broker. The broker heartbeat reconciles the same state periodically.
+        """
+
+    @_abc_1.abstractmethod
+    def OffsetForLeaderEpoch(
+        self,
+        request: _broker_pb2.OffsetForLeaderEpochRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.OffsetForLeaderEpochResponse, _abc.Awaitable[_broker_pb2.OffsetForLeaderEpochResponse]]:
+        """Replication (docs/replication.md, "Leader epochs in the log"): per partition, the
+        largest leader epoch <= the one asked and the offset where it ends in this broker's log.
+        A follower asks its leader to find where their logs diverge (KIP-101, KIP-279).
         """
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -47,6 +47,7 @@ def test_ids_are_unique_across_a_restart_epochs_bump_and_new_ids_are_rationed() 
                 half = pb.InitProducerIdRequest(client_id="app", producer_id=ids[0], producer_epoch=-1)
                 error, _ = typed_error(stub.InitProducerId, half)
                 assert isinstance(error, InvalidArgument)
+            coordinator.stop()
             coordinator.restart()
             with coordinator_stub(coordinator.address) as stub:
                 after = call(stub.InitProducerId, _new("after-restart")).producer_id

@@ -75,6 +75,8 @@ def test_assign_keeps_epochs_and_starts_strictly_increasing(tmp_path: Path) -> N
     assert cache.entries() == [(1, 0), (3, 5)]
     assert cache.assign(2, 3)  # a lower epoch at a lower offset replaces what is not below it
     assert cache.entries() == [(1, 0), (2, 3)]
+    assert not LeaderEpochCache(tmp_path).load()  # an append's change waits for the log's flush
+    cache.persist()
     reloaded = LeaderEpochCache(tmp_path)
     assert reloaded.load()
     assert reloaded.entries() == [(1, 0), (2, 3)]
@@ -84,6 +86,7 @@ def test_the_checkpoint_detects_a_flipped_bit_anywhere(tmp_path: Path) -> None:
     cache = LeaderEpochCache(tmp_path)
     cache.assign(1, 0)
     cache.assign(7, 100)
+    cache.persist()
     raw = (tmp_path / CHECKPOINT_FILE).read_bytes()
     for i in range(len(raw)):
         for bit in (0, 7):
@@ -144,6 +147,8 @@ def test_a_checkpoint_ahead_of_a_log_that_lost_its_tail_is_cut(tmp_path: Path) -
     log = _open(tmp_path / "p")
     _append(log, 1, 2, seed=1)
     _append(log, 2, 1, seed=2)  # the checkpoint names epoch 2 at offset 6 ...
+    log.flush()
+    assert LeaderEpochCache(tmp_path / "p").load()
     abandon(log)
     last = segment_files(tmp_path / "p")[-1]
     data = last.read_bytes()
@@ -151,6 +156,26 @@ def test_a_checkpoint_ahead_of_a_log_that_lost_its_tail_is_cut(tmp_path: Path) -
     reopened = _open(tmp_path / "p")
     assert reopened.log_end_offset == 6
     assert reopened.epoch_entries() == [(1, 0)]
+    reopened.close()
+
+
+def test_the_checkpoint_is_written_by_the_flush_and_a_lagging_one_is_rebuilt(tmp_path: Path) -> None:
+    path = tmp_path / "p"
+    log = _open(path)
+    _append(log, 1, 2, seed=1)
+    assert not (path / CHECKPOINT_FILE).exists()  # not on the produce path
+    log.flush()
+    on_disk = LeaderEpochCache(path)
+    assert on_disk.load()
+    assert on_disk.entries() == [(1, 0)]
+    _append(log, 3, 2, seed=2)  # a new epoch, then a crash before the next flush
+    abandon(log)
+    on_disk = LeaderEpochCache(path)
+    assert on_disk.load()
+    assert on_disk.entries() == [(1, 0)]  # the file lags the log ...
+    reopened = _open(path)
+    assert reopened.epoch_entries() == [(1, 0), (3, 6)]  # ... and is rebuilt from the batches
+    assert reopened.end_offset_for_epoch(1) == (1, 6)
     reopened.close()
 
 

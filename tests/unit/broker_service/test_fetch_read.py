@@ -8,6 +8,7 @@ import pytest
 
 from sluice.broker.fetch import FetchCaps, FetchRead, PartitionSpec, new_read, validate_limits
 from sluice.broker.log.partition_log import PartitionLog
+from sluice.codec.batch import iter_headers
 from sluice.errors import InvalidArgument, InvalidFilter, OffsetOutOfRange
 
 from .helpers import batch, offsets_and_values, open_log, tags_of, values
@@ -189,3 +190,32 @@ def test_request_limits_are_capped() -> None:
         validate_limits(10, -1, 100, caps)
     assert validate_limits(-5, 1, 0, caps).max_wait_ms == 0
     assert validate_limits(10, 1, 0, caps).max_bytes == 1 << 20  # 0 means the cap
+
+
+def test_a_damaged_batch_ends_the_answer_before_it_then_is_a_typed_error(tmp_path: Path) -> None:
+    """A batch that failed verification at an unclean open is never served: a fetch gets the
+    records before it, and the next fetch, starting at it, a retriable STORAGE_ERROR."""
+    log = open_log(tmp_path / "a")
+    for i in range(4):
+        log.append(batch(values(3, f"b{i}-")))
+    log.close()
+    segment = next((tmp_path / "a").glob("*.log"))
+    raw = bytearray(segment.read_bytes())
+    third_pos, third = list(iter_headers(bytes(raw)))[2]
+    raw[third_pos + third.length - 3] ^= 0x10  # inside the third batch's records
+    segment.write_bytes(bytes(raw))
+    damaged = PartitionLog(tmp_path / "a", log.config, verify_all=True)
+    assert damaged.corrupt_ranges == [(6, 9)]
+    for filtered in ("", "x"):
+        read = _read({"a": damaged}, [_spec("a", 0, flt=filtered)])
+        (part,) = read.finish()
+        if not filtered:
+            assert [o for o, _ in offsets_and_values(part.records)] == list(range(6))
+        assert part.position == 6
+        assert part.error is None
+    read = _read({"a": damaged}, [_spec("a", 6)])
+    (part,) = read.finish()
+    assert part.error is not None
+    assert part.error.code_name == "STORAGE_ERROR"
+    assert part.error.retriable
+    damaged.close()

@@ -7,6 +7,7 @@ see docs/storage.md for the on-disk design.
 
 from sluice.broker.log.config import LogConfig
 from sluice.broker.log.manager import LogManager
-from sluice.broker.log.partition_log import AppendResult, PartitionLog, ReadResult
+from sluice.broker.log.partition_log import PartitionLog
+from sluice.broker.log.results import AppendResult, ReadResult
 
 __all__ = ["AppendResult", "LogConfig", "LogManager", "PartitionLog", "ReadResult"]

@@ -5,10 +5,11 @@ leader epoch it was appended in; this cache keeps, per epoch, the first offset o
 replica can answer ``OffsetForLeaderEpoch`` (``end_offset_for``) without scanning the log, and a
 follower can find exactly where its log diverged from a new leader's (KIP-101, KIP-279).
 
-Entries are strictly increasing in epoch and in start offset. The file is rewritten whole on
-every change (atomic replace: temporary file, fsync, rename, fsync the directory), which happens
-once per leader change, never per append. It carries a CRC32C, so bit rot is detected and the
-cache is rebuilt from the segments' batch headers (``rebuild``), as when the file is missing.
+Entries are strictly increasing in epoch and in start offset. The file is rewritten whole (atomic
+replace: temporary file, fsync, rename, fsync the directory): at once by a truncation, at the
+log's next flush after an append began a new epoch (never on the produce path). It carries a
+CRC32C, so bit rot is detected and the cache is rebuilt from the segments' batch headers
+(``rebuild``), as when the file is missing or older than the log.
 
 File format (little-endian)::
 
@@ -26,6 +27,7 @@ import itertools
 import logging
 import os
 import struct
+import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from pathlib import Path
@@ -48,12 +50,17 @@ UNDEFINED_EPOCH_OFFSET = -1
 class LeaderEpochCache:
     """Epoch -> start offset, in memory as two parallel lists, persisted on every change."""
 
-    __slots__ = ("_epochs", "_starts", "path")
+    __slots__ = ("_epochs", "_starts", "_write_lock", "_written", "path", "version")
 
     def __init__(self, directory: Path) -> None:
         self.path = directory / CHECKPOINT_FILE
         self._epochs: list[int] = []
         self._starts: list[int] = []
+        #: Bumped by every change; a write of an older version than the file's is skipped, so a
+        #: flush (another thread) never puts back what a truncation replaced meanwhile.
+        self.version = 0
+        self._written = -1
+        self._write_lock = threading.Lock()
 
     # ---- reading and writing the file -----------------------------------------------
 
@@ -78,6 +85,7 @@ class LeaderEpochCache:
             log.warning("%s is not monotonic: rebuilding it from the log", self.path)
             return False
         self._epochs, self._starts = epochs, starts
+        self._written = self.version  # the file holds what the cache holds
         return True
 
     def rebuild(self, batch_epochs: Iterable[tuple[int, int]]) -> None:
@@ -85,6 +93,7 @@ class LeaderEpochCache:
         and persist it. Batches without an epoch (-1) add nothing. An empty log with no file
         writes none: creating a partition costs no extra fsync."""
         self._epochs, self._starts = [], []
+        self.version += 1
         for base_offset, epoch in batch_epochs:
             if epoch >= 0 and (not self._epochs or epoch > self._epochs[-1]):
                 self._epochs.append(epoch)
@@ -92,11 +101,22 @@ class LeaderEpochCache:
         if self._epochs or self.path.exists():
             self.persist()
 
-    def persist(self) -> None:
-        """Atomically replace the file with the cache (write, fsync, rename, fsync the directory)."""
+    def encode(self) -> tuple[bytes, int]:
+        """The checkpoint file's bytes for the cache as it is now, and its version."""
         body = _MAGIC + _COUNT.pack(len(self._epochs))
         body += b"".join(_ENTRY.pack(e, s) for e, s in zip(self._epochs, self._starts, strict=True))
-        data = body + _CRC.pack(crc32c(body))
+        return body + _CRC.pack(crc32c(body)), self.version
+
+    def write(self, data: bytes, version: int) -> None:
+        """Atomically replace the file with ``data`` (write, fsync, rename, fsync the directory),
+        unless a newer version is already there."""
+        with self._write_lock:
+            if version <= self._written:
+                return
+            self._write(data)
+            self._written = version
+
+    def _write(self, data: bytes) -> None:
         tmp = self.path.with_name(CHECKPOINT_FILE + ".tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -115,6 +135,9 @@ class LeaderEpochCache:
                 os.close(dir_fd)
         except OSError as exc:
             raise storage_error(f"writing {self.path}", exc) from exc
+
+    def persist(self) -> None:
+        self.write(*self.encode())
 
     # ---- queries --------------------------------------------------------------------
 
@@ -156,7 +179,11 @@ class LeaderEpochCache:
     def assign(self, epoch: int, start_offset: int) -> bool:
         """Record that ``epoch`` starts at ``start_offset`` (an append in a new epoch); True if it
         changed the cache. Kafka's rule: entries not below it in both epoch and start offset go
-        first (a leader elected twice with nothing appended in between keeps only the later)."""
+        first (a leader elected twice with nothing appended in between keeps only the later).
+
+        Not written here: the log writes the file at its next flush, off the produce path
+        (``PartitionLog.flush``); a checkpoint a crash left behind the log is found at open,
+        its latest epoch differing from the log's last batch's, and rebuilt."""
         if epoch < 0 or start_offset < 0:
             raise ValueError(f"epoch {epoch} / start offset {start_offset} must be >= 0")
         if self._epochs and epoch == self._epochs[-1] and start_offset >= self._starts[-1]:
@@ -166,7 +193,7 @@ class LeaderEpochCache:
             self._starts.pop()
         self._epochs.append(epoch)
         self._starts.append(start_offset)
-        self.persist()
+        self.version += 1
         return True
 
     def truncate_from_end(self, end_offset: int) -> None:
@@ -174,6 +201,7 @@ class LeaderEpochCache:
         keep = bisect_left(self._starts, end_offset)
         if keep < len(self._starts):
             del self._epochs[keep:], self._starts[keep:]
+            self.version += 1
             self.persist()
 
     def truncate_from_start(self, start_offset: int) -> None:
@@ -184,10 +212,12 @@ class LeaderEpochCache:
             return
         del self._epochs[:i], self._starts[:i]
         self._starts[0] = start_offset
+        self.version += 1
         self.persist()
 
     def clear(self) -> None:
         self._epochs, self._starts = [], []
+        self.version += 1
         self.persist()
 
 

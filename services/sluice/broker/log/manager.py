@@ -41,6 +41,9 @@ from sluice.server.limits import open_files_soft_limit
 log = logging.getLogger(__name__)
 
 META_FILE = "partition.json"
+#: Written by ``close()`` once every log is flushed and closed; removed at open. Without it the
+#: last shutdown was unclean (a crash, kill -9, power loss) and every batch is verified at open.
+CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 META_VERSION = 1
 DELETED_PREFIX = "~deleted-"
 #: Descriptors kept free of partition logs by default: connections, the listeners, gRPC's
@@ -147,6 +150,20 @@ class LogManager:
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._meta: dict[TopicPartition, PartitionMeta] = {}
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        #: The last shutdown left no marker: logs opened now verify every batch's CRC.
+        self.unclean = self._take_clean_shutdown_marker()
+
+    def _take_clean_shutdown_marker(self) -> bool:
+        """Whether the last shutdown was unclean; removes the marker (durably) so that a crash
+        from now on is seen as one."""
+        marker = self.data_dir / CLEAN_SHUTDOWN_FILE
+        if not marker.exists():
+            if any(p.is_dir() and not p.name.startswith(DELETED_PREFIX) for p in self.data_dir.iterdir()):
+                log.warning("%s: the last shutdown was not clean: every batch is verified", self.data_dir)
+            return True
+        marker.unlink()
+        _fsync_dir(self.data_dir)
+        return False
 
     def _dir(self, topic: str, partition: int) -> Path:
         return self.data_dir / f"{topic}-{partition}"
@@ -257,7 +274,8 @@ class LogManager:
         return plog
 
     def _open_log(self, path: Path, config: LogConfig | None) -> PartitionLog:
-        return PartitionLog(path, config or self.default_config, self._now_ms, self.handles)
+        cfg = config or self.default_config
+        return PartitionLog(path, cfg, self._now_ms, self.handles, verify_all=self.unclean)
 
     def descriptor_budget(self) -> int:
         """How many partition logs this broker can hold open under its soft limit now."""
@@ -317,11 +335,25 @@ class LogManager:
         return sum(plog.apply_retention() for plog in list(self._logs.values()))
 
     def close(self) -> None:
+        """Flush and close every log; if all of them closed cleanly and none holds damaged
+        batches, write the clean-shutdown marker (fsynced), so the next open trusts the
+        segments' tails instead of verifying every batch."""
+        # A log with damaged batches keeps the marker away: the next open verifies again and
+        # finds them, since which batches are damaged is known only in memory.
+        clean = not any(plog.corrupt_ranges for plog in self._logs.values())
         for plog in self._logs.values():
             try:
                 plog.close()
             except (OSError, SluiceError):
+                clean = False
                 log.exception("closing %r failed", plog)
         self._logs.clear()
         self._meta.clear()
         self.handles.close_all()
+        if clean:
+            try:
+                with open(self.data_dir / CLEAN_SHUTDOWN_FILE, "wb") as f:
+                    os.fsync(f.fileno())
+                _fsync_dir(self.data_dir)
+            except OSError as exc:
+                log.warning("could not write the clean-shutdown marker: %s", exc)

@@ -15,13 +15,13 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.broker.log.config import MAX_SEGMENT_BYTES, LogConfig
 from sluice.broker.log.epochs import LeaderEpochCache
 from sluice.broker.log.handles import ReadHandles, storage_error
 from sluice.broker.log.recovery import load_segments
+from sluice.broker.log.results import AppendResult, ReadResult
 from sluice.broker.log.segment import Segment
 from sluice.broker.log.truncation import EpochsAndTruncation
 from sluice.codec.batch import HEADER_SIZE, BatchHeader, stamp, validate_batch
@@ -57,23 +57,6 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    base_offset: int
-    last_offset: int
-    append_time_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    #: Whole stamped batches, raw from the segment files.
-    data: bytes
-    #: The offset after the last batch returned (the requested offset if none).
-    next_offset: int
-    #: Base offset of the first batch returned (it may start before the requested offset).
-    base_offset_of_first: int
-
-
 class PartitionLog(EpochsAndTruncation):
     """Append-only, segmented, indexed log of one partition in one directory.
 
@@ -88,6 +71,7 @@ class PartitionLog(EpochsAndTruncation):
         config: LogConfig,
         now_ms: Callable[[], int] = wall_clock_ms,
         handles: ReadHandles | None = None,
+        verify_all: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.config = config
@@ -110,33 +94,33 @@ class PartitionLog(EpochsAndTruncation):
         self.directory.mkdir(parents=True, exist_ok=True)
         #: Epoch -> start offset (docs/replication.md, "Leader epochs in the log").
         self._epochs = LeaderEpochCache(self.directory)
-        self._load()
+        #: An append began a new epoch since the checkpoint was last written (the next flush does).
+        self._epochs_dirty = False
+        #: Offset ranges [base, next) of batches that failed their CRC (or other checks) inside
+        #: intact framing at an unclean open: this replica's copy is damaged there.
+        self.corrupt_ranges: list[tuple[int, int]] = []
+        self._load(verify_all)
 
     # ---- opening and recovery ---------------------------------------------------------
 
-    def _load(self) -> None:
-        loaded = load_segments(self.directory, self._handles, self.config.index_interval_bytes)
+    def _load(self, verify_all: bool) -> None:
+        interval = self.config.index_interval_bytes
+        loaded = load_segments(self.directory, self._handles, interval, verify_all)
         self._segments = loaded.segments
         self._dir_dirty = loaded.dir_dirty
         self._bases = [s.base_offset for s in self._segments]
         self._sealed_bytes = sum(s.size for s in self._segments[:-1])
         self.log_start_offset = self._segments[0].base_offset
         self.log_end_offset = self._segments[-1].next_offset
+        self.corrupt_ranges = [r for seg in self._segments for r in seg.corrupt]
+        if self.corrupt_ranges:
+            log.error(
+                "%s: %d batch(es) failed verification and need a re-fetch from a replica: offsets %s",
+                self.directory,
+                len(self.corrupt_ranges),
+                self.corrupt_ranges,
+            )
         self._load_epochs()
-
-    def _load_epochs(self) -> None:
-        """Load the epoch checkpoint, or rebuild it from the batch headers if it is missing or
-        corrupt; then drop what the log no longer holds (it is written before the data, so it
-        may name an epoch whose batches a crash lost)."""
-        try:
-            if not self._epochs.load():
-                self._epochs.rebuild(e for seg in self._segments for e in seg.batch_epochs())
-            self._epochs.truncate_from_end(self.log_end_offset)
-            self._epochs.truncate_from_start(self.log_start_offset)
-        except BaseException:
-            for seg in self._segments:
-                seg.close()
-            raise
 
     # ---- appending --------------------------------------------------------------------
 
@@ -167,7 +151,8 @@ class PartitionLog(EpochsAndTruncation):
             stamp(buf, pos, offset, now, leader_epoch)
             offset += h.last_offset_delta + 1
             pos += h.length
-        return self._write(buf, headers, [leader_epoch] * len(headers), now)
+        new_epoch = [(leader_epoch, self.log_end_offset)] if leader_epoch > latest else []
+        return self._write(buf, headers, new_epoch, now)
 
     def append_replicated(self, batches: bytes | bytearray | memoryview) -> AppendResult:
         """Append batches copied from the leader, byte for byte: a follower's append.
@@ -180,7 +165,7 @@ class PartitionLog(EpochsAndTruncation):
         self._check_appendable(batches)
         headers = self._validate(batches)
         expected, epoch = self.log_end_offset, self._epochs.latest_epoch
-        epochs: list[int] = []
+        new_epochs: list[tuple[int, int]] = []
         for h in headers:
             if h.base_offset != expected:
                 raise CorruptBatch(f"replicated batch at offset {h.base_offset}, expected {expected}")
@@ -188,10 +173,11 @@ class PartitionLog(EpochsAndTruncation):
                 raise CorruptBatch(
                     f"replicated batch in epoch {h.partition_leader_epoch} after epoch {epoch}"
                 )
-            epoch = h.partition_leader_epoch
-            epochs.append(epoch)
+            if h.partition_leader_epoch > epoch:
+                epoch = h.partition_leader_epoch
+                new_epochs.append((epoch, h.base_offset))
             expected = h.next_offset
-        return self._write(bytes(batches), headers, epochs, self._now_ms())
+        return self._write(bytes(batches), headers, new_epochs, self._now_ms())
 
     def _check_appendable(self, batches: bytes | bytearray | memoryview) -> None:
         if self._closed:
@@ -203,20 +189,18 @@ class PartitionLog(EpochsAndTruncation):
             raise InvalidRequest(f"produce of {total} bytes for one partition is too large")
 
     def _write(
-        self, buf: bytes | bytearray, headers: list[BatchHeader], epochs: list[int], now: int
+        self, buf: bytes | bytearray, headers: list[BatchHeader], new_epochs: list[tuple[int, int]], now: int
     ) -> AppendResult:
-        """Write stamped batches at the log end; ``epochs`` is each batch's leader epoch."""
+        """Write stamped batches at the log end; ``new_epochs`` lists the (epoch, start offset) of
+        each leader epoch these batches begin (usually none: the log's latest epoch goes on)."""
         total = len(buf)
         first_offset = self.log_end_offset
         offset = first_offset + sum(h.last_offset_delta + 1 for h in headers)
         interval = self.config.index_interval_bytes
         with self._lock:
-            # The epoch cache first: it never lacks an epoch whose batches are on disk.
-            batch_offset = first_offset
-            for h, epoch in zip(headers, epochs, strict=True):
-                if epoch > self._epochs.latest_epoch:
-                    self._epochs.assign(epoch, batch_offset)
-                batch_offset += h.last_offset_delta + 1
+            # The cache before the data; its file is written by the next flush (off this path).
+            for epoch, start in new_epochs:
+                self._epochs_dirty |= self._epochs.assign(epoch, start)
             seg = self._segments[-1]
             try:
                 if seg.size and (
@@ -302,8 +286,17 @@ class PartitionLog(EpochsAndTruncation):
         """Whole batches starting with the one containing ``offset``, up to ``max_bytes``.
 
         With ``min_one`` the first batch comes back whole even when larger than
-        ``max_bytes``. Reads continue into the next segment while there is room.
+        ``max_bytes``. Reads continue into the next segment while there is room. A batch
+        that failed verification (``corrupt_ranges``) is never served: the read stops before
+        it, and a read starting in it is a retriable STORAGE_ERROR (a healthy replica serves
+        it, or this one once it has re-fetched it).
         """
+        result = self._read_batches(offset, max_bytes, min_one)
+        if self.corrupt_ranges and result.data:
+            return self._stop_before_corrupt(offset, result)
+        return result
+
+    def _read_batches(self, offset: int, max_bytes: int, min_one: bool) -> ReadResult:
         end = self.log_end_offset
         if offset < self.log_start_offset or offset > end:
             raise OffsetOutOfRange(
@@ -383,6 +376,8 @@ class PartitionLog(EpochsAndTruncation):
                 raise storage_error(f"flushing {self.directory}", exc) from exc
             sealed, self._unsynced_paths = self._unsynced_paths, []
             dir_dirty, self._dir_dirty = self._dir_dirty, False
+            epochs = self._epochs.encode() if self._epochs_dirty else None
+            self._epochs_dirty = False
         try:
             os.fdatasync(active_fd)
             while sealed:
@@ -394,6 +389,12 @@ class PartitionLog(EpochsAndTruncation):
                     os.fsync(dir_fd)
                 finally:
                     os.close(dir_fd)
+            if epochs is not None:
+                self._epochs.write(*epochs)
+                epochs = None
+        except StorageError:
+            self._epochs_dirty = self._epochs_dirty or epochs is not None
+            raise
         except FileNotFoundError:
             if not self._closed:  # else: deleted while this flush ran; nothing left to sync
                 raise StorageError(f"the log directory {self.directory} disappeared") from None
@@ -401,6 +402,7 @@ class PartitionLog(EpochsAndTruncation):
             with self._lock:
                 self._unsynced_paths[:0] = sealed
                 self._dir_dirty = self._dir_dirty or dir_dirty
+                self._epochs_dirty = self._epochs_dirty or epochs is not None
             raise storage_error(f"fsync of {self.directory}", exc) from exc
         finally:
             os.close(active_fd)
@@ -430,6 +432,7 @@ class PartitionLog(EpochsAndTruncation):
             self.log_start_offset = self._segments[0].base_offset
             if deleted:
                 self._epochs.truncate_from_start(self.log_start_offset)
+                self.corrupt_ranges = [r for r in self.corrupt_ranges if r[1] > self.log_start_offset]
         if deleted:
             log.info(
                 "retention deleted %d segment(s) of %s; log start is now %d",

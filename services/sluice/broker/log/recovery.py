@@ -50,20 +50,28 @@ def segment_bases(directory: Path) -> list[int]:
     return bases
 
 
-def load_segments(directory: Path, handles: ReadHandles, interval: int) -> LoadedLog:
-    """Open every segment of ``directory`` (converting format-1 segments first)."""
+def load_segments(
+    directory: Path, handles: ReadHandles, interval: int, verify_all: bool = False
+) -> LoadedLog:
+    """Open every segment of ``directory`` (converting format-1 segments first).
+
+    ``verify_all``, after an unclean shutdown: every batch of every segment is validated, CRC
+    included (a clean open checks each segment's tail only). A failing batch with intact
+    framing and valid batches after it is kept and listed (``LoadedLog.corrupt``); failing
+    batches at a segment's end are a torn tail, cut as in any recovery.
+    """
     bases = segment_bases(directory)
     # Segments written before batch format 2 are converted first (docs/replication.md).
     stems = [segment_stem(b) for b in bases]
     dir_dirty = bool(upgrade_directory(directory, stems, (INDEX_SUFFIX, TIME_INDEX_SUFFIX)))
     if not bases:
         return LoadedLog([Segment.create(directory, 0, handles)], True)
-    segments, dropped = _open_segments(directory, handles, bases, interval)
+    segments, dropped = _open_segments(directory, handles, bases, interval, verify_all)
     return LoadedLog(segments, dir_dirty or dropped)
 
 
 def _open_segments(
-    directory: Path, handles: ReadHandles, bases: list[int], interval: int
+    directory: Path, handles: ReadHandles, bases: list[int], interval: int, verify_all: bool
 ) -> tuple[list[Segment], bool]:
     """Load sealed segments one at a time (one descriptor open at once, closed after the
     check), then recover the last one as the active segment. Returns the segments and whether
@@ -74,7 +82,7 @@ def _open_segments(
         seg = Segment.open(directory, base, handles)
         try:
             if i + 1 < len(bases):
-                if seg.load_sealed(bases[i + 1], interval):
+                if seg.load_sealed(bases[i + 1], interval, verify_all):
                     os.close(seg.release_fd())
                     segments.append(seg)
                     continue
@@ -84,7 +92,9 @@ def _open_segments(
                     log.warning("dropping segment %d of %s after a torn segment", later, directory)
                     delete_segment_files(directory, later)
                 dropped = True
-            seg.recover(interval)
+            if verify_all:
+                seg.corrupt.clear()  # a torn sealed segment is verified again as the active one
+            seg.recover(interval, verify_all)
         except BaseException:
             seg.close()
             raise

@@ -11,6 +11,7 @@ Caller: ``PartitionLog`` only. Not thread-safe on its own; ``PartitionLog`` seri
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import struct
@@ -20,12 +21,11 @@ from pathlib import Path
 from sluice.broker.log.config import MAX_SEGMENT_BYTES
 from sluice.broker.log.handles import ReadHandles, storage_error
 from sluice.broker.log.index import OffsetIndex, TimeIndex
+from sluice.broker.log.walk import walk_batches
 from sluice.codec.batch import (
     APPEND_TIME_AT,
-    HEADER,
     HEADER_SIZE,
     LAST_OFFSET_DELTA_AT,
-    BatchHeader,
     columns,
     validate_batch,
 )
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
-#: Bytes per pread when walking a segment (recovery, index rebuild, timestamp search).
-SCAN_CHUNK = 1 << 20
 #: "No timestamp yet": below any real record timestamp.
 NO_TIMESTAMP = -(2**63)
 
@@ -54,43 +52,12 @@ def segment_stem(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
-def walk_batches(
-    fd: int, start: int, end: int, need_body: bool
-) -> Iterator[tuple[int, BatchHeader, bytes, int]]:
-    """Yield ``(file_position, header, buffer, offset_in_buffer)`` for each batch in [start, end).
-
-    With ``need_body`` the buffer holds the whole batch, otherwise at least its header.
-    Reads in ``SCAN_CHUNK`` preads. Stops silently at a short or malformed header, or a
-    batch running past ``end``: the caller compares where it got to with ``end``.
-    """
-    pos = start
-    buf = b""
-    buf_start = start
-    while pos + HEADER_SIZE <= end:
-        off = pos - buf_start
-        if off + HEADER_SIZE > len(buf):
-            buf = os.pread(fd, min(SCAN_CHUNK, end - pos), pos)
-            buf_start, off = pos, 0
-            if len(buf) < HEADER_SIZE:
-                return
-        header = BatchHeader(*HEADER.unpack_from(buf, off))
-        length = header.length
-        if length < HEADER_SIZE + 2 or pos + length > end:
-            return
-        if need_body and off + length > len(buf):
-            buf = os.pread(fd, min(max(SCAN_CHUNK, length), end - pos), pos)
-            buf_start, off = pos, 0
-            if len(buf) < length:
-                return
-        yield pos, header, buf, off
-        pos += length
-
-
 class Segment:
     """A segment file and its indexes, with the running state appends need."""
 
     __slots__ = (
         "base_offset",
+        "corrupt",
         "fd",
         "first_append_ms",
         "handles",
@@ -121,6 +88,9 @@ class Segment:
         self.max_timestamp = NO_TIMESTAMP
         #: Append time of the first batch: the segment's age for segment_ms rolls.
         self.first_append_ms: int | None = None
+        #: (base offset, next offset) of batches kept although they failed validation: bit rot
+        #: inside intact framing, found by a full verification (docs/replication.md, "Recovery").
+        self.corrupt: list[tuple[int, int]] = []
         self.index = OffsetIndex(directory / (stem + INDEX_SUFFIX))
         self.time_index = TimeIndex(directory / (stem + TIME_INDEX_SUFFIX))
 
@@ -180,14 +150,21 @@ class Segment:
         base, _ = _BASE_AND_LENGTH.unpack(raw)
         return bool(base == self.base_offset + rel)
 
-    def load_sealed(self, expected_next_offset: int, interval: int) -> bool:
+    def load_sealed(self, expected_next_offset: int, interval: int, verify_all: bool = False) -> bool:
         """Load a closed segment's indexes, rebuilding them if they disagree with the log.
 
         Checks that the log's tail (from the last index entry on, CRC included) ends
         exactly at the end of the file with ``expected_next_offset`` (the next segment's
         base). False means the segment itself is torn: the caller recovers it as the
-        active segment and drops everything after it.
+        active segment and drops everything after it. ``verify_all`` (after an unclean
+        shutdown) validates every batch, CRC included, and rebuilds the indexes on the way.
         """
+        if verify_all:
+            self._reset_indexes()
+            end, next_offset = self._scan(
+                0, self.base_offset, True, interval, keep_corrupt=True, whole_at=expected_next_offset
+            )
+            return self._sealed_at(end, next_offset, expected_next_offset)
         index_ok = self.index.load(self.size) and self._index_points_at_batch()
         time_ok = self.time_index.load(expected_next_offset - self.base_offset - 1)
         if index_ok and time_ok:
@@ -196,10 +173,16 @@ class Segment:
             end, next_offset = self._scan(pos, self.base_offset + rel, validate=True, interval=interval)
         else:
             log.warning("rebuilding the indexes of segment %s", self.log_path)
-            self.index.reset()
-            self.time_index.reset()
-            self.max_timestamp = NO_TIMESTAMP
+            self._reset_indexes()
             end, next_offset = self._scan(0, self.base_offset, validate=False, interval=interval)
+        return self._sealed_at(end, next_offset, expected_next_offset)
+
+    def _reset_indexes(self) -> None:
+        self.index.reset()
+        self.time_index.reset()
+        self.max_timestamp = NO_TIMESTAMP
+
+    def _sealed_at(self, end: int, next_offset: int, expected_next_offset: int) -> bool:
         if end != self.size or next_offset != expected_next_offset:
             log.warning(
                 "segment %s is torn: valid data ends at byte %d of %d, offset %d (expected %d)",
@@ -214,14 +197,20 @@ class Segment:
         self.seal()
         return True
 
-    def recover(self, interval: int) -> int:
+    def recover(self, interval: int, verify_all: bool = False) -> int:
         """Crash recovery of the active segment; returns the bytes truncated.
 
         Trusts the offset index up to its last entry that still names a batch inside the
         file, then validates every batch from there (framing, density, CRC) and cuts the
-        file at the first one that fails: a torn write from a crash, or garbage.
+        file at the first one that fails: a torn write from a crash, or garbage. With
+        ``verify_all`` (after an unclean shutdown) every batch from the start is validated:
+        one failing inside intact framing with valid batches after it is kept and reported
+        (``corrupt``), failing ones at the end are cut as a torn tail.
         """
-        if self.index.load(self.size):
+        if verify_all:
+            self.index.reset()
+            self.time_index.reset()
+        elif self.index.load(self.size):
             if not self._index_points_at_batch():
                 self.index.reset()
         else:
@@ -239,7 +228,7 @@ class Segment:
             self.time_index.reset()
         self.max_timestamp = self._indexed_max_timestamp()
         end, self.next_offset = self._scan(
-            start_pos, self.base_offset + start_rel, validate=True, interval=interval
+            start_pos, self.base_offset + start_rel, True, interval, keep_corrupt=verify_all
         )
         cut = self.size - end
         if cut:
@@ -284,35 +273,69 @@ class Segment:
         # last one that is left: at most one index interval.
         self.recover(interval)
 
-    def batch_epochs(self) -> Iterator[tuple[int, int]]:
-        """``(base_offset, leader_epoch)`` of every batch, from the headers alone."""
+    def batch_epochs(self, start: int = 0) -> Iterator[tuple[int, int]]:
+        """``(base_offset, leader_epoch)`` of every batch from position ``start``, from the
+        headers alone."""
         fd = self.fd if self.fd >= 0 else self.handles.acquire(str(self.log_path))
         try:
-            for _pos, header, _buf, _off in walk_batches(fd, 0, self.size, need_body=False):
+            for _pos, header, _buf, _off in walk_batches(fd, start, self.size, need_body=False):
                 yield header.base_offset, header.partition_leader_epoch
         finally:
             if fd != self.fd:
                 self.handles.release(str(self.log_path))
 
-    def _scan(self, start: int, expected_offset: int, validate: bool, interval: int) -> tuple[int, int]:
+    def last_batch_epoch(self) -> int:
+        """The leader epoch of the segment's last batch; -1 if it has none."""
+        tail = collections.deque(self.batch_epochs(self.position_for(self.last_batch_offset)), maxlen=1)
+        return tail[0][1] if tail else -1
+
+    def _scan(
+        self,
+        start: int,
+        expected_offset: int,
+        validate: bool,
+        interval: int,
+        keep_corrupt: bool = False,
+        whole_at: int | None = None,
+    ) -> tuple[int, int]:
         """Walk batches from ``start``, indexing them; stop at the first bad one.
 
         Returns (end position of the last good batch, next offset after it). A batch is
         bad if its framing is broken, its base offset breaks density, or (``validate``)
-        it fails ``validate_batch``.
+        it fails ``validate_batch``. With ``keep_corrupt`` a batch that fails validation
+        but whose framing holds is passed over: if good batches follow, it is bit rot
+        inside the data (kept, listed in ``corrupt``); if none do, it is a torn tail, unless
+        the walk ends exactly at the end of the file with offset ``whole_at`` (a sealed
+        segment followed by the segment of that base: its last batch is rot, not a tear).
         """
         end = start
+        pending: list[tuple[int, int, int]] = []  # (position, base, next) since the last good batch
         for pos, header, buf, off in walk_batches(self.fd, start, self.size, need_body=validate):
             if header.base_offset != expected_offset:
                 break
             if validate:
                 try:
                     validate_batch(buf, off, MAX_SEGMENT_BYTES)
-                except SluiceError:
-                    break
+                except SluiceError as exc:
+                    if not keep_corrupt:
+                        break
+                    log.error("%s: batch at offset %d is corrupt: %s", self.log_path, expected_offset, exc)
+                    pending.append((pos, header.base_offset, header.next_offset))
+                    expected_offset = header.next_offset
+                    continue
+            self.corrupt += [(base, nxt) for _, base, nxt in pending]
+            pending = []
             self.note_batch(pos, header.base_offset, header.max_timestamp, interval)
             expected_offset = header.next_offset
             end = pos + header.length
+        if pending:
+            last_pos, _, last_next = pending[-1]
+            tail_end = last_pos + int.from_bytes(os.pread(self.fd, 4, last_pos + 8), "little")
+            if whole_at is not None and last_next == whole_at and tail_end == self.size:
+                self.corrupt += [(base, nxt) for _, base, nxt in pending]
+                return self.size, whole_at
+            # Nothing valid after them: a torn or corrupt tail, cut with the rest.
+            end, expected_offset = pending[0][0], pending[0][1]
         return end, expected_offset
 
     # ---- appending ------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Leader epochs and truncation of a partition log: what a replica needs beyond append and read.
+"""Leader epochs, truncation and damaged batches of a partition log: what a replica needs beyond
+append and read.
 
 ``end_offset_for_epoch`` answers OffsetForLeaderEpoch from the log's epoch cache; ``truncate_to``
 and ``truncate_fully_and_start_at`` cut a follower's log back to where it agrees with its leader
@@ -19,14 +20,17 @@ from pathlib import Path
 from sluice.broker.log.config import LogConfig
 from sluice.broker.log.epochs import LeaderEpochCache
 from sluice.broker.log.handles import ReadHandles, storage_error
+from sluice.broker.log.results import ReadResult
 from sluice.broker.log.segment import Segment
+from sluice.codec.batch import iter_headers
 from sluice.errors import InvalidArgument, StorageError
 
 log = logging.getLogger(__name__)
 
 
 class EpochsAndTruncation:
-    """The epoch queries and truncations of ``PartitionLog`` (which defines these attributes)."""
+    """The epoch cache, truncations and the reads around damaged batches of ``PartitionLog``
+    (which defines these attributes)."""
 
     directory: Path
     config: LogConfig
@@ -40,6 +44,47 @@ class EpochsAndTruncation:
     _handles: ReadHandles
     _unsynced_paths: list[Path]
     _sealed_bytes: int
+    corrupt_ranges: list[tuple[int, int]]
+
+    def _load_epochs(self) -> None:
+        """Load the epoch checkpoint, or rebuild it from the batch headers if it is missing,
+        corrupt, or older than the log (its latest epoch is not the last batch's: written at a
+        flush, it may lag the log after a crash). Entries the log no longer holds are dropped
+        (the log may have lost its tail, or retention its head)."""
+        try:
+            loaded = self._epochs.load()
+            if loaded:
+                self._epochs.truncate_from_end(self.log_end_offset)
+                self._epochs.truncate_from_start(self.log_start_offset)
+                last = next((s.last_batch_epoch() for s in reversed(self._segments) if s.size), -1)
+                if last != self._epochs.latest_epoch:
+                    log.warning(
+                        "%s: the epoch checkpoint ends at epoch %d, the log at %d: rebuilding it",
+                        self.directory,
+                        self._epochs.latest_epoch,
+                        last,
+                    )
+                    loaded = False
+            if not loaded:
+                self._epochs.rebuild(e for seg in self._segments for e in seg.batch_epochs())
+        except BaseException:
+            for seg in self._segments:
+                seg.close()
+            raise
+
+    def _stop_before_corrupt(self, offset: int, result: ReadResult) -> ReadResult:
+        for start, end in self.corrupt_ranges:
+            if start >= result.next_offset or end <= result.base_offset_of_first:
+                continue
+            if offset >= start:
+                raise StorageError(
+                    f"offsets [{start}, {end}) of {self.directory.name} failed verification on this "
+                    "broker (a corrupt batch): they need a re-fetch from a healthy replica"
+                )
+            for pos, h in iter_headers(result.data):
+                if h.base_offset >= start:
+                    return ReadResult(result.data[:pos], h.base_offset, result.base_offset_of_first)
+        return result
 
     @property
     def latest_epoch(self) -> int:
@@ -108,6 +153,8 @@ class EpochsAndTruncation:
         self.log_start_offset = self._segments[0].base_offset
         self.log_end_offset = self._segments[-1].next_offset
         self._epochs.truncate_from_end(self.log_end_offset)
+        # A damaged batch cut away is healed: the replica fetches it again from its leader.
+        self.corrupt_ranges = [r for r in self.corrupt_ranges if r[0] < self.log_end_offset]
         self._sync_dir()
 
     def _sync_dir(self) -> None:
