@@ -33,7 +33,7 @@ class _Log:
         headers = [read_header(b) for b in batches]
         earlier = self.producers.check(headers)
         if earlier is not None:
-            return earlier
+            return earlier[0], earlier[1]
         first = self.end
         stamped = []
         for b, h in zip(batches, headers, strict=True):

@@ -43,9 +43,9 @@ class PartitionProducers:
         self.directory = directory
         self.table = ProducerStateTable(expiration_ms, max_producers)
 
-    def check(self, headers: list[BatchHeader]) -> tuple[int, int] | None:
-        """Before appending a produced run: the (first, last) offsets it got the first time if it is a
-        retry, None if it is to be appended. Raises the typed refusal otherwise.
+    def check(self, headers: list[BatchHeader]) -> tuple[int, int, int] | None:
+        """Before appending a produced run: the (first offset, last offset, append time) it got the first
+        time if it is a retry, None if it is to be appended. Raises the typed refusal otherwise.
 
         A run is one partition's batches of one request, written with one write, so a retry of it is all
         duplicates; a run that is part duplicate and part new cannot come from a well-behaved producer
@@ -76,7 +76,7 @@ class PartitionProducers:
                 f"{len(duplicates)} of the request's {len(headers)} batches for this partition were written "
                 "before and the rest were not: send a retried run without new batches"
             )
-        return duplicates[0].first_offset, duplicates[-1].last_offset
+        return duplicates[0].first_offset, duplicates[-1].last_offset, duplicates[0].append_time_ms
 
     def _check_run_is_in_order(self, headers: list[BatchHeader]) -> None:
         """Several new batches of one producer in one run: each must start where the previous ended
@@ -117,9 +117,11 @@ class PartitionProducers:
         """On open: the newest readable snapshot at or below the log end, then the batches after it."""
         loaded = snapshots.load_latest(self.directory, at_most=log_end)
         start = log_start
-        if loaded is not None and loaded[0] >= log_start:
-            start, entries = loaded
-            self.table.restore(entries)
+        if loaded is not None:
+            # A snapshot below the log start (retention removed segments since) still holds producers
+            # whose batches are gone; they stay known until they expire, as in Kafka.
+            start = max(loaded[0], log_start)
+            self.table.restore(loaded[1])
         else:
             self.table.restore([])
         replayed = self._replay(start, headers_from)
@@ -132,6 +134,11 @@ class PartitionProducers:
         cut keeps the older ones it still has)."""
         snapshots.delete_above(self.directory, log_end)
         self.recover(log_start, log_end, headers_from)
+
+    def forget_all(self) -> None:
+        """The log was emptied (it starts over at another offset): no state and no snapshot is valid."""
+        snapshots.delete_above(self.directory, -1)
+        self.table.restore([])
 
     def _replay(self, start: int, headers_from: HeadersFrom) -> int:
         count = 0
