@@ -36,6 +36,7 @@ def test_retries_are_written_once_and_refusals_are_typed(tmp_path: Path) -> None
         assert fenced.error.code == common_pb2.INVALID_PRODUCER_EPOCH
         unknown = broker.produce("idem", 0, _batch(8, 5))
         assert unknown.error.code == common_pb2.UNKNOWN_PRODUCER_ID
+        assert broker.metric("sluice_broker_producer_ids") == 2  # producers 7 and 99
         plain = broker.fetch_one("idem", 0)
         assert [r.offset for r in records(plain)] == list(range(12))  # each batch once, nothing else
 
