@@ -110,6 +110,34 @@ class _HandleCollector(Collector):
         )
 
 
+class ProducerStats:
+    """What the producer-state collector reads: a callable giving (entries, evictions) summed over the
+    served partitions (idempotent producers, docs/replication.md)."""
+
+    __slots__ = ("source",)
+
+    def __init__(self) -> None:
+        self.source: Callable[[], tuple[int, int]] | None = None
+
+
+class _ProducerCollector(Collector):
+    def __init__(self, stats: ProducerStats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        entries, evictions = self._stats.source() if self._stats.source is not None else (0, 0)
+        yield GaugeMetricFamily(
+            "sluice_broker_producer_ids",
+            "Idempotent producer entries held, summed over the partitions (bounded per partition)",
+            value=entries,
+        )
+        yield CounterMetricFamily(
+            "sluice_broker_producer_id_evictions",
+            "Producer entries evicted to stay within the per-partition cap (their producers restart)",
+            value=evictions,
+        )
+
+
 class BrokerMetrics:
     """The broker's metric objects, with per-topic children cached (labels() is not free)."""
 
@@ -137,6 +165,8 @@ class BrokerMetrics:
         REGISTRY.register(_LogCollector(self.log_stats))
         self.handle_stats = HandleStats()
         REGISTRY.register(_HandleCollector(self.handle_stats))
+        self.producer_stats = ProducerStats()
+        REGISTRY.register(_ProducerCollector(self.producer_stats))
         self._in: dict[str, tuple[Counter, Counter]] = {}
         self._out: dict[str, tuple[Counter, Counter]] = {}
 

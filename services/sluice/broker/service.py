@@ -150,6 +150,7 @@ class BrokerService(ReadSteps, OffsetQueries):
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="log-maintenance")
         self.metrics.log_stats.source = self._log_stats
         self.metrics.handle_stats.source = self.logs.descriptor_stats
+        self.metrics.producer_stats.source = self._producer_stats
 
     async def stop(self) -> None:
         """Refuse new requests, answer parked fetches, fsync, close the logs. Idempotent."""
@@ -167,6 +168,7 @@ class BrokerService(ReadSteps, OffsetQueries):
         await self.flusher.stop()
         self.metrics.log_stats.source = None
         self.metrics.handle_stats.source = None
+        self.metrics.producer_stats.source = None
         self.registry.close()
         try:
             self.logs.flush_all()
@@ -451,6 +453,11 @@ class BrokerService(ReadSteps, OffsetQueries):
                 plog = self.registry.served.get(key)
                 if plog is not None and plog.log_start_offset != start:
                     self.waiters.notify(key)
+
+    def _producer_stats(self) -> tuple[int, int]:
+        """(entries, evictions) of the served partitions' producer tables, read from the metrics thread."""
+        tables = [plog.producers.table for plog in list(self.registry.served.values())]
+        return sum(len(t) for t in tables), sum(t.evictions for t in tables)
 
     def _log_stats(self) -> list[tuple[TopicPartitionKey, int, int, int]]:
         """Per served partition (start, end, size), read from the metrics thread."""

@@ -125,7 +125,13 @@ class Client:
         validate_topic(topic)
         cfg = (config or ProducerConfig()).replace(**overrides) if overrides else (config or ProducerConfig())
         producer = Producer(
-            topic, cfg, self._channels, self._metadata, on_close=self._forget_producer, links=self._links
+            topic,
+            cfg,
+            self._channels,
+            self._metadata,
+            on_close=self._forget_producer,
+            links=self._links,
+            client_id=self.client_id,
         )
         with self._lock:
             self._producers.add(producer)

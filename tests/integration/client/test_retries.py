@@ -1,7 +1,8 @@
 """Retries: the broker restarts in the middle of a produce stream.
 
-With acks=1 every acknowledged record must be readable afterwards, at the offset
-its future reported, and per partition the acknowledged records keep send order
+With the default acks and idempotence every acknowledged record must be readable
+afterwards, once, at the offset its future reported, and per partition the
+acknowledged records keep send order
 (one run of batches in flight per partition, retried in order). The broker comes
 back on a new port, so the producer must also refresh its metadata.
 """
@@ -86,3 +87,9 @@ def test_acknowledged_records_survive_a_broker_restart(flush: str, kill: bool) -
         for _, meta in acked:
             assert meta.offset > last[meta.partition]
             last[meta.partition] = meta.offset
+        # Idempotence (the default): a batch retried across the restart is in the log once. Every value
+        # was sent once, so a value stored twice is a duplicate.
+        values = [r.value for r in records]
+        duplicates = len(values) - len(set(values))
+        assert duplicates == 0, f"{duplicates} duplicate records"
+        assert len(values) == len(sent)

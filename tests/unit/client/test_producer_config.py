@@ -14,7 +14,9 @@ def test_defaults() -> None:
     c = ProducerConfig()
     assert c.linger == timedelta(milliseconds=5)
     assert c.batch_size == 1024 * 1024
-    assert c.acks == 1
+    # Issue 14: acks="all" with idempotence is the default, as in Kafka 3.
+    assert c.acks == -1
+    assert c.idempotent
     assert c.retries == 5
     assert c.retry_backoff == timedelta(milliseconds=100)
     assert c.retry_backoff_max == timedelta(seconds=5)
@@ -49,8 +51,8 @@ def test_unknown_keys_rejected() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "match"),
     [
-        ("acks", 2, "acks must be 0 or 1"),
-        ("acks", "all", "acks"),
+        ("acks", 2, "acks must be 0, 1 or 'all'"),
+        ("acks", "most", "acks"),
         ("retries", -1, "retries"),
         ("linger", "-5ms", "linger"),
         ("linger", "soon", "invalid duration"),
@@ -75,7 +77,7 @@ def test_direct_construction_is_validated_too() -> None:
     with pytest.raises(InvalidArgument, match="linger must be a timedelta"):
         ProducerConfig(linger=5)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="acks"):
-        ProducerConfig(acks=-1)
+        ProducerConfig(acks=-2)
 
 
 def test_is_immutable_and_round_trips() -> None:
@@ -83,3 +85,16 @@ def test_is_immutable_and_round_trips() -> None:
     with pytest.raises(AttributeError):
         c.acks = 0  # type: ignore[misc]
     assert ProducerConfig.from_dict(c.to_dict()) == c
+
+
+def test_acks_all_and_idempotence_resolve_like_kafka() -> None:
+    assert ProducerConfig(acks="all").acks == -1  # type: ignore[arg-type]  # "all" is accepted, as in Kafka
+    assert ProducerConfig.from_dict({"acks": "all"}).acks == -1
+    assert ProducerConfig.from_env({"SLUICE_PRODUCER_ACKS": "all"}).acks == -1
+    assert ProducerConfig(acks=1).idempotent
+    assert not ProducerConfig(acks=0).idempotent  # defaulted: off where no answer could tell a retry
+    assert not ProducerConfig(enable_idempotence=False).idempotent
+    with pytest.raises(InvalidArgument, match="enable_idempotence needs acks=1 or 'all'"):
+        ProducerConfig(acks=0, enable_idempotence=True)
+    with pytest.raises(InvalidArgument, match="acks must be 0, 1 or 'all'"):
+        ProducerConfig(acks=2)

@@ -32,7 +32,10 @@ class StaticMetadata:
 
 @pytest.fixture
 def producer() -> Iterator[Producer]:
-    cfg = ProducerConfig().replace(linger="1h", batch_size="64KiB", max_request_size="128KiB")
+    # Without idempotence: an idempotent producer asks the coordinator for its id when it is made.
+    cfg = ProducerConfig().replace(
+        linger="1h", batch_size="64KiB", max_request_size="128KiB", enable_idempotence=False
+    )
     channels = Peers()
     p = Producer("t", cfg, channels, StaticMetadata(4))  # type: ignore[arg-type]
     yield p

@@ -14,12 +14,13 @@ import shutil
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sluice.broker.log.config import MAX_SEGMENT_BYTES, LogConfig
 from sluice.broker.log.epochs import LeaderEpochCache
 from sluice.broker.log.handles import ReadHandles, storage_error
+from sluice.broker.log.producers import PartitionProducers
 from sluice.broker.log.recovery import load_segments
 from sluice.broker.log.results import AppendResult, ReadResult
 from sluice.broker.log.segment import Segment
@@ -99,6 +100,8 @@ class PartitionLog(EpochsAndTruncation):
         #: Offset ranges [base, next) of batches that failed their CRC (or other checks) inside
         #: intact framing at an unclean open: this replica's copy is damaged there.
         self.corrupt_ranges: list[tuple[int, int]] = []
+        #: Idempotent producers' last batches (docs/replication.md, "Idempotent producer").
+        self.producers = PartitionProducers(self.directory)
         self._load(verify_all)
 
     # ---- opening and recovery ---------------------------------------------------------
@@ -121,6 +124,13 @@ class PartitionLog(EpochsAndTruncation):
                 self.corrupt_ranges,
             )
         self._load_epochs()
+        self.producers.recover(self.log_start_offset, self.log_end_offset, self._headers_from)
+
+    def _headers_from(self, offset: int) -> Iterator[BatchHeader]:
+        """Batch headers from the batch holding ``offset`` to the log end (producer-state replay)."""
+        first = max(0, bisect_right(self._bases, offset) - 1)
+        for i, seg in enumerate(self._segments[first:]):
+            yield from seg.batch_headers(seg.position_for(offset) if i == 0 else 0)
 
     # ---- appending --------------------------------------------------------------------
 
@@ -143,6 +153,9 @@ class PartitionLog(EpochsAndTruncation):
                 "this broker no longer leads the partition"
             )
         headers = self._validate(batches)
+        earlier = self.producers.check(headers)
+        if earlier is not None:
+            return AppendResult(*earlier)  # an idempotent retry: written before, answered as then
         now = self._now_ms()
         buf = bytearray(batches)
         offset = self.log_end_offset
@@ -224,6 +237,7 @@ class PartitionLog(EpochsAndTruncation):
             if seg.first_append_ms is None:
                 seg.first_append_ms = now
             self.log_end_offset = offset
+            self.producers.record(headers, first_offset, now)
         for listener in tuple(self._listeners):
             try:
                 listener()
@@ -262,6 +276,8 @@ class PartitionLog(EpochsAndTruncation):
         self._bases.append(new.base_offset)
         self._sealed_bytes += old.size
         self._dir_dirty = True
+        # Every batch below the new segment is in the table now: recovery replays from here at most.
+        self.producers.snapshot(new.base_offset)
         return new
 
     def maybe_roll(self) -> bool:
@@ -418,6 +434,7 @@ class PartitionLog(EpochsAndTruncation):
         now = self._now_ms()
         deleted = 0
         with self._lock:
+            self.producers.table.expire(now)
             while len(self._segments) > 1:
                 oldest = self._segments[0]
                 too_old = cfg.retention_ms >= 0 and oldest.max_timestamp < now - cfg.retention_ms
@@ -448,6 +465,8 @@ class PartitionLog(EpochsAndTruncation):
             return
         try:
             self.flush()
+            with self._lock:
+                self.producers.snapshot(self.log_end_offset)  # a clean shutdown replays nothing
         finally:
             self._close_files()
 

@@ -2,9 +2,8 @@
 
 A segment holds whole stamped batches back to back, exactly as producers encoded them.
 All reads are ``os.pread``, so concurrent positions never interfere; all writes go through
-the active segment's ``O_APPEND`` descriptor. Only the active segment keeps a descriptor of
-its own; a sealed segment is read through the broker's ``ReadHandles`` LRU, and index files
-are opened only to write a batch of entries (docs/storage.md, "Descriptor budget").
+the active segment's ``O_APPEND`` descriptor, the only descriptor a segment keeps; a sealed one is
+read through the broker's ``ReadHandles`` LRU (docs/storage.md, "Descriptor budget").
 
 Caller: ``PartitionLog`` only. Not thread-safe on its own; ``PartitionLog`` serialises.
 """
@@ -26,6 +25,7 @@ from sluice.codec.batch import (
     APPEND_TIME_AT,
     HEADER_SIZE,
     LAST_OFFSET_DELTA_AT,
+    BatchHeader,
     columns,
     validate_batch,
 )
@@ -274,12 +274,15 @@ class Segment:
         self.recover(interval)
 
     def batch_epochs(self, start: int = 0) -> Iterator[tuple[int, int]]:
-        """``(base_offset, leader_epoch)`` of every batch from position ``start``, from the
-        headers alone."""
+        """``(base_offset, leader_epoch)`` of every batch from position ``start`` (headers only)."""
+        return ((h.base_offset, h.partition_leader_epoch) for h in self.batch_headers(start))
+
+    def batch_headers(self, start: int = 0) -> Iterator[BatchHeader]:
+        """The header of every batch from position ``start`` (no record is read)."""
         fd = self.fd if self.fd >= 0 else self.handles.acquire(str(self.log_path))
         try:
             for _pos, header, _buf, _off in walk_batches(fd, start, self.size, need_body=False):
-                yield header.base_offset, header.partition_leader_epoch
+                yield header
         finally:
             if fd != self.fd:
                 self.handles.release(str(self.log_path))

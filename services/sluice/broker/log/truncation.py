@@ -14,15 +14,16 @@ import logging
 import os
 import threading
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sluice.broker.log.config import LogConfig
 from sluice.broker.log.epochs import LeaderEpochCache
 from sluice.broker.log.handles import ReadHandles, storage_error
+from sluice.broker.log.producers import PartitionProducers
 from sluice.broker.log.results import ReadResult
 from sluice.broker.log.segment import Segment
-from sluice.codec.batch import iter_headers
+from sluice.codec.batch import BatchHeader, iter_headers
 from sluice.errors import InvalidArgument, StorageError
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class EpochsAndTruncation:
     _unsynced_paths: list[Path]
     _sealed_bytes: int
     corrupt_ranges: list[tuple[int, int]]
+    producers: PartitionProducers
+    _headers_from: Callable[[int], Iterator[BatchHeader]]
 
     def _load_epochs(self) -> None:
         """Load the epoch checkpoint, or rebuild it from the batch headers if it is missing,
@@ -143,6 +146,7 @@ class EpochsAndTruncation:
             self._segments = [Segment.create(self.directory, offset, self._handles)]
             self._bases = [offset]
             self._epochs.clear()
+            self.producers.forget_all()
             self._after_truncation_locked()
         log.info("emptied %s; it starts at offset %d", self.directory, offset)
 
@@ -156,6 +160,7 @@ class EpochsAndTruncation:
         # A damaged batch cut away is healed: the replica fetches it again from its leader.
         self.corrupt_ranges = [r for r in self.corrupt_ranges if r[0] < self.log_end_offset]
         self._sync_dir()
+        self.producers.truncated(self.log_start_offset, self.log_end_offset, self._headers_from)
 
     def _sync_dir(self) -> None:
         try:

@@ -57,6 +57,7 @@ class ProducerBatch:
         "deadline",
         "partition",
         "payload",
+        "producer",
         "record_count",
         "result",
         "retry_at",
@@ -76,6 +77,8 @@ class ProducerBatch:
         self.attempts = 0
         self.retry_at = 0.0
         self.payload: bytes | None = None
+        #: (producer id, epoch, first sequence) under idempotence (idempotence.py); all -1 otherwise.
+        self.producer: tuple[int, int, int] = (-1, -1, -1)
         self.size = 0
         self.record_count = 0
         self.state = BatchState.OPEN
@@ -93,7 +96,7 @@ class ProducerBatch:
         """
         if self.payload is None:
             assert self.builder is not None
-            self.payload = self.builder.build()
+            self.payload = self.builder.build(self.producer)
             self.builder = None
         return self.payload
 
@@ -208,8 +211,10 @@ class Accumulator:
         A partition whose queue is empty contributes its open batch (it is ready, so it
         lingered long enough). Several batches of one partition may go in one request
         (a backlog ships in one round trip); they are appended in order, and the whole
-        run is the partition's one in-flight unit. The start rotates between calls so no
-        partition is starved when requests fill up. Always takes at least one batch.
+        run is the partition's one in-flight unit. A run that starts with a retried batch takes only
+        retried batches: the broker then holds all of it or none of it, so an idempotent retry is
+        answered as duplicates throughout, never half duplicate and half new. The start rotates between
+        calls so no partition is starved when requests fill up. Always takes at least one batch.
         Taken batches are IN_FLIGHT. Returns them grouped by partition, in order.
         """
         out: list[ProducerBatch] = []
@@ -228,9 +233,12 @@ class Accumulator:
                 self.close_open(p)
             run: list[ProducerBatch] = []
             retry_at = q[0].retry_at if q else 0.0
+            retrying = bool(q) and q[0].attempts > 0
             while q:
                 head = q[0]
                 if head.retry_at > retry_at or ((out or run) and total + head.size > max_bytes):
+                    break
+                if run and retrying and head.attempts == 0:
                     break
                 q.popleft()
                 head.transition(BatchState.IN_FLIGHT)

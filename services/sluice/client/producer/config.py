@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from sluice.client.rpc import MAX_MESSAGE_BYTES
 from sluice.common.settings import convert_setting
@@ -47,9 +47,16 @@ class ProducerConfig:
     """Upper bound in bytes of one Produce request (the batches of every partition sent to
     one broker together), and so of one record."""
 
-    acks: int = 1
-    """1: a record is acknowledged once the broker appended it (and fsynced it under the
-    broker's ``flush=always``). 0: the broker answers before the append is durable."""
+    acks: int = -1
+    """``-1`` (also given as ``"all"``, the default): a record is acknowledged once every in-sync
+    replica of its partition holds it (docs/replication.md, "The durability contract"). 1: once the
+    leader appended it (and fsynced it under the broker's ``flush=always``). 0: the broker answers
+    before the append is durable."""
+
+    enable_idempotence: bool | None = None
+    """Number every batch per partition so that a retry after a lost answer is written once (the
+    broker answers it with the first write's offsets). None (the default): on unless ``acks=0``, as in
+    Kafka 3. It costs one ``InitProducerId`` call when the producer is created."""
 
     retries: int = 5
     """How many times a batch is sent again after a retriable error (broker unavailable,
@@ -86,6 +93,8 @@ class ProducerConfig:
     records rotate through the partitions one by one (keyed records still hash)."""
 
     def __post_init__(self) -> None:
+        if cast("object", self.acks) == "all":
+            object.__setattr__(self, "acks", -1)
         _check_types(self)
         if self.linger < timedelta(0):
             raise InvalidArgument(f"linger must be >= 0, got {self.linger}")
@@ -97,8 +106,12 @@ class ProducerConfig:
                 f"max_request_size must be between batch_size ({self.batch_size}) and {limit} bytes, "
                 f"got {self.max_request_size}"
             )
-        if self.acks not in (0, 1):
-            raise InvalidArgument(f"acks must be 0 or 1, got {self.acks}")
+        if self.acks not in (-1, 0, 1):
+            raise InvalidArgument(f"acks must be 0, 1 or 'all' (-1), got {self.acks}")
+        if self.enable_idempotence and self.acks == 0:
+            raise InvalidArgument(
+                "enable_idempotence needs acks=1 or 'all': with acks=0 no answer tells a retry is needed"
+            )
         if self.retries < 0:
             raise InvalidArgument(f"retries must be >= 0, got {self.retries}")
         for name in ("retry_backoff", "retry_backoff_max", "delivery_timeout", "request_timeout"):
@@ -149,6 +162,11 @@ class ProducerConfig:
         converted = {k: _convert(k, hints[k], v) for k, v in overrides.items()}
         return dataclasses.replace(self, **converted)
 
+    @property
+    def idempotent(self) -> bool:
+        """Whether batches carry a producer id and sequences (``enable_idempotence``, resolved)."""
+        return self.acks != 0 if self.enable_idempotence is None else self.enable_idempotence
+
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
@@ -158,6 +176,8 @@ def _hints() -> dict[str, Any]:
 
 
 def _convert(name: str, tp: Any, raw: Any) -> Any:
+    if name == "acks" and isinstance(raw, str) and raw.strip().lower() == "all":
+        return -1
     return convert_setting("producer", name, tp, raw)
 
 
@@ -167,4 +187,5 @@ def _check_types(cfg: ProducerConfig) -> None:
         if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidArgument(f"producer setting {name} must be an int, got {value!r}")
         if tp is not int and not isinstance(value, tp):
-            raise InvalidArgument(f"producer setting {name} must be a {tp.__name__}, got {value!r}")
+            kind = getattr(tp, "__name__", str(tp))
+            raise InvalidArgument(f"producer setting {name} must be a {kind}, got {value!r}")

@@ -20,6 +20,7 @@ from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
 from sluice.client.producer.config import ProducerConfig
 from sluice.client.producer.futures import FutureRecordMetadata
+from sluice.client.producer.idempotence import Idempotence, init_producer_id
 from sluice.client.producer.partitioner import make_partitioner
 from sluice.client.producer.sender import Sender
 from sluice.codec.batch import COLUMN_BYTES, HEADER_SIZE, Headers
@@ -58,6 +59,7 @@ class Producer:
         clock: Callable[[], float] = time.monotonic,
         on_close: Callable[[Producer], None] | None = None,
         links: BrokerLinks | None = None,
+        client_id: str = "",
     ) -> None:
         md = metadata.get([topic])
         info = md.topic(topic)
@@ -87,6 +89,12 @@ class Producer:
         #: owns its own.
         self._own_links = links is None
         self._links = links if links is not None else BrokerLinks(channels, metadata)
+        idempotence = None
+        if config.idempotent:
+            # One round trip to the coordinator, here rather than on the first send: a producer that cannot
+            # get an id fails where it is made, with a typed error, instead of failing every record later.
+            identity = init_producer_id(metadata, client_id, config.request_timeout.total_seconds())
+            idempotence = Idempotence(identity, self._partitions)
         self._sender = Sender(
             topic,
             self._acc,
@@ -97,6 +105,8 @@ class Producer:
             links=self._links,
             leaders=leaders,
             clock=clock,
+            idempotence=idempotence,
+            client_id=client_id,
         )
         self._sender.start()
 

@@ -40,12 +40,15 @@ from sluice.client.links import BrokerLink, BrokerLinks
 from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
 from sluice.client.producer.config import ProducerConfig
+from sluice.client.producer.idempotence import Idempotence
 from sluice.common.peers import Peers
 from sluice.errors import (
     BrokerNotAvailable,
     NotLeader,
+    OutOfOrderSequence,
     RequestTimedOut,
     SluiceError,
+    UnknownProducerId,
     UnknownTopicOrPartition,
     error_from_proto,
     raise_for_proto,
@@ -88,8 +91,12 @@ class Sender:
         links: BrokerLinks,
         leaders: list[str | None],
         clock: Callable[[], float],
+        idempotence: Idempotence | None = None,
+        client_id: str = "",
     ) -> None:
         self._topic = topic
+        self._idem = idempotence
+        self._client_id = client_id
         self._acc = accumulator
         self._cond = cond
         self._cfg = config
@@ -105,6 +112,7 @@ class Sender:
         self._backoff = config.retry_backoff.total_seconds()
         self._backoff_max = config.retry_backoff_max.total_seconds()
         self._requests_in_flight: dict[str, int] = {}
+        self._epoch_retry_at = 0.0
         self._streams: dict[str, _Stream] = {}
         #: The loop has ended: answers arriving now belong to batches already failed.
         self._stopped = False
@@ -149,7 +157,7 @@ class Sender:
         while True:
             done: list[_Outcome] = []
             sends: list[_Request] = []
-            refresh = stop = False
+            refresh = stop = new_epoch = False
             with self._cond:
                 while True:
                     now = self._clock()
@@ -164,9 +172,10 @@ class Sender:
                         stop = True
                         break
                     refresh = self._need_metadata and now >= self._last_refresh + self._refresh_interval
+                    new_epoch = self._epoch_due(now)
                     ready, next_at = self._acc.ready(now)
                     sends = self._drain(ready)
-                    if done or sends or refresh:
+                    if done or sends or refresh or new_epoch:
                         break
                     if self._need_metadata:
                         at = self._last_refresh + self._refresh_interval
@@ -182,6 +191,8 @@ class Sender:
                 batch.result.complete(base_offset, append_time, error)
             if refresh:
                 self._refresh_metadata()
+            if new_epoch:
+                self._move_to_new_epoch()
             self._transmit(sends)
             if stop:
                 return
@@ -191,7 +202,8 @@ class Sender:
 
         Anything unusual (metadata to refresh, closing) is left to the sender thread."""
         with self._cond:
-            if self._need_metadata or self._stopped or self.force_close or self._acc.closing:
+            blocked = self._idem is not None and self._idem.needs_new_epoch
+            if self._need_metadata or self._stopped or self.force_close or self._acc.closing or blocked:
                 self._cond.notify_all()
                 return
             sends = self._drain(self._acc.ready(self._clock())[0])
@@ -199,6 +211,8 @@ class Sender:
 
     def _drain(self, ready: list[int]) -> list[_Request]:
         """Group ready partitions by broker and take their batches (lock held)."""
+        if self._idem is not None and self._idem.needs_new_epoch:
+            return []  # nothing goes out under the old epoch once a gap was seen
         by_broker: dict[str, list[int]] = {}
         for p in ready:
             address = self._leaders[p]
@@ -209,6 +223,9 @@ class Sender:
         sends = []
         for address, parts in by_broker.items():
             batches = self._acc.drain(parts, self._cfg.max_request_size)
+            if self._idem is not None:
+                for b in batches:
+                    self._idem.stamp(b)
             if batches:
                 self._requests_in_flight[address] = self._requests_in_flight.get(address, 0) + 1
                 sends.append((address, self._stream(address), batches))
@@ -343,6 +360,15 @@ class Sender:
         if isinstance(err, _ROUTING_ERRORS):
             self._need_metadata = True
         retriable = err.retriable or isinstance(err, UnknownTopicOrPartition)
+        if self._idem is not None:
+            if isinstance(err, UnknownProducerId):
+                # The broker forgot us; nothing of this batch is there under the forgotten state.
+                self._idem.forget_partition(batch)
+                retriable = True
+            elif isinstance(err, OutOfOrderSequence):
+                # Acknowledged batches are missing on the broker: say so, then go on under a new epoch.
+                self._idem.needs_new_epoch = True
+                self._epoch_retry_at = now
         if retriable and batch.attempts <= self._cfg.retries and now < batch.deadline:
             backoff = min(self._backoff * 2 ** (batch.attempts - 1), self._backoff_max)
             self._acc.reenqueue(batch, now + backoff)
@@ -350,6 +376,24 @@ class Sender:
             return
         self._acc.complete(batch)
         done.append((batch, -1, -1, err))
+
+    def _epoch_due(self, now: float) -> bool:
+        return self._idem is not None and self._idem.needs_new_epoch and now >= self._epoch_retry_at
+
+    def _move_to_new_epoch(self) -> None:
+        """After OUT_OF_ORDER_SEQUENCE: the same id under the next epoch (without the lock), then every
+        partition starts at sequence 0. A failure is retried after the backoff; sends wait meanwhile."""
+        assert self._idem is not None
+        try:
+            identity = self._idem.new_epoch(self._metadata, self._client_id, self._request_timeout)
+        except SluiceError as exc:
+            log.warning("could not move the producer to a new epoch (%s); retrying", exc)
+            with self._cond:
+                self._epoch_retry_at = self._clock() + self._backoff_max
+            return
+        with self._cond:
+            self._idem.adopt(identity)
+            self._cond.notify_all()
 
     def _refresh_metadata(self) -> None:
         """Ask the coordinator where the partitions are (without the lock)."""

@@ -78,6 +78,7 @@ from sluice.codec.batch.layout import (
     iter_headers,
     read_header,
     read_tags,
+    restamp_producer,
     stamp,
 )
 from sluice.codec.batch.records import Record, decode_records
@@ -122,6 +123,7 @@ __all__ = [
     "iter_headers",
     "read_header",
     "read_tags",
+    "restamp_producer",
     "stamp",
     "validate_batch",
 ]

@@ -279,6 +279,24 @@ def stamp(
     _EPOCH_FIELD.pack_into(batch, pos + LEADER_EPOCH_AT, leader_epoch)
 
 
+_PRODUCER_FIELDS = struct.Struct("<qhi")
+_CRC_FIELD = struct.Struct("<I")
+PRODUCER_AT = 30
+
+
+def restamp_producer(batch: bytes, producer: tuple[int, int, int]) -> bytes:
+    """The same batch under another producer id, epoch and first sequence, CRC recomputed.
+
+    Caller: the idempotent producer, when a batch it already encoded must be sent under a new epoch or
+    from sequence 0 again. The producer fields are inside the CRC (the producer sets them, the broker
+    checks them), so the CRC is computed again: one pass of the C CRC over the batch, no record decoding.
+    """
+    out = bytearray(batch)
+    _PRODUCER_FIELDS.pack_into(out, PRODUCER_AT, *producer)
+    _CRC_FIELD.pack_into(out, CRC_AT, crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
 def iter_headers(
     buf: bytes | memoryview, pos: int = 0, end: int | None = None
 ) -> Iterator[tuple[int, BatchHeader]]:
