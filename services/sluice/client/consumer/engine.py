@@ -132,7 +132,7 @@ class ConsumerEngine:
             raise
 
     def _on_events(self, events: list[Event]) -> None:
-        """Caller: the heartbeat thread. Queue the events for the next poll and wake it."""
+        """Caller: the group driver's loop. Queue the events for the next poll and wake it."""
         with self._lock:
             self._events.extend(events)
             self._ready.notify_all()
