@@ -24,9 +24,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
-from grpc import aio
 
-from sluice.common.peers import PEER_CHANNEL_OPTIONS
+from sluice.common.peers import AioPeers
 from sluice.errors import SluiceError
 from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -38,7 +37,8 @@ T = TypeVar("T")
 
 
 class GroupDriver:
-    """An event-loop thread and one ``grpc.aio`` channel to the coordinator. Thread-safe."""
+    """An event-loop thread and one ``grpc.aio`` channel to the coordinator (the peer layer's
+    ``AioPeers``). Thread-safe."""
 
     def __init__(self, coordinator: str, name: str = "sluice-group-driver") -> None:
         self._address = coordinator
@@ -46,7 +46,7 @@ class GroupDriver:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._channel: aio.Channel | None = None
+        self._peers: AioPeers | None = None
         self._stub: coordinator_pb2_grpc.CoordinatorAsyncStub | None = None
         self._closed = False
         #: Whether the coordinator implements ConsumerGroupStream (None: not known yet).
@@ -142,8 +142,8 @@ class GroupDriver:
             loop.close()
 
     async def _open(self) -> None:
-        self._channel = aio.insecure_channel(self._address, options=PEER_CHANNEL_OPTIONS)
-        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        self._peers = AioPeers()
+        self._stub = self._peers.coordinator(self._address)
 
     async def _shutdown(self) -> None:
         current = asyncio.current_task()
@@ -152,8 +152,8 @@ class GroupDriver:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._channel is not None:
-            await self._channel.close(None)
+        if self._peers is not None:
+            await self._peers.close()
 
 
 async def _nothing() -> AsyncIterator[coordinator_pb2.GroupStreamRequest]:

@@ -31,7 +31,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -63,10 +63,13 @@ _MODELS = {
 
 
 class HeartbeatStream:
-    """One open ``ConsumerGroupStream`` call (``grpc.aio``, on the driver's loop). Requests are
-    queued and written by gRPC's sending task; a reader task hands every message to
+    """One open ``ConsumerGroupStream`` call (``grpc.aio``, on the driver's loop). The member's
+    coroutine writes each heartbeat (``send``); a reader task hands every message to
     ``on_message`` and the end of the call (None: ended by the server or cancelled; else the
-    error) to ``on_closed``, once. Use from the loop only."""
+    error) to ``on_closed``, once. Use from the loop only.
+
+    Written with ``call.write`` rather than a request iterator: an iterator costs a queue, a
+    generator and gRPC's task consuming it per member (about 6 KB of the ~60 a consumer held)."""
 
     def __init__(
         self,
@@ -74,27 +77,23 @@ class HeartbeatStream:
         on_message: Callable[[HeartbeatStream, coordinator_pb2.GroupStreamResponse], None],
         on_closed: Callable[[HeartbeatStream, grpc.RpcError | None], None],
     ) -> None:
-        self._requests: asyncio.Queue[coordinator_pb2.GroupStreamRequest | None] = asyncio.Queue()
         self._on_message = on_message
         self._on_closed = on_closed
         # No deadline: the call lives as long as the member; each heartbeat has its own timeout.
-        self._call = stub.ConsumerGroupStream(self._outgoing())
+        self._call = stub.ConsumerGroupStream()
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
-    def send(self, request: coordinator_pb2.GroupHeartbeatRequest) -> None:
-        self._requests.put_nowait(coordinator_pb2.GroupStreamRequest(heartbeat=request))
+    async def send(self, request: coordinator_pb2.GroupHeartbeatRequest) -> None:
+        """Write one heartbeat. A write that fails (the call ended) is not reported here: the
+        reader reports the end of the call, with the server's status."""
+        try:
+            await self._call.write(coordinator_pb2.GroupStreamRequest(heartbeat=request))
+        except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+            log.debug("heartbeat stream write failed: %r", exc)
 
     def close(self) -> None:
-        """End the call (half-close, then cancel); the reader reports it closed."""
-        self._requests.put_nowait(None)
+        """End the call; the reader reports it closed."""
         self._call.cancel()
-
-    async def _outgoing(self) -> AsyncIterator[coordinator_pb2.GroupStreamRequest]:
-        while True:
-            request = await self._requests.get()
-            if request is None:
-                return
-            yield request
 
     async def _read(self) -> None:
         error: grpc.RpcError | None = None
@@ -108,7 +107,6 @@ class HeartbeatStream:
         except Exception:  # never let the reader die silently
             log.exception("heartbeat stream reader failed")
             self._call.cancel()
-        self._requests.put_nowait(None)  # ends gRPC's sending task, which waits on the queue
         self._on_closed(self, error)
 
 
@@ -265,6 +263,7 @@ class GroupMember:
                 self._wake.clear()
                 events: list[Event] = []
                 plan: HeartbeatPlan | None = None
+                write: tuple[HeartbeatStream, coordinator_pb2.GroupHeartbeatRequest] | None = None
                 sleep: float | None = -1.0
                 with self._cond:
                     if self._stopping:
@@ -279,13 +278,15 @@ class GroupMember:
                         if due is not None and due <= now:
                             plan = self._m.request(now)
                             if self._use_stream:
-                                events = self._send_on_stream(plan, now)
+                                events, write = self._send_on_stream(plan, now)
                                 plan = None
                         else:
                             wake = [t for t in (due, self._stream_deadline) if t is not None]
                             sleep = min(wake) - now if wake else None
                 if plan is not None:
                     events = await self._heartbeat(plan)
+                elif write is not None:
+                    await write[0].send(write[1])
                 self._deliver(events)
                 if sleep is None or sleep >= 0:
                     await self._sleep(sleep)
@@ -369,20 +370,24 @@ class GroupMember:
 
     # ---- the stream ------------------------------------------------------------------------------------
 
-    def _send_on_stream(self, plan: HeartbeatPlan, now: float) -> list[Event]:
-        """Send ``plan`` on the stream, opening one if needed. Caller holds the condition."""
+    def _send_on_stream(
+        self, plan: HeartbeatPlan, now: float
+    ) -> tuple[list[Event], tuple[HeartbeatStream, coordinator_pb2.GroupHeartbeatRequest] | None]:
+        """Open a stream if needed and start the clock on ``plan``: the stream and request to
+        write (after the condition is released), or the events of failing to open one. Caller
+        holds the condition."""
         request = self._request(plan)
         try:
             if self._stream is None:
                 self._stream = HeartbeatStream(
                     self._driver.stub, self._on_stream_message, self._on_stream_closed
                 )
-            self._stream.send(request)
         except Exception as exc:  # e.g. the client was closed: like a failed RPC
             self._stream = None
-            return self._m.on_error(now, BrokerNotAvailable(f"cannot open the heartbeat stream: {exc!r}"))
+            failed = BrokerNotAvailable(f"cannot open the heartbeat stream: {exc!r}")
+            return self._m.on_error(now, failed), None
         self._stream_deadline = now + self._rpc_timeout
-        return []
+        return [], (self._stream, request)
 
     def _stream_failed(self, now: float, error: SluiceError) -> list[Event]:
         """The heartbeat in flight on the stream failed: drop the stream (the next heartbeat opens a new
