@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import grpc
 
 from sluice.common.peers import AioPeers
+from sluice.common.rpc import error_from_rpc, is_unimplemented
 from sluice.errors import SluiceError
 from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -52,6 +53,7 @@ class GroupDriver:
         #: Whether the coordinator implements ConsumerGroupStream (None: not known yet).
         self._streams: bool | None = None
         self._probe: asyncio.Lock | None = None
+        self._probes = 0
 
     @property
     def stub(self) -> coordinator_pb2_grpc.CoordinatorAsyncStub:
@@ -71,20 +73,28 @@ class GroupDriver:
         Why a probe, and not the first heartbeat on a stream: a coordinator without the
         method ends the call at once, and a ``grpc.aio`` write that loses that race
         replaces the call's UNIMPLEMENTED status with INTERNAL ("Internal error from
-        Core"), which looks like a transport failure. Half-closing writes nothing, so the
-        probe's status is the server's. Loop only."""
+        Core"), which looks like a transport failure. The probe writes nothing (it half-closes
+        at once), so its status is the server's. Loop only."""
         if self._streams is not None:
             return self._streams
         if self._probe is None:
             self._probe = asyncio.Lock()
+        probes = self._probes
         async with self._probe:
-            if self._streams is None:
+            # A probe that failed while this member waited for it is not repeated by every waiter
+            # (a thousand members starting while the coordinator is away would probe one by one).
+            if self._streams is None and self._probes == probes:
+                self._probes += 1
                 call = self.stub.ConsumerGroupStream(_nothing(), timeout=rpc_timeout)
-                code = await call.code()
-                if code == grpc.StatusCode.UNIMPLEMENTED:
-                    self._streams = False
-                elif code == grpc.StatusCode.OK:
+                try:
+                    async for _ in call:
+                        pass  # nothing was asked: the coordinator ends the call, OK
                     self._streams = True
+                except grpc.RpcError as exc:
+                    if is_unimplemented(exc):
+                        self._streams = False
+                    else:  # unreachable, timed out: the members find out on their own streams
+                        log.debug("heartbeat stream probe failed: %s", error_from_rpc(exc))
         return self._streams
 
     def streams_unsupported(self) -> None:
