@@ -10,7 +10,8 @@ consumer in turn (``poll(timeout=0)``, round robin) until each has them all. It 
 * the broker's ``sluice_broker_wire_connections`` and this process's sockets to the broker's
   wire port, with everyone open (expected: 1 each);
 * this process's threads and RSS before the consumers and with them all open, and the RSS and
-  threads each consumer adds (expected: no thread; a few KB... of Python objects and buffers);
+  threads each consumer adds (no thread: the Client's group and fetch drivers serve them all; ~55 KB
+  measured, docs/consumer.md says where it goes);
 * the seconds to create the consumers (each joins its group before ``client.consumer`` returns),
   until every consumer got its first record, and until every consumer got every record;
 * the latency of one more record to the last of the consumers;
