@@ -13,7 +13,9 @@ consumer in turn (``poll(timeout=0)``, round robin) until each has them all. It 
   threads each consumer adds (no thread: the Client's group and fetch drivers serve them all; ~55 KB
   measured, docs/consumer.md says where it goes);
 * the seconds to create the consumers (each joins its group before ``client.consumer`` returns),
-  until every consumer got its first record, and until every consumer got every record;
+  for their first polls to take on their assignments and look up their positions (nothing
+  produced yet), and then, records produced, until every consumer got its first record and every
+  record (with the client's and the broker's CPU seconds meanwhile);
 * the latency of one more record to the last of the consumers;
 * this process's RSS and threads, and the broker's RSS;
 * the CPU this process and the broker use over ``--idle-seconds`` with nothing produced.
