@@ -28,6 +28,8 @@ from typing import Any
 
 from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer, ConsumerConfig, subscription_of
+from sluice.client.consumer.fetch_driver import FetchDriver
+from sluice.client.consumer.group_driver import GroupDriver
 from sluice.client.fetcher import AutoOffsetReset, Fetcher, TopicPartition
 from sluice.client.links import BrokerLinks
 from sluice.client.metadata import ClusterMetadata, MetadataCache
@@ -78,6 +80,10 @@ class Client:
         self._metadata = MetadataCache(self._channels, address, self.request_timeout)
         #: One wire connection per broker, shared by every producer, fetcher and consumer made here.
         self._links = BrokerLinks(self._channels, self._metadata, self.client_id)
+        #: One event loop heartbeats every group consumer made here (started with the first).
+        self._group_driver = GroupDriver(address, name=f"sluice-groups-{self.client_id}")
+        #: One thread does the fetch work of every group consumer made here (docs/consumer.md).
+        self._fetch_driver = FetchDriver(name=f"sluice-fetch-{self.client_id}")
         self.admin = Admin(self._metadata, self.request_timeout, self._channels)
         self._lock = threading.Lock()
         self._producers: set[Producer] = set()
@@ -257,6 +263,8 @@ class Client:
             self.client_id,
             on_close=self._forget_consumer,
             links=self._links,
+            group_driver=self._group_driver,
+            fetch_driver=self._fetch_driver,
         )
         with self._lock:
             self._consumers.add(consumer)
@@ -285,6 +293,8 @@ class Client:
             p.close(timeout)
         for f in fetchers:
             f.close()
+        self._group_driver.close()
+        self._fetch_driver.close()
         self._links.close()
         self._channels.close()
 

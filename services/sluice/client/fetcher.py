@@ -20,13 +20,12 @@ filter matched nothing). Per broker, it fetches one of two ways:
   The next request is sent *before* the records of an answer are decoded, so the broker
   works while this process decodes.
 
-Records are decoded with ``codec.batch.decode_records`` (columnar).
+Records are decoded with ``codec.batch.decode_records`` (columnar). Module map: ``fetch_state``
+(the per-broker and per-partition state, checks, the request encoder), ``fetch_errors`` (what a
+partition's error does: reset, back off and refresh, or raise from ``fetch()``),
+``fetch_session`` (incremental sessions).
 
-Module map: ``fetch_state`` (the per-broker and per-partition state, checks, the request
-encoder), ``fetch_errors`` (what a partition's error does: reset, back off and refresh, or
-raise from ``fetch()``), ``fetch_session`` (incremental sessions).
-
-Caller: the CLI's ``consume`` and, later, the group consumer.
+Caller: the CLI's ``consume``, the group consumer's prefetcher (``poll_raw``, on a shared driver).
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
-from types import TracebackType
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sluice.client.fetch_answer import advance
@@ -144,16 +142,16 @@ class Fetcher:
         )
         self._closed = False
         self._wakeup = threading.Event()
+        #: Called (from any thread, never blocking) after an answer is queued: see ``poll_raw``.
+        self.on_completion: Callable[[], None] | None = None
 
     # ---- public API ---------------------------------------------------------------------
 
     def fetch(self, timeout: float | None = None) -> list[Record]:
-        """Records from the current positions, advancing them.
-
-        ``timeout`` None: one round — wait for the next answer (a broker long-polls for
-        at most ``max_wait_ms``) and return what it brought, possibly nothing. A number:
-        keep fetching until records arrive or ``timeout`` seconds pass.
-        """
+        """Records from the current positions, advancing them. ``timeout`` None: one round —
+        wait for the next answer (a broker long-polls for at most ``max_wait_ms``) and return
+        what it brought, possibly nothing. A number: keep fetching until records arrive or
+        ``timeout`` seconds pass."""
         records: list[Record] = []
         chunks = self.fetch_raw(timeout)
         if chunks:
@@ -164,12 +162,9 @@ class Fetcher:
         return records
 
     def fetch_raw(self, timeout: float | None = None) -> list[RawChunk]:
-        """Like :meth:`fetch`, but hands back the encoded batches undecoded.
-
-        For readers that decode a whole batch at once into another columnar form
-        (the Spark source builds Arrow arrays from them). Records of a chunk below
-        ``chunk.start`` were already consumed and must be skipped.
-        """
+        """Like :meth:`fetch`, but hands back the encoded batches undecoded, for readers that
+        decode a whole batch at once into another columnar form (the Spark source builds Arrow
+        arrays from them). Records of a chunk below ``chunk.start`` were already consumed."""
         if self._closed:
             raise SluiceError("the fetcher is closed")
         self._raise_error()
@@ -204,6 +199,28 @@ class Fetcher:
                 self._raise_error()
             if deadline is None or time.monotonic() >= deadline:
                 return chunks
+
+    def poll_raw(self) -> tuple[list[RawChunk], float | None]:
+        """:meth:`fetch_raw` without waiting, for a caller driven by ``on_completion`` (the
+        consumer's shared fetch driver): take every answer that arrived, send what can be sent.
+        Returns the chunks and None when a request is in flight (``on_completion`` tells when
+        its answer comes), else the seconds until a backoff ends (call again then)."""
+        if self._closed:
+            raise SluiceError("the fetcher is closed")
+        self._raise_error()
+        chunks: list[RawChunk] = []
+        while True:
+            try:
+                item = self._completions.get_nowait()
+            except queue.Empty:
+                break
+            self._handle(item, chunks)
+        wait = self._send_fetches()
+        if not chunks:
+            self._raise_error()
+        elif self._errors:
+            wait = 0.0  # raised by the next call; these records first
+        return chunks, wait
 
     def positions(self) -> dict[TopicPartition, int]:
         """The next offset to fetch of every partition."""
@@ -250,9 +267,7 @@ class Fetcher:
     def __enter__(self) -> Fetcher:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- requests -----------------------------------------------------------------------
@@ -319,9 +334,7 @@ class Fetcher:
         except SluiceError as exc:
             req = broker.in_flight = broker.session.build(parts)
             broker.follow = None
-            self._completions.put(
-                (address, req, BrokerNotAvailable(f"cannot fetch from {address}: {exc}"), False)
-            )
+            self._complete((address, req, BrokerNotAvailable(f"cannot fetch from {address}: {exc}"), False))
             return
         link = broker.stream
         if isinstance(link, FetchLane) and self._max_wait_ms > 0:
@@ -330,11 +343,11 @@ class Fetcher:
         req = broker.session.build(parts)
         broker.in_flight = req
         broker.follow = None
-        completions = self._completions
+        complete = self._complete
         link.send(
             self._request(req, continuous=False),
             self._max_wait_ms / 1000 + self._request_timeout,
-            lambda outcome: completions.put((address, req, outcome, False)),
+            lambda outcome: complete((address, req, outcome, False)),
         )
 
     def _follow(
@@ -348,10 +361,10 @@ class Fetcher:
         broker.in_flight = req
         broker.follow = dict(parts)
         address = broker.address
-        completions = self._completions
+        complete = self._complete
 
         def on_answer(outcome: Any) -> bool:  # the connection's reader thread: never blocks
-            completions.put((address, req, outcome, True))
+            complete((address, req, outcome, True))
             if isinstance(outcome, SluiceError):
                 return False
             return error_from_proto(outcome.error) is None and all(
@@ -374,6 +387,12 @@ class Fetcher:
             broker.stream = None
 
     # ---- responses ----------------------------------------------------------------------
+
+    def _complete(self, item: tuple[str, SessionRequest, Any, bool]) -> None:
+        self._completions.put(item)
+        notify = self.on_completion
+        if notify is not None:
+            notify()
 
     def _handle(self, item: tuple[str, SessionRequest, Any, bool], chunks: list[RawChunk]) -> None:
         address, req, outcome, followed = item

@@ -1,9 +1,11 @@
 """The group (pull) consumer: ``client.consumer(group, subscribe, ...)``.
 
 Parts (each a module of its own): ``config`` (ConsumerConfig), ``membership`` (the
-member's protocol state machine, pure), ``member`` (the heartbeat thread),
+member's protocol state machine, pure), ``member`` (the heartbeat coroutine),
+``group_driver`` (the Client's one event loop that runs every member's),
 ``state`` (assignment snapshot and partition positions), ``prefetch`` (the fetch
-thread and its bounded buffer), ``commits`` (the offset-store client),
+steps and the bounded buffer), ``fetch_driver`` (the Client's one thread that runs
+every consumer's fetch steps), ``commits`` (the offset-store client),
 ``async_commits`` (coalesced, bounded, retried asynchronous commits) and
 ``consumer`` (the façade).
 """

@@ -19,6 +19,8 @@ from typing import Self
 from sluice.client.consumer.async_commits import AsyncCommitter, Waiter
 from sluice.client.consumer.commits import CommitResult, OffsetStoreClient
 from sluice.client.consumer.config import ConsumerConfig
+from sluice.client.consumer.fetch_driver import FetchDriver
+from sluice.client.consumer.group_driver import GroupDriver
 from sluice.client.consumer.member import GroupMember
 from sluice.client.consumer.membership import Event, Fatal, Lost, MemberState, NewTarget
 from sluice.client.consumer.prefetch import Prefetcher
@@ -57,6 +59,8 @@ class ConsumerEngine:
         client_id: str,
         on_close: Callable[[Self], None] | None = None,
         links: BrokerLinks | None = None,
+        group_driver: GroupDriver | None = None,
+        fetch_driver: FetchDriver | None = None,
     ) -> None:
         self.group = group
         self.subscription = dict(subscription)
@@ -85,13 +89,25 @@ class ConsumerEngine:
             check_crcs=config.check_crcs,
             links=links,
         )
+        #: The Client's drivers serve every consumer of the Client; a consumer made alone has its own.
+        self._own_fetch_driver = fetch_driver is None
+        self._fetch_driver = fetch_driver if fetch_driver is not None else FetchDriver()
         self._prefetch = Prefetcher(
-            fetcher, config.buffer_max_bytes, self._lock, self._ready, check_crcs=config.check_crcs
+            fetcher,
+            config.buffer_max_bytes,
+            self._lock,
+            self._ready,
+            self._fetch_driver,
+            check_crcs=config.check_crcs,
         )
         self._offsets = OffsetStoreClient(
             channels, metadata, group, subscription, self._timeout, config.message_model == "broadcasting"
         )
-        self._member = GroupMember(metadata, group, subscription, config, client_id, self._on_events)
+        self._own_driver = group_driver is None
+        self._driver = group_driver if group_driver is not None else GroupDriver(metadata.bootstrap)
+        self._member = GroupMember(
+            self._driver, metadata, group, subscription, config, client_id, self._on_events
+        )
         self._async = AsyncCommitter(
             self._offsets,
             self._member,
@@ -116,7 +132,7 @@ class ConsumerEngine:
             raise
 
     def _on_events(self, events: list[Event]) -> None:
-        """Caller: the heartbeat thread. Queue the events for the next poll and wake it."""
+        """Caller: the group driver's loop. Queue the events for the next poll and wake it."""
         with self._lock:
             self._events.extend(events)
             self._ready.notify_all()
@@ -416,9 +432,12 @@ class ConsumerEngine:
         try:
             self._member.close(leave=leave)
         finally:
-            # A fetch thread blocked in a long poll ends when that answer arrives (or the
-            # client's channels close); close() does not wait for it.
+            # A fetch step running on the driver ends at its next check; close() does not wait.
             self._prefetch.close(0.2)
+            if self._own_driver:
+                self._driver.close()
+            if self._own_fetch_driver:
+                self._fetch_driver.close()
             if self._on_close is not None:
                 self._on_close(self)
 

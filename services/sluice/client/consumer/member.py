@@ -1,35 +1,43 @@
-"""The group member: a background thread that heartbeats the coordinator.
+"""The group member: a coroutine on the Client's group driver that heartbeats the coordinator.
 
 The protocol decisions are :class:`~sluice.client.consumer.membership.Membership`'s;
-this module only does the I/O: it waits (on a Condition, not a sleep loop) until a
-heartbeat is due or asked for, sends it, feeds the answer to the state machine and
-hands the resulting events to the consumer's ``on_events`` callback (which queues
-them for ``poll()``).
+this module only does the I/O: the member's coroutine waits (on an asyncio Event and
+the loop's timer, not a sleep loop) until a heartbeat is due or asked for, sends it,
+feeds the answer to the state machine and hands the resulting events to the
+consumer's ``on_events`` callback (which queues them for ``poll()``).
+
+Every member of a Client runs on that Client's one :class:`GroupDriver` loop (one
+thread, one ``grpc.aio`` channel to the coordinator), so a member costs no thread of
+its own (docs/consumer.md, "Many consumers on one Client").
 
 Heartbeats go over one long-lived ``ConsumerGroupStream`` (:class:`HeartbeatStream`)
 unless ``heartbeat_stream`` is off or the coordinator does not implement it (then the
 unary ``Heartbeat`` RPC, one call each). On the stream, answers are read by a reader
-thread, and the coordinator may send ``heartbeat_now`` unasked when a rebalance needs
+task, and the coordinator may send ``heartbeat_now`` unasked when a rebalance needs
 this member (a new target, a partition it waits for came free): the next heartbeat
 then goes at once instead of at the interval. A broken stream is not a lost
 membership: the heartbeat in flight fails like a failed RPC (retried with backoff
 on a new stream), and only a whole session timeout without an answer loses it.
 
-Caller: the Consumer. Thread-safe.
+Caller: the Consumer. Thread-safe: the state machine is guarded by a threading
+Condition, which the application's threads wait on for answers; the loop holds it only
+briefly and never awaits under it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
 
 from sluice.client.consumer.config import ConsumerConfig
+from sluice.client.consumer.group_driver import GroupDriver
 from sluice.client.consumer.membership import (
     Event,
     Fatal,
@@ -55,57 +63,57 @@ _MODELS = {
 
 
 class HeartbeatStream:
-    """One open ``ConsumerGroupStream`` call (sync gRPC). Requests are queued and sent by
-    gRPC's own thread; a reader thread hands every message to ``on_message`` and the end
-    of the call (None: ended by the server; else the error) to ``on_closed``, once."""
+    """One open ``ConsumerGroupStream`` call (``grpc.aio``, on the driver's loop). The member's
+    coroutine writes each heartbeat (``send``); a reader task hands every message to
+    ``on_message`` and the end of the call (None: ended by the server or cancelled; else the
+    error) to ``on_closed``, once. Use from the loop only.
+
+    Written with ``call.write`` rather than a request iterator: an iterator costs a queue, a
+    generator and gRPC's task consuming it per member (about 6 KB of the ~60 a consumer held)."""
 
     def __init__(
         self,
         stub: Any,
         on_message: Callable[[HeartbeatStream, coordinator_pb2.GroupStreamResponse], None],
         on_closed: Callable[[HeartbeatStream, grpc.RpcError | None], None],
-        name: str,
     ) -> None:
-        self._requests: queue.SimpleQueue[coordinator_pb2.GroupStreamRequest | None] = queue.SimpleQueue()
         self._on_message = on_message
         self._on_closed = on_closed
         # No deadline: the call lives as long as the member; each heartbeat has its own timeout.
-        self._call = stub.ConsumerGroupStream(self._outgoing())
-        self._reader = threading.Thread(target=self._read, name=name, daemon=True)
-        self._reader.start()
+        self._call = stub.ConsumerGroupStream()
+        self._reader = asyncio.get_running_loop().create_task(self._read())
 
-    def send(self, request: coordinator_pb2.GroupHeartbeatRequest) -> None:
-        self._requests.put(coordinator_pb2.GroupStreamRequest(heartbeat=request))
+    async def send(self, request: coordinator_pb2.GroupHeartbeatRequest) -> None:
+        """Write one heartbeat. A write that fails (the call ended) is not reported here: the
+        reader reports the end of the call, with the server's status."""
+        try:
+            await self._call.write(coordinator_pb2.GroupStreamRequest(heartbeat=request))
+        except (grpc.RpcError, asyncio.InvalidStateError) as exc:
+            log.debug("heartbeat stream write failed: %r", exc)
 
     def close(self) -> None:
-        """End the call (half-close, then cancel); the reader reports it closed."""
-        self._requests.put(None)
+        """End the call; the reader reports it closed."""
         self._call.cancel()
 
-    def _outgoing(self) -> Iterator[coordinator_pb2.GroupStreamRequest]:
-        while True:
-            request = self._requests.get()
-            if request is None:
-                return
-            yield request
-
-    def _read(self) -> None:
+    async def _read(self) -> None:
         error: grpc.RpcError | None = None
         try:
-            for message in self._call:
+            async for message in self._call:
                 self._on_message(self, message)
         except grpc.RpcError as exc:
             error = exc
+        except asyncio.CancelledError:
+            pass  # closed by us (or the loop stopping): nobody waits for its answers any more
         except Exception:  # never let the reader die silently
             log.exception("heartbeat stream reader failed")
             self._call.cancel()
-        self._requests.put(None)  # ends gRPC's sending thread
         self._on_closed(self, error)
 
 
 class GroupMember:
     def __init__(
         self,
+        driver: GroupDriver,
         metadata: MetadataCache,
         group: str,
         subscription: Mapping[str, str],
@@ -114,11 +122,13 @@ class GroupMember:
         on_events: Callable[[list[Event]], None],
     ) -> None:
         self.group = group
+        self._driver = driver
         self._metadata = metadata
         self._subscription = dict(subscription)
         self._config = config
         self._client_id = client_id
         self._on_events = on_events
+        #: Guards the state machine; the application's threads wait on it for answers.
         self._cond = threading.Condition()
         self._m = Membership(
             instance_id=config.instance_id, session_timeout=config.session_timeout.total_seconds()
@@ -129,15 +139,17 @@ class GroupMember:
             config.request_timeout.total_seconds(), config.session_timeout.total_seconds()
         )
         self._use_stream = config.heartbeat_stream
+        #: The loop's: the open stream, and when the heartbeat in flight on it times out.
         self._stream: HeartbeatStream | None = None
-        #: When the heartbeat in flight on the stream times out (None: none in flight there).
         self._stream_deadline: float | None = None
-        self._thread = threading.Thread(target=self._run, name=f"sluice-heartbeat-{group}", daemon=True)
+        #: Set (on the loop) when something may make a heartbeat due sooner, or the member stops.
+        self._wake = asyncio.Event()
+        self._task: concurrent.futures.Future[None] | None = None
 
     # ---- lifecycle (Caller: Consumer) ------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        self._task = self._driver.submit(self._run())
 
     def wait_first_answer(self, timeout: float) -> None:
         """Wait until the coordinator answered the join (or refused it: raised here)."""
@@ -158,12 +170,14 @@ class GroupMember:
         with self._cond:
             self._stopping = True
             plan = self._m.leave()
-            stream, self._stream = self._stream, None
             self._cond.notify_all()
-        if stream is not None:
-            stream.close()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(self._rpc_timeout + 1)
+        self._poke()
+        task = self._task
+        if task is not None:
+            try:
+                task.result(self._rpc_timeout + 1)  # its end closes the stream
+            except Exception as exc:  # timed out, or the driver stopped under it
+                log.debug("group %s: heartbeat task ended with %r", self.group, exc)
         if plan is None or not leave:
             return
         request = coordinator_pb2.LeaveGroupRequest(
@@ -205,17 +219,17 @@ class GroupMember:
         """Revoked partitions were committed and handed back: heartbeat now."""
         with self._cond:
             self._m.released(partitions, time.monotonic())
-            self._cond.notify_all()
+        self._poke()
 
     def lost_handled(self) -> None:
         with self._cond:
             self._m.lost_handled(time.monotonic())
-            self._cond.notify_all()
+        self._poke()
 
     def heartbeat_now(self) -> None:
         with self._cond:
             self._m.heartbeat_now(time.monotonic())
-            self._cond.notify_all()
+        self._poke()
 
     def wait_answer_after(self, answered: int, timeout: float) -> bool:
         """Wait until a heartbeat newer than count ``answered`` was answered."""
@@ -228,19 +242,30 @@ class GroupMember:
                 self._cond.wait(remaining)
             return self._m.answered > answered
 
-    # ---- the heartbeat thread ---------------------------------------------------------------------------
+    def _poke(self) -> None:
+        """Make the member's coroutine look at its state again (any thread)."""
+        self._driver.call_soon(self._wake.set)
+
+    # ---- the member's coroutine (on the driver's loop) -----------------------------------------------
 
     @property
     def streaming(self) -> bool:
         """Whether heartbeats go over the stream (False after falling back to the unary RPC)."""
         return self._use_stream
 
-    def _run(self) -> None:
-        while True:
-            events: list[Event] = []
-            plan: HeartbeatPlan | None = None
-            with self._cond:
-                while True:
+    async def _run(self) -> None:
+        if self._use_stream and await self._driver.streams_supported(self._rpc_timeout) is False:
+            log.info("group %s: the coordinator has no heartbeat stream; using the unary RPC", self.group)
+            self._use_stream = False
+        try:
+            while True:
+                # Cleared before the state is read: a poke after the read sets it again.
+                self._wake.clear()
+                events: list[Event] = []
+                plan: HeartbeatPlan | None = None
+                write: tuple[HeartbeatStream, coordinator_pb2.GroupHeartbeatRequest] | None = None
+                sleep: float | None = -1.0
+                with self._cond:
                     if self._stopping:
                         return
                     now = time.monotonic()
@@ -248,19 +273,35 @@ class GroupMember:
                         events = self._stream_failed(
                             now, RequestTimedOut(f"no heartbeat answer within {self._rpc_timeout:g} s")
                         )
-                        break
-                    due = self._m.next_due()
-                    if due is not None and due <= now:
-                        plan = self._m.request(now)
-                        if self._use_stream:
-                            events = self._send_on_stream(plan, now)
-                            plan = None
-                        break
-                    wake = [t for t in (due, self._stream_deadline) if t is not None]
-                    self._cond.wait(min(wake) - now if wake else None)
-            if plan is not None:
-                events = self._heartbeat(plan)
-            self._deliver(events)
+                    else:
+                        due = self._m.next_due()
+                        if due is not None and due <= now:
+                            plan = self._m.request(now)
+                            if self._use_stream:
+                                events, write = self._send_on_stream(plan, now)
+                                plan = None
+                        else:
+                            wake = [t for t in (due, self._stream_deadline) if t is not None]
+                            sleep = min(wake) - now if wake else None
+                if plan is not None:
+                    events = await self._heartbeat(plan)
+                elif write is not None:
+                    await write[0].send(write[1])
+                self._deliver(events)
+                if sleep is None or sleep >= 0:
+                    await self._sleep(sleep)
+        finally:
+            stream, self._stream = self._stream, None
+            if stream is not None:
+                stream.close()
+
+    async def _sleep(self, seconds: float | None) -> None:
+        """Until ``seconds`` pass (None: for ever) or the member is poked."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
 
     def _deliver(self, events: list[Event]) -> None:
         for ev in events:
@@ -287,15 +328,15 @@ class GroupMember:
 
     # ---- the unary RPC ---------------------------------------------------------------------------------
 
-    def _heartbeat(self, plan: HeartbeatPlan) -> list[Event]:
+    async def _heartbeat(self, plan: HeartbeatPlan) -> list[Event]:
         request = self._request(plan)
         error: SluiceError | None = None
         resp = None
         try:
-            resp = call(self._metadata.coordinator_stub().Heartbeat, request, self._rpc_timeout)
-        except SluiceError as exc:
-            error = exc
-        except Exception as exc:  # never let the heartbeat thread die silently
+            resp = await self._driver.stub.Heartbeat(request, timeout=self._rpc_timeout)
+        except grpc.RpcError as exc:
+            error = error_from_rpc(exc)
+        except Exception as exc:  # never let the member's coroutine die silently
             log.exception("group %s: heartbeat failed", self.group)
             error = SluiceError(f"heartbeat failed: {exc!r}")
         with self._cond:
@@ -306,7 +347,8 @@ class GroupMember:
     def _absorb(
         self, now: float, resp: coordinator_pb2.GroupHeartbeatResponse | None, error: SluiceError | None
     ) -> list[Event]:
-        """Feed one heartbeat's outcome to the state machine. Caller holds the condition."""
+        """Feed one heartbeat's outcome to the state machine. Caller holds the condition (and
+        notifies it: the application may wait for an answer)."""
         if error is None and resp is not None:
             error = error_from_proto(resp.error)
         if error is not None or resp is None:
@@ -328,23 +370,24 @@ class GroupMember:
 
     # ---- the stream ------------------------------------------------------------------------------------
 
-    def _send_on_stream(self, plan: HeartbeatPlan, now: float) -> list[Event]:
-        """Send ``plan`` on the stream, opening one if needed. Caller holds the condition."""
+    def _send_on_stream(
+        self, plan: HeartbeatPlan, now: float
+    ) -> tuple[list[Event], tuple[HeartbeatStream, coordinator_pb2.GroupHeartbeatRequest] | None]:
+        """Open a stream if needed and start the clock on ``plan``: the stream and request to
+        write (after the condition is released), or the events of failing to open one. Caller
+        holds the condition."""
         request = self._request(plan)
         try:
             if self._stream is None:
                 self._stream = HeartbeatStream(
-                    self._metadata.coordinator_stub(),
-                    self._on_stream_message,
-                    self._on_stream_closed,
-                    f"sluice-heartbeat-stream-{self.group}",
+                    self._driver.stub, self._on_stream_message, self._on_stream_closed
                 )
-            self._stream.send(request)
         except Exception as exc:  # e.g. the client was closed: like a failed RPC
             self._stream = None
-            return self._m.on_error(now, BrokerNotAvailable(f"cannot open the heartbeat stream: {exc!r}"))
+            failed = BrokerNotAvailable(f"cannot open the heartbeat stream: {exc!r}")
+            return self._m.on_error(now, failed), None
         self._stream_deadline = now + self._rpc_timeout
-        return []
+        return [], (self._stream, request)
 
     def _stream_failed(self, now: float, error: SluiceError) -> list[Event]:
         """The heartbeat in flight on the stream failed: drop the stream (the next heartbeat opens a new
@@ -376,6 +419,7 @@ class GroupMember:
             elif kind == "heartbeat_now":
                 self._m.heartbeat_now(now)
             self._cond.notify_all()
+        self._wake.set()  # the next heartbeat's time changed
         self._deliver(events)
 
     def _on_stream_closed(self, stream: HeartbeatStream, error: grpc.RpcError | None) -> None:
@@ -388,6 +432,7 @@ class GroupMember:
             in_flight = self._stream_deadline is not None
             self._stream_deadline = None
             if error is not None and is_unimplemented(error):
+                self._driver.streams_unsupported()
                 log.info("group %s: the coordinator has no heartbeat stream; using the unary RPC", self.group)
                 self._use_stream = False
                 if in_flight:
@@ -401,4 +446,5 @@ class GroupMember:
                     )
                 events = self._m.on_error(now, failure)
             self._cond.notify_all()
+        self._wake.set()
         self._deliver(events)

@@ -1,6 +1,6 @@
 """The member side of the group protocol (KIP-848), as a pure state machine: no I/O, no clock.
 
-The heartbeat thread (``member.py``) asks :meth:`Membership.request` what to send and
+The member's heartbeat coroutine (``member.py``) asks :meth:`Membership.request` what to send and
 when, sends it, and feeds the answer to :meth:`Membership.on_response` /
 :meth:`Membership.on_error`, which return the :class:`Event` s the consumer must act on.
 Time is passed in (seconds, monotonic), so tests drive it with a fake clock.
@@ -201,7 +201,7 @@ class Membership:
     #: When the coordinator last answered (None: not since joining).
     last_answer: float | None = None
 
-    # ---- the heartbeat thread ------------------------------------------------------------------
+    # ---- the heartbeat coroutine ---------------------------------------------------------------
 
     def next_due(self) -> float | None:
         """When to send the next heartbeat (None: nothing to send, e.g. fenced or fatal)."""

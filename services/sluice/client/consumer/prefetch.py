@@ -1,28 +1,31 @@
-"""Background prefetch: a thread that keeps fetching the assigned partitions into a bounded buffer.
+"""Background prefetch: keeps fetching the assigned partitions into a bounded buffer.
 
-The thread owns a :class:`~sluice.client.fetcher.Fetcher` (which keeps at most one
+The prefetcher owns a :class:`~sluice.client.fetcher.Fetcher` (which keeps at most one
 Fetch in flight per broker, with incremental sessions, and pipelines the next
-request before decoding). Each round's encoded batches (``fetch_raw``: one run per
-partition and response) are decoded into one :class:`Chunk` per run and appended to
-a buffer that ``poll()`` drains (Kafka's completed-fetch buffer). A partition whose
+request before decoding). It has no thread of its own: the Client's
+:class:`~sluice.client.consumer.fetch_driver.FetchDriver` runs its *steps*, one whenever
+an answer arrives (the fetcher's ``on_completion``), ``poll()`` frees buffer space or a
+command comes, and none waits for the network. Each step's encoded batches
+(``poll_raw``: one run per partition and response) are decoded into one :class:`Chunk`
+per run and appended to a buffer that ``poll()`` drains (Kafka's completed-fetch buffer). A partition whose
 position moved without records (a tag filter skipped everything, or
 auto_offset_reset moved it) yields an empty chunk, so the consumer learns the new
 position and can commit it.
 
 Flow control: while the buffer holds ``buffer_max_bytes`` (value bytes plus a fixed
-per-record overhead), the thread stops fetching every partition. The round that
+per-record overhead), the prefetcher stops fetching every partition. The round that
 crossed the bound still lands whole: per broker, the answer in hand and, if it
 arrived meanwhile, the pipelined next one (each at most ``partition_max_bytes`` per
 partition, or one batch). Fetching resumes as soon as ``poll()`` drains below the
 bound.
 
-Changes to what is fetched (assign, seek, remove) are commands that the thread
-applies between rounds. Every chunk is tagged with its partition's *fetch epoch*
+Changes to what is fetched (assign, seek, remove) are commands that the next step
+applies. Every chunk is tagged with its partition's *fetch epoch*
 as of the round; the consumer bumps a partition's epoch on seek, pause and
 revoke, and drops chunks from older epochs, so nothing fetched from an old
 position is ever handed out.
 
-Caller: the Consumer (commands, ``pop``); the thread itself (fetching).
+Caller: the Consumer (commands, ``pop``); the fetch driver (``step``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
+from sluice.client.consumer.fetch_driver import FetchDriver
 from sluice.client.fetch_state import gc_paused
 from sluice.client.fetcher import Fetcher, RawChunk
 from sluice.codec.batch import Record, decode_records
@@ -75,7 +79,7 @@ class _Command:
 
 
 class Prefetcher:
-    """Fetches in a thread of its own into a byte-bounded buffer.
+    """Fetches, in steps run by the Client's fetch driver, into a byte-bounded buffer.
 
     ``lock`` is the Consumer's lock; ``ready`` (a Condition on it) is notified when a
     chunk or an error arrives.
@@ -87,6 +91,7 @@ class Prefetcher:
         buffer_max_bytes: int,
         lock: threading.RLock,
         ready: threading.Condition,
+        driver: FetchDriver,
         check_crcs: bool = True,
     ) -> None:
         self._fetcher = fetcher
@@ -94,30 +99,33 @@ class Prefetcher:
         self._max_bytes = buffer_max_bytes
         self._lock = lock
         self._ready = ready
-        self._space = threading.Condition(lock)
+        self._driver = driver
+        #: A step is queued on the driver (see ``Steppable``).
+        self.queued = False
         self._commands: list[_Command] = []
         self._buffer: deque[Chunk] = deque()
         self._bytes = 0
         self._errors: list[SluiceError] = []
         self._closed = False
-        # Fetch-thread state.
+        # The steps' state (only the driver's thread touches it).
         self._epochs: dict[TopicPartition, int] = {}
         self._filters: dict[str, str] = {}
-        self._thread = threading.Thread(target=self._run, name="sluice-consumer-fetch", daemon=True)
+        fetcher.on_completion = self.wake
 
-    def start(self) -> None:
-        self._thread.start()
+    def wake(self) -> None:
+        """Ask the driver for a step (any thread, never blocks)."""
+        self._driver.wake(self)
 
     # ---- commands (Caller: the Consumer, holding the lock) -------------------------------------
 
     def fetch_from(self, tp: TopicPartition, offset: int, fetch_epoch: int, filter_expr: str) -> None:
         """Fetch ``tp`` from ``offset`` on (adds it, or moves it); tag its chunks ``fetch_epoch``."""
         self._commands.append(_Command(tp, offset, fetch_epoch, filter_expr))
-        self._space.notify_all()
+        self.wake()
 
     def stop_fetching(self, tp: TopicPartition) -> None:
         self._commands.append(_Command(tp, None))
-        self._space.notify_all()
+        self.wake()
 
     # ---- the buffer (Caller: the Consumer's poll, holding the lock) ------------------------------
 
@@ -148,63 +156,63 @@ class Prefetcher:
         was_full = self._bytes >= self._max_bytes
         self._bytes -= nbytes
         if was_full and self._bytes < self._max_bytes:
-            self._space.notify_all()
+            self.wake()
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
+    def start(self) -> None:
+        """Nothing to start (the driver steps it when there is work); kept for the Consumer's order."""
+
     def close(self, timeout: float = 5.0) -> None:
+        """Stop: no step fetches or buffers anything more. A step running meanwhile on the
+        driver ends at its next check (``timeout``: unused, kept for the Consumer's calls)."""
         with self._lock:
             self._closed = True
-            self._space.notify_all()
         self._fetcher.close()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
 
-    # ---- the fetch thread --------------------------------------------------------------------------
+    # ---- a step (the driver's thread) -------------------------------------------------------------
 
-    def _run(self) -> None:
+    def step(self) -> float | None:
+        """Apply commands, take the answers that arrived, send the next fetches, buffer what
+        came. Returns when to step again at the latest (a backoff), else None."""
         try:
-            while self._round():
-                pass
+            return self._step()
         except Exception as exc:  # a bug: surface it through poll() rather than dying silently
-            log.exception("consumer fetch thread failed")
+            log.exception("consumer fetch step failed")
             with self._lock:
-                self._errors.append(SluiceError(f"the consumer's fetch thread failed: {exc!r}"))
+                self._errors.append(SluiceError(f"the consumer's fetch failed: {exc!r}"))
                 self._ready.notify_all()
+            return None
 
-    def _round(self) -> bool:
-        """One fetch round. False once closed."""
+    def _step(self) -> float | None:
         with self._lock:
-            while not (self._closed or self._commands) and (
-                self._bytes >= self._max_bytes or not self._epochs
-            ):
-                self._space.wait()
             if self._closed:
-                return False
+                return None
             commands, self._commands = self._commands, []
-        self._apply(commands)
+        if commands:
+            self._apply(commands)
         if not self._epochs or self._bytes >= self._max_bytes:
-            return True
+            return None  # woken again by a command, or by poll() freeing space
         fetcher = self._fetcher
         before = fetcher.positions()
         try:
-            raws = fetcher.fetch_raw(None)
+            raws, again = fetcher.poll_raw()
         except SluiceError as exc:
             # The fetcher paused the partition concerned (until a seek); poll() raises it.
             with self._lock:
                 self._errors.append(exc)
                 self._ready.notify_all()
-            return True
+            return 0.0  # the others go on fetching
         after = fetcher.positions()
         chunks = cut_chunks(decode_runs(raws, self._epochs, self._check_crcs), before, after, self._epochs)
         if chunks:
             with self._lock:
                 if self._closed:
-                    return False
+                    return None
                 self._buffer.extend(chunks)
                 self._bytes += sum(c.nbytes for c in chunks)
                 self._ready.notify_all()
-        return True
+        return again
 
     def _apply(self, commands: list[_Command]) -> None:
         fetcher = self._fetcher
