@@ -13,8 +13,9 @@ filter matched nothing). Per broker, it fetches one of two ways:
   fetcher follows on a lane of its client's one connection to the broker
   (``client.shared_wire``), and the broker sends it at most ``_FOLLOW_WINDOW`` answers
   beyond those ``fetch()`` took: a fetcher nobody reads holds that much, and stops only its
-  own lane. (Measured at 2,000 records/s: the broker spends 180 µs per record instead of
-  about 250.)
+  own lane. One ``fetch()`` takes one answer with records; answers that arrived meanwhile
+  wait for the next call. (Measured at 2,000 records/s: the broker spends 180 µs per record
+  instead of about 250.)
 - **Request by request** (gRPC ``FetchStream``, where the broker has no wire port): at most
   one Fetch in flight per broker, with an incremental fetch session (``fetch_session``).
   The next request is sent *before* the records of an answer are decoded, so the broker
@@ -194,9 +195,10 @@ class Fetcher:
             self._handle(item, chunks)
             # What else already arrived, until an answer brought records: one call hands back
             # one answer's records, and answers left queued wait for the next call (their lane's
-            # credit with them). Decoding two followed answers per call (what a window of 2
-            # queues) measured 20-25% more CPU per record: twice the records alive at once, out
-            # of the caches (docs/architecture.md, "Measured: the whole of issue 13 and 20").
+            # credit with them). Taking every queued answer (with a window of 2, usually two)
+            # measured 20-25% more CPU per record, in decoding and in freeing the records: twice
+            # the records alive at once (docs/architecture.md, "Measured: the whole of issue 13
+            # and 20").
             while not chunks:
                 try:
                     item = self._completions.get_nowait()
