@@ -87,6 +87,10 @@ log = logging.getLogger("sluice.fetcher")
 #: and fault in.
 _FOLLOW_WINDOW = 2
 
+#: What the connections' threads hand the fetching thread: (broker address, the request
+#: answered, its answer or a SluiceError, whether the request is followed).
+_Completion = tuple[str, SessionRequest, Any, bool]
+
 
 class Fetcher:
     """Fetches records of a fixed set of partitions from explicit positions.
@@ -137,8 +141,10 @@ class Fetcher:
         self._brokers: dict[str, BrokerState] = {}
         self._leaders: dict[TopicPartition, str | None] = {}
         self._need_metadata = True
-        #: (broker address, the request answered, its answer or a SluiceError, followed or not).
-        self._completions: queue.SimpleQueue[tuple[str, SessionRequest, Any, bool]] = queue.SimpleQueue()
+        self._completions: queue.SimpleQueue[_Completion] = queue.SimpleQueue()
+        #: A followed answer taken off the queue by a ``fetch()`` that already had records: the
+        #: next call starts with it (one answer with records per call; see ``fetch_raw``).
+        self._held: _Completion | None = None
         self._errors: list[SluiceError] = []
         self._partition_errors = PartitionErrors(
             channels, metadata, auto_offset_reset, request_timeout, self._errors
@@ -188,21 +194,26 @@ class Fetcher:
                 if deadline is None:
                     return chunks
                 continue
-            try:
-                item = self._completions.get(timeout=remaining)
-            except queue.Empty:
-                return chunks
+            item, self._held = self._held, None
+            if item is None:
+                try:
+                    item = self._completions.get(timeout=remaining)
+                except queue.Empty:
+                    return chunks
             self._handle(item, chunks)
-            # What else already arrived, until an answer brought records: one call hands back
-            # one answer's records, and answers left queued wait for the next call (their lane's
-            # credit with them). Taking every queued answer (with a window of 2, usually two)
-            # measured 20-25% more CPU per record, in decoding and in freeing the records: twice
-            # the records alive at once (docs/architecture.md, "Measured: the whole of issue 13
-            # and 20").
-            while not chunks:
+            while True:  # what else already arrived
                 try:
                     item = self._completions.get_nowait()
                 except queue.Empty:
+                    break
+                if chunks and item[3]:
+                    # One followed answer's records per call: the next waits for the next call
+                    # (its lane's credit with it). Taking every queued answer (with a window of
+                    # 2, usually two) measured 20-25% more CPU per record, in decoding and in
+                    # freeing the records: twice the records alive at once (docs/architecture.md,
+                    # "Measured: the whole of issue 13 and 20"). An answer to a single request
+                    # (gRPC) is still taken: its broker gets its next request only when it is.
+                    self._held = item
                     break
                 self._handle(item, chunks)
             if chunks:
@@ -382,7 +393,7 @@ class Fetcher:
 
     # ---- responses ----------------------------------------------------------------------
 
-    def _handle(self, item: tuple[str, SessionRequest, Any, bool], chunks: list[RawChunk]) -> None:
+    def _handle(self, item: _Completion, chunks: list[RawChunk]) -> None:
         address, req, outcome, followed = item
         broker = self._brokers.get(address)
         if broker is None or broker.in_flight is not req or self._closed:
