@@ -28,6 +28,11 @@ def _requests_sent(fetcher: Fetcher) -> int:
     return sum(link.sent for link in wire)
 
 
+def _answers_waiting(fetcher: Fetcher) -> int:
+    """Answers arrived and not yet handed back: queued, or held by the last ``fetch()``."""
+    return fetcher._completions.qsize() + (fetcher._held is not None)
+
+
 def _values(fetcher: Fetcher, expected: int) -> list[bytes]:
     got: list[bytes] = []
     deadline = time.monotonic() + 20
@@ -137,9 +142,9 @@ def test_each_fetch_hands_back_one_answer_when_several_arrived(
     with client.fetcher({(topic, 0): 0}, max_wait_ms=200, partition_max_bytes=10_000) as fetcher:
         assert [r.key for r in fetcher.fetch(timeout=10)] == [b"0"]
         deadline = time.monotonic() + 10
-        while fetcher._completions.qsize() < 2 and time.monotonic() < deadline:
+        while _answers_waiting(fetcher) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert fetcher._completions.qsize() == 2  # the window: two more answers arrived
+        assert _answers_waiting(fetcher) == 2  # the window: two more answers arrived
         assert [r.key for r in fetcher.fetch()] == [b"1"]  # the other one waits for the next call
         keys: list[bytes | None] = [b"0", b"1"]
         while len(keys) < 8 and time.monotonic() < deadline:
