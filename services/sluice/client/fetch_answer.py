@@ -8,7 +8,9 @@ answer, because the broker reads on from there by itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import queue
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from sluice.client.fetch_errors import PartitionErrors
 from sluice.client.fetch_session import PartitionFetchState, SessionRequest
@@ -16,7 +18,59 @@ from sluice.client.fetch_state import PartitionState, RawChunk, TopicPartition, 
 from sluice.errors import error_from_proto
 from sluice.v1 import broker_pb2
 
-__all__ = ["advance"]
+__all__ = ["Answers", "Completion", "advance"]
+
+#: What the connections' threads hand the fetching thread: (broker address, the request
+#: answered, its answer or a SluiceError, whether the request is followed).
+Completion = tuple[str, SessionRequest, Any, bool]
+
+
+class Answers:
+    """The answers the connections' threads hand the fetching thread, in arrival order.
+
+    ``hold`` puts one back at the front: ``fetch()`` takes one followed answer with records per
+    call and leaves the next for the next call (fetcher.py, ``fetch_raw``). ``on_arrival`` is called
+    from the connection's thread after each answer is queued (the group consumer's fetch driver
+    wakes on it); it must not block.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        self._held: Completion | None = None
+        self.on_arrival: Callable[[], None] | None = None
+
+    def put(self, item: Completion) -> None:
+        self._queue.put(item)
+        notify = self.on_arrival
+        if notify is not None:
+            notify()
+
+    def hold(self, item: Completion) -> None:
+        self._held = item
+
+    def take(self, timeout: float | None) -> Completion | None:
+        """The held answer, or the next to arrive within ``timeout`` (None: none came)."""
+        item, self._held = self._held, None
+        if item is not None:
+            return item
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def waiting(self) -> int:
+        """Answers arrived and not yet taken: queued, or held."""
+        return self._queue.qsize() + (self._held is not None)
+
+    def take_nowait(self) -> Completion | None:
+        return self.take(0) if self._held is not None else _get_nowait(self._queue)
+
+
+def _get_nowait(q: queue.SimpleQueue[Completion]) -> Completion | None:
+    try:
+        return q.get_nowait()
+    except queue.Empty:
+        return None
 
 
 def advance(

@@ -13,8 +13,9 @@ filter matched nothing). Per broker, it fetches one of two ways:
   fetcher follows on a lane of its client's one connection to the broker
   (``client.shared_wire``), and the broker sends it at most ``_FOLLOW_WINDOW`` answers
   beyond those ``fetch()`` took: a fetcher nobody reads holds that much, and stops only its
-  own lane. (Measured at 2,000 records/s: the broker spends 180 µs per record instead of
-  about 250.)
+  own lane. One ``fetch()`` takes one answer with records; answers that arrived meanwhile
+  wait for the next call. (Measured at 2,000 records/s: the broker spends 180 µs per record
+  instead of about 250.)
 - **Request by request** (gRPC ``FetchStream``, where the broker has no wire port): at most
   one Fetch in flight per broker, with an incremental fetch session (``fetch_session``).
   The next request is sent *before* the records of an answer are decoded, so the broker
@@ -31,13 +32,12 @@ Caller: the CLI's ``consume``, the group consumer's prefetcher (``poll_raw``, on
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sluice.client.fetch_answer import advance
+from sluice.client.fetch_answer import Answers, Completion, advance
 from sluice.client.fetch_errors import PartitionErrors
 from sluice.client.fetch_session import FetchSession, PartitionFetchState, SessionRequest
 from sluice.client.fetch_state import (
@@ -134,18 +134,24 @@ class Fetcher:
         self._brokers: dict[str, BrokerState] = {}
         self._leaders: dict[TopicPartition, str | None] = {}
         self._need_metadata = True
-        #: (broker address, the request answered, its answer or a SluiceError, followed or not).
-        self._completions: queue.SimpleQueue[tuple[str, SessionRequest, Any, bool]] = queue.SimpleQueue()
+        self._answers = Answers()
         self._errors: list[SluiceError] = []
         self._partition_errors = PartitionErrors(
             channels, metadata, auto_offset_reset, request_timeout, self._errors
         )
         self._closed = False
         self._wakeup = threading.Event()
-        #: Called (from any thread, never blocking) after an answer is queued: see ``poll_raw``.
-        self.on_completion: Callable[[], None] | None = None
 
     # ---- public API ---------------------------------------------------------------------
+
+    @property
+    def on_completion(self) -> Callable[[], None] | None:
+        """Called (from any thread, never blocking) after an answer is queued: see ``poll_raw``."""
+        return self._answers.on_arrival
+
+    @on_completion.setter
+    def on_completion(self, callback: Callable[[], None] | None) -> None:
+        self._answers.on_arrival = callback
 
     def fetch(self, timeout: float | None = None) -> list[Record]:
         """Records from the current positions, advancing them. ``timeout`` None: one round —
@@ -182,15 +188,19 @@ class Fetcher:
                 if deadline is None:
                     return chunks
                 continue
-            try:
-                item = self._completions.get(timeout=remaining)
-            except queue.Empty:
+            item = self._answers.take(remaining)
+            if item is None:
                 return chunks
             self._handle(item, chunks)
-            while True:  # everything else that already arrived
-                try:
-                    item = self._completions.get_nowait()
-                except queue.Empty:
+            while (item := self._answers.take_nowait()) is not None:  # what else already arrived
+                if chunks and item[3]:
+                    # One followed answer's records per call: the next waits for the next call
+                    # (its lane's credit with it). Taking every queued answer (with a window of
+                    # 2, usually two) measured 20-25% more CPU per record, in decoding and in
+                    # freeing the records: twice the records alive at once (docs/architecture.md,
+                    # "Measured: the whole of issue 13 and 20"). An answer to a single request
+                    # (gRPC) is still taken: its broker gets its next request only when it is.
+                    self._answers.hold(item)
                     break
                 self._handle(item, chunks)
             if chunks:
@@ -209,11 +219,7 @@ class Fetcher:
             raise SluiceError("the fetcher is closed")
         self._raise_error()
         chunks: list[RawChunk] = []
-        while True:
-            try:
-                item = self._completions.get_nowait()
-            except queue.Empty:
-                break
+        while (item := self._answers.take_nowait()) is not None:
             self._handle(item, chunks)
         wait = self._send_fetches()
         if not chunks:
@@ -334,7 +340,8 @@ class Fetcher:
         except SluiceError as exc:
             req = broker.in_flight = broker.session.build(parts)
             broker.follow = None
-            self._complete((address, req, BrokerNotAvailable(f"cannot fetch from {address}: {exc}"), False))
+            failure = BrokerNotAvailable(f"cannot fetch from {address}: {exc}")
+            self._answers.put((address, req, failure, False))
             return
         link = broker.stream
         if isinstance(link, FetchLane) and self._max_wait_ms > 0:
@@ -343,7 +350,7 @@ class Fetcher:
         req = broker.session.build(parts)
         broker.in_flight = req
         broker.follow = None
-        complete = self._complete
+        complete = self._answers.put
         link.send(
             self._request(req, continuous=False),
             self._max_wait_ms / 1000 + self._request_timeout,
@@ -361,7 +368,7 @@ class Fetcher:
         broker.in_flight = req
         broker.follow = dict(parts)
         address = broker.address
-        complete = self._complete
+        complete = self._answers.put
 
         def on_answer(outcome: Any) -> bool:  # the connection's reader thread: never blocks
             complete((address, req, outcome, True))
@@ -388,13 +395,7 @@ class Fetcher:
 
     # ---- responses ----------------------------------------------------------------------
 
-    def _complete(self, item: tuple[str, SessionRequest, Any, bool]) -> None:
-        self._completions.put(item)
-        notify = self.on_completion
-        if notify is not None:
-            notify()
-
-    def _handle(self, item: tuple[str, SessionRequest, Any, bool], chunks: list[RawChunk]) -> None:
+    def _handle(self, item: Completion, chunks: list[RawChunk]) -> None:
         address, req, outcome, followed = item
         broker = self._brokers.get(address)
         if broker is None or broker.in_flight is not req or self._closed:

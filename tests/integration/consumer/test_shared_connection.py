@@ -103,7 +103,7 @@ def test_a_consumer_that_stops_polling_stops_nobody_else_on_its_client(cluster: 
                 assert len(tail) == 200
                 # 'idle' holds what it prefetched and what its lane's window let the broker send.
                 fetcher = idle._prefetch._fetcher
-                assert fetcher._completions.qsize() <= 2
+                assert fetcher._answers.waiting() <= 2
             # 'idle' resumes and misses nothing.
             idle_keys = [r.key or b"" for r in first]
             deadline = time.monotonic() + 60
