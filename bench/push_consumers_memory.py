@@ -7,7 +7,12 @@ so that memory freed by one scenario cannot hide the next one's cost:
   Shared subscription;
 - ``wire-shared``: N wire connections (one Consume stream each, as the SDK opens them), one Shared
   subscription;
-- ``grpc-distinct`` / ``wire-distinct``: N subscriptions of one consumer each.
+- ``grpc-distinct`` / ``wire-distinct``: M subscriptions of one consumer each (default 200: each
+  reads the backlog, so this is the costly one to run; the figure is per consumer, so it
+  extrapolates to 1,000).
+
+Besides RSS it reports where RSS grew (glibc's ``[heap]``, anonymous mappings such as pymalloc's
+arenas) per consumer.
 
 Every consumer sends what the SDK's push consumer sends (``tests/push_streams.py``): ``Subscribe``
 (record batches, durable, from the earliest offset), ``Flow`` with its receiver queue (1,000
@@ -64,6 +69,22 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+def rss_regions_kb(pid: int) -> dict[str, int]:
+    """RSS by kind of mapping: glibc's ``[heap]`` (malloc), anonymous mappings (pymalloc's arenas,
+    large mallocs, thread stacks) and the rest (code, libraries)."""
+    regions = {"heap": 0, "anon": 0, "other": 0}
+    kind = "other"
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            first = line.split(maxsplit=6)
+            if len(first) >= 5 and "-" in first[0] and ":" in first[3]:
+                name = first[5].strip() if len(first) > 5 else ""
+                kind = "heap" if name == "[heap]" else "anon" if not name else "other"
+            elif line.startswith("Rss:"):
+                regions[kind] += int(first[1])
+    return regions
+
+
 async def settle(pid: int, seconds: float) -> int:
     """RSS once the dispatcher's allocations have settled (the lowest of a few samples)."""
     samples = []
@@ -97,6 +118,7 @@ async def scenario(
         await consumers.open(["s0"])
         await consumers.wait_received(backlog)
         before = await settle(pid, 2.0)
+        regions_before = rss_regions_kb(pid)
         if snap:
             await snapshot(pid, snap, 1)
         started = time.monotonic()
@@ -106,9 +128,11 @@ async def scenario(
         opened_s = time.monotonic() - started
         if kind == "distinct":  # each new subscription reads the backlog too
             await consumers.wait_received(backlog * (n + 1))
-        # 12 s: a subscription frees what a burst left in its in-flight dicts every 5 s, once they
-        # are empty (the first look may still find messages in flight).
-        after = await settle(pid, 12.0)
+        # 24 s: a subscription frees what a burst left in its in-flight dicts every 5 s, once they
+        # are empty, and the dispatcher gives free heap back to the system every 10 s (the figure is
+        # the lowest sample of the last 12 s).
+        after = await settle(pid, 24.0)
+        regions_after = rss_regions_kb(pid)
         if snap:
             await snapshot(pid, snap, 2)
         return {
@@ -118,6 +142,9 @@ async def scenario(
             "rss_before_kb": before,
             "rss_after_kb": after,
             "kb_per_consumer": round((after - before) / n, 1),
+            "kb_per_consumer_by_region": {
+                k: round((regions_after[k] - regions_before[k]) / n, 1) for k in regions_after
+            },
         }
     finally:
         await consumers.close()
@@ -129,7 +156,8 @@ def top_allocations(snap: str, limit: int = 25) -> list[str]:
     first = tracemalloc.Snapshot.load(f"{snap}.1")
     second = tracemalloc.Snapshot.load(f"{snap}.2")
     stats = second.compare_to(first, "lineno")
-    return [str(s) for s in stats[:limit]]
+    total = sum(s.size_diff for s in stats)
+    return [f"total: {total / 1024:.0f} KiB"] + [str(s) for s in stats[:limit]]
 
 
 @contextmanager
@@ -180,7 +208,13 @@ def run(name: str, n: int, backlog: int, trace: bool) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--consumers", type=int, default=1000)
+    parser.add_argument("--consumers", type=int, default=1000, help="consumers of the shared scenarios")
+    parser.add_argument(
+        "--distinct-consumers",
+        type=int,
+        default=200,
+        help="subscriptions of the distinct scenarios (each reads the backlog: small on a shared machine)",
+    )
     parser.add_argument("--backlog", type=int, default=1000, help="records on the topic before the consumers")
     parser.add_argument("--scenario", choices=SCENARIOS, action="append", help="default: all")
     parser.add_argument("--tracemalloc", action="store_true", help="where the memory went (slower)")
@@ -191,7 +225,8 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     results: dict[str, object] = {}
     for name in args.scenario or SCENARIOS:
-        results[name] = run(name, args.consumers, args.backlog, args.tracemalloc)
+        n = args.distinct_consumers if name.endswith("distinct") else args.consumers
+        results[name] = run(name, n, args.backlog, args.tracemalloc)
         print(name, results[name], flush=True)
     rows = [f"{'scenario':<15} {'consumers':>9} {'KB/consumer':>12} {'RSS before':>11} {'RSS after':>10}"]
     for name, r in results.items():

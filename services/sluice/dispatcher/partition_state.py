@@ -23,6 +23,25 @@ from sluice.dispatcher.messages import Message
 __all__ = ["PartitionState"]
 
 
+class _NoPending(deque[Message]):
+    """The ``pending`` of a partition with nothing read ahead: one shared, empty, read-only deque.
+
+    A deque is ~760 bytes even empty (its first block), and one that carried traffic keeps up to
+    16 spare blocks of 528 bytes: 8 KB per partition after a burst, per subscription. An idle
+    partition points here instead (``take_read`` gives it a deque of its own when records arrive,
+    ``give_back`` returns an emptied one). Adding to it is a bug, not a silent drop: it raises."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object) -> None:
+        raise AssertionError("the shared empty pending queue is read-only")
+
+    append = appendleft = extend = extendleft = insert = _refuse
+
+
+NO_PENDING: deque[Message] = _NoPending()
+
+
 class PartitionState:
     """One partition of a subscription. Caller: ``Subscription`` and ``selectors``."""
 
@@ -46,7 +65,8 @@ class PartitionState:
         self.partition = cursor.partition
         self.cursor = cursor
         self.read_position = read_position
-        self.pending: deque[Message] = deque()
+        #: ``NO_PENDING`` while nothing is read ahead (see ``_NoPending``).
+        self.pending: deque[Message] = NO_PENDING
         self.pending_bytes = 0
         self.replay: dict[int, Message] = {}
         # Offsets of ``replay`` as a heap; entries no longer in ``replay`` are skipped lazily.
@@ -55,8 +75,9 @@ class PartitionState:
         self.delivery_seq: dict[int, int] = {}
         self.delayed: dict[int, Message] = {}
         self.dead: dict[int, Message] = {}
-        #: Offsets in ``delayed`` that wait only for their raised count to be persisted.
-        self.awaiting_save: set[int] = set()
+        #: Offsets in ``delayed`` that wait only for their raised count to be persisted (a set made
+        #: on first use: 216 bytes per partition that most subscriptions never need).
+        self.awaiting_save: set[int] | None = None
         #: Exclusive/Failover: the consumer receiving this partition.
         self.active: Consumer | None = None
 
@@ -68,6 +89,8 @@ class PartitionState:
         if not self.cursor.count_saved(m.offset):
             # Its raised count is not persisted yet: wait for the flush (asked for now).
             self.delayed[m.offset] = m
+            if self.awaiting_save is None:
+                self.awaiting_save = set()
             self.awaiting_save.add(m.offset)
             self.cursor.urgent = True
             return
@@ -78,6 +101,7 @@ class PartitionState:
         """After a cursor save: messages whose counts are now persisted may be sent again."""
         waiting = self.awaiting_save
         if not waiting:
+            self.awaiting_save = None
             return
         cursor = self.cursor
         for o in [o for o in waiting if cursor.count_saved(o)]:
@@ -135,6 +159,8 @@ class PartitionState:
         skip: list[tuple[int, int]] = []  # runs to acknowledge (gaps, filtered)
         expected = pos
         added = 0
+        if self.pending is NO_PENDING:
+            self.pending = deque()
         append = self.pending.append
         for m in messages:
             o = m.offset
@@ -220,12 +246,15 @@ class PartitionState:
         return released
 
     def give_back(self, consumers: Iterable[Consumer]) -> None:
-        """Free the tables of this partition's empty in-flight dicts. A dict keeps its table as its
+        """Free the tables of this partition's empty in-flight dicts, and its emptied pending deque
+        (with the spare blocks a deque keeps: ``_NoPending``). A dict keeps its table as its
         entries go: one that held a burst (9 KB at 250 messages) would keep it while empty, per
         partition and per consumer. Not done on each ack: a dict cleared whenever it empties is
         regrown from 8 slots by the next deliveries (``bench/push_throughput.py``: 2.18 µs of
         dispatcher CPU per message against 2.03, medians of 8 runs); the runtime calls this every
         few seconds instead (``docs/dispatcher.md``, "What a consumer costs")."""
+        if not self.pending:
+            self.pending = NO_PENDING
         if not self.inflight:
             self.inflight.clear()
         if not self.delivery_seq:

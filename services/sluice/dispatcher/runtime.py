@@ -26,10 +26,40 @@ from sluice.errors import SluiceError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConsumerStream", "RuntimeHost", "SubscriptionRuntime"]
+__all__ = ["ConsumerStream", "Latch", "RuntimeHost", "SubscriptionRuntime"]
 
 #: Seconds between looks for long-held messages pinning large batches (``messages.compact``).
 COMPACT_INTERVAL = 5.0
+
+
+class Latch:
+    """A flag set once and waited on, as an ``asyncio.Event`` is used here, whose Event (~800 bytes
+    with its deque) is made only when someone waits before it is set. A subscription's ``loaded``
+    and ``closed`` are almost always set with nobody waiting; with an Event each, they were ~1.6 KB
+    of every subscription (``docs/dispatcher.md``, "What a subscription costs")."""
+
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: asyncio.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        if self._event is not None:
+            # Its waiters hold it until they wake; this object need not.
+            self._event.set()
+            self._event = None
+
+    async def wait(self) -> None:
+        if self._set:
+            return
+        if self._event is None:
+            self._event = asyncio.Event()
+        await self._event.wait()
 
 
 class ConsumerStream:
@@ -101,10 +131,10 @@ class SubscriptionRuntime:
         #: cursors are saved with it, so the offset store refuses them once the topic is re-created.
         self.topic_id = ""
         self.streams: dict[str, ConsumerStream] = {}
-        self.loaded = asyncio.Event()
+        self.loaded = Latch()
         self.load_error: SluiceError | None = None
         self.closing = False
-        self.closed = asyncio.Event()
+        self.closed = Latch()
         self.linger: asyncio.TimerHandle | None = None
         #: Wall-clock ms when its last consumer left (0 while it has consumers, or had none yet).
         self.last_active_ms = 0

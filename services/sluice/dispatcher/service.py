@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 
+from sluice.common.memory import trim_loop
 from sluice.common.peers import AioPeers
 from sluice.dispatcher.cluster import ClusterView, CoordinatorLink
 from sluice.dispatcher.config import DispatcherConfig
@@ -86,6 +87,8 @@ class DispatcherService:
         self._tasks.append(asyncio.create_task(self.link.run(host, port, wire_port), name="coordinator-link"))
         self._tasks.append(asyncio.create_task(self._flush_loop(), name="cursor-flush"))
         self._tasks.append(asyncio.create_task(self._book_loop(), name="subscription-book"))
+        # What bursts of subscriptions free goes back to the system (common/memory.py).
+        self._tasks.append(asyncio.create_task(trim_loop(), name="heap-trim"))
 
     async def stop(self) -> None:
         """Graceful stop: end every stream, persist every cursor, stop feeds."""

@@ -39,6 +39,12 @@ def dispatcher_wire_listener(
 
 
 class _ConsumeConnection(WireConnection):
+    #: A push consumer sends Flow and Ack frames of tens to hundreds of bytes (acks by ranges),
+    #: and the dispatcher holds one connection per consumer: 4 KiB, not 16, per consumer. A larger
+    #: frame grows the buffer for as long as it takes (``server/wire.py``); docs/dispatcher.md,
+    #: "What a subscription costs".
+    read_buffer_min = 4 * 1024
+
     def __init__(self, listener: WireListener, servicer: DispatcherServicer) -> None:
         super().__init__(listener)
         self._servicer = servicer

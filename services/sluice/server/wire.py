@@ -117,10 +117,14 @@ class WireConnection(asyncio.BufferedProtocol):
     fill it, and shrinks back when a read that fits the small one ends on a frame boundary.
     """
 
+    #: Where the receive buffer starts and shrinks back to; a service whose connections carry
+    #: only small frames sets less (the dispatcher's push consumers: ``dispatcher/wire_server.py``).
+    read_buffer_min = READ_BUFFER_MIN
+
     def __init__(self, listener: WireListener) -> None:
         self.listener = listener
         self._reader = FrameReader(listener.max_frame_bytes)
-        self._view = memoryview(bytearray(READ_BUFFER_MIN))
+        self._view = memoryview(bytearray(self.read_buffer_min))
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self._greeted = False
@@ -197,8 +201,8 @@ class WireConnection(asyncio.BufferedProtocol):
         missing = self._reader.missing
         if nbytes == size or missing > size:
             wanted = min(READ_BUFFER_MAX, max(2 * size, missing))
-        elif size > READ_BUFFER_MIN and nbytes <= READ_BUFFER_MIN and not self._reader.buffered:
-            wanted = READ_BUFFER_MIN
+        elif size > (low := self.read_buffer_min) and nbytes <= low and not self._reader.buffered:
+            wanted = low
         else:
             return
         if wanted != size:
