@@ -39,9 +39,25 @@ Context = aio.ServicerContext[Any, Any]
 
 
 class PeerContext(Protocol):
-    """What ``Consume`` needs of its gRPC context: the peer's address."""
+    """What ``Consume`` needs of its gRPC context: the peer's address, and reading and writing the
+    stream's messages (gRPC's reader/writer API)."""
 
     def peer(self) -> str: ...
+
+    async def read(self) -> Any: ...
+
+    async def write(self, message: Any) -> None: ...
+
+
+async def _requests(context: PeerContext) -> AsyncIterator[pb.ConsumerCommand]:
+    """The stream's commands, read from the context. Not gRPC's request iterator: its generator
+    holds the last command while it waits for the next (see ``Consume``)."""
+    while True:
+        command = await context.read()
+        if not isinstance(command, pb.ConsumerCommand):
+            return  # grpc.aio.EOF: the client closed its side
+        yield command
+        del command
 
 
 class DispatcherServicer:
@@ -55,19 +71,25 @@ class DispatcherServicer:
         (``wire_server._ConsumeConnection.opened``) and given to :meth:`consume_into`."""
         return RequestContext(ANONYMOUS, GRPC)
 
-    async def Consume(
-        self, request_iterator: AsyncIterator[pb.ConsumerCommand], context: PeerContext
-    ) -> AsyncIterator[Outgoing]:
+    async def Consume(self, request_iterator: object, context: PeerContext) -> None:
+        """The gRPC Consume stream, on gRPC's reader/writer API rather than as an async generator:
+        gRPC's loop over a handler's generator (``async for response in ...: await write(response)``)
+        and its request iterator each hold their last message while waiting for the next. For a
+        consumer that took a burst that is its last MessageBatch (~115 KB) and its last Ack by
+        ranges (~40 KB of upb arena) kept for as long as the stream is open (docs/dispatcher.md,
+        "What a subscription costs"). ``request_iterator`` is not used: commands are read from
+        ``context`` (``_requests``)."""
         queue: asyncio.Queue[Outgoing] = asyncio.Queue()
         stream = EventStream(context.peer(), queue.put_nowait)
         ctx = self.context(context)
-        reader = asyncio.create_task(self._read(ctx, request_iterator, stream), name="consume-reader")
+        reader = asyncio.create_task(self._read(ctx, _requests(context), stream), name="consume-reader")
         try:
             while True:
                 item = await queue.get()
                 if item is None:
                     return
-                yield item
+                await context.write(item)
+                del item  # not held while the next event is awaited
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -94,41 +116,15 @@ class DispatcherServicer:
     async def _read(
         self, ctx: RequestContext, commands: AsyncIterator[pb.ConsumerCommand], stream: EventStream
     ) -> None:
-        service = self._service
         try:
             async for cmd in commands:
-                kind = cmd.WhichOneof("command")
-                if stream.consumer is None:
-                    if kind != "subscribe":
-                        stream.fail(
-                            ProtocolViolation(
-                                "the first message of a Consume stream must be Subscribe, "
-                                f"got {kind or 'nothing'}"
-                            )
-                        )
-                        return
-                    try:
-                        await service.subscribe(ctx, stream, subscribe_from_proto(cmd.subscribe))
-                    except SluiceError as err:
-                        stream.fail(err)
-                        return
-                    continue
-                try:
-                    if kind == "flow":
-                        service.flow(ctx, stream, cmd.flow.permits)
-                    elif kind == "ack":
-                        ack = cmd.ack
-                        service.ack(ctx, stream, by_partition(ack.ids), ack_ranges(ack), ack.cumulative)
-                    elif kind == "nack":
-                        service.nack(ctx, stream, by_partition(cmd.nack.ids))
-                    elif kind == "subscribe":
-                        raise ProtocolViolation(
-                            "this stream is already subscribed; open another stream for another subscription"
-                        )
-                    else:
-                        raise ProtocolViolation("empty ConsumerCommand")
-                except SluiceError as err:
-                    stream.error(err)
+                ended = await self._command(ctx, stream, cmd)
+                # Not kept while the next command is awaited: a parsed command holds its whole upb
+                # arena, and an Ack by ranges after a burst is ~40 KB of C memory that tracemalloc
+                # does not see (docs/dispatcher.md, "What a subscription costs").
+                del cmd
+                if ended:
+                    return
         except asyncio.CancelledError:
             raise
         except (grpc.RpcError, aio.AioRpcError) as exc:
@@ -137,6 +133,42 @@ class DispatcherServicer:
             log.exception("consume stream from %s failed", stream.peer)
         finally:
             stream.close()
+
+    async def _command(self, ctx: RequestContext, stream: EventStream, cmd: pb.ConsumerCommand) -> bool:
+        """Carry out one command; True when the stream must end (a failed or missing Subscribe)."""
+        service = self._service
+        kind = cmd.WhichOneof("command")
+        if stream.consumer is None:
+            if kind != "subscribe":
+                stream.fail(
+                    ProtocolViolation(
+                        f"the first message of a Consume stream must be Subscribe, got {kind or 'nothing'}"
+                    )
+                )
+                return True
+            try:
+                await service.subscribe(ctx, stream, subscribe_from_proto(cmd.subscribe))
+            except SluiceError as err:
+                stream.fail(err)
+                return True
+            return False
+        try:
+            if kind == "flow":
+                service.flow(ctx, stream, cmd.flow.permits)
+            elif kind == "ack":
+                ack = cmd.ack
+                service.ack(ctx, stream, by_partition(ack.ids), ack_ranges(ack), ack.cumulative)
+            elif kind == "nack":
+                service.nack(ctx, stream, by_partition(cmd.nack.ids))
+            elif kind == "subscribe":
+                raise ProtocolViolation(
+                    "this stream is already subscribed; open another stream for another subscription"
+                )
+            else:
+                raise ProtocolViolation("empty ConsumerCommand")
+        except SluiceError as err:
+            stream.error(err)
+        return False
 
     async def ListSubscriptions(
         self, request: pb.ListSubscriptionsRequest, context: Context

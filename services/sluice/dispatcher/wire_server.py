@@ -78,8 +78,14 @@ class _ConsumeConnection(WireConnection):
 
     async def _command_iterator(self) -> AsyncIterator[pb.ConsumerCommand]:
         commands = self._commands
-        while (command := await commands.get()) is not None:
+        while True:
+            command = await commands.get()
+            if command is None:
+                return
             yield command
+            # This frame must not hold the last command while it waits for the next: a parsed command
+            # keeps its upb arena (~40 KB for an Ack by ranges after a burst; servicer._read).
+            del command
             self.update_reading()
 
     def _send(self, event: Outgoing) -> None:

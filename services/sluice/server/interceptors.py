@@ -9,6 +9,8 @@ escapes a handler becomes INTERNAL with the exception logged, never a crash.
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -121,31 +123,7 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
             )
 
         if handler.stream_stream is not None:
-            inner_ss: Any = handler.stream_stream
-
-            async def stream_stream(
-                request_iterator: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
-            ) -> AsyncIterator[Any]:
-                started = time.perf_counter()
-                try:
-                    authenticate(context)
-                    async for response in inner_ss(request_iterator, context):
-                        yield response
-                except SluiceError as err:
-                    record(err.code_name, started)
-                    await _abort(context, err)
-                except (aio.AbortError, aio.UsageError):
-                    record("ABORTED", started)
-                    raise
-                except Exception:
-                    log.exception("unhandled error in %s", full)
-                    record("INTERNAL", started)
-                    await context.abort(
-                        grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
-                    )
-                else:
-                    record("OK", started)
-
+            stream_stream = _stream_stream(full, method, handler.stream_stream, authenticate, record)
             return grpc.stream_stream_rpc_method_handler(
                 stream_stream,
                 request_deserializer=handler.request_deserializer,
@@ -153,6 +131,58 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
             )
         # Unary-stream and stream-unary RPCs are not used by Sluice's services.
         return handler
+
+
+def _stream_stream(
+    full: str,
+    method: str,
+    inner_ss: Any,
+    authenticate: Callable[[aio.ServicerContext[Any, Any]], None],
+    record: Callable[[str, float], None],
+) -> Any:
+    """The wrapped stream-stream handler: an async generator for a generator handler, a coroutine
+    for one on gRPC's reader/writer API."""
+
+    @contextlib.asynccontextmanager
+    async def outcome(context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+        """Authenticate, then record how the stream ended (and abort with a typed error)."""
+        started = time.perf_counter()
+        try:
+            authenticate(context)
+            yield
+        except SluiceError as err:
+            record(err.code_name, started)
+            await _abort(context, err)
+        except (aio.AbortError, aio.UsageError):
+            record("ABORTED", started)
+            raise
+        except Exception:
+            log.exception("unhandled error in %s", full)
+            record("INTERNAL", started)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log")
+        else:
+            record("OK", started)
+
+    stream_stream: Any
+    if inspect.iscoroutinefunction(inner_ss):
+        # gRPC's reader/writer API (the handler reads and writes through the context): the
+        # dispatcher's Consume, which must not have its last message held (servicer.py).
+        async def stream_stream(
+            request_iterator: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
+        ) -> None:
+            async with outcome(context):
+                await inner_ss(request_iterator, context)
+
+    else:
+
+        async def stream_stream(
+            request_iterator: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[Any]:
+            async with outcome(context):
+                async for response in inner_ss(request_iterator, context):
+                    yield response
+
+    return stream_stream
 
 
 __all__ = ["ERROR_CODE_KEY", "AllowAll", "Authenticator", "ServiceInterceptor", "Unauthenticated"]
