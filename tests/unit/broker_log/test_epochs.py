@@ -3,9 +3,12 @@ truncation, and the divergence cases of KIP-101 and KIP-279 between two real log
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sluice.broker.log import PartitionLog
 from sluice.broker.log.epochs import CHECKPOINT_FILE, LeaderEpochCache
@@ -324,3 +327,60 @@ def test_kip279_a_follower_asks_again_about_an_epoch_the_leader_never_had(tmp_pa
     assert _log_bytes(tmp_path / "f") == _log_bytes(tmp_path / "l")
     leader.close()
     follower.close()
+
+
+Runs = list[tuple[int, int]]
+History = tuple[Runs, int, int, Runs, Runs]
+
+
+@st.composite
+def _histories(draw: st.DrawFn) -> History:
+    """Two replicas' histories after a shared prefix, as (epoch, batches) runs.
+
+    Each epoch has one leader, so the epochs each side wrote after the prefix are disjoint; the
+    current leader holds the highest epoch; at most one side has more of the last shared epoch."""
+    shared_epochs = sorted(draw(st.sets(st.integers(0, 30), min_size=1, max_size=4)))
+    shared = [(e, draw(st.integers(1, 3))) for e in shared_epochs]
+    last = shared_epochs[-1]
+    pool = draw(st.lists(st.integers(last + 1, 60), unique=True, max_size=6))
+    follower_new = sorted(e for i, e in enumerate(pool) if i % 2)
+    leader_new = sorted(e for i, e in enumerate(pool) if not i % 2)
+    if follower_new and (not leader_new or leader_new[-1] < follower_new[-1]):
+        leader_new.append(follower_new[-1] + 1)  # the leader's epoch is the newest
+    extra = draw(st.integers(0, 2))
+    leader_extra, follower_extra = (extra, 0) if draw(st.booleans()) else (0, extra)
+    return (
+        shared,
+        leader_extra,
+        follower_extra,
+        [(e, draw(st.integers(1, 3))) for e in leader_new],
+        [(e, draw(st.integers(1, 3))) for e in follower_new],
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=_histories())
+def test_any_divergence_is_found_exactly_and_healed_byte_for_byte(tmp_path: Path, history: History) -> None:
+    shared, leader_extra, follower_extra, leader_new, follower_new = history
+    with tempfile.TemporaryDirectory(dir=tmp_path) as d:
+        leader, follower = _open(Path(d) / "l"), _open(Path(d) / "f")
+        seed = 0
+        for epoch, n in shared:
+            _append(leader, epoch, n, seed := seed + 1)
+        _replicate(follower, leader)
+        shared_end = leader.log_end_offset
+        last_shared = shared[-1][0]
+        _append(leader, last_shared, leader_extra, seed := seed + 1)
+        _append(follower, last_shared, follower_extra, seed := seed + 1)
+        for epoch, n in leader_new:
+            _append(leader, epoch, n, seed := seed + 1)
+        for epoch, n in follower_new:
+            _append(follower, epoch, n, seed := seed + 1)
+        point = divergence_offset(follower, leader.end_offset_for_epoch)
+        assert point == shared_end
+        follower.truncate_to(point)
+        _replicate(follower, leader)
+        assert _log_bytes(Path(d) / "f") == _log_bytes(Path(d) / "l")
+        assert follower.epoch_entries() == leader.epoch_entries()
+        leader.close()
+        follower.close()
