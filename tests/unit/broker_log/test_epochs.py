@@ -3,6 +3,7 @@ truncation, and the divergence cases of KIP-101 and KIP-279 between two real log
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -384,3 +385,34 @@ def test_any_divergence_is_found_exactly_and_healed_byte_for_byte(tmp_path: Path
         assert follower.epoch_entries() == leader.epoch_entries()
         leader.close()
         follower.close()
+
+
+def test_a_crash_in_the_middle_of_a_truncation_leaves_a_prefix_of_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Later segments go newest first, then the cut: a crash between leaves a valid, shorter log,
+    and the follower simply asks again where it diverges."""
+    path = tmp_path / "p"
+    log = _open(path)
+    _append(log, 1, 80, seed=1)
+    before = read_all(log)
+    assert len(segment_files(path)) > 2
+
+    def crash(fd: int, length: int) -> None:
+        raise OSError(5, "simulated crash before the cut")
+
+    monkeypatch.setattr(os, "ftruncate", crash)
+    with pytest.raises(Exception, match="truncating"):
+        log.truncate_to(9)
+    monkeypatch.undo()
+    # The log says what is left: the later segments are gone, the cut did not happen.
+    assert 9 < log.log_end_offset < len(before)
+    assert [r.value for r in read_all(log)] == [r.value for r in before[: log.log_end_offset]]
+    abandon(log)
+    reopened = _open(path)
+    got = [r.value for r in read_all(reopened)]
+    assert got == [r.value for r in before[: len(got)]]  # a prefix, dense from 0
+    assert 9 < reopened.log_end_offset < len(before)
+    reopened.truncate_to(9)  # the retry finishes the job
+    assert reopened.log_end_offset == 9
+    reopened.close()
