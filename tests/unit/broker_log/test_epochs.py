@@ -15,7 +15,7 @@ from sluice.broker.log import PartitionLog
 from sluice.broker.log.epochs import CHECKPOINT_FILE, LeaderEpochCache
 from sluice.broker.log.truncation import divergence_offset
 from sluice.codec.batch import iter_headers
-from sluice.errors import CorruptBatch, NotLeader
+from sluice.errors import CorruptBatch, InvalidArgument, NotLeader
 
 from .helpers import Clock, abandon, make_batch, read_all, segment_files, small_config
 
@@ -115,6 +115,8 @@ def test_appends_stamp_the_epoch_and_the_cache_follows(tmp_path: Path) -> None:
     assert epochs == [0] * 3 + [2] * 2 + [5] * 4
     with pytest.raises(NotLeader, match="older than the log's latest epoch 5"):
         log.append(make_batch(1), leader_epoch=4)
+    with pytest.raises(InvalidArgument, match="leader_epoch must be >= 0"):
+        log.append(make_batch(1), leader_epoch=-1)
     assert log.log_end_offset == 27
     assert log.end_offset_for_epoch(2) == (2, 15)
     assert log.end_offset_for_epoch(5) == (5, 27)
