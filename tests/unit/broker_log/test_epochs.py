@@ -3,15 +3,19 @@ truncation, and the divergence cases of KIP-101 and KIP-279 between two real log
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sluice.broker.log import PartitionLog
 from sluice.broker.log.epochs import CHECKPOINT_FILE, LeaderEpochCache
 from sluice.broker.log.truncation import divergence_offset
 from sluice.codec.batch import iter_headers
-from sluice.errors import CorruptBatch, NotLeader
+from sluice.errors import CorruptBatch, InvalidArgument, NotLeader
 
 from .helpers import Clock, abandon, make_batch, read_all, segment_files, small_config
 
@@ -111,6 +115,8 @@ def test_appends_stamp_the_epoch_and_the_cache_follows(tmp_path: Path) -> None:
     assert epochs == [0] * 3 + [2] * 2 + [5] * 4
     with pytest.raises(NotLeader, match="older than the log's latest epoch 5"):
         log.append(make_batch(1), leader_epoch=4)
+    with pytest.raises(InvalidArgument, match="leader_epoch must be >= 0"):
+        log.append(make_batch(1), leader_epoch=-1)
     assert log.log_end_offset == 27
     assert log.end_offset_for_epoch(2) == (2, 15)
     assert log.end_offset_for_epoch(5) == (5, 27)
@@ -324,3 +330,91 @@ def test_kip279_a_follower_asks_again_about_an_epoch_the_leader_never_had(tmp_pa
     assert _log_bytes(tmp_path / "f") == _log_bytes(tmp_path / "l")
     leader.close()
     follower.close()
+
+
+Runs = list[tuple[int, int]]
+History = tuple[Runs, int, int, Runs, Runs]
+
+
+@st.composite
+def _histories(draw: st.DrawFn) -> History:
+    """Two replicas' histories after a shared prefix, as (epoch, batches) runs.
+
+    Each epoch has one leader, so the epochs each side wrote after the prefix are disjoint; the
+    current leader holds the highest epoch; at most one side has more of the last shared epoch."""
+    shared_epochs = sorted(draw(st.sets(st.integers(0, 30), min_size=1, max_size=4)))
+    shared = [(e, draw(st.integers(1, 3))) for e in shared_epochs]
+    last = shared_epochs[-1]
+    pool = draw(st.lists(st.integers(last + 1, 60), unique=True, max_size=6))
+    follower_new = sorted(e for i, e in enumerate(pool) if i % 2)
+    leader_new = sorted(e for i, e in enumerate(pool) if not i % 2)
+    if follower_new and (not leader_new or leader_new[-1] < follower_new[-1]):
+        leader_new.append(follower_new[-1] + 1)  # the leader's epoch is the newest
+    extra = draw(st.integers(0, 2))
+    leader_extra, follower_extra = (extra, 0) if draw(st.booleans()) else (0, extra)
+    return (
+        shared,
+        leader_extra,
+        follower_extra,
+        [(e, draw(st.integers(1, 3))) for e in leader_new],
+        [(e, draw(st.integers(1, 3))) for e in follower_new],
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(history=_histories())
+def test_any_divergence_is_found_exactly_and_healed_byte_for_byte(tmp_path: Path, history: History) -> None:
+    shared, leader_extra, follower_extra, leader_new, follower_new = history
+    with tempfile.TemporaryDirectory(dir=tmp_path) as d:
+        leader, follower = _open(Path(d) / "l"), _open(Path(d) / "f")
+        seed = 0
+        for epoch, n in shared:
+            _append(leader, epoch, n, seed := seed + 1)
+        _replicate(follower, leader)
+        shared_end = leader.log_end_offset
+        last_shared = shared[-1][0]
+        _append(leader, last_shared, leader_extra, seed := seed + 1)
+        _append(follower, last_shared, follower_extra, seed := seed + 1)
+        for epoch, n in leader_new:
+            _append(leader, epoch, n, seed := seed + 1)
+        for epoch, n in follower_new:
+            _append(follower, epoch, n, seed := seed + 1)
+        point = divergence_offset(follower, leader.end_offset_for_epoch)
+        assert point == shared_end
+        follower.truncate_to(point)
+        _replicate(follower, leader)
+        assert _log_bytes(Path(d) / "f") == _log_bytes(Path(d) / "l")
+        assert follower.epoch_entries() == leader.epoch_entries()
+        leader.close()
+        follower.close()
+
+
+def test_a_crash_in_the_middle_of_a_truncation_leaves_a_prefix_of_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Later segments go newest first, then the cut: a crash between leaves a valid, shorter log,
+    and the follower simply asks again where it diverges."""
+    path = tmp_path / "p"
+    log = _open(path)
+    _append(log, 1, 80, seed=1)
+    before = read_all(log)
+    assert len(segment_files(path)) > 2
+
+    def crash(fd: int, length: int) -> None:
+        raise OSError(5, "simulated crash before the cut")
+
+    monkeypatch.setattr(os, "ftruncate", crash)
+    with pytest.raises(Exception, match="truncating"):
+        log.truncate_to(9)
+    monkeypatch.undo()
+    # The log says what is left: the later segments are gone, the cut did not happen.
+    assert 9 < log.log_end_offset < len(before)
+    assert [r.value for r in read_all(log)] == [r.value for r in before[: log.log_end_offset]]
+    abandon(log)
+    reopened = _open(path)
+    got = [r.value for r in read_all(reopened)]
+    assert got == [r.value for r in before[: len(got)]]  # a prefix, dense from 0
+    assert 9 < reopened.log_end_offset < len(before)
+    reopened.truncate_to(9)  # the retry finishes the job
+    assert reopened.log_end_offset == 9
+    reopened.close()

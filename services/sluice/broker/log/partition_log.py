@@ -28,6 +28,7 @@ from sluice.broker.log.truncation import EpochsAndTruncation
 from sluice.codec.batch import HEADER_SIZE, BatchHeader, stamp, validate_batch
 from sluice.errors import (
     CorruptBatch,
+    InvalidArgument,
     InvalidRequest,
     NotLeader,
     OffsetOutOfRange,
@@ -146,6 +147,8 @@ class PartitionLog(EpochsAndTruncation):
         so a failure never leaves part of a request in the log.
         """
         self._check_appendable(batches)
+        if leader_epoch < 0:
+            raise InvalidArgument(f"leader_epoch must be >= 0, got {leader_epoch}")
         latest = self._epochs.latest_epoch
         if leader_epoch < latest:
             raise NotLeader(

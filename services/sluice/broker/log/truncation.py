@@ -128,9 +128,11 @@ class EpochsAndTruncation:
                 seg.delete()
             del self._segments[keep:], self._bases[keep:]
             seg = self._segments[-1]
-            seg.reactivate()
-            seg.truncate_to(offset, self.config.index_interval_bytes)
-            self._after_truncation_locked()
+            try:
+                seg.reactivate()
+                seg.truncate_to(offset, self.config.index_interval_bytes)
+            finally:  # on a failure too: the state says what is left on disk
+                self._after_truncation_locked()
         log.info("truncated %s to offset %d", self.directory, self.log_end_offset)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
