@@ -16,6 +16,8 @@ from sluice.server.context import RequestContext
 
 __all__ = [
     "CONSUMER_REPLICA_ID",
+    "EpochAnswer",
+    "EpochQuery",
     "FetchOutcome",
     "FetchParams",
     "FollowFrom",
@@ -26,8 +28,8 @@ __all__ = [
     "check_continuous",
 ]
 
-#: ``FetchParams.replica_id`` of a consumer's fetch (Kafka's ``-1``). A follower broker's fetch
-#: will be the same Fetch with its own id (the replication seam, ``docs/architecture.md``).
+#: ``FetchParams.replica_id`` of a consumer's fetch (Kafka's ``-1``). A follower broker's fetch is
+#: the same Fetch with its own id (docs/replication.md, "The data path").
 CONSUMER_REPLICA_ID = -1
 
 
@@ -46,6 +48,9 @@ class ProduceResult:
     base_offset: int = -1
     append_time_ms: int = -1
     log_start_offset: int = -1
+    #: acks=all on a replicated partition: the answer waits until the HW passes this offset (the
+    #: batch's last); -1: nothing to wait for (docs/replication.md, "acks=all").
+    commit_offset: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +104,27 @@ class OffsetAnswer:
     error: SluiceError | None = None
     offset: int = -1
     timestamp: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class EpochQuery:
+    """OffsetForLeaderEpoch for one partition: where does ``leader_epoch`` end in the leader's log?"""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    #: The epoch the asker believes current (-1: not checked).
+    current_leader_epoch: int = -1
+
+
+@dataclass(slots=True)
+class EpochAnswer:
+    topic: str
+    partition: int
+    error: SluiceError | None = None
+    #: The largest epoch at or below the asked one (-1: none) and where it ends.
+    leader_epoch: int = -1
+    end_offset: int = -1
 
 
 def check_continuous(params: FetchParams, ctx: RequestContext) -> None:

@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
 from sluice.broker.config import BrokerConfig
@@ -29,11 +29,14 @@ from sluice.broker.fetch import (
 )
 from sluice.broker.flusher import Flusher, FlushPolicy
 from sluice.broker.follow import ContinuousFetch, Deliver
+from sluice.broker.leader_state import check_enough_replicas, wait_committed
+from sluice.broker.leading import Leaders
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.longpoll import AppendWaiters, ParkedRead, SessionWatches, StandingWatch
 from sluice.broker.metrics import BrokerMetrics, broker_metrics
 from sluice.broker.reading import ReadSteps
+from sluice.broker.replica_steps import ReplicaSteps
 from sluice.broker.requests import (
     CONSUMER_REPLICA_ID,
     FetchOutcome,
@@ -67,9 +70,6 @@ MAX_PRODUCE_TIMEOUT_MS = 300_000
 DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
 #: How long stop() waits for in-flight requests before closing the logs anyway.
 DRAIN_TIMEOUT_S = 10.0
-
-EARLIEST = -2
-LATEST = -1
 
 #: What a caller that names no context is: an in-process caller (tests, tools) seen as an
 #: anonymous gRPC client, which is what the servicer passes today.
@@ -107,7 +107,7 @@ class _Inflight:
                 self.idle.set()
 
 
-class BrokerService(ReadSteps):
+class BrokerService(ReadSteps, ReplicaSteps):
     """One broker's request handling over its partition logs."""
 
     def __init__(
@@ -125,10 +125,21 @@ class BrokerService(ReadSteps):
         self._clock_ms = clock_ms
         # The authorization seam (docs/architecture.md): one call site per operation, below.
         self._authorize = (authorizer or AllowAll()).authorize
+        #: Consumers' parked reads: woken by appends, or for a replicated partition by its HW.
         self.waiters = AppendWaiters()
+        #: Followers' parked reads (replica fetches): woken by appends to replicated partitions.
+        self.replica_waiters = AppendWaiters()
         self.flusher = Flusher(
             config.flush_policy, config.flush_interval.total_seconds(), self.metrics.fsync_round
         )
+        self.leaders = Leaders(
+            config.data_dir,
+            config.broker_id,
+            config.flush_policy is FlushPolicy.ALWAYS,
+            self.waiters.notify,
+            clock_ms,
+        )
+        self.flusher.after_round = self._flushed
         self.sessions = FetchSessionCache(
             config.max_fetch_sessions, int(config.fetch_session_idle.total_seconds() * 1000)
         )
@@ -152,6 +163,7 @@ class BrokerService(ReadSteps):
     async def start(self) -> None:
         self.registry.load()
         self.flusher.start()
+        self.leaders.start()
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="log-maintenance")
         self.metrics.log_stats.source = self._log_stats
         self.metrics.handle_stats.source = self.logs.descriptor_stats
@@ -162,6 +174,7 @@ class BrokerService(ReadSteps):
             return
         self._stopping = True
         self.waiters.wake_all()
+        self.replica_waiters.wake_all()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
                 await self._inflight.idle.wait()
@@ -170,6 +183,7 @@ class BrokerService(ReadSteps):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
         await self.flusher.stop()
+        await self.leaders.stop()
         self.metrics.log_stats.source = None
         self.metrics.handle_stats.source = None
         self.registry.close()
@@ -185,7 +199,7 @@ class BrokerService(ReadSteps):
     # ---- serving hooks -------------------------------------------------------------
 
     def _on_serve(self, key: TopicPartitionKey, plog: PartitionLog) -> None:
-        listener = functools.partial(self.waiters.notify, key)
+        listener = functools.partial(self._appended, key)
         plog.add_append_listener(listener)
         self._listeners[key] = listener
         self.waiters.notify(key)
@@ -202,8 +216,10 @@ class BrokerService(ReadSteps):
                 plog.flush()
             except Exception:
                 log.exception("fsync of %s/%s before unserving failed", *key)
+        self.leaders.drop(key)
         # Parked fetches on it re-check and answer NOT_LEADER.
         self.waiters.notify(key)
+        self.replica_waiters.notify(key)
 
     # ---- Produce -------------------------------------------------------------------
 
@@ -237,28 +253,35 @@ class BrokerService(ReadSteps):
         if not items:
             raise InvalidRequest("the produce request names no partitions")
         if acks not in (-1, 0, 1):
-            raise InvalidArgument(f"acks must be 0 or 1 (-1 means the same as 1), got {acks}")
+            raise InvalidArgument(f"acks must be -1 (all), 0 or 1, got {acks}")
         if not 0 <= timeout_ms <= MAX_PRODUCE_TIMEOUT_MS:
             raise InvalidArgument(f"timeout_ms must be in [0, {MAX_PRODUCE_TIMEOUT_MS}], got {timeout_ms}")
-        results = [self._append(item, ctx) for item in items]
+        results = [self._append(item, ctx, acks) for item in items]
         if acks == 0:
             self.flusher.kick()
             return results, False
         durable = self.flusher.policy is FlushPolicy.ALWAYS and any(r.error is None for r in results)
-        return results, durable
+        return results, durable or any(r.commit_offset >= 0 for r in results)
 
     async def wait_durable(self, results: list[ProduceResult], timeout_ms: int) -> None:
-        """Wait until the appends behind ``results`` are fsynced; a failure is set on each result."""
+        """Wait until the appends behind ``results`` are fsynced and, under acks=all on a replicated
+        partition, committed (the HW passed them); a failure is set on each result."""
         with self._inflight.track():
-            await self._wait_durable(results, timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS)
+            deadline = time.monotonic() + (timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
+            if self.flusher.policy is FlushPolicy.ALWAYS:
+                await self._wait_durable(results, timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS)
+            await wait_committed(self.leaders.states, results, deadline)
 
-    def _append(self, item: ProduceItem, ctx: RequestContext) -> ProduceResult:
+    def _append(self, item: ProduceItem, ctx: RequestContext, acks: int = 1) -> ProduceResult:
         topic, partition = item.topic, item.partition
         try:
             self._authorize(ctx, Operation.WRITE, topic)
             plog = self.registry.lookup(topic, partition)
             if not item.records:
                 raise CorruptBatch(f"no record batches for {topic}/{partition}")
+            state = self.leaders.states.get((topic, partition))
+            if acks == -1 and state is not None:
+                check_enough_replicas(state)
             appended = plog.append(item.records, leader_epoch=self._leader_epoch(topic, partition))
         except SluiceError as err:
             return ProduceResult(topic, partition, err)
@@ -273,18 +296,23 @@ class BrokerService(ReadSteps):
         self.flusher.mark_dirty((topic, partition), plog)
         self.metrics.appended(topic, len(item.records), appended.last_offset - appended.base_offset + 1)
         return ProduceResult(
-            topic, partition, None, appended.base_offset, appended.append_time_ms, plog.log_start_offset
+            topic,
+            partition,
+            None,
+            appended.base_offset,
+            appended.append_time_ms,
+            plog.log_start_offset,
+            appended.last_offset if acks == -1 and state is not None else -1,
         )
 
     def _leader_epoch(self, topic: str, partition: int) -> int:
         """The leader epoch this broker stamps into what it appends to ``topic/partition``.
 
-        The seam for replication: 0 until the controller sends leader epochs with the partition's
-        role in UpdatePartitions (docs/replication.md, "Leader epochs in the log"); then the epoch
-        the broker leads in, and a produce in any other epoch is fenced.
+        The epoch the controller last named for the partition (0 from a sender without replica
+        state); the log refuses an epoch older than its latest (a deposed leader's writes).
         """
-        del topic, partition
-        return 0
+        mark = self.registry.epochs.marks.get((topic, partition))
+        return 0 if mark is None else mark.leader_epoch
 
     async def _wait_durable(self, results: list[ProduceResult], timeout_ms: int) -> None:
         started = time.perf_counter()
@@ -314,10 +342,9 @@ class BrokerService(ReadSteps):
         self._check_running()
         limits = validate_limits(params.max_wait_ms, params.min_bytes, params.max_bytes, self.caps)
         if params.replica_id != CONSUMER_REPLICA_ID:
-            # The replication seam (docs/architecture.md): a follower's fetch is this Fetch with
-            # its replica id; it will read up to the log end rather than the high watermark and
-            # report its position to the partition's leader state here. Nothing sends one yet.
-            raise InvalidRequest(f"replica fetches are not served yet (replica_id {params.replica_id})")
+            # A follower's fetch (docs/replication.md, "The data path"): it reads up to the log end,
+            # parks on appends rather than the HW, and its fetch offsets are its positions.
+            ctx = self._replica_fetch(params, ctx)
         with self._inflight.track():
             try:
                 session = self.sessions.context(
@@ -360,15 +387,16 @@ class BrokerService(ReadSteps):
         self,
         on_ready: Callable[[], None],
         standing: tuple[StandingWatch, FetchSession, RequestContext] | None = None,
+        ctx: RequestContext = DEFAULT_CONTEXT,
     ) -> ParkedRead:
         """The one parked-read mechanism (``longpoll``), for a long-poll or a follow; with
         ``standing`` (a session's or a follow's watch, its session and the caller), parked on
         that watch and reading woken partitions into the read (:meth:`read_more`)."""
         if standing is None:
-            return ParkedRead(self.waiters, self.read_again, self.metrics.fetch_parked, on_ready)
+            return ParkedRead(self.waiters_of(ctx), self.read_again, self.metrics.fetch_parked, on_ready)
         watch, session, ctx = standing
         return ParkedRead(
-            self.waiters,
+            self.waiters_of(ctx),
             functools.partial(self.read_more, session, ctx),
             self.metrics.fetch_parked,
             on_ready,
@@ -391,41 +419,12 @@ class BrokerService(ReadSteps):
                 ready.set_result(None)
 
         standing = None if session is None or watch is None else (watch, session, ctx)
-        parked = self.parked_read(on_ready, standing)
+        parked = self.parked_read(on_ready, standing, ctx)
         parked.park(read, max_wait_ms)
         try:
             await ready
         finally:
             parked.close()
-
-    # ---- ListOffsets -----------------------------------------------------------------
-
-    def list_offsets(
-        self, queries: Iterable[OffsetQuery], ctx: RequestContext = DEFAULT_CONTEXT
-    ) -> list[OffsetAnswer]:
-        self._check_running()
-        return [self._list_offset(q, ctx) for q in queries]
-
-    def _list_offset(self, q: OffsetQuery, ctx: RequestContext) -> OffsetAnswer:
-        try:
-            self._authorize(ctx, Operation.DESCRIBE, q.topic)
-            plog = self.registry.lookup(q.topic, q.partition)
-            if q.timestamp == EARLIEST:
-                return OffsetAnswer(q.topic, q.partition, None, plog.log_start_offset)
-            if q.timestamp == LATEST:
-                return OffsetAnswer(q.topic, q.partition, None, plog.log_end_offset)
-            if q.timestamp < 0:
-                raise InvalidArgument(
-                    f"timestamp must be -2 (earliest), -1 (latest) or >= 0, got {q.timestamp}"
-                )
-            found = plog.offset_for_timestamp(q.timestamp)
-            if found is None:
-                return OffsetAnswer(q.topic, q.partition, None, plog.log_end_offset)
-            return OffsetAnswer(q.topic, q.partition, None, found[0], found[1])
-        except SluiceError as err:
-            return OffsetAnswer(q.topic, q.partition, err)
-        except OSError as exc:
-            return OffsetAnswer(q.topic, q.partition, StorageError(f"offset lookup failed: {exc}"))
 
     # ---- UpdatePartitions ------------------------------------------------------------
 
@@ -439,6 +438,7 @@ class BrokerService(ReadSteps):
         async with self.flusher.io_lock:
             self._check_running()  # stop() may have begun while we waited for the lock
             plan = self.registry.apply(update)
+            self._reconcile_leaders(update)
         if plan is not None:
             log.info(
                 "partitions updated to v%d: serving %d, created %d, deleted %d",

@@ -21,7 +21,7 @@ from sluice.broker.handlers import (
     produce_items,
     produce_response_to_proto,
 )
-from sluice.broker.requests import OffsetQuery
+from sluice.broker.requests import EpochQuery, OffsetQuery
 from sluice.broker.service import BrokerService
 from sluice.server.context import ANONYMOUS, GRPC, RequestContext
 from sluice.server.wire import MAX_BACKLOG
@@ -156,6 +156,29 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     error=error_to_proto(a.error),
                     offset=a.offset,
                     timestamp=a.timestamp,
+                )
+                for a in answers
+            ]
+        )
+
+    async def OffsetForLeaderEpoch(
+        self, request: broker_pb2.OffsetForLeaderEpochRequest, context: object
+    ) -> broker_pb2.OffsetForLeaderEpochResponse:
+        answers = self.service.offset_for_leader_epoch(
+            [
+                EpochQuery(p.topic, p.partition, p.leader_epoch, p.current_leader_epoch)
+                for p in request.partitions
+            ],
+            self.context(context),
+        )
+        return broker_pb2.OffsetForLeaderEpochResponse(
+            partitions=[
+                broker_pb2.OffsetForLeaderEpochPartitionResponse(
+                    topic=a.topic,
+                    partition=a.partition,
+                    error=error_to_proto(a.error),
+                    leader_epoch=a.leader_epoch,
+                    end_offset=a.end_offset,
                 )
                 for a in answers
             ]

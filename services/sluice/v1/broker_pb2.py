@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from sluice.v1 import common_pb2 as sluice_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/broker.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\"w\n\x0eProduceRequest\x12\x0c\n\x04\x61\x63ks\x18\x01 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x05\x12/\n\npartitions\x18\x03 \x03(\x0b\x32\x1b.sluice.v1.ProducePartition\x12\x12\n\nrequest_id\x18\x04 \x01(\x04\"E\n\x10ProducePartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07records\x18\x03 \x01(\x0c\"\x7f\n\x0fProduceResponse\x12\x37\n\npartitions\x18\x01 \x03(\x0b\x32#.sluice.v1.ProducePartitionResponse\x12\x1f\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"\xa8\x01\n\x18ProducePartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x13\n\x0b\x62\x61se_offset\x18\x04 \x01(\x03\x12\x1a\n\x12log_append_time_ms\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\"\x8c\x02\n\x0c\x46\x65tchRequest\x12\x13\n\x0bmax_wait_ms\x18\x01 \x01(\x05\x12\x11\n\tmin_bytes\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\x12\x12\n\nsession_id\x18\x04 \x01(\x03\x12\x15\n\rsession_epoch\x18\x05 \x01(\x05\x12-\n\npartitions\x18\x06 \x03(\x0b\x32\x19.sluice.v1.FetchPartition\x12,\n\tforgotten\x18\x07 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\x11\n\tclient_id\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\x04\x12\x12\n\ncontinuous\x18\n \x01(\x08\"u\n\x0e\x46\x65tchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x04 \x01(\x05\x12\x0e\n\x06\x66ilter\x18\x05 \x01(\t\"\x8f\x01\n\rFetchResponse\x12\x1f\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x35\n\npartitions\x18\x03 \x03(\x0b\x32!.sluice.v1.FetchPartitionResponse\x12\x12\n\nrequest_id\x18\x04 \x01(\x04\"\xb3\x01\n\x16\x46\x65tchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x16\n\x0ehigh_watermark\x18\x04 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x03\x12\x0f\n\x07records\x18\x07 \x01(\x0c\"I\n\x12ListOffsetsRequest\x12\x33\n\npartitions\x18\x01 \x03(\x0b\x32\x1f.sluice.v1.ListOffsetsPartition\"K\n\x14ListOffsetsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x11\n\ttimestamp\x18\x03 \x01(\x03\"R\n\x13ListOffsetsResponse\x12;\n\npartitions\x18\x01 \x03(\x0b\x32\'.sluice.v1.ListOffsetsPartitionResponse\"\x84\x01\n\x1cListOffsetsPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x11\n\ttimestamp\x18\x05 \x01(\x03\"\xec\x01\n\x13PartitionAssignment\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08topic_id\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12&\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x16.sluice.v1.TopicConfig\x12\x0e\n\x06leader\x18\x05 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x06 \x01(\x05\x12\x17\n\x0fpartition_epoch\x18\x07 \x01(\x05\x12\x10\n\x08replicas\x18\x08 \x03(\x05\x12\x0b\n\x03isr\x18\t \x03(\x05\x12\x1b\n\x13min_insync_replicas\x18\n \x01(\x05\"\x80\x01\n\x0bTopicConfig\x12\x14\n\x0cretention_ms\x18\x01 \x01(\x03\x12\x17\n\x0fretention_bytes\x18\x02 \x01(\x03\x12\x15\n\rsegment_bytes\x18\x03 \x01(\x03\x12\x12\n\nsegment_ms\x18\x04 \x01(\x03\x12\x17\n\x0fmax_batch_bytes\x18\x05 \x01(\x05\"\xbb\x01\n\x17UpdatePartitionsRequest\x12\x18\n\x10metadata_version\x18\x01 \x01(\x03\x12\x0c\n\x04\x66ull\x18\x02 \x01(\x08\x12.\n\x06\x61ssign\x18\x03 \x03(\x0b\x32\x1e.sluice.v1.PartitionAssignment\x12.\n\x06remove\x18\x04 \x03(\x0b\x32\x1e.sluice.v1.PartitionAssignment\x12\x18\n\x10\x63ontroller_epoch\x18\x05 \x01(\x03\"\x1a\n\x18UpdatePartitionsResponse2\xc3\x03\n\x06\x42roker\x12@\n\x07Produce\x12\x19.sluice.v1.ProduceRequest\x1a\x1a.sluice.v1.ProduceResponse\x12:\n\x05\x46\x65tch\x12\x17.sluice.v1.FetchRequest\x1a\x18.sluice.v1.FetchResponse\x12J\n\rProduceStream\x12\x19.sluice.v1.ProduceRequest\x1a\x1a.sluice.v1.ProduceResponse(\x01\x30\x01\x12\x44\n\x0b\x46\x65tchStream\x12\x17.sluice.v1.FetchRequest\x1a\x18.sluice.v1.FetchResponse(\x01\x30\x01\x12L\n\x0bListOffsets\x12\x1d.sluice.v1.ListOffsetsRequest\x1a\x1e.sluice.v1.ListOffsetsResponse\x12[\n\x10UpdatePartitions\x12\".sluice.v1.UpdatePartitionsRequest\x1a#.sluice.v1.UpdatePartitionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16sluice/v1/broker.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\"w\n\x0eProduceRequest\x12\x0c\n\x04\x61\x63ks\x18\x01 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x05\x12/\n\npartitions\x18\x03 \x03(\x0b\x32\x1b.sluice.v1.ProducePartition\x12\x12\n\nrequest_id\x18\x04 \x01(\x04\"E\n\x10ProducePartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07records\x18\x03 \x01(\x0c\"\x7f\n\x0fProduceResponse\x12\x37\n\npartitions\x18\x01 \x03(\x0b\x32#.sluice.v1.ProducePartitionResponse\x12\x1f\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\"\xa8\x01\n\x18ProducePartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x13\n\x0b\x62\x61se_offset\x18\x04 \x01(\x03\x12\x1a\n\x12log_append_time_ms\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\"\xb4\x02\n\x0c\x46\x65tchRequest\x12\x13\n\x0bmax_wait_ms\x18\x01 \x01(\x05\x12\x11\n\tmin_bytes\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\x12\x12\n\nsession_id\x18\x04 \x01(\x03\x12\x15\n\rsession_epoch\x18\x05 \x01(\x05\x12-\n\npartitions\x18\x06 \x03(\x0b\x32\x19.sluice.v1.FetchPartition\x12,\n\tforgotten\x18\x07 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\x11\n\tclient_id\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\x04\x12\x12\n\ncontinuous\x18\n \x01(\x08\x12\x17\n\nreplica_id\x18\x0b \x01(\x05H\x00\x88\x01\x01\x42\r\n\x0b_replica_id\"\xf1\x01\n\x0e\x46\x65tchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x04 \x01(\x05\x12\x0e\n\x06\x66ilter\x18\x05 \x01(\t\x12!\n\x14\x63urrent_leader_epoch\x18\x06 \x01(\x05H\x00\x88\x01\x01\x12#\n\x16replica_flushed_offset\x18\x07 \x01(\x03H\x01\x88\x01\x01\x42\x17\n\x15_current_leader_epochB\x19\n\x17_replica_flushed_offset\"\x8f\x01\n\rFetchResponse\x12\x1f\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x12\n\nsession_id\x18\x02 \x01(\x03\x12\x35\n\npartitions\x18\x03 \x03(\x0b\x32!.sluice.v1.FetchPartitionResponse\x12\x12\n\nrequest_id\x18\x04 \x01(\x04\"\xb3\x01\n\x16\x46\x65tchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x16\n\x0ehigh_watermark\x18\x04 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x06 \x01(\x03\x12\x0f\n\x07records\x18\x07 \x01(\x0c\"o\n\x1bOffsetForLeaderEpochRequest\x12<\n\npartitions\x18\x01 \x03(\x0b\x32(.sluice.v1.OffsetForLeaderEpochPartition\x12\x12\n\nreplica_id\x18\x02 \x01(\x05\"u\n\x1dOffsetForLeaderEpochPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x04 \x01(\x05\"d\n\x1cOffsetForLeaderEpochResponse\x12\x44\n\npartitions\x18\x01 \x03(\x0b\x32\x30.sluice.v1.OffsetForLeaderEpochPartitionResponse\"\x94\x01\n%OffsetForLeaderEpochPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\x12\x12\n\nend_offset\x18\x05 \x01(\x03\"I\n\x12ListOffsetsRequest\x12\x33\n\npartitions\x18\x01 \x03(\x0b\x32\x1f.sluice.v1.ListOffsetsPartition\"K\n\x14ListOffsetsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x11\n\ttimestamp\x18\x03 \x01(\x03\"R\n\x13ListOffsetsResponse\x12;\n\npartitions\x18\x01 \x03(\x0b\x32\'.sluice.v1.ListOffsetsPartitionResponse\"\x84\x01\n\x1cListOffsetsPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x11\n\ttimestamp\x18\x05 \x01(\x03\"\xec\x01\n\x13PartitionAssignment\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08topic_id\x18\x02 \x01(\t\x12\x11\n\tpartition\x18\x03 \x01(\x05\x12&\n\x06\x63onfig\x18\x04 \x01(\x0b\x32\x16.sluice.v1.TopicConfig\x12\x0e\n\x06leader\x18\x05 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x06 \x01(\x05\x12\x17\n\x0fpartition_epoch\x18\x07 \x01(\x05\x12\x10\n\x08replicas\x18\x08 \x03(\x05\x12\x0b\n\x03isr\x18\t \x03(\x05\x12\x1b\n\x13min_insync_replicas\x18\n \x01(\x05\"\x80\x01\n\x0bTopicConfig\x12\x14\n\x0cretention_ms\x18\x01 \x01(\x03\x12\x17\n\x0fretention_bytes\x18\x02 \x01(\x03\x12\x15\n\rsegment_bytes\x18\x03 \x01(\x03\x12\x12\n\nsegment_ms\x18\x04 \x01(\x03\x12\x17\n\x0fmax_batch_bytes\x18\x05 \x01(\x05\"\xbb\x01\n\x17UpdatePartitionsRequest\x12\x18\n\x10metadata_version\x18\x01 \x01(\x03\x12\x0c\n\x04\x66ull\x18\x02 \x01(\x08\x12.\n\x06\x61ssign\x18\x03 \x03(\x0b\x32\x1e.sluice.v1.PartitionAssignment\x12.\n\x06remove\x18\x04 \x03(\x0b\x32\x1e.sluice.v1.PartitionAssignment\x12\x18\n\x10\x63ontroller_epoch\x18\x05 \x01(\x03\"\x1a\n\x18UpdatePartitionsResponse2\xac\x04\n\x06\x42roker\x12@\n\x07Produce\x12\x19.sluice.v1.ProduceRequest\x1a\x1a.sluice.v1.ProduceResponse\x12:\n\x05\x46\x65tch\x12\x17.sluice.v1.FetchRequest\x1a\x18.sluice.v1.FetchResponse\x12J\n\rProduceStream\x12\x19.sluice.v1.ProduceRequest\x1a\x1a.sluice.v1.ProduceResponse(\x01\x30\x01\x12\x44\n\x0b\x46\x65tchStream\x12\x17.sluice.v1.FetchRequest\x1a\x18.sluice.v1.FetchResponse(\x01\x30\x01\x12L\n\x0bListOffsets\x12\x1d.sluice.v1.ListOffsetsRequest\x1a\x1e.sluice.v1.ListOffsetsResponse\x12[\n\x10UpdatePartitions\x12\".sluice.v1.UpdatePartitionsRequest\x1a#.sluice.v1.UpdatePartitionsResponse\x12g\n\x14OffsetForLeaderEpoch\x12&.sluice.v1.OffsetForLeaderEpochRequest\x1a\'.sluice.v1.OffsetForLeaderEpochResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,29 +41,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRODUCEPARTITIONRESPONSE']._serialized_start=383
   _globals['_PRODUCEPARTITIONRESPONSE']._serialized_end=551
   _globals['_FETCHREQUEST']._serialized_start=554
-  _globals['_FETCHREQUEST']._serialized_end=822
-  _globals['_FETCHPARTITION']._serialized_start=824
-  _globals['_FETCHPARTITION']._serialized_end=941
-  _globals['_FETCHRESPONSE']._serialized_start=944
-  _globals['_FETCHRESPONSE']._serialized_end=1087
-  _globals['_FETCHPARTITIONRESPONSE']._serialized_start=1090
-  _globals['_FETCHPARTITIONRESPONSE']._serialized_end=1269
-  _globals['_LISTOFFSETSREQUEST']._serialized_start=1271
-  _globals['_LISTOFFSETSREQUEST']._serialized_end=1344
-  _globals['_LISTOFFSETSPARTITION']._serialized_start=1346
-  _globals['_LISTOFFSETSPARTITION']._serialized_end=1421
-  _globals['_LISTOFFSETSRESPONSE']._serialized_start=1423
-  _globals['_LISTOFFSETSRESPONSE']._serialized_end=1505
-  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_start=1508
-  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_end=1640
-  _globals['_PARTITIONASSIGNMENT']._serialized_start=1643
-  _globals['_PARTITIONASSIGNMENT']._serialized_end=1879
-  _globals['_TOPICCONFIG']._serialized_start=1882
-  _globals['_TOPICCONFIG']._serialized_end=2010
-  _globals['_UPDATEPARTITIONSREQUEST']._serialized_start=2013
-  _globals['_UPDATEPARTITIONSREQUEST']._serialized_end=2200
-  _globals['_UPDATEPARTITIONSRESPONSE']._serialized_start=2202
-  _globals['_UPDATEPARTITIONSRESPONSE']._serialized_end=2228
-  _globals['_BROKER']._serialized_start=2231
-  _globals['_BROKER']._serialized_end=2682
+  _globals['_FETCHREQUEST']._serialized_end=862
+  _globals['_FETCHPARTITION']._serialized_start=865
+  _globals['_FETCHPARTITION']._serialized_end=1106
+  _globals['_FETCHRESPONSE']._serialized_start=1109
+  _globals['_FETCHRESPONSE']._serialized_end=1252
+  _globals['_FETCHPARTITIONRESPONSE']._serialized_start=1255
+  _globals['_FETCHPARTITIONRESPONSE']._serialized_end=1434
+  _globals['_OFFSETFORLEADEREPOCHREQUEST']._serialized_start=1436
+  _globals['_OFFSETFORLEADEREPOCHREQUEST']._serialized_end=1547
+  _globals['_OFFSETFORLEADEREPOCHPARTITION']._serialized_start=1549
+  _globals['_OFFSETFORLEADEREPOCHPARTITION']._serialized_end=1666
+  _globals['_OFFSETFORLEADEREPOCHRESPONSE']._serialized_start=1668
+  _globals['_OFFSETFORLEADEREPOCHRESPONSE']._serialized_end=1768
+  _globals['_OFFSETFORLEADEREPOCHPARTITIONRESPONSE']._serialized_start=1771
+  _globals['_OFFSETFORLEADEREPOCHPARTITIONRESPONSE']._serialized_end=1919
+  _globals['_LISTOFFSETSREQUEST']._serialized_start=1921
+  _globals['_LISTOFFSETSREQUEST']._serialized_end=1994
+  _globals['_LISTOFFSETSPARTITION']._serialized_start=1996
+  _globals['_LISTOFFSETSPARTITION']._serialized_end=2071
+  _globals['_LISTOFFSETSRESPONSE']._serialized_start=2073
+  _globals['_LISTOFFSETSRESPONSE']._serialized_end=2155
+  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_start=2158
+  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_end=2290
+  _globals['_PARTITIONASSIGNMENT']._serialized_start=2293
+  _globals['_PARTITIONASSIGNMENT']._serialized_end=2529
+  _globals['_TOPICCONFIG']._serialized_start=2532
+  _globals['_TOPICCONFIG']._serialized_end=2660
+  _globals['_UPDATEPARTITIONSREQUEST']._serialized_start=2663
+  _globals['_UPDATEPARTITIONSREQUEST']._serialized_end=2850
+  _globals['_UPDATEPARTITIONSRESPONSE']._serialized_start=2852
+  _globals['_UPDATEPARTITIONSRESPONSE']._serialized_end=2878
+  _globals['_BROKER']._serialized_start=2881
+  _globals['_BROKER']._serialized_end=3437
 # @@protoc_insertion_point(module_scope)

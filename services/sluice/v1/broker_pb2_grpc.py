@@ -67,6 +67,11 @@ class BrokerStub:
                 request_serializer=sluice_dot_v1_dot_broker__pb2.UpdatePartitionsRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_broker__pb2.UpdatePartitionsResponse.FromString,
                 _registered_method=True)
+        self.OffsetForLeaderEpoch = channel.unary_unary(
+                '/sluice.v1.Broker/OffsetForLeaderEpoch',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.OffsetForLeaderEpochResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -119,6 +124,13 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OffsetForLeaderEpoch(self, request, context):
+        """Where the leader's log ends for a leader epoch (KIP-101): a follower's truncation point.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,6 +163,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.UpdatePartitions,
                     request_deserializer=sluice_dot_v1_dot_broker__pb2.UpdatePartitionsRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_broker__pb2.UpdatePartitionsResponse.SerializeToString,
+            ),
+            'OffsetForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetForLeaderEpoch,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.OffsetForLeaderEpochRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.OffsetForLeaderEpochResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -318,6 +335,33 @@ class Broker:
             '/sluice.v1.Broker/UpdatePartitions',
             sluice_dot_v1_dot_broker__pb2.UpdatePartitionsRequest.SerializeToString,
             sluice_dot_v1_dot_broker__pb2.UpdatePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetForLeaderEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/OffsetForLeaderEpoch',
+            sluice_dot_v1_dot_broker__pb2.OffsetForLeaderEpochRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.OffsetForLeaderEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -52,6 +52,8 @@ class BrokerStub:
     """Called by the coordinator when it places or removes partitions on this
     broker. The broker heartbeat reconciles the same state periodically.
     """
+    OffsetForLeaderEpoch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]
+    """Where the leader's log ends for a leader epoch (KIP-101): a follower's truncation point."""
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -77,6 +79,8 @@ class BrokerAsyncStub(BrokerStub):
     """Called by the coordinator when it places or removes partitions on this
     broker. The broker heartbeat reconciles the same state periodically.
     """
+    OffsetForLeaderEpoch: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]  # type: ignore[assignment]
+    """Where the leader's log ends for a leader epoch (KIP-101): a follower's truncation point."""
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     """The broker owns partition logs: append-only segment files of record batches.
@@ -135,5 +139,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         """Called by the coordinator when it places or removes partitions on this
         broker. The broker heartbeat reconciles the same state periodically.
         """
+
+    @_abc_1.abstractmethod
+    def OffsetForLeaderEpoch(
+        self,
+        request: _broker_pb2.OffsetForLeaderEpochRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.OffsetForLeaderEpochResponse, _abc.Awaitable[_broker_pb2.OffsetForLeaderEpochResponse]]:
+        """Where the leader's log ends for a leader epoch (KIP-101): a follower's truncation point."""
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -101,6 +101,14 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """A partition update carries a controller (coordinator) epoch older than one the broker has
     already seen: it comes from a deposed controller (or a Redis that rolled back) and is refused.
     """
+    FENCED_LEADER_EPOCH: _ErrorCode.ValueType  # 63
+    """The request names a leader epoch older than the partition's current one on this broker: the
+    sender (a follower, a consumer, a deposed leader) is behind. Refresh metadata, then retry.
+    """
+    UNKNOWN_LEADER_EPOCH: _ErrorCode.ValueType  # 64
+    """The request names a leader epoch newer than this broker knows: this broker has not heard of the
+    latest leader change yet. Retriable after a short wait.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -184,6 +192,14 @@ under-replicated. Start more brokers or ask for fewer replicas.
 STALE_CONTROLLER_EPOCH: ErrorCode.ValueType  # 62
 """A partition update carries a controller (coordinator) epoch older than one the broker has
 already seen: it comes from a deposed controller (or a Redis that rolled back) and is refused.
+"""
+FENCED_LEADER_EPOCH: ErrorCode.ValueType  # 63
+"""The request names a leader epoch older than the partition's current one on this broker: the
+sender (a follower, a consumer, a deposed leader) is behind. Refresh metadata, then retry.
+"""
+UNKNOWN_LEADER_EPOCH: ErrorCode.ValueType  # 64
+"""The request names a leader epoch newer than this broker knows: this broker has not heard of the
+latest leader change yet. Retriable after a short wait.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 

@@ -142,11 +142,14 @@ def test_one_authorizer_refuses_the_same_topic_in_every_operation(tmp_path: Path
     asyncio.run(scenario())
 
 
-def test_a_replica_fetch_is_refused_at_the_replication_seam(tmp_path: Path) -> None:
+def test_a_replica_fetch_is_refused_unless_the_fetcher_is_a_replica(tmp_path: Path) -> None:
     async def scenario() -> None:
         service = await _service(tmp_path)
-        with pytest.raises(InvalidRequest, match="replica fetches are not served yet"):
-            await service.fetch(FetchParams(0, 1, 0, [PartitionSpec("t", 0, 0, 0)], replica_id=2))
+        # The partition is served here with one replica: broker 2 is no follower of it.
+        outcome = await service.fetch(FetchParams(0, 1, 0, [PartitionSpec("t", 0, 0, 0)], replica_id=2))
+        error = outcome.partitions[0].error
+        assert isinstance(error, InvalidRequest)
+        assert "not a follower" in error.message
         await service.stop()
 
     asyncio.run(scenario())

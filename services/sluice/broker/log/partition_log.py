@@ -107,6 +107,9 @@ class PartitionLog(EpochsAndTruncation):
         self._closed = False
         self.log_start_offset = 0
         self.log_end_offset = 0
+        #: The log end at the start of the last successful flush(): everything below is fsync'ed
+        #: (a replica reports it to its leader under flush=always; docs/replication.md).
+        self.flushed_offset = 0
         self.directory.mkdir(parents=True, exist_ok=True)
         #: Epoch -> start offset (docs/replication.md, "Leader epochs in the log").
         self._epochs = LeaderEpochCache(self.directory)
@@ -122,6 +125,7 @@ class PartitionLog(EpochsAndTruncation):
         self._sealed_bytes = sum(s.size for s in self._segments[:-1])
         self.log_start_offset = self._segments[0].base_offset
         self.log_end_offset = self._segments[-1].next_offset
+        self.flushed_offset = self.log_end_offset  # what recovery found on disk
         self._load_epochs()
 
     def _load_epochs(self) -> None:
@@ -298,6 +302,12 @@ class PartitionLog(EpochsAndTruncation):
 
     # ---- reading ----------------------------------------------------------------------
 
+    @property
+    def high_watermark(self) -> int:
+        """What a reader of this log may see: all of it. A replicated partition's leader bounds its
+        consumers' reads with a ``leader_state.HighWatermarkView`` instead."""
+        return self.log_end_offset
+
     def read(self, offset: int, max_bytes: int, min_one: bool = True) -> ReadResult:
         """Whole batches starting with the one containing ``offset``, up to ``max_bytes``.
 
@@ -383,6 +393,7 @@ class PartitionLog(EpochsAndTruncation):
                 raise storage_error(f"flushing {self.directory}", exc) from exc
             sealed, self._unsynced_paths = self._unsynced_paths, []
             dir_dirty, self._dir_dirty = self._dir_dirty, False
+            flushing = self.log_end_offset
         try:
             os.fdatasync(active_fd)
             while sealed:
@@ -394,6 +405,7 @@ class PartitionLog(EpochsAndTruncation):
                     os.fsync(dir_fd)
                 finally:
                     os.close(dir_fd)
+            self.flushed_offset = min(max(self.flushed_offset, flushing), self.log_end_offset)
         except FileNotFoundError:
             if not self._closed:  # else: deleted while this flush ran; nothing left to sync
                 raise StorageError(f"the log directory {self.directory} disappeared") from None

@@ -32,6 +32,7 @@ class EpochsAndTruncation:
     config: LogConfig
     log_start_offset: int
     log_end_offset: int
+    flushed_offset: int
     _lock: threading.Lock
     _closed: bool
     _epochs: LeaderEpochCache
@@ -107,6 +108,7 @@ class EpochsAndTruncation:
         self._sealed_bytes = sum(s.size for s in self._segments[:-1])
         self.log_start_offset = self._segments[0].base_offset
         self.log_end_offset = self._segments[-1].next_offset
+        self.flushed_offset = min(self.flushed_offset, self.log_end_offset)
         self._epochs.truncate_from_end(self.log_end_offset)
         self._sync_dir()
 
