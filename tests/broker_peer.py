@@ -50,3 +50,8 @@ class CoordinatorFacingBroker(broker_pb2_grpc.BrokerServicer):
 
     def ListOffsets(self, request: broker_pb2.ListOffsetsRequest, context: Context) -> NoReturn:
         _unimplemented(context)
+
+    def OffsetForLeaderEpoch(
+        self, request: broker_pb2.OffsetForLeaderEpochRequest, context: Context
+    ) -> NoReturn:
+        _unimplemented(context)

@@ -14,6 +14,7 @@ from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
 from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.longpoll import AppendWaiters
+from sluice.broker.replica_fetcher import ReplicaFetchers
 from sluice.broker.requests import EpochAnswer, EpochQuery, FetchParams, OffsetAnswer, OffsetQuery
 from sluice.broker.roles import EpochMark
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
@@ -32,6 +33,7 @@ class ReplicaSteps:
 
     registry: PartitionRegistry
     leaders: Leaders
+    fetchers: ReplicaFetchers
     waiters: AppendWaiters
     replica_waiters: AppendWaiters
     _authorize: Callable[[RequestContext, Operation, str], None]
@@ -51,6 +53,7 @@ class ReplicaSteps:
             ),
             self.registry.served,
         )
+        self.fetchers.replan(self.registry.following)
 
     def _appended(self, key: TopicPartitionKey) -> None:
         """A served log was appended to: consumers see it now, unless it is replicated; then its

@@ -36,6 +36,7 @@ from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.longpoll import AppendWaiters, ParkedRead, SessionWatches, StandingWatch
 from sluice.broker.metrics import BrokerMetrics, broker_metrics
 from sluice.broker.reading import ReadSteps
+from sluice.broker.replica_fetcher import ReplicaFetchers
 from sluice.broker.replica_steps import ReplicaSteps
 from sluice.broker.requests import (
     CONSUMER_REPLICA_ID,
@@ -140,6 +141,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
             clock_ms,
         )
         self.flusher.after_round = self._flushed
+        self.fetchers = ReplicaFetchers(config.broker_id, config.coordinator or "", logs, self.flusher)
         self.sessions = FetchSessionCache(
             config.max_fetch_sessions, int(config.fetch_session_idle.total_seconds() * 1000)
         )
@@ -182,6 +184,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
+        await self.fetchers.stop()
         await self.flusher.stop()
         await self.leaders.stop()
         self.metrics.log_stats.source = None

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
-
 from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment
 from sluice.broker.config import BrokerConfig
 from sluice.broker.fetch import PartitionSpec

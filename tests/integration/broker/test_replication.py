@@ -1,0 +1,196 @@
+"""The replication data path with real processes (docs/replication.md, "The data path"): a coordinator on
+a private Redis and three brokers; a topic with factor 3 and min ISR 2.
+
+- acks=all is answered once every in-sync replica holds the batch, and then every replica's log is the
+  leader's, byte for byte (segment files compared);
+- consumers never see a record above the high watermark;
+- a follower killed with kill -9 and restarted asks the leader where its log diverges
+  (OffsetForLeaderEpoch), then catches up byte for byte; meanwhile the HW holds and consumers see
+  nothing of what it lacks.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from sluice.client import Client
+from sluice.errors import InvalidReplicationFactor
+from sluice.v1 import broker_pb2 as pb
+from sluice.v1 import common_pb2, coordinator_pb2_grpc
+from sluice.v1 import coordinator_pb2 as cpb
+from tests.harness import ServiceProcess, run_redis, start_service
+
+from .conftest import Broker, make_batch, part, start_tracked, vals
+
+BROKERS = 3
+
+
+@dataclass
+class Cluster:
+    coordinator: ServiceProcess
+    data: Path
+    brokers: dict[int, Broker] = field(default_factory=dict)
+    flush: str = "interval"
+
+    @property
+    def stub(self) -> coordinator_pb2_grpc.CoordinatorStub:
+        return coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(self.coordinator.address))
+
+    def start_broker(self, broker_id: int) -> Broker:
+        proc, pumps = start_tracked(
+            "broker",
+            "--port", "0",
+            "--metrics-port", "0",
+            "--data-dir", str(self.data / f"b{broker_id}"),
+            "--broker-id", str(broker_id),
+            "--flush", self.flush,
+            "--coordinator", self.coordinator.address,
+        )  # fmt: skip
+        self.brokers[broker_id] = Broker(proc, self.data / f"b{broker_id}", pumps)
+        return self.brokers[broker_id]
+
+    def partition(self, topic: str) -> cpb.PartitionDescription:
+        meta = self.stub.Metadata(cpb.MetadataRequest(topics=[topic]), timeout=10)
+        return meta.topics[0].partitions[0]
+
+    def segments(self, broker_id: int, topic: str) -> bytes:
+        """Every segment file of partition 0 on one broker, in offset order."""
+        directory = self.data / f"b{broker_id}" / f"{topic}-0"
+        return b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
+
+
+@contextlib.contextmanager
+def cluster_of(tmp: Path, flush: str = "interval") -> Iterator[Cluster]:
+    with run_redis(appendonly=False) as redis:
+        coordinator = start_service(
+            "coordinator", "--port", "0", "--metrics-port", "0", "--redis-url", redis.url,
+            "--broker-heartbeat-interval", "200ms", "--broker-session-timeout", "5s",
+        )  # fmt: skip
+        cluster = Cluster(coordinator, tmp, flush=flush)
+        try:
+            for broker_id in range(BROKERS):
+                cluster.start_broker(broker_id)
+            yield cluster
+        finally:
+            for broker in cluster.brokers.values():
+                if broker.alive():
+                    broker.stop()
+            coordinator.terminate()
+
+
+def create(cluster: Cluster, topic: str) -> None:
+    """Factor 3, min ISR 2; retried while the brokers are still registering."""
+    deadline = time.monotonic() + 30
+    with Client(cluster.coordinator.address) as client:
+        while True:
+            try:
+                client.admin.create_topic(topic, replication_factor=3, min_insync_replicas=2)
+                return
+            except InvalidReplicationFactor:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def high_watermark(broker: Broker, topic: str) -> int:
+    return broker.fetch(part(topic), max_wait_ms=0).partitions[0].high_watermark
+
+
+def test_acks_all_replicates_byte_for_byte_and_consumers_stop_at_the_high_watermark(tmp_path: Path) -> None:
+    with cluster_of(tmp_path) as cluster:
+        create(cluster, "rep")
+        state = cluster.partition("rep")
+        assert sorted(state.replicas) == [0, 1, 2]
+        leader = cluster.brokers[state.broker_id]
+        followers = [b for i, b in cluster.brokers.items() if i != state.broker_id]
+
+        offsets = []
+        for i in range(20):
+            answer = leader.produce("rep", 0, make_batch(vals(5, prefix=f"r{i}-")), acks=-1)
+            assert answer.error.code == common_pb2.NONE, answer.error.message
+            offsets.append(answer.base_offset)
+        assert offsets == list(range(0, 100, 5))
+        # Answered means committed: the HW is past it, and every replica holds it (the leader's bytes,
+        # stamped offsets, append times and leader epoch included).
+        assert high_watermark(leader, "rep") == 100
+        leader_bytes = cluster.segments(state.broker_id, "rep")
+        for follower_id in (i for i in cluster.brokers if i != state.broker_id):
+            assert cluster.segments(follower_id, "rep") == leader_bytes
+        # A follower does not serve clients: it names the leader.
+        assert followers[0].fetch(part("rep")).partitions[0].error.code == common_pb2.NOT_LEADER
+
+        # ListOffsets latest is the HW.
+        assert leader.offsets("rep", -1).offset == 100
+
+        # A consumer's long-poll from the HW wakes once the next acks=all batch is committed.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            parked = pool.submit(leader.fetch, part("rep", 100), max_wait_ms=20_000)
+            time.sleep(0.3)
+            assert not parked.done()
+            answer = leader.produce("rep", 0, make_batch(vals(1)), acks=-1)
+            assert answer.error.code == common_pb2.NONE
+            got = parked.result(10).partitions[0]
+        assert got.high_watermark == 101
+        assert got.records
+
+
+def test_a_follower_killed_and_restarted_checks_its_divergence_and_catches_up_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    with cluster_of(tmp_path) as cluster:
+        create(cluster, "crash")
+        state = cluster.partition("crash")
+        leader = cluster.brokers[state.broker_id]
+        victim_id = next(i for i in cluster.brokers if i != state.broker_id)
+        for i in range(10):
+            assert leader.produce("crash", 0, make_batch(vals(3, prefix=f"a{i}-")), acks=-1).error.code == 0
+        cluster.brokers[victim_id].kill()  # kill -9
+        cluster.brokers[victim_id].close()
+        # The other follower keeps the ISR at min ISR... it still names the dead one until the controller
+        # shrinks it, so these are acks=1: in the leader's log, not committed.
+        for i in range(10):
+            assert leader.produce("crash", 0, make_batch(vals(3, prefix=f"b{i}-")), acks=1).error.code == 0
+        # The ISR still holds the dead follower: the HW stays at 30 and a consumer sees nothing above it,
+        # though the leader's log ends at 60 (an offset between them is in range: an empty answer).
+        assert high_watermark(leader, "crash") == 30
+        above = leader.fetch(part("crash", 30)).partitions[0]
+        assert above.error.code == common_pb2.NONE
+        assert above.records == b""
+        everything = leader.fetch(part("crash", 0), max_bytes=1 << 20).partitions[0]
+        assert everything.next_offset == 30
+        restarted = cluster.start_broker(victim_id)
+        assert restarted.alive()
+        until(
+            lambda: cluster.segments(victim_id, "crash") == cluster.segments(state.broker_id, "crash"),
+            "the restarted follower to match the leader byte for byte",
+        )
+        # Caught up, it counts for the HW again: all 60 records are committed.
+        until(lambda: high_watermark(leader, "crash") == 60, "the HW to reach the log end")
+
+
+def test_under_flush_always_acks_all_is_answered_once_min_isr_replicas_fsynced(tmp_path: Path) -> None:
+    with cluster_of(tmp_path, flush="always") as cluster:
+        create(cluster, "durable")
+        state = cluster.partition("durable")
+        leader = cluster.brokers[state.broker_id]
+        for i in range(5):
+            answer = leader.produce("durable", 0, make_batch(vals(2, prefix=f"d{i}-")), acks=-1)
+            assert answer.error.code == common_pb2.NONE, answer.error.message
+        assert high_watermark(leader, "durable") == 10
+        fetched = leader.fetch(pb.FetchPartition(topic="durable", partition=0, fetch_offset=0)).partitions[0]
+        assert fetched.high_watermark == 10
