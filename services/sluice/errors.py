@@ -396,3 +396,12 @@ class UnknownLeaderEpoch(SluiceError):
     code = common_pb2.UNKNOWN_LEADER_EPOCH
     retriable = True
     grpc_status = "UNAVAILABLE"
+
+
+class StalePartitionEpoch(SluiceError):
+    """An in-sync set change proposed against an older partition epoch than the controller's: the
+    partition changed since. The leader proposes again from the newer state."""
+
+    code = common_pb2.STALE_PARTITION_EPOCH
+    retriable = True
+    grpc_status = "FAILED_PRECONDITION"

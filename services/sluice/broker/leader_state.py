@@ -57,6 +57,12 @@ class FollowerPosition:
     flushed: int = -1
     #: The last time (ms, the leader's monotonic clock) its LEO reached the leader's LEO.
     caught_up_ms: int = 0
+    #: The leader's LEO and the time at its previous fetch: reaching that LEO now means it was caught up
+    #: then (Kafka's rule: under steady appends a follower is never exactly at the live log end).
+    last_fetch_leo: int = -1
+    last_fetch_ms: int = 0
+    #: Its latest fetch reached the HW while outside the ISR: it may rejoin (checked once).
+    may_rejoin: bool = False
 
 
 @dataclass(slots=True)
@@ -113,10 +119,15 @@ class LeaderState:
         pos = self.followers.get(replica)
         if pos is None:
             return
-        pos.leo = min(leo, self.log.log_end_offset)
+        end = self.log.log_end_offset
+        pos.leo = min(leo, end)
         pos.flushed = min(flushed, pos.leo) if flushed >= 0 else -1
-        if pos.leo >= self.log.log_end_offset:
+        if pos.leo >= end:
             pos.caught_up_ms = now_ms
+        elif pos.last_fetch_leo >= 0 and pos.leo >= pos.last_fetch_leo:
+            pos.caught_up_ms = max(pos.caught_up_ms, pos.last_fetch_ms)
+        pos.last_fetch_leo, pos.last_fetch_ms = end, now_ms
+        pos.may_rejoin = replica not in self.isr and pos.leo >= self.hw
         self.advance()
 
     def candidate(self) -> int | None:
@@ -164,12 +175,15 @@ class LeaderState:
         ]
 
     def caught_up(self) -> list[int]:
-        """Followers outside the ISR whose LEO reached the HW in this leader epoch (they may rejoin)."""
-        return [
-            r
-            for r, pos in self.followers.items()
-            if r not in self.isr and pos.leo >= 0 and pos.leo >= self.hw
-        ]
+        """Followers outside the ISR whose latest fetch, in this leader epoch, reached the HW: they rejoin.
+        Only a fetch makes one eligible (an old position that the HW has not left yet does not)."""
+        out = []
+        for r, pos in self.followers.items():
+            if pos.may_rejoin:
+                pos.may_rejoin = False
+                if r not in self.isr and pos.leo >= self.hw:
+                    out.append(r)
+        return out
 
     # ---- acks=all -----------------------------------------------------------------------
 

@@ -26,9 +26,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from sluice.broker.assignment import PartitionAssignment
+from sluice.broker.config import BrokerConfig
 from sluice.broker.fetch import TopicPartitionKey
+from sluice.broker.flusher import FlushPolicy
+from sluice.broker.isr_changes import IsrChanges
 from sluice.broker.leader_state import HighWatermarkView, LeaderState
 from sluice.broker.log.partition_log import PartitionLog
+from sluice.broker.metrics import BrokerMetrics
 from sluice.errors import FencedLeaderEpoch, InvalidRequest, NotLeader, SluiceError, UnknownLeaderEpoch
 
 log = logging.getLogger(__name__)
@@ -63,6 +67,9 @@ class Leaders:
         flush_always: bool,
         on_advance: Callable[[TopicPartitionKey], None],
         clock_ms: Callable[[], int],
+        metrics: BrokerMetrics,
+        coordinator: str = "",
+        max_lag_ms: int = 10_000,
     ) -> None:
         self.states: dict[TopicPartitionKey, LeaderState] = {}
         self.views: dict[TopicPartitionKey, HighWatermarkView] = {}
@@ -74,13 +81,37 @@ class Leaders:
         self._checkpoint = self._load()
         self._dirty = False
         self._task: asyncio.Task[None] | None = None
+        self.isr = IsrChanges(self.states, coordinator, max_lag_ms, clock_ms, metrics)
+        metrics.under_replicated.set_function(self._under_replicated)
+        metrics.follower_lag.set_function(self._max_lag)
+
+    @classmethod
+    def of(
+        cls,
+        config: BrokerConfig,
+        on_advance: Callable[[TopicPartitionKey], None],
+        clock_ms: Callable[[], int],
+        metrics: BrokerMetrics,
+    ) -> Leaders:
+        return cls(
+            config.data_dir,
+            config.broker_id,
+            config.flush_policy is FlushPolicy.ALWAYS,
+            on_advance,
+            clock_ms,
+            metrics,
+            config.coordinator or "",
+            int(config.replica_lag_time_max.total_seconds() * 1000),
+        )
 
     # ---- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._checkpoint_loop(), name="hw-checkpoint")
+        self.isr.start()
 
     async def stop(self) -> None:
+        await self.isr.stop()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -177,6 +208,21 @@ class Leaders:
         state = self.states.get(key)
         if state is not None:
             state.record_fetch(replica, leo, flushed, self._clock_ms())
+            if replica not in state.isr and leo >= state.hw:
+                self.isr.nudge()  # it may rejoin the ISR
+
+    # ---- metrics (read from the metrics thread: copies, never the live dicts' iterators) -------
+
+    def _under_replicated(self) -> float:
+        return float(sum(1 for s in list(self.states.values()) if len(s.isr) < len(s.replicas)))
+
+    def _max_lag(self) -> float:
+        lag = 0
+        for state in list(self.states.values()):
+            end = state.log.log_end_offset
+            for pos in list(state.followers.values()):
+                lag = max(lag, end - max(pos.leo, 0))
+        return float(lag)
 
     def error_of(self, key: TopicPartitionKey, replica: int, current_leader_epoch: int) -> SluiceError | None:
         try:

@@ -133,6 +133,22 @@ class BrokerMetrics:
         )
         self.fetch_parked = Gauge("sluice_broker_fetch_parked", "Fetch requests parked in long-poll")
         self.fetch_sessions = Gauge("sluice_broker_fetch_sessions", "Open incremental fetch sessions")
+        self.isr_shrinks = Counter(
+            "sluice_broker_isr_shrinks", "Replicas that left the in-sync set of a partition this broker leads"
+        )
+        self.isr_expands = Counter(
+            "sluice_broker_isr_expands",
+            "In-sync set expansions this broker's partitions had, as their leader",
+        )
+        self.under_replicated = Gauge(
+            "sluice_broker_under_replicated_partitions",
+            "Partitions this broker leads whose in-sync set is smaller than their replicas",
+        )
+        self.follower_lag = Gauge(
+            "sluice_broker_follower_lag_records",
+            "The largest lag (leader log end minus follower log end, in offsets) of a follower of a "
+            "partition this broker leads",
+        )
         self.log_stats = LogStats()
         REGISTRY.register(_LogCollector(self.log_stats))
         self.handle_stats = HandleStats()

@@ -133,13 +133,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
         self.flusher = Flusher(
             config.flush_policy, config.flush_interval.total_seconds(), self.metrics.fsync_round
         )
-        self.leaders = Leaders(
-            config.data_dir,
-            config.broker_id,
-            config.flush_policy is FlushPolicy.ALWAYS,
-            self.waiters.notify,
-            clock_ms,
-        )
+        self.leaders = Leaders.of(config, self.waiters.notify, clock_ms, self.metrics)
         self.flusher.after_round = self._flushed
         self.fetchers = ReplicaFetchers(config.broker_id, config.coordinator or "", logs, self.flusher)
         self.sessions = FetchSessionCache(

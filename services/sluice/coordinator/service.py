@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from sluice.common.names import validate_group
 from sluice.coordinator.broker_updates import UNKNOWN_VERSION, PushOutcome
 from sluice.coordinator.cluster.adopt import adopt_legacy_positions
+from sluice.coordinator.cluster.isr import AlterPartitionResult, IsrProposal, alter_partition
 from sluice.coordinator.cluster.model import (
     BrokerHeartbeatResult,
     CreateTopicResult,
@@ -30,7 +31,7 @@ from sluice.coordinator.cluster.model import (
     TopicView,
 )
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
-from sluice.coordinator.cluster.replication import DEFAULT_SPEC, ReplicationSpec
+from sluice.coordinator.cluster.replication import DEFAULT_SPEC, PartitionState, ReplicationSpec
 from sluice.coordinator.cluster.repush import repush_removals, repush_topic
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.config import CoordinatorConfig
@@ -279,6 +280,27 @@ class CoordinatorService(CoordinatorTimers):
         failures = await wait_for_brokers(acks, self._ack_wait_s(removed), result.change.affected)
         incomplete = Incomplete("delete", "", 0, TopicConfig(), result.change.remove)
         return self._incomplete.record(name, failures, incomplete, f"delete topic {name}")
+
+    # ---- replication ---------------------------------------------------------------------------------
+
+    async def alter_partition(self, proposal: IsrProposal) -> PartitionState:
+        """A leader's ISR change (cluster/isr.py): checked, persisted with the next partition epoch,
+        pushed to the partition's replicas; answers the partition's state."""
+
+        def publish(res: AlterPartitionResult) -> None:
+            self._publish(res.change)
+
+        result = await self._write(lambda _now: alter_partition(self.cluster, proposal), publish)
+        if result.change is not None:
+            log.info(
+                "%s/%d: ISR %s at partition epoch %d (proposed by leader %d)",
+                proposal.topic,
+                proposal.partition,
+                list(result.state.isr),
+                result.state.partition_epoch,
+                proposal.leader_id,
+            )
+        return result.state
 
     # ---- idempotent producers --------------------------------------------------------------------------
 

@@ -109,6 +109,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """The request names a leader epoch newer than this broker knows: this broker has not heard of the
     latest leader change yet. Retriable after a short wait.
     """
+    STALE_PARTITION_EPOCH: _ErrorCode.ValueType  # 65
+    """An in-sync set change (AlterPartition) proposed against a partition epoch that is not the
+    controller's current one: the partition changed since (another ISR change, a new leader). The
+    leader waits for the newer state and proposes again from it.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -200,6 +205,11 @@ sender (a follower, a consumer, a deposed leader) is behind. Refresh metadata, t
 UNKNOWN_LEADER_EPOCH: ErrorCode.ValueType  # 64
 """The request names a leader epoch newer than this broker knows: this broker has not heard of the
 latest leader change yet. Retriable after a short wait.
+"""
+STALE_PARTITION_EPOCH: ErrorCode.ValueType  # 65
+"""An in-sync set change (AlterPartition) proposed against a partition epoch that is not the
+controller's current one: the partition changed since (another ISR change, a new leader). The
+leader waits for the newer state and proposes again from it.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 

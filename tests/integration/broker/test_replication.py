@@ -4,6 +4,9 @@ a private Redis and three brokers; a topic with factor 3 and min ISR 2.
 - acks=all is answered once every in-sync replica holds the batch, and then every replica's log is the
   leader's, byte for byte (segment files compared);
 - consumers never see a record above the high watermark;
+- a follower that stops (SIGSTOP) leaves the ISR after ``replica_lag_time_max`` (acks=all then goes on
+  with the others, and is refused with NOT_ENOUGH_REPLICAS below min ISR, where the HW stops); after
+  SIGCONT it catches up and rejoins;
 - a follower killed with kill -9 and restarted asks the leader where its log diverges
   (OffsetForLeaderEpoch), then catches up byte for byte; meanwhile the HW holds and consumers see
   nothing of what it lacks.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +56,7 @@ class Cluster:
             "--broker-id", str(broker_id),
             "--flush", self.flush,
             "--coordinator", self.coordinator.address,
+            "--replica-lag-time-max", "1s",
         )  # fmt: skip
         self.brokers[broker_id] = Broker(proc, self.data / f"b{broker_id}", pumps)
         return self.brokers[broker_id]
@@ -105,6 +110,10 @@ def until(check: Callable[[], bool], what: str, timeout: float = 20) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+def isr(cluster: Cluster, topic: str) -> list[int]:
+    return sorted(cluster.partition(topic).isr)
 
 
 def high_watermark(broker: Broker, topic: str) -> int:
@@ -194,3 +203,56 @@ def test_under_flush_always_acks_all_is_answered_once_min_isr_replicas_fsynced(t
         assert high_watermark(leader, "durable") == 10
         fetched = leader.fetch(pb.FetchPartition(topic="durable", partition=0, fetch_offset=0)).partitions[0]
         assert fetched.high_watermark == 10
+
+
+def test_a_stopped_follower_leaves_the_isr_and_rejoins_after_it_catches_up(tmp_path: Path) -> None:
+    with cluster_of(tmp_path) as cluster:
+        create(cluster, "lag")
+        state = cluster.partition("lag")
+        leader = cluster.brokers[state.broker_id]
+        first, second = (i for i in sorted(cluster.brokers) if i != state.broker_id)
+        stopped: list[int] = []
+        try:
+            assert leader.produce("lag", 0, make_batch(vals(5)), acks=-1).error.code == common_pb2.NONE
+            cluster.brokers[first].proc.process.send_signal(signal.SIGSTOP)
+            stopped.append(first)
+            # acks=all waits for the stopped follower until it leaves the ISR (1 s), then commits with the
+            # leader and the other follower: min ISR 2 still holds.
+            started = time.monotonic()
+            answer = leader.produce("lag", 0, make_batch(vals(5)), acks=-1)
+            assert answer.error.code == common_pb2.NONE, answer.error.message
+            assert time.monotonic() - started >= 0.5
+            until(lambda: isr(cluster, "lag") == sorted((state.broker_id, second)), "the ISR to shrink")
+            assert high_watermark(leader, "lag") == 10
+
+            # The second follower stops too: the ISR shrinks to the leader alone, below min ISR. Writes with
+            # acks=1 stay above the HW, which stops (strict min ISR), and acks=all is refused up front.
+            cluster.brokers[second].proc.process.send_signal(signal.SIGSTOP)
+            stopped.append(second)
+            assert leader.produce("lag", 0, make_batch(vals(5)), acks=1).error.code == common_pb2.NONE
+            until(lambda: isr(cluster, "lag") == [state.broker_id], "the ISR to shrink to the leader")
+            refused = leader.produce("lag", 0, make_batch(vals(1)), acks=-1)
+            assert refused.error.code == common_pb2.NOT_ENOUGH_REPLICAS
+            assert high_watermark(leader, "lag") == 10
+            assert leader.fetch(part("lag", 10)).partitions[0].records == b""
+            assert leader.offsets("lag", -1).offset == 10
+
+            for broker_id in stopped:
+                cluster.brokers[broker_id].proc.process.send_signal(signal.SIGCONT)
+            stopped.clear()
+            until(lambda: isr(cluster, "lag") == [0, 1, 2], "both followers to rejoin the ISR")
+            until(lambda: high_watermark(leader, "lag") == 15, "the HW to cover the acks=1 batch")
+            until(
+                lambda: all(
+                    cluster.segments(f, "lag") == cluster.segments(state.broker_id, "lag")
+                    for f in (first, second)
+                ),
+                "the followers to match the leader byte for byte",
+            )
+            assert leader.produce("lag", 0, make_batch(vals(1)), acks=-1).error.code == common_pb2.NONE
+            assert leader.metric("sluice_broker_isr_shrinks_total") == 2
+            assert leader.metric("sluice_broker_isr_expands_total") == 2
+            assert leader.metric("sluice_broker_under_replicated_partitions") == 0
+        finally:
+            for broker_id in stopped:
+                cluster.brokers[broker_id].proc.process.send_signal(signal.SIGCONT)
