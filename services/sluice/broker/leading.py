@@ -138,6 +138,7 @@ class Leaders:
             if state is not None and state.log is not plog:
                 self.drop(item.key)
                 state = None
+            plog.begin_epoch(item.leader_epoch)
             if state is None:
                 self._create(item, plog, now)
             else:

@@ -74,6 +74,8 @@ class FollowFrom:
 
     specs: list[PartitionSpec]
     limits: FetchLimits
+    #: A follower's continuous replica fetch: its broker id (its rounds read to the log end).
+    replica_id: int = CONSUMER_REPLICA_ID
 
 
 @dataclass(slots=True)

@@ -364,7 +364,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
             follow = None
             if params.continuous and not any(part.error is not None for part in parts):
                 specs = [dataclasses.replace(part.spec, fetch_offset=part.position) for part in parts]
-                follow = FollowFrom(specs, limits)
+                follow = FollowFrom(specs, limits, params.replica_id)
             return FetchOutcome(session.session_id, parts, follow=follow)
 
     def follow(
@@ -376,6 +376,8 @@ class BrokerService(ReadSteps, ReplicaSteps):
     ) -> ContinuousFetch:
         """Go on with a continuous fetch from its first answer (``fetch(...).follow``): each
         round's outcome goes to ``deliver`` until it fails or the caller stops it."""
+        if plan.replica_id != CONSUMER_REPLICA_ID:
+            ctx = dataclasses.replace(ctx, replica_id=plan.replica_id)
         following = ContinuousFetch(self, plan, ctx, deliver, writable)
         following.start()
         return following

@@ -5,7 +5,7 @@
   give the watch back;
 - the authorization seam: one authorizer, asked by the core, refuses the same partition in a
   produce, a fetch, a follow round and a ListOffsets;
-- the replication seam: a fetch with a replica id is refused until replication serves it.
+- the replication seam: a fetch with a replica id is refused unless the fetcher is a replica.
 """
 
 from __future__ import annotations

@@ -57,6 +57,14 @@ class EpochsAndTruncation:
         with self._lock:
             return self._epochs.end_offset_for(epoch, self.log_end_offset)
 
+    def begin_epoch(self, epoch: int) -> None:
+        """A new leader records its epoch's start at its log end before appending anything in it
+        (KIP-279), so OffsetForLeaderEpoch from a follower that saw an epoch between answers where
+        this leader's history of it ends, not "undefined" (which would empty the follower's log)."""
+        with self._lock:
+            if not self._closed and epoch > self._epochs.latest_epoch:
+                self._epochs.assign(epoch, self.log_end_offset)
+
     def truncate_to(self, offset: int) -> None:
         """Cut the log back so that it ends at ``offset`` (a follower removing a divergent tail).
 
