@@ -20,8 +20,9 @@ acknowledgement path, while every long-poll request carries the follower's LEO (
 leader serves a continuous replica fetch too (both transports), positions then counting from its request.
 
 Errors: a leader that cannot be reached is retried with the peer backoff (``common/backoff.py``), its
-address looked up again from the coordinator's metadata; a partition error (NOT_LEADER, a fenced epoch)
-parks that partition until the next update re-plans it; OFFSET_OUT_OF_RANGE (the leader's log start moved
+address looked up again from the coordinator's metadata; a partition error (NOT_LEADER, an unknown or fenced
+epoch: the leader may not have applied the same update yet) leaves that partition out for half a second,
+or until the next update re-plans it; OFFSET_OUT_OF_RANGE (the leader's log start moved
 past ours) empties the log and starts it at the leader's log start.
 """
 
@@ -61,6 +62,8 @@ FETCH_MAX_WAIT_MS = 500
 #: Per partition per fetch (the leader's cap bounds the whole answer).
 PARTITION_MAX_BYTES = 4 * 1024 * 1024
 RPC_TIMEOUT_S = 10.0
+#: How long a partition the leader answered with an error waits before it is fetched again.
+PARK_S = 0.5
 #: ListOffsets' "earliest".
 EARLIEST = -2
 
@@ -128,6 +131,19 @@ class LeaderFetcher:
         self._changed.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"replica-fetcher-{self.leader_id}")
+
+    def _park(self, followed: Followed) -> None:
+        """Leave a partition out for a while after an error. Not until the next update: the error may be
+        the leader not having applied the same update yet (a new topic, a new epoch: UNKNOWN_TOPIC,
+        UNKNOWN_LEADER_EPOCH), and no further update may come."""
+        followed.parked = True
+
+        def unpark() -> None:
+            if self.partitions.get(followed.assignment.key) is followed:
+                followed.parked = False
+                self._changed.set()
+
+        asyncio.get_running_loop().call_later(PARK_S, unpark)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -223,7 +239,7 @@ class LeaderFetcher:
                 continue
             if error is not None:
                 log.info("following %s/%s from leader %d: %s", *key, self.leader_id, error)
-                followed.parked = True
+                self._park(followed)
                 continue
             followed.leader_hw = part.high_watermark
             if part.records:
@@ -283,7 +299,7 @@ class LeaderFetcher:
                 plog.truncate_fully_and_start_at(start)
         except SluiceError as err:
             log.info("truncating %s/%s against leader %d: %s", *key, self.leader_id, err)
-            followed.parked = True
+            self._park(followed)
             return
         followed.truncate = False
 
