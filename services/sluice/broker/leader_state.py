@@ -80,6 +80,8 @@ class LeaderState:
     #: flush=always: the HW also waits for min ISR replicas' fsyncs.
     flush_always: bool
     hw: int = 0
+    #: The topic incarnation (the HW checkpoint is kept per incarnation).
+    topic_id: str = ""
     followers: dict[int, FollowerPosition] = field(default_factory=dict)
     #: (last offset, tie-breaker, future) of produces waiting for the HW to pass them.
     _waits: list[tuple[int, int, asyncio.Future[None]]] = field(default_factory=list)

@@ -8,7 +8,8 @@ Caller: the broker core (``service.py``). docs/replication.md, "The data path".
   get NOT_LEADER. A one-replica partition never has one, so nothing of this runs for it.
 - :meth:`check_replica` and :meth:`check_epoch` are the fetch's checks: a replica fetch only from a
   replica of the partition, and the fetcher's leader epoch against the leader's.
-- **The HW checkpoint** (``replication-hw.json`` in the data directory): every led partition's HW,
+- **The HW checkpoint** (``replication-hw.json`` in the data directory): every led partition's HW (with
+  its topic incarnation),
   written at most once a second when one moved, and at shutdown (temporary file, fsync, rename). A
   restarted leader starts from it. It may lag the HW the leader had (a kill -9 between two writes),
   never lead it, so a restarted leader exposes at most what was committed; the followers' next fetches
@@ -19,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from sluice.broker.assignment import PartitionAssignment
@@ -33,6 +35,7 @@ from sluice.broker.isr_changes import IsrChanges
 from sluice.broker.leader_state import HighWatermarkView, LeaderState
 from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.metrics import BrokerMetrics
+from sluice.broker.roles import EpochMark
 from sluice.errors import FencedLeaderEpoch, InvalidRequest, NotLeader, SluiceError, UnknownLeaderEpoch
 
 log = logging.getLogger(__name__)
@@ -164,7 +167,8 @@ class Leaders:
             item.leader_epoch,
             item.partition_epoch,
             self._flush_always,
-            hw=self._checkpoint.get(item.key, plog.log_start_offset),
+            hw=self._checkpointed(item.key, item.topic_id, plog),
+            topic_id=item.topic_id,
             on_advance=self._advanced,
         )
         state.reassign(
@@ -186,8 +190,36 @@ class Leaders:
         self.views.pop(key, None)
         if state is not None:
             state.fail_waits(NotLeader(f"this broker no longer leads {key[0]}/{key[1]}"))
-            self._checkpoint[key] = state.hw
+            self._checkpoint[key] = (state.topic_id, state.hw)
             self._dirty = True
+
+    def restore(
+        self,
+        served: Mapping[TopicPartitionKey, PartitionLog],
+        topic_id_of: Callable[[str, int], str | None],
+        marks: Mapping[TopicPartitionKey, EpochMark],
+    ) -> None:
+        """At startup, before the controller's first assignment: a served partition this broker led
+        replicated (it has a checkpoint entry of the same topic incarnation) reads up to its checkpointed
+        HW, which stays put (no ISR is known, so nothing commits and acks=all is refused) until the
+        assignment arrives. Without this a restarted leader would serve its whole log to consumers for
+        about a heartbeat."""
+        now = self._clock_ms()
+        for key, plog in served.items():
+            entry = self._checkpoint.get(key)
+            topic_id = topic_id_of(*key) or ""
+            if entry is None or entry[0] != topic_id:
+                continue
+            mark = marks.get(key)
+            epochs = (0, 0) if mark is None else (mark.leader_epoch, mark.partition_epoch)
+            item = PartitionAssignment(key[0], topic_id, key[1], leader=self._broker_id)
+            self._create(
+                dataclasses.replace(item, leader_epoch=epochs[0], partition_epoch=epochs[1]), plog, now
+            )
+
+    def _checkpointed(self, key: TopicPartitionKey, topic_id: str, plog: PartitionLog) -> int:
+        entry = self._checkpoint.get(key)
+        return entry[1] if entry is not None and entry[0] == topic_id else plog.log_start_offset
 
     def _advanced(self, key: TopicPartitionKey) -> None:
         self._dirty = True
@@ -234,10 +266,10 @@ class Leaders:
 
     # ---- the checkpoint -------------------------------------------------------------------
 
-    def _load(self) -> dict[TopicPartitionKey, int]:
+    def _load(self) -> dict[TopicPartitionKey, tuple[str, int]]:
         try:
             raw = json.loads(self._path.read_text())
-            return {(str(t), int(p)): int(hw) for t, p, hw in raw["hw"]}
+            return {(str(t), int(p)): (str(tid), int(hw)) for t, p, tid, hw in raw["hw"]}
         except FileNotFoundError:
             return {}
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -248,9 +280,10 @@ class Leaders:
     def _snapshot(self) -> str:
         """The checkpoint's contents, taken on the event loop (the states change there)."""
         for key, state in self.states.items():
-            self._checkpoint[key] = state.hw
+            self._checkpoint[key] = (state.topic_id, state.hw)
         self._dirty = False
-        return json.dumps({"hw": [[t, p, hw] for (t, p), hw in sorted(self._checkpoint.items())]})
+        entries = [[t, p, tid, hw] for (t, p), (tid, hw) in sorted(self._checkpoint.items())]
+        return json.dumps({"hw": entries})
 
     def write_checkpoint(self) -> None:
         self._write(self._snapshot())

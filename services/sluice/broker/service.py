@@ -158,6 +158,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
 
     async def start(self) -> None:
         self.registry.load()
+        self.leaders.restore(self.registry.served, self.logs.topic_id, self.registry.epochs.marks)
         self.flusher.start()
         self.leaders.start()
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="log-maintenance")

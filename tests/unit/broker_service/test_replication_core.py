@@ -203,3 +203,32 @@ def test_the_hw_under_flush_always_waits_for_min_isr_fsyncs(tmp_path: Path) -> N
         await service.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_restarted_leader_reads_up_to_its_checkpointed_hw_until_the_controller_speaks(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        service = await _leader(tmp_path, isr=(ME, F1))
+        _produce(service, 4)
+        await _replica_fetch(service, F1, 4)
+        _produce(service, 2)  # not replicated: above the HW
+        assert _hw(service) == 4
+        await service.stop()  # writes the HW checkpoint
+
+        config = BrokerConfig(data_dir=tmp_path, flush="never", broker_id=ME)
+        logs = LogManager(tmp_path, config.log_defaults())
+        logs.open_all()
+        restarted = BrokerService(config, logs)
+        await restarted.start()  # serves what its journal says; no assignment yet
+        read = await restarted.fetch(FetchParams(0, 1, 0, [PartitionSpec("t", 0, 0, 0)]))
+        assert read.partitions[0].position == 4  # not 6: the uncommitted tail stays hidden
+        assert read.partitions[0].high_watermark == 4
+        refused, _ = restarted.append(-1, 1000, [ProduceItem("t", 0, batch(values(1)))])
+        assert isinstance(refused[0].error, NotEnoughReplicas)  # no ISR known yet
+        await _assign(restarted, (ME, F1), version=2)
+        await _replica_fetch(restarted, F1, 6)
+        assert _hw(restarted) == 6
+        await restarted.stop()
+
+    asyncio.run(scenario())
