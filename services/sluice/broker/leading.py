@@ -113,6 +113,11 @@ class Leaders:
         self._task = asyncio.create_task(self._checkpoint_loop(), name="hw-checkpoint")
         self.isr.start()
 
+    def fail_waits(self, error: SluiceError) -> None:
+        """Stopping: followers' fetches are refused from now on, so no acks=all wait could end well."""
+        for state in self.states.values():
+            state.fail_waits(error)
+
     async def stop(self) -> None:
         await self.isr.stop()
         if self._task is not None:

@@ -172,6 +172,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
         self._stopping = True
         self.waiters.wake_all()
         self.replica_waiters.wake_all()
+        self.leaders.fail_waits(BrokerNotAvailable("the broker is shutting down before the write committed"))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
                 await self._inflight.idle.wait()

@@ -20,7 +20,13 @@ from sluice.broker.fetch import PartitionSpec
 from sluice.broker.log.manager import LogManager
 from sluice.broker.requests import EpochQuery, FetchOutcome, FetchParams, OffsetQuery, ProduceItem
 from sluice.broker.service import BrokerService
-from sluice.errors import FencedLeaderEpoch, NotEnoughReplicas, RequestTimedOut, UnknownLeaderEpoch
+from sluice.errors import (
+    BrokerNotAvailable,
+    FencedLeaderEpoch,
+    NotEnoughReplicas,
+    RequestTimedOut,
+    UnknownLeaderEpoch,
+)
 from sluice.server.context import WIRE, Principal, RequestContext
 
 from .helpers import batch, values
@@ -125,7 +131,13 @@ def test_acks_all_is_answered_when_the_hw_passes_the_batch_or_times_out(tmp_path
         assert results[0].base_offset == 0
         timed_out = await service.produce(-1, 100, [ProduceItem("t", 0, batch(values(1)))])
         assert isinstance(timed_out[0].error, RequestTimedOut)
+        # Stopping answers a waiting acks=all at once (followers' fetches are refused from then on).
+        waiting = asyncio.ensure_future(service.produce(-1, 60_000, [ProduceItem("t", 0, batch(values(1)))]))
+        await asyncio.sleep(0.01)
+        started = asyncio.get_running_loop().time()
         await service.stop()
+        assert asyncio.get_running_loop().time() - started < 5
+        assert isinstance((await waiting)[0].error, BrokerNotAvailable)
 
     asyncio.run(scenario())
 
