@@ -17,6 +17,7 @@ import contextlib
 import multiprocessing as mp
 import statistics
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,9 +26,10 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
-from tests.harness import ServiceProcess, run_redis, start_service
+from _stack import ROOT, save
 
-from _stack import save
+sys.path.insert(0, str(ROOT))
+from tests.harness import ServiceProcess, run_redis, start_service
 
 PARTITIONS = 4
 BROKERS = 3
