@@ -43,6 +43,7 @@ from sluice.broker.flusher import Flusher, FlushPolicy
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.log.truncation import divergence_offset
+from sluice.broker.replica_wire import ReplicaWire
 from sluice.common.backoff import Backoff
 from sluice.common.list_offsets import RetryBound, list_offsets
 from sluice.common.peers import AioPeers
@@ -100,12 +101,16 @@ class LeaderFetcher:
         resolve: Callable[[int, str], Awaitable[str | None]],
         peers: AioPeers,
         flusher: Flusher,
+        wire_of: Callable[[int], tuple[str, int] | None] = lambda _b: None,
     ) -> None:
         self.leader_id = leader_id
         self._broker_id = broker_id
         self._resolve = resolve
         self._peers = peers
         self._flusher = flusher
+        self._wire_of = wire_of
+        #: The open wire connection to the leader, if it has a wire port.
+        self._conn: ReplicaWire | None = None
         self.partitions: dict[TopicPartitionKey, Followed] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -164,6 +169,10 @@ class LeaderFetcher:
                 continue
             try:
                 await self._follow(address, backoff)
+            except (SluiceError, OSError, TimeoutError) as exc:  # the wire connection broke
+                delay = backoff.next()
+                log.warning("leader %d at %s: %s; again in %.1fs", self.leader_id, address, exc, delay)
+                await asyncio.sleep(delay)
             except grpc.RpcError as exc:
                 delay = backoff.next()
                 log.warning(
@@ -178,6 +187,31 @@ class LeaderFetcher:
 
     async def _follow(self, address: str, backoff: Backoff) -> None:
         stub = self._peers.broker(address)
+        wire = self._wire_of(self.leader_id)
+        try:
+            await self._follow_on(address, stub, wire, backoff)
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    async def _fetch(
+        self, stub: BrokerStub, wire: tuple[str, int] | None, request: broker_pb2.FetchRequest
+    ) -> broker_pb2.FetchResponse:
+        """Over the leader's wire port when it has one (no thread hand-offs per message), else gRPC."""
+        if wire is None:
+            return await _fetch(stub, request)
+        if self._conn is None or self._conn.closed:
+            self._conn = await ReplicaWire.open(wire[0], wire[1], self._broker_id)
+        return await self._conn.fetch(request)
+
+    async def _follow_on(
+        self,
+        address: str,
+        stub: BrokerStub,
+        wire: tuple[str, int] | None,
+        backoff: Backoff,
+    ) -> None:
         while True:
             self._changed.clear()
             for key, followed in list(self.partitions.items()):
@@ -187,7 +221,7 @@ class LeaderFetcher:
             if not active:
                 await self._changed.wait()
                 continue
-            call = asyncio.ensure_future(_fetch(stub, self._request(active)))
+            call = asyncio.ensure_future(self._fetch(stub, wire, self._request(active)))
             changed = asyncio.ensure_future(self._changed.wait())
             try:
                 done, _ = await asyncio.wait({call, changed}, return_when=asyncio.FIRST_COMPLETED)
@@ -195,7 +229,7 @@ class LeaderFetcher:
                 changed.cancel()
             if call not in done:
                 call.cancel()  # re-planned: ask again with the new set
-                with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+                with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, SluiceError, OSError):
                     await call
                 continue
             response = call.result()
@@ -329,6 +363,8 @@ class ReplicaFetchers:
         self._peers = AioPeers()
         self.fetchers: dict[int, LeaderFetcher] = {}
         self._addresses: dict[int, str] = {}
+        #: Brokers' wire endpoints (host, port), for those that serve one.
+        self._wires: dict[int, tuple[str, int]] = {}
         #: Fetchers of leaders no longer followed, while they stop.
         self._stopping: set[asyncio.Task[None]] = set()
 
@@ -348,7 +384,7 @@ class ReplicaFetchers:
             found = self.fetchers.get(leader_id)
             if found is None:
                 found = self.fetchers[leader_id] = LeaderFetcher(
-                    leader_id, self._broker_id, self._resolve, self._peers, self._flusher
+                    leader_id, self._broker_id, self._resolve, self._peers, self._flusher, self._wires.get
                 )
             found.set_partitions(wanted)
 
@@ -370,4 +406,6 @@ class ReplicaFetchers:
             return self._addresses.get(broker_id)
         for broker in resp.brokers:
             self._addresses[broker.broker_id] = f"{broker.endpoint.host}:{broker.endpoint.port}"
+            if broker.endpoint.wire_port > 0:
+                self._wires[broker.broker_id] = (broker.endpoint.host, broker.endpoint.wire_port)
         return self._addresses.get(broker_id)

@@ -140,6 +140,8 @@ def test_acks_all_replicates_byte_for_byte_and_consumers_stop_at_the_high_waterm
         leader_bytes = cluster.segments(state.broker_id, "rep")
         for follower_id in (i for i in cluster.brokers if i != state.broker_id):
             assert cluster.segments(follower_id, "rep") == leader_bytes
+        # The followers fetch over the leader's wire port (one connection each).
+        assert leader.metric("sluice_broker_wire_connections") == 2
         # A follower does not serve clients: it names the leader.
         assert followers[0].fetch(part("rep")).partitions[0].error.code == common_pb2.NOT_LEADER
 
