@@ -14,7 +14,8 @@ applied partition update (a role, leader or epoch change):
    append time and leader epoch as the leader stamped them). Under ``flush=always`` the fetcher waits for
    the group commit before its next fetch, so the flushed offset it reports is on disk.
 
-Why long-poll fetches rather than the wire protocol's continuous fetch: the leader's HW needs each
+Fetches go over the leader's wire port (``replica_wire.py``; gRPC when it has none). Why long-poll fetches
+rather than the wire protocol's continuous fetch: the leader's HW needs each
 follower's *confirmed* log end; a continuous fetch advances on what the leader sent, with no
 acknowledgement path, while every long-poll request carries the follower's LEO (Kafka's design). The
 leader serves a continuous replica fetch too (both transports), positions then counting from its request.

@@ -49,9 +49,7 @@ class ProducerConfig:
 
     acks: int = 1
     """1: a record is acknowledged once the broker appended it (and fsynced it under the
-    broker's ``flush=always``). 0: the broker answers before the append is durable. -1 ("all"):
-    on a replicated partition, once every in-sync replica holds it (docs/replication.md); refused
-    with NOT_ENOUGH_REPLICAS (retried) while fewer than ``min_insync_replicas`` are in sync."""
+    broker's ``flush=always``). 0: the broker answers before the append is durable."""
 
     retries: int = 5
     """How many times a batch is sent again after a retriable error (broker unavailable,
@@ -99,8 +97,8 @@ class ProducerConfig:
                 f"max_request_size must be between batch_size ({self.batch_size}) and {limit} bytes, "
                 f"got {self.max_request_size}"
             )
-        if self.acks not in (-1, 0, 1):
-            raise InvalidArgument(f"acks must be 0 or 1 or -1 (all), got {self.acks}")
+        if self.acks not in (0, 1):
+            raise InvalidArgument(f"acks must be 0 or 1, got {self.acks}")
         if self.retries < 0:
             raise InvalidArgument(f"retries must be >= 0, got {self.retries}")
         for name in ("retry_backoff", "retry_backoff_max", "delivery_timeout", "request_timeout"):
