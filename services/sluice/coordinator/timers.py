@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 
+from sluice.coordinator.cluster.elections import ElectionResult, elect_after_loss
 from sluice.coordinator.groups.assignment import AssignmentJob
 from sluice.coordinator.groups.lag import lag_positions, rows_off_loop, time_lag
 from sluice.coordinator.groups.model import GroupDescription, Slot, TickOutcome
@@ -56,10 +57,33 @@ class CoordinatorTimers(CoordinatorWriter):
             for b in brokers:
                 log.warning("broker %d missed its heartbeats: marked not alive", b)
                 self._metrics.session_expirations.labels("broker").inc()
+                await self._elect_after_loss(b)
             for d in dispatchers:
                 log.warning("dispatcher %s missed its heartbeats: marked not alive", d)
                 self._metrics.session_expirations.labels("dispatcher").inc()
             self._metrics.refresh(self.cluster, now)
+
+    async def _elect_after_loss(self, gone: int) -> None:
+        """New leaders (and ISRs) for the replicated partitions of a broker whose session expired,
+        persisted and pushed (cluster/elections.py). A failed write is logged; the next expiry of
+        another broker, or the broker's return, is when the state is looked at again."""
+
+        def publish(res: ElectionResult) -> None:
+            self._publish(res.change)
+
+        try:
+            result = await self._write(lambda now: elect_after_loss(self.cluster, gone, now), publish)
+        except SluiceError as err:
+            log.error("elections after broker %d's loss failed: %s", gone, err)
+            return
+        for topic, partition, leader in result.leaders:
+            log.warning("%s/%d: broker %d gone, leader now %d", topic, partition, gone, leader)
+        for topic, partition in result.unclean:
+            log.error(
+                "%s/%d: UNCLEAN leader election (records missing from the new leader are lost)",
+                topic,
+                partition,
+            )
 
     async def _group_loop(self) -> None:
         """The groups' timer. With live groups (members): throttled target assignments and topic

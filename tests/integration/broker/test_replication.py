@@ -42,6 +42,7 @@ class Cluster:
     data: Path
     brokers: dict[int, Broker] = field(default_factory=dict)
     flush: str = "interval"
+    lag: str = "1s"
 
     @property
     def stub(self) -> coordinator_pb2_grpc.CoordinatorStub:
@@ -56,7 +57,7 @@ class Cluster:
             "--broker-id", str(broker_id),
             "--flush", self.flush,
             "--coordinator", self.coordinator.address,
-            "--replica-lag-time-max", "1s",
+            "--replica-lag-time-max", self.lag,
         )  # fmt: skip
         self.brokers[broker_id] = Broker(proc, self.data / f"b{broker_id}", pumps)
         return self.brokers[broker_id]
@@ -72,13 +73,15 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster_of(tmp: Path, flush: str = "interval") -> Iterator[Cluster]:
+def cluster_of(tmp: Path, flush: str = "interval", lag: str = "1s", session: str = "5s") -> Iterator[Cluster]:
+    """``lag``: the brokers' --replica-lag-time-max; ``session``: the coordinator's broker session timeout
+    (a broker that misses it loses its leaderships and ISR places: failover)."""
     with run_redis(appendonly=False) as redis:
         coordinator = start_service(
             "coordinator", "--port", "0", "--metrics-port", "0", "--redis-url", redis.url,
-            "--broker-heartbeat-interval", "200ms", "--broker-session-timeout", "5s",
+            "--broker-heartbeat-interval", "200ms", "--broker-session-timeout", session,
         )  # fmt: skip
-        cluster = Cluster(coordinator, tmp, flush=flush)
+        cluster = Cluster(coordinator, tmp, flush=flush, lag=lag)
         try:
             for broker_id in range(BROKERS):
                 cluster.start_broker(broker_id)
@@ -163,7 +166,8 @@ def test_acks_all_replicates_byte_for_byte_and_consumers_stop_at_the_high_waterm
 def test_a_follower_killed_and_restarted_checks_its_divergence_and_catches_up_byte_for_byte(
     tmp_path: Path,
 ) -> None:
-    with cluster_of(tmp_path) as cluster:
+    # Neither the leader's lag rule nor the controller's session expiry may take it out of the ISR here.
+    with cluster_of(tmp_path, lag="60s", session="60s") as cluster:
         create(cluster, "crash")
         state = cluster.partition("crash")
         leader = cluster.brokers[state.broker_id]
@@ -208,7 +212,8 @@ def test_under_flush_always_acks_all_is_answered_once_min_isr_replicas_fsynced(t
 
 
 def test_a_stopped_follower_leaves_the_isr_and_rejoins_after_it_catches_up(tmp_path: Path) -> None:
-    with cluster_of(tmp_path) as cluster:
+    # The leader's lag rule (1 s) takes the stopped followers out, not the controller's session expiry.
+    with cluster_of(tmp_path, session="60s") as cluster:
         create(cluster, "lag")
         state = cluster.partition("lag")
         leader = cluster.brokers[state.broker_id]
@@ -258,3 +263,43 @@ def test_a_stopped_follower_leaves_the_isr_and_rejoins_after_it_catches_up(tmp_p
         finally:
             for broker_id in stopped:
                 cluster.brokers[broker_id].proc.process.send_signal(signal.SIGCONT)
+
+
+def test_a_killed_leader_is_replaced_from_the_isr_and_returns_as_a_follower(tmp_path: Path) -> None:
+    with cluster_of(tmp_path) as cluster:
+        create(cluster, "fail")
+        state = cluster.partition("fail")
+        old_id = state.broker_id
+        old = cluster.brokers[old_id]
+        for i in range(10):
+            answer = old.produce("fail", 0, make_batch(vals(3, prefix=f"a{i}-")), acks=-1)
+            assert answer.error.code == common_pb2.NONE, answer.error.message
+        old.kill()  # kill -9: its session expires (5 s) and the controller elects from the ISR
+        old.close()
+        started = time.monotonic()
+        until(lambda: cluster.partition("fail").broker_id not in (old_id, -1), "a new leader", timeout=15)
+        elected_after = time.monotonic() - started
+        now = cluster.partition("fail")
+        assert now.leader_epoch == state.leader_epoch + 1
+        assert old_id not in now.isr
+        leader = cluster.brokers[now.broker_id]
+        # Every acknowledged record is on the new leader, and it takes acks=all writes with the other
+        # follower (ISR 2 = min ISR) once that one follows it.
+        until(lambda: high_watermark(leader, "fail") == 30, "the new leader's HW to cover the acked records")
+        until(
+            lambda: (
+                leader.produce("fail", 0, make_batch(vals(3, prefix="b")), acks=-1).error.code
+                == common_pb2.NONE
+            ),
+            "an acks=all write on the new leader",
+        )
+        fetched = leader.fetch(part("fail", 0), max_bytes=1 << 20).partitions[0]
+        assert fetched.next_offset >= 33
+        # The old leader comes back as a follower and ends up with the new leader's log, byte for byte.
+        cluster.start_broker(old_id)
+        until(lambda: isr(cluster, "fail") == [0, 1, 2], "the old leader to rejoin the ISR", timeout=20)
+        until(
+            lambda: cluster.segments(old_id, "fail") == cluster.segments(now.broker_id, "fail"),
+            "the old leader to match the new one byte for byte",
+        )
+        assert elected_after < 5 + 3  # the session timeout, plus the expiry tick and a heartbeat
