@@ -7,6 +7,10 @@ a private Redis and three brokers; a topic with factor 3 and min ISR 2.
 - a follower that stops (SIGSTOP) leaves the ISR after ``replica_lag_time_max`` (acks=all then goes on
   with the others, and is refused with NOT_ENOUGH_REPLICAS below min ISR, where the HW stops); after
   SIGCONT it catches up and rejoins;
+- a leader killed with kill -9 is replaced from the ISR within the session timeout, keeps every
+  acknowledged record, and returns as a follower that matches the new leader byte for byte;
+- KIP-101: a leader that took acks=1 writes its followers never got dies; the new leader writes over
+  those offsets in the next epoch; the old one returns and truncates exactly its divergent tail;
 - a follower killed with kill -9 and restarted asks the leader where its log diverges
   (OffsetForLeaderEpoch), then catches up byte for byte; meanwhile the HW holds and consumers see
   nothing of what it lacks.
@@ -303,3 +307,51 @@ def test_a_killed_leader_is_replaced_from_the_isr_and_returns_as_a_follower(tmp_
             "the old leader to match the new one byte for byte",
         )
         assert elected_after < 5 + 3  # the session timeout, plus the expiry tick and a heartbeat
+
+
+def test_a_deposed_leader_truncates_exactly_its_unreplicated_tail_kip_101(tmp_path: Path) -> None:
+    # A 10 s session: the followers are down for a few seconds without the controller noticing.
+    with cluster_of(tmp_path, lag="60s", session="10s") as cluster:
+        create(cluster, "div")
+        state = cluster.partition("div")
+        old_id = state.broker_id
+        old = cluster.brokers[old_id]
+        followers = [i for i in sorted(cluster.brokers) if i != old_id]
+        for i in range(5):
+            assert old.produce("div", 0, make_batch(vals(2, prefix=f"c{i}-")), acks=-1).error.code == 0
+        until(
+            lambda: all(cluster.segments(f, "div") == cluster.segments(old_id, "div") for f in followers),
+            "the followers to hold the committed records",
+        )
+        # The followers die; the leader takes acks=1 writes they never get, then dies too.
+        for f in followers:
+            cluster.brokers[f].kill()
+            cluster.brokers[f].close()
+        for i in range(3):
+            assert old.produce("div", 0, make_batch([b"lost-%d" % i]), acks=1).error.code == 0
+        assert high_watermark(old, "div") == 10  # never committed: no consumer saw them
+        old.kill()
+        old.close()
+        for f in followers:
+            cluster.start_broker(f)
+        until(lambda: cluster.partition("div").broker_id in followers, "a new leader", timeout=30)
+        new_id = cluster.partition("div").broker_id
+        leader = cluster.brokers[new_id]
+        # The new leader takes writes in the next epoch, at the offsets the lost records had.
+        until(
+            lambda: (
+                leader.produce("div", 0, make_batch(vals(2, prefix="n")), acks=-1).error.code
+                == common_pb2.NONE
+            ),
+            "an acks=all write on the new leader",
+        )
+        assert b"lost-" not in cluster.segments(new_id, "div")
+        # The old leader returns: it truncates its divergent tail (to where epochs agree: not its HW,
+        # not everything) and ends up with the new leader's log byte for byte.
+        cluster.start_broker(old_id)
+        until(
+            lambda: cluster.segments(old_id, "div") == cluster.segments(new_id, "div"),
+            "the old leader to match the new one byte for byte",
+        )
+        assert b"lost-" not in cluster.segments(old_id, "div")
+        assert "diverges from leader" in cluster.brokers[old_id].proc.log()
