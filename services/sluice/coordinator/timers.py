@@ -76,8 +76,11 @@ class CoordinatorTimers(CoordinatorWriter):
         except SluiceError as err:
             log.error("elections after broker %d's loss failed: %s", gone, err)
             return
+        unclean = set(result.unclean)
         for topic, partition, leader in result.leaders:
             log.warning("%s/%d: broker %d gone, leader now %d", topic, partition, gone, leader)
+            kind = "offline" if leader < 0 else "unclean" if (topic, partition) in unclean else "clean"
+            self._metrics.leader_elections.labels(kind).inc()
         for topic, partition in result.unclean:
             log.error(
                 "%s/%d: UNCLEAN leader election (records missing from the new leader are lost)",

@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import signal
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,6 +308,8 @@ def test_a_killed_leader_is_replaced_from_the_isr_and_returns_as_a_follower(tmp_
             "the old leader to match the new one byte for byte",
         )
         assert elected_after < 5 + 3  # the session timeout, plus the expiry tick and a heartbeat
+        metrics = urllib.request.urlopen(f"http://{cluster.coordinator.metrics}/metrics", timeout=5).read()
+        assert b'sluice_coordinator_leader_elections_total{kind="clean"} 1.0' in metrics
 
 
 def test_a_deposed_leader_truncates_exactly_its_unreplicated_tail_kip_101(tmp_path: Path) -> None:
