@@ -33,6 +33,7 @@ from sluice.coordinator.cluster.model import (
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
 from sluice.coordinator.cluster.replication import DEFAULT_SPEC, PartitionState, ReplicationSpec
 from sluice.coordinator.cluster.repush import repush_removals, repush_topic
+from sluice.coordinator.cluster.sessions import Liveness
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
@@ -169,9 +170,11 @@ class CoordinatorService(CoordinatorTimers):
                 log.info("broker %d registered at %s with epoch %d", broker_id, endpoint, reg.epoch)
             self._publish(reg.change)
 
-        return await self._write(
+        reg = await self._write(
             lambda now: self.cluster.register_broker(broker_id, endpoint, incarnation, now, rack), committed
         )
+        await self._elect_offline(f"broker {broker_id} registered")
+        return reg
 
     async def broker_heartbeat(
         self, broker_id: int, broker_epoch: int, metadata_version: int
@@ -181,10 +184,14 @@ class CoordinatorService(CoordinatorTimers):
                 self._notifier.observed(broker_id, metadata_version)
                 self._publish(res.change)
 
-        return await self._write(
+        revived = self.cluster.broker_liveness(broker_id, self._clock.now_ms()) is Liveness.EXPIRED
+        res = await self._write(
             lambda now: self.cluster.broker_heartbeat(broker_id, broker_epoch, metadata_version, now),
             committed,
         )
+        if revived and res.error is None:
+            await self._elect_offline(f"broker {broker_id} is back")
+        return res
 
     async def register_dispatcher(
         self, dispatcher_id: str, endpoint: Endpoint, incarnation: str

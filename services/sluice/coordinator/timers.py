@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
-from sluice.coordinator.cluster.elections import ElectionResult, elect_after_loss
+from sluice.coordinator.cluster.elections import ElectionResult, elect_after_loss, elect_offline
 from sluice.coordinator.groups.assignment import AssignmentJob
 from sluice.coordinator.groups.lag import lag_positions, rows_off_loop, time_lag
 from sluice.coordinator.groups.model import GroupDescription, Slot, TickOutcome
@@ -66,19 +67,25 @@ class CoordinatorTimers(CoordinatorWriter):
     async def _elect_after_loss(self, gone: int) -> None:
         """New leaders (and ISRs) for the replicated partitions of a broker whose session expired,
         persisted and pushed (cluster/elections.py). A failed write is logged; the next expiry of
-        another broker, or the broker's return, is when the state is looked at again."""
+        another broker, or a broker's return, is when the state is looked at again."""
+        await self._elect(f"broker {gone} gone", lambda now: elect_after_loss(self.cluster, gone, now))
 
+    async def _elect_offline(self, why: str) -> None:
+        """Leaders for offline partitions, now that a broker registered or came back."""
+        await self._elect(why, lambda now: elect_offline(self.cluster, now))
+
+    async def _elect(self, why: str, plan: Callable[[int], Result[ElectionResult]]) -> None:
         def publish(res: ElectionResult) -> None:
             self._publish(res.change)
 
         try:
-            result = await self._write(lambda now: elect_after_loss(self.cluster, gone, now), publish)
+            result = await self._write(plan, publish)
         except SluiceError as err:
-            log.error("elections after broker %d's loss failed: %s", gone, err)
+            log.error("leader elections (%s) failed: %s", why, err)
             return
         unclean = set(result.unclean)
         for topic, partition, leader in result.leaders:
-            log.warning("%s/%d: broker %d gone, leader now %d", topic, partition, gone, leader)
+            log.warning("%s/%d: %s, leader now %d", topic, partition, why, leader)
             kind = "offline" if leader < 0 else "unclean" if (topic, partition) in unclean else "clean"
             self._metrics.leader_elections.labels(kind).inc()
         for topic, partition in result.unclean:

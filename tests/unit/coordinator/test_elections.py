@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from coordinator_context import SETTINGS, ClusterContext
 
-from sluice.coordinator.cluster.elections import elect_after_loss
+from sluice.coordinator.cluster.elections import elect_after_loss, elect_offline
 from sluice.coordinator.cluster.replication import NO_LEADER, ReplicationSpec
 
 
@@ -70,3 +70,36 @@ def test_below_min_isr_the_gone_broker_joins_the_elr() -> None:
     assert again.records == ()
     assert again.response.change is None
     assert NO_LEADER not in [s.leader for s in ctx.state.topics["rep"].states]
+
+
+def test_an_offline_partition_leads_again_when_an_eligible_replica_returns() -> None:
+    ctx = ClusterContext(SETTINGS)
+    for b in range(3):
+        ctx.register_broker(b)
+    ctx.create_topic("solo", 1, spec=ReplicationSpec(3, 2))
+    leader, second, third = ctx.state.topics["solo"].states[0].replicas
+    order = (third, second, leader)  # the followers first, then the leader: nobody left
+    for n, gone in enumerate(order):
+        _expire_all_but(ctx, gone, alive=[b for b in range(3) if b not in order[: n + 1]])
+        ctx.apply(elect_after_loss(ctx.state, gone, ctx.now_ms))
+    state = ctx.state.topics["solo"].states[0]
+    assert state.leader == NO_LEADER
+    assert set(state.elr) == {second, leader}  # they left while the ISR was below min ISR
+    assert elect_offline(ctx.state, ctx.now_ms).records == ()  # nobody live to lead
+    ctx.register_broker(third, incarnation="again")  # not eligible: it left while the ISR was at min ISR
+    assert elect_offline(ctx.state, ctx.now_ms).records == ()
+    ctx.register_broker(second, incarnation="again")
+    result = ctx.apply(elect_offline(ctx.state, ctx.now_ms))
+    state = ctx.state.topics["solo"].states[0]
+    assert (state.leader, state.isr) == (second, (second,))
+    assert result.leaders == (("solo", 0, second),)
+    assert result.unclean == ()
+
+
+def _expire_all_but(ctx: ClusterContext, gone: int, alive: list[int]) -> None:
+    """Time passes with only ``alive`` heartbeating, until ``gone``'s session has expired."""
+    for _ in range(6):
+        ctx.advance(1_000)
+        for b in alive:
+            ctx.heartbeat(b, ctx.state.brokers[b].broker_epoch, ctx.state.metadata_version)
+    assert gone in ctx.expired
