@@ -378,3 +378,30 @@ class StaleControllerEpoch(SluiceError):
 
     code = common_pb2.STALE_CONTROLLER_EPOCH
     grpc_status = "FAILED_PRECONDITION"
+
+
+class FencedLeaderEpoch(SluiceError):
+    """The request names a leader epoch older than the partition's current one here: the sender (a
+    follower, a consumer or a deposed leader) missed a leader change. Refresh metadata and retry."""
+
+    code = common_pb2.FENCED_LEADER_EPOCH
+    retriable = True
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class UnknownLeaderEpoch(SluiceError):
+    """The request names a leader epoch newer than this broker knows: the controller's news has not
+    reached it yet. Retry after a short wait."""
+
+    code = common_pb2.UNKNOWN_LEADER_EPOCH
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
+class StalePartitionEpoch(SluiceError):
+    """An in-sync set change proposed against an older partition epoch than the controller's: the
+    partition changed since. The leader proposes again from the newer state."""
+
+    code = common_pb2.STALE_PARTITION_EPOCH
+    retriable = True
+    grpc_status = "FAILED_PRECONDITION"

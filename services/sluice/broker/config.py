@@ -82,6 +82,13 @@ class BrokerConfig:
         default=timedelta(seconds=30),
         metadata={"help": "how often retention runs and aged segments are rolled"},
     )
+    replica_lag_time_max: timedelta = field(
+        default=timedelta(seconds=10),
+        metadata={
+            "help": "a follower not caught up with the leader's log end for this long leaves the "
+            "in-sync set (docs/replication.md)"
+        },
+    )
     max_wait: timedelta = field(
         default=timedelta(seconds=30),
         metadata={"help": "cap on a fetch's max_wait_ms (beyond: INVALID_ARGUMENT)"},

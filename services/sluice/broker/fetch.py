@@ -86,6 +86,10 @@ class PartitionSpec:
     fetch_offset: int
     partition_max_bytes: int
     filter: str = ""
+    #: The leader epoch the fetcher believes current (-1: unknown, not checked).
+    current_leader_epoch: int = -1
+    #: A follower's fetch: where its fsync'ed log ends (-1: unknown).
+    replica_flushed_offset: int = -1
 
     @property
     def key(self) -> TopicPartitionKey:
@@ -108,6 +112,11 @@ class ReadableLog(Protocol):
     def log_start_offset(self) -> int: ...
     @property
     def log_end_offset(self) -> int: ...
+    @property
+    def high_watermark(self) -> int:
+        """The read bound: records below it only (the log end where nothing is replicated)."""
+        ...
+
     def read(self, offset: int, max_bytes: int, min_one: bool = True) -> ReadChunk: ...
 
 
@@ -155,7 +164,7 @@ class PartitionRead:
     def refresh_marks(self) -> None:
         """Copy the log's current high watermark and log start into the answer."""
         if self.error is None and self.log is not None:
-            self.high_watermark = self.log.log_end_offset
+            self.high_watermark = self.log.high_watermark
             self.log_start_offset = self.log.log_start_offset
 
 
@@ -238,9 +247,10 @@ class FetchRead:
         if not start <= part.position <= end:
             raise OffsetOutOfRange(
                 f"offset {part.position} is out of range for {part.key[0]}/{part.key[1]} "
-                f"(log start {start}, high watermark {end})"
+                f"(log start {start}, log end {end})"
             )
-        return end
+        # Offsets between the high watermark and the log end are in range, with nothing to read yet.
+        return log.high_watermark
 
     def _limit(self, part: PartitionRead) -> int:
         pmax = part.spec.partition_max_bytes or self.caps.default_partition_max_bytes

@@ -80,6 +80,8 @@ class Flusher:
         self.io_lock = asyncio.Lock()
         #: fsync rounds done and produce requests released by them (for tests and metrics).
         self.rounds = 0
+        #: Told the partitions each round fsync'ed (a replicated partition's HW may move then).
+        self.after_round: Callable[[list[TopicPartitionKey]], None] | None = None
 
     def start(self) -> None:
         if self.policy is FlushPolicy.ALWAYS:
@@ -147,6 +149,8 @@ class Flusher:
         for key in failed:
             # Keep it dirty so the next round retries.
             self._dirty.setdefault(key, dirty[key])
+        if self.after_round is not None and dirty:
+            self.after_round([key for key in dirty if key not in failed])
         error = (
             StorageError(f"fsync failed for {', '.join(f'{t}/{p}' for t, p in failed)}") if failed else None
         )

@@ -61,7 +61,10 @@ class FetchCore(Protocol):
         standing: tuple[StandingWatch, FetchSession, RequestContext] | None = None,
     ) -> ParkedRead: ...
     def standing_watch(
-        self, dirty: set[TopicPartitionKey], keys: Iterable[TopicPartitionKey]
+        self,
+        dirty: set[TopicPartitionKey],
+        keys: Iterable[TopicPartitionKey],
+        ctx: RequestContext | None = None,
     ) -> StandingWatch: ...
 
 
@@ -84,7 +87,7 @@ class ContinuousFetch:
         self._deliver = deliver
         self._writable = writable
         self._loop = asyncio.get_running_loop()
-        self._watch = core.standing_watch(self._session.dirty, self._session.partitions)
+        self._watch = core.standing_watch(self._session.dirty, self._session.partitions, ctx)
         self._parked = core.parked_read(self._on_ready, (self._watch, self._session, ctx))
         #: The first round answers every partition; later ones only those with something new.
         self._answered = False

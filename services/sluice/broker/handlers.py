@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 from sluice.broker.fetch import PartitionRead, PartitionSpec, TopicPartitionKey
 from sluice.broker.follow import ContinuousFetch
-from sluice.broker.requests import FetchOutcome, FetchParams, FollowFrom, ProduceItem, ProduceResult
+from sluice.broker.requests import (
+    CONSUMER_REPLICA_ID,
+    FetchOutcome,
+    FetchParams,
+    FollowFrom,
+    ProduceItem,
+    ProduceResult,
+)
 from sluice.broker.service import BrokerService
 from sluice.errors import SluiceError
 from sluice.server.context import RequestContext
@@ -30,19 +37,29 @@ def error_to_proto(err: SluiceError | None) -> common_pb2.Error | None:
     return None if err is None else err.to_proto()
 
 
+def _spec(p: broker_pb2.FetchPartition) -> PartitionSpec:
+    return PartitionSpec(
+        p.topic,
+        p.partition,
+        p.fetch_offset,
+        p.partition_max_bytes,
+        p.filter,
+        p.current_leader_epoch if p.HasField("current_leader_epoch") else -1,
+        p.replica_flushed_offset if p.HasField("replica_flushed_offset") else -1,
+    )
+
+
 def fetch_params_from_proto(req: broker_pb2.FetchRequest) -> FetchParams:
     return FetchParams(
         max_wait_ms=req.max_wait_ms,
         min_bytes=req.min_bytes,
         max_bytes=req.max_bytes,
-        partitions=[
-            PartitionSpec(p.topic, p.partition, p.fetch_offset, p.partition_max_bytes, p.filter)
-            for p in req.partitions
-        ],
+        partitions=[_spec(p) for p in req.partitions],
         session_id=req.session_id,
         session_epoch=req.session_epoch,
         forgotten=[(tp.topic, tp.partition) for tp in req.forgotten],
         continuous=req.continuous,
+        replica_id=req.replica_id if req.HasField("replica_id") else CONSUMER_REPLICA_ID,
     )
 
 

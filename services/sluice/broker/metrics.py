@@ -21,7 +21,7 @@ Metric objects are process-wide (the default registry), created once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from threading import Lock
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -29,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sluice.broker.fetch import TopicPartitionKey
+from sluice.broker.log.partition_log import PartitionLog
 from sluice.codec.batch import iter_headers
 
 FLUSH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
@@ -110,6 +111,25 @@ class _HandleCollector(Collector):
         )
 
 
+def log_stats(
+    served: Mapping[TopicPartitionKey, PartitionLog],
+) -> list[tuple[TopicPartitionKey, int, int, int]]:
+    """Per served partition (start, end, size): the LogStats source, read from the metrics thread."""
+    out = []
+    for key, plog in list(served.items()):
+        try:
+            out.append((key, plog.log_start_offset, plog.log_end_offset, plog.size_bytes))
+        except Exception:
+            continue
+    return out
+
+
+def producer_stats(served: Mapping[TopicPartitionKey, PartitionLog]) -> tuple[int, int]:
+    """(entries, evictions) of the served partitions' producer tables, read from the metrics thread."""
+    tables = [plog.producers.table for plog in list(served.values())]
+    return sum(len(t) for t in tables), sum(t.evictions for t in tables)
+
+
 class ProducerStats:
     """What the producer-state collector reads: a callable giving (entries, evictions) summed over the
     served partitions (idempotent producers, docs/replication.md)."""
@@ -161,6 +181,22 @@ class BrokerMetrics:
         )
         self.fetch_parked = Gauge("sluice_broker_fetch_parked", "Fetch requests parked in long-poll")
         self.fetch_sessions = Gauge("sluice_broker_fetch_sessions", "Open incremental fetch sessions")
+        self.isr_shrinks = Counter(
+            "sluice_broker_isr_shrinks", "Replicas that left the in-sync set of a partition this broker leads"
+        )
+        self.isr_expands = Counter(
+            "sluice_broker_isr_expands",
+            "In-sync set expansions this broker's partitions had, as their leader",
+        )
+        self.under_replicated = Gauge(
+            "sluice_broker_under_replicated_partitions",
+            "Partitions this broker leads whose in-sync set is smaller than their replicas",
+        )
+        self.follower_lag = Gauge(
+            "sluice_broker_follower_lag_records",
+            "The largest lag (leader log end minus follower log end, in offsets) of a follower of a "
+            "partition this broker leads",
+        )
         self.log_stats = LogStats()
         REGISTRY.register(_LogCollector(self.log_stats))
         self.handle_stats = HandleStats()

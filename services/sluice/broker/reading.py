@@ -22,6 +22,9 @@ from sluice.broker.fetch import (
     new_read,
     routed_partition,
 )
+from sluice.broker.leader_state import HighWatermarkView
+from sluice.broker.leading import Leaders, check_epoch
+from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.longpoll import AppendWaiters, StandingWatch
 from sluice.broker.metrics import BrokerMetrics
 from sluice.broker.sessions import FetchSession
@@ -38,6 +41,8 @@ class ReadSteps:
     caps: FetchCaps
     metrics: BrokerMetrics
     waiters: AppendWaiters
+    replica_waiters: AppendWaiters
+    leaders: Leaders
     _authorize: Callable[[RequestContext, Operation, str], None]
     #: Partitions routed into a fetch read so far: the per-partition work of fetching, which
     #: an idle long-poll over a session or a follow must not do (the smoke test counts it).
@@ -81,11 +86,19 @@ class ReadSteps:
                 self.partitions_routed += 1
         self.read_again(read, dirty)
 
+    def waiters_of(self, ctx: RequestContext) -> AppendWaiters:
+        """Where a read parks: a follower's on appends, a consumer's on appends or, for a replicated
+        partition, on its HW (docs/replication.md, "High watermark")."""
+        return self.waiters if ctx.replica_id < 0 else self.replica_waiters
+
     def standing_watch(
-        self, dirty: set[TopicPartitionKey], keys: Iterable[TopicPartitionKey]
+        self,
+        dirty: set[TopicPartitionKey],
+        keys: Iterable[TopicPartitionKey],
+        ctx: RequestContext | None = None,
     ) -> StandingWatch:
         """A watch over ``keys`` that marks appended partitions in ``dirty``, until closed."""
-        watch = StandingWatch(self.waiters, dirty)
+        watch = StandingWatch(self.waiters if ctx is None else self.waiters_of(ctx), dirty)
         watch.add(keys)
         return watch
 
@@ -94,7 +107,7 @@ class ReadSteps:
         partition no longer served here fails with NOT_LEADER."""
         served = self.registry.served
         for part in read.parts:
-            if part.key in dirty and part.error is None and served.get(part.key) is not part.log:
+            if part.key in dirty and part.error is None and not _same_log(part.log, served.get(part.key)):
                 part.fail(self.registry.not_served_error(*part.key))
         read.read(dirty)
 
@@ -116,4 +129,21 @@ class ReadSteps:
         plog = self.registry.served.get(spec.key)
         if plog is None:
             return spec, None, self.registry.not_served_error(spec.topic, spec.partition)
-        return spec, plog, None
+        if ctx.replica_id >= 0:  # a follower reads to the log end
+            error = self.leaders.error_of(spec.key, ctx.replica_id, spec.current_leader_epoch)
+            return spec, (plog if error is None else None), error
+        if spec.current_leader_epoch >= 0:
+            mark = self.registry.epochs.marks.get(spec.key)
+            try:
+                check_epoch(spec.key, spec.current_leader_epoch, 0 if mark is None else mark.leader_epoch)
+            except SluiceError as err:
+                return spec, None, err
+        view = self.leaders.views.get(spec.key)
+        return spec, (plog if view is None else view), None
+
+
+def _same_log(read_log: ReadableLog | None, served: PartitionLog | None) -> bool:
+    """The log a read routed to is still the one served (a consumer's may be its HW view)."""
+    if served is None:
+        return False
+    return read_log is served or (isinstance(read_log, HighWatermarkView) and read_log.plog is served)

@@ -29,8 +29,8 @@ __all__ = [
     "check_continuous",
 ]
 
-#: ``FetchParams.replica_id`` of a consumer's fetch (Kafka's ``-1``). A follower broker's fetch
-#: will be the same Fetch with its own id (the replication seam, ``docs/architecture.md``).
+#: ``FetchParams.replica_id`` of a consumer's fetch (Kafka's ``-1``). A follower broker's fetch is
+#: the same Fetch with its own id (docs/replication.md, "The data path").
 CONSUMER_REPLICA_ID = -1
 
 
@@ -49,6 +49,9 @@ class ProduceResult:
     base_offset: int = -1
     append_time_ms: int = -1
     log_start_offset: int = -1
+    #: acks=all on a replicated partition: the answer waits until the HW passes this offset (the
+    #: batch's last); -1: nothing to wait for (docs/replication.md, "acks=all").
+    commit_offset: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,8 @@ class FollowFrom:
 
     specs: list[PartitionSpec]
     limits: FetchLimits
+    #: A follower's continuous replica fetch: its broker id (its rounds read to the log end).
+    replica_id: int = CONSUMER_REPLICA_ID
 
 
 @dataclass(slots=True)
@@ -111,11 +116,13 @@ class OffsetAnswer:
 
 @dataclass(frozen=True, slots=True)
 class EpochQuery:
-    """An OffsetForLeaderEpoch question about one partition."""
+    """OffsetForLeaderEpoch for one partition: where does ``leader_epoch`` end in the leader's log?"""
 
     topic: str
     partition: int
     leader_epoch: int
+    #: The epoch the asker believes current (-1: not checked).
+    current_leader_epoch: int = -1
 
 
 @dataclass(slots=True)
@@ -123,7 +130,7 @@ class EpochAnswer:
     topic: str
     partition: int
     error: SluiceError | None = None
-    #: -1 and -1: undefined (docs/replication.md, "Leader epochs in the log").
+    #: The largest epoch at or below the asked one (-1: none) and where it ends.
     leader_epoch: int = -1
     end_offset: int = -1
 

@@ -29,12 +29,15 @@ from sluice.broker.fetch import (
 )
 from sluice.broker.flusher import Flusher, FlushPolicy
 from sluice.broker.follow import ContinuousFetch, Deliver
+from sluice.broker.leader_state import check_enough_replicas, wait_committed
+from sluice.broker.leading import Leaders
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.longpoll import AppendWaiters, ParkedRead, SessionWatches, StandingWatch
-from sluice.broker.metrics import BrokerMetrics, broker_metrics
-from sluice.broker.offset_queries import OffsetQueries
+from sluice.broker.metrics import BrokerMetrics, broker_metrics, log_stats, producer_stats
 from sluice.broker.reading import ReadSteps
+from sluice.broker.replica_fetcher import ReplicaFetchers
+from sluice.broker.replica_steps import ReplicaSteps
 from sluice.broker.requests import (
     CONSUMER_REPLICA_ID,
     DEFAULT_CONTEXT,
@@ -102,7 +105,7 @@ class _Inflight:
                 self.idle.set()
 
 
-class BrokerService(ReadSteps, OffsetQueries):
+class BrokerService(ReadSteps, ReplicaSteps):
     """One broker's request handling over its partition logs."""
 
     def __init__(
@@ -120,10 +123,16 @@ class BrokerService(ReadSteps, OffsetQueries):
         self._clock_ms = clock_ms
         # The authorization seam (docs/architecture.md): one call site per operation, below.
         self._authorize = (authorizer or AllowAll()).authorize
+        #: Consumers' parked reads: woken by appends, or for a replicated partition by its HW.
         self.waiters = AppendWaiters()
+        #: Followers' parked reads (replica fetches): woken by appends to replicated partitions.
+        self.replica_waiters = AppendWaiters()
         self.flusher = Flusher(
             config.flush_policy, config.flush_interval.total_seconds(), self.metrics.fsync_round
         )
+        self.leaders = Leaders.of(config, self.waiters.notify, clock_ms, self.metrics)
+        self.flusher.after_round = self._flushed
+        self.fetchers = ReplicaFetchers(config.broker_id, config.coordinator or "", logs, self.flusher)
         self.sessions = FetchSessionCache(
             config.max_fetch_sessions, int(config.fetch_session_idle.total_seconds() * 1000)
         )
@@ -146,11 +155,14 @@ class BrokerService(ReadSteps, OffsetQueries):
 
     async def start(self) -> None:
         self.registry.load()
+        self.leaders.restore(self.registry.served, self.logs.topic_id, self.registry.epochs.marks)
         self.flusher.start()
+        self.leaders.start()
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="log-maintenance")
-        self.metrics.log_stats.source = self._log_stats
+        served = self.registry.served
+        self.metrics.log_stats.source = lambda: log_stats(served)
         self.metrics.handle_stats.source = self.logs.descriptor_stats
-        self.metrics.producer_stats.source = self._producer_stats
+        self.metrics.producer_stats.source = lambda: producer_stats(served)
 
     async def stop(self) -> None:
         """Refuse new requests, answer parked fetches, fsync, close the logs. Idempotent."""
@@ -158,6 +170,8 @@ class BrokerService(ReadSteps, OffsetQueries):
             return
         self._stopping = True
         self.waiters.wake_all()
+        self.replica_waiters.wake_all()
+        self.leaders.fail_waits(BrokerNotAvailable("the broker is shutting down before the write committed"))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(DRAIN_TIMEOUT_S):
                 await self._inflight.idle.wait()
@@ -165,7 +179,9 @@ class BrokerService(ReadSteps, OffsetQueries):
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
+        await self.fetchers.stop()
         await self.flusher.stop()
+        await self.leaders.stop()
         self.metrics.log_stats.source = None
         self.metrics.handle_stats.source = None
         self.metrics.producer_stats.source = None
@@ -182,7 +198,7 @@ class BrokerService(ReadSteps, OffsetQueries):
     # ---- serving hooks -------------------------------------------------------------
 
     def _on_serve(self, key: TopicPartitionKey, plog: PartitionLog) -> None:
-        listener = functools.partial(self.waiters.notify, key)
+        listener = functools.partial(self._appended, key)
         plog.add_append_listener(listener)
         self._listeners[key] = listener
         self.waiters.notify(key)
@@ -199,8 +215,10 @@ class BrokerService(ReadSteps, OffsetQueries):
                 plog.flush()
             except Exception:
                 log.exception("fsync of %s/%s before unserving failed", *key)
+        self.leaders.drop(key)
         # Parked fetches on it re-check and answer NOT_LEADER.
         self.waiters.notify(key)
+        self.replica_waiters.notify(key)
 
     # ---- Produce -------------------------------------------------------------------
 
@@ -234,28 +252,35 @@ class BrokerService(ReadSteps, OffsetQueries):
         if not items:
             raise InvalidRequest("the produce request names no partitions")
         if acks not in (-1, 0, 1):
-            raise InvalidArgument(f"acks must be 0 or 1 (-1 means the same as 1), got {acks}")
+            raise InvalidArgument(f"acks must be -1 (all), 0 or 1, got {acks}")
         if not 0 <= timeout_ms <= MAX_PRODUCE_TIMEOUT_MS:
             raise InvalidArgument(f"timeout_ms must be in [0, {MAX_PRODUCE_TIMEOUT_MS}], got {timeout_ms}")
-        results = [self._append(item, ctx) for item in items]
+        results = [self._append(item, ctx, acks) for item in items]
         if acks == 0:
             self.flusher.kick()
             return results, False
         durable = self.flusher.policy is FlushPolicy.ALWAYS and any(r.error is None for r in results)
-        return results, durable
+        return results, durable or any(r.commit_offset >= 0 for r in results)
 
     async def wait_durable(self, results: list[ProduceResult], timeout_ms: int) -> None:
-        """Wait until the appends behind ``results`` are fsynced; a failure is set on each result."""
+        """Wait until the appends behind ``results`` are fsynced and, under acks=all on a replicated
+        partition, committed (the HW passed them); a failure is set on each result."""
         with self._inflight.track():
-            await self._wait_durable(results, timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS)
+            deadline = time.monotonic() + (timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS) / 1000
+            if self.flusher.policy is FlushPolicy.ALWAYS:
+                await self._wait_durable(results, timeout_ms or DEFAULT_PRODUCE_TIMEOUT_MS)
+            await wait_committed(self.leaders.states, results, deadline)
 
-    def _append(self, item: ProduceItem, ctx: RequestContext) -> ProduceResult:
+    def _append(self, item: ProduceItem, ctx: RequestContext, acks: int = 1) -> ProduceResult:
         topic, partition = item.topic, item.partition
         try:
             self._authorize(ctx, Operation.WRITE, topic)
             plog = self.registry.lookup(topic, partition)
             if not item.records:
                 raise CorruptBatch(f"no record batches for {topic}/{partition}")
+            state = self.leaders.states.get((topic, partition))
+            if acks == -1 and state is not None:
+                check_enough_replicas(state)
             appended = plog.append(item.records, leader_epoch=self._leader_epoch(topic, partition))
         except SluiceError as err:
             return ProduceResult(topic, partition, err)
@@ -270,18 +295,23 @@ class BrokerService(ReadSteps, OffsetQueries):
         self.flusher.mark_dirty((topic, partition), plog)
         self.metrics.appended(topic, len(item.records), appended.last_offset - appended.base_offset + 1)
         return ProduceResult(
-            topic, partition, None, appended.base_offset, appended.append_time_ms, plog.log_start_offset
+            topic,
+            partition,
+            None,
+            appended.base_offset,
+            appended.append_time_ms,
+            plog.log_start_offset,
+            appended.last_offset if acks == -1 and state is not None else -1,
         )
 
     def _leader_epoch(self, topic: str, partition: int) -> int:
         """The leader epoch this broker stamps into what it appends to ``topic/partition``.
 
-        The seam for replication: 0 until the controller sends leader epochs with the partition's
-        role in UpdatePartitions (docs/replication.md, "Leader epochs in the log"); then the epoch
-        the broker leads in, and a produce in any other epoch is fenced.
+        The epoch the controller last named for the partition (0 from a sender without replica
+        state); the log refuses an epoch older than its latest (a deposed leader's writes).
         """
-        del topic, partition
-        return 0
+        mark = self.registry.epochs.marks.get((topic, partition))
+        return 0 if mark is None else mark.leader_epoch
 
     async def _wait_durable(self, results: list[ProduceResult], timeout_ms: int) -> None:
         started = time.perf_counter()
@@ -311,10 +341,9 @@ class BrokerService(ReadSteps, OffsetQueries):
         self._check_running()
         limits = validate_limits(params.max_wait_ms, params.min_bytes, params.max_bytes, self.caps)
         if params.replica_id != CONSUMER_REPLICA_ID:
-            # The replication seam (docs/architecture.md): a follower's fetch is this Fetch with
-            # its replica id; it will read up to the log end rather than the high watermark and
-            # report its position to the partition's leader state here. Nothing sends one yet.
-            raise InvalidRequest(f"replica fetches are not served yet (replica_id {params.replica_id})")
+            # A follower's fetch (docs/replication.md, "The data path"): it reads up to the log end,
+            # parks on appends rather than the HW, and its fetch offsets are its positions.
+            ctx = self._replica_fetch(params, ctx)
         with self._inflight.track():
             try:
                 session = self.sessions.context(
@@ -337,7 +366,7 @@ class BrokerService(ReadSteps, OffsetQueries):
             follow = None
             if params.continuous and not any(part.error is not None for part in parts):
                 specs = [dataclasses.replace(part.spec, fetch_offset=part.position) for part in parts]
-                follow = FollowFrom(specs, limits)
+                follow = FollowFrom(specs, limits, params.replica_id)
             return FetchOutcome(session.session_id, parts, follow=follow)
 
     def follow(
@@ -349,6 +378,8 @@ class BrokerService(ReadSteps, OffsetQueries):
     ) -> ContinuousFetch:
         """Go on with a continuous fetch from its first answer (``fetch(...).follow``): each
         round's outcome goes to ``deliver`` until it fails or the caller stops it."""
+        if plan.replica_id != CONSUMER_REPLICA_ID:
+            ctx = dataclasses.replace(ctx, replica_id=plan.replica_id)
         following = ContinuousFetch(self, plan, ctx, deliver, writable)
         following.start()
         return following
@@ -357,15 +388,16 @@ class BrokerService(ReadSteps, OffsetQueries):
         self,
         on_ready: Callable[[], None],
         standing: tuple[StandingWatch, FetchSession, RequestContext] | None = None,
+        ctx: RequestContext = DEFAULT_CONTEXT,
     ) -> ParkedRead:
         """The one parked-read mechanism (``longpoll``), for a long-poll or a follow; with
         ``standing`` (a session's or a follow's watch, its session and the caller), parked on
         that watch and reading woken partitions into the read (:meth:`read_more`)."""
         if standing is None:
-            return ParkedRead(self.waiters, self.read_again, self.metrics.fetch_parked, on_ready)
+            return ParkedRead(self.waiters_of(ctx), self.read_again, self.metrics.fetch_parked, on_ready)
         watch, session, ctx = standing
         return ParkedRead(
-            self.waiters,
+            self.waiters_of(ctx),
             functools.partial(self.read_more, session, ctx),
             self.metrics.fetch_parked,
             on_ready,
@@ -388,7 +420,7 @@ class BrokerService(ReadSteps, OffsetQueries):
                 ready.set_result(None)
 
         standing = None if session is None or watch is None else (watch, session, ctx)
-        parked = self.parked_read(on_ready, standing)
+        parked = self.parked_read(on_ready, standing, ctx)
         parked.park(read, max_wait_ms)
         try:
             await ready
@@ -407,6 +439,7 @@ class BrokerService(ReadSteps, OffsetQueries):
         async with self.flusher.io_lock:
             self._check_running()  # stop() may have begun while we waited for the lock
             plan = self.registry.apply(update)
+            self._reconcile_leaders(update)
         if plan is not None:
             log.info(
                 "partitions updated to v%d: serving %d, created %d, deleted %d",
@@ -453,18 +486,3 @@ class BrokerService(ReadSteps, OffsetQueries):
                 plog = self.registry.served.get(key)
                 if plog is not None and plog.log_start_offset != start:
                     self.waiters.notify(key)
-
-    def _producer_stats(self) -> tuple[int, int]:
-        """(entries, evictions) of the served partitions' producer tables, read from the metrics thread."""
-        tables = [plog.producers.table for plog in list(self.registry.served.values())]
-        return sum(len(t) for t in tables), sum(t.evictions for t in tables)
-
-    def _log_stats(self) -> list[tuple[TopicPartitionKey, int, int, int]]:
-        """Per served partition (start, end, size), read from the metrics thread."""
-        out = []
-        for key, plog in list(self.registry.served.items()):
-            try:
-                out.append((key, plog.log_start_offset, plog.log_end_offset, plog.size_bytes))
-            except Exception:
-                continue
-        return out

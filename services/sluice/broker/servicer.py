@@ -165,7 +165,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.OffsetForLeaderEpochRequest, context: object
     ) -> broker_pb2.OffsetForLeaderEpochResponse:
         answers = self.service.offset_for_leader_epoch(
-            (EpochQuery(p.topic, p.partition, p.leader_epoch) for p in request.partitions),
+            [
+                EpochQuery(p.topic, p.partition, p.leader_epoch, p.current_leader_epoch)
+                for p in request.partitions
+            ],
             self.context(context),
         )
         return broker_pb2.OffsetForLeaderEpochResponse(

@@ -36,6 +36,7 @@ class CoordinatorMetrics:
     epoch: Gauge
     broker_updates: Counter
     session_expirations: Counter
+    leader_elections: Counter
     group_members: Gauge
     groups: Gauge
     group_state: Gauge
@@ -165,6 +166,12 @@ def coordinator_metrics() -> CoordinatorMetrics:
                 ),
                 session_expirations=Counter(
                     f"{p}_session_expirations", "Broker and dispatcher sessions that timed out", ["kind"]
+                ),
+                leader_elections=Counter(
+                    f"{p}_leader_elections",
+                    "Partition leader changes after a broker's loss: clean (from the ISR or ELR), unclean "
+                    "(records lost), offline (no leader left)",
+                    ["kind"],
                 ),
                 group_members=Gauge(f"{p}_group_members", "Members of a consumer group", ["group"]),
                 groups=Gauge(f"{p}_groups", "Consumer groups by state", ["state"]),

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from sluice.common.names import validate_group
 from sluice.coordinator.broker_updates import UNKNOWN_VERSION, PushOutcome
 from sluice.coordinator.cluster.adopt import adopt_legacy_positions
+from sluice.coordinator.cluster.isr import AlterPartitionResult, IsrProposal, alter_partition
 from sluice.coordinator.cluster.model import (
     BrokerHeartbeatResult,
     CreateTopicResult,
@@ -30,8 +31,9 @@ from sluice.coordinator.cluster.model import (
     TopicView,
 )
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
-from sluice.coordinator.cluster.replication import DEFAULT_SPEC, ReplicationSpec
+from sluice.coordinator.cluster.replication import DEFAULT_SPEC, PartitionState, ReplicationSpec
 from sluice.coordinator.cluster.repush import repush_removals, repush_topic
+from sluice.coordinator.cluster.sessions import Liveness
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
@@ -168,9 +170,11 @@ class CoordinatorService(CoordinatorTimers):
                 log.info("broker %d registered at %s with epoch %d", broker_id, endpoint, reg.epoch)
             self._publish(reg.change)
 
-        return await self._write(
+        reg = await self._write(
             lambda now: self.cluster.register_broker(broker_id, endpoint, incarnation, now, rack), committed
         )
+        await self._elect_offline(f"broker {broker_id} registered")
+        return reg
 
     async def broker_heartbeat(
         self, broker_id: int, broker_epoch: int, metadata_version: int
@@ -180,10 +184,14 @@ class CoordinatorService(CoordinatorTimers):
                 self._notifier.observed(broker_id, metadata_version)
                 self._publish(res.change)
 
-        return await self._write(
+        revived = self.cluster.broker_liveness(broker_id, self._clock.now_ms()) is Liveness.EXPIRED
+        res = await self._write(
             lambda now: self.cluster.broker_heartbeat(broker_id, broker_epoch, metadata_version, now),
             committed,
         )
+        if revived and res.error is None:
+            await self._elect_offline(f"broker {broker_id} is back")
+        return res
 
     async def register_dispatcher(
         self, dispatcher_id: str, endpoint: Endpoint, incarnation: str
@@ -279,6 +287,27 @@ class CoordinatorService(CoordinatorTimers):
         failures = await wait_for_brokers(acks, self._ack_wait_s(removed), result.change.affected)
         incomplete = Incomplete("delete", "", 0, TopicConfig(), result.change.remove)
         return self._incomplete.record(name, failures, incomplete, f"delete topic {name}")
+
+    # ---- replication ---------------------------------------------------------------------------------
+
+    async def alter_partition(self, proposal: IsrProposal) -> PartitionState:
+        """A leader's ISR change (cluster/isr.py): checked, persisted with the next partition epoch,
+        pushed to the partition's replicas; answers the partition's state."""
+
+        def publish(res: AlterPartitionResult) -> None:
+            self._publish(res.change)
+
+        result = await self._write(lambda _now: alter_partition(self.cluster, proposal), publish)
+        if result.change is not None:
+            log.info(
+                "%s/%d: ISR %s at partition epoch %d (proposed by leader %d)",
+                proposal.topic,
+                proposal.partition,
+                list(result.state.isr),
+                result.state.partition_epoch,
+                proposal.leader_id,
+            )
+        return result.state
 
     # ---- idempotent producers --------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from grpc import aio
 
+from sluice.coordinator.cluster.isr import IsrProposal
 from sluice.coordinator.convert import (
     broker_update_to_proto,
     describe_group_to_proto,
@@ -133,6 +134,29 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         identity = await self._service.init_producer_id(request.client_id, current)
         return pb.InitProducerIdResponse(
             producer_id=identity.producer_id, producer_epoch=identity.producer_epoch
+        )
+
+    # ---- replication -------------------------------------------------------------------------------
+
+    async def AlterPartition(
+        self, request: pb.AlterPartitionRequest, context: Context
+    ) -> pb.AlterPartitionResponse:
+        state = await self._service.alter_partition(
+            IsrProposal(
+                request.topic,
+                request.partition,
+                request.leader_id,
+                request.leader_epoch,
+                request.partition_epoch,
+                tuple(request.new_isr),
+            )
+        )
+        return pb.AlterPartitionResponse(
+            leader=state.leader,
+            leader_epoch=state.leader_epoch,
+            partition_epoch=state.partition_epoch,
+            isr=list(state.isr),
+            elr=list(state.elr),
         )
 
     # ---- consumer groups ---------------------------------------------------------------------------

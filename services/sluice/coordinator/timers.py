@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
+from sluice.coordinator.cluster.elections import ElectionResult, elect_after_loss, elect_offline
 from sluice.coordinator.groups.assignment import AssignmentJob
 from sluice.coordinator.groups.lag import lag_positions, rows_off_loop, time_lag
 from sluice.coordinator.groups.model import GroupDescription, Slot, TickOutcome
@@ -56,10 +58,42 @@ class CoordinatorTimers(CoordinatorWriter):
             for b in brokers:
                 log.warning("broker %d missed its heartbeats: marked not alive", b)
                 self._metrics.session_expirations.labels("broker").inc()
+                await self._elect_after_loss(b)
             for d in dispatchers:
                 log.warning("dispatcher %s missed its heartbeats: marked not alive", d)
                 self._metrics.session_expirations.labels("dispatcher").inc()
             self._metrics.refresh(self.cluster, now)
+
+    async def _elect_after_loss(self, gone: int) -> None:
+        """New leaders (and ISRs) for the replicated partitions of a broker whose session expired,
+        persisted and pushed (cluster/elections.py). A failed write is logged; the next expiry of
+        another broker, or a broker's return, is when the state is looked at again."""
+        await self._elect(f"broker {gone} gone", lambda now: elect_after_loss(self.cluster, gone, now))
+
+    async def _elect_offline(self, why: str) -> None:
+        """Leaders for offline partitions, now that a broker registered or came back."""
+        await self._elect(why, lambda now: elect_offline(self.cluster, now))
+
+    async def _elect(self, why: str, plan: Callable[[int], Result[ElectionResult]]) -> None:
+        def publish(res: ElectionResult) -> None:
+            self._publish(res.change)
+
+        try:
+            result = await self._write(plan, publish)
+        except SluiceError as err:
+            log.error("leader elections (%s) failed: %s", why, err)
+            return
+        unclean = set(result.unclean)
+        for topic, partition, leader in result.leaders:
+            log.warning("%s/%d: %s, leader now %d", topic, partition, why, leader)
+            kind = "offline" if leader < 0 else "unclean" if (topic, partition) in unclean else "clean"
+            self._metrics.leader_elections.labels(kind).inc()
+        for topic, partition in result.unclean:
+            log.error(
+                "%s/%d: UNCLEAN leader election (records missing from the new leader are lost)",
+                topic,
+                partition,
+            )
 
     async def _group_loop(self) -> None:
         """The groups' timer. With live groups (members): throttled target assignments and topic

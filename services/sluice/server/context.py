@@ -67,6 +67,9 @@ class RequestContext:
 
     principal: Principal
     transport: Transport
+    #: A broker replicating from this one (its broker id; a follower's fetch, docs/replication.md),
+    #: or -1: a client. Set by the broker core from ``FetchRequest.replica_id`` for that request.
+    replica_id: int = -1
 
 
 class Operation(enum.Enum):

@@ -160,6 +160,7 @@ class FetchRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     CONTINUOUS_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
     max_wait_ms: _builtins.int
     min_bytes: _builtins.int
     max_bytes: _builtins.int
@@ -182,6 +183,11 @@ class FetchRequest(_message.Message):
     previous answer could be written. Sessionless only (session_epoch = -1);
     refused with INVALID_REQUEST on gRPC and with a session.
     """
+    replica_id: _builtins.int
+    """Unset or -1: a consumer. Otherwise the broker id of a follower replicating the partitions
+    (docs/replication.md, "The data path"): it reads up to the log end, not the high watermark,
+    and its fetch offsets are its log end offsets.
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___FetchPartition]: ...
     @_builtins.property
@@ -199,12 +205,15 @@ class FetchRequest(_message.Message):
         client_id: _builtins.str = ...,
         request_id: _builtins.int = ...,
         continuous: _builtins.bool = ...,
+        replica_id: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "replica_id", b"replica_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "continuous", b"continuous", "forgotten", b"forgotten", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "request_id", b"request_id", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id", "client_id", b"client_id", "continuous", b"continuous", "forgotten", b"forgotten", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "partitions", b"partitions", "replica_id", b"replica_id", "request_id", b"request_id", "session_epoch", b"session_epoch", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__replica_id: _TypeAlias = _typing.Literal["replica_id"]  # noqa: Y015
+    _WhichOneofArgType__replica_id: _TypeAlias = _typing.Literal["_replica_id", b"_replica_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__replica_id) -> _WhichOneofReturnType__replica_id | None: ...
 
 Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
 
@@ -217,12 +226,20 @@ class FetchPartition(_message.Message):
     FETCH_OFFSET_FIELD_NUMBER: _builtins.int
     PARTITION_MAX_BYTES_FIELD_NUMBER: _builtins.int
     FILTER_FIELD_NUMBER: _builtins.int
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    REPLICA_FLUSHED_OFFSET_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     fetch_offset: _builtins.int
     partition_max_bytes: _builtins.int
     filter: _builtins.str
     """Tag expression: "" or "*" matches all; "a || b" matches either tag."""
+    current_leader_epoch: _builtins.int
+    """The leader epoch the fetcher believes current (unset or -1: unknown, not checked). Older than
+    the leader's: FENCED_LEADER_EPOCH; newer: UNKNOWN_LEADER_EPOCH.
+    """
+    replica_flushed_offset: _builtins.int
+    """A follower's fetch: the offset below which it has fsync'ed its log (unset or -1: unknown)."""
     def __init__(
         self,
         *,
@@ -231,12 +248,21 @@ class FetchPartition(_message.Message):
         fetch_offset: _builtins.int = ...,
         partition_max_bytes: _builtins.int = ...,
         filter: _builtins.str = ...,
+        current_leader_epoch: _builtins.int | None = ...,
+        replica_flushed_offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_replica_flushed_offset", b"_replica_flushed_offset", "current_leader_epoch", b"current_leader_epoch", "replica_flushed_offset", b"replica_flushed_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fetch_offset", b"fetch_offset", "filter", b"filter", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch", "_replica_flushed_offset", b"_replica_flushed_offset", "current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "filter", b"filter", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "replica_flushed_offset", b"replica_flushed_offset", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__current_leader_epoch: _TypeAlias = _typing.Literal["current_leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__current_leader_epoch: _TypeAlias = _typing.Literal["_current_leader_epoch", b"_current_leader_epoch"]  # noqa: Y015
+    _WhichOneofReturnType__replica_flushed_offset: _TypeAlias = _typing.Literal["replica_flushed_offset"]  # noqa: Y015
+    _WhichOneofArgType__replica_flushed_offset: _TypeAlias = _typing.Literal["_replica_flushed_offset", b"_replica_flushed_offset"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__current_leader_epoch) -> _WhichOneofReturnType__current_leader_epoch | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__replica_flushed_offset) -> _WhichOneofReturnType__replica_flushed_offset | None: ...
 
 Global___FetchPartition: _TypeAlias = FetchPartition  # noqa: Y015
 
@@ -311,6 +337,115 @@ class FetchPartitionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___FetchPartitionResponse: _TypeAlias = FetchPartitionResponse  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    replica_id: _builtins.int
+    """The asking follower's broker id (-1: a client, e.g. a consumer checking for truncation)."""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetForLeaderEpochPartition]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___OffsetForLeaderEpochPartition] | None = ...,
+        replica_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "replica_id", b"replica_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochRequest: _TypeAlias = OffsetForLeaderEpochRequest  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochPartition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    leader_epoch: _builtins.int
+    """The epoch whose end offset is asked for."""
+    current_leader_epoch: _builtins.int
+    """The leader epoch the asker believes current (-1: unknown, not checked)."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        current_leader_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_leader_epoch", b"current_leader_epoch", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochPartition: _TypeAlias = OffsetForLeaderEpochPartition  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetForLeaderEpochPartitionResponse]: ...
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___OffsetForLeaderEpochPartitionResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochResponse: _TypeAlias = OffsetForLeaderEpochResponse  # noqa: Y015
+
+@_typing.final
+class OffsetForLeaderEpochPartitionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    leader_epoch: _builtins.int
+    """The largest epoch of the leader's log at or below the asked one (-1: none), and the offset
+    where it ends (the start of the next epoch, or the log end for the latest).
+    """
+    end_offset: _builtins.int
+    @_builtins.property
+    def error(self) -> _common_pb2.Error: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error: _common_pb2.Error | None = ...,
+        leader_epoch: _builtins.int = ...,
+        end_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "error", b"error", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OffsetForLeaderEpochPartitionResponse: _TypeAlias = OffsetForLeaderEpochPartitionResponse  # noqa: Y015
 
 @_typing.final
 class ListOffsetsRequest(_message.Message):
@@ -559,109 +694,3 @@ class UpdatePartitionsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UpdatePartitionsResponse: _TypeAlias = UpdatePartitionsResponse  # noqa: Y015
-
-@_typing.final
-class OffsetForLeaderEpochRequest(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    PARTITIONS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetForLeaderEpochPartition]: ...
-    def __init__(
-        self,
-        *,
-        partitions: _abc.Iterable[Global___OffsetForLeaderEpochPartition] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___OffsetForLeaderEpochRequest: _TypeAlias = OffsetForLeaderEpochRequest  # noqa: Y015
-
-@_typing.final
-class OffsetForLeaderEpochPartition(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    TOPIC_FIELD_NUMBER: _builtins.int
-    PARTITION_FIELD_NUMBER: _builtins.int
-    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
-    topic: _builtins.str
-    partition: _builtins.int
-    leader_epoch: _builtins.int
-    """The epoch asked about: the asker's latest (or, after an answer naming an epoch it does not
-    have, its largest below that one).
-    """
-    def __init__(
-        self,
-        *,
-        topic: _builtins.str = ...,
-        partition: _builtins.int = ...,
-        leader_epoch: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___OffsetForLeaderEpochPartition: _TypeAlias = OffsetForLeaderEpochPartition  # noqa: Y015
-
-@_typing.final
-class OffsetForLeaderEpochResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    PARTITIONS_FIELD_NUMBER: _builtins.int
-    @_builtins.property
-    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetForLeaderEpochPartitionResponse]: ...
-    def __init__(
-        self,
-        *,
-        partitions: _abc.Iterable[Global___OffsetForLeaderEpochPartitionResponse] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___OffsetForLeaderEpochResponse: _TypeAlias = OffsetForLeaderEpochResponse  # noqa: Y015
-
-@_typing.final
-class OffsetForLeaderEpochPartitionResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    TOPIC_FIELD_NUMBER: _builtins.int
-    PARTITION_FIELD_NUMBER: _builtins.int
-    ERROR_FIELD_NUMBER: _builtins.int
-    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
-    END_OFFSET_FIELD_NUMBER: _builtins.int
-    topic: _builtins.str
-    partition: _builtins.int
-    leader_epoch: _builtins.int
-    """The largest epoch <= leader_epoch in this log; -1 when undefined (asked above the latest
-    epoch, or the log has none).
-    """
-    end_offset: _builtins.int
-    """Where that epoch ends: the start of the next higher epoch, or the log end offset for the
-    latest; -1 when undefined.
-    """
-    @_builtins.property
-    def error(self) -> _common_pb2.Error: ...
-    def __init__(
-        self,
-        *,
-        topic: _builtins.str = ...,
-        partition: _builtins.int = ...,
-        error: _common_pb2.Error | None = ...,
-        leader_epoch: _builtins.int = ...,
-        end_offset: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "error", b"error", "leader_epoch", b"leader_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___OffsetForLeaderEpochPartitionResponse: _TypeAlias = OffsetForLeaderEpochPartitionResponse  # noqa: Y015

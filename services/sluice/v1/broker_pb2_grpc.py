@@ -125,9 +125,7 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def OffsetForLeaderEpoch(self, request, context):
-        """Replication (docs/replication.md, "Leader epochs in the log"): per partition, the
-        largest leader epoch <= the one asked and the offset where it ends in this broker's log.
-        A follower asks its leader to find where their logs diverge (KIP-101, KIP-279).
+        """Where the leader's log ends for a leader epoch (KIP-101): a follower's truncation point.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -53,10 +53,7 @@ class BrokerStub:
     broker. The broker heartbeat reconciles the same state periodically.
     """
     OffsetForLeaderEpoch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]
-    """Replication (docs/replication.md, "Leader epochs in the log"): per partition, the
-    largest leader epoch <= the one asked and the offset where it ends in this broker's log.
-    A follower asks its leader to find where their logs diverge (KIP-101, KIP-279).
-    """
+    """Where the leader's log ends for a leader epoch (KIP-101): a follower's truncation point."""
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -83,10 +80,7 @@ class BrokerAsyncStub(BrokerStub):
     broker. The broker heartbeat reconciles the same state periodically.
     """
     OffsetForLeaderEpoch: _aio.UnaryUnaryMultiCallable[_broker_pb2.OffsetForLeaderEpochRequest, _broker_pb2.OffsetForLeaderEpochResponse]  # type: ignore[assignment]
-    """Replication (docs/replication.md, "Leader epochs in the log"): per partition, the
-    largest leader epoch <= the one asked and the offset where it ends in this broker's log.
-    A follower asks its leader to find where their logs diverge (KIP-101, KIP-279).
-    """
+    """Where the leader's log ends for a leader epoch (KIP-101): a follower's truncation point."""
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     """The broker owns partition logs: append-only segment files of record batches.
@@ -152,9 +146,6 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _broker_pb2.OffsetForLeaderEpochRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.OffsetForLeaderEpochResponse, _abc.Awaitable[_broker_pb2.OffsetForLeaderEpochResponse]]:
-        """Replication (docs/replication.md, "Leader epochs in the log"): per partition, the
-        largest leader epoch <= the one asked and the offset where it ends in this broker's log.
-        A follower asks its leader to find where their logs diverge (KIP-101, KIP-279).
-        """
+        """Where the leader's log ends for a leader epoch (KIP-101): a follower's truncation point."""
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

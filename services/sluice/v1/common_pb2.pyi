@@ -101,6 +101,19 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """A partition update carries a controller (coordinator) epoch older than one the broker has
     already seen: it comes from a deposed controller (or a Redis that rolled back) and is refused.
     """
+    FENCED_LEADER_EPOCH: _ErrorCode.ValueType  # 63
+    """The request names a leader epoch older than the partition's current one on this broker: the
+    sender (a follower, a consumer, a deposed leader) is behind. Refresh metadata, then retry.
+    """
+    UNKNOWN_LEADER_EPOCH: _ErrorCode.ValueType  # 64
+    """The request names a leader epoch newer than this broker knows: this broker has not heard of the
+    latest leader change yet. Retriable after a short wait.
+    """
+    STALE_PARTITION_EPOCH: _ErrorCode.ValueType  # 65
+    """An in-sync set change (AlterPartition) proposed against a partition epoch that is not the
+    controller's current one: the partition changed since (another ISR change, a new leader). The
+    leader waits for the newer state and proposes again from it.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -184,6 +197,19 @@ under-replicated. Start more brokers or ask for fewer replicas.
 STALE_CONTROLLER_EPOCH: ErrorCode.ValueType  # 62
 """A partition update carries a controller (coordinator) epoch older than one the broker has
 already seen: it comes from a deposed controller (or a Redis that rolled back) and is refused.
+"""
+FENCED_LEADER_EPOCH: ErrorCode.ValueType  # 63
+"""The request names a leader epoch older than the partition's current one on this broker: the
+sender (a follower, a consumer, a deposed leader) is behind. Refresh metadata, then retry.
+"""
+UNKNOWN_LEADER_EPOCH: ErrorCode.ValueType  # 64
+"""The request names a leader epoch newer than this broker knows: this broker has not heard of the
+latest leader change yet. Retriable after a short wait.
+"""
+STALE_PARTITION_EPOCH: ErrorCode.ValueType  # 65
+"""An in-sync set change (AlterPartition) proposed against a partition epoch that is not the
+controller's current one: the partition changed since (another ISR change, a new leader). The
+leader waits for the newer state and proposes again from it.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 

@@ -86,6 +86,11 @@ class CoordinatorStub:
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
+        self.AlterPartition = channel.unary_unary(
+                '/sluice.v1.Coordinator/AlterPartition',
+                request_serializer=sluice_dot_v1_dot_coordinator__pb2.AlterPartitionRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_coordinator__pb2.AlterPartitionResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/sluice.v1.Coordinator/Heartbeat',
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatRequest.SerializeToString,
@@ -195,6 +200,16 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterPartition(self, request, context):
+        """A partition's leader proposes a new in-sync set (docs/replication.md, "ISR changes"). The
+        controller checks the leader and both epochs are current (else FENCED_LEADER_EPOCH,
+        STALE_PARTITION_EPOCH, NOT_LEADER), that the ISR is a subset of the replicas holding the leader,
+        persists it with the next partition epoch, pushes it to the replicas and answers the new state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Heartbeat(self, request, context):
         """Consumer groups (server-side assignment, KIP-848 style).
         """
@@ -298,6 +313,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.InitProducerId,
                     request_deserializer=sluice_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'AlterPartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartition,
+                    request_deserializer=sluice_dot_v1_dot_coordinator__pb2.AlterPartitionRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_coordinator__pb2.AlterPartitionResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -607,6 +627,33 @@ class Coordinator:
             '/sluice.v1.Coordinator/InitProducerId',
             sluice_dot_v1_dot_coordinator__pb2.InitProducerIdRequest.SerializeToString,
             sluice_dot_v1_dot_coordinator__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Coordinator/AlterPartition',
+            sluice_dot_v1_dot_coordinator__pb2.AlterPartitionRequest.SerializeToString,
+            sluice_dot_v1_dot_coordinator__pb2.AlterPartitionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,6 +54,12 @@ class CoordinatorStub:
     producer_epoch both -1, a new id at epoch 0 (rationed per client_id: THROTTLED); with both set,
     the same id under the next epoch, which fences the older instance on every partition.
     """
+    AlterPartition: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AlterPartitionRequest, _coordinator_pb2.AlterPartitionResponse]
+    """A partition's leader proposes a new in-sync set (docs/replication.md, "ISR changes"). The
+    controller checks the leader and both epochs are current (else FENCED_LEADER_EPOCH,
+    STALE_PARTITION_EPOCH, NOT_LEADER), that the ISR is a subset of the replicas holding the leader,
+    persists it with the next partition epoch, pushes it to the replicas and answers the new state.
+    """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]
     """Consumer groups (server-side assignment, KIP-848 style)."""
     ConsumerGroupStream: _grpc.StreamStreamMultiCallable[_coordinator_pb2.GroupStreamRequest, _coordinator_pb2.GroupStreamResponse]
@@ -98,6 +104,12 @@ class CoordinatorAsyncStub(CoordinatorStub):
     """Idempotent producers (docs/replication.md, "Idempotent producer"). With producer_id and
     producer_epoch both -1, a new id at epoch 0 (rationed per client_id: THROTTLED); with both set,
     the same id under the next epoch, which fences the older instance on every partition.
+    """
+    AlterPartition: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AlterPartitionRequest, _coordinator_pb2.AlterPartitionResponse]  # type: ignore[assignment]
+    """A partition's leader proposes a new in-sync set (docs/replication.md, "ISR changes"). The
+    controller checks the leader and both epochs are current (else FENCED_LEADER_EPOCH,
+    STALE_PARTITION_EPOCH, NOT_LEADER), that the ISR is a subset of the replicas holding the leader,
+    persists it with the next partition epoch, pushes it to the replicas and answers the new state.
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]  # type: ignore[assignment]
     """Consumer groups (server-side assignment, KIP-848 style)."""
@@ -200,6 +212,18 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         """Idempotent producers (docs/replication.md, "Idempotent producer"). With producer_id and
         producer_epoch both -1, a new id at epoch 0 (rationed per client_id: THROTTLED); with both set,
         the same id under the next epoch, which fences the older instance on every partition.
+        """
+
+    @_abc_1.abstractmethod
+    def AlterPartition(
+        self,
+        request: _coordinator_pb2.AlterPartitionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AlterPartitionResponse, _abc.Awaitable[_coordinator_pb2.AlterPartitionResponse]]:
+        """A partition's leader proposes a new in-sync set (docs/replication.md, "ISR changes"). The
+        controller checks the leader and both epochs are current (else FENCED_LEADER_EPOCH,
+        STALE_PARTITION_EPOCH, NOT_LEADER), that the ISR is a subset of the replicas holding the leader,
+        persists it with the next partition epoch, pushes it to the replicas and answers the new state.
         """
 
     @_abc_1.abstractmethod

@@ -93,6 +93,9 @@ class PartitionLog(EpochsAndTruncation):
         self._closed = False
         self.log_start_offset = 0
         self.log_end_offset = 0
+        #: The log end at the start of the last successful flush(): everything below is fsync'ed
+        #: (a replica reports it to its leader under flush=always; docs/replication.md).
+        self.flushed_offset = 0
         self.directory.mkdir(parents=True, exist_ok=True)
         #: Epoch -> start offset (docs/replication.md, "Leader epochs in the log").
         self._epochs = LeaderEpochCache(self.directory)
@@ -124,6 +127,7 @@ class PartitionLog(EpochsAndTruncation):
                 len(self.corrupt_ranges),
                 self.corrupt_ranges,
             )
+        self.flushed_offset = self.log_end_offset  # what recovery found on disk
         self._load_epochs()
         self.producers.recover(self.log_start_offset, self.log_end_offset, self._headers_from)
 
@@ -301,6 +305,12 @@ class PartitionLog(EpochsAndTruncation):
 
     # ---- reading ----------------------------------------------------------------------
 
+    @property
+    def high_watermark(self) -> int:
+        """What a reader of this log may see: all of it. A replicated partition's leader bounds its
+        consumers' reads with a ``leader_state.HighWatermarkView`` instead."""
+        return self.log_end_offset
+
     def read(self, offset: int, max_bytes: int, min_one: bool = True) -> ReadResult:
         """Whole batches starting with the one containing ``offset``, up to ``max_bytes``.
 
@@ -397,6 +407,7 @@ class PartitionLog(EpochsAndTruncation):
             dir_dirty, self._dir_dirty = self._dir_dirty, False
             epochs = self._epochs.encode() if self._epochs_dirty else None
             self._epochs_dirty = False
+            flushing = self.log_end_offset
         try:
             os.fdatasync(active_fd)
             while sealed:
@@ -411,6 +422,7 @@ class PartitionLog(EpochsAndTruncation):
             if epochs is not None:
                 self._epochs.write(*epochs)
                 epochs = None
+            self.flushed_offset = min(max(self.flushed_offset, flushing), self.log_end_offset)
         except StorageError:
             self._epochs_dirty = self._epochs_dirty or epochs is not None
             raise
@@ -425,42 +437,6 @@ class PartitionLog(EpochsAndTruncation):
             raise storage_error(f"fsync of {self.directory}", exc) from exc
         finally:
             os.close(active_fd)
-
-    def apply_retention(self) -> int:
-        """Delete the oldest whole segments that are past retention; returns how many.
-
-        By time: a segment goes when its newest record timestamp is older than
-        ``retention_ms``. By size: oldest segments go while the log is larger than
-        ``retention_bytes``. The active segment is never deleted.
-        """
-        cfg = self.config
-        now = self._now_ms()
-        deleted = 0
-        with self._lock:
-            self.producers.table.expire(now)
-            while len(self._segments) > 1:
-                oldest = self._segments[0]
-                too_old = cfg.retention_ms >= 0 and oldest.max_timestamp < now - cfg.retention_ms
-                too_big = cfg.retention_bytes >= 0 and self.size_bytes > cfg.retention_bytes
-                if not (too_old or too_big):
-                    break
-                self._segments.pop(0)
-                self._bases.pop(0)
-                self._sealed_bytes -= oldest.size
-                oldest.delete()
-                deleted += 1
-            self.log_start_offset = self._segments[0].base_offset
-            if deleted:
-                self._epochs.truncate_from_start(self.log_start_offset)
-                self.corrupt_ranges = [r for r in self.corrupt_ranges if r[1] > self.log_start_offset]
-        if deleted:
-            log.info(
-                "retention deleted %d segment(s) of %s; log start is now %d",
-                deleted,
-                self.directory,
-                self.log_start_offset,
-            )
-        return deleted
 
     def close(self) -> None:
         """Flush, write the indexes and close every file. Idempotent."""

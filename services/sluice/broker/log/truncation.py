@@ -1,5 +1,5 @@
-"""Leader epochs, truncation and damaged batches of a partition log: what a replica needs beyond
-append and read.
+"""Leader epochs, truncation, retention and damaged batches of a partition log: every way a log is cut,
+and what a replica needs beyond append and read.
 
 ``end_offset_for_epoch`` answers OffsetForLeaderEpoch from the log's epoch cache; ``truncate_to``
 and ``truncate_fully_and_start_at`` cut a follower's log back to where it agrees with its leader
@@ -37,6 +37,7 @@ class EpochsAndTruncation:
     config: LogConfig
     log_start_offset: int
     log_end_offset: int
+    flushed_offset: int
     _lock: threading.Lock
     _closed: bool
     _epochs: LeaderEpochCache
@@ -45,6 +46,12 @@ class EpochsAndTruncation:
     _handles: ReadHandles
     _unsynced_paths: list[Path]
     _sealed_bytes: int
+    _now_ms: Callable[[], int]
+
+    @property
+    def size_bytes(self) -> int:
+        raise NotImplementedError
+
     corrupt_ranges: list[tuple[int, int]]
     producers: PartitionProducers
     _headers_from: Callable[[int], Iterator[BatchHeader]]
@@ -104,6 +111,14 @@ class EpochsAndTruncation:
         with self._lock:
             return self._epochs.end_offset_for(epoch, self.log_end_offset)
 
+    def begin_epoch(self, epoch: int) -> None:
+        """A new leader records its epoch's start at its log end before appending anything in it
+        (KIP-279), so OffsetForLeaderEpoch from a follower that saw an epoch between answers where
+        this leader's history of it ends, not "undefined" (which would empty the follower's log)."""
+        with self._lock:
+            if not self._closed and epoch > self._epochs.latest_epoch:
+                self._epochs.assign(epoch, self.log_end_offset)
+
     def truncate_to(self, offset: int) -> None:
         """Cut the log back so that it ends at ``offset`` (a follower removing a divergent tail).
 
@@ -158,6 +173,7 @@ class EpochsAndTruncation:
         self._sealed_bytes = sum(s.size for s in self._segments[:-1])
         self.log_start_offset = self._segments[0].base_offset
         self.log_end_offset = self._segments[-1].next_offset
+        self.flushed_offset = min(self.flushed_offset, self.log_end_offset)
         self._epochs.truncate_from_end(self.log_end_offset)
         # A damaged batch cut away is healed: the replica fetches it again from its leader.
         self.corrupt_ranges = [r for r in self.corrupt_ranges if r[0] < self.log_end_offset]
@@ -173,6 +189,42 @@ class EpochsAndTruncation:
                 os.close(dir_fd)
         except OSError as exc:
             raise storage_error(f"fsync of {self.directory}", exc) from exc
+
+    def apply_retention(self) -> int:
+        """Delete the oldest whole segments that are past retention; returns how many.
+
+        By time: a segment goes when its newest record timestamp is older than
+        ``retention_ms``. By size: oldest segments go while the log is larger than
+        ``retention_bytes``. The active segment is never deleted.
+        """
+        cfg = self.config
+        now = self._now_ms()
+        deleted = 0
+        with self._lock:
+            self.producers.table.expire(now)
+            while len(self._segments) > 1:
+                oldest = self._segments[0]
+                too_old = cfg.retention_ms >= 0 and oldest.max_timestamp < now - cfg.retention_ms
+                too_big = cfg.retention_bytes >= 0 and self.size_bytes > cfg.retention_bytes
+                if not (too_old or too_big):
+                    break
+                self._segments.pop(0)
+                self._bases.pop(0)
+                self._sealed_bytes -= oldest.size
+                oldest.delete()
+                deleted += 1
+            self.log_start_offset = self._segments[0].base_offset
+            if deleted:
+                self._epochs.truncate_from_start(self.log_start_offset)
+                self.corrupt_ranges = [r for r in self.corrupt_ranges if r[1] > self.log_start_offset]
+        if deleted:
+            log.info(
+                "retention deleted %d segment(s) of %s; log start is now %d",
+                deleted,
+                self.directory,
+                self.log_start_offset,
+            )
+        return deleted
 
 
 #: Rounds of OffsetForLeaderEpoch before giving up: each round moves to a strictly lower epoch.

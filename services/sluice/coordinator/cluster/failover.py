@@ -1,9 +1,8 @@
 """What a partition becomes when one of its brokers is gone: the leader election of the controller. Pure.
 
-Not wired to session expiry yet: followers do not replicate yet, so electing one would serve an empty or
-stale log (docs/replication.md, "Failover: the election function"). Once they fetch from their leaders, the
-controller calls :func:`on_broker_gone` for every partition of a broker whose session expired, persists the
-states that changed, and pushes them to the replicas.
+Wired to session expiry (``cluster/elections.py``, called by the coordinator's expiry timer): the
+controller calls :func:`on_broker_gone` for every replicated partition of a broker whose session expired,
+persists the states that changed and pushes them to the replicas (docs/replication.md, "Failover").
 
 The rules (Kafka's, with KIP-966's eligible leader replicas):
 

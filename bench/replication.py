@@ -1,0 +1,229 @@
+"""Replication's cost: factor 3 with acks=all against factor 1 with acks=1, in the same run.
+
+Three local brokers, a coordinator and a private Redis, as real processes (docs/replication.md,
+"Measured"). Two phases, each for both settings, interleaved (factor 1, factor 3, factor 1, ...) so the
+machine's drift hits both alike:
+
+- throughput: a producer and a fetching consumer at once, each its own process, over a 4-partition topic
+  (records of 100 B), records/s of each;
+- end-to-end latency at a fixed rate (default 2,000 records/s): send -> fetched by a long-polling consumer,
+  p50 and p99 (the producer sends each record as soon as it can, linger 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+from _stack import ROOT, save
+
+sys.path.insert(0, str(ROOT))
+from tests.harness import ServiceProcess, run_redis, start_service
+
+PARTITIONS = 4
+BROKERS = 3
+VALUE = b"x" * 100
+HEADER = struct.Struct("<dB")
+PADDING = b"x" * (100 - HEADER.size)
+SETTINGS = {"f1_acks1": (1, 1), "f3_acksall": (3, -1)}
+
+
+@contextlib.contextmanager
+def cluster(flush: str) -> Iterator[str]:
+    """A coordinator and three brokers; yields the bootstrap address."""
+    with (
+        run_redis(appendonly=False) as redis,
+        tempfile.TemporaryDirectory(prefix="sluice-bench-repl-") as d,
+        contextlib.ExitStack() as running,
+    ):
+
+        def started(sp: ServiceProcess) -> ServiceProcess:
+            running.callback(sp.terminate)
+            return sp
+
+        coord = started(
+            start_service(
+                "coordinator", "--port", "0", "--metrics-port", "0", "--redis-url", redis.url,
+                "--broker-heartbeat-interval", "500ms",
+            )
+        )  # fmt: skip
+        for b in range(BROKERS):
+            started(
+                start_service(
+                    "broker", "--port", "0", "--metrics-port", "0", "--broker-id", str(b),
+                    "--data-dir", str(Path(d) / f"b{b}"), "--coordinator", coord.address, "--flush", flush,
+                )
+            )  # fmt: skip
+        yield coord.address
+
+
+def create(bootstrap: str, topic: str, factor: int) -> None:
+    from sluice import Client
+    from sluice.errors import InvalidReplicationFactor
+
+    deadline = time.monotonic() + 30
+    with Client(bootstrap) as client:
+        while True:
+            try:
+                client.admin.create_topic(topic, partitions=PARTITIONS, replication_factor=factor)
+                return
+            except InvalidReplicationFactor:  # brokers still registering
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+def producer_config(acks: int, **overrides: Any) -> Any:
+    """The SDK's producer settings with ``acks``. The SDK refuses acks=-1 until its acks=all lands (a
+    later step; the broker serves it on both transports): set past its check, for this bench only."""
+    from sluice.client.producer.config import ProducerConfig
+
+    config = ProducerConfig().replace(**overrides) if overrides else ProducerConfig()
+    object.__setattr__(config, "acks", acks)
+    return config
+
+
+def produce(bootstrap: str, topic: str, n: int, acks: int, out: Queue[Any]) -> None:
+    from sluice import Client
+
+    with Client(bootstrap) as client:
+        producer = client.producer(topic, config=producer_config(acks))
+        started = time.perf_counter()
+        for i in range(n):
+            producer.send(VALUE, key=str(i & 1023).encode())
+        producer.flush()
+        elapsed = time.perf_counter() - started
+        producer.close()
+    out.put(("produce", n / elapsed))
+
+
+def fetch(bootstrap: str, topic: str, n: int, out: Queue[Any]) -> None:
+    from sluice import Client
+
+    with Client(bootstrap) as client:
+        fetcher = client.fetcher({(topic, p): 0 for p in range(PARTITIONS)}, max_wait_ms=100)
+        got = 0
+        started = time.perf_counter()
+        while got < n:
+            got += len(fetcher.fetch())
+        elapsed = time.perf_counter() - started
+        fetcher.close()
+    out.put(("fetch", got / elapsed))
+
+
+def throughput(bootstrap: str, topic: str, n: int, acks: int) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=produce, args=(bootstrap, topic, n, acks, out)),
+        ctx.Process(target=fetch, args=(bootstrap, topic, n, out)),
+    ]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=900) for _ in procs)
+    for p in procs:
+        p.join(60)
+    return results
+
+
+def consume(bootstrap: str, topic: str, total: int, warmup: int, ready: Event, out: Queue[Any]) -> None:
+    from sluice import Client
+
+    latencies: list[float] = []
+    with Client(bootstrap) as client:
+        fetcher = client.fetcher({(topic, p): 0 for p in range(PARTITIONS)}, max_wait_ms=500)
+        ready.set()
+        seen = 0
+        while seen < total:
+            for r in fetcher.fetch():
+                seen += 1
+                sent, in_warmup = HEADER.unpack_from(r.value)
+                if not in_warmup:
+                    latencies.append(time.perf_counter() - sent)
+        fetcher.close()
+    out.put(latencies)
+
+
+def latency(bootstrap: str, topic: str, acks: int, rate: int, seconds: float) -> dict[str, float]:
+    from sluice import Client
+
+    warmup = rate
+    total = warmup + int(rate * seconds)
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    consumer = ctx.Process(target=consume, args=(bootstrap, topic, total, warmup, ready, out))
+    consumer.start()
+    ready.wait(60)
+    with Client(bootstrap) as client:
+        producer = client.producer(topic, config=producer_config(acks, linger=0))
+        interval = 1.0 / rate
+        next_at = time.perf_counter()
+        for i in range(total):
+            now = time.perf_counter()
+            if now < next_at:
+                time.sleep(next_at - now)
+            producer.send(HEADER.pack(time.perf_counter(), i < warmup) + PADDING)
+            next_at += interval
+        producer.flush()
+        latencies: list[float] = out.get(timeout=120)
+        consumer.join(30)
+        producer.close()
+    ordered = sorted(latencies)
+    return {
+        "p50_ms": round(ordered[len(ordered) // 2] * 1000, 3),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--records", type=int, default=200_000, help="per throughput run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of each setting")
+    parser.add_argument("--rate", type=int, default=2000)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--flush", choices=["interval", "always", "never"], default="interval")
+    args = parser.parse_args()
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
+    with cluster(args.flush) as bootstrap:
+        for r in range(args.rounds):
+            for name, (factor, acks) in SETTINGS.items():
+                create(bootstrap, f"tp-{name}-{r}", factor)
+                create(bootstrap, f"lat-{name}-{r}", factor)
+                figures = throughput(bootstrap, f"tp-{name}-{r}", args.records, acks)
+                figures.update(latency(bootstrap, f"lat-{name}-{r}", acks, args.rate, args.seconds))
+                runs[name].append(figures)
+                print(name, figures, flush=True)
+    medians = {
+        name: {key: round(statistics.median(run[key] for run in rs), 3) for key in rs[0]}
+        for name, rs in runs.items()
+    }
+    f1, f3 = medians["f1_acks1"], medians["f3_acksall"]
+    save(
+        f"replication_{args.flush}",
+        {
+            "records": args.records,
+            "rounds": args.rounds,
+            "rate": args.rate,
+            "flush": args.flush,
+            "medians": medians,
+            "f3_produce_share": round(f3["produce"] / f1["produce"], 3),
+            "f3_fetch_share": round(f3["fetch"] / f1["fetch"], 3),
+            "f3_p99_over_f1_ms": round(f3["p99_ms"] - f1["p99_ms"], 3),
+            "runs": runs,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

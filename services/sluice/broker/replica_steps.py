@@ -1,0 +1,144 @@
+"""The broker core's steps that differ for replicated partitions: what an append wakes, what a group
+commit may commit, a follower's fetch, and ListOffsets (which answers up to the high watermark).
+
+A part of ``BrokerService`` (``service.py``, which mixes it in), apart to keep modules small.
+docs/replication.md, "The data path".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+
+from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
+from sluice.broker.fetch import TopicPartitionKey
+from sluice.broker.leading import Leaders, check_epoch
+from sluice.broker.longpoll import AppendWaiters
+from sluice.broker.replica_fetcher import ReplicaFetchers
+from sluice.broker.requests import EpochAnswer, EpochQuery, FetchParams, OffsetAnswer, OffsetQuery
+from sluice.broker.roles import EpochMark
+from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
+from sluice.server.context import ANONYMOUS, GRPC, Operation, RequestContext
+
+__all__ = ["EARLIEST", "LATEST", "ReplicaSteps"]
+
+EARLIEST = -2
+LATEST = -1
+
+_DEFAULT_CONTEXT = RequestContext(ANONYMOUS, GRPC)
+
+
+class ReplicaSteps:
+    """Mixed into ``BrokerService``, which sets these attributes."""
+
+    registry: PartitionRegistry
+    leaders: Leaders
+    fetchers: ReplicaFetchers
+    waiters: AppendWaiters
+    replica_waiters: AppendWaiters
+    _authorize: Callable[[RequestContext, Operation, str], None]
+
+    def _check_running(self) -> None:
+        raise NotImplementedError
+
+    def _reconcile_leaders(self, update: AssignmentUpdate) -> None:
+        """After an applied update: leader states for what it assigns, unless an assignment was
+        ignored as stale (its epochs are not the ones the registry now holds)."""
+        marks = self.registry.epochs.marks
+        self.leaders.reconcile(
+            (
+                item
+                for item in update.assign
+                if marks.get(item.key) == EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch)
+            ),
+            self.registry.served,
+        )
+        self.fetchers.replan(self.registry.following)
+
+    def _appended(self, key: TopicPartitionKey) -> None:
+        """A served log was appended to: consumers see it now, unless it is replicated; then its
+        followers do, and consumers once the HW passes it."""
+        state = self.leaders.states.get(key)
+        if state is None:
+            self.waiters.notify(key)
+        else:
+            self.replica_waiters.notify(key)
+            state.advance()  # an ISR of the leader alone commits at once
+
+    def _flushed(self, keys: Iterable[TopicPartitionKey]) -> None:
+        """A group commit fsync'ed these logs: under flush=always the HW may move."""
+        states = self.leaders.states
+        if states:
+            for key in keys:
+                state = states.get(key)
+                if state is not None:
+                    state.advance()
+
+    def _replica_fetch(self, params: FetchParams, ctx: RequestContext) -> RequestContext:
+        """Record a follower's positions (its fetch offsets are its log ends); the context its reads
+        route with. Positions come from requests only, never from a follow's rounds."""
+        if params.replica_id < 0:
+            raise InvalidArgument(f"replica_id must be a broker id or -1, got {params.replica_id}")
+        if params.session_epoch != -1:
+            raise InvalidRequest("a replica fetch is sessionless: set session_epoch to -1")
+        for spec in params.partitions:
+            if self.leaders.error_of(spec.key, params.replica_id, spec.current_leader_epoch) is None:
+                self.leaders.record_fetch(
+                    spec.key, params.replica_id, spec.fetch_offset, spec.replica_flushed_offset
+                )
+        return dataclasses.replace(ctx, replica_id=params.replica_id)
+
+    # ---- ListOffsets -----------------------------------------------------------------
+
+    def list_offsets(
+        self, queries: Iterable[OffsetQuery], ctx: RequestContext = _DEFAULT_CONTEXT
+    ) -> list[OffsetAnswer]:
+        self._check_running()
+        return [self._list_offset(q, ctx) for q in queries]
+
+    def _list_offset(self, q: OffsetQuery, ctx: RequestContext) -> OffsetAnswer:
+        try:
+            self._authorize(ctx, Operation.DESCRIBE, q.topic)
+            plog = self.registry.lookup(q.topic, q.partition)
+            if q.timestamp == EARLIEST:
+                return OffsetAnswer(q.topic, q.partition, None, plog.log_start_offset)
+            view = self.leaders.views.get((q.topic, q.partition))
+            hw = plog.log_end_offset if view is None else view.high_watermark
+            if q.timestamp == LATEST:
+                return OffsetAnswer(q.topic, q.partition, None, hw)
+            if q.timestamp < 0:
+                raise InvalidArgument(
+                    f"timestamp must be -2 (earliest), -1 (latest) or >= 0, got {q.timestamp}"
+                )
+            found = plog.offset_for_timestamp(q.timestamp)
+            if found is None or found[0] >= hw:
+                return OffsetAnswer(q.topic, q.partition, None, hw)
+            return OffsetAnswer(q.topic, q.partition, None, found[0], found[1])
+        except SluiceError as err:
+            return OffsetAnswer(q.topic, q.partition, err)
+        except OSError as exc:
+            return OffsetAnswer(q.topic, q.partition, StorageError(f"offset lookup failed: {exc}"))
+
+    # ---- OffsetForLeaderEpoch --------------------------------------------------------
+
+    def offset_for_leader_epoch(
+        self, queries: Iterable[EpochQuery], ctx: RequestContext = _DEFAULT_CONTEXT
+    ) -> list[EpochAnswer]:
+        """Where each asked epoch ends in this leader's log (KIP-101): a follower's truncation point."""
+        self._check_running()
+        return [self._epoch_end(q, ctx) for q in queries]
+
+    def _epoch_end(self, q: EpochQuery, ctx: RequestContext) -> EpochAnswer:
+        try:
+            self._authorize(ctx, Operation.DESCRIBE, q.topic)
+            if q.leader_epoch < -1:
+                raise InvalidArgument(f"leader_epoch must be >= -1, got {q.leader_epoch}")
+            plog = self.registry.lookup(q.topic, q.partition)
+            mark = self.registry.epochs.marks.get((q.topic, q.partition))
+            check_epoch(
+                (q.topic, q.partition), q.current_leader_epoch, 0 if mark is None else mark.leader_epoch
+            )
+            epoch, end = plog.end_offset_for_epoch(q.leader_epoch)
+            return EpochAnswer(q.topic, q.partition, None, epoch, end)
+        except SluiceError as err:
+            return EpochAnswer(q.topic, q.partition, err)
