@@ -70,10 +70,18 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     _add_format(describe)
     describe.set_defaults(run=run_describe, parser=describe)
 
-    alter = actions.add_parser("alter", help="add partitions to a topic", parents=[common])
+    alter = actions.add_parser(
+        "alter", help="add partitions to a topic, or change its replication settings", parents=[common]
+    )
     alter.add_argument("name", metavar="NAME")
+    alter.add_argument("--partitions", "-p", type=int, help="the new, larger number of partitions")
     alter.add_argument(
-        "--partitions", "-p", type=int, required=True, help="the new, larger number of partitions"
+        "--min-insync-replicas", type=int, metavar="M", help="in-sync replicas an acks=all write needs"
+    )
+    alter.add_argument(
+        "--unclean-leader-election",
+        choices=("on", "off"),
+        help="let an out-of-sync replica lead when no in-sync one is left (loses data)",
     )
     _add_format(alter)
     alter.set_defaults(run=run_alter, parser=alter)
@@ -161,13 +169,29 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_alter(args: argparse.Namespace) -> int:
+    replication = args.min_insync_replicas is not None or args.unclean_leader_election is not None
+    if args.partitions is None and not replication:
+        raise UsageError(
+            "nothing to alter: give --partitions, --min-insync-replicas or --unclean-leader-election"
+        )
     with connect(args) as client:
-        info = client.admin.add_partitions(args.name, args.partitions)
-    _warn(info.unacknowledged)
+        if args.partitions is not None:
+            info = client.admin.add_partitions(args.name, args.partitions)
+            _warn(info.unacknowledged)
+        if replication:
+            unclean = None if args.unclean_leader_election is None else args.unclean_leader_election == "on"
+            info = client.admin.alter_topic(
+                args.name, min_insync_replicas=args.min_insync_replicas, unclean_leader_election=unclean
+            )
+            _warn(info.unacknowledged)
     if args.format == "json":
         _print_json(topic_to_dict(info))
     else:
-        print(f"Topic {info.name} now has {len(info.partitions)} partition(s).")
+        print(
+            f"Topic {info.name} now has {len(info.partitions)} partition(s), min in-sync replicas "
+            f"{info.min_insync_replicas}, unclean leader election "
+            f"{'on' if info.unclean_leader_election else 'off'}."
+        )
     return 0
 
 

@@ -171,6 +171,32 @@ class Admin:
             self._metadata.invalidate(name)
         return _with_unacknowledged(TopicInfo.from_proto(resp.topic), resp.unacknowledged)
 
+    def alter_topic(
+        self,
+        name: str,
+        *,
+        min_insync_replicas: int | None = None,
+        unclean_leader_election: bool | None = None,
+    ) -> TopicInfo:
+        """Change a topic's replication settings (None: unchanged); its replicas are told. Raises
+        UnknownTopicOrPartition, InvalidArgument (min in-sync replicas above the replication factor), and
+        BrokerUpdateFailed as ``create_topic`` does (a retry of the same call completes it)."""
+        validate_topic(name)
+        request = coordinator_pb2.AlterTopicRequest(
+            name=name, min_insync_replicas=_positive_or_default("min_insync_replicas", min_insync_replicas)
+        )
+        if unclean_leader_election is not None:
+            if not isinstance(unclean_leader_election, bool):
+                raise InvalidArgument(
+                    f"unclean_leader_election must be True, False or None, got {unclean_leader_election!r}"
+                )
+            request.unclean_leader_election = unclean_leader_election
+        try:
+            resp = call(self._metadata.coordinator_stub().AlterTopic, request, self._timeout)
+        finally:
+            self._metadata.invalidate(name)
+        return _with_unacknowledged(TopicInfo.from_proto(resp.topic), resp.unacknowledged)
+
     def list_topics(self) -> list[TopicInfo]:
         """Every topic, sorted by name."""
         resp = call_with_retry(

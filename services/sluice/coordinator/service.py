@@ -52,7 +52,7 @@ from sluice.coordinator.groups.tracks import topic_deleted
 from sluice.coordinator.producer_ids import ProducerIdentity, init_producer_id
 from sluice.coordinator.records import Result
 from sluice.coordinator.timers import CoordinatorTimers
-from sluice.coordinator.topic_acks import Incomplete, wait_for_brokers
+from sluice.coordinator.topic_acks import Incomplete, settle, wait_for_brokers
 from sluice.coordinator.writer import Clock, SystemClock
 from sluice.errors import SluiceError, UnknownGroup
 
@@ -255,6 +255,27 @@ class CoordinatorService(CoordinatorTimers):
         result = await self._write(grow, lambda res: acks.update(self._publish(res.change)))
         log.info("topic %s grown to %d partitions", name, partitions)
         return result.topic, await self._settle_create(f"add partitions to {name}", result, acks)
+
+    async def alter_topic(
+        self, name: str, min_insync_replicas: int, unclean_leader_election: bool | None
+    ) -> tuple[TopicView, tuple[SluiceError, ...]]:
+        """Change a topic's replication settings and wait (bounded) for its replicas to be told; a retry
+        of the same call pushes it again (every alter is a new version)."""
+        acks: dict[int, asyncio.Future[PushOutcome]] = {}
+        result = await self._write(
+            lambda now: self.cluster.alter_topic(name, min_insync_replicas, unclean_leader_election, now),
+            lambda res: acks.update(self._publish(res.change)),
+        )
+        replication = result.topic.replication
+        log.info(
+            "topic %s altered: min in-sync replicas %d, unclean leader election %s",
+            name,
+            replication.min_insync_replicas,
+            replication.unclean_leader_election,
+        )
+        wait_s = self._ack_wait_s(len(result.topic.partitions))
+        failures = await wait_for_brokers(acks, wait_s, result.change.affected)
+        return result.topic, settle(failures, f"alter topic {name}")
 
     async def _settle_create(
         self, what: str, result: CreateTopicResult, acks: dict[int, asyncio.Future[PushOutcome]]

@@ -104,6 +104,13 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             topic=topic_to_proto(topic), unacknowledged=[e.to_proto() for e in unacked]
         )
 
+    async def AlterTopic(self, request: pb.AlterTopicRequest, context: Context) -> pb.AlterTopicResponse:
+        unclean = request.unclean_leader_election if request.HasField("unclean_leader_election") else None
+        topic, unacked = await self._service.alter_topic(request.name, request.min_insync_replicas, unclean)
+        return pb.AlterTopicResponse(
+            topic=topic_to_proto(topic), unacknowledged=[e.to_proto() for e in unacked]
+        )
+
     async def DeleteTopic(self, request: pb.DeleteTopicRequest, context: Context) -> pb.DeleteTopicResponse:
         unacked = await self._service.delete_topic(request.name)
         return pb.DeleteTopicResponse(unacknowledged=[e.to_proto() for e in unacked])

@@ -31,7 +31,7 @@ from sluice.coordinator.broker_updates import PushFailure, PushOutcome
 from sluice.coordinator.cluster.model import PartitionRef, TopicConfig
 from sluice.errors import BrokerNotAvailable, BrokerUpdateFailed, SluiceError
 
-__all__ = ["Incomplete", "IncompleteTopics", "wait_for_brokers"]
+__all__ = ["Incomplete", "IncompleteTopics", "settle", "wait_for_brokers"]
 
 
 @dataclass(frozen=True)
@@ -65,20 +65,26 @@ class IncompleteTopics:
         so a repeated create is TOPIC_ALREADY_EXISTS), that their heartbeats complete."""
         if any(f.answered for f in failures.values()):
             self._by_name[name] = incomplete
-            raise failed(what, failures)
-        self._by_name.pop(name, None)
-        return tuple(
-            BrokerNotAvailable(
-                f"{what}: broker {b} did not acknowledge ({f.reason}); its heartbeats apply it"
-            )
-            for b, f in sorted(failures.items())
-        )
+        else:
+            self._by_name.pop(name, None)
+        return settle(failures, what)
 
     def forget(self, name: str) -> None:
         self._by_name.pop(name, None)
 
     def __len__(self) -> int:
         return len(self._by_name)
+
+
+def settle(failures: Mapping[int, PushFailure], what: str) -> tuple[SluiceError, ...]:
+    """BROKER_UPDATE_FAILED when a broker answered it could not apply the change; else the brokers that
+    did not answer (BROKER_NOT_AVAILABLE each), a degraded success their heartbeats complete."""
+    if any(f.answered for f in failures.values()):
+        raise failed(what, failures)
+    return tuple(
+        BrokerNotAvailable(f"{what}: broker {b} did not acknowledge ({f.reason}); its heartbeats apply it")
+        for b, f in sorted(failures.items())
+    )
 
 
 def failed(what: str, failures: Mapping[int, PushFailure]) -> BrokerUpdateFailed:

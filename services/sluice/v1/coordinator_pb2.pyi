@@ -384,6 +384,61 @@ class AddPartitionsResponse(_message.Message):
 Global___AddPartitionsResponse: _TypeAlias = AddPartitionsResponse  # noqa: Y015
 
 @_typing.final
+class AlterTopicRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    MIN_INSYNC_REPLICAS_FIELD_NUMBER: _builtins.int
+    UNCLEAN_LEADER_ELECTION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    min_insync_replicas: _builtins.int
+    """0: unchanged. Above the topic's replication factor: INVALID_ARGUMENT."""
+    unclean_leader_election: _builtins.bool
+    """Absent: unchanged."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        min_insync_replicas: _builtins.int = ...,
+        unclean_leader_election: _builtins.bool | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_unclean_leader_election", b"_unclean_leader_election", "unclean_leader_election", b"unclean_leader_election"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_unclean_leader_election", b"_unclean_leader_election", "min_insync_replicas", b"min_insync_replicas", "name", b"name", "unclean_leader_election", b"unclean_leader_election"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__unclean_leader_election: _TypeAlias = _typing.Literal["unclean_leader_election"]  # noqa: Y015
+    _WhichOneofArgType__unclean_leader_election: _TypeAlias = _typing.Literal["_unclean_leader_election", b"_unclean_leader_election"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__unclean_leader_election) -> _WhichOneofReturnType__unclean_leader_election | None: ...
+
+Global___AlterTopicRequest: _TypeAlias = AlterTopicRequest  # noqa: Y015
+
+@_typing.final
+class AlterTopicResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    UNACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def topic(self) -> Global___TopicDescription: ...
+    @_builtins.property
+    def unacknowledged(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Error]:
+        """As in CreateTopicResponse."""
+
+    def __init__(
+        self,
+        *,
+        topic: Global___TopicDescription | None = ...,
+        unacknowledged: _abc.Iterable[_common_pb2.Error] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic", b"topic", "unacknowledged", b"unacknowledged"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterTopicResponse: _TypeAlias = AlterTopicResponse  # noqa: Y015
+
+@_typing.final
 class ListTopicsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

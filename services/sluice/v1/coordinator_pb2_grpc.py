@@ -66,6 +66,11 @@ class CoordinatorStub:
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.AddPartitionsRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_coordinator__pb2.AddPartitionsResponse.FromString,
                 _registered_method=True)
+        self.AlterTopic = channel.unary_unary(
+                '/sluice.v1.Coordinator/AlterTopic',
+                request_serializer=sluice_dot_v1_dot_coordinator__pb2.AlterTopicRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_coordinator__pb2.AlterTopicResponse.FromString,
+                _registered_method=True)
         self.ListTopics = channel.unary_unary(
                 '/sluice.v1.Coordinator/ListTopics',
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.ListTopicsRequest.SerializeToString,
@@ -168,6 +173,14 @@ class CoordinatorServicer:
     def AddPartitions(self, request, context):
         """Grow a topic to `partitions` partitions (Kafka's CreatePartitions). Existing
         partitions keep their placement and data; keyed records may map differently.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterTopic(self, request, context):
+        """Change a topic's replication settings (min in-sync replicas, unclean
+        leader election); the replicas are told the new settings.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -293,6 +306,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.AddPartitions,
                     request_deserializer=sluice_dot_v1_dot_coordinator__pb2.AddPartitionsRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_coordinator__pb2.AddPartitionsResponse.SerializeToString,
+            ),
+            'AlterTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterTopic,
+                    request_deserializer=sluice_dot_v1_dot_coordinator__pb2.AlterTopicRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_coordinator__pb2.AlterTopicResponse.SerializeToString,
             ),
             'ListTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTopics,
@@ -519,6 +537,33 @@ class Coordinator:
             '/sluice.v1.Coordinator/AddPartitions',
             sluice_dot_v1_dot_coordinator__pb2.AddPartitionsRequest.SerializeToString,
             sluice_dot_v1_dot_coordinator__pb2.AddPartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Coordinator/AlterTopic',
+            sluice_dot_v1_dot_coordinator__pb2.AlterTopicRequest.SerializeToString,
+            sluice_dot_v1_dot_coordinator__pb2.AlterTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,10 @@ class CoordinatorStub:
     """Grow a topic to `partitions` partitions (Kafka's CreatePartitions). Existing
     partitions keep their placement and data; keyed records may map differently.
     """
+    AlterTopic: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.AlterTopicRequest, _coordinator_pb2.AlterTopicResponse]
+    """Change a topic's replication settings (min in-sync replicas, unclean
+    leader election); the replicas are told the new settings.
+    """
     ListTopics: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ListTopicsRequest, _coordinator_pb2.ListTopicsResponse]
     DescribeTopic: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeTopicRequest, _coordinator_pb2.DescribeTopicResponse]
     Metadata: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.MetadataRequest, _coordinator_pb2.MetadataResponse]
@@ -96,6 +100,10 @@ class CoordinatorAsyncStub(CoordinatorStub):
     AddPartitions: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AddPartitionsRequest, _coordinator_pb2.AddPartitionsResponse]  # type: ignore[assignment]
     """Grow a topic to `partitions` partitions (Kafka's CreatePartitions). Existing
     partitions keep their placement and data; keyed records may map differently.
+    """
+    AlterTopic: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.AlterTopicRequest, _coordinator_pb2.AlterTopicResponse]  # type: ignore[assignment]
+    """Change a topic's replication settings (min in-sync replicas, unclean
+    leader election); the replicas are told the new settings.
     """
     ListTopics: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ListTopicsRequest, _coordinator_pb2.ListTopicsResponse]  # type: ignore[assignment]
     DescribeTopic: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.DescribeTopicRequest, _coordinator_pb2.DescribeTopicResponse]  # type: ignore[assignment]
@@ -180,6 +188,16 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_coordinator_pb2.AddPartitionsResponse, _abc.Awaitable[_coordinator_pb2.AddPartitionsResponse]]:
         """Grow a topic to `partitions` partitions (Kafka's CreatePartitions). Existing
         partitions keep their placement and data; keyed records may map differently.
+        """
+
+    @_abc_1.abstractmethod
+    def AlterTopic(
+        self,
+        request: _coordinator_pb2.AlterTopicRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.AlterTopicResponse, _abc.Awaitable[_coordinator_pb2.AlterTopicResponse]]:
+        """Change a topic's replication settings (min in-sync replicas, unclean
+        leader election); the replicas are told the new settings.
         """
 
     @_abc_1.abstractmethod

@@ -64,5 +64,17 @@ def test_up_with_three_brokers_places_a_factor_three_topic_on_all_of_them(tmp_pa
         )
         assert (one["replication_factor"], one["min_insync_replicas"]) == (1, 1)
         assert one["unclean_leader_election"] is True
+
+        # topic alter: min in-sync replicas and unclean election of an existing topic.
+        altered = ok(sluice(stack, "topic", "alter", "rep3", "--min-insync-replicas", "3"))
+        assert "min in-sync replicas 3, unclean leader election off" in altered
+        ok(sluice(stack, "topic", "alter", "rep3", "--unclean-leader-election", "on"))
+        doc = json.loads(ok(sluice(stack, "topic", "describe", "rep3", "--format", "json")))
+        assert (doc["min_insync_replicas"], doc["unclean_leader_election"]) == (3, True)
+        too_many = sluice(stack, "topic", "alter", "rep3", "--min-insync-replicas", "4")
+        assert too_many.stderr.decode().startswith("error: INVALID_ARGUMENT: ")
+        nothing = sluice(stack, "topic", "alter", "rep3")
+        assert nothing.returncode != 0
+        assert "nothing to alter" in nothing.stderr.decode()
     finally:
         assert stack.stop() == 0

@@ -12,7 +12,7 @@ from sluice.coordinator.cluster.model import TopicConfig
 from sluice.coordinator.cluster.records import new_topic_record
 from sluice.coordinator.cluster.replication import PartitionState, ReplicationConfig, ReplicationSpec
 from sluice.coordinator.cluster.state import ClusterSettings
-from sluice.errors import InvalidArgument, InvalidReplicationFactor, InvalidRequest
+from sluice.errors import InvalidArgument, InvalidReplicationFactor, InvalidRequest, UnknownTopicOrPartition
 
 
 def _cluster(brokers: int, default_factor: int = 1, racks: dict[int, str] | None = None) -> ClusterContext:
@@ -156,3 +156,34 @@ def test_a_record_written_before_replication_reads_as_factor_one() -> None:
     assert record == new_topic_record("old", "x", [3, 4], TopicConfig(), 5)
     assert record.replication == ReplicationConfig()
     assert record.states[1] == PartitionState((4,), 4, 0, 0, (4,), ())
+
+
+def test_alter_changes_min_insync_and_unclean_election_and_tells_every_replica() -> None:
+    ctx = _cluster(3)
+    ctx.create_topic("orders", 2, spec=ReplicationSpec(3))
+    states = ctx.state.topics["orders"].states
+    version = ctx.state.metadata_version
+    altered = ctx.apply(ctx.state.alter_topic("orders", 3, True, ctx.now_ms))
+    assert altered.topic.replication == ReplicationConfig(3, 3, True)
+    assert ctx.state.metadata_version == version + 1
+    assert set(altered.change.assign) == {0, 1, 2}
+    assert all(r.min_insync_replicas == 3 for refs in altered.change.assign.values() for r in refs)
+    # Settings of the topic, not a change of leaders or ISR: the partitions' states and epochs stay.
+    assert ctx.state.topics["orders"].states == states
+    # 0 / None leave a setting as it is; the record survives a restart.
+    ctx.apply(ctx.state.alter_topic("orders", 0, None, ctx.now_ms))
+    assert ctx.recover().topics["orders"].replication == ReplicationConfig(3, 3, True)
+    ctx.apply(ctx.state.alter_topic("orders", 0, False, ctx.now_ms))
+    assert ctx.state.topics["orders"].replication == ReplicationConfig(3, 3, False)
+
+
+def test_alter_refuses_min_insync_above_the_factor_and_unknown_topics() -> None:
+    ctx = _cluster(3)
+    ctx.create_topic("orders", spec=ReplicationSpec(2))
+    with pytest.raises(InvalidArgument, match=r"between 1 and the replication factor \(2\), got 3"):
+        ctx.state.alter_topic("orders", 3, None, ctx.now_ms)
+    with pytest.raises(InvalidArgument):
+        ctx.state.alter_topic("orders", -1, None, ctx.now_ms)
+    with pytest.raises(UnknownTopicOrPartition):
+        ctx.state.alter_topic("nope", 1, None, ctx.now_ms)
+    assert ctx.state.topics["orders"].replication == ReplicationConfig(2, 2, False)

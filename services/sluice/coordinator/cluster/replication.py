@@ -20,6 +20,7 @@ __all__ = [
     "PartitionState",
     "ReplicationConfig",
     "ReplicationSpec",
+    "altered",
     "default_min_insync",
 ]
 
@@ -62,6 +63,20 @@ class ReplicationConfig:
             int(data.get("min_insync_replicas", 1)),
             bool(data.get("unclean_leader_election", False)),
         )
+
+
+def altered(
+    config: ReplicationConfig, topic: str, min_insync_replicas: int, unclean_leader_election: bool | None
+) -> ReplicationConfig:
+    """``config`` with the settings an AlterTopic changes (0 / None: unchanged), or the typed error."""
+    min_isr = min_insync_replicas or config.min_insync_replicas
+    if min_insync_replicas < 0 or not 1 <= min_isr <= config.factor:
+        raise InvalidArgument(
+            f"topic {topic!r}: min_insync_replicas must be between 1 and the replication factor "
+            f"({config.factor}), got {min_insync_replicas}"
+        )
+    unclean = config.unclean_leader_election if unclean_leader_election is None else unclean_leader_election
+    return ReplicationConfig(config.factor, min_isr, unclean)
 
 
 @dataclass(frozen=True)

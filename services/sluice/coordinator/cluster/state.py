@@ -46,7 +46,7 @@ from sluice.coordinator.cluster.records import (
     new_replicated_topic_record,
     new_topic_tombstone,
 )
-from sluice.coordinator.cluster.replication import DEFAULT_SPEC, PartitionState, ReplicationSpec
+from sluice.coordinator.cluster.replication import DEFAULT_SPEC, PartitionState, ReplicationSpec, altered
 from sluice.coordinator.cluster.sessions import Liveness, SessionTracker
 from sluice.coordinator.records import Record, RecordValue, Result, Tombstone
 from sluice.errors import (
@@ -368,6 +368,27 @@ class ClusterState:
         return Result(
             CreateTopicResult(self._view(grown, self.live_dispatchers(now_ms)), change),
             (grown, self._counters(metadata_version=version)),
+        )
+
+    def alter_topic(
+        self, name: str, min_insync_replicas: int, unclean_leader_election: bool | None, now_ms: int
+    ) -> Result[CreateTopicResult]:
+        """Change a topic's replication settings, and tell every replica (at the next version, even when
+        nothing changed: a retry after a broker did not apply it pushes it again). The partitions' states
+        and epochs stay: these are settings of the topic, not a change of who leads or is in sync."""
+        validate_topic(name)
+        record = self.topics.get(name)
+        if record is None:
+            raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
+        replication = altered(record.replication, name, min_insync_replicas, unclean_leader_election)
+        new = new_replicated_topic_record(
+            name, record.topic_id, record.states, record.config, record.created_ms, replication
+        )
+        version = self.metadata_version + 1
+        change = MetadataChange(self.metadata_version, version, assign=new.refs_by_broker())
+        return Result(
+            CreateTopicResult(self._view(new, self.live_dispatchers(now_ms)), change),
+            (new, self._counters(metadata_version=version)),
         )
 
     def delete_topic(self, name: str) -> Result[DeleteTopicResult]:
