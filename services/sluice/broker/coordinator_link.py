@@ -48,6 +48,7 @@ class CoordinatorLink:
         apply_update: Callable[[AssignmentUpdate], Awaitable[None]],
         rack: str = "",
         metadata_version: Callable[[], int],
+        controller_epoch: Callable[[], int] = lambda: 0,
     ) -> None:
         self.address = address
         self.broker_id = broker_id
@@ -59,6 +60,8 @@ class CoordinatorLink:
         self.incarnation = uuid.uuid4().hex
         self._apply = apply_update
         self._version = metadata_version
+        #: The highest controller epoch obeyed, reported so a coordinator behind it catches up.
+        self._controller_epoch = controller_epoch
         self.broker_epoch = -1
         #: Set once registered (tests and readiness can wait on it).
         self.registered = asyncio.Event()
@@ -97,6 +100,7 @@ class CoordinatorLink:
                 endpoint=coordinator_pb2.Endpoint(host=self.host, port=self.port, wire_port=self.wire_port),
                 incarnation=self.incarnation,
                 rack=self.rack,
+                controller_epoch=self._controller_epoch(),
             ),
             timeout=RPC_TIMEOUT_S,
         )
@@ -122,6 +126,7 @@ class CoordinatorLink:
                     broker_id=self.broker_id,
                     broker_epoch=self.broker_epoch,
                     metadata_version=self._version(),
+                    controller_epoch=self._controller_epoch(),
                 ),
                 timeout=max(RPC_TIMEOUT_S, 2 * interval),
             )

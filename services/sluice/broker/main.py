@@ -104,6 +104,7 @@ async def run(config: BrokerConfig) -> None:
             rack=config.rack,
             apply_update=service.update_partitions,
             metadata_version=lambda: service.metadata_version,
+            controller_epoch=lambda: service.registry.epochs.controller_epoch,
         )
         link_task = asyncio.create_task(_run_link(link, server, wire), name="coordinator-link")
 

@@ -54,7 +54,7 @@ from sluice.coordinator.records import Result
 from sluice.coordinator.timers import CoordinatorTimers
 from sluice.coordinator.topic_acks import Incomplete, settle, wait_for_brokers
 from sluice.coordinator.writer import Clock, SystemClock
-from sluice.errors import SluiceError, UnknownGroup
+from sluice.errors import NotCoordinator, SluiceError, UnknownGroup
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +161,15 @@ class CoordinatorService(CoordinatorTimers):
     # ---- brokers and dispatchers ---------------------------------------------------------------------
 
     async def register_broker(
-        self, broker_id: int, endpoint: Endpoint, incarnation: str, rack: str = ""
+        self,
+        broker_id: int,
+        endpoint: Endpoint,
+        incarnation: str,
+        rack: str = "",
+        controller_epoch: int = 0,
     ) -> Registration:
+        await self._catch_up_epoch(broker_id, controller_epoch)
+
         def committed(reg: Registration) -> None:
             if reg.new_incarnation:
                 # A new process has applied nothing: it reports version 0 and gets a full assignment.
@@ -177,8 +184,10 @@ class CoordinatorService(CoordinatorTimers):
         return reg
 
     async def broker_heartbeat(
-        self, broker_id: int, broker_epoch: int, metadata_version: int
+        self, broker_id: int, broker_epoch: int, metadata_version: int, controller_epoch: int = 0
     ) -> BrokerHeartbeatResult:
+        await self._catch_up_epoch(broker_id, controller_epoch)
+
         def committed(res: BrokerHeartbeatResult) -> None:
             if res.error is None:
                 self._notifier.observed(broker_id, metadata_version)
@@ -192,6 +201,40 @@ class CoordinatorService(CoordinatorTimers):
         if revived and res.error is None:
             await self._elect_offline(f"broker {broker_id} is back")
         return res
+
+    async def _catch_up_epoch(self, broker_id: int, seen: int) -> None:
+        """A broker has obeyed a controller epoch above ours: Redis lost the epoch (a failover to a replica
+        that missed it, a restore), and the broker would refuse every order of ours (STALE_CONTROLLER_EPOCH).
+        Raise the stored epoch to what it saw, then take a new term above it: without an election, here
+        and now; with one, by standing down (fenced) so the next election's INCR lands above it. Any write
+        of ours in between is refused by the store's fence, so nothing is written under the old epoch.
+        docs/replication.md, "Controller state"."""
+        if seen <= self._epoch:
+            return
+        async with self._lock:
+            if seen <= self._epoch or self._fenced_by is not None:
+                fenced = self._fenced_by
+            else:
+                log.error(
+                    "broker %d has obeyed controller epoch %d, above this coordinator's %d: the metadata "
+                    "store lost its epoch; taking a new term above it",
+                    broker_id,
+                    seen,
+                    self._epoch,
+                )
+                await self._store.raise_epoch(seen)
+                fenced = self._fenced_by = (
+                    f"coordinator epoch {self._epoch} is older than epoch {seen} a broker has obeyed: "
+                    "a new term is being taken"
+                )
+                if self.election is not None:
+                    self.election.fenced()
+        if fenced is None:
+            return
+        if self.election is None:
+            await self.start()  # the next epoch (INCR) is above ``seen``
+            return
+        raise NotCoordinator(fenced)
 
     async def register_dispatcher(
         self, dispatcher_id: str, endpoint: Endpoint, incarnation: str

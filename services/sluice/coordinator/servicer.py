@@ -51,7 +51,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             request.endpoint, request.HasField("endpoint"), f"broker {request.broker_id}"
         )
         reg = await self._service.register_broker(
-            request.broker_id, endpoint, request.incarnation, request.rack
+            request.broker_id, endpoint, request.incarnation, request.rack, request.controller_epoch
         )
         return pb.RegisterBrokerResponse(
             broker_epoch=reg.epoch,
@@ -63,7 +63,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.BrokerHeartbeatRequest, context: Context
     ) -> pb.BrokerHeartbeatResponse:
         result = await self._service.broker_heartbeat(
-            request.broker_id, request.broker_epoch, request.metadata_version
+            request.broker_id, request.broker_epoch, request.metadata_version, request.controller_epoch
         )
         response = pb.BrokerHeartbeatResponse()
         if result.error is not None:

@@ -74,6 +74,14 @@ return {'OK', current}
 )
 
 
+# KEYS[1] the epoch key, ARGV[1] the floor.
+RAISE_EPOCH = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end
+return current
+"""
+
+
 class MetadataStore:
     """Loads and writes the coordinator's records. Caller: the service layer only."""
 
@@ -91,6 +99,14 @@ class MetadataStore:
         """
         try:
             return int(await self._redis.incr(self.epoch_key))
+        except RedisError as exc:
+            raise StorageError(f"cannot reach the metadata store (Redis): {exc}") from exc
+
+    async def raise_epoch(self, floor: int) -> None:
+        """Make the coordinator epoch at least ``floor`` (never lower it): the next ``acquire_epoch`` (or
+        election) then takes an epoch above every one the brokers have obeyed. Fences the caller too."""
+        try:
+            await self._redis.eval(RAISE_EPOCH, 1, self.epoch_key, floor)
         except RedisError as exc:
             raise StorageError(f"cannot reach the metadata store (Redis): {exc}") from exc
 

@@ -73,6 +73,7 @@ class RegisterBrokerRequest(_message.Message):
     ENDPOINT_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     RACK_FIELD_NUMBER: _builtins.int
+    CONTROLLER_EPOCH_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     incarnation: _builtins.str
     """Changes on every broker process start; a stale process cannot
@@ -81,6 +82,11 @@ class RegisterBrokerRequest(_message.Message):
     rack: _builtins.str
     """The broker's rack or zone (--rack); "" when unknown. Placement spreads a
     partition's replicas across racks.
+    """
+    controller_epoch: _builtins.int
+    """The highest controller epoch this broker has obeyed (0: none). A
+    coordinator whose own epoch is lower (its Redis lost the epoch) takes a
+    new one above it before it can give this broker orders.
     """
     @_builtins.property
     def endpoint(self) -> Global___Endpoint: ...
@@ -91,10 +97,11 @@ class RegisterBrokerRequest(_message.Message):
         endpoint: Global___Endpoint | None = ...,
         incarnation: _builtins.str = ...,
         rack: _builtins.str = ...,
+        controller_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "endpoint", b"endpoint", "incarnation", b"incarnation", "rack", b"rack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "controller_epoch", b"controller_epoch", "endpoint", b"endpoint", "incarnation", b"incarnation", "rack", b"rack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -132,20 +139,24 @@ class BrokerHeartbeatRequest(_message.Message):
     BROKER_ID_FIELD_NUMBER: _builtins.int
     BROKER_EPOCH_FIELD_NUMBER: _builtins.int
     METADATA_VERSION_FIELD_NUMBER: _builtins.int
+    CONTROLLER_EPOCH_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     broker_epoch: _builtins.int
     metadata_version: _builtins.int
     """The metadata version the broker last applied."""
+    controller_epoch: _builtins.int
+    """As in RegisterBrokerRequest."""
     def __init__(
         self,
         *,
         broker_id: _builtins.int = ...,
         broker_epoch: _builtins.int = ...,
         metadata_version: _builtins.int = ...,
+        controller_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "metadata_version", b"metadata_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "controller_epoch", b"controller_epoch", "metadata_version", b"metadata_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
