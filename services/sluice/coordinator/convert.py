@@ -66,7 +66,13 @@ def replication_spec_from_proto(msg: coordinator_pb2.CreateTopicRequest) -> Repl
 
 
 def _partition_to_proto(p: PartitionView) -> coordinator_pb2.PartitionDescription:
-    state = p.replica_state
+    state = p.state
+    if state is None or state.is_single:
+        # One replica at epoch 0 (every unreplicated topic): the fields of before replication only, so
+        # Metadata of such topics stays the size and cost it was (the SDK reads no replicas as this).
+        return coordinator_pb2.PartitionDescription(
+            partition=p.partition, broker_id=p.broker_id, dispatcher_id=p.dispatcher_id
+        )
     return coordinator_pb2.PartitionDescription(
         partition=p.partition,
         broker_id=p.broker_id,

@@ -585,7 +585,10 @@ class PartitionDescription(_message.Message):
     partition_epoch: _builtins.int
     @_builtins.property
     def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Preference order; the first is the preferred leader."""
+        """Preference order; the first is the preferred leader. Empty: the
+        partition has one replica, `broker_id`, which is its ISR, at epoch 0
+        (left out to keep Metadata of unreplicated topics as small as before).
+        """
 
     @_builtins.property
     def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
