@@ -123,6 +123,8 @@ class UpdatePlan:
     assigned: set[TopicPartitionKey] = field(default_factory=set)
     #: Partitions the update assigns to this broker as a follower: hosted, not served.
     follow: dict[TopicPartitionKey, PartitionAssignment] = field(default_factory=dict)
+    #: Assignments ignored as stale (older epochs): these partitions keep what they had.
+    untouched: AbstractSet[TopicPartitionKey] = field(default_factory=frozenset)
     #: Partitions removed by the update (not stale).
     removed: set[TopicPartitionKey] = field(default_factory=set)
     #: Served partitions that stop being served (removed, or left out of a full update).
@@ -165,7 +167,7 @@ def plan_update(
     assigning a/0 (X) and c/0 (Z) and removing b/0 (Y) gives delete [b/0], create [c/0] and
     serve {a/0, c/0}: a/1 stops being served but keeps its data.
     """
-    plan = UpdatePlan(base=served, full=update.full)
+    plan = UpdatePlan(base=served, full=update.full, untouched=untouched)
     assigned = {item.key: item for item in update.assign}
     for item in update.remove:
         current = on_disk.get(item.key)
@@ -365,8 +367,11 @@ class PartitionRegistry:
         return plan
 
     def _set_roles(self, plan: UpdatePlan) -> None:
-        for key in (*plan.unserve, *plan.removed, *plan.assigned):
-            self.following.pop(key, None)
+        if plan.full:  # the whole assignment: what it does not name as followed is not followed
+            self.following = {k: v for k, v in self.following.items() if k in plan.untouched}
+        else:
+            for key in (*plan.unserve, *plan.removed, *plan.assigned):
+                self.following.pop(key, None)
         self.following.update(plan.follow)
 
     def _apply_plan(

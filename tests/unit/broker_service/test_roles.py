@@ -120,3 +120,17 @@ def test_a_journal_of_before_epochs_reads_as_no_epochs(tmp_path: Path) -> None:
     found = AssignmentJournal(tmp_path).recover()
     assert found.served == {("t", 0), ("t", 1)}
     assert (found.controller_epoch, found.epochs) == (0, {})
+
+
+def test_a_full_update_forgets_followed_partitions_it_leaves_out(tmp_path: Path) -> None:
+    reg = registry(tmp_path)
+    reg.apply(AssignmentUpdate(1, True, (pa(0, 2), pa(1, 2))))
+    assert set(reg.following) == {("t", 0), ("t", 1)}
+    reg.apply(AssignmentUpdate(2, True, (pa(1, 2),)))
+    assert set(reg.following) == {("t", 1)}
+    # Not followed any more, still on disk: a plain NOT_LEADER, not one naming a leader it no longer knows.
+    with pytest.raises(NotLeader, match="not served by this broker"):
+        reg.lookup("t", 0)
+    # A delta removing the partition forgets it too.
+    reg.apply(AssignmentUpdate(3, False, (), (pa(1, 2),)))
+    assert reg.following == {}

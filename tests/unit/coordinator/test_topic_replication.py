@@ -8,10 +8,12 @@ import json
 import pytest
 from coordinator_context import SETTINGS, ClusterContext
 
+from sluice.client.metadata import TopicInfo
 from sluice.coordinator.cluster.model import TopicConfig
 from sluice.coordinator.cluster.records import new_topic_record
 from sluice.coordinator.cluster.replication import PartitionState, ReplicationConfig, ReplicationSpec
 from sluice.coordinator.cluster.state import ClusterSettings
+from sluice.coordinator.convert import topic_to_proto
 from sluice.errors import InvalidArgument, InvalidReplicationFactor, InvalidRequest, UnknownTopicOrPartition
 
 
@@ -187,3 +189,20 @@ def test_alter_refuses_min_insync_above_the_factor_and_unknown_topics() -> None:
     with pytest.raises(UnknownTopicOrPartition):
         ctx.state.alter_topic("nope", 1, None, ctx.now_ms)
     assert ctx.state.topics["orders"].replication == ReplicationConfig(2, 2, False)
+
+
+def test_metadata_leaves_out_the_replicas_of_unreplicated_partitions_and_the_sdk_fills_them_in() -> None:
+    ctx = _cluster(3)
+    one = ctx.create_topic("one", 2).topic
+    three = ctx.create_topic("three", 2, spec=ReplicationSpec(3)).topic
+    single = topic_to_proto(one)
+    assert [list(p.replicas) for p in single.partitions] == [[], []]
+    info = TopicInfo.from_proto(single)
+    assert all(p.replicas == p.isr == (p.broker_id,) for p in info.partitions)
+    assert (info.replication_factor, info.min_insync_replicas) == (1, 1)
+    replicated = TopicInfo.from_proto(topic_to_proto(three))
+    assert replicated.replication_factor == 3
+    for p, view in zip(replicated.partitions, three.partitions, strict=True):
+        assert p.replicas == view.replica_state.replicas
+        assert p.isr == view.replica_state.isr
+        assert p.broker_id == p.replicas[0]
