@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from threading import Lock
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from sluice.coordinator.cluster.health import ReplicaHealth
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.groups.model import GroupState
 from sluice.coordinator.groups.state import GroupsState
@@ -32,6 +33,8 @@ class CoordinatorMetrics:
     dispatchers_alive: Gauge
     topics: Gauge
     partitions: Gauge
+    partitions_under_replicated: Gauge
+    partitions_offline: Gauge
     metadata_version: Gauge
     epoch: Gauge
     broker_updates: Counter
@@ -46,6 +49,8 @@ class CoordinatorMetrics:
     consumer_lag: Gauge
     consumer_lag_seconds: Gauge
     groups_not_exported: Gauge
+    #: Cached counts behind the replica gauges (not a metric).
+    replica_health: ReplicaHealth = field(default_factory=ReplicaHealth)
 
     def refresh(self, cluster: ClusterState, now_ms: int) -> None:
         """Recompute the gauges from the state (cheap: one pass over brokers, dispatchers and topics)."""
@@ -54,6 +59,9 @@ class CoordinatorMetrics:
         self.dispatchers_alive.set(len(cluster.live_dispatchers(now_ms)))
         self.topics.set(len(cluster.topics))
         self.partitions.set(cluster.partition_count())
+        under, offline = self.replica_health.count(cluster.topics)
+        self.partitions_under_replicated.set(under)
+        self.partitions_offline.set(offline)
         self.metadata_version.set(cluster.metadata_version)
 
     def refresh_groups(self, groups: GroupsState, known: set[str], selected: Iterable[str]) -> set[str]:
@@ -159,6 +167,11 @@ def coordinator_metrics() -> CoordinatorMetrics:
                 ),
                 topics=Gauge(f"{p}_topics", "Topics"),
                 partitions=Gauge(f"{p}_partitions", "Partitions over all topics"),
+                partitions_under_replicated=Gauge(
+                    f"{p}_partitions_under_replicated",
+                    "Partitions whose in-sync replicas are fewer than their replicas",
+                ),
+                partitions_offline=Gauge(f"{p}_partitions_offline", "Partitions without a leader"),
                 metadata_version=Gauge(f"{p}_metadata_version", "Current cluster metadata version"),
                 epoch=Gauge(f"{p}_epoch", "This coordinator's epoch (its fencing token in Redis)"),
                 broker_updates=Counter(

@@ -7,6 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.coordinator.cluster.failover import on_broker_gone
+from sluice.coordinator.cluster.health import ReplicaHealth
+from sluice.coordinator.cluster.model import TopicConfig
+from sluice.coordinator.cluster.records import new_replicated_topic_record
 from sluice.coordinator.cluster.replication import NO_LEADER, PartitionState, ReplicationConfig
 
 F3 = ReplicationConfig(3, 2, False)
@@ -101,3 +104,16 @@ def test_election_properties(case: tuple[PartitionState, int, set[int], Replicat
         assert not (config.unclean_leader_election and live & set(state.replicas))
     if len(new.isr) >= config.min_insync_replicas:
         assert new.elr == ()
+
+
+def test_replica_health_counts_under_replicated_and_offline_partitions_per_record() -> None:
+    healthy = PartitionState.new((1, 2, 3))
+    shrunk = on_broker_gone(healthy, 3, {1, 2}, F3).state
+    offline = on_broker_gone(PartitionState((1, 2, 3), 1, 0, 0, (1,), ()), 1, {2, 3}, F3).state
+    topic = new_replicated_topic_record("t", "id", [healthy, shrunk, offline], TopicConfig(), 0, F3)
+    health = ReplicaHealth()
+    assert health.count({"t": topic}) == (2, 1)  # the offline one's ISR is empty: under-replicated too
+    # A replaced record is counted again; a deleted topic is forgotten.
+    fixed = new_replicated_topic_record("t", "id", [healthy] * 3, TopicConfig(), 0, F3)
+    assert health.count({"t": fixed}) == (0, 0)
+    assert health.count({}) == (0, 0)
