@@ -117,9 +117,13 @@ class EpochBook:
         return stale
 
     def newer_marks(self, items: Iterable[_Assigned]) -> dict[TopicPartitionKey, EpochMark]:
-        """The marks ``items`` would change (not stale ones; the caller filtered those)."""
+        """The marks ``items`` would change (not stale ones; the caller filtered those). Epochs (0, 0) are
+        not marked: nothing is older, so such a mark would refuse nothing, and every unreplicated
+        partition is at (0, 0) for ever (this keeps their journal frames what they were)."""
         out = {}
         for item in items:
+            if not (item.leader_epoch or item.partition_epoch):
+                continue
             mark = EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch)
             if self.marks.get(item.key) != mark:
                 out[item.key] = mark

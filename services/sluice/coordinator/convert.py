@@ -106,7 +106,9 @@ def _assignment(ref: PartitionRef) -> broker_pb2.PartitionAssignment:
         config=topic_config_to_proto(ref.config),
         min_insync_replicas=ref.min_insync_replicas,
     )
-    if ref.state is not None:
+    # One replica at epoch 0 (every unreplicated partition) is sent as before replication: the receiving
+    # broker, its only replica, leads, which is what an assignment without replicas means to it.
+    if ref.state is not None and not ref.state.is_single:
         out.leader = ref.state.leader
         out.leader_epoch = ref.state.leader_epoch
         out.partition_epoch = ref.state.partition_epoch
