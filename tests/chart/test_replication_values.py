@@ -33,3 +33,26 @@ def test_a_factor_above_the_broker_count_is_refused() -> None:
 def test_the_factor_is_a_positive_integer() -> None:
     err = render_error(sets=["components.coordinator.defaultReplicationFactor=0"])
     assert "defaultReplicationFactor" in err
+
+
+def test_brokers_spread_across_nodes_by_default_and_affinity_replaces_it() -> None:
+    def pod_affinity(sets: list[str]) -> dict[str, object] | None:
+        sts = one(render(sets=sets), "StatefulSet", "sluice-broker")
+        found: dict[str, object] | None = sts["spec"]["template"]["spec"].get("affinity")
+        return found
+
+    soft = pod_affinity([])
+    assert soft is not None
+    (term,) = soft["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]  # type: ignore[index]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    labels = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+    assert labels["app.kubernetes.io/component"] == "broker"
+    hard = pod_affinity(["components.broker.antiAffinity=hard"])
+    assert hard is not None
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in hard["podAntiAffinity"]  # type: ignore[operator]
+    assert pod_affinity(["components.broker.antiAffinity=none"]) is None
+    own = pod_affinity(["components.broker.affinity.nodeAffinity.x=y"])
+    assert own == {"nodeAffinity": {"x": "y"}}
+    # Other components keep their affinity as set (none by default).
+    coordinator = one(render(), "Deployment", "sluice-coordinator")
+    assert "affinity" not in coordinator["spec"]["template"]["spec"]

@@ -183,9 +183,28 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with $c.affinity }}
+{{- if $c.affinity }}
 affinity:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml $c.affinity | nindent 2 }}
+{{- else if has (dig "antiAffinity" "none" $c) (list "soft" "hard") }}
+{{- /* Replicas of a partition on one node would fail together: spread the pods across nodes. */}}
+affinity:
+  podAntiAffinity:
+    {{- if eq $c.antiAffinity "hard" }}
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "sluice.selectorLabels" . | nindent 12 }}
+    {{- else }}
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- include "sluice.selectorLabels" . | nindent 14 }}
+    {{- end }}
 {{- end }}
 {{- with $c.topologySpreadConstraints }}
 topologySpreadConstraints:
