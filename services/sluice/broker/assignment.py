@@ -267,6 +267,9 @@ class PartitionRegistry:
         self.epochs = EpochBook()
         #: Hosted partitions this broker follows: not served (clients get NOT_LEADER naming the leader).
         self.following: dict[TopicPartitionKey, PartitionAssignment] = {}
+        #: Replicated partitions this broker served before a restart, held back until the controller's
+        #: first full assignment says who leads now.
+        self.held: set[TopicPartitionKey] = set()
         self._on_serve = on_serve
         self._on_unserve = on_unserve
         self.served: dict[TopicPartitionKey, PartitionLog] = {}
@@ -292,6 +295,11 @@ class PartitionRegistry:
             validate_topic(topic)
         except SluiceError as err:
             return err
+        if (topic, partition) in self.held:
+            return NotLeader(
+                f"partition {topic}/{partition} is replicated and this broker restarted: it waits for the "
+                "controller to confirm who leads (its next heartbeat); refresh metadata"
+            )
         followed = self.following.get((topic, partition))
         if followed is not None:
             return NotLeader(
@@ -316,8 +324,14 @@ class PartitionRegistry:
             log.warning("assignment journal: %s", problem)
         self.epochs = EpochBook(self.recovery.controller_epoch, self.recovery.epochs)
         wanted = on_disk.keys() if self.recovery.served is None else self.recovery.served
-        for key in sorted(wanted & on_disk.keys()):
+        # A replicated partition may have a new leader since this broker stopped: serving it on the
+        # journal's word could accept writes a successor never sees. Unreplicated ones serve at once.
+        marks = self.epochs.marks
+        self.held = {k for k in wanted & on_disk.keys() if (m := marks.get(k)) is not None and m.replicated}
+        for key in sorted(wanted & on_disk.keys() - self.held):
             self._serve(key, on_disk[key])
+        if self.held:
+            log.info("%d replicated partitions wait for the controller before serving", len(self.held))
         self._compact()
 
     def _compact(self) -> None:
@@ -367,9 +381,11 @@ class PartitionRegistry:
         return plan
 
     def _set_roles(self, plan: UpdatePlan) -> None:
-        if plan.full:  # the whole assignment: what it does not name as followed is not followed
+        if plan.full:  # the whole assignment: it says what this broker leads and follows
+            self.held = set()
             self.following = {k: v for k, v in self.following.items() if k in plan.untouched}
         else:
+            self.held.difference_update(plan.assigned, plan.follow, plan.removed)
             for key in (*plan.unserve, *plan.removed, *plan.assigned):
                 self.following.pop(key, None)
         self.following.update(plan.follow)

@@ -3,7 +3,8 @@
 Files under the data directory (docs/storage.md, "The assignment journal"):
 
 - ``.broker-assignment.snapshot``: one frame, ``{"generation": g, "served": [[topic, partition], ...],
-  "epochs": [[topic, partition, topic_id, leader_epoch, partition_epoch], ...], "controller_epoch": c}``;
+  "epochs": [[topic, partition, topic_id, leader_epoch, partition_epoch(, 1 if replicated)], ...],
+  "controller_epoch": c}``;
   replaced atomically (write a temporary file, fsync, rename, fsync the directory);
 - ``.broker-assignment.journal``: a header frame ``{"generation": g}``, then one frame per applied
   update that changed the served set or an epoch, ``{"serve": [...], "unserve": [...], "epochs": [...],

@@ -40,6 +40,8 @@ class _Assigned(Protocol):
     @property
     def topic_id(self) -> str: ...
     @property
+    def replicas(self) -> tuple[int, ...]: ...
+    @property
     def leader(self) -> int | None: ...
     @property
     def leader_epoch(self) -> int: ...
@@ -62,13 +64,21 @@ class EpochMark:
     topic_id: str
     leader_epoch: int
     partition_epoch: int
+    #: The partition has other replicas: after a restart this broker does not serve it before the
+    #: controller confirms who leads (another replica may have been elected meanwhile).
+    replicated: bool = False
 
     def to_json(self, key: TopicPartitionKey) -> list[Any]:
-        return [key[0], key[1], self.topic_id, self.leader_epoch, self.partition_epoch]
+        out = [key[0], key[1], self.topic_id, self.leader_epoch, self.partition_epoch]
+        return [*out, 1] if self.replicated else out
 
 
 def marks_from_json(raw: Iterable[Any]) -> dict[TopicPartitionKey, EpochMark]:
-    return {(str(t), int(p)): EpochMark(str(tid), int(le), int(pe)) for t, p, tid, le, pe in raw}
+    """Entries of 5 fields (no ``replicated``: one replica) or 6."""
+    out = {}
+    for t, p, tid, le, pe, *rest in raw:
+        out[(str(t), int(p))] = EpochMark(str(tid), int(le), int(pe), bool(rest and rest[0]))
+    return out
 
 
 class EpochBook:
@@ -117,14 +127,15 @@ class EpochBook:
         return stale
 
     def newer_marks(self, items: Iterable[_Assigned]) -> dict[TopicPartitionKey, EpochMark]:
-        """The marks ``items`` would change (not stale ones; the caller filtered those). Epochs (0, 0) are
-        not marked: nothing is older, so such a mark would refuse nothing, and every unreplicated
-        partition is at (0, 0) for ever (this keeps their journal frames what they were)."""
+        """The marks ``items`` would change (not stale ones; the caller filtered those). A one-replica
+        partition at epochs (0, 0) is not marked: nothing is older, so its mark would refuse nothing, and
+        every unreplicated partition is that for ever (this keeps their journal frames what they were)."""
         out = {}
         for item in items:
-            if not (item.leader_epoch or item.partition_epoch):
+            replicated = len(item.replicas) > 1
+            if not (item.leader_epoch or item.partition_epoch or replicated):
                 continue
-            mark = EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch)
+            mark = EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch, replicated)
             if self.marks.get(item.key) != mark:
                 out[item.key] = mark
         return out

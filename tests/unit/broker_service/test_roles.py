@@ -71,7 +71,7 @@ def test_a_stale_leader_epoch_is_ignored_and_the_role_kept(tmp_path: Path) -> No
     # Same leader epoch, older partition epoch: also stale. A full update does not unserve it either.
     reg.apply(AssignmentUpdate(3, True, (pa(0, ME, le=5, pe=6),)))
     assert ("t", 0) in reg.following
-    assert reg.epochs.marks[("t", 0)] == EpochMark("X", 5, 7)
+    assert reg.epochs.marks[("t", 0)] == EpochMark("X", 5, 7, replicated=True)
     # A newer one applies.
     reg.apply(AssignmentUpdate(4, False, (pa(0, ME, le=6, pe=8),)))
     reg.lookup("t", 0)
@@ -100,15 +100,23 @@ def test_epochs_survive_a_restart_and_a_compaction(tmp_path: Path) -> None:
     reg.close()
     again = registry(tmp_path)  # load() replays the journal, then compacts into a snapshot
     assert again.epochs.controller_epoch == 5
-    assert again.epochs.marks == {("t", 0): EpochMark("X", 3, 4), ("t", 1): EpochMark("X", 2, 2)}
+    assert again.epochs.marks == {
+        ("t", 0): EpochMark("X", 3, 4, replicated=True),
+        ("t", 1): EpochMark("X", 2, 2, replicated=True),
+    }
     with pytest.raises(StaleControllerEpoch):
         again.apply(AssignmentUpdate(1, True, (pa(0, 2, le=9, pe=9),), controller_epoch=4))
     again.close()
     third = registry(tmp_path)  # now from the snapshot
-    assert third.epochs.marks[("t", 0)] == EpochMark("X", 3, 4)
+    assert third.epochs.marks[("t", 0)] == EpochMark("X", 3, 4, replicated=True)
     assert third.epochs.controller_epoch == 5
-    # The old order (leader epoch 2 for t/0) is still stale after two restarts.
+    # The old order (leader epoch 2 for t/0) is still stale after two restarts: ignored, so t/0 keeps
+    # what it had since the restart: not served (a replicated partition waits for a current order).
     third.apply(AssignmentUpdate(2, True, (pa(0, 2, le=2, pe=9),), controller_epoch=5))
+    assert ("t", 0) not in third.following
+    with pytest.raises(NotLeader, match="not served"):
+        third.lookup("t", 0)
+    third.apply(AssignmentUpdate(3, True, (pa(0, ME, le=3, pe=5),), controller_epoch=5))
     third.lookup("t", 0)
 
 
@@ -134,3 +142,30 @@ def test_a_full_update_forgets_followed_partitions_it_leaves_out(tmp_path: Path)
     # A delta removing the partition forgets it too.
     reg.apply(AssignmentUpdate(3, False, (), (pa(1, 2),)))
     assert reg.following == {}
+
+
+def test_after_a_restart_replicated_partitions_wait_for_the_controller_and_unreplicated_ones_serve(
+    tmp_path: Path,
+) -> None:
+    reg = registry(tmp_path)
+    single = PartitionAssignment("solo", "S", 0)  # no replica state: one replica, this broker
+    reg.apply(AssignmentUpdate(1, True, (pa(0, ME), single), controller_epoch=2))
+    reg.lookup("t", 0)
+    assert reg.epochs.marks[("t", 0)] == EpochMark("X", 0, 0, replicated=True)
+    assert ("solo", 0) not in reg.epochs.marks
+    reg.close()
+
+    again = registry(tmp_path)
+    again.lookup("solo", 0)  # served at once, as before replication
+    with pytest.raises(NotLeader, match="waits for the controller"):
+        again.lookup("t", 0)
+    # The controller's full assignment (leadership moved meanwhile): t/0 is followed, never served.
+    again.apply(AssignmentUpdate(5, True, (pa(0, 2, le=1, pe=1), single), controller_epoch=3))
+    with pytest.raises(NotLeader, match="led by broker 2"):
+        again.lookup("t", 0)
+    again.close()
+
+    third = registry(tmp_path)
+    third.apply(AssignmentUpdate(6, True, (pa(0, ME, le=2, pe=2), single), controller_epoch=3))
+    third.lookup("t", 0)  # the controller says it leads again: served
+    assert third.held == set()
