@@ -28,6 +28,15 @@ LATEST = -1
 _DEFAULT_CONTEXT = RequestContext(ANONYMOUS, GRPC)
 
 
+def _current(mark: EpochMark | None, topic_id: str, leader_epoch: int, partition_epoch: int) -> bool:
+    """Whether an assignment's epochs are the ones the registry holds for the partition (not ignored as
+    stale). No mark is epochs (0, 0): an unreplicated partition at its first epochs is never marked."""
+    if mark is None:
+        return (leader_epoch, partition_epoch) == (0, 0)
+    held = (mark.topic_id, mark.leader_epoch, mark.partition_epoch)
+    return held == (topic_id, leader_epoch, partition_epoch)
+
+
 class ReplicaSteps:
     """Mixed into ``BrokerService``, which sets these attributes."""
 
@@ -49,7 +58,7 @@ class ReplicaSteps:
             (
                 item
                 for item in update.assign
-                if marks.get(item.key) == EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch)
+                if _current(marks.get(item.key), item.topic_id, item.leader_epoch, item.partition_epoch)
             ),
             self.registry.served,
         )

@@ -24,6 +24,7 @@ from sluice.errors import (
     BrokerNotAvailable,
     FencedLeaderEpoch,
     NotEnoughReplicas,
+    NotLeader,
     RequestTimedOut,
     UnknownLeaderEpoch,
 )
@@ -217,7 +218,7 @@ def test_the_hw_under_flush_always_waits_for_min_isr_fsyncs(tmp_path: Path) -> N
     asyncio.run(scenario())
 
 
-def test_a_restarted_leader_reads_up_to_its_checkpointed_hw_until_the_controller_speaks(
+def test_a_restarted_leader_waits_for_the_controller_then_reads_up_to_its_checkpointed_hw(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
@@ -232,13 +233,18 @@ def test_a_restarted_leader_reads_up_to_its_checkpointed_hw_until_the_controller
         logs = LogManager(tmp_path, config.log_defaults())
         logs.open_all()
         restarted = BrokerService(config, logs)
-        await restarted.start()  # serves what its journal says; no assignment yet
-        read = await restarted.fetch(FetchParams(0, 1, 0, [PartitionSpec("t", 0, 0, 0)]))
-        assert read.partitions[0].position == 4  # not 6: the uncommitted tail stays hidden
-        assert read.partitions[0].high_watermark == 4
+        await restarted.start()
+        # A replicated partition is held until the controller confirms who leads (another replica may
+        # have been elected meanwhile): neither reads nor writes (docs/replication.md, "Roles").
+        held = await restarted.fetch(FetchParams(0, 1, 0, [PartitionSpec("t", 0, 0, 0)]))
+        assert isinstance(held.partitions[0].error, NotLeader)
         refused, _ = restarted.append(-1, 1000, [ProduceItem("t", 0, batch(values(1)))])
-        assert isinstance(refused[0].error, NotEnoughReplicas)  # no ISR known yet
+        assert isinstance(refused[0].error, NotLeader)
         await _assign(restarted, (ME, F1), version=2)
+        # Led again: the HW starts from the checkpoint, so the uncommitted tail stays hidden.
+        read = await restarted.fetch(FetchParams(0, 1, 0, [PartitionSpec("t", 0, 0, 0)]))
+        assert read.partitions[0].position == 4  # not 6
+        assert read.partitions[0].high_watermark == 4
         await _replica_fetch(restarted, F1, 6)
         assert _hw(restarted) == 6
         await restarted.stop()
