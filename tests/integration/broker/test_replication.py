@@ -11,6 +11,8 @@ a private Redis and three brokers; a topic with factor 3 and min ISR 2.
   acknowledged record, and returns as a follower that matches the new leader byte for byte;
 - KIP-101: a leader that took acks=1 writes its followers never got dies; the new leader writes over
   those offsets in the next epoch; the old one returns and truncates exactly its divergent tail;
+- a leader paused (SIGSTOP) past its session is replaced; resumed, its acks=all writes never commit, it
+  refuses clients once it hears of the new epoch, and it follows the new leader byte for byte;
 - a follower killed with kill -9 and restarted asks the leader where its log diverges
   (OffsetForLeaderEpoch), then catches up byte for byte; meanwhile the HW holds and consumers see
   nothing of what it lacks.
@@ -358,3 +360,51 @@ def test_a_deposed_leader_truncates_exactly_its_unreplicated_tail_kip_101(tmp_pa
         )
         assert b"lost-" not in cluster.segments(old_id, "div")
         assert "diverges from leader" in cluster.brokers[old_id].proc.log()
+
+
+def test_a_paused_leader_is_replaced_and_its_writes_are_fenced_when_it_resumes(tmp_path: Path) -> None:
+    with cluster_of(tmp_path, lag="60s") as cluster:
+        create(cluster, "pause")
+        state = cluster.partition("pause")
+        old_id = state.broker_id
+        old = cluster.brokers[old_id]
+        for i in range(5):
+            assert old.produce("pause", 0, make_batch(vals(2, prefix=f"p{i}-")), acks=-1).error.code == 0
+        old.proc.process.send_signal(signal.SIGSTOP)  # longer than its session: it is replaced
+        try:
+            until(
+                lambda: cluster.partition("pause").broker_id not in (old_id, -1), "a new leader", timeout=15
+            )
+        finally:
+            old.proc.process.send_signal(signal.SIGCONT)
+        new_id = cluster.partition("pause").broker_id
+        leader = cluster.brokers[new_id]
+        until(
+            lambda: (
+                leader.produce("pause", 0, make_batch(vals(2, prefix="n")), acks=-1).error.code
+                == common_pb2.NONE
+            ),
+            "an acks=all write on the new leader",
+        )
+        # Resumed, the old leader may still believe it leads for a heartbeat: an acks=all write there
+        # never commits (its followers left it), and once it hears of the new epoch it refuses clients.
+        answer = old.stub.Produce(
+            pb.ProduceRequest(
+                acks=-1,
+                timeout_ms=1000,
+                partitions=[pb.ProducePartition(topic="pause", partition=0, records=make_batch([b"fenced"]))],
+            ),
+            timeout=10,
+        ).partitions[0]
+        assert answer.error.code != common_pb2.NONE
+        until(
+            lambda: old.produce("pause", 0, make_batch(vals(1))).error.code == common_pb2.NOT_LEADER,
+            "the old leader to refuse clients",
+        )
+        # No split brain: it follows the new leader, byte for byte, without the fenced write.
+        until(
+            lambda: cluster.segments(old_id, "pause") == cluster.segments(new_id, "pause"),
+            "the old leader to match the new one byte for byte",
+        )
+        assert b"fenced" not in cluster.segments(new_id, "pause")
+        assert high_watermark(leader, "pause") >= 12  # every acknowledged record is committed there
