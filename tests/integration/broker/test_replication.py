@@ -317,7 +317,9 @@ def test_a_killed_leader_is_replaced_from_the_isr_and_returns_as_a_follower(tmp_
             lambda: cluster.segments(old_id, "fail") == cluster.segments(now.broker_id, "fail"),
             "the old leader to match the new one byte for byte",
         )
-        assert elected_after < 5 + 3  # the session timeout, plus the expiry tick and a heartbeat
+        # The session timeout, plus the expiry tick and a push, with room for a loaded machine (the
+        # failover time itself is a bench figure, not a test's).
+        assert elected_after < 5 + 5
         metrics = urllib.request.urlopen(f"http://{cluster.coordinator.metrics}/metrics", timeout=5).read()
         assert b'sluice_coordinator_leader_elections_total{kind="clean"} 1.0' in metrics
 
