@@ -7,7 +7,9 @@ machine's drift hits both alike:
 - throughput: a producer and a fetching consumer at once, each its own process, over a 4-partition topic
   (records of 100 B), records/s of each;
 - end-to-end latency at a fixed rate (default 2,000 records/s): send -> fetched by a long-polling consumer,
-  p50 and p99 (the producer sends each record as soon as it can, linger 0).
+  p50 and p99 (the producer sends each record as soon as it can, linger 0);
+- the acknowledgement alone: one-record produce requests one at a time to the leader (gRPC), p50 and p99
+  of the answer, so the cost of the commit itself shows apart from queueing under load.
 """
 
 from __future__ import annotations
@@ -183,6 +185,42 @@ def latency(bootstrap: str, topic: str, acks: int, rate: int, seconds: float) ->
     }
 
 
+def ack_latency(bootstrap: str, topic: str, acks: int, requests: int = 400) -> dict[str, float]:
+    """One-record produces, one at a time, straight to the partition's leader."""
+    import grpc
+
+    from sluice.codec.batch import BatchBuilder
+    from sluice.v1 import broker_pb2, broker_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc
+
+    with grpc.insecure_channel(bootstrap) as channel:
+        meta = coordinator_pb2_grpc.CoordinatorStub(channel).Metadata(
+            coordinator_pb2.MetadataRequest(topics=[topic]), timeout=10
+        )
+    leader = meta.topics[0].partitions[0].broker_id
+    endpoint = next(b.endpoint for b in meta.brokers if b.broker_id == leader)
+    builder = BatchBuilder()
+    builder.append(VALUE, None, None, None, 1_000)
+    batch = builder.build()
+    request = broker_pb2.ProduceRequest(
+        acks=acks, partitions=[broker_pb2.ProducePartition(topic=topic, partition=0, records=batch)]
+    )
+    latencies = []
+    with grpc.insecure_channel(f"{endpoint.host}:{endpoint.port}") as channel:
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        for i in range(requests + 50):
+            started = time.perf_counter()
+            answer = stub.Produce(request, timeout=10)
+            if answer.partitions[0].error.code:
+                raise RuntimeError(answer.partitions[0].error.message)
+            if i >= 50:  # the first ones open connections and caches
+                latencies.append(time.perf_counter() - started)
+    ordered = sorted(latencies)
+    return {
+        "ack_p50_ms": round(ordered[len(ordered) // 2] * 1000, 3),
+        "ack_p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=200_000, help="per throughput run")
@@ -199,6 +237,7 @@ def main() -> None:
                 create(bootstrap, f"lat-{name}-{r}", factor)
                 figures = throughput(bootstrap, f"tp-{name}-{r}", args.records, acks)
                 figures.update(latency(bootstrap, f"lat-{name}-{r}", acks, args.rate, args.seconds))
+                figures.update(ack_latency(bootstrap, f"lat-{name}-{r}", acks))
                 runs[name].append(figures)
                 print(name, figures, flush=True)
     medians = {
@@ -217,6 +256,7 @@ def main() -> None:
             "f3_produce_share": round(f3["produce"] / f1["produce"], 3),
             "f3_fetch_share": round(f3["fetch"] / f1["fetch"], 3),
             "f3_p99_over_f1_ms": round(f3["p99_ms"] - f1["p99_ms"], 3),
+            "f3_ack_p99_over_f1_ms": round(f3["ack_p99_ms"] - f1["ack_p99_ms"], 3),
             "runs": runs,
         },
     )
