@@ -16,7 +16,6 @@ from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.longpoll import AppendWaiters
 from sluice.broker.replica_fetcher import ReplicaFetchers
 from sluice.broker.requests import EpochAnswer, EpochQuery, FetchParams, OffsetAnswer, OffsetQuery
-from sluice.broker.roles import EpochMark
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
 from sluice.server.context import ANONYMOUS, GRPC, Operation, RequestContext
 
@@ -49,7 +48,9 @@ class ReplicaSteps:
             (
                 item
                 for item in update.assign
-                if marks.get(item.key) == EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch)
+                if (mark := marks.get(item.key)) is not None
+                and (mark.topic_id, mark.leader_epoch, mark.partition_epoch)
+                == (item.topic_id, item.leader_epoch, item.partition_epoch)
             ),
             self.registry.served,
         )

@@ -15,8 +15,8 @@ from sluice.coordinator.groups.assignment import AssignmentJob
 from sluice.coordinator.groups.lag import lag_positions, rows_off_loop, time_lag
 from sluice.coordinator.groups.model import GroupDescription, Slot, TickOutcome
 from sluice.coordinator.metrics import LagKey
+from sluice.coordinator.rebuilding import CoordinatorRebuild
 from sluice.coordinator.records import Result
-from sluice.coordinator.writer import CoordinatorWriter
 from sluice.errors import SluiceError, UnknownGroup
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ GROUP_IDLE_S = 1.0
 ASKED_TTL_S = 600.0
 
 
-class CoordinatorTimers(CoordinatorWriter):
+class CoordinatorTimers(CoordinatorRebuild):
     """The timer loops of the leading coordinator (started by ``CoordinatorService.start``)."""
 
     async def _stop_timers(self) -> None:
@@ -75,6 +75,10 @@ class CoordinatorTimers(CoordinatorWriter):
         await self._elect(why, lambda now: elect_offline(self.cluster, now))
 
     async def _elect(self, why: str, plan: Callable[[int], Result[ElectionResult]]) -> None:
+        """Elections wait for the term's view to be rebuilt from the brokers' reports (rebuilding.py)."""
+        await self._after_rebuild(lambda: self._elect_now(why, plan))
+
+    async def _elect_now(self, why: str, plan: Callable[[int], Result[ElectionResult]]) -> None:
         def publish(res: ElectionResult) -> None:
             self._publish(res.change)
 
