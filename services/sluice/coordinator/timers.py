@@ -17,7 +17,7 @@ from sluice.coordinator.groups.model import GroupDescription, Slot, TickOutcome
 from sluice.coordinator.metrics import LagKey
 from sluice.coordinator.rebuilding import CoordinatorRebuild
 from sluice.coordinator.records import Result
-from sluice.errors import SluiceError, UnknownGroup
+from sluice.errors import NotCoordinator, SluiceError, UnknownGroup
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,10 @@ GROUP_PERIOD_S = 0.05
 GROUP_SWEEP_S = 0.25
 GROUP_GAUGES_S = 1.0
 GROUP_IDLE_S = 1.0
+#: A leader election whose write fails while Redis fails over is tried again this often, this many times
+#: (30 s: a Sentinel failover, and a new primary's first replica sync under --metadata-replicas).
+ELECTION_RETRY_S = 0.5
+ELECTION_ATTEMPTS = 60
 #: A group DescribeGroup asked about keeps its lag refreshed (and is exported before the other empty
 #: groups) for this long.
 ASKED_TTL_S = 600.0
@@ -66,8 +70,7 @@ class CoordinatorTimers(CoordinatorRebuild):
 
     async def _elect_after_loss(self, gone: int) -> None:
         """New leaders (and ISRs) for the replicated partitions of a broker whose session expired,
-        persisted and pushed (cluster/elections.py). A failed write is logged; the next expiry of
-        another broker, or a broker's return, is when the state is looked at again."""
+        persisted and pushed (cluster/elections.py). A failed write is retried (bounded: ``_elect_now``)."""
         await self._elect(f"broker {gone} gone", lambda now: elect_after_loss(self.cluster, gone, now))
 
     async def _elect_offline(self, why: str) -> None:
@@ -82,10 +85,23 @@ class CoordinatorTimers(CoordinatorRebuild):
         def publish(res: ElectionResult) -> None:
             self._publish(res.change)
 
-        try:
-            result = await self._write(plan, publish)
-        except SluiceError as err:
-            log.error("leader elections (%s) failed: %s", why, err)
+        # A write that fails while Redis fails over (StorageError, NOT_ENOUGH_REPLICAS) is retried, bounded:
+        # nothing else would look at these partitions again until another broker came or went, and they
+        # would stay led by a dead broker. Each attempt plans anew on the state reloaded from Redis.
+        for attempt in range(1, ELECTION_ATTEMPTS + 1):
+            try:
+                result = await self._write(plan, publish)
+                break
+            except NotCoordinator as err:
+                log.error("leader elections (%s): no longer the coordinator: %s", why, err)
+                return
+            except SluiceError as err:
+                if not err.retriable or attempt == ELECTION_ATTEMPTS:
+                    log.error("leader elections (%s) failed: %s", why, err)
+                    return
+                log.warning("leader elections (%s) failed (%s); retrying", why, err)
+                await asyncio.sleep(ELECTION_RETRY_S)
+        else:
             return
         unclean = set(result.unclean)
         for topic, partition, leader in result.leaders:
