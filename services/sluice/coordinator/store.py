@@ -96,7 +96,17 @@ class MetadataStore:
         self._codec = codec
         self.epoch_key = f"{key_prefix}:coordinator:epoch"
         self.records_key = f"{key_prefix}:coordinator:records"
+        #: Written by ``barrier`` only (its value: the writer's epoch; nothing reads it).
+        self.barrier_key = f"{key_prefix}:coordinator:replicated"
         self._write = redis.register_script(FENCED_WRITE)
+
+    async def barrier(self, epoch: int) -> None:
+        """With ``--metadata-replicas``: return once the replicas hold everything written so far, else
+        raise NotEnoughReplicas. A tiny fenced write and its ``WAIT``: replication is one ordered stream,
+        so replicas that hold this write hold every write before it, including one that was refused
+        because its own ``WAIT`` timed out. Without the setting: nothing."""
+        if self._wait.replicas:
+            await self.write(epoch, (), [RedisOp("SET", self.barrier_key, str(epoch))])
 
     async def acquire_epoch(self) -> int:
         """Become the writer: take the next coordinator epoch (INCR), fencing every older coordinator.

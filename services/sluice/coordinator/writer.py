@@ -150,6 +150,9 @@ class CoordinatorWriter:
         return self._epoch
 
     async def _reload(self) -> None:
+        # Under --metadata-replicas, read back only what the replicas hold too (store.barrier): a write
+        # refused NOT_ENOUGH_REPLICAS is still on the primary and must not be acted on through a reload.
+        await self._store.barrier(self._epoch)
         records = await self._store.load()
         old = self._state.cluster
         # Keep soft liveness across a reload: it is not in Redis.
