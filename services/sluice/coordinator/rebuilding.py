@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from sluice.coordinator.cluster.model import BrokerHeartbeatResult
@@ -76,8 +77,14 @@ class CoordinatorRebuild(CoordinatorWriter):
     async def _open_when_reported(self, term: TermReports, wait_s: float) -> None:
         if term.opened.is_set():
             return
+        started = time.monotonic()
         try:
             await asyncio.wait_for(term.all_reported.wait(), wait_s)
+            log.info(
+                "controller view: every registered broker reported in %.1f s (%d partitions ahead of Redis)",
+                time.monotonic() - started,
+                len({(r.topic, r.partition) for r in term.pending}),
+            )
         except TimeoutError:
             log.warning(
                 "controller view: brokers %s did not report within %.1f s; electing without them",

@@ -15,6 +15,7 @@ until its session expired, then elect again at leader epoch 1, the epoch already
 from __future__ import annotations
 
 import json
+import signal
 import struct
 import threading
 import time
@@ -32,10 +33,12 @@ from .test_replication import BROKERS, Cluster, create, high_watermark, until
 SESSION = "4s"
 
 
-def _coordinator(redis_url: str, port: int) -> tuple[ServiceProcess, list[threading.Thread]]:
+def _coordinator(
+    redis_url: str, port: int, session: str = SESSION
+) -> tuple[ServiceProcess, list[threading.Thread]]:
     return start_tracked(
         "coordinator", "--port", str(port), "--metrics-port", "0", "--redis-url", redis_url,
-        "--broker-heartbeat-interval", "200ms", "--broker-session-timeout", SESSION,
+        "--broker-heartbeat-interval", "200ms", "--broker-session-timeout", session,
     )  # fmt: skip
 
 
@@ -148,6 +151,64 @@ def test_after_redis_lost_an_election_the_controller_takes_the_brokers_reported_
                 epochs = _journal_epochs(tmp_path / f"b{broker_id}", "rb")
                 assert epochs == sorted(epochs), (broker_id, epochs)
             print(f"rebuilt from the brokers' reports {took_s:.2f} s after the coordinator started")
+        finally:
+            for broker in cluster.brokers.values():
+                if broker.alive():
+                    broker.stop()
+            coordinator.terminate()
+            reap(coordinator, pumps)
+
+
+def test_isr_changes_redis_lost_are_taken_back_once_every_live_broker_reported(tmp_path: Path) -> None:
+    """Every broker is alive: the new term does not wait out the (60 s) session timeout, it merges as soon
+    as each broker has heartbeated after its full assignment."""
+    port = free_port()
+    with run_redis(appendonly=False) as server:
+        coordinator, pumps = _coordinator(server.url, port, session="60s")
+        cluster = Cluster(coordinator, tmp_path)
+        try:
+            for broker_id in range(BROKERS):
+                cluster.start_broker(broker_id)
+            create(cluster, "isr")
+            state = cluster.partition("isr")
+            leader = cluster.brokers[state.broker_id]
+            follower = next(b for b in sorted(cluster.brokers) if b != state.broker_id)
+            assert leader.produce("isr", 0, make_batch(vals(3)), acks=-1).error.code == common_pb2.NONE
+            with redis.Redis.from_url(server.url) as r:
+                lost = _snapshot(r)
+            # The follower stops: it leaves the ISR (partition epoch 1), then rejoins (2).
+            cluster.brokers[follower].proc.process.send_signal(signal.SIGSTOP)
+            try:
+                assert leader.produce("isr", 0, make_batch(vals(3)), acks=-1).error.code == common_pb2.NONE
+                until(lambda: follower not in cluster.partition("isr").isr, "the ISR to shrink")
+            finally:
+                cluster.brokers[follower].proc.process.send_signal(signal.SIGCONT)
+            until(lambda: len(cluster.partition("isr").isr) == BROKERS, "the follower to rejoin the ISR")
+            rejoined = cluster.partition("isr")
+            assert rejoined.partition_epoch >= 2
+
+            coordinator.kill()
+            reap(coordinator, pumps)
+            with redis.Redis.from_url(server.url) as r:
+                _restore(r, lost)  # partition epoch 0 again
+            coordinator, pumps = _coordinator(server.url, port, session="60s")
+            cluster.coordinator = coordinator
+            until(
+                lambda: cluster.partition("isr").partition_epoch > rejoined.partition_epoch,
+                "the controller to take the reported ISR",
+                timeout=40,
+            )
+            rebuilt = cluster.partition("isr")
+            assert rebuilt.broker_id == state.broker_id
+            assert sorted(rebuilt.isr) == sorted(rejoined.isr)
+            assert "every registered broker reported" in coordinator.log()  # not the 60 s timeout
+            until(
+                lambda: leader.produce("isr", 0, make_batch(vals(1)), acks=-1).error.code == common_pb2.NONE,
+                "an acks=all write after the rebuild",
+            )
+            for broker_id in cluster.brokers:
+                epochs = _journal_epochs(tmp_path / f"b{broker_id}", "isr")
+                assert epochs == sorted(epochs), (broker_id, epochs)
         finally:
             for broker in cluster.brokers.values():
                 if broker.alive():
