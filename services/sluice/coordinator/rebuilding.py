@@ -9,9 +9,10 @@ their epochs. At the start of every term:
 2. a broker that holds newer epochs than that assignment ignores those partitions and reports them in its
    next heartbeat, which it sends at once (``broker/epoch_reports.py``);
 3. once every registered broker has heartbeated after its full assignment, or a session timeout after the
-   term began (a dead broker never reports; its partitions are elected when its session expires, which
-   takes as long anyway), the reports are merged (``cluster/rebuild.py``: the newest state, epochs raised
-   above everything seen), persisted and pushed, and only then do the elections that waited run.
+   term began, the reports are merged (``cluster/rebuild.py``: the newest state, epochs raised above
+   everything seen), persisted and pushed, and only then do the elections that waited run;
+4. a broker not heard from at all this term (dead before it began) has no session to expire, so its
+   partitions are elected then, as after a session expiry.
 
 Reports arriving later (a broker that was down) are merged when they come. Only clusters with replicated
 partitions wait: without them nothing can be elected and nothing is forced.
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from sluice.coordinator.cluster.model import BrokerHeartbeatResult
 from sluice.coordinator.cluster.rebuild import MAX_REPORTS, EpochReport, RebuildResult, merge_reports
+from sluice.coordinator.cluster.sessions import Liveness
 from sluice.coordinator.writer import CoordinatorWriter
 from sluice.errors import SluiceError
 
@@ -97,6 +99,17 @@ class CoordinatorRebuild(CoordinatorWriter):
         deferred, term.deferred = term.deferred, []
         for run in deferred:
             await run()
+        # A broker not heard from all this term (it died before the term began, e.g. with the previous
+        # coordinator) never gets a session here, so it would never expire: it is gone, now.
+        now = self._clock.now_ms()
+        for broker_id in sorted(term.expected - term.reported):
+            if self.cluster.broker_liveness(broker_id, now) is Liveness.UNKNOWN:
+                log.warning("broker %d not heard from this term: electing leaders without it", broker_id)
+                await self._elect_after_loss(broker_id)
+
+    async def _elect_after_loss(self, gone: int) -> None:
+        """Elections after ``gone``'s loss (``timers.CoordinatorTimers``)."""
+        raise NotImplementedError
 
     async def _after_rebuild(self, run: Callable[[], Awaitable[None]]) -> None:
         """Run an election now, or once this term's view is rebuilt from the brokers' reports."""

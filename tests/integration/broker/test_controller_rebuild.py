@@ -215,3 +215,48 @@ def test_isr_changes_redis_lost_are_taken_back_once_every_live_broker_reported(t
                     broker.stop()
             coordinator.terminate()
             reap(coordinator, pumps)
+
+
+def test_a_leader_that_died_with_the_coordinator_is_replaced_in_the_next_term(tmp_path: Path) -> None:
+    """The leader and the coordinator die together (kill -9). The dead broker never heartbeats to the new
+    term, so it has no session to expire there: when the term's wait for reports ends (one session
+    timeout), it is taken as gone and its partition gets a leader from the ISR. Before, the partition
+    stayed led by the dead broker for the whole term."""
+    port = free_port()
+    with run_redis(appendonly=False) as server:
+        coordinator, pumps = _coordinator(server.url, port)
+        cluster = Cluster(coordinator, tmp_path)
+        try:
+            for broker_id in range(BROKERS):
+                cluster.start_broker(broker_id)
+            create(cluster, "both")
+            before = cluster.partition("both")
+            old = cluster.brokers[before.broker_id]
+            assert old.produce("both", 0, make_batch(vals(4)), acks=-1).error.code == common_pb2.NONE
+            coordinator.kill()
+            reap(coordinator, pumps)
+            old.kill()
+            old.close()
+            coordinator, pumps = _coordinator(server.url, port)
+            cluster.coordinator = coordinator
+            until(
+                lambda: cluster.partition("both").broker_id not in (before.broker_id, -1),
+                "a leader for the dead broker's partition",
+                timeout=40,
+            )
+            now = cluster.partition("both")
+            assert now.leader_epoch == before.leader_epoch + 1
+            assert before.broker_id not in now.isr
+            leader = cluster.brokers[now.broker_id]
+            until(
+                lambda: leader.produce("both", 0, make_batch(vals(1)), acks=-1).error.code == common_pb2.NONE,
+                "an acks=all write on the new leader",
+            )
+            assert high_watermark(leader, "both") >= 5
+            assert f"broker {before.broker_id} not heard from this term" in coordinator.log()
+        finally:
+            for broker in cluster.brokers.values():
+                if broker.alive():
+                    broker.stop()
+            coordinator.terminate()
+            reap(coordinator, pumps)
