@@ -100,12 +100,17 @@ class CoordinatorRebuild(CoordinatorWriter):
         for run in deferred:
             await run()
         # A broker not heard from all this term (it died before the term began, e.g. with the previous
-        # coordinator) never gets a session here, so it would never expire: it is gone, now.
+        # coordinator) never gets a session here, so it would never expire: it is gone, now. So is one
+        # that expired while an earlier term's gate was closed (a re-election drops that term's deferred
+        # elections). Idempotent: a broker already out of every ISR changes nothing.
         now = self._clock.now_ms()
-        for broker_id in sorted(term.expected - term.reported):
-            if self.cluster.broker_liveness(broker_id, now) is Liveness.UNKNOWN:
+        for broker_id in sorted(term.expected):
+            liveness = self.cluster.broker_liveness(broker_id, now)
+            if liveness is Liveness.ALIVE:
+                continue
+            if liveness is Liveness.UNKNOWN:
                 log.warning("broker %d not heard from this term: electing leaders without it", broker_id)
-                await self._elect_after_loss(broker_id)
+            await self._elect_after_loss(broker_id)
 
     async def _elect_after_loss(self, gone: int) -> None:
         """Elections after ``gone``'s loss (``timers.CoordinatorTimers``)."""
