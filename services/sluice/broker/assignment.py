@@ -270,6 +270,9 @@ class PartitionRegistry:
         #: Replicated partitions this broker served before a restart, held back until the controller's
         #: first full assignment says who leads now.
         self.held: set[TopicPartitionKey] = set()
+        #: Partitions the controller last sent at epochs older than this broker's marks (its metadata
+        #: store lost changes): reported in heartbeats until it sends newer ones (epoch_reports.py).
+        self.ahead: set[TopicPartitionKey] = set()
         self._on_serve = on_serve
         self._on_unserve = on_unserve
         self.served: dict[TopicPartitionKey, PartitionLog] = {}
@@ -366,6 +369,7 @@ class PartitionRegistry:
                 self._journal([], set(), {}, update.controller_epoch)
             return None
         stale = {item.key for item in update.assign if self.epochs.is_stale(item)}
+        self._track_ahead(update, stale)
         plan = plan_update(self.served.keys(), _OnDisk(self.logs), update, self.broker_id, stale)
         added: list[TopicPartitionKey] = []
         dropped: set[TopicPartitionKey] = set()
@@ -379,6 +383,13 @@ class PartitionRegistry:
             self._journal(added, dropped, marks, update.controller_epoch if newer_controller else 0)
         self.metadata_version = max(self.metadata_version, update.metadata_version)
         return plan
+
+    def _track_ahead(self, update: AssignmentUpdate, stale: set[TopicPartitionKey]) -> None:
+        if update.full:
+            self.ahead = stale
+            return
+        self.ahead.difference_update(item.key for item in (*update.assign, *update.remove))
+        self.ahead.update(stale)
 
     def _set_roles(self, plan: UpdatePlan) -> None:
         if plan.full:  # the whole assignment: it says what this broker leads and follows

@@ -49,6 +49,7 @@ class CoordinatorLink:
         rack: str = "",
         metadata_version: Callable[[], int],
         controller_epoch: Callable[[], int] = lambda: 0,
+        epoch_reports: Callable[[], list[coordinator_pb2.PartitionEpochReport]] = list,
     ) -> None:
         self.address = address
         self.broker_id = broker_id
@@ -62,6 +63,8 @@ class CoordinatorLink:
         self._version = metadata_version
         #: The highest controller epoch obeyed, reported so a coordinator behind it catches up.
         self._controller_epoch = controller_epoch
+        #: Partitions the controller is behind on (epoch_reports.py), sent with every heartbeat.
+        self._epoch_reports = epoch_reports
         self.broker_epoch = -1
         #: Set once registered (tests and readiness can wait on it).
         self.registered = asyncio.Event()
@@ -120,6 +123,7 @@ class CoordinatorLink:
     async def _heartbeat_until_error(
         self, stub: coordinator_pb2_grpc.CoordinatorAsyncStub, interval: float
     ) -> None:
+        answered_now = False
         while True:
             resp = await stub.BrokerHeartbeat(
                 coordinator_pb2.BrokerHeartbeatRequest(
@@ -127,6 +131,7 @@ class CoordinatorLink:
                     broker_epoch=self.broker_epoch,
                     metadata_version=self._version(),
                     controller_epoch=self._controller_epoch(),
+                    epochs_ahead=self._epoch_reports(),
                 ),
                 timeout=max(RPC_TIMEOUT_S, 2 * interval),
             )
@@ -135,10 +140,18 @@ class CoordinatorLink:
                 log.warning("heartbeat refused (%s: %s): registering again", type(refused).__name__, refused)
                 self.registered.clear()
                 return
+            answer_now = False
             if resp.HasField("update"):
                 try:
                     await self._apply(update_from_proto(resp.update))
+                    # A full assignment (a new controller term, or versions apart): the next heartbeat
+                    # goes at once, so the controller learns what this broker is ahead on before it
+                    # elects anyone (docs/replication.md, "Controller state that cannot roll back").
+                    # Once per full update, which the coordinator sends only then: bounded.
+                    answer_now = resp.update.full and not answered_now
                 except SluiceError as err:
                     log.error("could not apply the partition update from the coordinator: %s", err)
-            # The heartbeat timer: the coordinator's session timeout is counted in these.
-            await asyncio.sleep(interval)
+            # The heartbeat timer: the coordinator's session timeout is counted in these. Never two
+            # immediate heartbeats in a row.
+            answered_now = answer_now
+            await asyncio.sleep(0 if answer_now else interval)

@@ -17,6 +17,7 @@ from grpc import aio
 
 from sluice.broker.config import ENV_PREFIX, BrokerConfig
 from sluice.broker.coordinator_link import CoordinatorLink
+from sluice.broker.epoch_reports import epoch_reports
 from sluice.broker.handlers import RequestHandlers
 from sluice.broker.log.manager import LogManager
 from sluice.broker.service import BrokerService
@@ -105,6 +106,7 @@ async def run(config: BrokerConfig) -> None:
             apply_update=service.update_partitions,
             metadata_version=lambda: service.metadata_version,
             controller_epoch=lambda: service.registry.epochs.controller_epoch,
+            epoch_reports=lambda: epoch_reports(service.registry, service.leaders, config.broker_id),
         )
         link_task = asyncio.create_task(_run_link(link, server, wire), name="coordinator-link")
 

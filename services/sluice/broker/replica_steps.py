@@ -16,7 +16,6 @@ from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.longpoll import AppendWaiters
 from sluice.broker.replica_fetcher import ReplicaFetchers
 from sluice.broker.requests import EpochAnswer, EpochQuery, FetchParams, OffsetAnswer, OffsetQuery
-from sluice.broker.roles import EpochMark
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
 from sluice.server.context import ANONYMOUS, GRPC, Operation, RequestContext
 
@@ -26,15 +25,6 @@ EARLIEST = -2
 LATEST = -1
 
 _DEFAULT_CONTEXT = RequestContext(ANONYMOUS, GRPC)
-
-
-def _current(mark: EpochMark | None, topic_id: str, leader_epoch: int, partition_epoch: int) -> bool:
-    """Whether an assignment's epochs are the ones the registry holds for the partition (not ignored as
-    stale). No mark is epochs (0, 0): an unreplicated partition at its first epochs is never marked."""
-    if mark is None:
-        return (leader_epoch, partition_epoch) == (0, 0)
-    held = (mark.topic_id, mark.leader_epoch, mark.partition_epoch)
-    return held == (topic_id, leader_epoch, partition_epoch)
 
 
 class ReplicaSteps:
@@ -58,7 +48,9 @@ class ReplicaSteps:
             (
                 item
                 for item in update.assign
-                if _current(marks.get(item.key), item.topic_id, item.leader_epoch, item.partition_epoch)
+                if (mark := marks.get(item.key)) is not None
+                and (mark.topic_id, mark.leader_epoch, mark.partition_epoch)
+                == (item.topic_id, item.leader_epoch, item.partition_epoch)
             ),
             self.registry.served,
         )

@@ -270,6 +270,8 @@ class Stack:
         # AOF with fsync before every answer: an acknowledged commit, cursor or metadata write
         # survives a crash of the machine too, not only of the process (docs/offset-store.md,
         # "Durability"; Redis fsyncs once per event-loop pass, so concurrent writers share one).
+        # One Redis and no replica: no min-replicas-to-write (it would refuse every write), and the
+        # services' --metadata-replicas / --commit-replicas stay 0 (docs/cli.md, `sluice up`).
         argv = [
             find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(redis_dir),
             "--appendonly", "yes", "--appendfsync", "always", "--save", "",

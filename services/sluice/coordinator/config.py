@@ -14,6 +14,7 @@ from sluice.coordinator.group_metrics import DEFAULT_MAX_GROUPS, GroupMetricsPol
 from sluice.coordinator.groups.model import GroupSettings
 from sluice.coordinator.producer_ids import DEFAULT_PER_MINUTE
 from sluice.errors import InvalidArgument
+from sluice.offsetstore.storage import ReplicaWait
 
 ENV_PREFIX = "SLUICE_COORDINATOR_"
 DEFAULT_PORT = 7600
@@ -59,6 +60,19 @@ class CoordinatorConfig:
             "help": "new idempotent producer ids one client id may take a minute (bursts up to this many); "
             "more are refused with THROTTLED (KIP-936: each id is state on every partition it writes)"
         },
+    )
+    metadata_replicas: int = field(
+        default=0,
+        metadata={
+            "help": "Redis replicas that must hold every metadata write (topics, leaders, ISRs, epochs, "
+            "groups) before the coordinator acts on it or answers (Redis WAIT); 0: the primary alone. "
+            "With replicas, 1 keeps a Sentinel failover from losing a controller decision brokers obeyed "
+            "(docs/replication.md, 'Controller state that cannot roll back')"
+        },
+    )
+    metadata_replicas_timeout_ms: int = field(
+        default=2000,
+        metadata={"help": "how long a write waits for --metadata-replicas (then NOT_ENOUGH_REPLICAS)"},
     )
     default_replication_factor: int = field(
         default=1,
@@ -205,12 +219,22 @@ class CoordinatorConfig:
                 f"--default-replication-factor must be between 1 and {MAX_REPLICATION_FACTOR}, "
                 f"got {self.default_replication_factor}"
             )
+        self.metadata_wait()
         if self.broker_update_timeout <= timedelta(0):
             raise InvalidArgument("--broker-update-timeout must be positive")
         if self.offset_store:
             Endpoint.parse(self.offset_store)
         validate_election(self)
         return self
+
+    def metadata_wait(self) -> ReplicaWait:
+        """``--metadata-replicas`` and its timeout, checked (the bounds of ``--commit-replicas``)."""
+        replicas, timeout_ms = self.metadata_replicas, self.metadata_replicas_timeout_ms
+        if not 0 <= replicas <= 16:
+            raise InvalidArgument(f"--metadata-replicas must be in [0, 16], got {replicas}")
+        if not 1 <= timeout_ms <= 60_000:
+            raise InvalidArgument(f"--metadata-replicas-timeout-ms must be in [1, 60000], got {timeout_ms}")
+        return ReplicaWait(replicas, timeout_ms)
 
     def cluster_settings(self) -> ClusterSettings:
         return ClusterSettings(

@@ -14,6 +14,7 @@ from sluice.coordinator.cluster.model import (
     TopicConfig,
     TopicView,
 )
+from sluice.coordinator.cluster.rebuild import MAX_REPORTS, EpochReport
 from sluice.coordinator.cluster.replication import ReplicationSpec
 from sluice.coordinator.groups.lag import LagRow
 from sluice.coordinator.groups.model import (
@@ -296,4 +297,24 @@ def describe_group_to_proto(
             )
             for b in description.bindings
         ],
+    )
+
+
+def reports_from_proto(
+    reporter: int, reports: Iterable[coordinator_pb2.PartitionEpochReport]
+) -> tuple[EpochReport, ...]:
+    """A heartbeat's ``epochs_ahead`` (at most ``MAX_REPORTS``: a broker sends no more)."""
+    return tuple(
+        EpochReport(
+            reporter,
+            r.topic,
+            r.topic_id,
+            r.partition,
+            r.leader_epoch,
+            r.partition_epoch,
+            r.leader,
+            tuple(r.replicas),
+            tuple(r.isr),
+        )
+        for r, _ in zip(reports, range(MAX_REPORTS), strict=False)
     )

@@ -30,6 +30,7 @@ from sluice.coordinator.cluster.model import (
     TopicConfig,
     TopicView,
 )
+from sluice.coordinator.cluster.rebuild import EpochReport
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
 from sluice.coordinator.cluster.replication import DEFAULT_SPEC, PartitionState, ReplicationSpec
 from sluice.coordinator.cluster.repush import repush_removals, repush_topic
@@ -84,6 +85,7 @@ class CoordinatorService(CoordinatorTimers):
             group_metrics=config.group_metrics_policy(),
             election=election,
             producer_ids_per_minute=config.producer_ids_per_minute,
+            metadata_wait=config.metadata_wait(),
         )
 
     # ---- lifecycle -----------------------------------------------------------------------------------
@@ -103,8 +105,7 @@ class CoordinatorService(CoordinatorTimers):
                 self._notifier.registered(b.broker_id, b.endpoint, UNKNOWN_VERSION)
             self._metrics.epoch.set(self._epoch)
             self._refresh_metrics()
-            # Whatever the ownership keys hold, the offset store must see exactly the recovered view. This
-            # write reassigns nothing: it rewrites the same owners and epochs.
+            # The offset store must see exactly the recovered view: the same owners and epochs again.
             await self._store.write(
                 self._epoch,
                 (),
@@ -126,6 +127,7 @@ class CoordinatorService(CoordinatorTimers):
         self._group_tasks = [loop.create_task(self._group_loop(), name="coordinator-groups")]
         if self._lag_interval_s > 0:
             self._group_tasks.append(loop.create_task(self._lag_loop(), name="coordinator-lag"))
+        self._group_tasks.append(self._begin_rebuild())  # rebuilding.py: elections wait for reports
         log.info(
             "coordinator epoch %d recovered %d consumer groups (%d members)",
             self._epoch,
@@ -184,7 +186,12 @@ class CoordinatorService(CoordinatorTimers):
         return reg
 
     async def broker_heartbeat(
-        self, broker_id: int, broker_epoch: int, metadata_version: int, controller_epoch: int = 0
+        self,
+        broker_id: int,
+        broker_epoch: int,
+        metadata_version: int,
+        controller_epoch: int = 0,
+        reports: Sequence[EpochReport] = (),
     ) -> BrokerHeartbeatResult:
         await self._catch_up_epoch(broker_id, controller_epoch)
 
@@ -198,17 +205,16 @@ class CoordinatorService(CoordinatorTimers):
             lambda now: self.cluster.broker_heartbeat(broker_id, broker_epoch, metadata_version, now),
             committed,
         )
-        if revived and res.error is None:
-            await self._elect_offline(f"broker {broker_id} is back")
-        return res
+        if res.error is None:
+            await self._term_heartbeat(broker_id, reports)
+            if revived:
+                await self._elect_offline(f"broker {broker_id} is back")
+        return self._term_assignment(broker_id, res)
 
     async def _catch_up_epoch(self, broker_id: int, seen: int) -> None:
-        """A broker has obeyed a controller epoch above ours: Redis lost the epoch (a failover to a replica
-        that missed it, a restore), and the broker would refuse every order of ours (STALE_CONTROLLER_EPOCH).
-        Raise the stored epoch to what it saw, then take a new term above it: without an election, here
-        and now; with one, by standing down (fenced) so the next election's INCR lands above it. Any write
-        of ours in between is refused by the store's fence, so nothing is written under the old epoch.
-        docs/replication.md, "Controller state"."""
+        """A broker obeyed a controller epoch above ours (Redis lost it): raise the stored epoch to it and
+        take a new term above it, here and now without an election, else by standing down (fenced) so the
+        next election's INCR lands above it; our writes meanwhile are fenced. docs/replication.md."""
         if seen <= self._epoch:
             return
         async with self._lock:

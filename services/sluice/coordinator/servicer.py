@@ -23,6 +23,7 @@ from sluice.coordinator.convert import (
     heartbeat_to_proto,
     metadata_to_proto,
     replication_spec_from_proto,
+    reports_from_proto,
     topic_config_from_proto,
     topic_to_proto,
 )
@@ -63,7 +64,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.BrokerHeartbeatRequest, context: Context
     ) -> pb.BrokerHeartbeatResponse:
         result = await self._service.broker_heartbeat(
-            request.broker_id, request.broker_epoch, request.metadata_version, request.controller_epoch
+            request.broker_id,
+            request.broker_epoch,
+            request.metadata_version,
+            request.controller_epoch,
+            reports_from_proto(request.broker_id, request.epochs_ahead),
         )
         response = pb.BrokerHeartbeatResponse()
         if result.error is not None:

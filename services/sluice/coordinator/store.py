@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from sluice.coordinator.ops import RedisOp
 from sluice.coordinator.records import Record, RecordCodec, RecordValue
-from sluice.errors import NotCoordinator, StorageError
+from sluice.errors import NotCoordinator, NotEnoughReplicas, StorageError
 from sluice.offsetstore.keys import TOPIC_PURGE_LUA
+from sluice.offsetstore.storage import ReplicaWait
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +87,26 @@ return current
 class MetadataStore:
     """Loads and writes the coordinator's records. Caller: the service layer only."""
 
-    def __init__(self, redis: Redis, key_prefix: str, codec: RecordCodec) -> None:
+    def __init__(
+        self, redis: Redis, key_prefix: str, codec: RecordCodec, wait: ReplicaWait | None = None
+    ) -> None:
         self._redis = redis
+        #: ``--metadata-replicas``: each write is followed by ``WAIT`` on the same connection.
+        self._wait = wait or ReplicaWait()
         self._codec = codec
         self.epoch_key = f"{key_prefix}:coordinator:epoch"
         self.records_key = f"{key_prefix}:coordinator:records"
+        #: Written by ``barrier`` only (its value: the writer's epoch; nothing reads it).
+        self.barrier_key = f"{key_prefix}:coordinator:replicated"
         self._write = redis.register_script(FENCED_WRITE)
+
+    async def barrier(self, epoch: int) -> None:
+        """With ``--metadata-replicas``: return once the replicas hold everything written so far, else
+        raise NotEnoughReplicas. A tiny fenced write and its ``WAIT``: replication is one ordered stream,
+        so replicas that hold this write hold every write before it, including one that was refused
+        because its own ``WAIT`` timed out. Without the setting: nothing."""
+        if self._wait.replicas:
+            await self.write(epoch, (), [RedisOp("SET", self.barrier_key, str(epoch))])
 
     async def acquire_epoch(self) -> int:
         """Become the writer: take the next coordinator epoch (INCR), fencing every older coordinator.
@@ -159,7 +175,7 @@ class MetadataStore:
             b = key_index(op.b) if op.op == "DELINDEX" and op.b else op.b
             args += [op.op, key_index(op.key), a, b]
         try:
-            reply = await self._write(keys=keys, args=args)
+            reply, replicas = await self._write_and_wait(keys, args)
         except ResponseError as exc:
             raise StorageError(f"metadata write refused by Redis: {exc}") from exc
         except RedisError as exc:
@@ -171,3 +187,22 @@ class MetadataStore:
                 f"this coordinator (epoch {epoch}) was superseded by coordinator epoch {holder or '?'}; "
                 "send requests to the current coordinator"
             )
+        wait = self._wait
+        if wait.replicas and replicas < wait.replicas:
+            raise NotEnoughReplicas(
+                f"metadata written on the Redis primary but held by {replicas} of the {wait.replicas} "
+                f"replicas asked for (--metadata-replicas) within {wait.timeout_ms} ms: a failover could "
+                "lose it, so it is not acted on; retry"
+            )
+
+    async def _write_and_wait(self, keys: list[str], args: list[str | bytes]) -> tuple[Any, int]:
+        """The fenced write, then (with ``--metadata-replicas``) ``WAIT`` in the same pipeline: one
+        connection (WAIT counts that connection's writes) and no extra round trip. Returns the script's
+        reply and how many replicas acknowledged (0 when not asked)."""
+        if not self._wait.replicas:
+            return await self._write(keys=keys, args=args), 0
+        async with self._redis.pipeline(transaction=False) as pipe:
+            await self._write(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", self._wait.replicas, self._wait.timeout_ms)
+            reply, replicas = await pipe.execute()
+        return reply, int(replicas)

@@ -15,9 +15,9 @@ from sluice.coordinator.groups.assignment import AssignmentJob
 from sluice.coordinator.groups.lag import lag_positions, rows_off_loop, time_lag
 from sluice.coordinator.groups.model import GroupDescription, Slot, TickOutcome
 from sluice.coordinator.metrics import LagKey
+from sluice.coordinator.rebuilding import CoordinatorRebuild
 from sluice.coordinator.records import Result
-from sluice.coordinator.writer import CoordinatorWriter
-from sluice.errors import SluiceError, UnknownGroup
+from sluice.errors import NotCoordinator, SluiceError, UnknownGroup
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,16 @@ GROUP_PERIOD_S = 0.05
 GROUP_SWEEP_S = 0.25
 GROUP_GAUGES_S = 1.0
 GROUP_IDLE_S = 1.0
+#: A leader election whose write fails while Redis fails over is tried again this often, this many times
+#: (30 s: a Sentinel failover, and a new primary's first replica sync under --metadata-replicas).
+ELECTION_RETRY_S = 0.5
+ELECTION_ATTEMPTS = 60
 #: A group DescribeGroup asked about keeps its lag refreshed (and is exported before the other empty
 #: groups) for this long.
 ASKED_TTL_S = 600.0
 
 
-class CoordinatorTimers(CoordinatorWriter):
+class CoordinatorTimers(CoordinatorRebuild):
     """The timer loops of the leading coordinator (started by ``CoordinatorService.start``)."""
 
     async def _stop_timers(self) -> None:
@@ -66,8 +70,7 @@ class CoordinatorTimers(CoordinatorWriter):
 
     async def _elect_after_loss(self, gone: int) -> None:
         """New leaders (and ISRs) for the replicated partitions of a broker whose session expired,
-        persisted and pushed (cluster/elections.py). A failed write is logged; the next expiry of
-        another broker, or a broker's return, is when the state is looked at again."""
+        persisted and pushed (cluster/elections.py). A failed write is retried (bounded: ``_elect_now``)."""
         await self._elect(f"broker {gone} gone", lambda now: elect_after_loss(self.cluster, gone, now))
 
     async def _elect_offline(self, why: str) -> None:
@@ -75,13 +78,30 @@ class CoordinatorTimers(CoordinatorWriter):
         await self._elect(why, lambda now: elect_offline(self.cluster, now))
 
     async def _elect(self, why: str, plan: Callable[[int], Result[ElectionResult]]) -> None:
+        """Elections wait for the term's view to be rebuilt from the brokers' reports (rebuilding.py)."""
+        await self._after_rebuild(lambda: self._elect_now(why, plan))
+
+    async def _elect_now(self, why: str, plan: Callable[[int], Result[ElectionResult]]) -> None:
         def publish(res: ElectionResult) -> None:
             self._publish(res.change)
 
-        try:
-            result = await self._write(plan, publish)
-        except SluiceError as err:
-            log.error("leader elections (%s) failed: %s", why, err)
+        # A write that fails while Redis fails over (StorageError, NOT_ENOUGH_REPLICAS) is retried, bounded:
+        # nothing else would look at these partitions again until another broker came or went, and they
+        # would stay led by a dead broker. Each attempt plans anew on the state reloaded from Redis.
+        for attempt in range(1, ELECTION_ATTEMPTS + 1):
+            try:
+                result = await self._write(plan, publish)
+                break
+            except NotCoordinator as err:
+                log.error("leader elections (%s): no longer the coordinator: %s", why, err)
+                return
+            except SluiceError as err:
+                if not err.retriable or attempt == ELECTION_ATTEMPTS:
+                    log.error("leader elections (%s) failed: %s", why, err)
+                    return
+                log.warning("leader elections (%s) failed (%s); retrying", why, err)
+                await asyncio.sleep(ELECTION_RETRY_S)
+        else:
             return
         unclean = set(result.unclean)
         for topic, partition, leader in result.leaders:

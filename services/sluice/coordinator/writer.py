@@ -40,8 +40,9 @@ from sluice.coordinator.records import Result
 from sluice.coordinator.state import CoordinatorState
 from sluice.coordinator.store import MetadataStore
 from sluice.coordinator.topic_acks import IncompleteTopics
-from sluice.errors import NotCoordinator, StorageError
+from sluice.errors import NotCoordinator, NotEnoughReplicas, StorageError
 from sluice.offsetstore.keys import Keys
+from sluice.offsetstore.storage import ReplicaWait
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class CoordinatorWriter:
         group_metrics: GroupMetricsPolicy | None = None,
         election: CoordinatorElection | None = None,
         producer_ids_per_minute: int = DEFAULT_PER_MINUTE,
+        metadata_wait: ReplicaWait | None = None,
     ) -> None:
         #: None (--election none): this process leads from start() on, fencing older ones by epoch.
         self.election = election
@@ -90,7 +92,7 @@ class CoordinatorWriter:
         self._coordinator_endpoint = coordinator_endpoint
         self._offset_store = offset_store
         self._state = CoordinatorState(settings=settings, group_settings=self._group_settings)
-        self._store = MetadataStore(redis, key_prefix, self._state.codec)
+        self._store = MetadataStore(redis, key_prefix, self._state.codec, metadata_wait)
         self._producer_blocks = ProducerIdBlocks(redis, key_prefix, self._store.epoch_key)
         self._producer_quota = ProducerIdQuota(producer_ids_per_minute)
         self._redis = redis
@@ -148,6 +150,9 @@ class CoordinatorWriter:
         return self._epoch
 
     async def _reload(self) -> None:
+        # Under --metadata-replicas, read back only what the replicas hold too (store.barrier): a write
+        # refused NOT_ENOUGH_REPLICAS is still on the primary and must not be acted on through a reload.
+        await self._store.barrier(self._epoch)
         records = await self._store.load()
         old = self._state.cluster
         # Keep soft liveness across a reload: it is not in Redis.
@@ -207,7 +212,9 @@ class CoordinatorWriter:
                     if self.election is not None:
                         self.election.fenced()  # step down; a new term (new epoch) clears _fenced_by
                     raise
-                except StorageError:
+                except (StorageError, NotEnoughReplicas):
+                    # Outcome unknown, or on the primary alone (not acted on, not pushed: a failover
+                    # could lose it): the next write reloads what Redis holds.
                     self._reload_needed = True
                     raise
                 for record in result.records:

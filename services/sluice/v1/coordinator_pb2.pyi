@@ -140,12 +140,22 @@ class BrokerHeartbeatRequest(_message.Message):
     BROKER_EPOCH_FIELD_NUMBER: _builtins.int
     METADATA_VERSION_FIELD_NUMBER: _builtins.int
     CONTROLLER_EPOCH_FIELD_NUMBER: _builtins.int
+    EPOCHS_AHEAD_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     broker_epoch: _builtins.int
     metadata_version: _builtins.int
     """The metadata version the broker last applied."""
     controller_epoch: _builtins.int
     """As in RegisterBrokerRequest."""
+    @_builtins.property
+    def epochs_ahead(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionEpochReport]:
+        """Partitions whose state this broker has seen at epochs newer than the
+        controller last sent it (the controller's metadata store lost changes):
+        the controller takes the newest reported state before electing anyone.
+        Bounded: only partitions the controller is behind on, at most 1,000 per
+        heartbeat. docs/replication.md, "Controller state that cannot roll back".
+        """
+
     def __init__(
         self,
         *,
@@ -153,14 +163,60 @@ class BrokerHeartbeatRequest(_message.Message):
         broker_epoch: _builtins.int = ...,
         metadata_version: _builtins.int = ...,
         controller_epoch: _builtins.int = ...,
+        epochs_ahead: _abc.Iterable[Global___PartitionEpochReport] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "controller_epoch", b"controller_epoch", "metadata_version", b"metadata_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "controller_epoch", b"controller_epoch", "epochs_ahead", b"epochs_ahead", "metadata_version", b"metadata_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BrokerHeartbeatRequest: _TypeAlias = BrokerHeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class PartitionEpochReport(_message.Message):
+    """One partition's state as a broker last obeyed it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    PARTITION_EPOCH_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    ISR_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    topic_id: _builtins.str
+    partition: _builtins.int
+    leader_epoch: _builtins.int
+    partition_epoch: _builtins.int
+    leader: _builtins.int
+    """-1: this broker does not know (e.g. restarted since)."""
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        topic_id: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        partition_epoch: _builtins.int = ...,
+        leader: _builtins.int = ...,
+        replicas: _abc.Iterable[_builtins.int] | None = ...,
+        isr: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["isr", b"isr", "leader", b"leader", "leader_epoch", b"leader_epoch", "partition", b"partition", "partition_epoch", b"partition_epoch", "replicas", b"replicas", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionEpochReport: _TypeAlias = PartitionEpochReport  # noqa: Y015
 
 @_typing.final
 class BrokerHeartbeatResponse(_message.Message):
