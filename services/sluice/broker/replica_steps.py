@@ -49,7 +49,7 @@ class ReplicaSteps:
             (
                 item
                 for item in update.assign
-                if marks.get(item.key) == EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch)
+                if _current(marks.get(item.key), item.topic_id, item.leader_epoch, item.partition_epoch)
             ),
             self.registry.served,
         )
@@ -142,3 +142,15 @@ class ReplicaSteps:
             return EpochAnswer(q.topic, q.partition, None, epoch, end)
         except SluiceError as err:
             return EpochAnswer(q.topic, q.partition, err)
+
+
+def _current(mark: EpochMark | None, topic_id: str, leader_epoch: int, partition_epoch: int) -> bool:
+    """The assignment carries the epochs the registry holds now (the mark's ``replicated`` flag aside: a
+    whole-mark comparison never matched a replicated partition, whose leader state was then never made)."""
+    if mark is None:
+        return False  # unmarked: a one-replica partition at epoch 0, which has no leader state
+    return (mark.topic_id, mark.leader_epoch, mark.partition_epoch) == (
+        topic_id,
+        leader_epoch,
+        partition_epoch,
+    )

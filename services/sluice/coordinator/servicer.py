@@ -166,6 +166,22 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             elr=list(state.elr),
         )
 
+    async def ControlledShutdown(
+        self, request: pb.ControlledShutdownRequest, context: Context
+    ) -> pb.ControlledShutdownResponse:
+        remaining = await self._service.controlled_shutdown(request.broker_id, request.broker_epoch)
+        return pb.ControlledShutdownResponse(
+            remaining=[pb.LedPartition(topic=t, partition=p, leader=request.broker_id) for t, p in remaining]
+        )
+
+    async def ElectLeaders(
+        self, request: pb.ElectLeadersRequest, context: Context
+    ) -> pb.ElectLeadersResponse:
+        elected = await self._service.elect_leaders(tuple(request.topics))
+        return pb.ElectLeadersResponse(
+            elected=[pb.LedPartition(topic=t, partition=p, leader=b) for t, p, b in elected]
+        )
+
     # ---- consumer groups ---------------------------------------------------------------------------
 
     async def Heartbeat(
