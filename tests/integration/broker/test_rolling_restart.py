@@ -11,6 +11,7 @@ measured figures are in the docs.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import signal
@@ -58,7 +59,7 @@ class Load:
                 seq = len(self.sent[p])
                 self.sent[p].append(time.monotonic())
                 future = producer.send(f"{p}-{seq}".encode(), partition=p)
-                future.add_done_callback(lambda f, p=p, seq=seq: self._done(f, p, seq))
+                future.add_done_callback(functools.partial(self._done, p=p, seq=seq))
                 n += 1
                 delay = start + n / RATE - time.monotonic()
                 if delay > 0:
