@@ -9,8 +9,10 @@ metadata and go on; the leaderless time is one push of the controller. docs/repl
 shutdown".
 
 Bounded: the controller answers once the replicas applied the move, naming the partitions that had no
-other eligible replica (they stay led here); the broker asks again after a short pause, until none remain
-or ``--controlled-shutdown-timeout`` passes, then stops anyway (the session expiry handles what is left).
+other eligible replica (they stay led here); the broker asks again after a short pause, until none remain,
+none has another live replica that may catch up (every other replica is down or stopping too: the last
+broker of a stopping cluster stops at once), or ``--controlled-shutdown-timeout`` passes; then it stops
+anyway (the session expiry handles what is left).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ async def controlled_shutdown(
     try:
         while True:
             attempts += 1
-            remaining = await _ask(link, peers, deadline)
+            remaining, may_move = await _ask(link, peers, deadline)
             # The answer comes once the replicas applied the move; our own copy of the push may still be
             # on its way (or lost: then the next heartbeat's full assignment brings it).
             while led() > remaining and time.monotonic() < deadline:
@@ -60,7 +62,7 @@ async def controlled_shutdown(
                 except TimeoutError:
                     break
             now_led = led()
-            if now_led == 0 or time.monotonic() + RETRY_PAUSE_S >= deadline:
+            if now_led == 0 or may_move == 0 or time.monotonic() + RETRY_PAUSE_S >= deadline:
                 break
             await asyncio.sleep(RETRY_PAUSE_S)
     finally:
@@ -78,9 +80,10 @@ async def controlled_shutdown(
     return now_led
 
 
-async def _ask(link: CoordinatorLink, peers: AioPeers, deadline: float) -> int:
-    """One ControlledShutdown call: the number of partitions the controller says remain here (no answer:
-    more than any broker leads, so nothing is waited for and the caller asks again)."""
+async def _ask(link: CoordinatorLink, peers: AioPeers, deadline: float) -> tuple[int, int]:
+    """One ControlledShutdown call: (the partitions the controller says remain here, how many of them
+    another replica may still take). No answer: more than any broker leads, so nothing is waited for
+    and the caller asks again."""
     timeout = max(0.1, min(deadline - time.monotonic(), 3 * RPC_TIMEOUT_S))
     request = coordinator_pb2.ControlledShutdownRequest(
         broker_id=link.broker_id, broker_epoch=link.broker_epoch
@@ -89,5 +92,5 @@ async def _ask(link: CoordinatorLink, peers: AioPeers, deadline: float) -> int:
         answer = await peers.coordinator(link.address).ControlledShutdown(request, timeout=timeout)
     except grpc.RpcError as exc:
         log.warning("controlled shutdown: the controller did not answer: %s", error_from_rpc(exc))
-        return 1 << 30
-    return len(answer.remaining)
+        return 1 << 30, 1
+    return len(answer.remaining), answer.may_move

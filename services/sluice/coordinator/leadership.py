@@ -73,10 +73,11 @@ class CoordinatorLeadership(CoordinatorTimers):
 
     # ---- controlled shutdown -----------------------------------------------------------------------
 
-    async def controlled_shutdown(self, broker_id: int, broker_epoch: int) -> tuple[tuple[str, int], ...]:
+    async def controlled_shutdown(self, broker_id: int, broker_epoch: int) -> ShutdownResult:
         """Move every leadership of ``broker_id`` to another ISR member and take it out of the ISRs;
         answer once the replicas applied it (bounded), with the partitions it still leads (no other
-        eligible replica). The broker asks again until none remain or its own timeout passes."""
+        eligible replica) and how many of those another live replica may still take. The broker asks
+        again until none remain, none may move, or its own timeout passes."""
         self._check_leader()
         record = self.cluster.brokers.get(broker_id)
         if record is None:
@@ -99,7 +100,7 @@ class CoordinatorLeadership(CoordinatorTimers):
                 broker_id,
                 len(result.remaining),
             )
-        return result.remaining
+        return result
 
     def _shutting_now(self) -> set[int]:
         """The brokers in a controlled shutdown whose epoch is still current (a broker that registered

@@ -169,9 +169,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     async def ControlledShutdown(
         self, request: pb.ControlledShutdownRequest, context: Context
     ) -> pb.ControlledShutdownResponse:
-        remaining = await self._service.controlled_shutdown(request.broker_id, request.broker_epoch)
+        result = await self._service.controlled_shutdown(request.broker_id, request.broker_epoch)
+        leader = request.broker_id
         return pb.ControlledShutdownResponse(
-            remaining=[pb.LedPartition(topic=t, partition=p, leader=request.broker_id) for t, p in remaining]
+            remaining=[pb.LedPartition(topic=t, partition=p, leader=leader) for t, p in result.remaining],
+            may_move=result.may_move,
         )
 
     async def ElectLeaders(

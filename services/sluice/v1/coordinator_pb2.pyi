@@ -876,6 +876,11 @@ class ControlledShutdownResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REMAINING_FIELD_NUMBER: _builtins.int
+    MAY_MOVE_FIELD_NUMBER: _builtins.int
+    may_move: _builtins.int
+    """How many of `remaining` have another live replica, not shutting down, that may catch up and
+    take over. 0: asking again cannot help (every other replica is down or stopping too).
+    """
     @_builtins.property
     def remaining(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedPartition]:
         """Partitions the broker still leads (leader = the broker)."""
@@ -884,10 +889,11 @@ class ControlledShutdownResponse(_message.Message):
         self,
         *,
         remaining: _abc.Iterable[Global___LedPartition] | None = ...,
+        may_move: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["remaining", b"remaining"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["may_move", b"may_move", "remaining", b"remaining"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -5,7 +5,9 @@ shutdown", "Preferred leaders"): a coordinator on a private Redis, three brokers
   (next leader epoch) and taken it out of the ISR; it logs that it led 0 partitions; acks=all writes go on
   with the two others, and nothing acknowledged is missing on the new leader;
 - when it returns and rejoins the ISR, the automatic rebalance gives the preferred replica its leadership
-  back; with the rebalance off, ``ElectLeaders`` (the admin RPC) does it on demand.
+  back; with the rebalance off, ``ElectLeaders`` (the admin RPC) does it on demand;
+- a whole cluster stopped broker by broker: the last broker, whose partitions nobody can take, stops at
+  once.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def test_sigterm_moves_leadership_before_the_broker_exits_and_it_comes_back(tmp_
         until(lambda: isr(cluster, "cs") == [0, 1, 2], "the ISR to hold every replica again", timeout=30)
         until(lambda: cluster.partition("cs").broker_id == old_id, "the preferred leader back", timeout=30)
         back = cluster.brokers[old_id]
+        # A new leader's HW starts at its checkpoint and moves once the ISR fetched from it.
+        until(lambda: high_watermark(back, "cs") == 33, "the preferred leader's HW over every acked record")
         fetched = back.fetch(part("cs", 0), max_bytes=1 << 20).partitions[0]
         assert fetched.error.code == common_pb2.NONE
         assert fetched.next_offset == 33
@@ -101,3 +105,13 @@ def test_elect_leaders_on_demand_when_the_rebalance_is_off(tmp_path: Path) -> No
             assert client.admin.elect_leaders([]) == []  # balanced: nothing moves
         stub = cluster.stub
         assert stub.ElectLeaders(cpb.ElectLeadersRequest(), timeout=10).elected == []
+        # The whole cluster stops, one broker after the other: each hands its leadership on, and the
+        # last one, with every other replica stopping, stops at once instead of asking for 30 s.
+        order = [b for b in range(3) if b != preferred] + [preferred]
+        for b in order:
+            started = time.monotonic()
+            assert cluster.brokers[b].stop() == 0
+            assert time.monotonic() - started < 10
+        last = cluster.brokers[preferred].proc.log()
+        assert "controlled shutdown gave up" in last
+        assert "(1 ask(s))" in last

@@ -63,6 +63,9 @@ def test_a_partition_without_another_eligible_replica_stays_led_and_in_sync() ->
     _set_isr(ctx, {p: (0,) for p in led})  # the followers fell out of the ISR
     result = ctx.apply(shut_down_broker(ctx.state, 0, {0}, ctx.now_ms))
     assert sorted(p for _, p in result.remaining) == led
+    assert result.may_move == len(led)  # the followers are live: they may catch up, so ask again
+    # The other brokers are stopping too: nobody can take over, asking again cannot help.
+    assert shut_down_broker(ctx.state, 0, {0, 1, 2}, ctx.now_ms).response.may_move == 0
     for p in led:
         state = ctx.state.topics["rep"].states[p]
         assert state.leader == 0

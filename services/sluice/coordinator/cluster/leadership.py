@@ -39,6 +39,9 @@ class ShutdownResult:
     election: ElectionResult
     #: (topic, partition) the broker still leads: no other live replica is eligible.
     remaining: tuple[tuple[str, int], ...]
+    #: How many of ``remaining`` have another live replica, not shutting down, that may catch up and
+    #: take over (0: asking again cannot help, the broker may stop at once).
+    may_move: int = 0
 
 
 def shut_down_broker(
@@ -51,6 +54,7 @@ def shut_down_broker(
     assign: dict[int, list[PartitionRef]] = {}
     leaders: list[tuple[str, int, int]] = []
     remaining: list[tuple[str, int]] = []
+    may_move = 0
     for record in cluster.topics.values():
         states = list(record.states)
         touched: list[int] = []
@@ -61,6 +65,7 @@ def shut_down_broker(
             new = on_broker_gone(state, broker, live, clean).state
             if state.leader == broker and new.leader == NO_LEADER:
                 remaining.append((record.name, p))
+                may_move += any(r in live for r in state.replicas)
                 continue
             if new == state:
                 continue
@@ -70,7 +75,7 @@ def shut_down_broker(
                 leaders.append((record.name, p, new.leader))
         _collect(record, states, touched, changed, assign)
     result = election_result(cluster, changed, assign, leaders, [])
-    return Result(ShutdownResult(result.response, tuple(remaining)), result.records)
+    return Result(ShutdownResult(result.response, tuple(remaining), may_move), result.records)
 
 
 def elect_preferred(
