@@ -35,6 +35,9 @@ __all__ = ["controlled_shutdown"]
 
 #: Pause between two asks while partitions remain (or the controller was unreachable).
 RETRY_PAUSE_S = 0.5
+#: Unanswered asks in a row before giving up: a controller that is down (a cluster stopped coordinator
+#: first, a test's teardown) must not hold every broker's stop for the whole timeout.
+MAX_FAILURES = 2
 
 
 async def controlled_shutdown(
@@ -48,11 +51,13 @@ async def controlled_shutdown(
     started = time.monotonic()
     deadline = started + timeout_s
     peers = AioPeers(max_peers=1)
-    attempts = 0
+    attempts = failures = 0
     try:
         while True:
             attempts += 1
-            remaining, may_move = await _ask(link, peers, deadline)
+            answer = await _ask(link, peers, deadline)
+            failures = 0 if answer is not None else failures + 1
+            remaining, may_move = answer if answer is not None else (1 << 30, 1)
             # The answer comes once the replicas applied the move; our own copy of the push may still be
             # on its way (or lost: then the next heartbeat's full assignment brings it).
             while led() > remaining and time.monotonic() < deadline:
@@ -62,7 +67,9 @@ async def controlled_shutdown(
                 except TimeoutError:
                     break
             now_led = led()
-            if now_led == 0 or may_move == 0 or time.monotonic() + RETRY_PAUSE_S >= deadline:
+            if now_led == 0 or may_move == 0 or failures >= MAX_FAILURES:
+                break
+            if time.monotonic() + RETRY_PAUSE_S >= deadline:
                 break
             await asyncio.sleep(RETRY_PAUSE_S)
     finally:
@@ -80,11 +87,10 @@ async def controlled_shutdown(
     return now_led
 
 
-async def _ask(link: CoordinatorLink, peers: AioPeers, deadline: float) -> tuple[int, int]:
+async def _ask(link: CoordinatorLink, peers: AioPeers, deadline: float) -> tuple[int, int] | None:
     """One ControlledShutdown call: (the partitions the controller says remain here, how many of them
-    another replica may still take). No answer: more than any broker leads, so nothing is waited for
-    and the caller asks again."""
-    timeout = max(0.1, min(deadline - time.monotonic(), 3 * RPC_TIMEOUT_S))
+    another replica may still take); None: no answer."""
+    timeout = max(0.1, min(deadline - time.monotonic(), 2 * RPC_TIMEOUT_S))
     request = coordinator_pb2.ControlledShutdownRequest(
         broker_id=link.broker_id, broker_epoch=link.broker_epoch
     )
@@ -92,5 +98,5 @@ async def _ask(link: CoordinatorLink, peers: AioPeers, deadline: float) -> tuple
         answer = await peers.coordinator(link.address).ControlledShutdown(request, timeout=timeout)
     except grpc.RpcError as exc:
         log.warning("controlled shutdown: the controller did not answer: %s", error_from_rpc(exc))
-        return 1 << 30, 1
+        return None
     return len(answer.remaining), answer.may_move

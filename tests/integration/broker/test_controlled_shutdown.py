@@ -7,7 +7,7 @@ shutdown", "Preferred leaders"): a coordinator on a private Redis, three brokers
 - when it returns and rejoins the ISR, the automatic rebalance gives the preferred replica its leadership
   back; with the rebalance off, ``ElectLeaders`` (the admin RPC) does it on demand;
 - a whole cluster stopped broker by broker: the last broker, whose partitions nobody can take, stops at
-  once.
+  once; without a controller at all, a broker stops after two unanswered asks.
 """
 
 from __future__ import annotations
@@ -115,3 +115,16 @@ def test_elect_leaders_on_demand_when_the_rebalance_is_off(tmp_path: Path) -> No
         last = cluster.brokers[preferred].proc.log()
         assert "controlled shutdown gave up" in last
         assert "(1 ask(s))" in last
+
+
+def test_without_a_controller_the_broker_stops_after_two_unanswered_asks(tmp_path: Path) -> None:
+    with cluster_of(tmp_path, session="10s") as cluster:
+        create(cluster, "gone")
+        leader_id = cluster.partition("gone").broker_id
+        cluster.coordinator.kill()
+        started = time.monotonic()
+        assert cluster.brokers[leader_id].stop() == 0
+        assert time.monotonic() - started < 10  # not the 30 s timeout
+        log = cluster.brokers[leader_id].proc.log()
+        assert "controlled shutdown gave up" in log
+        assert "(2 ask(s)): still leading 1 partitions" in log
