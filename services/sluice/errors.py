@@ -405,3 +405,12 @@ class StalePartitionEpoch(SluiceError):
     code = common_pb2.STALE_PARTITION_EPOCH
     retriable = True
     grpc_status = "FAILED_PRECONDITION"
+
+
+class IneligibleReplica(SluiceError):
+    """An in-sync set change adds a broker in a controlled shutdown (KIP-841): it is about to stop, and
+    back in the ISR it would hold up acks=all writes. The leader proposes again from the pushed state."""
+
+    code = common_pb2.INELIGIBLE_REPLICA
+    retriable = True
+    grpc_status = "FAILED_PRECONDITION"

@@ -59,6 +59,13 @@ class BrokerConfig:
             "help": "fsync policy: always (group commit before acks), interval, or never (the OS decides)"
         },
     )
+    controlled_shutdown_timeout: timedelta = field(
+        default=timedelta(seconds=30),
+        metadata={
+            "help": "on SIGTERM, how long to wait for the controller to move this broker's leaderships "
+            "away before stopping anyway; 0: stop at once"
+        },
+    )
     flush_interval: timedelta = field(
         default=timedelta(seconds=1), metadata={"help": "how often flush=interval fsyncs appended partitions"}
     )

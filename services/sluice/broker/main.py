@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from grpc import aio
 
 from sluice.broker.config import ENV_PREFIX, BrokerConfig
+from sluice.broker.controlled_shutdown import controlled_shutdown
 from sluice.broker.coordinator_link import CoordinatorLink
 from sluice.broker.epoch_reports import epoch_reports
 from sluice.broker.handlers import RequestHandlers
@@ -117,7 +118,18 @@ async def run(config: BrokerConfig) -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(link.registered.wait(), REGISTRATION_WAIT_S)
 
+    shut_down = asyncio.Event()  # on_stop runs twice (serve's hook, then the finally below)
+
     async def on_stop() -> None:
+        if link is not None and not shut_down.is_set():
+            shut_down.set()
+            # Still serving: the leaderships move away first (controlled_shutdown.py).
+            await controlled_shutdown(
+                link,
+                lambda: len(service.leaders.states),
+                service.updated,
+                config.controlled_shutdown_timeout.total_seconds(),
+            )
         if wire is not None:
             await wire.stop()
         if link_task is not None:

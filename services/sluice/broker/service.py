@@ -150,6 +150,8 @@ class BrokerService(ReadSteps, ReplicaSteps):
         self._inflight = _Inflight()
         self._stopping = False
         self._maintenance: asyncio.Task[None] | None = None
+        #: Set after every applied partition update (a controlled shutdown waits on it).
+        self.updated = asyncio.Event()
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -440,6 +442,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
             self._check_running()  # stop() may have begun while we waited for the lock
             plan = self.registry.apply(update)
             self._reconcile_leaders(update)
+            self.updated.set()
         if plan is not None:
             log.info(
                 "partitions updated to v%d: serving %d, created %d, deleted %d",

@@ -86,6 +86,15 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     _add_format(alter)
     alter.set_defaults(run=run_alter, parser=alter)
 
+    elect = actions.add_parser(
+        "elect-leaders",
+        help="give partitions back to their preferred replica (the first of their replicas)",
+        parents=[common],
+    )
+    elect.add_argument("name", metavar="TOPIC", nargs="?", help="one topic (default: every topic)")
+    _add_format(elect)
+    elect.set_defaults(run=run_elect_leaders, parser=elect)
+
     delete = actions.add_parser("delete", help="delete a topic and its data", parents=[common])
     delete.add_argument("name", metavar="NAME")
     delete.set_defaults(run=run_delete, parser=delete)
@@ -192,6 +201,19 @@ def run_alter(args: argparse.Namespace) -> int:
             f"{info.min_insync_replicas}, unclean leader election "
             f"{'on' if info.unclean_leader_election else 'off'}."
         )
+    return 0
+
+
+def run_elect_leaders(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        elected = client.admin.elect_leaders([args.name] if args.name else [])
+    if args.format == "json":
+        _print_json([{"topic": t, "partition": p, "leader": b} for t, p, b in elected])
+    elif not elected:
+        print("Every eligible partition is led by its preferred replica already.")
+    else:
+        for topic, partition, leader in elected:
+            print(f"{topic}/{partition}: leader now broker {leader}")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -196,6 +196,23 @@ class Admin:
         finally:
             self._metadata.invalidate(name)
         return _with_unacknowledged(TopicInfo.from_proto(resp.topic), resp.unacknowledged)
+
+    def elect_leaders(self, topics: Sequence[str] = ()) -> list[tuple[str, int, int]]:
+        """Give each partition of ``topics`` (every topic when empty) back to its preferred replica (the
+        first of its replicas) where that replica is live and in sync. Returns (topic, partition, leader)
+        of the partitions that moved. docs/replication.md, "Preferred leaders"."""
+        for name in topics:
+            validate_topic(name)
+        try:
+            resp = call(
+                self._metadata.coordinator_stub().ElectLeaders,
+                coordinator_pb2.ElectLeadersRequest(topics=list(topics)),
+                self._timeout,
+            )
+        finally:
+            for name in topics:
+                self._metadata.invalidate(name)
+        return [(e.topic, e.partition, e.leader) for e in resp.elected]
 
     def list_topics(self) -> list[TopicInfo]:
         """Every topic, sorted by name."""

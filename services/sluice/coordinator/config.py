@@ -43,6 +43,18 @@ class CoordinatorConfig:
         default=timedelta(seconds=10),
         metadata={"help": "a broker silent for longer is marked not alive (no new partitions go to it)"},
     )
+    auto_leader_rebalance: bool = field(
+        default=True,
+        metadata={"help": "move leadership back to each partition's preferred replica once it is in sync"},
+    )
+    leader_imbalance_check_interval: timedelta = field(
+        default=timedelta(seconds=30),
+        metadata={"help": "how often the automatic rebalance looks (it also looks after an ISR expansion)"},
+    )
+    leader_imbalance_per_broker_percentage: int = field(
+        default=10,
+        metadata={"help": "rebalance when more of a broker's preferred partitions are led elsewhere"},
+    )
     broker_heartbeat_interval: timedelta = field(
         default=timedelta(seconds=2), metadata={"help": "how often brokers are told to heartbeat"}
     )
@@ -243,6 +255,9 @@ class CoordinatorConfig:
             dispatcher_heartbeat_interval_ms=_ms(self.dispatcher_heartbeat_interval),
             dispatcher_session_timeout_ms=_ms(self.dispatcher_session_timeout),
             default_replication_factor=self.default_replication_factor,
+            auto_leader_rebalance=self.auto_leader_rebalance,
+            leader_imbalance_check_interval_ms=_ms(self.leader_imbalance_check_interval),
+            leader_imbalance_per_broker_percentage=self.leader_imbalance_per_broker_percentage,
         )
 
     def group_settings(self) -> GroupSettings:

@@ -19,7 +19,6 @@ from redis.asyncio import Redis
 from sluice.common.names import validate_group
 from sluice.coordinator.broker_updates import UNKNOWN_VERSION, PushOutcome
 from sluice.coordinator.cluster.adopt import adopt_legacy_positions
-from sluice.coordinator.cluster.isr import AlterPartitionResult, IsrProposal, alter_partition
 from sluice.coordinator.cluster.model import (
     BrokerHeartbeatResult,
     CreateTopicResult,
@@ -32,7 +31,7 @@ from sluice.coordinator.cluster.model import (
 )
 from sluice.coordinator.cluster.rebuild import EpochReport
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
-from sluice.coordinator.cluster.replication import DEFAULT_SPEC, PartitionState, ReplicationSpec
+from sluice.coordinator.cluster.replication import DEFAULT_SPEC, ReplicationSpec
 from sluice.coordinator.cluster.repush import repush_removals, repush_topic
 from sluice.coordinator.cluster.sessions import Liveness
 from sluice.coordinator.cluster.state import ClusterState
@@ -50,9 +49,9 @@ from sluice.coordinator.groups.model import (
 )
 from sluice.coordinator.groups.redis_ops import full_sync_ops
 from sluice.coordinator.groups.tracks import topic_deleted
+from sluice.coordinator.leadership import CoordinatorLeadership
 from sluice.coordinator.producer_ids import ProducerIdentity, init_producer_id
 from sluice.coordinator.records import Result
-from sluice.coordinator.timers import CoordinatorTimers
 from sluice.coordinator.topic_acks import Incomplete, settle, wait_for_brokers
 from sluice.coordinator.writer import Clock, SystemClock
 from sluice.errors import NotCoordinator, SluiceError, UnknownGroup
@@ -62,7 +61,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Clock", "CoordinatorService", "SystemClock"]
 
 
-class CoordinatorService(CoordinatorTimers):
+class CoordinatorService(CoordinatorLeadership):
     """Domain-level API of the coordinator. Caller: the servicer (and tests)."""
 
     @classmethod
@@ -128,6 +127,8 @@ class CoordinatorService(CoordinatorTimers):
         if self._lag_interval_s > 0:
             self._group_tasks.append(loop.create_task(self._lag_loop(), name="coordinator-lag"))
         self._group_tasks.append(self._begin_rebuild())  # rebuilding.py: elections wait for reports
+        if self.cluster.settings.auto_leader_rebalance:
+            self._group_tasks.append(loop.create_task(self._rebalance_loop(), name="coordinator-rebalance"))
         log.info(
             "coordinator epoch %d recovered %d consumer groups (%d members)",
             self._epoch,
@@ -357,27 +358,6 @@ class CoordinatorService(CoordinatorTimers):
         failures = await wait_for_brokers(acks, self._ack_wait_s(removed), result.change.affected)
         incomplete = Incomplete("delete", "", 0, TopicConfig(), result.change.remove)
         return self._incomplete.record(name, failures, incomplete, f"delete topic {name}")
-
-    # ---- replication ---------------------------------------------------------------------------------
-
-    async def alter_partition(self, proposal: IsrProposal) -> PartitionState:
-        """A leader's ISR change (cluster/isr.py): checked, persisted with the next partition epoch,
-        pushed to the partition's replicas; answers the partition's state."""
-
-        def publish(res: AlterPartitionResult) -> None:
-            self._publish(res.change)
-
-        result = await self._write(lambda _now: alter_partition(self.cluster, proposal), publish)
-        if result.change is not None:
-            log.info(
-                "%s/%d: ISR %s at partition epoch %d (proposed by leader %d)",
-                proposal.topic,
-                proposal.partition,
-                list(result.state.isr),
-                result.state.partition_epoch,
-                proposal.leader_id,
-            )
-        return result.state
 
     # ---- idempotent producers --------------------------------------------------------------------------
 

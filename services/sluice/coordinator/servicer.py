@@ -171,6 +171,24 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             elr=list(state.elr),
         )
 
+    async def ControlledShutdown(
+        self, request: pb.ControlledShutdownRequest, context: Context
+    ) -> pb.ControlledShutdownResponse:
+        result = await self._service.controlled_shutdown(request.broker_id, request.broker_epoch)
+        leader = request.broker_id
+        return pb.ControlledShutdownResponse(
+            remaining=[pb.LedPartition(topic=t, partition=p, leader=leader) for t, p in result.remaining],
+            may_move=result.may_move,
+        )
+
+    async def ElectLeaders(
+        self, request: pb.ElectLeadersRequest, context: Context
+    ) -> pb.ElectLeadersResponse:
+        elected = await self._service.elect_leaders(tuple(request.topics))
+        return pb.ElectLeadersResponse(
+            elected=[pb.LedPartition(topic=t, partition=p, leader=b) for t, p, b in elected]
+        )
+
     # ---- consumer groups ---------------------------------------------------------------------------
 
     async def Heartbeat(

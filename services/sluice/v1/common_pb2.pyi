@@ -114,6 +114,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     controller's current one: the partition changed since (another ISR change, a new leader). The
     leader waits for the newer state and proposes again from it.
     """
+    INELIGIBLE_REPLICA: _ErrorCode.ValueType  # 80
+    """An in-sync set change (AlterPartition) adds a broker that is in a controlled shutdown (KIP-841):
+    it stops soon, and back in the ISR it would hold up acks=all writes. Retriable: the leader
+    proposes again from the pushed state.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -210,6 +215,11 @@ STALE_PARTITION_EPOCH: ErrorCode.ValueType  # 65
 """An in-sync set change (AlterPartition) proposed against a partition epoch that is not the
 controller's current one: the partition changed since (another ISR change, a new leader). The
 leader waits for the newer state and proposes again from it.
+"""
+INELIGIBLE_REPLICA: ErrorCode.ValueType  # 80
+"""An in-sync set change (AlterPartition) adds a broker that is in a controlled shutdown (KIP-841):
+it stops soon, and back in the ISR it would hold up acks=all writes. Retriable: the leader
+proposes again from the pushed state.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 

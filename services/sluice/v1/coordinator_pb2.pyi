@@ -881,6 +881,123 @@ class AlterPartitionRequest(_message.Message):
 Global___AlterPartitionRequest: _TypeAlias = AlterPartitionRequest  # noqa: Y015
 
 @_typing.final
+class ControlledShutdownRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    BROKER_EPOCH_FIELD_NUMBER: _builtins.int
+    broker_id: _builtins.int
+    broker_epoch: _builtins.int
+    def __init__(
+        self,
+        *,
+        broker_id: _builtins.int = ...,
+        broker_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControlledShutdownRequest: _TypeAlias = ControlledShutdownRequest  # noqa: Y015
+
+@_typing.final
+class LedPartition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    leader: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        leader: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leader", b"leader", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LedPartition: _TypeAlias = LedPartition  # noqa: Y015
+
+@_typing.final
+class ControlledShutdownResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMAINING_FIELD_NUMBER: _builtins.int
+    MAY_MOVE_FIELD_NUMBER: _builtins.int
+    may_move: _builtins.int
+    """How many of `remaining` have another live replica, not shutting down, that may catch up and
+    take over. 0: asking again cannot help (every other replica is down or stopping too).
+    """
+    @_builtins.property
+    def remaining(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedPartition]:
+        """Partitions the broker still leads (leader = the broker)."""
+
+    def __init__(
+        self,
+        *,
+        remaining: _abc.Iterable[Global___LedPartition] | None = ...,
+        may_move: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["may_move", b"may_move", "remaining", b"remaining"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControlledShutdownResponse: _TypeAlias = ControlledShutdownResponse  # noqa: Y015
+
+@_typing.final
+class ElectLeadersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectLeadersRequest: _TypeAlias = ElectLeadersRequest  # noqa: Y015
+
+@_typing.final
+class ElectLeadersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ELECTED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def elected(self) -> _containers.RepeatedCompositeFieldContainer[Global___LedPartition]:
+        """Partitions whose leader moved to its preferred replica."""
+
+    def __init__(
+        self,
+        *,
+        elected: _abc.Iterable[Global___LedPartition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["elected", b"elected"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectLeadersResponse: _TypeAlias = ElectLeadersResponse  # noqa: Y015
+
+@_typing.final
 class AlterPartitionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -96,6 +96,16 @@ class CoordinatorStub:
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.AlterPartitionRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_coordinator__pb2.AlterPartitionResponse.FromString,
                 _registered_method=True)
+        self.ControlledShutdown = channel.unary_unary(
+                '/sluice.v1.Coordinator/ControlledShutdown',
+                request_serializer=sluice_dot_v1_dot_coordinator__pb2.ControlledShutdownRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_coordinator__pb2.ControlledShutdownResponse.FromString,
+                _registered_method=True)
+        self.ElectLeaders = channel.unary_unary(
+                '/sluice.v1.Coordinator/ElectLeaders',
+                request_serializer=sluice_dot_v1_dot_coordinator__pb2.ElectLeadersRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_coordinator__pb2.ElectLeadersResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/sluice.v1.Coordinator/Heartbeat',
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatRequest.SerializeToString,
@@ -223,6 +233,24 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ControlledShutdown(self, request, context):
+        """A broker stopping (SIGTERM) asks the controller to move every leadership it holds to another
+        in-sync replica and to take it out of the in-sync sets (docs/replication.md, "Controlled
+        shutdown"). Answered once the replicas applied the change; `remaining` are the partitions it
+        still leads (no other eligible replica): the broker asks again, bounded by its timeout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ElectLeaders(self, request, context):
+        """Preferred leaders on demand: every partition of `topics` (all when empty) whose first replica
+        is live and in sync gets it back as leader (docs/replication.md, "Preferred leaders").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Heartbeat(self, request, context):
         """Consumer groups (server-side assignment, KIP-848 style).
         """
@@ -336,6 +364,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.AlterPartition,
                     request_deserializer=sluice_dot_v1_dot_coordinator__pb2.AlterPartitionRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_coordinator__pb2.AlterPartitionResponse.SerializeToString,
+            ),
+            'ControlledShutdown': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControlledShutdown,
+                    request_deserializer=sluice_dot_v1_dot_coordinator__pb2.ControlledShutdownRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_coordinator__pb2.ControlledShutdownResponse.SerializeToString,
+            ),
+            'ElectLeaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectLeaders,
+                    request_deserializer=sluice_dot_v1_dot_coordinator__pb2.ElectLeadersRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_coordinator__pb2.ElectLeadersResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -699,6 +737,60 @@ class Coordinator:
             '/sluice.v1.Coordinator/AlterPartition',
             sluice_dot_v1_dot_coordinator__pb2.AlterPartitionRequest.SerializeToString,
             sluice_dot_v1_dot_coordinator__pb2.AlterPartitionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControlledShutdown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Coordinator/ControlledShutdown',
+            sluice_dot_v1_dot_coordinator__pb2.ControlledShutdownRequest.SerializeToString,
+            sluice_dot_v1_dot_coordinator__pb2.ControlledShutdownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectLeaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Coordinator/ElectLeaders',
+            sluice_dot_v1_dot_coordinator__pb2.ElectLeadersRequest.SerializeToString,
+            sluice_dot_v1_dot_coordinator__pb2.ElectLeadersResponse.FromString,
             options,
             channel_credentials,
             insecure,

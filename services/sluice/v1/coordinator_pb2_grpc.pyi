@@ -64,6 +64,16 @@ class CoordinatorStub:
     STALE_PARTITION_EPOCH, NOT_LEADER), that the ISR is a subset of the replicas holding the leader,
     persists it with the next partition epoch, pushes it to the replicas and answers the new state.
     """
+    ControlledShutdown: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ControlledShutdownRequest, _coordinator_pb2.ControlledShutdownResponse]
+    """A broker stopping (SIGTERM) asks the controller to move every leadership it holds to another
+    in-sync replica and to take it out of the in-sync sets (docs/replication.md, "Controlled
+    shutdown"). Answered once the replicas applied the change; `remaining` are the partitions it
+    still leads (no other eligible replica): the broker asks again, bounded by its timeout.
+    """
+    ElectLeaders: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ElectLeadersRequest, _coordinator_pb2.ElectLeadersResponse]
+    """Preferred leaders on demand: every partition of `topics` (all when empty) whose first replica
+    is live and in sync gets it back as leader (docs/replication.md, "Preferred leaders").
+    """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]
     """Consumer groups (server-side assignment, KIP-848 style)."""
     ConsumerGroupStream: _grpc.StreamStreamMultiCallable[_coordinator_pb2.GroupStreamRequest, _coordinator_pb2.GroupStreamResponse]
@@ -118,6 +128,16 @@ class CoordinatorAsyncStub(CoordinatorStub):
     controller checks the leader and both epochs are current (else FENCED_LEADER_EPOCH,
     STALE_PARTITION_EPOCH, NOT_LEADER), that the ISR is a subset of the replicas holding the leader,
     persists it with the next partition epoch, pushes it to the replicas and answers the new state.
+    """
+    ControlledShutdown: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ControlledShutdownRequest, _coordinator_pb2.ControlledShutdownResponse]  # type: ignore[assignment]
+    """A broker stopping (SIGTERM) asks the controller to move every leadership it holds to another
+    in-sync replica and to take it out of the in-sync sets (docs/replication.md, "Controlled
+    shutdown"). Answered once the replicas applied the change; `remaining` are the partitions it
+    still leads (no other eligible replica): the broker asks again, bounded by its timeout.
+    """
+    ElectLeaders: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ElectLeadersRequest, _coordinator_pb2.ElectLeadersResponse]  # type: ignore[assignment]
+    """Preferred leaders on demand: every partition of `topics` (all when empty) whose first replica
+    is live and in sync gets it back as leader (docs/replication.md, "Preferred leaders").
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]  # type: ignore[assignment]
     """Consumer groups (server-side assignment, KIP-848 style)."""
@@ -242,6 +262,28 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         controller checks the leader and both epochs are current (else FENCED_LEADER_EPOCH,
         STALE_PARTITION_EPOCH, NOT_LEADER), that the ISR is a subset of the replicas holding the leader,
         persists it with the next partition epoch, pushes it to the replicas and answers the new state.
+        """
+
+    @_abc_1.abstractmethod
+    def ControlledShutdown(
+        self,
+        request: _coordinator_pb2.ControlledShutdownRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ControlledShutdownResponse, _abc.Awaitable[_coordinator_pb2.ControlledShutdownResponse]]:
+        """A broker stopping (SIGTERM) asks the controller to move every leadership it holds to another
+        in-sync replica and to take it out of the in-sync sets (docs/replication.md, "Controlled
+        shutdown"). Answered once the replicas applied the change; `remaining` are the partitions it
+        still leads (no other eligible replica): the broker asks again, bounded by its timeout.
+        """
+
+    @_abc_1.abstractmethod
+    def ElectLeaders(
+        self,
+        request: _coordinator_pb2.ElectLeadersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ElectLeadersResponse, _abc.Awaitable[_coordinator_pb2.ElectLeadersResponse]]:
+        """Preferred leaders on demand: every partition of `topics` (all when empty) whose first replica
+        is live and in sync gets it back as leader (docs/replication.md, "Preferred leaders").
         """
 
     @_abc_1.abstractmethod

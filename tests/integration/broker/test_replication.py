@@ -80,13 +80,20 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster_of(tmp: Path, flush: str = "interval", lag: str = "1s", session: str = "5s") -> Iterator[Cluster]:
+def cluster_of(
+    tmp: Path,
+    flush: str = "interval",
+    lag: str = "1s",
+    session: str = "5s",
+    coordinator_args: tuple[str, ...] = (),
+) -> Iterator[Cluster]:
     """``lag``: the brokers' --replica-lag-time-max; ``session``: the coordinator's broker session timeout
     (a broker that misses it loses its leaderships and ISR places: failover)."""
     with run_redis(appendonly=False) as redis:
         coordinator = start_service(
             "coordinator", "--port", "0", "--metrics-port", "0", "--redis-url", redis.url,
             "--broker-heartbeat-interval", "200ms", "--broker-session-timeout", session,
+            *coordinator_args,
         )  # fmt: skip
         cluster = Cluster(coordinator, tmp, flush=flush, lag=lag)
         try:

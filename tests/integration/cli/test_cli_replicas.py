@@ -76,5 +76,13 @@ def test_up_with_three_brokers_places_a_factor_three_topic_on_all_of_them(tmp_pa
         nothing = sluice(stack, "topic", "alter", "rep3")
         assert nothing.returncode != 0
         assert "nothing to alter" in nothing.stderr.decode()
+
+        # topic elect-leaders: every partition is led by its preferred replica already.
+        balanced = ok(sluice(stack, "topic", "elect-leaders", "rep3"))
+        assert "led by its preferred replica already" in balanced
+        assert json.loads(ok(sluice(stack, "topic", "elect-leaders", "-f", "json"))) == []
+        unknown = sluice(stack, "topic", "elect-leaders", "nope")
+        assert unknown.returncode == 1
+        assert unknown.stderr.decode().startswith("error: UNKNOWN_TOPIC")
     finally:
         assert stack.stop() == 0

@@ -19,7 +19,7 @@ from sluice.coordinator.cluster.replication import NO_LEADER
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.records import Record, Result
 
-__all__ = ["ElectionResult", "elect_after_loss", "elect_offline"]
+__all__ = ["ElectionResult", "elect_after_loss", "elect_offline", "election_result"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def elect_after_loss(cluster: ClusterState, gone: int, now_ms: int) -> Result[El
         changed_records.append(updated)
         for broker, refs in updated.refs_by_broker(touched).items():
             assign.setdefault(broker, []).extend(refs)
-    return _result(cluster, changed_records, assign, leaders, unclean)
+    return election_result(cluster, changed_records, assign, leaders, unclean)
 
 
 def elect_offline(cluster: ClusterState, now_ms: int) -> Result[ElectionResult]:
@@ -101,10 +101,10 @@ def elect_offline(cluster: ClusterState, now_ms: int) -> Result[ElectionResult]:
             changed_records.append(updated)
             for broker, refs in updated.refs_by_broker(touched).items():
                 assign.setdefault(broker, []).extend(refs)
-    return _result(cluster, changed_records, assign, leaders, unclean)
+    return election_result(cluster, changed_records, assign, leaders, unclean)
 
 
-def _result(
+def election_result(
     cluster: ClusterState,
     changed_records: list[Record],
     assign: dict[int, list[PartitionRef]],

@@ -69,6 +69,10 @@ class ClusterSettings:
     dispatcher_session_timeout_ms: int = 10_000
     #: Replicas of a topic created without a replication factor (``--default-replication-factor``).
     default_replication_factor: int = 1
+    #: Preferred leaders (docs/replication.md): the automatic rebalance's period and per-broker threshold.
+    auto_leader_rebalance: bool = True
+    leader_imbalance_check_interval_ms: int = 30_000
+    leader_imbalance_per_broker_percentage: int = 10
 
 
 class ClusterState:
