@@ -135,7 +135,7 @@ def test_roles_epochs_and_leader_states_change_once_the_logs_exist(tmp_path: Pat
         ),
         controller_epoch=3,
     )
-    replicated = {
+    replicated: dict[str, Any] = {
         "leader": ME,
         "leader_epoch": 1,
         "partition_epoch": 1,
