@@ -6,7 +6,10 @@ restarted and allowed to settle (its first heartbeat after a restart brings the 
 ``--topics`` topics of ``--partitions`` partitions each are created one after another, each CreateTopic
 waiting for the broker's acknowledgement as it does for a user, and deleted again (``--rounds`` times; the
 median round is reported). Reported per level: the wall time for them all, the slowest CreateTopic, and the
-CPU the broker and the coordinator used meanwhile.
+CPU the broker and the coordinator used meanwhile, and the **produce stall**: a thread produces one
+record at a time (send, then flush: each waits for the broker's answer) to a partition that already
+exists, all through the round; the longest and the 99th-percentile round trip are reported (an
+UpdatePartitions that creates its logs on the broker's event loop holds every produce for as long).
 
 The broker is restarted before every fill of at most ``FILL_CHUNK`` partitions and before each
 measurement: until the descriptor work of issue 20 lands, a partition created in a process holds 3 file
@@ -23,6 +26,7 @@ import contextlib
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,6 +55,37 @@ class Level:
     coordinator_cpu_s: float
     #: Partitions the coordinator lists afterwards (checked against what was created).
     listed: int
+    #: The produce probe during the round: how many, the longest and the p99 round trip (ms).
+    produces: int = 0
+    produce_max_ms: float = 0.0
+    produce_p99_ms: float = 0.0
+
+
+class ProduceProbe:
+    """Produces one record at a time to ``topic`` in a thread and keeps each round trip (s)."""
+
+    def __init__(self, client: Client, topic: str) -> None:
+        self._producer = client.producer(topic)
+        self._stop = threading.Event()
+        self.times: list[float] = []
+        self._thread = threading.Thread(target=self._run, name="produce-probe", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and len(self.times) < 1_000_000:
+            t = time.perf_counter()
+            self._producer.send(b"probe", partition=0)
+            self._producer.flush(timeout=120)
+            self.times.append(time.perf_counter() - t)
+            self._stop.wait(0.005)  # ~200 produces/s: a light, steady load
+
+    def __enter__(self) -> ProduceProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=130)
+        self._producer.close(timeout=10)
 
 
 class Cluster:
@@ -104,12 +139,14 @@ class Cluster:
     def _round(self, names: list[str], partitions: int, level: int) -> Level:
         broker0, coord0 = cpu_seconds(self.broker.process.pid), cpu_seconds(self.coordinator.process.pid)
         times = []
-        start = time.perf_counter()
-        for name in names:
-            t = time.perf_counter()
-            self.client.admin.create_topic(name, partitions=partitions)
-            times.append(time.perf_counter() - t)
-        seconds = time.perf_counter() - start
+        with ProduceProbe(self.client, f"warmup-{level}") as probe:
+            start = time.perf_counter()
+            for name in names:
+                t = time.perf_counter()
+                self.client.admin.create_topic(name, partitions=partitions)
+                times.append(time.perf_counter() - t)
+            seconds = time.perf_counter() - start
+        produced = sorted(probe.times) or [0.0]
         broker_cpu = cpu_seconds(self.broker.process.pid) - broker0
         coordinator_cpu = cpu_seconds(self.coordinator.process.pid) - coord0
         self.partitions += len(names) * partitions
@@ -125,6 +162,9 @@ class Cluster:
             broker_cpu_s=round(broker_cpu, 3),
             coordinator_cpu_s=round(coordinator_cpu, 3),
             listed=listed,
+            produces=len(probe.times),
+            produce_max_ms=round(produced[-1] * 1000, 1),
+            produce_p99_ms=round(produced[int(0.99 * (len(produced) - 1))] * 1000, 1),
         )
 
 
@@ -157,7 +197,9 @@ def run(levels: list[int], topics: int, partitions: int, rounds: int, data_root:
             print(
                 f"existing {result.existing:>6}: {result.created} partitions in {result.seconds:7.2f} s "
                 f"(CreateTopic median {result.median_create_s:.3f} s, max {result.slowest_create_s:.3f} s; "
-                f"CPU broker {result.broker_cpu_s:.2f} s, coordinator {result.coordinator_cpu_s:.2f} s)",
+                f"CPU broker {result.broker_cpu_s:.2f} s, coordinator {result.coordinator_cpu_s:.2f} s; "
+                f"{result.produces} produces meanwhile, max {result.produce_max_ms:.1f} ms, "
+                f"p99 {result.produce_p99_ms:.1f} ms)",
                 flush=True,
             )
             results.append(result)
@@ -178,13 +220,14 @@ def main() -> None:
     base = results[0].seconds
     print(
         "\n| existing partitions | create (s) | vs first | CreateTopic max (s) | broker CPU (s) "
-        "| coordinator CPU (s) |"
+        "| coordinator CPU (s) | produce max / p99 (ms) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         print(
             f"| {r.existing:,} | {r.seconds:.2f} | {r.seconds / base:.2f}x | {r.slowest_create_s:.2f} "
-            f"| {r.broker_cpu_s:.2f} | {r.coordinator_cpu_s:.2f} |"
+            f"| {r.broker_cpu_s:.2f} | {r.coordinator_cpu_s:.2f} "
+            f"| {r.produce_max_ms:.0f} / {r.produce_p99_ms:.0f} |"
         )
     save(
         args.name,

@@ -22,17 +22,15 @@ The served set is kept in an append-only journal over a snapshot (``assignment_j
 that a restarted broker serves what it served before, without waiting for the coordinator; an
 update costs the partitions it names, never all of them (docs/storage.md).
 
-:func:`plan_update` is pure; :class:`PartitionRegistry` applies a plan to the log manager.
+:func:`plan_update` (``update_plan.py``) is pure; :class:`PartitionRegistry` applies a plan to the log
+manager, in three steps so that the file work can run off the event loop (``update_runner.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from sluice.broker.assignment_journal import AssignmentJournal, JournalRecovery
@@ -40,184 +38,32 @@ from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.log.config import LogConfig
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
-from sluice.broker.roles import EpochBook, EpochMark, Role, role_of
-from sluice.common.names import MAX_PARTITIONS, validate_topic
-from sluice.errors import (
-    InvalidArgument,
-    InvalidPartitions,
-    NotLeader,
-    SluiceError,
-    StorageError,
-    UnknownTopicOrPartition,
+from sluice.broker.roles import EpochBook, EpochMark
+from sluice.broker.update_plan import (
+    AssignmentUpdate,
+    PartitionAssignment,
+    TopicOverrides,
+    UpdatePlan,
+    is_stale,
+    plan_update,
+    validate_update,
 )
+from sluice.common.names import validate_topic
+from sluice.errors import NotLeader, SluiceError, StorageError, UnknownTopicOrPartition
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class TopicOverrides:
-    """Per-topic log settings from the coordinator; 0 means the broker default."""
-
-    retention_ms: int = 0
-    retention_bytes: int = 0
-    segment_bytes: int = 0
-    segment_ms: int = 0
-    max_batch_bytes: int = 0
-
-    def log_config(self, defaults: LogConfig) -> LogConfig | None:
-        """The partition's LogConfig; None when nothing overrides the broker default."""
-        changes = {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) != 0}
-        return dataclasses.replace(defaults, **changes) if changes else None
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionAssignment:
-    topic: str
-    topic_id: str
-    partition: int
-    config: TopicOverrides = TopicOverrides()
-    #: The leader's broker id; None in an update without replica state (from before replication, or a
-    #: standalone sender): this broker leads.
-    leader: int | None = None
-    leader_epoch: int = 0
-    partition_epoch: int = 0
-    replicas: tuple[int, ...] = ()
-    isr: tuple[int, ...] = ()
-    min_insync_replicas: int = 1
-
-    @property
-    def key(self) -> TopicPartitionKey:
-        return (self.topic, self.partition)
-
-
-@dataclass(frozen=True, slots=True)
-class AssignmentUpdate:
-    """The domain form of ``UpdatePartitionsRequest``."""
-
-    metadata_version: int = 0
-    full: bool = False
-    assign: tuple[PartitionAssignment, ...] = ()
-    remove: tuple[PartitionAssignment, ...] = ()
-    #: The sending coordinator's term; 0: none (never refused).
-    controller_epoch: int = 0
-
-
-@dataclass(slots=True)
-class UpdatePlan:
-    """What applying an update does, in this order: unserve, delete, replace, create, then serve.
-
-    Only the partitions the update names are in it (a full update also names, in ``unserve``, the
-    served partitions it leaves out), so applying it costs O(update), not O(partitions served).
-    """
-
-    #: The served set the plan was made against (a live view, not a copy).
-    base: AbstractSet[TopicPartitionKey] = field(default_factory=frozenset)
-    full: bool = False
-    delete: list[TopicPartitionKey] = field(default_factory=list)
-    #: Logs of a deleted topic incarnation: delete, then create anew.
-    replace: list[PartitionAssignment] = field(default_factory=list)
-    create: list[PartitionAssignment] = field(default_factory=list)
-    #: Existing logs that stay: their topic config is re-applied (a no-op when unchanged).
-    keep: list[PartitionAssignment] = field(default_factory=list)
-    #: Partitions served after the update because it assigns them (with this broker as leader).
-    assigned: set[TopicPartitionKey] = field(default_factory=set)
-    #: Partitions the update assigns to this broker as a follower: hosted, not served.
-    follow: dict[TopicPartitionKey, PartitionAssignment] = field(default_factory=dict)
-    #: Assignments ignored as stale (older epochs): these partitions keep what they had.
-    untouched: AbstractSet[TopicPartitionKey] = field(default_factory=frozenset)
-    #: Partitions removed by the update (not stale).
-    removed: set[TopicPartitionKey] = field(default_factory=set)
-    #: Served partitions that stop being served (removed, or left out of a full update).
-    unserve: set[TopicPartitionKey] = field(default_factory=set)
-
-    @property
-    def serve(self) -> set[TopicPartitionKey]:
-        """The whole served set after the update. O(served): for tests and logs, not for ``apply``."""
-        kept = set() if self.full else set(self.base) - self.removed
-        return kept | self.assigned
-
-
-def validate_update(update: AssignmentUpdate) -> None:
-    """Reject an update naming an invalid topic or partition, before anything changes."""
-    for item in (*update.assign, *update.remove):
-        validate_topic(item.topic)
-        if not 0 <= item.partition < MAX_PARTITIONS:
-            raise InvalidPartitions(f"partition {item.partition} of {item.topic} is out of range")
-    for item in update.assign:
-        if not item.topic_id:
-            raise InvalidArgument(f"assignment of {item.topic}/{item.partition} has no topic_id")
-        item.config.log_config(LogConfig())  # rejects invalid overrides before anything changes
-
-
-def plan_update(
-    served: AbstractSet[TopicPartitionKey],
-    on_disk: Mapping[TopicPartitionKey, str],
-    update: AssignmentUpdate,
-    broker_id: int = -1,
-    untouched: AbstractSet[TopicPartitionKey] = frozenset(),
-) -> UpdatePlan:
-    """Decide what an update does, given the served set and on-disk logs (key -> topic_id).
-
-    Only keys the update names are looked up in ``served`` and ``on_disk``, except that a full update
-    computes ``served - assigned``. A removal wins over an assignment of the same key. An assignment
-    naming another broker as leader makes this broker a follower (``follow``: the log is created or
-    kept, the partition not served). ``untouched`` keys (stale assignments) keep whatever they had.
-
-    Worked example: served {a/0, a/1}, on disk {a/0: X, a/1: X, b/0: Y}; a full update
-    assigning a/0 (X) and c/0 (Z) and removing b/0 (Y) gives delete [b/0], create [c/0] and
-    serve {a/0, c/0}: a/1 stops being served but keeps its data.
-    """
-    plan = UpdatePlan(base=served, full=update.full, untouched=untouched)
-    assigned = {item.key: item for item in update.assign}
-    for item in update.remove:
-        current = on_disk.get(item.key)
-        if item.topic_id and current and current != item.topic_id:
-            log.info(
-                "ignoring stale removal of %s/%s (topic id %s, log has %s)", *item.key, item.topic_id, current
-            )
-            continue
-        assigned.pop(item.key, None)
-        if item.key in plan.removed:
-            continue  # named twice
-        plan.removed.add(item.key)
-        if current is not None:
-            plan.delete.append(item.key)
-    for key in untouched:
-        assigned.pop(key, None)
-    for item in assigned.values():
-        current = on_disk.get(item.key)
-        if current is None:
-            plan.create.append(item)
-        elif item.topic_id and current and current != item.topic_id:
-            plan.replace.append(item)
-        else:
-            plan.keep.append(item)
-        if role_of(item, broker_id) is Role.FOLLOWER:
-            plan.follow[item.key] = item
-    plan.assigned = {key for key in assigned if key not in plan.follow}
-    if update.full:
-        plan.unserve = {key for key in served if key not in plan.assigned and key not in untouched}
-    else:
-        plan.unserve = {key for key in (*plan.removed, *plan.follow) if key in served}
-    return plan
-
-
-def is_stale(update: AssignmentUpdate, applied_version: int) -> bool:
-    """The versioning contract with the coordinator (docs/coordinator.md).
-
-    A broker's applied version only grows: a full update older than it, or an incremental one
-    not newer than it, is stale. A broker that has applied nothing yet (version 0, e.g. just
-    restarted) takes only a full update, since a delta assumes a base it does not have.
-    Version 0 updates do not come from a coordinator (a standalone broker, an operator) and
-    always apply.
-    """
-    version = update.metadata_version
-    if version <= 0:
-        return False
-    if update.full:
-        return version < applied_version
-    return applied_version == 0 or version <= applied_version
-
+# The request's domain types and the pure planner live in ``update_plan.py``; callers import them from here.
+__all__ = [
+    "AssignmentUpdate",
+    "PartitionAssignment",
+    "PartitionRegistry",
+    "TopicOverrides",
+    "UpdatePlan",
+    "is_stale",
+    "plan_update",
+    "validate_update",
+]
 
 Hook = Callable[[TopicPartitionKey, PartitionLog], None]
 
@@ -355,7 +201,20 @@ class PartitionRegistry:
         Costs O(partitions the update names) (plus O(served) for a full update): nothing here
         walks every partition. The served-set changes are journaled (one fsync) even when a log
         cannot be created half way; the version then stays put, so the coordinator sends it again.
+
+        Three steps, for a caller that runs the file work elsewhere (the broker service runs
+        :meth:`create_logs` in a worker thread, ``update_runner.py``): :meth:`begin` (unserve,
+        delete), :meth:`create_logs`, :meth:`finish` (serve, roles, journal with the epochs).
         """
+        plan = self.begin(update)
+        if plan is not None:
+            self.finish(plan, update, self.create_logs(self.new_logs(plan)))
+        return plan
+
+    def begin(self, update: AssignmentUpdate) -> UpdatePlan | None:
+        """Validate (an older controller epoch refuses the whole update before anything changes), plan
+        against the epochs held, stop serving what the update unserves and delete what it deletes or
+        replaces. None when the update is stale (a newer controller epoch is journaled all the same)."""
         validate_update(update)
         newer_controller = self.epochs.check_controller(update.controller_epoch)
         if is_stale(update, self.metadata_version):
@@ -371,17 +230,20 @@ class PartitionRegistry:
         stale = {item.key for item in update.assign if self.epochs.is_stale(item)}
         self._track_ahead(update, stale)
         plan = plan_update(self.served.keys(), _OnDisk(self.logs), update, self.broker_id, stale)
-        added: list[TopicPartitionKey] = []
-        dropped: set[TopicPartitionKey] = set()
-        marks = self.epochs.newer_marks(
+        plan.marks = self.epochs.newer_marks(
             item for item in update.assign if item.key in plan.assigned or item.key in plan.follow
         )
+        plan.controller_epoch = update.controller_epoch if newer_controller else 0
         try:
-            self._apply_plan(plan, added, dropped)
-        finally:
-            self._set_roles(plan)
-            self._journal(added, dropped, marks, update.controller_epoch if newer_controller else 0)
-        self.metadata_version = max(self.metadata_version, update.metadata_version)
+            replaced = [r.key for r in plan.replace]
+            for key in (*plan.unserve, *plan.delete, *replaced):
+                if self._unserve(key):
+                    plan.dropped.add(key)
+            for key in (*plan.delete, *replaced):
+                self._remove_log(key)
+        except BaseException:
+            self._conclude(plan, [])  # roles, and what changed before the failure, journaled
+            raise
         return plan
 
     def _track_ahead(self, update: AssignmentUpdate, stale: set[TopicPartitionKey]) -> None:
@@ -390,6 +252,64 @@ class PartitionRegistry:
             return
         self.ahead.difference_update(item.key for item in (*update.assign, *update.remove))
         self.ahead.update(stale)
+
+    @staticmethod
+    def new_logs(plan: UpdatePlan) -> list[PartitionAssignment]:
+        """The logs the plan creates (replaced ones included): the file work of an update."""
+        return [*plan.replace, *plan.create]
+
+    def create_logs(self, items: list[PartitionAssignment]) -> dict[TopicPartitionKey, StorageError]:
+        """Create these logs on disk; returns the ones that could not be (the others are created: a
+        failure does not stop them). Safe in a worker thread while the event loop serves: it touches no
+        served partition and no state of this registry, only the log manager's table of logs."""
+        failed: dict[TopicPartitionKey, StorageError] = {}
+        for item in items:
+            try:
+                self.logs.create(
+                    item.topic, item.topic_id, item.partition, item.config.log_config(self.defaults)
+                )
+            except StorageError as exc:
+                failed[item.key] = exc
+        return failed
+
+    def finish(
+        self, plan: UpdatePlan, update: AssignmentUpdate, failed: dict[TopicPartitionKey, StorageError]
+    ) -> None:
+        """After :meth:`create_logs`: re-apply the config of kept logs, serve what the update assigns
+        whose log exists, set the roles, journal it all with the update's epochs (one fsync), and take
+        its version; unless a log could not be created: then raise naming them (the version stays, so
+        the update comes again)."""
+        for item in self.new_logs(plan):
+            self.touched += 1
+            if item.key not in failed:
+                self._disk_topics[item.topic] += 1
+        for item in plan.keep:
+            try:
+                self._create_log(item)
+            except StorageError as exc:
+                failed[item.key] = exc
+        added: list[TopicPartitionKey] = []
+        try:
+            for key in sorted(plan.assigned):
+                if key not in self.served and key not in failed:
+                    plog = self.logs.get(*key)
+                    if plog is not None:
+                        self._serve(key, plog)
+                        added.append(key)
+        finally:
+            self._conclude(plan, added)
+        if failed:
+            names = ", ".join(f"{t}-{p}" for t, p in sorted(failed)[:5])
+            names += ", ..." if len(failed) > 5 else ""
+            raise StorageError(
+                f"could not create {len(failed)} of {len(plan.assigned)} assigned partition logs "
+                f"({names}): {next(iter(failed.values())).message}"
+            )
+        self.metadata_version = max(self.metadata_version, update.metadata_version)
+
+    def _conclude(self, plan: UpdatePlan, added: list[TopicPartitionKey]) -> None:
+        self._set_roles(plan)
+        self._journal(added, plan.dropped, plan.marks, plan.controller_epoch)
 
     def _set_roles(self, plan: UpdatePlan) -> None:
         if plan.full:  # the whole assignment: it says what this broker leads and follows
@@ -400,37 +320,6 @@ class PartitionRegistry:
             for key in (*plan.unserve, *plan.removed, *plan.assigned):
                 self.following.pop(key, None)
         self.following.update(plan.follow)
-
-    def _apply_plan(
-        self, plan: UpdatePlan, added: list[TopicPartitionKey], dropped: set[TopicPartitionKey]
-    ) -> None:
-        replaced = [r.key for r in plan.replace]
-        for key in (*plan.unserve, *plan.delete, *replaced):
-            if self._unserve(key):
-                dropped.add(key)
-        for key in (*plan.delete, *replaced):
-            self._remove_log(key)
-        # A log that cannot be created does not stop the others: they are created and served, and
-        # the update then fails naming the ones that were not (the version stays, so it comes again).
-        failed: dict[TopicPartitionKey, StorageError] = {}
-        for item in (*plan.replace, *plan.create, *plan.keep):
-            try:
-                self._create_log(item)
-            except StorageError as exc:
-                failed[item.key] = exc
-        for key in sorted(plan.assigned):
-            if key not in self.served and key not in failed:
-                plog = self.logs.get(*key)
-                if plog is not None:
-                    self._serve(key, plog)
-                    added.append(key)
-        if failed:
-            names = ", ".join(f"{t}-{p}" for t, p in sorted(failed)[:5])
-            names += ", ..." if len(failed) > 5 else ""
-            raise StorageError(
-                f"could not create {len(failed)} of {len(plan.assigned)} assigned partition logs "
-                f"({names}): {next(iter(failed.values())).message}"
-            )
 
     def _journal(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
-from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
+from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry, UpdatePlan
 from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.longpoll import AppendWaiters
@@ -55,6 +55,15 @@ class ReplicaSteps:
             self.registry.served,
         )
         self.fetchers.replan(self.registry.following)
+
+    def _stop_following_deleted(self, plan: UpdatePlan) -> None:
+        """Right after an update deleted or replaced logs (before it creates any, in a worker thread while
+        the loop serves): no fetcher may append to a deleted log meanwhile. The roles change later, once
+        the update's logs exist (``_reconcile_leaders``)."""
+        gone = {*plan.delete, *(item.key for item in plan.replace)}
+        following = self.registry.following
+        if any(key in following for key in gone):
+            self.fetchers.replan({key: item for key, item in following.items() if key not in gone})
 
     def _appended(self, key: TopicPartitionKey) -> None:
         """A served log was appended to: consumers see it now, unless it is replicated; then its

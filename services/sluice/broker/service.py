@@ -51,6 +51,7 @@ from sluice.broker.requests import (
     check_continuous,
 )
 from sluice.broker.sessions import FetchSession, FetchSessionCache
+from sluice.broker.update_runner import UpdateRunner
 from sluice.errors import (
     BrokerNotAvailable,
     CorruptBatch,
@@ -149,6 +150,9 @@ class BrokerService(ReadSteps, ReplicaSteps):
         self._listeners: dict[TopicPartitionKey, Callable[[], None]] = {}
         self._inflight = _Inflight()
         self._stopping = False
+        self._updates = UpdateRunner(
+            self.registry, self.flusher.io_lock, lambda: self._stopping, self._inflight.track
+        )
         self._maintenance: asyncio.Task[None] | None = None
         #: Set after every applied partition update (a controlled shutdown waits on it).
         self.updated = asyncio.Event()
@@ -434,15 +438,14 @@ class BrokerService(ReadSteps, ReplicaSteps):
     async def update_partitions(
         self, update: AssignmentUpdate, ctx: RequestContext = DEFAULT_CONTEXT
     ) -> None:
-        """Apply a partition update (from the RPC or a heartbeat response)."""
+        """Apply a partition update (from the RPC or a heartbeat response). The logs it creates are made
+        in a worker thread, so produces and fetches on the partitions already served are answered
+        meanwhile; updates apply one at a time, in arrival order (``update_runner.py``)."""
         self._check_running()
         self._authorize(ctx, Operation.CLUSTER_ACTION, "")
-        # Under io_lock: no fsync runs while logs are deleted or closed.
-        async with self.flusher.io_lock:
-            self._check_running()  # stop() may have begun while we waited for the lock
-            plan = self.registry.apply(update)
-            self._reconcile_leaders(update)
-            self.updated.set()
+        reconcile = functools.partial(self._reconcile_leaders, update)
+        plan = await self._updates.apply(update, self._stop_following_deleted, reconcile)
+        self.updated.set()
         if plan is not None:
             log.info(
                 "partitions updated to v%d: serving %d, created %d, deleted %d",

@@ -15,7 +15,8 @@ Descriptors: every open log holds one (its active segment); sealed segments shar
 keeps descriptors for connections, so a broker with too many partitions says so at
 CreateTopic rather than later failing to accept clients (docs/storage.md).
 
-Caller: the broker service, from its event loop (``flush_all`` may run on a worker thread).
+Caller: the broker service, from its event loop (``flush_all`` may run on a worker thread, and so does
+``create`` for the logs an update creates, one update at a time, while the loop only reads the table).
 """
 
 from __future__ import annotations
@@ -269,8 +270,10 @@ class LogManager:
             if isinstance(exc, StorageError):
                 raise StorageError(f"cannot create the log of {topic}-{partition}: {exc.message}") from exc
             raise storage_error(f"creating the log of {topic}-{partition}", exc) from exc
-        self._logs[key] = plog
+        # The metadata first: ``create`` may run in a worker thread (an update's logs: assignment.py),
+        # and the event loop must not find a log without its topic id.
         self._meta[key] = meta
+        self._logs[key] = plog
         return plog
 
     def _open_log(self, path: Path, config: LogConfig | None) -> PartitionLog:
