@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.chaos.cluster import ChaosCluster, chaos_cluster, until
 from tests.chaos.load import Load, RetryLog, Verdict, verify
@@ -131,12 +132,21 @@ def run(
     session: str = "3s",
     coordinator_kill_after: int = 1,
     settle: float = 0.5,
+    producer_config: dict[str, Any] | None = None,
 ) -> Campaign:
+    """``producer_config``: ProducerConfig overrides on top of the load's (``tests/chaos/load.py``)."""
     campaign = Campaign(idempotent)
     started = time.monotonic()
     with chaos_cluster(data, session=session) as cluster, RetryLog() as retries:
         cluster.create_topic(TOPIC, partitions)
-        load = Load(cluster.bootstrap, TOPIC, partitions, rate, idempotent=idempotent)
+        load = Load(
+            cluster.bootstrap,
+            TOPIC,
+            partitions,
+            rate,
+            idempotent=idempotent,
+            producer_config=producer_config or {},
+        )
         load.start()
         try:
             for n in range(kills):
