@@ -42,7 +42,8 @@ def _report(mode: str, campaign: Campaign) -> str:
             f"acknowledged {v.acked}, consumed {v.consumed}: lost {v.lost}, duplicates {v.duplicates}, "
             f"out of order {v.out_of_order}, gaps {v.gaps}, "
             f"written though unacknowledged {v.unacked_written}",
-            f"failed sends {dict(campaign.failed_sends)}; replicas identical: {campaign.replicas_identical}",
+            f"failed sends {dict(campaign.failed_sends)}; replicas identical: {campaign.replicas_identical}; "
+            f"elections {campaign.elections} (false: {summary['false_elections']})",
             f"kills with requests in flight {summary['kills_with_requests_in_flight']}/{len(kills)}, "
             f"with retries {summary['kills_with_retries']}/{len(kills)} "
             f"(retries per kill {summary['retries_per_kill']}, errors {summary['retry_errors']})",

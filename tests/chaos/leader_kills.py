@@ -29,6 +29,8 @@ TOPIC = "chaos"
 @dataclass
 class Kill:
     victim: int
+    #: Partitions the victim led when it was killed: each needs one election.
+    led: int
     #: Records sent and not answered at the moment of the kill.
     in_flight: int
     #: Seconds from the kill until the coordinator named a new leader of partition 0.
@@ -53,6 +55,10 @@ class Campaign:
     failed_sends: Counter[str] = field(default_factory=Counter)
     verdict: Verdict = field(default_factory=Verdict)
     replicas_identical: bool = False
+    #: Leader elections the kills called for, and those that happened (the partitions' leader epochs
+    #: summed: every election bumps one): more happened than were called for = false elections.
+    elections_expected: int = 0
+    elections: int = 0
     seconds: float = 0.0
 
     def summary(self) -> dict[str, object]:
@@ -63,6 +69,8 @@ class Campaign:
             **self.verdict.as_dict(),
             "failed_sends": dict(self.failed_sends),
             "replicas_identical": self.replicas_identical,
+            "elections": self.elections,
+            "false_elections": self.elections - self.elections_expected,
             "kills_with_requests_in_flight": sum(1 for k in self.kills if k.in_flight > 0),
             "kills_with_retries": sum(1 for k in self.kills if sum(k.retries.values()) > 0),
             "retries_per_kill": [sum(k.retries.values()) for k in self.kills],
@@ -79,7 +87,9 @@ def _kill_leader(cluster: ChaosCluster, load: Load, retries: RetryLog, settle: f
     # Load on the partition right now: acknowledgements keep coming (the previous kill is behind us).
     acked = load.acked_count()
     until(lambda: load.acked_count() > acked + 20, "the load to be acknowledged before a kill", timeout=60)
-    victim = cluster.leader(TOPIC, 0)
+    before = cluster.partitions(TOPIC)
+    victim = before[0].broker_id
+    led = sum(1 for p in before if p.broker_id == victim)
     in_flight = load.in_flight
     killed_at = time.monotonic()
     cluster.kill_broker(victim)
@@ -103,6 +113,7 @@ def _kill_leader(cluster: ChaosCluster, load: Load, retries: RetryLog, settle: f
     end = time.monotonic()
     return Kill(
         victim=victim,
+        led=led,
         in_flight=in_flight,
         leaderless=leaderless,
         back_in_sync=back,
@@ -160,6 +171,8 @@ def run(
             kill.stall = load.longest_stall(0, kill.killed_at, kill.end)
         campaign.failed_sends = load.failed
         until(lambda: cluster.fully_in_sync(TOPIC), "every replica in sync after the load", timeout=60)
+        campaign.elections_expected = sum(k.led for k in campaign.kills)
+        campaign.elections = sum(p.leader_epoch for p in cluster.partitions(TOPIC))
         read = [cluster.read_partition(TOPIC, p) for p in range(partitions)]
         campaign.verdict = verify(load, read)
         try:

@@ -164,8 +164,11 @@ class Verdict:
     out_of_order: int = 0
     gaps: int = 0
     unacked_written: int = 0
+    #: Runs of duplicated sequence numbers: (partition, first seq, how many), for telling a few lost
+    #: answers from one large retried run.
+    duplicate_runs: list[tuple[int, int, int]] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
 
 
@@ -188,6 +191,12 @@ def verify(load: Load, read: list[list[bytes]]) -> Verdict:
         v.acked += len(acked)
         v.consumed += len(seqs)
         v.duplicates += sum(c - 1 for c in counts.values())
+        for seq in sorted(s for s, c in counts.items() if c > 1):
+            run = v.duplicate_runs[-1] if v.duplicate_runs else None
+            if run is not None and run[0] == partition and run[1] + run[2] == seq:
+                v.duplicate_runs[-1] = (partition, run[1], run[2] + 1)
+            else:
+                v.duplicate_runs.append((partition, seq, 1))
         v.lost += len(acked - counts.keys())
         v.unacked_written += len(counts.keys() - acked)
         first_seen: list[int] = []
