@@ -56,7 +56,7 @@ unit: $(VENV)/.installed
 
 ## integration: the tests against real processes and a private Redis
 integration: deps
-	$(PY) -m pytest -q -p no:cacheprovider tests/integration tests/metrics tests/chart tests/deploy
+	$(PY) -m pytest -q -p no:cacheprovider tests/integration tests/chaos tests/metrics tests/chart tests/deploy
 
 ## bench: the data-plane benchmarks (produce, fetch, group and push consume, latency); results in bench/results
 bench: $(VENV)/.installed

@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
-from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry, UpdatePlan
+from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment, PartitionRegistry, UpdatePlan
 from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.longpoll import AppendWaiters
 from sluice.broker.replica_fetcher import ReplicaFetchers
 from sluice.broker.requests import EpochAnswer, EpochQuery, FetchParams, OffsetAnswer, OffsetQuery
+from sluice.broker.roles import EpochMark
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
 from sluice.server.context import ANONYMOUS, GRPC, Operation, RequestContext
 
@@ -45,13 +46,7 @@ class ReplicaSteps:
         ignored as stale (its epochs are not the ones the registry now holds)."""
         marks = self.registry.epochs.marks
         self.leaders.reconcile(
-            (
-                item
-                for item in update.assign
-                if (mark := marks.get(item.key)) is not None
-                and (mark.topic_id, mark.leader_epoch, mark.partition_epoch)
-                == (item.topic_id, item.leader_epoch, item.partition_epoch)
-            ),
+            (item for item in update.assign if _holds(marks.get(item.key), item)),
             self.registry.served,
         )
         self.fetchers.replan(self.registry.following)
@@ -152,3 +147,17 @@ class ReplicaSteps:
             return EpochAnswer(q.topic, q.partition, None, epoch, end)
         except SluiceError as err:
             return EpochAnswer(q.topic, q.partition, err)
+
+
+def _holds(mark: EpochMark | None, item: PartitionAssignment) -> bool:
+    """The registry holds ``item``'s epochs (it was not ignored as stale). The mark's ``replicated``
+    flag is not compared: a replicated partition's mark has it set, and the item's epochs are what
+    count (comparing whole marks skipped every replicated partition: no leader state, no epoch start
+    on a new leader)."""
+    if mark is None:
+        return False
+    return (mark.topic_id, mark.leader_epoch, mark.partition_epoch) == (
+        item.topic_id,
+        item.leader_epoch,
+        item.partition_epoch,
+    )

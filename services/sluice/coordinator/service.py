@@ -100,8 +100,10 @@ class CoordinatorService(CoordinatorLeadership):
             self._fenced_by = None
             self._producer_blocks.forget()  # a block reserved under an older term is never reused
             await self._reload()
+            now = self._clock.now_ms()
             for b in self.cluster.brokers.values():
                 self._notifier.registered(b.broker_id, b.endpoint, UNKNOWN_VERSION)
+                self.cluster.broker_sessions.watch(b.broker_id, b.broker_epoch, now)
             self._metrics.epoch.set(self._epoch)
             self._refresh_metrics()
             # The offset store must see exactly the recovered view: the same owners and epochs again.

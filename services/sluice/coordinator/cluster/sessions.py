@@ -23,7 +23,7 @@ class Liveness(enum.Enum):
 
 
 _TRANSITIONS: dict[Liveness, frozenset[Liveness]] = {
-    Liveness.UNKNOWN: frozenset({Liveness.ALIVE}),
+    Liveness.UNKNOWN: frozenset({Liveness.ALIVE, Liveness.EXPIRED}),
     Liveness.ALIVE: frozenset({Liveness.ALIVE, Liveness.EXPIRED}),
     Liveness.EXPIRED: frozenset({Liveness.ALIVE}),
 }
@@ -63,6 +63,15 @@ class SessionTracker(Generic[K]):
         s.last_seen_ms = max(s.last_seen_ms, now_ms)
         return not was_alive
 
+    def watch(self, key: K, epoch: int, now_ms: int) -> None:
+        """A registered key this coordinator has not heard from (recovered at its start): not alive, but
+        expired by ``expire`` if still unheard one session timeout from now. Without it, a broker that
+        died while no coordinator was up (or just before this one started) would never expire, and its
+        partitions would keep a dead leader for ever. Kafka's controllers do the same: a new active
+        controller starts every registered broker's session clock when it takes office."""
+        if key not in self._sessions:
+            self._sessions[key] = Session(epoch, now_ms, Liveness.UNKNOWN)
+
     def _overdue(self, s: Session, now_ms: int) -> bool:
         return now_ms - s.last_seen_ms > self.timeout_ms
 
@@ -83,10 +92,11 @@ class SessionTracker(Generic[K]):
         return None if s is None else s.last_seen_ms
 
     def expire(self, now_ms: int) -> list[K]:
-        """Move every overdue ALIVE session to EXPIRED; return their keys (for logs and metrics)."""
+        """Move every overdue ALIVE (or watched and never heard) session to EXPIRED; return their keys (for
+        logs, metrics and elections)."""
         expired = []
         for key, s in self._sessions.items():
-            if s.state is Liveness.ALIVE and self._overdue(s, now_ms):
+            if s.state is not Liveness.EXPIRED and self._overdue(s, now_ms):
                 s.move(Liveness.EXPIRED)
                 expired.append(key)
         return expired
