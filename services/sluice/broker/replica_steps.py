@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
-from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
+from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment, PartitionRegistry
+from sluice.broker.catch_up import latest_not_available
 from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.longpoll import AppendWaiters
@@ -46,11 +47,7 @@ class ReplicaSteps:
         ignored as stale (its epochs are not the ones the registry now holds)."""
         marks = self.registry.epochs.marks
         self.leaders.reconcile(
-            (
-                item
-                for item in update.assign
-                if marks.get(item.key) == EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch)
-            ),
+            (item for item in update.assign if _is_current(marks.get(item.key), item)),
             self.registry.served,
         )
         self.fetchers.replan(self.registry.following)
@@ -103,6 +100,8 @@ class ReplicaSteps:
             if q.timestamp == EARLIEST:
                 return OffsetAnswer(q.topic, q.partition, None, plog.log_start_offset)
             view = self.leaders.views.get((q.topic, q.partition))
+            if view is not None and (error := latest_not_available((q.topic, q.partition), view)) is not None:
+                raise error  # a new leader catching up: its latest may be below what the old one said
             hw = plog.log_end_offset if view is None else view.high_watermark
             if q.timestamp == LATEST:
                 return OffsetAnswer(q.topic, q.partition, None, hw)
@@ -142,3 +141,16 @@ class ReplicaSteps:
             return EpochAnswer(q.topic, q.partition, None, epoch, end)
         except SluiceError as err:
             return EpochAnswer(q.topic, q.partition, err)
+
+
+def _is_current(mark: EpochMark | None, item: PartitionAssignment) -> bool:
+    """The registry holds ``item``'s epochs: it was applied, not ignored as stale. Compared field by field
+    (not as marks): a mark also says whether the partition is replicated, which is not an epoch. A
+    one-replica partition at epochs (0, 0) is never marked (``EpochBook.newer_marks``)."""
+    if mark is None:
+        return not (item.leader_epoch or item.partition_epoch or len(item.replicas) > 1)
+    return (mark.topic_id, mark.leader_epoch, mark.partition_epoch) == (
+        item.topic_id,
+        item.leader_epoch,
+        item.partition_epoch,
+    )

@@ -114,6 +114,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     controller's current one: the partition changed since (another ISR change, a new leader). The
     leader waits for the newer state and proposes again from it.
     """
+    OFFSET_NOT_AVAILABLE: _ErrorCode.ValueType  # 90
+    """Consumers across a failover (KIP-320, docs/replication.md). An offset above the new leader's
+    high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
+    while the new leader's HW is still below the start of its epoch: retriable until the HW catches up.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -210,6 +215,11 @@ STALE_PARTITION_EPOCH: ErrorCode.ValueType  # 65
 """An in-sync set change (AlterPartition) proposed against a partition epoch that is not the
 controller's current one: the partition changed since (another ISR change, a new leader). The
 leader waits for the newer state and proposes again from it.
+"""
+OFFSET_NOT_AVAILABLE: ErrorCode.ValueType  # 90
+"""Consumers across a failover (KIP-320, docs/replication.md). An offset above the new leader's
+high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
+while the new leader's HW is still below the start of its epoch: retriable until the HW catches up.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
