@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sluice import Client
+from sluice.client.fetcher import Fetcher
 from sluice.client.producer import FutureRecordMetadata
 from sluice.errors import RequestTimedOut
 from tests.harness import ServiceProcess, free_port, run_redis, start_service
-from tests.integration.broker.test_replication import BROKERS, Cluster, create, until
+from tests.integration.broker.conftest import make_batch
+from tests.integration.broker.test_replication import BROKERS, Cluster, cluster_of, create, isr, until
 
 TOPIC = "fo"
 
@@ -166,3 +168,66 @@ def test_consumers_and_producer_ride_through_a_leader_killed_with_kill_9(tmp_pat
         fetcher.close()
         consumer.close()
         pc.close()
+
+
+def read_until(fetcher: Fetcher, out: list[tuple[int, bytes]], n: int, timeout: float = 30) -> None:
+    """Fetch into ``out`` until it holds ``n`` records (an exception from the fetcher fails the test)."""
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        assert time.monotonic() < deadline, f"read {len(out)} of {n} records"
+        out.extend((r.offset, r.value or b"") for r in fetcher.fetch(timeout=0.5))
+
+
+def test_a_fetcher_detects_records_truncated_by_an_unclean_election_and_reads_on_from_the_divergence(
+    tmp_path: Path,
+) -> None:
+    """Min ISR 1 and unclean election on: the followers die, the leader alone commits more records, a
+    fetcher reads them, then the leader dies too and a follower that never had them is elected. The
+    fetcher asks the new leader where its old epoch ends, goes back there (a warning, one truncation
+    counted) instead of reading past it, and then reads the new leader's records from there: no offset
+    skipped."""
+    with cluster_of(tmp_path, session="3s") as cluster, Client(cluster.coordinator.address) as client:
+        client.admin.create_topic(
+            "unc", replication_factor=3, min_insync_replicas=1, unclean_leader_election=True
+        )
+        until(lambda: cluster.partition("unc").broker_id >= 0, "a leader")
+        state = cluster.partition("unc")
+        leader = cluster.brokers[state.broker_id]
+        followers = [i for i in sorted(cluster.brokers) if i != state.broker_id]
+        producer = client.producer("unc", linger="1ms", delivery_timeout="60s")
+        for i in range(20):
+            producer.send(b"a%d" % i)
+        producer.flush(30)
+        until(
+            lambda: all(
+                cluster.segments(f, "unc") == cluster.segments(state.broker_id, "unc") for f in followers
+            ),
+            "the followers to hold the first records",
+        )
+        for f in followers:
+            cluster.brokers[f].kill()
+            cluster.brokers[f].close()
+        until(lambda: isr(cluster, "unc") == [state.broker_id], "the ISR to shrink to the leader", timeout=30)
+        for i in range(10):
+            producer.send(b"lost%d" % i)
+        producer.flush(30)  # acks=all with min ISR 1: committed by the leader alone
+        fetcher = client.fetcher({("unc", 0): 0}, max_wait_ms=100)
+        seen: list[tuple[int, bytes]] = []
+        read_until(fetcher, seen, 30)
+        assert [o for o, _ in seen] == list(range(30))
+        # The leader dies; a follower without the last 10 records comes back and is elected uncleanly.
+        leader.kill()
+        leader.close()
+        cluster.start_broker(followers[0])
+        until(lambda: cluster.partition("unc").broker_id == followers[0], "an unclean election", timeout=30)
+        new_leader = cluster.brokers[followers[0]]
+        until(
+            lambda: new_leader.produce("unc", 0, make_batch([b"n0", b"n1"]), acks=1).error.code == 0,
+            "a write on the new leader",
+        )
+        after: list[tuple[int, bytes]] = []
+        read_until(fetcher, after, 2)
+        assert fetcher.truncations == 1
+        # Read from where the logs diverge (offset 20): the new leader's records, nothing skipped.
+        assert after[:2] == [(20, b"n0"), (21, b"n1")]
+        fetcher.close()
