@@ -111,5 +111,5 @@ def advance(
         st.position = max(st.position, nxt)
         if data:
             st.fetched_epoch = sent.leader_epoch
-            chunks.append(RawChunk(pr.topic, pr.partition, sent.fetch_offset, data))
+            chunks.append(RawChunk(pr.topic, pr.partition, sent.fetch_offset, data, sent.leader_epoch))
     return ended, lost_leader

@@ -58,6 +58,8 @@ class RawChunk(NamedTuple):
     partition: int
     start: int
     data: bytes
+    #: The leader epoch the fetch was made in (KIP-320; -1: unknown): what a commit of them carries.
+    leader_epoch: int = -1
 
 
 @dataclass
@@ -92,6 +94,15 @@ class PartitionState:
     #: Set when the leader epoch changed after records were fetched: the position is checked with
     #: OffsetForLeaderEpoch (``fetch_validate``) before the partition is fetched again.
     validate: bool = False
+
+    def seek(self, position: int, leader_epoch: int) -> None:
+        """Fetch from ``position`` next; ``leader_epoch`` is the epoch the records before it were fetched
+        under (a committed one), or -1: a position chosen by the user, not checked."""
+        self.position = position
+        self.paused = False
+        self.backoff_until = 0.0
+        self.fetched_epoch = leader_epoch
+        self.validate = 0 <= leader_epoch < self.leader_epoch
 
     def fetch_state(self, max_bytes: int, filter_expr: str) -> PartitionFetchState:
         """What the next fetch of this partition sends."""

@@ -245,20 +245,19 @@ class Fetcher:
         """The next offset to fetch of every partition."""
         return {tp: st.position for tp, st in self._parts.items()}
 
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        """Fetch ``tp`` from ``offset`` next (adds the partition if it is new).
+    def seek(self, tp: TopicPartition, offset: int, leader_epoch: int = -1) -> None:
+        """Fetch ``tp`` from ``offset`` next (adds the partition if it is new). ``leader_epoch``: the
+        one committed with ``offset`` (KIP-320), checked with the leader before fetching if it changed.
 
         An answer already in flight for the old position is discarded.
         """
         tp = check_tp(tp)
         st = self._parts.get(tp)
         if st is None:
-            self._parts[tp] = PartitionState(check_offset(tp, offset))
+            st = self._parts[tp] = PartitionState(check_offset(tp, offset))
             self._need_metadata = True
-        else:
-            st.position = check_offset(tp, offset)
-            st.paused = False
-            st.backoff_until = 0.0
+        st.seek(check_offset(tp, offset), leader_epoch)
+        self._validator.pending = self._validator.pending or st.validate
         self._wakeup.set()
 
     def remove(self, tp: TopicPartition) -> None:

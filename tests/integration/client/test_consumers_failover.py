@@ -23,7 +23,7 @@ from sluice.client.producer import FutureRecordMetadata
 from sluice.errors import RequestTimedOut
 from tests.harness import ServiceProcess, free_port, run_redis, start_service
 from tests.integration.broker.conftest import make_batch
-from tests.integration.broker.test_replication import BROKERS, Cluster, cluster_of, create, isr, until
+from tests.integration.broker.test_replication import BROKERS, Cluster, create, isr, until
 
 TOPIC = "fo"
 
@@ -185,8 +185,9 @@ def test_a_fetcher_detects_records_truncated_by_an_unclean_election_and_reads_on
     fetcher reads them, then the leader dies too and a follower that never had them is elected. The
     fetcher asks the new leader where its old epoch ends, goes back there (a warning, one truncation
     counted) instead of reading past it, and then reads the new leader's records from there: no offset
-    skipped."""
-    with cluster_of(tmp_path, session="3s") as cluster, Client(cluster.coordinator.address) as client:
+    skipped. A group consumer that committed past the divergence in the old epoch resumes the same way:
+    the commit carries its leader epoch (KIP-320), checked with the new leader before fetching."""
+    with failover_cluster(tmp_path) as (cluster, _), Client(cluster.coordinator.address) as client:
         client.admin.create_topic(
             "unc", replication_factor=3, min_insync_replicas=1, unclean_leader_election=True
         )
@@ -215,6 +216,14 @@ def test_a_fetcher_detects_records_truncated_by_an_unclean_election_and_reads_on
         seen: list[tuple[int, bytes]] = []
         read_until(fetcher, seen, 30)
         assert [o for o, _ in seen] == list(range(30))
+        consumer = client.consumer("gu", "unc", auto_offset_reset="earliest")
+        polled: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(polled) < 30 and time.monotonic() < deadline:
+            polled += [r.offset for r in consumer.poll(0.5)]
+        assert polled == list(range(30))
+        consumer.commit()
+        consumer.close()
         # The leader dies; a follower without the last 10 records comes back and is elected uncleanly.
         leader.kill()
         leader.close()
@@ -231,3 +240,12 @@ def test_a_fetcher_detects_records_truncated_by_an_unclean_election_and_reads_on
         # Read from where the logs diverge (offset 20): the new leader's records, nothing skipped.
         assert after[:2] == [(20, b"n0"), (21, b"n1")]
         fetcher.close()
+        # The group resumes from its commit (30, in the old epoch): validated, it reads on from 20. Without
+        # the epoch it would wait at 30, past the new log's end, for records that will never be there.
+        resumed = client.consumer("gu", "unc", auto_offset_reset="none")
+        again: list[tuple[int, bytes]] = []
+        deadline = time.monotonic() + 30
+        while len(again) < 2 and time.monotonic() < deadline:
+            again += [(r.offset, r.value or b"") for r in resumed.poll(0.5)]
+        assert again[:2] == [(20, b"n0"), (21, b"n1")]
+        resumed.close()

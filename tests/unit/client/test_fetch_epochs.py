@@ -92,3 +92,18 @@ def test_a_position_past_the_new_leaders_end_of_the_epoch_goes_back_to_it_and_is
     st, validator = checked(position=100, epoch=-1, end=-1)  # the new leader has nothing that old
     assert st.position == 0
     assert validator.truncations == 1
+
+
+def test_a_seek_with_a_committed_epoch_older_than_the_leaders_asks_for_a_check() -> None:
+    st = PartitionState(0)
+    place(metadata(5), {("t", 0): st}, {}, [])
+    st.seek(100, 5)  # committed in the current epoch: nothing to check
+    assert (st.position, st.fetched_epoch, st.validate) == (100, 5, False)
+    st.seek(100, 3)  # committed in an older epoch
+    assert st.validate
+    st.seek(40, -1)  # a chosen offset: no epoch to check it by
+    assert (st.position, st.fetched_epoch, st.validate) == (40, -1, False)
+    fresh = PartitionState(0)
+    fresh.seek(100, 3)  # before any metadata: the first placement decides
+    assert not fresh.validate
+    assert place(metadata(5), {("t", 0): fresh}, {}, [])
