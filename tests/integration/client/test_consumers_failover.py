@@ -6,7 +6,8 @@ killed with kill -9. The controller elects a new leader from the ISR once its se
 the applications sees an exception; every acknowledged record is consumed; the fetcher and the group
 consumer read every offset exactly once, in order (nothing skipped, nothing read twice: a clean
 election truncates nothing); and every record any of them saw is in the final log at the same offset
-(none was above the high watermark).
+(none was above the high watermark); and ListOffsets latest, what the Spark source's
+latestOffset asks, never goes backwards.
 """
 
 from __future__ import annotations
@@ -121,7 +122,13 @@ def test_consumers_and_producer_ride_through_a_leader_killed_with_kill_9(tmp_pat
                 pushed.append(msg.value or b"")
                 pc.ack(msg)
 
-        workers = [Worker(produce), Worker(fetch), Worker(consume), Worker(receive)]
+        latest: list[int] = []
+
+        def list_latest() -> None:  # what the Spark source's latestOffset asks (spark/reading.py, Planner)
+            latest.append(client.list_offsets(TOPIC, "latest")[0])
+            time.sleep(0.05)
+
+        workers = [Worker(produce), Worker(fetch), Worker(consume), Worker(receive), Worker(list_latest)]
         for w in workers:
             w.start()
         until(lambda: len(fetched) >= 200 and len(consumed) >= 200, "records before the kill", timeout=30)
@@ -150,7 +157,7 @@ def test_consumers_and_producer_ride_through_a_leader_killed_with_kill_9(tmp_pat
             w.stop.set()
         for w in workers:
             w.join(10)
-        assert [w.errors for w in workers] == [[], [], [], []]
+        assert [w.errors for w in workers] == [[], [], [], [], []]
         failed = [(v, f.exception(timeout=0)) for v, f in sent if f.exception(timeout=0) is not None]
         assert failed == []  # no send failed either: the retries are the SDK's
         assert cluster.partition(TOPIC).leader_epoch == old.leader_epoch + 1
@@ -164,6 +171,9 @@ def test_consumers_and_producer_ride_through_a_leader_killed_with_kill_9(tmp_pat
                 log.update((r.offset, r.value or b"") for r in check.fetch(timeout=5))
         assert dict(fetched) == {o: log[o] for o, _ in fetched}
         assert dict(consumed) == {o: log[o] for o, _ in consumed}
+        # The latest offset (the high watermark) never went backwards across the failover.
+        assert latest == sorted(latest)
+        assert latest[-1] <= len(log)
         assert fetcher.truncations == 0
         fetcher.close()
         consumer.close()
