@@ -398,6 +398,16 @@ class UnknownLeaderEpoch(SluiceError):
     grpc_status = "UNAVAILABLE"
 
 
+class OffsetNotAvailable(SluiceError):
+    """Right after a leader election: the offset is above the new leader's high watermark (the old
+    leader had committed further), or its HW is still below the start of its epoch. Retry after a short
+    wait: the HW catches up once the followers fetch from the new leader."""
+
+    code = common_pb2.OFFSET_NOT_AVAILABLE
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
 class StalePartitionEpoch(SluiceError):
     """An in-sync set change proposed against an older partition epoch than the controller's: the
     partition changed since. The leader proposes again from the newer state."""

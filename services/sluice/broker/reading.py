@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 
 from sluice.broker.assignment import PartitionRegistry
+from sluice.broker.catch_up import above_high_watermark
 from sluice.broker.fetch import (
     FetchCaps,
     FetchLimits,
@@ -139,7 +140,10 @@ class ReadSteps:
             except SluiceError as err:
                 return spec, None, err
         view = self.leaders.views.get(spec.key)
-        return spec, (plog if view is None else view), None
+        if view is None:
+            return spec, plog, None
+        error = above_high_watermark(spec.key, view, spec.fetch_offset)  # a new leader catching up
+        return spec, (view if error is None else None), error
 
 
 def _same_log(read_log: ReadableLog | None, served: PartitionLog | None) -> bool:

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment, PartitionRegistry, UpdatePlan
+from sluice.broker.catch_up import latest_not_available
 from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.longpoll import AppendWaiters
@@ -108,6 +109,8 @@ class ReplicaSteps:
             if q.timestamp == EARLIEST:
                 return OffsetAnswer(q.topic, q.partition, None, plog.log_start_offset)
             view = self.leaders.views.get((q.topic, q.partition))
+            if view is not None and (error := latest_not_available((q.topic, q.partition), view)) is not None:
+                raise error  # a new leader catching up: its latest may be below what the old one said
             hw = plog.log_end_offset if view is None else view.high_watermark
             if q.timestamp == LATEST:
                 return OffsetAnswer(q.topic, q.partition, None, hw)

@@ -94,7 +94,7 @@ def advance(
         else:
             sent = following.get(tp)
             if sent is not None:  # the broker reads on from here (it stops after an error)
-                following[tp] = PartitionFetchState(pr.next_offset, sent.max_bytes, sent.filter)
+                following[tp] = sent._replace(fetch_offset=pr.next_offset)
         err = error_from_proto(pr.error)
         ended = ended or err is not None
         st = parts.get(tp)
@@ -110,5 +110,6 @@ def advance(
             nxt = end_of(data, sent.fetch_offset)
         st.position = max(st.position, nxt)
         if data:
-            chunks.append(RawChunk(pr.topic, pr.partition, sent.fetch_offset, data))
+            st.fetched_epoch = sent.leader_epoch
+            chunks.append(RawChunk(pr.topic, pr.partition, sent.fetch_offset, data, sent.leader_epoch))
     return ended, lost_leader

@@ -3,8 +3,8 @@
 OFFSET_OUT_OF_RANGE follows ``auto_offset_reset``: "earliest" or "latest" reset the position
 through ListOffsets; "none" raises OffsetOutOfRange from ``fetch()`` and pauses the partition
 until ``seek()``. Routing errors (NOT_LEADER, UNKNOWN_TOPIC_OR_PARTITION, an unreachable broker)
-and other retriable ones back off and refresh the metadata. Anything else pauses the partition
-and is raised from ``fetch()``.
+and other retriable ones back off and refresh the metadata; OFFSET_NOT_AVAILABLE (a new leader's
+HW catching up) backs off only. Anything else pauses the partition and is raised from ``fetch()``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from sluice.common.peers import Peers
 from sluice.errors import (
     BrokerNotAvailable,
     NotLeader,
+    OffsetNotAvailable,
     OffsetOutOfRange,
     RequestTimedOut,
     SluiceError,
@@ -94,6 +95,10 @@ class PartitionErrors:
                 offsets[tp[1]],
             )
             st.position = offsets[tp[1]]
+            return False
+        if isinstance(err, OffsetNotAvailable):  # a new leader's HW catching up: the leader is right
+            st.failures += 1
+            st.backoff_until = time.monotonic() + backoff(st.failures)
             return False
         if isinstance(err, _RETRIABLE_PARTITION_ERRORS) or err.retriable:
             st.failures += 1

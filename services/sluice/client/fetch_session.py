@@ -29,6 +29,9 @@ class PartitionFetchState(NamedTuple):
     fetch_offset: int
     max_bytes: int
     filter: str
+    #: The partition's leader epoch as the fetcher last saw it in Metadata (KIP-320; -1: unknown,
+    #: not checked). Part of the state, so a new epoch is sent even in an incremental request.
+    leader_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)

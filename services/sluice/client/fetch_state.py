@@ -34,6 +34,7 @@ __all__ = [
     "check_limits",
     "check_offset",
     "check_tp",
+    "earliest",
     "end_of",
     "fetch_request",
     "gc_paused",
@@ -57,6 +58,8 @@ class RawChunk(NamedTuple):
     partition: int
     start: int
     data: bytes
+    #: The leader epoch the fetch was made in (KIP-320; -1: unknown): what a commit of them carries.
+    leader_epoch: int = -1
 
 
 @dataclass
@@ -83,6 +86,27 @@ class PartitionState:
     #: Paused after a fatal error until seek().
     paused: bool = False
     failures: int = 0
+    #: The leader epoch from the last Metadata (-1: not known yet); every fetch carries it (KIP-320).
+    leader_epoch: int = -1
+    #: The epoch ``leader_epoch`` had when records were last fetched (-1: none fetched yet): after a
+    #: leader change, the new leader is asked where that epoch ends (truncation detection).
+    fetched_epoch: int = -1
+    #: Set when the leader epoch changed after records were fetched: the position is checked with
+    #: OffsetForLeaderEpoch (``fetch_validate``) before the partition is fetched again.
+    validate: bool = False
+
+    def seek(self, position: int, leader_epoch: int) -> None:
+        """Fetch from ``position`` next; ``leader_epoch`` is the epoch the records before it were fetched
+        under (a committed one), or -1: a position chosen by the user, not checked."""
+        self.position = position
+        self.paused = False
+        self.backoff_until = 0.0
+        self.fetched_epoch = leader_epoch
+        self.validate = 0 <= leader_epoch < self.leader_epoch
+
+    def fetch_state(self, max_bytes: int, filter_expr: str) -> PartitionFetchState:
+        """What the next fetch of this partition sends."""
+        return PartitionFetchState(self.position, max_bytes, filter_expr, self.leader_epoch)
 
 
 def fetch_request(
@@ -108,6 +132,7 @@ def fetch_request(
                 fetch_offset=st.fetch_offset,
                 partition_max_bytes=st.max_bytes,
                 filter=st.filter,
+                current_leader_epoch=st.leader_epoch if st.leader_epoch >= 0 else None,
             )
             for tp, st in req.partitions.items()
         ],
@@ -122,9 +147,11 @@ def place(
     parts: dict[TopicPartition, PartitionState],
     leaders: dict[TopicPartition, str | None],
     errors: list[SluiceError],
-) -> None:
-    """Record each partition's leader from ``md``; pause (with an error in ``errors``) the
-    partitions of a topic that does not exist or beyond the topic's partition count."""
+) -> bool:
+    """Record each partition's leader and leader epoch from ``md``; pause (with an error in ``errors``)
+    the partitions of a topic that does not exist or beyond the topic's partition count. True when a
+    partition's position must be validated (``fetch_validate``) before it is fetched again."""
+    validate = False
     for tp, st in parts.items():
         topic, partition = tp
         if topic in md.unknown_topics and not st.paused:
@@ -145,6 +172,14 @@ def place(
             )
             continue
         leaders[tp] = md.leader_address(topic, partition)
+        epoch = md.leader_epoch(topic, partition)
+        if epoch != st.leader_epoch:
+            # A new leader (or the first metadata): validate the position if records were fetched
+            # under an older epoch (KIP-320 truncation detection, fetch_validate).
+            st.validate = st.validate or (0 <= st.fetched_epoch < epoch)
+            st.leader_epoch = epoch
+        validate = validate or (st.validate and not st.paused)
+    return validate
 
 
 @contextlib.contextmanager
@@ -165,6 +200,11 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def earliest(current: float | None, candidate: float) -> float:
+    """The earlier of two deadlines (None: none yet)."""
+    return candidate if current is None else min(current, candidate)
 
 
 def backoff(failures: int) -> float:

@@ -24,13 +24,14 @@ filter matched nothing). Per broker, it fetches one of two ways:
 Records are decoded with ``codec.batch.decode_records`` (columnar). Module map: ``fetch_state``
 (the per-broker and per-partition state, checks, the request encoder), ``fetch_errors`` (what a
 partition's error does: reset, back off and refresh, or raise from ``fetch()``),
-``fetch_session`` (incremental sessions).
+``fetch_session`` (incremental sessions), ``fetch_validate`` (KIP-320: positions after a new leader).
 
 Caller: the CLI's ``consume``, the group consumer's prefetcher (``poll_raw``, on a shared driver).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -51,10 +52,12 @@ from sluice.client.fetch_state import (
     check_limits,
     check_offset,
     check_tp,
+    earliest,
     fetch_request,
     gc_paused,
     place,
 )
+from sluice.client.fetch_validate import PositionValidator
 from sluice.client.links import BrokerLinks, FetchLane
 from sluice.client.metadata import MetadataCache
 from sluice.codec.batch import Record, decode_records
@@ -117,10 +120,15 @@ class Fetcher:
         self._own_links = links is None
         self._links = links if links is not None else BrokerLinks(channels, metadata, client_id)
         self._max_wait_ms = max_wait_ms
-        self._min_bytes = min_bytes
-        self._max_bytes = max_bytes
         self._partition_max_bytes = partition_max_bytes
-        self._client_id = client_id
+        #: Encodes a session request: (request, continuous) -> FetchRequest.
+        self._request = functools.partial(
+            fetch_request,
+            max_wait_ms=max_wait_ms,
+            min_bytes=min_bytes,
+            max_bytes=max_bytes,
+            client_id=client_id,
+        )
         self._request_timeout = request_timeout
         self._use_sessions = use_sessions
         self._check_crcs = check_crcs
@@ -139,6 +147,8 @@ class Fetcher:
         self._partition_errors = PartitionErrors(
             channels, metadata, auto_offset_reset, request_timeout, self._errors
         )
+        #: KIP-320: positions to check against a new leader's log before fetching (fetch_validate).
+        self._validator = PositionValidator(channels, request_timeout, self._errors)
         self._closed = False
         self._wakeup = threading.Event()
 
@@ -194,12 +204,10 @@ class Fetcher:
             self._handle(item, chunks)
             while (item := self._answers.take_nowait()) is not None:  # what else already arrived
                 if chunks and item[3]:
-                    # One followed answer's records per call: the next waits for the next call
-                    # (its lane's credit with it). Taking every queued answer (with a window of
-                    # 2, usually two) measured 20-25% more CPU per record, in decoding and in
-                    # freeing the records: twice the records alive at once (docs/architecture.md,
-                    # "Measured: the whole of issue 13 and 20"). An answer to a single request
-                    # (gRPC) is still taken: its broker gets its next request only when it is.
+                    # One followed answer's records per call (its lane's credit with it): taking
+                    # every queued one measured 20-25% more CPU per record, twice the records alive
+                    # (docs/architecture.md, "Measured: the whole of issue 13 and 20"). An answer to
+                    # a single request (gRPC) is still taken: its broker's next request waits on it.
                     self._answers.hold(item)
                     break
                 self._handle(item, chunks)
@@ -228,24 +236,28 @@ class Fetcher:
             wait = 0.0  # raised by the next call; these records first
         return chunks, wait
 
+    @property
+    def truncations(self) -> int:
+        """Positions moved back after a leader change because the records past them were truncated."""
+        return self._validator.truncations
+
     def positions(self) -> dict[TopicPartition, int]:
         """The next offset to fetch of every partition."""
         return {tp: st.position for tp, st in self._parts.items()}
 
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        """Fetch ``tp`` from ``offset`` next (adds the partition if it is new).
+    def seek(self, tp: TopicPartition, offset: int, leader_epoch: int = -1) -> None:
+        """Fetch ``tp`` from ``offset`` next (adds the partition if it is new). ``leader_epoch``: the
+        one committed with ``offset`` (KIP-320), checked with the leader before fetching if it changed.
 
         An answer already in flight for the old position is discarded.
         """
         tp = check_tp(tp)
         st = self._parts.get(tp)
         if st is None:
-            self._parts[tp] = PartitionState(check_offset(tp, offset))
+            st = self._parts[tp] = PartitionState(check_offset(tp, offset))
             self._need_metadata = True
-        else:
-            st.position = check_offset(tp, offset)
-            st.paused = False
-            st.backoff_until = 0.0
+        st.seek(check_offset(tp, offset), leader_epoch)
+        self._validator.pending = self._validator.pending or st.validate
         self._wakeup.set()
 
     def remove(self, tp: TopicPartition) -> None:
@@ -287,6 +299,8 @@ class Fetcher:
         now = time.monotonic()
         if self._need_metadata:
             self._refresh_metadata()
+        if self._validator.pending:
+            self._need_metadata = self._validator.run(self._parts, self._leaders) or self._need_metadata
         wanted, next_at = self._wanted_by_broker(now)
         for address, b in self._brokers.items():
             if b.follow is not None and address not in wanted:
@@ -301,7 +315,7 @@ class Fetcher:
                     self._send(broker, parts)  # a seek, a filter, a partition changed: follow anew
                 continue
             if broker.backoff_until > now:
-                next_at = _earliest(next_at, broker.backoff_until)
+                next_at = earliest(next_at, broker.backoff_until)
                 continue
             self._send(broker, parts)
             in_flight = True
@@ -317,18 +331,18 @@ class Fetcher:
         wanted: dict[str, dict[TopicPartition, PartitionFetchState]] = {}
         next_at: float | None = None
         for tp, st in self._parts.items():
-            if st.paused:
+            if st.paused or st.validate:
                 continue
             if st.backoff_until > now:
-                next_at = _earliest(next_at, st.backoff_until)
+                next_at = earliest(next_at, st.backoff_until)
                 continue
             address = self._leaders.get(tp)
             if address is None:
                 self._need_metadata = True
-                next_at = _earliest(next_at, now + RETRY_BACKOFF)
+                next_at = earliest(next_at, now + RETRY_BACKOFF)
                 continue
-            wanted.setdefault(address, {})[tp] = PartitionFetchState(
-                st.position, self._partition_max_bytes, self._filters.get(tp[0], "")
+            wanted.setdefault(address, {})[tp] = st.fetch_state(
+                self._partition_max_bytes, self._filters.get(tp[0], "")
             )
         return wanted, next_at
 
@@ -352,7 +366,7 @@ class Fetcher:
         broker.follow = None
         complete = self._answers.put
         link.send(
-            self._request(req, continuous=False),
+            self._request(req, False),
             self._max_wait_ms / 1000 + self._request_timeout,
             lambda outcome: complete((address, req, outcome, False)),
         )
@@ -379,7 +393,7 @@ class Fetcher:
             )
 
         link.follow(
-            self._request(req, continuous=True),
+            self._request(req, True),
             self._max_wait_ms / 1000 + self._request_timeout,
             _FOLLOW_WINDOW,
             on_answer,
@@ -456,23 +470,11 @@ class Fetcher:
         now = time.monotonic()
         parts: dict[TopicPartition, PartitionFetchState] = {}
         for tp, st in self._parts.items():
-            if st.paused or st.backoff_until > now or self._leaders.get(tp) != broker.address:
+            if st.paused or st.validate or st.backoff_until > now or self._leaders.get(tp) != broker.address:
                 continue
-            parts[tp] = PartitionFetchState(
-                st.position, self._partition_max_bytes, self._filters.get(tp[0], "")
-            )
+            parts[tp] = st.fetch_state(self._partition_max_bytes, self._filters.get(tp[0], ""))
         if parts:
             self._send(broker, parts)
-
-    def _request(self, req: SessionRequest, continuous: bool) -> broker_pb2.FetchRequest:
-        return fetch_request(
-            req,
-            continuous,
-            max_wait_ms=self._max_wait_ms,
-            min_bytes=self._min_bytes,
-            max_bytes=self._max_bytes,
-            client_id=self._client_id,
-        )
 
     def _refresh_metadata(self) -> None:
         topics = sorted({tp[0] for tp in self._parts})
@@ -487,13 +489,9 @@ class Fetcher:
             log.debug("metadata refresh failed: %s", exc)
             self._need_metadata = True
             return
-        place(md, self._parts, self._leaders, self._errors)
+        pending = place(md, self._parts, self._leaders, self._errors)
+        self._validator.pending = self._validator.pending or pending
 
     def _raise_error(self) -> None:
         if self._errors:
-            err = self._errors.pop(0)
-            raise err
-
-
-def _earliest(current: float | None, candidate: float) -> float:
-    return candidate if current is None else min(current, candidate)
+            raise self._errors.pop(0)

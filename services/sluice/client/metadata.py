@@ -165,16 +165,28 @@ class ClusterMetadata:
     def partition_count(self, topic: str) -> int:
         return len(self.topic(topic).partitions)
 
-    def leader(self, topic: str, partition: int) -> BrokerInfo | None:
-        """The live broker hosting ``topic[partition]``, or None if unknown or down."""
+    def partition(self, topic: str, partition: int) -> PartitionInfo | None:
+        """The description of ``topic[partition]``, or None if unknown."""
         t = self.topics.get(topic)
         if t is None or not 0 <= partition < len(t.partitions):
             return None
         p = t.partitions[partition]
         if p.partition != partition:  # sparse descriptions: search
             p = next((q for q in t.partitions if q.partition == partition), p)
+        return p
+
+    def leader(self, topic: str, partition: int) -> BrokerInfo | None:
+        """The live broker hosting ``topic[partition]``, or None if unknown or down."""
+        p = self.partition(topic, partition)
+        if p is None:
+            return None
         b = self.brokers.get(p.broker_id)
         return b if b is not None and b.alive else None
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The partition's leader epoch (KIP-320: fetches carry it), -1 if unknown."""
+        p = self.partition(topic, partition)
+        return -1 if p is None else p.leader_epoch
 
     def wire_address(self, address: str) -> str | None:
         """The wire-protocol address of the broker whose gRPC address is ``address``, if any."""

@@ -29,7 +29,16 @@ from grpc import aio
 
 from sluice.common.backoff import PEER_INITIAL_S, PEER_MAX_S
 from sluice.common.rpc import CHANNEL_OPTIONS
-from sluice.errors import BrokerNotAvailable, NotCoordinator, NotLeader, SluiceError, UnknownTopicOrPartition
+from sluice.errors import (
+    BrokerNotAvailable,
+    FencedLeaderEpoch,
+    NotCoordinator,
+    NotLeader,
+    OffsetNotAvailable,
+    SluiceError,
+    UnknownLeaderEpoch,
+    UnknownTopicOrPartition,
+)
 from sluice.v1 import broker_pb2_grpc, coordinator_pb2_grpc, offset_store_pb2_grpc
 
 __all__ = [
@@ -59,11 +68,17 @@ MAX_PEERS = 256
 
 #: Errors that mean "the metadata is stale: ask the coordinator where things are now, then retry".
 #: BrokerNotAvailable is one too: the peer may be down for good and its partitions moved elsewhere.
+#: The leader-epoch errors (KIP-320) mean a leader change this client or that broker has not seen yet;
+#: OFFSET_NOT_AVAILABLE, a new leader whose HW has not caught up: the refresh is cheap and the retry is
+#: what they need (docs/replication.md, "Consumers across a failover").
 ROUTING_ERRORS: tuple[type[SluiceError], ...] = (
     NotLeader,
     NotCoordinator,
     UnknownTopicOrPartition,
     BrokerNotAvailable,
+    FencedLeaderEpoch,
+    UnknownLeaderEpoch,
+    OffsetNotAvailable,
 )
 
 

@@ -90,6 +90,13 @@ class ClusterView:
             self.brokers.get(p.broker_id, ""), p.dispatcher_id, self.dispatchers.get(p.dispatcher_id, "")
         )
 
+    def leader_epoch(self, topic: str, partition: int) -> int | None:
+        """The partition's leader epoch, which fetches carry (KIP-320); None when unknown."""
+        t = self.topics.get(topic)
+        if t is None or not 0 <= partition < len(t.partitions):
+            return None
+        return t.partitions[partition].leader_epoch
+
     def partitions_of(self, topic: str, dispatcher_id: str) -> list[int]:
         t = self.topics.get(topic)
         return [] if t is None else [p.partition for p in t.partitions if p.dispatcher_id == dispatcher_id]

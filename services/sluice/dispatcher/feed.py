@@ -380,6 +380,9 @@ class PartitionFeed:
                     partition=self.partition,
                     fetch_offset=offset,
                     partition_max_bytes=self._max_bytes,
+                    # KIP-320: a broker that is not the leader in this epoch answers FENCED_ or
+                    # UNKNOWN_LEADER_EPOCH, and the task refreshes the metadata and reads again.
+                    current_leader_epoch=self._link.view.leader_epoch(self.topic, self.partition),
                 )
             ],
             client_id=f"dispatcher-{self._link.dispatcher_id}",

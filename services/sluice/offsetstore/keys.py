@@ -62,6 +62,11 @@ class Keys:
         """hash ``topic/partition`` -> next offset to consume, for one track."""
         return f"{self.prefix}:off:{{{group}}}:{track}"
 
+    def leader_epochs(self, group: str, track: str) -> str:
+        """hash ``topic/partition`` -> the leader epoch committed with the offset (KIP-320). A hash of its
+        own beside the offsets, so every reader of offsets reads what it always did."""
+        return f"{self.offsets(group, track)}:le"
+
     def handover(self, group: str, track: str) -> str:
         """hash ``topic/partition`` -> the offset a filter's binding to ``track`` started from (its
         handover: docs/groups.md). Written by the coordinator, read by DescribeGroup."""

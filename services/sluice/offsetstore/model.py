@@ -29,6 +29,8 @@ class OffsetCommit:
     track: str
     #: The topic incarnation the offset was read from ("": unchecked, only the topic must exist).
     topic_id: str = ""
+    #: The leader epoch the records before ``offset`` were fetched under (-1: unknown). KIP-320.
+    leader_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,13 +25,16 @@ end
 
 _TOPIC = TOPIC_CHECK_LUA
 
-# KEYS[1] members hash, then three keys per track: the offsets hash to write
+# KEYS[1] members hash, then four keys per track: the offsets hash to write
 #   (the track's, or the member's in broadcasting mode), the track's member
-#   index set (used in broadcasting mode only) and the track's owners hash;
-#   then two keys per topic: its id key and its refs hash (keys.py).
+#   index set (used in broadcasting mode only), the track's owners hash and its
+#   leader-epochs hash (KIP-320; group mode only); then two keys per topic: its
+#   id key and its refs hash (keys.py).
 # ARGV[1] mode ("group" | "member"), ARGV[2] member_id, ARGV[3] member_epoch,
-#   then 5-tuples (index into KEYS of the target hash, index into KEYS of the
-#   topic's id key, "topic/partition", offset, the writer's topic_id or "").
+#   then 6-tuples (index into KEYS of the target hash, index into KEYS of the
+#   topic's id key, "topic/partition", offset, the writer's topic_id or "", the
+#   leader epoch or ""). The epoch is written with the offset it came with; an
+#   offset written without one removes the epoch of an older offset.
 # Returns {current member epoch or "", then per entry: code, stored offset or
 #   "-1", owner (NOT_OWNER) or the topic's current id (topic refusals) or ""}.
 # A written hash is registered in the topic's refs (HSETNX: a no-op after the
@@ -50,9 +53,9 @@ elseif tonumber(current) ~= tonumber(epoch) then
 end
 local ids = {{}}
 local out = {{current or ''}}
-for i = 4, #ARGV, 5 do
+for i = 4, #ARGV, 6 do
   local k, t = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-  local field, offset, given = ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local field, offset, given, leader_epoch = ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   if ids[t] == nil then ids[t] = redis.call('GET', KEYS[t]) end
   local code, detail = member_code, false
   if code == {common_pb2.NONE} then
@@ -68,6 +71,14 @@ for i = 4, #ARGV, 5 do
     if (not stored) or greater(offset, stored) then
       redis.call('HSET', KEYS[k], field, offset)
       stored = offset
+      if mode == 'group' then
+        if leader_epoch ~= '' then
+          redis.call('HSET', KEYS[k + 3], field, leader_epoch)
+          redis.call('HSETNX', KEYS[t + 1], KEYS[k + 3], '{keys.REF_FIELDS}')
+        else
+          redis.call('HDEL', KEYS[k + 3], field)
+        end
+      end
     end
     redis.call('HSETNX', KEYS[t + 1], KEYS[k], '{keys.REF_FIELDS}')
     if mode == 'member' then
@@ -88,7 +99,7 @@ return out
 
 # KEYS[1] live-member count, KEYS[2] the track's offsets hash, KEYS[3] the
 #   track's member index set, then two keys per topic reset: its id key and its
-#   refs hash.
+#   refs hash; last, the track's leader-epochs hash (a reset offset has no epoch).
 # ARGV[1] prefix of per-member offset hashes, ARGV[2] the number of topics N,
 #   then N topic_ids the reset was resolved for (aligned with the topics' KEYS;
 #   "" when none), then pairs ("topic/partition", offset).
@@ -113,6 +124,7 @@ end
 local first = 3 + n
 for i = first, #ARGV, 2 do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  redis.call('HDEL', KEYS[#KEYS], ARGV[i])
 end
 for t = 1, n do
   redis.call('HSETNX', KEYS[3 + 2 * t], KEYS[2], '{keys.REF_FIELDS}')

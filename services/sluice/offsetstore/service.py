@@ -89,7 +89,7 @@ class OffsetStoreService:
         validation.validate_fetch(group, track, partitions, member_id)
         found = await self._store.fetch(group, validation.track_name(track), partitions, member_id)
         offsets = dict(sorted(found.offsets.items(), key=lambda kv: (kv[0].topic, kv[0].partition)))
-        return FetchedOffsets(offsets, found.topic_ids)
+        return FetchedOffsets(offsets, found.topic_ids, found.leader_epochs)
 
     async def reset(self, request: ResetRequest) -> list[ResetOutcome]:
         """Set offsets exactly (reset.py); only while the group has no live members."""

@@ -72,7 +72,14 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
         self, request: offset_store_pb2.CommitOffsetsRequest, context: Context
     ) -> offset_store_pb2.CommitOffsetsResponse:
         commits = [
-            OffsetCommit(o.topic, o.partition, o.offset, o.track or "default", o.topic_id)
+            OffsetCommit(
+                o.topic,
+                o.partition,
+                o.offset,
+                o.track or "default",
+                o.topic_id,
+                o.leader_epoch if o.HasField("leader_epoch") else -1,
+            )
             for o in request.offsets
         ]
         outcomes = await self._service.commit(
@@ -105,6 +112,7 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
                     offset=off,
                     track=track,
                     topic_id=found.topic_ids.get(tp.topic, ""),
+                    leader_epoch=found.leader_epochs.get(tp),
                 )
                 for tp, off in found.offsets.items()
             ]

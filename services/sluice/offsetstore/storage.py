@@ -18,7 +18,7 @@ import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -60,6 +60,8 @@ class FetchedOffsets:
 
     offsets: dict[TopicPartition, int]
     topic_ids: dict[str, str]
+    #: The leader epoch committed with each offset that has one (KIP-320; clustering offsets only).
+    leader_epochs: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +141,13 @@ class PositionStore:
                     keys.append(k.offsets(group, c.track))
                 keys.append(k.member_index(group, c.track))
                 keys.append(k.owners(group, c.track))
+                keys.append(k.leader_epochs(group, c.track))
             t = topic_index.get(c.topic)
             if t is None:
                 t = topic_index[c.topic] = len(keys) + 1
                 keys += [k.topic_id(c.topic), k.topic_refs(c.topic)]
-            argv += [index, t, partition_field(c.topic, c.partition), c.offset, c.topic_id]
+            epoch = str(c.leader_epoch) if c.leader_epoch >= 0 else ""
+            argv += [index, t, partition_field(c.topic, c.partition), c.offset, c.topic_id, epoch]
         async with _storage_errors(f"committing offsets of group {group!r}"):
             (raw,) = await self._evalsha_pipeline(self._commit, [[len(keys), *keys, *argv]])
         current = _text(raw[0])
@@ -191,7 +195,7 @@ class PositionStore:
                 return FetchedOffsets({}, {})
             fetched = await self.fetch(group, track, found, member_id)
             present = {tp: off for tp, off in fetched.offsets.items() if off != NO_OFFSET}
-            return FetchedOffsets(present, fetched.topic_ids)
+            return FetchedOffsets(present, fetched.topic_ids, fetched.leader_epochs)
         fields = [partition_field(tp.topic, tp.partition) for tp in partitions]
         topics = sorted({tp.topic for tp in partitions})
         async with (
@@ -200,15 +204,23 @@ class PositionStore:
         ):
             for key in sources:
                 pipe.hmget(key, fields)
+            pipe.hmget(k.leader_epochs(group, track), fields)
             pipe.mget([k.topic_id(t) for t in topics])
-            *replies, ids = await pipe.execute()
+            *replies, epochs, ids = await pipe.execute()
         merged = dict.fromkeys(partitions, NO_OFFSET)
         for reply in replies:  # later sources (the member's) override
             for tp, value in zip(partitions, reply, strict=True):
                 if value is not None:
                     merged[tp] = int(value)
         topic_ids = {t: _text(i) for t, i in zip(topics, ids, strict=True) if i is not None}
-        return FetchedOffsets(merged, topic_ids)
+        # A member's own offset (broadcasting) has no epoch: the track's epoch goes with the track's offset.
+        own = replies[1] if member_id else [None] * len(partitions)
+        leader_epochs = {
+            tp: int(e)
+            for tp, e, mine in zip(partitions, epochs, own, strict=True)
+            if e is not None and mine is None and merged[tp] != NO_OFFSET
+        }
+        return FetchedOffsets(merged, topic_ids, leader_epochs)
 
     async def live_members(self, group: str) -> int:
         async with _storage_errors(f"reading the live members of group {group!r}"):
@@ -232,6 +244,7 @@ class PositionStore:
             argv.append(topic_ids.get(topic, ""))
         for tp, offset in sorted(offsets.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
             argv += [partition_field(tp.topic, tp.partition), offset]
+        keys.append(k.leader_epochs(group, track))  # last: a reset offset has no leader epoch
         async with _storage_errors(f"resetting offsets of group {group!r}"):
             (raw,) = await self._evalsha_pipeline(self._reset, [[len(keys), *keys, *argv]])
         code = int(raw[0])

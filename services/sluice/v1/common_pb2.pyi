@@ -119,6 +119,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     it stops soon, and back in the ISR it would hold up acks=all writes. Retriable: the leader
     proposes again from the pushed state.
     """
+    OFFSET_NOT_AVAILABLE: _ErrorCode.ValueType  # 90
+    """Consumers across a failover (KIP-320, docs/replication.md). An offset above the new leader's
+    high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
+    while the new leader's HW is still below the start of its epoch: retriable until the HW catches up.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -220,6 +225,11 @@ INELIGIBLE_REPLICA: ErrorCode.ValueType  # 80
 """An in-sync set change (AlterPartition) adds a broker that is in a controlled shutdown (KIP-841):
 it stops soon, and back in the ISR it would hold up acks=all writes. Retriable: the leader
 proposes again from the pushed state.
+"""
+OFFSET_NOT_AVAILABLE: ErrorCode.ValueType  # 90
+"""Consumers across a failover (KIP-320, docs/replication.md). An offset above the new leader's
+high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
+while the new leader's HW is still below the start of its epoch: retriable until the HW catches up.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 

@@ -53,6 +53,7 @@ class PartitionOffset(_message.Message):
     OFFSET_FIELD_NUMBER: _builtins.int
     TRACK_FIELD_NUMBER: _builtins.int
     TOPIC_ID_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     offset: _builtins.int
@@ -63,6 +64,13 @@ class PartitionOffset(_message.Message):
     (empty: only checks that the topic exists). In a FetchOffsets answer: the topic's current id.
     (Numbered 15 so that fields appended meanwhile keep 5..14.)
     """
+    leader_epoch: _builtins.int
+    """KIP-320's committed leader epoch: in a commit, the leader epoch the records before ``offset`` were
+    fetched under (unset: unknown; a commit without it forgets the epoch stored with an older offset).
+    In a FetchOffsets answer: the epoch stored with the offset (unset: none). A consumer resuming from
+    the offset checks it with OffsetForLeaderEpoch when the partition's leader epoch is newer
+    (docs/replication.md, "Consumers across a failover"). Clustering commits only.
+    """
     def __init__(
         self,
         *,
@@ -71,12 +79,15 @@ class PartitionOffset(_message.Message):
         offset: _builtins.int = ...,
         track: _builtins.str = ...,
         topic_id: _builtins.str = ...,
+        leader_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch", "leader_epoch", b"leader_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic", "topic_id", b"topic_id", "track", b"track"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch", "leader_epoch", b"leader_epoch", "offset", b"offset", "partition", b"partition", "topic", b"topic", "topic_id", b"topic_id", "track", b"track"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__leader_epoch: _TypeAlias = _typing.Literal["leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__leader_epoch: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__leader_epoch) -> _WhichOneofReturnType__leader_epoch | None: ...
 
 Global___PartitionOffset: _TypeAlias = PartitionOffset  # noqa: Y015
 

@@ -60,6 +60,11 @@ class OffsetStoreClient:
         self.broadcasting = broadcasting
         #: tp -> the topic_id its committed offset was looked up for (sent with its commits).
         self._topic_ids: dict[TopicPartition, str] = {}
+        #: tp -> the leader epoch of the records handed out last (KIP-320's committed leader epoch, sent
+        #: with its commits), or the one committed with the offset it started from. The epoch of the
+        #: latest records, also for a lower committable offset: epochs only grow, and a later epoch
+        #: can only under-detect a truncation, never invent one (docs/consumer.md, "Across a failover").
+        self.leader_epochs: dict[TopicPartition, int] = {}
 
     def stub(self, refresh: bool = False) -> offset_store_pb2_grpc.OffsetStoreStub:
         """The offset store's stub, from the (cached) Metadata."""
@@ -94,9 +99,13 @@ class OffsetStoreClient:
             resp = self._fetch_one(request)
             found = {(o.topic, o.partition): o.offset for o in resp.offsets}
             ids = {o.topic: o.topic_id for o in resp.offsets if o.topic_id}
+            epochs = {
+                (o.topic, o.partition): o.leader_epoch for o in resp.offsets if o.HasField("leader_epoch")
+            }
             for tp in tps:
                 out[tp] = found.get(tp, -1)
                 self._topic_ids[tp] = ids.get(tp[0], "")
+                self.leader_epochs[tp] = epochs.get(tp, -1)
         return out
 
     def _fetch_one(
@@ -139,7 +148,12 @@ class OffsetStoreClient:
             ),
             offsets=[
                 offset_store_pb2.PartitionOffset(
-                    topic=t, partition=p, offset=off, track=track, topic_id=self._topic_ids.get((t, p), "")
+                    topic=t,
+                    partition=p,
+                    offset=off,
+                    track=track,
+                    topic_id=self._topic_ids.get((t, p), ""),
+                    leader_epoch=_epoch_or_none(self.leader_epochs.get((t, p), -1)),
                 )
                 for (t, p), (off, track) in sorted(offsets.items())
             ],
@@ -204,3 +218,8 @@ def results(resp: offset_store_pb2.CommitOffsetsResponse) -> CommitResult:
     for r in resp.results:
         out[(r.topic, r.partition)] = error_from_proto(r.error, f"{r.topic}[{r.partition}]")
     return out
+
+
+def _epoch_or_none(epoch: int) -> int | None:
+    """-1 (unknown) is left out of a commit (the offset store then keeps no epoch for it)."""
+    return epoch if epoch >= 0 else None

@@ -144,6 +144,8 @@ class Consumer(ConsumerEngine):
                 self._prefetch.push_front(chunk)
             out += taken
             state.handed_out(part, map(_OFFSET, taken) if track_offsets else (), position)
+            if chunk.leader_epoch >= 0:
+                self._offsets.leader_epochs[chunk.tp] = chunk.leader_epoch
             returned.add(chunk.tp)
         return out
 
@@ -215,6 +217,7 @@ class Consumer(ConsumerEngine):
         with self._lock:
             part = self._owned(tp)
             self._state.seek(part, offset)
+            self._offsets.leader_epochs.pop(part.tp, None)  # a chosen offset: no epoch to check it by
             if part.lifecycle is _L.FETCHING:
                 self._prefetch.fetch_from(part.tp, offset, part.fetch_epoch, part.filter)
 

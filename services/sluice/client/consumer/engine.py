@@ -237,8 +237,10 @@ class ConsumerEngine:
                     part = self._state.parts.get(tp)
                     if part is None or part.lifecycle is not _L.AWAITING_POSITION:
                         continue  # revoked, lost or seeked meanwhile
+                    leader_epoch = -1
                     if committed[tp] >= 0:
                         self._state.start(part, committed[tp], committed[tp])
+                        leader_epoch = self._offsets.leader_epochs.get(tp, -1)
                     elif tp in resets:
                         # Committed at the next commit, so a later owner starts from the same place.
                         self._state.start(part, resets[tp], -1)
@@ -250,7 +252,7 @@ class ConsumerEngine:
                             partition=tp[1],
                         )
                         continue
-                    self._prefetch.fetch_from(tp, part.position, part.fetch_epoch, part.filter)
+                    self._prefetch.fetch_from(tp, part.position, part.fetch_epoch, part.filter, leader_epoch)
         with self._lock:
             for part in self._state.parts.values():
                 if part.position_error is not None and part.lifecycle is _L.AWAITING_POSITION:

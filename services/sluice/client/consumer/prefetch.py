@@ -67,6 +67,8 @@ class Chunk:
     start: int = 0
     #: How many records the current poll took from it (for the pro-rata byte count).
     taken_now: int = 0
+    #: The leader epoch its records were fetched in (KIP-320; -1: unknown): commits carry it.
+    leader_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ class _Command:
     offset: int | None
     fetch_epoch: int = 0
     filter: str = "*"
+    #: The leader epoch committed with ``offset`` (-1: none): the fetcher checks it after a leader change.
+    leader_epoch: int = -1
 
 
 class Prefetcher:
@@ -118,9 +122,12 @@ class Prefetcher:
 
     # ---- commands (Caller: the Consumer, holding the lock) -------------------------------------
 
-    def fetch_from(self, tp: TopicPartition, offset: int, fetch_epoch: int, filter_expr: str) -> None:
-        """Fetch ``tp`` from ``offset`` on (adds it, or moves it); tag its chunks ``fetch_epoch``."""
-        self._commands.append(_Command(tp, offset, fetch_epoch, filter_expr))
+    def fetch_from(
+        self, tp: TopicPartition, offset: int, fetch_epoch: int, filter_expr: str, leader_epoch: int = -1
+    ) -> None:
+        """Fetch ``tp`` from ``offset`` on (adds it, or moves it); tag its chunks ``fetch_epoch``.
+        ``leader_epoch``: the one committed with ``offset``, if it is a committed one (KIP-320)."""
+        self._commands.append(_Command(tp, offset, fetch_epoch, filter_expr, leader_epoch))
         self.wake()
 
     def stop_fetching(self, tp: TopicPartition) -> None:
@@ -205,6 +212,9 @@ class Prefetcher:
             return 0.0  # the others go on fetching
         after = fetcher.positions()
         chunks = cut_chunks(decode_runs(raws, self._epochs, self._check_crcs), before, after, self._epochs)
+        fetched_in = {(raw.topic, raw.partition): raw.leader_epoch for raw in raws}
+        for chunk in chunks:
+            chunk.leader_epoch = fetched_in.get(chunk.tp, -1)
         if chunks:
             with self._lock:
                 if self._closed:
@@ -226,7 +236,7 @@ class Prefetcher:
                 self._filters[topic] = cmd.filter
                 fetcher.set_filter(topic, cmd.filter)
             self._epochs[cmd.tp] = cmd.fetch_epoch
-            fetcher.seek(cmd.tp, cmd.offset)
+            fetcher.seek(cmd.tp, cmd.offset, cmd.leader_epoch)
 
 
 def decode_runs(

@@ -59,8 +59,10 @@ class ProducerConfig:
     Kafka 3. It costs one ``InitProducerId`` call when the producer is created."""
 
     retries: int = 5
-    """How many times a batch is sent again after a retriable error (broker unavailable,
-    not the leader, timeout) before its records fail. ``delivery_timeout`` bounds it too."""
+    """How many times a batch is sent again after a retriable error (a timeout, too few in-sync
+    replicas) before its records fail. ``delivery_timeout`` bounds it too. A leader change (the broker
+    unavailable, not the leader, a leader-epoch error) is retried until ``delivery_timeout`` without
+    counting here: a failover must not reach the application."""
 
     retry_backoff: timedelta = timedelta(milliseconds=100)
     """Wait before the first retry of a batch; doubled on each further retry."""

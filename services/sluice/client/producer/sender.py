@@ -44,10 +44,12 @@ from sluice.client.producer.idempotence import Idempotence
 from sluice.common.peers import Peers
 from sluice.errors import (
     BrokerNotAvailable,
+    FencedLeaderEpoch,
     NotLeader,
     OutOfOrderSequence,
     RequestTimedOut,
     SluiceError,
+    UnknownLeaderEpoch,
     UnknownProducerId,
     UnknownTopicOrPartition,
     error_from_proto,
@@ -61,6 +63,11 @@ log = logging.getLogger("sluice.producer")
 
 # Errors after which the partition's broker may have changed: ask the coordinator.
 _ROUTING_ERRORS = (NotLeader, UnknownTopicOrPartition, BrokerNotAvailable, RequestTimedOut)
+# A leader change under way (its broker gone, or another leader named): retried until the delivery
+# timeout without counting against ``retries``. A failover takes the broker session timeout plus an
+# election, longer than five doubling backoffs; the user must not see it (docs/replication.md,
+# "Consumers across a failover").
+_LEADER_CHANGE = (NotLeader, BrokerNotAvailable, FencedLeaderEpoch, UnknownLeaderEpoch)
 
 # (batch, base_offset, log_append_time_ms, error) to settle outside the lock.
 _Outcome = tuple[ProducerBatch, int, int, SluiceError | None]
@@ -369,7 +376,8 @@ class Sender:
                 # Acknowledged batches are missing on the broker: say so, then go on under a new epoch.
                 self._idem.needs_new_epoch = True
                 self._epoch_retry_at = now
-        if retriable and batch.attempts <= self._cfg.retries and now < batch.deadline:
+        counted = not isinstance(err, _LEADER_CHANGE)
+        if retriable and (batch.attempts <= self._cfg.retries or not counted) and now < batch.deadline:
             backoff = min(self._backoff * 2 ** (batch.attempts - 1), self._backoff_max)
             self._acc.reenqueue(batch, now + backoff)
             log.debug("retrying %r in %.3f s after %s", batch, backoff, err)
