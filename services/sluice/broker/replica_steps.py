@@ -10,13 +10,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 
-from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
+from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment, PartitionRegistry
 from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.longpoll import AppendWaiters
 from sluice.broker.replica_fetcher import ReplicaFetchers
 from sluice.broker.requests import EpochAnswer, EpochQuery, FetchParams, OffsetAnswer, OffsetQuery
-from sluice.broker.roles import EpochMark
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
 from sluice.server.context import ANONYMOUS, GRPC, Operation, RequestContext
 
@@ -45,12 +44,20 @@ class ReplicaSteps:
         """After an applied update: leader states for what it assigns, unless an assignment was
         ignored as stale (its epochs are not the ones the registry now holds)."""
         marks = self.registry.epochs.marks
+
+        def current(item: PartitionAssignment) -> bool:
+            # Compared field by field: a mark also says whether the partition is replicated, which
+            # the assignment does not carry as such (comparing whole marks never matched a replicated
+            # partition, so no leader state was ever made for one).
+            mark = marks.get(item.key)
+            return mark is not None and (mark.topic_id, mark.leader_epoch, mark.partition_epoch) == (
+                item.topic_id,
+                item.leader_epoch,
+                item.partition_epoch,
+            )
+
         self.leaders.reconcile(
-            (
-                item
-                for item in update.assign
-                if marks.get(item.key) == EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch)
-            ),
+            (item for item in update.assign if current(item)),
             self.registry.served,
         )
         self.fetchers.replan(self.registry.following)
