@@ -54,7 +54,7 @@ def test_a_power_cut_keeps_what_was_synced_and_drops_the_rest(tmp_path: Path) ->
     (root / "old").write_bytes(b"o" * 7)  # there before the process: durable
     baseline(root, ledger)
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.chaos.fsync_ledger", str(ledger), "tests.chaos.test_fsync_ledger", str(root)],
+        [sys.executable, "-m", "tests.chaos.fsync_ledger", str(ledger), __name__, str(root)],
         cwd=ROOT,
         timeout=60,
         check=False,
