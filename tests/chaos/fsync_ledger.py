@@ -94,9 +94,9 @@ def _read(ledger: Path) -> tuple[dict[Key, int], dict[Key, set[str]]]:
             continue  # a line cut by the kill: its sync may not have returned
         rec = json.loads(line)
         if "file" in rec:
-            sizes[tuple(rec["file"])] = rec["size"]  # type: ignore[index]
+            sizes[(rec["file"][0], rec["file"][1])] = rec["size"]
         else:
-            listings[tuple(rec["dir"])] = set(rec["entries"])  # type: ignore[index]
+            listings[(rec["dir"][0], rec["dir"][1])] = set(rec["entries"])
     return sizes, listings
 
 

@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ import grpc
 
 from sluice.client import Client
 from sluice.client.producer import FutureRecordMetadata, Producer
-from sluice.errors import InvalidReplicationFactor
+from sluice.errors import InvalidReplicationFactor, SluiceError
 from sluice.v1 import coordinator_pb2 as cpb
 from sluice.v1 import coordinator_pb2_grpc
 from tests.chaos.fsync_ledger import baseline, power_cut
@@ -62,7 +63,7 @@ class PowerCluster:
             "--broker-id", str(broker_id),
             "--flush", self.flush,
             "--coordinator", self.coordinator.address,
-            "--replica-lag-time-max", "2s",
+            "--replica-lag-time-max", "10s",  # longer than any outage here: a shrink is the below-HW rule
             wrap=("tests.chaos.fsync_ledger", str(self.ledger(broker_id))),
         )  # fmt: skip
 
@@ -73,6 +74,14 @@ class PowerCluster:
         """kill -9, then every file cut back to what was synced (a power cut of that machine)."""
         self.kill(broker_id)
         return power_cut(self.data(broker_id), self.ledger(broker_id))
+
+    def isr_shrinks(self, broker_id: int) -> float:
+        """``sluice_broker_isr_shrinks_total`` of one broker (replicas that left the ISR it leads)."""
+        text = urllib.request.urlopen(f"http://{self.brokers[broker_id].metrics}/metrics", timeout=5).read()
+        for line in text.decode().splitlines():
+            if line.startswith("sluice_broker_isr_shrinks_total"):
+                return float(line.split()[-1])
+        return 0.0
 
     def partition(self) -> cpb.PartitionDescription:
         stub = coordinator_pb2_grpc.CoordinatorStub(grpc.insecure_channel(self.coordinator.address))
@@ -149,7 +158,10 @@ class Load:
         i = 0
         while not self._stop.is_set() and i < 10_000_000:
             value = b"%d" % i
-            future = self.producer.send(value)
+            try:
+                future = self.producer.send(value)
+            except SluiceError:  # closed by stop() while send() waited for buffer space
+                return
             future.add_done_callback(self._answered(value))
             self.sent.append((value, future))
             i += 1
@@ -174,7 +186,7 @@ class Load:
     def stop(self) -> list[bytes]:
         """Stop sending, wait for every answer; the acknowledged values, in send order."""
         self._stop.set()
-        self._thread.join(10)
+        self._thread.join(30)
         self.producer.flush(timeout=120)
         self.producer.close(timeout=10)
         return self.acked()
