@@ -51,7 +51,10 @@ def one_replica(root: Path, victim: str, seconds: float) -> dict[str, Any]:
 
 
 def coordinated(root: Path, flush: str, seconds: float) -> dict[str, Any]:
-    with power_cluster(root, flush=flush) as cluster, Client(cluster.coordinator.address) as client:
+    with (
+        power_cluster(root, flush=flush, session="10s") as cluster,
+        Client(cluster.coordinator.address) as client,
+    ):
         load = Load(client)
         time.sleep(seconds)
         for broker_id in range(3):
