@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -274,13 +274,19 @@ class ServiceProcess:
 
 
 def start_service(
-    service: str, *args: str, timeout: float = 30, nofile: tuple[int, int] | None = None
+    service: str,
+    *args: str,
+    timeout: float = 30,
+    nofile: tuple[int, int] | None = None,
+    wrap: Sequence[str] = (),
 ) -> ServiceProcess:
     """Start ``python -m sluice <service> --port 0 ...`` and wait until it is ready.
 
-    ``nofile``: the (soft, hard) open-files limit the process starts with.
+    ``nofile``: the (soft, hard) open-files limit the process starts with. ``wrap``: a module (and its
+    arguments) that runs ``sluice`` for it: ``python -m <wrap...> sluice <service> ...`` (the power-loss
+    seam, ``tests/chaos/fsync_ledger.py``).
     """
-    cmd = [sys.executable, "-m", "sluice", service, *args]
+    cmd = [sys.executable, "-m", *wrap, "sluice", service, *args]
     if nofile is not None:  # prlimit(1) sets it in the child only, with no preexec_fn in a threaded parent
         cmd = ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}", "--", *cmd]
     proc = subprocess.Popen(

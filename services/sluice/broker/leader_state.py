@@ -168,13 +168,17 @@ class LeaderState:
         return True
 
     def lagging(self, now_ms: int, max_lag_ms: int) -> list[int]:
-        """ISR followers not caught up with the leader's LEO for ``max_lag_ms``."""
+        """ISR followers not caught up with the leader's LEO for ``max_lag_ms``, and at once those that
+        fetched from below the HW: an ISR member holds everything committed, so one asking for less
+        lost records it had (restarted after a power loss, or cut back to a damaged batch) and must not
+        stay eligible for election until it has them again (docs/replication.md, "Power loss and
+        corruption")."""
         return [
             r
             for r in self.isr
             if r != self.broker_id
             and (pos := self.followers.get(r)) is not None
-            and now_ms - pos.caught_up_ms > max_lag_ms
+            and (now_ms - pos.caught_up_ms > max_lag_ms or 0 <= pos.leo < self.hw)
         ]
 
     def caught_up(self) -> list[int]:

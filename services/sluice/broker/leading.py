@@ -246,8 +246,8 @@ class Leaders:
         state = self.states.get(key)
         if state is not None:
             state.record_fetch(replica, leo, flushed, self._clock_ms())
-            if replica not in state.isr and leo >= state.hw:
-                self.isr.nudge()  # it may rejoin the ISR
+            if (replica not in state.isr) == (leo >= state.hw):
+                self.isr.nudge()  # it may rejoin the ISR, or (in it, below the HW) it lost records: out
 
     # ---- metrics (read from the metrics thread: copies, never the live dicts' iterators) -------
 

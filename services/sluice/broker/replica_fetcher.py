@@ -323,6 +323,7 @@ class LeaderFetcher:
 
         try:
             offset = await asyncio.to_thread(divergence_offset, plog, ask)
+            offset = _below_damage(plog, offset)
             if offset < 0:
                 start = await self._leader_log_start(address, key)
                 if plog.log_end_offset != start or plog.log_start_offset != start:
@@ -410,3 +411,18 @@ class ReplicaFetchers:
             if broker.endpoint.wire_port > 0:
                 self._wires[broker.broker_id] = (broker.endpoint.host, broker.endpoint.wire_port)
         return self._addresses.get(broker_id)
+
+
+def _below_damage(plog: PartitionLog, divergence: int) -> int:
+    """The truncation point: the divergence, or the first batch this replica's recovery found damaged
+    (``corrupt_ranges``: bit rot kept in place, never served), whichever is lower. Everything from there
+    is fetched again from the leader, which is how a damaged follower heals from a good copy
+    (docs/replication.md, "Power loss and corruption"). -1 (nothing shared) stays -1; a damaged first
+    batch at the log start empties the log (-1: start again at the leader's log start)."""
+    if not plog.corrupt_ranges:
+        return divergence
+    damaged = min(start for start, _ in plog.corrupt_ranges)
+    log.warning("%s: damaged from offset %d: re-fetching from the leader", plog.directory.name, damaged)
+    if damaged <= plog.log_start_offset:
+        return -1
+    return damaged if divergence < 0 or damaged < divergence else divergence

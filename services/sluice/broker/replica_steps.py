@@ -17,7 +17,6 @@ from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.longpoll import AppendWaiters
 from sluice.broker.replica_fetcher import ReplicaFetchers
 from sluice.broker.requests import EpochAnswer, EpochQuery, FetchParams, OffsetAnswer, OffsetQuery
-from sluice.broker.roles import EpochMark
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
 from sluice.server.context import ANONYMOUS, GRPC, Operation, RequestContext
 
@@ -46,6 +45,7 @@ class ReplicaSteps:
         """After an applied update: leader states for what it assigns, unless an assignment was
         ignored as stale (its epochs are not the ones the registry now holds)."""
         marks = self.registry.epochs.marks
+
         self.leaders.reconcile(
             (item for item in update.assign if _holds(marks.get(item.key), item)),
             self.registry.served,

@@ -250,3 +250,25 @@ def test_a_restarted_leader_waits_for_the_controller_then_reads_up_to_its_checkp
         await restarted.stop()
 
     asyncio.run(scenario())
+
+
+def test_an_isr_follower_fetching_below_the_hw_lost_records_and_leaves_at_once(tmp_path: Path) -> None:
+    """An ISR member holds everything committed; one that asks for less (restarted after a power loss,
+    or cut back to a damaged batch) must not stay eligible for election (docs/replication.md, "Power loss
+    and corruption")."""
+
+    async def scenario() -> None:
+        service = await _leader(tmp_path)
+        _produce(service, 6)
+        await _replica_fetch(service, F1, 6)
+        await _replica_fetch(service, F2, 6)
+        assert _hw(service) == 6
+        state = service.leaders.states[("t", 0)]
+        now = service.leaders._clock_ms()
+        assert state.lagging(now, 60_000) == []
+        await _replica_fetch(service, F2, 4)  # F2 came back with less than it had
+        assert state.lagging(now, 60_000) == [F2]  # out now, not after the lag bound
+        assert _hw(service) == 6  # and the HW never goes down
+        await service.stop()
+
+    asyncio.run(scenario())
