@@ -20,10 +20,13 @@ from sluice.broker.roles import EpochMark
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
 from sluice.server.context import ANONYMOUS, GRPC, Operation, RequestContext
 
-__all__ = ["EARLIEST", "LATEST", "ReplicaSteps"]
+__all__ = ["EARLIEST", "LATEST", "LOG_END", "ReplicaSteps"]
 
 EARLIEST = -2
 LATEST = -1
+#: The leader's log end offset (above the high watermark while followers catch up): for operators
+#: (``sluice topic describe``), never a position a consumer is given.
+LOG_END = -3
 
 _DEFAULT_CONTEXT = RequestContext(ANONYMOUS, GRPC)
 
@@ -49,7 +52,9 @@ class ReplicaSteps:
             (
                 item
                 for item in update.assign
-                if marks.get(item.key) == EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch)
+                # Epochs only: the mark's ``replicated`` flag is not part of the assignment's identity.
+                if _epochs_of(marks.get(item.key))
+                == EpochMark(item.topic_id, item.leader_epoch, item.partition_epoch)
             ),
             self.registry.served,
         )
@@ -102,13 +107,15 @@ class ReplicaSteps:
             plog = self.registry.lookup(q.topic, q.partition)
             if q.timestamp == EARLIEST:
                 return OffsetAnswer(q.topic, q.partition, None, plog.log_start_offset)
+            if q.timestamp == LOG_END:
+                return OffsetAnswer(q.topic, q.partition, None, plog.log_end_offset)
             view = self.leaders.views.get((q.topic, q.partition))
             hw = plog.log_end_offset if view is None else view.high_watermark
             if q.timestamp == LATEST:
                 return OffsetAnswer(q.topic, q.partition, None, hw)
             if q.timestamp < 0:
                 raise InvalidArgument(
-                    f"timestamp must be -2 (earliest), -1 (latest) or >= 0, got {q.timestamp}"
+                    f"timestamp must be -3 (log end), -2 (earliest), -1 (latest) or >= 0, got {q.timestamp}"
                 )
             found = plog.offset_for_timestamp(q.timestamp)
             if found is None or found[0] >= hw:
@@ -142,3 +149,7 @@ class ReplicaSteps:
             return EpochAnswer(q.topic, q.partition, None, epoch, end)
         except SluiceError as err:
             return EpochAnswer(q.topic, q.partition, err)
+
+
+def _epochs_of(mark: EpochMark | None) -> EpochMark | None:
+    return None if mark is None else dataclasses.replace(mark, replicated=False)
