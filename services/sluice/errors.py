@@ -405,3 +405,10 @@ class StalePartitionEpoch(SluiceError):
     code = common_pb2.STALE_PARTITION_EPOCH
     retriable = True
     grpc_status = "FAILED_PRECONDITION"
+
+
+class ReassignmentInProgress(SluiceError):
+    """A reassignment names a partition whose previous reassignment has not completed yet."""
+
+    code = common_pb2.REASSIGNMENT_IN_PROGRESS
+    grpc_status = "FAILED_PRECONDITION"

@@ -50,8 +50,8 @@ from sluice.coordinator.groups.model import (
 from sluice.coordinator.groups.redis_ops import full_sync_ops
 from sluice.coordinator.groups.tracks import topic_deleted
 from sluice.coordinator.producer_ids import ProducerIdentity, init_producer_id
+from sluice.coordinator.reassignments import CoordinatorReassignments
 from sluice.coordinator.records import Result
-from sluice.coordinator.timers import CoordinatorTimers
 from sluice.coordinator.topic_acks import Incomplete, settle, wait_for_brokers
 from sluice.coordinator.writer import Clock, SystemClock
 from sluice.errors import NotCoordinator, SluiceError, UnknownGroup
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Clock", "CoordinatorService", "SystemClock"]
 
 
-class CoordinatorService(CoordinatorTimers):
+class CoordinatorService(CoordinatorReassignments):
     """Domain-level API of the coordinator. Caller: the servicer (and tests)."""
 
     @classmethod
@@ -120,6 +120,7 @@ class CoordinatorService(CoordinatorTimers):
                 frozenset(self.cluster.topics),
                 lambda ops: self._store.write(self._epoch, (), ops),
             )
+        await self._complete_pending_reassignments()
         await self._stop_timers()  # a re-election: fresh timers for the new term
         loop = asyncio.get_running_loop()
         self._timer = loop.create_task(self._expiry_loop(), name="coordinator-expiry")
@@ -371,6 +372,8 @@ class CoordinatorService(CoordinatorTimers):
                 result.state.partition_epoch,
                 proposal.leader_id,
             )
+        if result.state.reassigning:
+            await self._complete_reassignment(proposal.topic, proposal.partition)
         return result.state
 
     # ---- idempotent producers --------------------------------------------------------------------------

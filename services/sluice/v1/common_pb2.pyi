@@ -114,6 +114,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     controller's current one: the partition changed since (another ISR change, a new leader). The
     leader waits for the newer state and proposes again from it.
     """
+    REASSIGNMENT_IN_PROGRESS: _ErrorCode.ValueType  # 85
+    """A reassignment names a partition that is being reassigned already: wait until it completes
+    (`sluice topic reassign --status`), then reassign it again.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -210,6 +214,10 @@ STALE_PARTITION_EPOCH: ErrorCode.ValueType  # 65
 """An in-sync set change (AlterPartition) proposed against a partition epoch that is not the
 controller's current one: the partition changed since (another ISR change, a new leader). The
 leader waits for the newer state and proposes again from it.
+"""
+REASSIGNMENT_IN_PROGRESS: ErrorCode.ValueType  # 85
+"""A reassignment names a partition that is being reassigned already: wait until it completes
+(`sluice topic reassign --status`), then reassign it again.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 

@@ -64,6 +64,12 @@ class CoordinatorStub:
     STALE_PARTITION_EPOCH, NOT_LEADER), that the ISR is a subset of the replicas holding the leader,
     persists it with the next partition epoch, pushes it to the replicas and answers the new state.
     """
+    ReassignPartitions: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReassignPartitionsRequest, _coordinator_pb2.ReassignPartitionsResponse]
+    """Moves partitions' replicas to other brokers while serving (docs/replication.md, "Reassignment"):
+    the new replicas are added as followers, and once every one of them is in the ISR the replica
+    list becomes the target and the replicas left out are removed (their data deleted). Answers once
+    the reassignments have started; progress shows in DescribeTopic (adding/removing replicas).
+    """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]
     """Consumer groups (server-side assignment, KIP-848 style)."""
     ConsumerGroupStream: _grpc.StreamStreamMultiCallable[_coordinator_pb2.GroupStreamRequest, _coordinator_pb2.GroupStreamResponse]
@@ -118,6 +124,12 @@ class CoordinatorAsyncStub(CoordinatorStub):
     controller checks the leader and both epochs are current (else FENCED_LEADER_EPOCH,
     STALE_PARTITION_EPOCH, NOT_LEADER), that the ISR is a subset of the replicas holding the leader,
     persists it with the next partition epoch, pushes it to the replicas and answers the new state.
+    """
+    ReassignPartitions: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReassignPartitionsRequest, _coordinator_pb2.ReassignPartitionsResponse]  # type: ignore[assignment]
+    """Moves partitions' replicas to other brokers while serving (docs/replication.md, "Reassignment"):
+    the new replicas are added as followers, and once every one of them is in the ISR the replica
+    list becomes the target and the replicas left out are removed (their data deleted). Answers once
+    the reassignments have started; progress shows in DescribeTopic (adding/removing replicas).
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]  # type: ignore[assignment]
     """Consumer groups (server-side assignment, KIP-848 style)."""
@@ -242,6 +254,18 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         controller checks the leader and both epochs are current (else FENCED_LEADER_EPOCH,
         STALE_PARTITION_EPOCH, NOT_LEADER), that the ISR is a subset of the replicas holding the leader,
         persists it with the next partition epoch, pushes it to the replicas and answers the new state.
+        """
+
+    @_abc_1.abstractmethod
+    def ReassignPartitions(
+        self,
+        request: _coordinator_pb2.ReassignPartitionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ReassignPartitionsResponse, _abc.Awaitable[_coordinator_pb2.ReassignPartitionsResponse]]:
+        """Moves partitions' replicas to other brokers while serving (docs/replication.md, "Reassignment"):
+        the new replicas are added as followers, and once every one of them is in the ISR the replica
+        list becomes the target and the replicas left out are removed (their data deleted). Answers once
+        the reassignments have started; progress shows in DescribeTopic (adding/removing replicas).
         """
 
     @_abc_1.abstractmethod

@@ -43,7 +43,7 @@ def test_up_with_three_brokers_places_a_factor_three_topic_on_all_of_them(tmp_pa
         text = ok(sluice(stack, "topic", "describe", "rep3"))
         assert "Replicas:   3 (min in-sync 2, unclean leader election off)" in text
         header = next(line for line in text.splitlines() if line.startswith("PARTITION"))
-        columns = ["PARTITION", "LEADER", "REPLICAS", "ISR", "EPOCH", "DISPATCHER", "START", "END"]
+        columns = ["PARTITION", "LEADER", "REPLICAS", "ISR", "EPOCH", "DISPATCHER", "START", "HW", "LEO"]
         assert header.split() == columns
 
         # Produce and consume go to each partition's leader, as before.
