@@ -3,16 +3,18 @@ drain a broker, and the plan file's round trip and errors."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
 from sluice.client.metadata import PartitionInfo, TopicInfo
-from sluice.client.reassign_plan import drain_plan, parse_plan, plan_to_json, rebalance_plan
+from sluice.client.reassign_plan import Plan, drain_plan, parse_plan, plan_to_json, rebalance_plan
 from sluice.errors import InvalidArgument
 
 
-def _topic(name: str, placements: list[tuple[int, ...]]) -> TopicInfo:
+def _topic(name: str, placements: Sequence[tuple[int, ...]]) -> TopicInfo:
     parts = [PartitionInfo(p, r[0], "", r, r) for p, r in enumerate(placements)]
     return TopicInfo(name, "id-" + name, parts)
 
@@ -52,8 +54,7 @@ def test_drain_moves_every_replica_off_the_broker() -> None:
 
 
 def test_a_plan_file_round_trips_and_bad_ones_are_typed() -> None:
-    plan = {("a", 0): (3, 1, 2), ("b", 1): (0, 1, 2)}
-    import json
+    plan: Plan = {("a", 0): (3, 1, 2), ("b", 1): (0, 1, 2)}
 
     assert parse_plan(json.dumps(plan_to_json(plan))) == plan
     for bad in ("{", '{"partitions": []}', '{"partitions": [{"topic": "a"}]}', "[]"):
