@@ -10,6 +10,9 @@ private Redis, three brokers, then a fourth added.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -160,3 +163,50 @@ def test_reassignment_refusals_are_typed(tmp_path: Path) -> None:
             assert list(state.replicas) == reordered
             assert not state.adding_replicas
             assert not state.removing_replicas
+
+
+def cli(cluster: Cluster, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "sluice", "--bootstrap", cluster.coordinator.address, *args],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
+def test_a_throttled_move_catches_up_no_faster_than_the_throttle(tmp_path: Path) -> None:
+    """2.4 MB of backlog, a 200 KB/s throttle with one second of burst: the new replica cannot be in sync
+    before (2.4 MB - 200 KB) / 200 KB/s = 11 s (unthrottled, the whole test body takes about 3 s, most of
+    it the CLI's start-ups). A lower bound only: a loaded machine makes it slower, never faster. Started,
+    followed and finished through the CLI."""
+    with cluster_of(tmp_path) as cluster:
+        create(cluster, "slow")
+        with Client(cluster.coordinator.address) as client, client.producer("slow") as producer:
+            payload = bytes(4000)
+            futures = [producer.send(payload, partition=0) for _ in range(600)]
+            for f in futures:
+                f.result(timeout=30)
+        cluster.start_broker(3)
+        until(lambda: 3 in alive_brokers(cluster), "broker 3 registered")
+        before = describe(cluster, "slow", 0)
+        target = ",".join(map(str, [*before.replicas[:2], 3]))
+        rate = 200_000
+        began = time.monotonic()
+        out = cli(
+            cluster, "topic", "reassign", "slow", "-p", "0", "--replicas", target, "--throttle", str(rate)
+        )
+        assert "Started 1 reassignment(s)" in out
+        status = json.loads(cli(cluster, "topic", "reassign", "--status", "-f", "json"))
+        (row,) = status["in_progress"]
+        assert (row["adding"], row["throttle_bytes_per_second"]) == ([3], rate)
+        described = json.loads(cli(cluster, "topic", "describe", "slow", "-f", "json"))
+        assert described["partitions"][0]["adding_replicas"] == [3]
+        until(lambda: not describe(cluster, "slow", 0).adding_replicas, "the move to complete", timeout=60)
+        took = time.monotonic() - began
+        assert took >= (2_400_000 - rate) / rate * 0.9, f"caught up in {took:.2f}s despite the throttle"
+        assert "No reassignment in progress." in cli(cluster, "topic", "reassign", "--status")
+        final = json.loads(cli(cluster, "topic", "describe", "slow", "-f", "json"))["partitions"][0]
+        assert final["replicas"] == [int(b) for b in target.split(",")]
+        assert final["high_watermark"] == final["log_end_offset"] == 600
