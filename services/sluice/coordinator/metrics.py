@@ -148,6 +148,9 @@ class CoordinatorMetrics:
         self.broker_updates.labels("ok" if ok else "failed").inc()
 
 
+#: The ``kind`` values of ``sluice_coordinator_leader_elections_total`` (timers.py counts them).
+ELECTION_KINDS = ("clean", "unclean", "offline")
+
 _metrics: CoordinatorMetrics | None = None
 _lock = Lock()
 
@@ -224,4 +227,8 @@ def coordinator_metrics() -> CoordinatorMetrics:
                     ["group", "track", "topic", "partition"],
                 ),
             )
+            # Every kind exported from the start at 0: the dashboards' rates and the unclean-election
+            # alert's increase() see the first election (a series born at 1 has no increase to show).
+            for kind in ELECTION_KINDS:
+                _metrics.leader_elections.labels(kind)
         return _metrics
