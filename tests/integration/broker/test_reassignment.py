@@ -5,7 +5,10 @@ private Redis, three brokers, then a fourth added.
   (acks=all, idempotent) writes to it: leadership moves off broker 0 with a leader-epoch bump, the new
   replica holds the leader's log byte for byte, broker 0's partition directory is gone, and a consumer
   reading the topic from the start sees every acknowledged record exactly once;
-- the refusals are typed: a partition being reassigned already, a target of another size, a dead broker.
+- the refusals are typed: a partition being reassigned already, a target of another size, a dead broker;
+- a throttled move (through the CLI, `--status` and `topic describe` showing it) takes no less time than
+  the throttle allows;
+- the user flows: a broker added and `--rebalance` onto it, then `--drain` of another.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -210,3 +214,56 @@ def test_a_throttled_move_catches_up_no_faster_than_the_throttle(tmp_path: Path)
         final = json.loads(cli(cluster, "topic", "describe", "slow", "-f", "json"))["partitions"][0]
         assert final["replicas"] == [int(b) for b in target.split(",")]
         assert final["high_watermark"] == final["log_end_offset"] == 600
+
+
+def placement(cluster: Cluster, topic: str) -> list[list[int]]:
+    meta = cluster.stub.Metadata(cpb.MetadataRequest(topics=[topic]), timeout=10)
+    return [list(p.replicas) for p in meta.topics[0].partitions]
+
+
+def settled(cluster: Cluster) -> bool:
+    meta = cluster.stub.Metadata(cpb.MetadataRequest(), timeout=10)
+    return not any(p.adding_replicas or p.removing_replicas for t in meta.topics for p in t.partitions)
+
+
+def test_add_a_broker_and_rebalance_onto_it_then_drain_one(tmp_path: Path) -> None:
+    """The user flows, through the CLI: a fourth broker joins and `--rebalance` gives it its share of
+    replicas and preferred leaders; then `--drain 0` empties broker 0 (its partition directories go)
+    while every record stays readable."""
+    with cluster_of(tmp_path) as cluster:
+        until(lambda: len(alive_brokers(cluster)) == 3, "three brokers registered")
+        with Client(cluster.coordinator.address) as client:
+            client.admin.create_topic("grow", 4, replication_factor=2, min_insync_replicas=1)
+            with client.producer("grow") as producer:
+                for f in [producer.send(b"g%03d" % i, partition=i % 4) for i in range(200)]:
+                    f.result(timeout=30)
+        cluster.start_broker(3)
+        until(lambda: 3 in alive_brokers(cluster), "broker 3 registered")
+        plan = json.loads(cli(cluster, "topic", "reassign", "--rebalance", "--dry-run"))
+        assert plan["partitions"], "a new empty broker must get replicas"
+        cli(cluster, "topic", "reassign", "--rebalance")
+        until(lambda: settled(cluster), "the rebalance to complete", timeout=60)
+        load = Counter(b for replicas in placement(cluster, "grow") for b in replicas)
+        assert load == {0: 2, 1: 2, 2: 2, 3: 2}  # 8 replicas over 4 brokers
+        leaders = Counter(replicas[0] for replicas in placement(cluster, "grow"))
+        assert max(leaders.values()) == 1  # one preferred leader each
+        assert "nothing to move" in cli_err(cluster, "topic", "reassign", "--rebalance")
+
+        cli(cluster, "topic", "reassign", "--drain", "0")
+        until(lambda: settled(cluster), "the drain to complete", timeout=60)
+        assert all(0 not in replicas for replicas in placement(cluster, "grow"))
+        until(lambda: not list((cluster.data / "b0").glob("grow-*")), "broker 0's directories deleted")
+        for p in range(4):
+            got = consume_all(cluster.coordinator.address, "grow", p, 50)
+            assert sorted(got) == [b"g%03d" % i for i in range(p, 200, 4)]
+
+
+def cli_err(cluster: Cluster, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "sluice", "--bootstrap", cluster.coordinator.address, *args],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stderr.decode()
