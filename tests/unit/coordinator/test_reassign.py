@@ -10,6 +10,7 @@ import json
 import pytest
 from coordinator_context import SETTINGS, ClusterContext
 
+from sluice.coordinator.cluster.health import ReplicaHealth
 from sluice.coordinator.cluster.isr import IsrProposal, alter_partition
 from sluice.coordinator.cluster.reassign import (
     Reassignment,
@@ -123,3 +124,16 @@ def test_a_reorder_completes_at_once() -> None:
     assert state.replicas == reordered
     assert not state.reassigning
     assert state.leader == before.leader  # the preferred leader changes; leadership moves by election
+
+
+def test_a_reassignment_in_progress_is_counted_as_reassigning_not_under_replicated() -> None:
+    ctx = _cluster()
+    health = ReplicaHealth()
+    before = ctx.state.topics["t"].states[0]
+    target = (3, *before.replicas[1:])
+    ctx.apply(start_reassignments(ctx.state, [Reassignment("t", 0, target)], 0, ctx.now_ms))
+    assert health.count(ctx.state.topics) == (0, 0)  # the new replica catching up is no failure
+    assert health.reassigning == 1
+    _expand(ctx, tuple(b for b in before.isr if b != before.replicas[-1]))  # an original replica left
+    assert health.count(ctx.state.topics) == (1, 0)
+    assert health.reassigning == 1
