@@ -8,7 +8,8 @@ private Redis, three brokers, then a fourth added.
 - the refusals are typed: a partition being reassigned already, a target of another size, a dead broker;
 - a throttled move (through the CLI, `--status` and `topic describe` showing it) takes no less time than
   the throttle allows;
-- the user flows: a broker added and `--rebalance` onto it, then `--drain` of another.
+- the user flows: a broker added and `--rebalance` onto it, then `--drain` of another;
+- an unreplicated (factor 1) partition moves the same way.
 """
 
 from __future__ import annotations
@@ -267,3 +268,27 @@ def cli_err(cluster: Cluster, *args: str) -> str:
     )
     assert result.returncode == 0, result.stderr.decode()
     return result.stderr.decode()
+
+
+def test_an_unreplicated_partition_moves_too(tmp_path: Path) -> None:
+    """Factor 1 (every `sluice up` topic by default): the partition is replicated to the new broker for
+    the move only, then served there alone, with every record, and deleted from the old one."""
+    with cluster_of(tmp_path) as cluster:
+        until(lambda: len(alive_brokers(cluster)) == 3, "three brokers registered")
+        with Client(cluster.coordinator.address) as client:
+            client.admin.create_topic("solo", 1, replication_factor=1)
+            old = describe(cluster, "solo", 0).broker_id
+            with client.producer("solo") as producer:
+                for f in [producer.send(b"s%03d" % i) for i in range(100)]:
+                    f.result(timeout=30)
+            cluster.start_broker(3)
+            until(lambda: 3 in alive_brokers(cluster), "broker 3 registered")
+            client.admin.reassign_partitions({("solo", 0): [3]})
+            until(lambda: not describe(cluster, "solo", 0).removing_replicas, "the move to complete")
+            state = describe(cluster, "solo", 0)
+            assert (list(state.replicas), state.broker_id, list(state.isr)) == ([3], 3, [3])
+            until(lambda: not (cluster.data / f"b{old}" / "solo-0").exists(), "the old copy deleted")
+            with client.producer("solo") as producer:
+                producer.send(b"after").result(timeout=30)
+        got = consume_all(cluster.coordinator.address, "solo", 0, 101)
+        assert got == [b"s%03d" % i for i in range(100)] + [b"after"]
