@@ -56,12 +56,18 @@ def run_reassign(args: argparse.Namespace) -> int:
     if sum(modes) != 1:
         raise UsageError("give exactly one of --replicas, --plan, --rebalance, --drain or --status")
     throttle = parse_size(args.throttle)
+    # A plan given whole is checked before connecting: a usage error never waits for a cluster.
+    given = _given_plan(args)
     with connect(args) as client:
         if args.status:
             return _status(client.admin.list_topics(), args.format)
-        snap = client.metadata(refresh=True)
-        live = sorted(b.broker_id for b in snap.brokers.values() if b.alive)
-        plan = _plan(args, list(snap.topics.values()), live)
+        if given is not None:
+            plan = given
+        else:
+            snap = client.metadata(refresh=True)
+            live = sorted(b.broker_id for b in snap.brokers.values() if b.alive)
+            topics = [t for t in snap.topics.values() if not args.name or t.name == args.name]
+            plan = rebalance_plan(topics, live) if args.rebalance else drain_plan(topics, live, args.drain)
         if args.dry_run or not plan:
             _print_json(plan_to_json(plan))
             if not plan:
@@ -75,7 +81,8 @@ def run_reassign(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(args: argparse.Namespace, topics: list[Any], live: list[int]) -> Plan:
+def _given_plan(args: argparse.Namespace) -> Plan | None:
+    """The plan of ``--replicas`` or ``--plan FILE``; None for the modes that compute one."""
     if args.replicas:
         if not args.name or args.partition is None:
             raise UsageError("--replicas needs TOPIC and --partition")
@@ -88,11 +95,7 @@ def _plan(args: argparse.Namespace, topics: list[Any], live: list[int]) -> Plan:
         return {(args.name, args.partition): replicas}
     if args.plan is not None:
         return parse_plan(args.plan.read_text(encoding="utf-8"))
-    if args.name:
-        topics = [t for t in topics if t.name == args.name]
-    if args.rebalance:
-        return rebalance_plan(topics, live)
-    return drain_plan(topics, live, args.drain)
+    return None
 
 
 def _status(topics: list[Any], fmt: str) -> int:
