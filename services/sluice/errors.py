@@ -423,4 +423,10 @@ class IneligibleReplica(SluiceError):
 
     code = common_pb2.INELIGIBLE_REPLICA
     retriable = True
+
+
+class ReassignmentInProgress(SluiceError):
+    """A reassignment names a partition whose previous reassignment has not completed yet."""
+
+    code = common_pb2.REASSIGNMENT_IN_PROGRESS
     grpc_status = "FAILED_PRECONDITION"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -44,6 +45,7 @@ from sluice.broker.flusher import Flusher, FlushPolicy
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.log.truncation import divergence_offset
+from sluice.broker.replica_throttle import Throttle
 from sluice.broker.replica_wire import ReplicaWire
 from sluice.common.backoff import Backoff
 from sluice.common.list_offsets import RetryBound, list_offsets
@@ -82,6 +84,8 @@ class Followed:
     parked: bool = False
     #: The leader's HW from its last answer (-1: none yet).
     leader_hw: int = -1
+    #: A reassignment's replication throttle while this broker is outside the ISR; None: unthrottled.
+    throttle: Throttle | None = None
 
 
 if TYPE_CHECKING:
@@ -117,6 +121,8 @@ class LeaderFetcher:
         self._task: asyncio.Task[None] | None = None
         #: Fetch answers applied (tests wait on progress with it).
         self.rounds = 0
+        #: The timer that wakes the loop when a throttled partition may fetch again.
+        self._wake: asyncio.TimerHandle | None = None
 
     def set_partitions(
         self, wanted: Mapping[TopicPartitionKey, tuple[PartitionAssignment, PartitionLog]]
@@ -134,9 +140,28 @@ class LeaderFetcher:
             else:
                 current.assignment = item
                 current.parked = False
+            self._set_throttle(self.partitions[key], item)
         self._changed.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"replica-fetcher-{self.leader_id}")
+
+    def _set_throttle(self, followed: Followed, item: PartitionAssignment) -> None:
+        rate = item.throttle_bytes_per_second if self._broker_id not in item.isr else 0
+        if rate <= 0:
+            followed.throttle = None
+        elif followed.throttle is None or followed.throttle.rate != rate:
+            followed.throttle = Throttle(rate, time.monotonic())
+
+    def _throttled_out(self, candidates: Mapping[TopicPartitionKey, Followed]) -> set[TopicPartitionKey]:
+        """Partitions whose throttle bucket is empty now; a timer wakes the loop when the first refills."""
+        now = time.monotonic()
+        out = {k for k, f in candidates.items() if f.throttle is not None and f.throttle.allowance(now) == 0}
+        if out:
+            wait = min(t.wait_s(now) for k in out if (t := candidates[k].throttle) is not None)
+            if self._wake is not None:
+                self._wake.cancel()
+            self._wake = asyncio.get_running_loop().call_later(max(wait, 0.001), self._changed.set)
+        return out
 
     def _park(self, followed: Followed) -> None:
         """Leave a partition out for a while after an error. Not until the next update: the error may be
@@ -152,6 +177,8 @@ class LeaderFetcher:
         asyncio.get_running_loop().call_later(PARK_S, unpark)
 
     async def stop(self) -> None:
+        if self._wake is not None:
+            self._wake.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -218,7 +245,9 @@ class LeaderFetcher:
             for key, followed in list(self.partitions.items()):
                 if followed.truncate and not followed.parked:
                     await self._truncate(address, key, followed)
-            active = {k: f for k, f in self.partitions.items() if not f.parked and not f.truncate}
+            ready = {k: f for k, f in self.partitions.items() if not f.parked and not f.truncate}
+            waiting = self._throttled_out(ready)
+            active = {k: f for k, f in ready.items() if k not in waiting}
             if not active:
                 await self._changed.wait()
                 continue
@@ -239,6 +268,7 @@ class LeaderFetcher:
 
     def _request(self, active: Mapping[TopicPartitionKey, Followed]) -> broker_pb2.FetchRequest:
         report_flushed = self._flusher.policy is FlushPolicy.ALWAYS
+        now = time.monotonic()
         return broker_pb2.FetchRequest(
             max_wait_ms=FETCH_MAX_WAIT_MS,
             min_bytes=1,
@@ -249,7 +279,9 @@ class LeaderFetcher:
                     topic=key[0],
                     partition=key[1],
                     fetch_offset=f.log.log_end_offset,
-                    partition_max_bytes=PARTITION_MAX_BYTES,
+                    partition_max_bytes=PARTITION_MAX_BYTES
+                    if f.throttle is None
+                    else min(PARTITION_MAX_BYTES, f.throttle.allowance(now)),
                     current_leader_epoch=f.assignment.leader_epoch,
                     replica_flushed_offset=f.log.flushed_offset if report_flushed else -1,
                 )
@@ -277,6 +309,8 @@ class LeaderFetcher:
                 self._park(followed)
                 continue
             followed.leader_hw = part.high_watermark
+            if followed.throttle is not None and part.records:
+                followed.throttle.spend(len(part.records), time.monotonic())
             if part.records:
                 try:
                     followed.log.append_replicated(part.records)

@@ -21,10 +21,13 @@ from sluice.broker.roles import EpochMark
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
 from sluice.server.context import ANONYMOUS, GRPC, Operation, RequestContext
 
-__all__ = ["EARLIEST", "LATEST", "ReplicaSteps"]
+__all__ = ["EARLIEST", "LATEST", "LOG_END", "ReplicaSteps"]
 
 EARLIEST = -2
 LATEST = -1
+#: The leader's log end offset (above the high watermark while followers catch up): for operators
+#: (``sluice topic describe``), never a position a consumer is given.
+LOG_END = -3
 
 _DEFAULT_CONTEXT = RequestContext(ANONYMOUS, GRPC)
 
@@ -109,6 +112,8 @@ class ReplicaSteps:
             plog = self.registry.lookup(q.topic, q.partition)
             if q.timestamp == EARLIEST:
                 return OffsetAnswer(q.topic, q.partition, None, plog.log_start_offset)
+            if q.timestamp == LOG_END:
+                return OffsetAnswer(q.topic, q.partition, None, plog.log_end_offset)
             view = self.leaders.views.get((q.topic, q.partition))
             if view is not None and (error := latest_not_available((q.topic, q.partition), view)) is not None:
                 raise error  # a new leader catching up: its latest may be below what the old one said
@@ -117,7 +122,7 @@ class ReplicaSteps:
                 return OffsetAnswer(q.topic, q.partition, None, hw)
             if q.timestamp < 0:
                 raise InvalidArgument(
-                    f"timestamp must be -2 (earliest), -1 (latest) or >= 0, got {q.timestamp}"
+                    f"timestamp must be -3 (log end), -2 (earliest), -1 (latest) or >= 0, got {q.timestamp}"
                 )
             found = plog.offset_for_timestamp(q.timestamp)
             if found is None or found[0] >= hw:

@@ -51,6 +51,7 @@ def _assignment(a: broker_pb2.PartitionAssignment) -> PartitionAssignment:
         replicas=tuple(a.replicas),
         isr=tuple(a.isr),
         min_insync_replicas=a.min_insync_replicas or 1,
+        throttle_bytes_per_second=max(0, a.throttle_bytes_per_second),
     )
 
 

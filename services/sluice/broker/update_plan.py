@@ -63,6 +63,8 @@ class PartitionAssignment:
     replicas: tuple[int, ...] = ()
     isr: tuple[int, ...] = ()
     min_insync_replicas: int = 1
+    #: A reassignment's replication throttle (bytes/s, 0: none) for followers outside the ISR.
+    throttle_bytes_per_second: int = 0
 
     @property
     def key(self) -> TopicPartitionKey:

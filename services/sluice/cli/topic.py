@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from sluice.cli import reassign
 from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
 from sluice.cli.output import collect_pairs, key_value
@@ -94,6 +95,7 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     elect.add_argument("name", metavar="TOPIC", nargs="?", help="one topic (default: every topic)")
     _add_format(elect)
     elect.set_defaults(run=run_elect_leaders, parser=elect)
+    reassign.add_parser(actions, common)
 
     delete = actions.add_parser("delete", help="delete a topic and its data", parents=[common])
     delete.add_argument("name", metavar="NAME")
@@ -137,6 +139,8 @@ def topic_to_dict(info: Any) -> dict[str, Any]:
                 "isr": list(p.isr),
                 "elr": list(p.elr),
                 "leader_epoch": p.leader_epoch,
+                "adding_replicas": list(p.adding_replicas),
+                "removing_replicas": list(p.removing_replicas),
                 "dispatcher_id": p.dispatcher_id or None,
             }
             for p in info.partitions
@@ -232,22 +236,34 @@ def run_describe(args: argparse.Namespace) -> int:
     with connect(args) as client:
         info = client.admin.describe_topic(args.name)
         doc = topic_to_dict(info)
-        # Offsets come from the brokers; a broker that is down must not hide the
-        # placement the coordinator knows, so they are best effort.
+        # Offsets come from the leaders (ListOffsets); a broker that is down must not hide the placement
+        # the coordinator knows, so they are best effort.
         offsets_error = None
         try:
             start = client.list_offsets(info.name, "earliest")
-            end = client.list_offsets(info.name, "latest")
+            hw = client.list_offsets(info.name, "latest")
+            leo = client.list_offsets(info.name, "log_end")
         except SluiceError as exc:
-            offsets_error, start, end = str(exc), {}, {}
+            offsets_error, start, hw, leo = str(exc), {}, {}, {}
     for part in doc["partitions"]:
         part["log_start_offset"] = start.get(part["partition"])
-        part["end_offset"] = end.get(part["partition"])
+        # The high watermark (what consumers may read), under its old name too: scripts reading
+        # end_offset keep working. log_end_offset is the leader's log end (above the HW while followers
+        # catch up).
+        part["high_watermark"] = part["end_offset"] = hw.get(part["partition"])
+        part["log_end_offset"] = leo.get(part["partition"])
     if args.format == "json":
         if offsets_error:
             doc["offsets_error"] = offsets_error
         _print_json(doc)
         return 0
+    _print_describe(doc)
+    if offsets_error:
+        print(f"(offsets unavailable: {offsets_error})")
+    return 0
+
+
+def _print_describe(doc: dict[str, Any]) -> None:
     config = " ".join(f"{k}={v}" for k, v in sorted(doc["config"].items()) if v) or "(broker defaults)"
     print(f"Topic:      {doc['name']}")
     print(f"Id:         {doc['topic_id']}")
@@ -257,28 +273,31 @@ def run_describe(args: argparse.Namespace) -> int:
         f"leader election {'on' if doc['unclean_leader_election'] else 'off'})"
     )
     print(f"Config:     {config}")
-    # END is the leader's log end; the high watermark (what consumers may read) comes from the brokers
-    # once followers replicate (docs/replication.md), and gets its own column then.
-    rows = [("PARTITION", "LEADER", "REPLICAS", "ISR", "EPOCH", "DISPATCHER", "START", "END")]
+    moving = any(p["adding_replicas"] or p["removing_replicas"] for p in doc["partitions"])
+    header = ("PARTITION", "LEADER", "REPLICAS", "ISR", "EPOCH", "DISPATCHER", "START", "HW", "LEO")
+    rows: list[tuple[str, ...]] = [(*header, "ADDING", "REMOVING") if moving else header]
     for part in doc["partitions"]:
-        rows.append(
-            (
-                str(part["partition"]),
-                str(part["leader"]) if part["leader"] >= 0 else "none",
-                ",".join(map(str, part["replicas"])),
-                ",".join(map(str, part["isr"])),
-                str(part["leader_epoch"]),
-                part["dispatcher_id"] or "-",
-                _opt(part["log_start_offset"]),
-                _opt(part["end_offset"]),
-            )
+        row: tuple[str, ...] = (
+            str(part["partition"]),
+            str(part["leader"]) if part["leader"] >= 0 else "none",
+            ",".join(map(str, part["replicas"])),
+            ",".join(map(str, part["isr"])),
+            str(part["leader_epoch"]),
+            part["dispatcher_id"] or "-",
+            _opt(part["log_start_offset"]),
+            _opt(part["high_watermark"]),
+            _opt(part["log_end_offset"]),
         )
+        if moving:
+            row = (
+                *row,
+                ",".join(map(str, part["adding_replicas"])) or "-",
+                ",".join(map(str, part["removing_replicas"])) or "-",
+            )
+        rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    if offsets_error:
-        print(f"(offsets unavailable: {offsets_error})")
-    return 0
 
 
 def _opt(value: int | None) -> str:

@@ -248,6 +248,35 @@ class Admin:
             self._metadata.invalidate(name)
         return _unacknowledged(resp.unacknowledged)
 
+    def reassign_partitions(
+        self, plan: Mapping[tuple[str, int], Sequence[int]], *, throttle_bytes_per_second: int = 0
+    ) -> list[TopicInfo]:
+        """Move partitions' replicas: ``plan`` maps (topic, partition) to its target replicas in preference
+        order (as many as the topic's replication factor). The new replicas catch up as followers (each
+        fetching at most ``throttle_bytes_per_second``, 0: unthrottled), and once all are in sync the
+        replica list becomes the target and the replicas left out are deleted. Returns at once with the
+        started states: progress shows in ``describe_topic`` (``adding_replicas``, ``removing_replicas``).
+
+        All or none. Raises UnknownTopicOrPartition, InvalidArgument, InvalidReplicationFactor (a target
+        of another size), BrokerNotAvailable (a target broker not live) and ReassignmentInProgress.
+        docs/replication.md, "Reassignment"."""
+        if isinstance(throttle_bytes_per_second, bool) or not isinstance(throttle_bytes_per_second, int):
+            raise InvalidArgument(
+                f"throttle_bytes_per_second must be an integer, got {throttle_bytes_per_second!r}"
+            )
+        request = coordinator_pb2.ReassignPartitionsRequest(
+            throttle_bytes_per_second=throttle_bytes_per_second
+        )
+        for (topic, partition), replicas in plan.items():
+            validate_topic(topic)
+            request.reassignments.add(topic=topic, partition=partition, replicas=list(replicas))
+        try:
+            resp = call(self._metadata.coordinator_stub().ReassignPartitions, request, self._timeout)
+        finally:
+            for topic, _ in plan:
+                self._metadata.invalidate(topic)
+        return [TopicInfo.from_proto(t) for t in resp.topics]
+
     # ---- consumer groups ------------------------------------------------------------------------
 
     def list_groups(self) -> list[GroupSummary]:

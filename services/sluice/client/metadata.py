@@ -54,6 +54,10 @@ class PartitionInfo:
     leader_epoch: int = 0
     partition_epoch: int = 0
     elr: tuple[int, ...] = ()
+    #: A reassignment in progress: replicas being added (catching up) and replicas leaving after.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
+    throttle_bytes_per_second: int = 0
 
     @classmethod
     def from_proto(cls, p: coordinator_pb2.PartitionDescription) -> PartitionInfo:
@@ -67,6 +71,9 @@ class PartitionInfo:
             p.leader_epoch,
             p.partition_epoch,
             tuple(p.elr),
+            tuple(p.adding_replicas),
+            tuple(p.removing_replicas),
+            p.throttle_bytes_per_second,
         )
 
 

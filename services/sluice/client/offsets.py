@@ -13,11 +13,12 @@ from sluice.common import list_offsets as planner
 from sluice.common.peers import Peers, RefreshGate, is_routing
 from sluice.errors import InvalidArgument, RequestTimedOut, UnknownTopicOrPartition
 
-__all__ = ["EARLIEST", "LATEST", "OffsetSpec", "list_offsets", "spec_to_timestamp"]
+__all__ = ["EARLIEST", "LATEST", "LOG_END", "OffsetSpec", "list_offsets", "spec_to_timestamp"]
 
 EARLIEST = planner.EARLIEST
 LATEST = planner.LATEST
-#: "earliest", "latest" or a timestamp in ms.
+LOG_END = planner.LOG_END
+#: "earliest", "latest", "log_end" or a timestamp in ms.
 OffsetSpec = str | int
 
 
@@ -27,9 +28,13 @@ def spec_to_timestamp(spec: OffsetSpec) -> int:
         return EARLIEST
     if spec == "latest":
         return LATEST
+    if spec == "log_end":
+        return LOG_END
     if isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
         return spec
-    raise InvalidArgument(f"offset spec must be 'earliest', 'latest' or a timestamp in ms >= 0, got {spec!r}")
+    raise InvalidArgument(
+        f"offset spec must be 'earliest', 'latest', 'log_end' or a timestamp in ms >= 0, got {spec!r}"
+    )
 
 
 def list_offsets(

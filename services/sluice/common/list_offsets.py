@@ -33,6 +33,7 @@ from sluice.v1 import broker_pb2, broker_pb2_grpc
 __all__ = [
     "EARLIEST",
     "LATEST",
+    "LOG_END",
     "OFFLOAD_MIN",
     "LeaderOf",
     "ListOffsetsPlan",
@@ -45,9 +46,11 @@ __all__ = [
     "plan",
 ]
 
-#: ListOffsets' sentinel timestamps (broker.proto).
+#: ListOffsets' sentinel timestamps (broker.proto). LATEST is the high watermark (what consumers may
+#: read); LOG_END the leader's log end offset, above it while followers catch up (``topic describe``).
 EARLIEST = -2
 LATEST = -1
+LOG_END = -3
 
 TopicPartition = tuple[str, int]
 #: The gRPC address of the live broker leading ``(topic, partition)``, or None when none is known.

@@ -83,6 +83,9 @@ def _partition_to_proto(p: PartitionView) -> coordinator_pb2.PartitionDescriptio
         leader_epoch=state.leader_epoch,
         partition_epoch=state.partition_epoch,
         elr=state.elr,
+        adding_replicas=state.adding,
+        removing_replicas=state.removing,
+        throttle_bytes_per_second=state.throttle,
     )
 
 
@@ -115,6 +118,7 @@ def _assignment(ref: PartitionRef) -> broker_pb2.PartitionAssignment:
         out.partition_epoch = ref.state.partition_epoch
         out.replicas.extend(ref.state.replicas)
         out.isr.extend(ref.state.isr)
+        out.throttle_bytes_per_second = ref.state.throttle
     return out
 
 

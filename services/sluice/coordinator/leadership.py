@@ -21,8 +21,8 @@ from sluice.coordinator.cluster.leadership import (
     shut_down_broker,
 )
 from sluice.coordinator.cluster.replication import PartitionState
+from sluice.coordinator.reassignments import CoordinatorReassignments
 from sluice.coordinator.records import Result
-from sluice.coordinator.timers import CoordinatorTimers
 from sluice.coordinator.topic_acks import wait_for_brokers
 from sluice.errors import FencedMemberEpoch, IneligibleReplica, SluiceError, UnknownMember
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 REBALANCE_DEBOUNCE_S = 0.2
 
 
-class CoordinatorLeadership(CoordinatorTimers):
+class CoordinatorLeadership(CoordinatorReassignments):
     """Controlled shutdown and preferred leaders (the service is the next class in the chain)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -69,6 +69,8 @@ class CoordinatorLeadership(CoordinatorTimers):
                 result.state.partition_epoch,
                 proposal.leader_id,
             )
+        if result.state.reassigning:
+            await self._complete_reassignment(proposal.topic, proposal.partition)
         return result.state
 
     # ---- controlled shutdown -----------------------------------------------------------------------

@@ -35,6 +35,7 @@ class CoordinatorMetrics:
     partitions: Gauge
     partitions_under_replicated: Gauge
     partitions_offline: Gauge
+    partitions_reassigning: Gauge
     metadata_version: Gauge
     epoch: Gauge
     broker_updates: Counter
@@ -62,6 +63,7 @@ class CoordinatorMetrics:
         under, offline = self.replica_health.count(cluster.topics)
         self.partitions_under_replicated.set(under)
         self.partitions_offline.set(offline)
+        self.partitions_reassigning.set(self.replica_health.reassigning)
         self.metadata_version.set(cluster.metadata_version)
 
     def refresh_groups(self, groups: GroupsState, known: set[str], selected: Iterable[str]) -> set[str]:
@@ -148,6 +150,9 @@ class CoordinatorMetrics:
         self.broker_updates.labels("ok" if ok else "failed").inc()
 
 
+#: The ``kind`` values of ``sluice_coordinator_leader_elections_total`` (timers.py counts them).
+ELECTION_KINDS = ("clean", "unclean", "offline")
+
 _metrics: CoordinatorMetrics | None = None
 _lock = Lock()
 
@@ -172,6 +177,9 @@ def coordinator_metrics() -> CoordinatorMetrics:
                     "Partitions whose in-sync replicas are fewer than their replicas",
                 ),
                 partitions_offline=Gauge(f"{p}_partitions_offline", "Partitions without a leader"),
+                partitions_reassigning=Gauge(
+                    f"{p}_partitions_reassigning", "Partitions with a reassignment in progress"
+                ),
                 metadata_version=Gauge(f"{p}_metadata_version", "Current cluster metadata version"),
                 epoch=Gauge(f"{p}_epoch", "This coordinator's epoch (its fencing token in Redis)"),
                 broker_updates=Counter(
@@ -224,4 +232,8 @@ def coordinator_metrics() -> CoordinatorMetrics:
                     ["group", "track", "topic", "partition"],
                 ),
             )
+            # Every kind exported from the start at 0: the dashboards' rates and the unclean-election
+            # alert's increase() see the first election (a series born at 1 has no increase to show).
+            for kind in ELECTION_KINDS:
+                _metrics.leader_elections.labels(kind)
         return _metrics

@@ -122,6 +122,7 @@ class CoordinatorService(CoordinatorLeadership):
                 frozenset(self.cluster.topics),
                 lambda ops: self._store.write(self._epoch, (), ops),
             )
+        await self._complete_pending_reassignments()
         await self._stop_timers()  # a re-election: fresh timers for the new term
         loop = asyncio.get_running_loop()
         self._timer = loop.create_task(self._expiry_loop(), name="coordinator-expiry")

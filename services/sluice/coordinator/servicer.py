@@ -12,6 +12,7 @@ from typing import Any
 from grpc import aio
 
 from sluice.coordinator.cluster.isr import IsrProposal
+from sluice.coordinator.cluster.reassign import Reassignment
 from sluice.coordinator.convert import (
     broker_update_to_proto,
     describe_group_to_proto,
@@ -187,6 +188,16 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         elected = await self._service.elect_leaders(tuple(request.topics))
         return pb.ElectLeadersResponse(
             elected=[pb.LedPartition(topic=t, partition=p, leader=b) for t, p, b in elected]
+        )
+
+    async def ReassignPartitions(
+        self, request: pb.ReassignPartitionsRequest, context: Context
+    ) -> pb.ReassignPartitionsResponse:
+        wanted = [Reassignment(r.topic, r.partition, tuple(r.replicas)) for r in request.reassignments]
+        await self._service.reassign_partitions(wanted, request.throttle_bytes_per_second)
+        topics = sorted({r.topic for r in wanted})
+        return pb.ReassignPartitionsResponse(
+            topics=[topic_to_proto(self._service.describe_topic(t)) for t in topics]
         )
 
     # ---- consumer groups ---------------------------------------------------------------------------

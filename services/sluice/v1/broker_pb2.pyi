@@ -477,7 +477,9 @@ class ListOffsetsPartition(_message.Message):
     topic: _builtins.str
     partition: _builtins.int
     timestamp: _builtins.int
-    """-2: earliest, -1: latest (the high watermark), >= 0: the first offset
+    """-3: the leader's log end offset (operators only: above the high watermark
+    while followers catch up), -2: earliest, -1: latest (the high watermark),
+    >= 0: the first offset
     whose timestamp is >= this value in ms (latest if none).
     """
     def __init__(
@@ -561,6 +563,7 @@ class PartitionAssignment(_message.Message):
     REPLICAS_FIELD_NUMBER: _builtins.int
     ISR_FIELD_NUMBER: _builtins.int
     MIN_INSYNC_REPLICAS_FIELD_NUMBER: _builtins.int
+    THROTTLE_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     topic_id: _builtins.str
     """Distinguishes a topic from a deleted one of the same name."""
@@ -579,6 +582,10 @@ class PartitionAssignment(_message.Message):
     """Bumped at every change of the partition's state (leader, ISR, replicas)."""
     min_insync_replicas: _builtins.int
     """The topic's min.insync.replicas (for acks=all, later steps); 0: 1."""
+    throttle_bytes_per_second: _builtins.int
+    """A reassignment's replication throttle in bytes/s (0: none): a follower of
+    this partition outside the ISR fetches it at most this fast.
+    """
     @_builtins.property
     def config(self) -> Global___TopicConfig: ...
     @_builtins.property
@@ -600,10 +607,11 @@ class PartitionAssignment(_message.Message):
         replicas: _abc.Iterable[_builtins.int] | None = ...,
         isr: _abc.Iterable[_builtins.int] | None = ...,
         min_insync_replicas: _builtins.int = ...,
+        throttle_bytes_per_second: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "isr", b"isr", "leader", b"leader", "leader_epoch", b"leader_epoch", "min_insync_replicas", b"min_insync_replicas", "partition", b"partition", "partition_epoch", b"partition_epoch", "replicas", b"replicas", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "isr", b"isr", "leader", b"leader", "leader_epoch", b"leader_epoch", "min_insync_replicas", b"min_insync_replicas", "partition", b"partition", "partition_epoch", b"partition_epoch", "replicas", b"replicas", "throttle_bytes_per_second", b"throttle_bytes_per_second", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -124,6 +124,10 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
     while the new leader's HW is still below the start of its epoch: retriable until the HW catches up.
     """
+    REASSIGNMENT_IN_PROGRESS: _ErrorCode.ValueType  # 85
+    """A reassignment names a partition that is being reassigned already: wait until it completes
+    (`sluice topic reassign --status`), then reassign it again.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -230,6 +234,10 @@ OFFSET_NOT_AVAILABLE: ErrorCode.ValueType  # 90
 """Consumers across a failover (KIP-320, docs/replication.md). An offset above the new leader's
 high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
 while the new leader's HW is still below the start of its epoch: retriable until the HW catches up.
+"""
+REASSIGNMENT_IN_PROGRESS: ErrorCode.ValueType  # 85
+"""A reassignment names a partition that is being reassigned already: wait until it completes
+(`sluice topic reassign --status`), then reassign it again.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 

@@ -633,12 +633,17 @@ class PartitionDescription(_message.Message):
     LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     PARTITION_EPOCH_FIELD_NUMBER: _builtins.int
     ELR_FIELD_NUMBER: _builtins.int
+    ADDING_REPLICAS_FIELD_NUMBER: _builtins.int
+    REMOVING_REPLICAS_FIELD_NUMBER: _builtins.int
+    THROTTLE_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     broker_id: _builtins.int
     """The leader (clients route produce and fetch here); -1: offline."""
     dispatcher_id: _builtins.str
     leader_epoch: _builtins.int
     partition_epoch: _builtins.int
+    throttle_bytes_per_second: _builtins.int
+    """The reassignment's replication throttle in bytes/s (0: none)."""
     @_builtins.property
     def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Preference order; the first is the preferred leader. Empty: the
@@ -652,6 +657,14 @@ class PartitionDescription(_message.Message):
     def elr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Eligible leader replicas (KIP-966)."""
 
+    @_builtins.property
+    def adding_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """A reassignment in progress: replicas being added (catching up, not yet
+        all in the ISR) and replicas that leave once they have.
+        """
+
+    @_builtins.property
+    def removing_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -663,10 +676,13 @@ class PartitionDescription(_message.Message):
         leader_epoch: _builtins.int = ...,
         partition_epoch: _builtins.int = ...,
         elr: _abc.Iterable[_builtins.int] | None = ...,
+        adding_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        removing_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        throttle_bytes_per_second: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "dispatcher_id", b"dispatcher_id", "elr", b"elr", "isr", b"isr", "leader_epoch", b"leader_epoch", "partition", b"partition", "partition_epoch", b"partition_epoch", "replicas", b"replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "broker_id", b"broker_id", "dispatcher_id", b"dispatcher_id", "elr", b"elr", "isr", b"isr", "leader_epoch", b"leader_epoch", "partition", b"partition", "partition_epoch", b"partition_epoch", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "throttle_bytes_per_second", b"throttle_bytes_per_second"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -996,6 +1012,84 @@ class ElectLeadersResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ElectLeadersResponse: _TypeAlias = ElectLeadersResponse  # noqa: Y015
+
+@_typing.final
+class PartitionReassignment(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The target replicas in preference order (the first is the preferred leader),
+        distinct live brokers, as many as the topic's replication factor.
+        """
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        replicas: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "replicas", b"replicas", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionReassignment: _TypeAlias = PartitionReassignment  # noqa: Y015
+
+@_typing.final
+class ReassignPartitionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASSIGNMENTS_FIELD_NUMBER: _builtins.int
+    THROTTLE_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    throttle_bytes_per_second: _builtins.int
+    """The bytes/s the new replicas of these partitions may fetch each (0: unthrottled)."""
+    @_builtins.property
+    def reassignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionReassignment]: ...
+    def __init__(
+        self,
+        *,
+        reassignments: _abc.Iterable[Global___PartitionReassignment] | None = ...,
+        throttle_bytes_per_second: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reassignments", b"reassignments", "throttle_bytes_per_second", b"throttle_bytes_per_second"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReassignPartitionsRequest: _TypeAlias = ReassignPartitionsRequest  # noqa: Y015
+
+@_typing.final
+class ReassignPartitionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicDescription]:
+        """The partitions' states as the reassignment started them (or finished them,
+        when the target was already the replica list).
+        """
+
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[Global___TopicDescription] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReassignPartitionsResponse: _TypeAlias = ReassignPartitionsResponse  # noqa: Y015
 
 @_typing.final
 class AlterPartitionResponse(_message.Message):

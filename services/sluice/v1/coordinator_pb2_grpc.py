@@ -106,6 +106,11 @@ class CoordinatorStub:
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.ElectLeadersRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_coordinator__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
+        self.ReassignPartitions = channel.unary_unary(
+                '/sluice.v1.Coordinator/ReassignPartitions',
+                request_serializer=sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/sluice.v1.Coordinator/Heartbeat',
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatRequest.SerializeToString,
@@ -251,6 +256,16 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReassignPartitions(self, request, context):
+        """Moves partitions' replicas to other brokers while serving (docs/replication.md, "Reassignment"):
+        the new replicas are added as followers, and once every one of them is in the ISR the replica
+        list becomes the target and the replicas left out are removed (their data deleted). Answers once
+        the reassignments have started; progress shows in DescribeTopic (adding/removing replicas).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Heartbeat(self, request, context):
         """Consumer groups (server-side assignment, KIP-848 style).
         """
@@ -374,6 +389,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ElectLeaders,
                     request_deserializer=sluice_dot_v1_dot_coordinator__pb2.ElectLeadersRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_coordinator__pb2.ElectLeadersResponse.SerializeToString,
+            ),
+            'ReassignPartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReassignPartitions,
+                    request_deserializer=sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -791,6 +811,33 @@ class Coordinator:
             '/sluice.v1.Coordinator/ElectLeaders',
             sluice_dot_v1_dot_coordinator__pb2.ElectLeadersRequest.SerializeToString,
             sluice_dot_v1_dot_coordinator__pb2.ElectLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReassignPartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Coordinator/ReassignPartitions',
+            sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsRequest.SerializeToString,
+            sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -74,6 +74,12 @@ class CoordinatorStub:
     """Preferred leaders on demand: every partition of `topics` (all when empty) whose first replica
     is live and in sync gets it back as leader (docs/replication.md, "Preferred leaders").
     """
+    ReassignPartitions: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.ReassignPartitionsRequest, _coordinator_pb2.ReassignPartitionsResponse]
+    """Moves partitions' replicas to other brokers while serving (docs/replication.md, "Reassignment"):
+    the new replicas are added as followers, and once every one of them is in the ISR the replica
+    list becomes the target and the replicas left out are removed (their data deleted). Answers once
+    the reassignments have started; progress shows in DescribeTopic (adding/removing replicas).
+    """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]
     """Consumer groups (server-side assignment, KIP-848 style)."""
     ConsumerGroupStream: _grpc.StreamStreamMultiCallable[_coordinator_pb2.GroupStreamRequest, _coordinator_pb2.GroupStreamResponse]
@@ -138,6 +144,12 @@ class CoordinatorAsyncStub(CoordinatorStub):
     ElectLeaders: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ElectLeadersRequest, _coordinator_pb2.ElectLeadersResponse]  # type: ignore[assignment]
     """Preferred leaders on demand: every partition of `topics` (all when empty) whose first replica
     is live and in sync gets it back as leader (docs/replication.md, "Preferred leaders").
+    """
+    ReassignPartitions: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.ReassignPartitionsRequest, _coordinator_pb2.ReassignPartitionsResponse]  # type: ignore[assignment]
+    """Moves partitions' replicas to other brokers while serving (docs/replication.md, "Reassignment"):
+    the new replicas are added as followers, and once every one of them is in the ISR the replica
+    list becomes the target and the replicas left out are removed (their data deleted). Answers once
+    the reassignments have started; progress shows in DescribeTopic (adding/removing replicas).
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]  # type: ignore[assignment]
     """Consumer groups (server-side assignment, KIP-848 style)."""
@@ -284,6 +296,18 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_coordinator_pb2.ElectLeadersResponse, _abc.Awaitable[_coordinator_pb2.ElectLeadersResponse]]:
         """Preferred leaders on demand: every partition of `topics` (all when empty) whose first replica
         is live and in sync gets it back as leader (docs/replication.md, "Preferred leaders").
+        """
+
+    @_abc_1.abstractmethod
+    def ReassignPartitions(
+        self,
+        request: _coordinator_pb2.ReassignPartitionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.ReassignPartitionsResponse, _abc.Awaitable[_coordinator_pb2.ReassignPartitionsResponse]]:
+        """Moves partitions' replicas to other brokers while serving (docs/replication.md, "Reassignment"):
+        the new replicas are added as followers, and once every one of them is in the ISR the replica
+        list becomes the target and the replicas left out are removed (their data deleted). Answers once
+        the reassignments have started; progress shows in DescribeTopic (adding/removing replicas).
         """
 
     @_abc_1.abstractmethod

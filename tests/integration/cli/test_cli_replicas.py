@@ -43,13 +43,20 @@ def test_up_with_three_brokers_places_a_factor_three_topic_on_all_of_them(tmp_pa
         text = ok(sluice(stack, "topic", "describe", "rep3"))
         assert "Replicas:   3 (min in-sync 2, unclean leader election off)" in text
         header = next(line for line in text.splitlines() if line.startswith("PARTITION"))
-        columns = ["PARTITION", "LEADER", "REPLICAS", "ISR", "EPOCH", "DISPATCHER", "START", "END"]
+        columns = ["PARTITION", "LEADER", "REPLICAS", "ISR", "EPOCH", "DISPATCHER", "START", "HW", "LEO"]
         assert header.split() == columns
 
         # Produce and consume go to each partition's leader, as before.
         ok(sluice(stack, "produce", "rep3", stdin=b"a\nb\nc\nd\n"))
         consumed = ok(sluice(stack, "consume", "rep3", "--from", "earliest", "--max", "4"))
         assert sorted(consumed.split()) == ["a", "b", "c", "d"]
+        # The high watermark and the leader's log end per partition, from the leaders (acks=all: the four
+        # records are committed, so both are at the end).
+        doc = json.loads(ok(sluice(stack, "topic", "describe", "rep3", "--format", "json")))
+        assert sum(p["high_watermark"] for p in doc["partitions"]) == 4
+        for part in doc["partitions"]:
+            assert part["high_watermark"] == part["log_end_offset"] == part["end_offset"]
+            assert (part["adding_replicas"], part["removing_replicas"]) == ([], [])
 
         # Too many replicas, and min ISR above the factor: typed errors, nothing created.
         four = sluice(stack, "topic", "create", "rep4", "--replication-factor", "4")

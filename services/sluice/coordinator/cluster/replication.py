@@ -127,6 +127,21 @@ class PartitionState:
     partition_epoch: int = 0
     isr: tuple[int, ...] = ()
     elr: tuple[int, ...] = ()
+    #: A reassignment in progress (docs/replication.md, "Reassignment"): replicas being added (followers
+    #: catching up) and replicas that leave once every added one is in the ISR. ``replicas`` holds both.
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+    #: The reassignment's replication throttle, bytes/s per added replica (0: none).
+    throttle: int = 0
+
+    @property
+    def target(self) -> tuple[int, ...]:
+        """The replicas once the reassignment in progress (if any) completes, in preference order."""
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
 
     @classmethod
     def new(cls, replicas: Sequence[int]) -> PartitionState:
@@ -143,12 +158,13 @@ class PartitionState:
             and self.leader == self.replicas[0]
             and self.isr == self.replicas
             and not self.elr
+            and not self.reassigning
             and self.leader_epoch == 0
             and self.partition_epoch == 0
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "replicas": list(self.replicas),
             "leader": self.leader,
             "leader_epoch": self.leader_epoch,
@@ -156,6 +172,12 @@ class PartitionState:
             "isr": list(self.isr),
             "elr": list(self.elr),
         }
+        # Only while reassigning, so records of every other partition stay as they were.
+        if self.reassigning:
+            out["adding"] = list(self.adding)
+            out["removing"] = list(self.removing)
+            out["throttle"] = self.throttle
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PartitionState:
@@ -166,4 +188,7 @@ class PartitionState:
             int(data.get("partition_epoch", 0)),
             tuple(int(b) for b in data.get("isr", ())),
             tuple(int(b) for b in data.get("elr", ())),
+            tuple(int(b) for b in data.get("adding", ())),
+            tuple(int(b) for b in data.get("removing", ())),
+            int(data.get("throttle", 0)),
         )

@@ -1,0 +1,132 @@
+"""``sluice topic reassign``: move partitions' replicas to other brokers while they serve.
+
+One of: ``TOPIC --partition P --replicas 3,1,2`` (one partition), ``--plan FILE`` (many; the JSON of
+``--dry-run``), ``--rebalance`` (spread every topic's replicas and preferred leaders over the live brokers:
+after adding a broker), ``--drain BROKER`` (move every replica off a broker: before removing it), or
+``--status`` (the reassignments in progress). ``--dry-run`` prints the plan instead of starting it.
+docs/replication.md, "Reassignment".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from sluice.cli.connect import connect
+from sluice.cli.errors import UsageError
+from sluice.client.reassign_plan import Plan, drain_plan, parse_plan, plan_to_json, rebalance_plan
+from sluice.common.units import parse_size
+
+__all__ = ["add_parser"]
+
+
+def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
+    reassign = actions.add_parser(
+        "reassign",
+        help="move partition replicas to other brokers (one partition, a plan file, --rebalance, --drain)",
+        parents=[common],
+    )
+    reassign.add_argument("name", metavar="TOPIC", nargs="?", help="the topic (with --partition)")
+    reassign.add_argument("--partition", "-p", type=int, help="the partition to move")
+    reassign.add_argument(
+        "--replicas", help="target brokers in preference order, comma-separated (e.g. 3,1,2)"
+    )
+    reassign.add_argument("--plan", type=Path, metavar="FILE", help="a JSON plan (the --dry-run output)")
+    reassign.add_argument(
+        "--rebalance", action="store_true", help="spread replicas and leaders over all live brokers"
+    )
+    reassign.add_argument("--drain", type=int, metavar="BROKER", help="move every replica off BROKER")
+    reassign.add_argument("--status", action="store_true", help="show the reassignments in progress")
+    reassign.add_argument(
+        "--throttle",
+        default="0",
+        metavar="RATE",
+        help="bytes/s each new replica may fetch while catching up (e.g. 10MiB; default 0: unthrottled)",
+    )
+    reassign.add_argument("--dry-run", action="store_true", help="print the plan as JSON, start nothing")
+    reassign.add_argument("--format", "-f", choices=("text", "json"), default="text", help="output format")
+    reassign.set_defaults(run=run_reassign, parser=reassign)
+
+
+def run_reassign(args: argparse.Namespace) -> int:
+    modes = [bool(args.replicas), args.plan is not None, args.rebalance, args.drain is not None, args.status]
+    if sum(modes) != 1:
+        raise UsageError("give exactly one of --replicas, --plan, --rebalance, --drain or --status")
+    throttle = parse_size(args.throttle)
+    # A plan given whole is checked before connecting: a usage error never waits for a cluster.
+    given = _given_plan(args)
+    with connect(args) as client:
+        if args.status:
+            return _status(client.admin.list_topics(), args.format)
+        if given is not None:
+            plan = given
+        else:
+            snap = client.metadata(refresh=True)
+            live = sorted(b.broker_id for b in snap.brokers.values() if b.alive)
+            topics = [t for t in snap.topics.values() if not args.name or t.name == args.name]
+            plan = rebalance_plan(topics, live) if args.rebalance else drain_plan(topics, live, args.drain)
+        if args.dry_run or not plan:
+            _print_json(plan_to_json(plan))
+            if not plan:
+                print("nothing to move", file=sys.stderr)
+            return 0
+        client.admin.reassign_partitions(plan, throttle_bytes_per_second=throttle)
+    if args.format == "json":
+        _print_json(plan_to_json(plan))
+    else:
+        print(f"Started {len(plan)} reassignment(s); follow them with `sluice topic reassign --status`.")
+    return 0
+
+
+def _given_plan(args: argparse.Namespace) -> Plan | None:
+    """The plan of ``--replicas`` or ``--plan FILE``; None for the modes that compute one."""
+    if args.replicas:
+        if not args.name or args.partition is None:
+            raise UsageError("--replicas needs TOPIC and --partition")
+        try:
+            replicas = tuple(int(b) for b in args.replicas.split(","))
+        except ValueError as exc:
+            raise UsageError(
+                f"--replicas takes broker ids separated by commas, got {args.replicas!r}"
+            ) from exc
+        return {(args.name, args.partition): replicas}
+    if args.plan is not None:
+        return parse_plan(args.plan.read_text(encoding="utf-8"))
+    return None
+
+
+def _status(topics: list[Any], fmt: str) -> int:
+    rows = [
+        {
+            "topic": t.name,
+            "partition": p.partition,
+            "replicas": list(p.replicas),
+            "isr": list(p.isr),
+            "adding": list(p.adding_replicas),
+            "removing": list(p.removing_replicas),
+            "throttle_bytes_per_second": p.throttle_bytes_per_second,
+        }
+        for t in topics
+        for p in t.partitions
+        if p.adding_replicas or p.removing_replicas
+    ]
+    if fmt == "json":
+        _print_json({"in_progress": rows})
+        return 0
+    if not rows:
+        print("No reassignment in progress.")
+        return 0
+    for r in rows:
+        waiting = [b for b in r["adding"] if b not in r["isr"]]
+        print(
+            f"{r['topic']}/{r['partition']}: adding {r['adding']} (catching up: {waiting}), removing "
+            f"{r['removing']}, throttle {r['throttle_bytes_per_second']} B/s"
+        )
+    return 0
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
