@@ -79,6 +79,7 @@ def test_recreated_topic_starts_clean_and_the_delete_leaves_nothing(
         registered = {text(k) for k in rds.hkeys(f"sluice:topic:{{{topic}}}:refs")}
         assert registered == {
             f"sluice:off:{{{group}}}:default",
+            f"sluice:off:{{{group}}}:default:le",  # the committed leader epochs (KIP-320)
             f"sluice:cur:{{{sub}}}:{topic}/0",
             f"sluice:cur:{{{sub}}}:{topic}/0:epoch",
             f"sluice:off:{{{split}}}:default",

@@ -23,7 +23,7 @@ from sluice.broker.log.producer_state import (
     ProducerStateTable,
 )
 from sluice.codec.batch import BatchHeader
-from sluice.errors import OutOfOrderSequence
+from sluice.errors import CorruptBatch, OutOfOrderSequence
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,11 @@ class PartitionProducers:
             pid = h.producer_id
             if pid == NO_PRODUCER_ID:
                 continue
+            if pid < 0 or h.producer_epoch < 0 or h.base_sequence < 0:
+                raise CorruptBatch(
+                    f"producer fields {pid}/{h.producer_epoch}/{h.base_sequence}: an idempotent batch has a "
+                    "producer id, epoch and first sequence >= 0; -1/-1/-1 without idempotence"
+                )
             idempotent += 1
             if retried.get(pid, True):
                 earlier = self.table.check(pid, h.producer_epoch, h.base_sequence, h.record_count)

@@ -63,7 +63,13 @@ async def find_group_keys(redis: Redis, keys: Keys, group: str) -> GroupKeysFoun
                         "Redis keyspace); nothing was deleted, retry"
                     )
         found = sorted(set(found))
-        offset_keys = [k for k in found if k.startswith(keys.offsets(group, ""))]
+        # The leader-epoch side hashes (``…:le``) sit beside the offsets they annotate: deleted with the
+        # group, not counted as committed offsets.
+        offset_keys = [
+            k
+            for k in found
+            if k.startswith(keys.offsets(group, "")) and not k.endswith(_LEADER_EPOCHS_SUFFIX)
+        ]
         async with redis.pipeline(transaction=False) as pipe:
             for k in offset_keys:
                 pipe.type(k)
@@ -76,6 +82,9 @@ async def find_group_keys(redis: Redis, keys: Keys, group: str) -> GroupKeysFoun
         raise StorageError(f"cannot list the keys of group {group!r}: {exc}") from exc
     topics = frozenset(f.rpartition("/")[0] for f in fields if "/" in f)
     return GroupKeysFound(tuple(found), len(fields), topics)
+
+
+_LEADER_EPOCHS_SUFFIX = Keys("p").leader_epochs("g", "t").removeprefix(Keys("p").offsets("g", "t"))
 
 
 def _text(value: bytes | str) -> str:
