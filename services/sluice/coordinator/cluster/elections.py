@@ -10,12 +10,13 @@ returns), since there is no other copy to elect. docs/replication.md, "Failover"
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.coordinator.cluster.failover import elect_leader, on_broker_gone
 from sluice.coordinator.cluster.model import MetadataChange, PartitionRef
 from sluice.coordinator.cluster.records import TopicRecord, new_cluster_record
-from sluice.coordinator.cluster.replication import NO_LEADER
+from sluice.coordinator.cluster.replication import NO_LEADER, PartitionState
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.records import Record, Result
 
@@ -34,32 +35,14 @@ class ElectionResult:
 
 def elect_after_loss(cluster: ClusterState, gone: int, now_ms: int) -> Result[ElectionResult]:
     live = cluster.live_brokers(now_ms)
-    changed_records: list[Record] = []
-    assign: dict[int, list[PartitionRef]] = {}
-    leaders: list[tuple[str, int, int]] = []
-    unclean: list[tuple[str, int]] = []
-    for record in cluster.topics.values():
-        states = list(record.states)
-        touched: list[int] = []
-        for p, state in enumerate(states):
-            if len(state.replicas) <= 1 or gone not in state.replicas:
-                continue
-            election = on_broker_gone(state, gone, live, record.replication)
-            if election.state == state:
-                continue
-            states[p] = election.state
-            touched.append(p)
-            if election.state.leader != state.leader:
-                leaders.append((record.name, p, election.state.leader))
-            if election.unclean:
-                unclean.append((record.name, p))
-        if not touched:
-            continue
-        updated: TopicRecord = dataclasses.replace(record, states=tuple(states))
-        changed_records.append(updated)
-        for broker, refs in updated.refs_by_broker(touched).items():
-            assign.setdefault(broker, []).extend(refs)
-    return election_result(cluster, changed_records, assign, leaders, unclean)
+
+    def decide(record: TopicRecord, state: PartitionState) -> tuple[PartitionState, bool] | None:
+        if len(state.replicas) <= 1 or gone not in state.replicas:
+            return None
+        election = on_broker_gone(state, gone, live, record.replication)
+        return None if election.state == state else (election.state, election.unclean)
+
+    return _elect_over(cluster, decide)
 
 
 def elect_offline(cluster: ClusterState, now_ms: int) -> Result[ElectionResult]:
@@ -68,6 +51,35 @@ def elect_offline(cluster: ClusterState, now_ms: int) -> Result[ElectionResult]:
     Caller: the coordinator when a broker registers or comes back to life, so a partition whose every
     eligible replica was gone leads again as soon as one returns. O(partitions), on those events only."""
     live = set(cluster.live_brokers(now_ms))
+
+    def decide(record: TopicRecord, state: PartitionState) -> tuple[PartitionState, bool] | None:
+        if state.leader != NO_LEADER or len(state.replicas) <= 1:
+            return None
+        config = record.replication
+        leader, isr, elr, was_unclean = elect_leader(state.replicas, state.isr, state.elr, live, config)
+        if leader == NO_LEADER:
+            return None
+        if len(isr) >= config.min_insync_replicas:
+            elr = ()
+        elected = dataclasses.replace(
+            state,
+            leader=leader,
+            isr=isr,
+            elr=elr,
+            leader_epoch=state.leader_epoch + 1,
+            partition_epoch=state.partition_epoch + 1,
+        )
+        return elected, was_unclean
+
+    return _elect_over(cluster, decide)
+
+
+def _elect_over(
+    cluster: ClusterState,
+    decide: Callable[[TopicRecord, PartitionState], tuple[PartitionState, bool] | None],
+) -> Result[ElectionResult]:
+    """Apply ``decide`` (a partition's new state and whether it was unclean, or None: unchanged) to every
+    partition, and gather the changed records, the pushes and the leader changes into one result."""
     changed_records: list[Record] = []
     assign: dict[int, list[PartitionRef]] = {}
     leaders: list[tuple[str, int, int]] = []
@@ -76,24 +88,13 @@ def elect_offline(cluster: ClusterState, now_ms: int) -> Result[ElectionResult]:
         states = list(record.states)
         touched: list[int] = []
         for p, state in enumerate(states):
-            if state.leader != NO_LEADER or len(state.replicas) <= 1:
+            decided = decide(record, state)
+            if decided is None:
                 continue
-            config = record.replication
-            leader, isr, elr, was_unclean = elect_leader(state.replicas, state.isr, state.elr, live, config)
-            if leader == NO_LEADER:
-                continue
-            if len(isr) >= config.min_insync_replicas:
-                elr = ()
-            states[p] = dataclasses.replace(
-                state,
-                leader=leader,
-                isr=isr,
-                elr=elr,
-                leader_epoch=state.leader_epoch + 1,
-                partition_epoch=state.partition_epoch + 1,
-            )
+            states[p], was_unclean = decided
             touched.append(p)
-            leaders.append((record.name, p, leader))
+            if states[p].leader != state.leader:
+                leaders.append((record.name, p, states[p].leader))
             if was_unclean:
                 unclean.append((record.name, p))
         if touched:
