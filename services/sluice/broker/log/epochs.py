@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import struct
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from pathlib import Path
 
+from sluice.broker.log.durable import replace_durably
 from sluice.broker.log.handles import storage_error
 from sluice.codec.batch import crc32c
 
@@ -117,22 +117,8 @@ class LeaderEpochCache:
             self._written = version
 
     def _write(self, data: bytes) -> None:
-        tmp = self.path.with_name(CHECKPOINT_FILE + ".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            replace_durably(self.path, data)
         except OSError as exc:
             raise storage_error(f"writing {self.path}", exc) from exc
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.broker.log.config import LogConfig
+from sluice.broker.log.durable import fsync_dir
 from sluice.broker.log.handles import DEFAULT_READ_HANDLES, ReadHandles, storage_error
 from sluice.broker.log.partition_log import PartitionLog, wall_clock_ms
 from sluice.broker.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_stem
@@ -100,15 +101,7 @@ class PartitionMeta:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, directory / META_FILE)
-        _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(directory)
 
 
 def _discard_new_dir(path: Path) -> None:
@@ -163,7 +156,7 @@ class LogManager:
                 log.warning("%s: the last shutdown was not clean: every batch is verified", self.data_dir)
             return True
         marker.unlink()
-        _fsync_dir(self.data_dir)
+        fsync_dir(self.data_dir)
         return False
 
     def _dir(self, topic: str, partition: int) -> Path:
@@ -260,7 +253,7 @@ class LogManager:
             path.mkdir(parents=True, exist_ok=True)
             if on_disk != meta:
                 meta.write(path)
-                _fsync_dir(self.data_dir)
+                fsync_dir(self.data_dir)
             plog = self._open_log(path, meta.config)
         except (OSError, StorageError) as exc:
             # All or nothing: a partition that could not be opened leaves no directory that
@@ -357,6 +350,6 @@ class LogManager:
             try:
                 with open(self.data_dir / CLEAN_SHUTDOWN_FILE, "wb") as f:
                     os.fsync(f.fileno())
-                _fsync_dir(self.data_dir)
+                fsync_dir(self.data_dir)
             except OSError as exc:
                 log.warning("could not write the clean-shutdown marker: %s", exc)

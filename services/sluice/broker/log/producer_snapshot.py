@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import struct
 from collections import deque
 from pathlib import Path
 
 import crc32c as _crc32c
 
+from sluice.broker.log.durable import replace_durably
 from sluice.broker.log.producer_state import BATCHES_KEPT, BatchMeta, ProducerEntry
 
 log = logging.getLogger(__name__)
@@ -105,15 +105,7 @@ def offsets(directory: Path) -> list[int]:
 def write(directory: Path, offset: int, entries: list[ProducerEntry]) -> Path:
     """Write a snapshot durably, then keep only the newest :data:`KEEP`."""
     target = path_for(directory, offset)
-    tmp = target.with_name(target.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        os.write(fd, encode(offset, entries))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
-    _fsync_dir(directory)
+    replace_durably(target, encode(offset, entries))
     for old in offsets(directory)[:-KEEP]:
         with contextlib.suppress(FileNotFoundError):
             path_for(directory, old).unlink()
@@ -152,11 +144,3 @@ def delete_above(directory: Path, offset: int) -> None:
         if found > offset:
             with contextlib.suppress(FileNotFoundError):
                 path_for(directory, found).unlink()
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

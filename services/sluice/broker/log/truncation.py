@@ -11,13 +11,13 @@ the log".
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sluice.broker.log.config import LogConfig
+from sluice.broker.log.durable import fsync_dir
 from sluice.broker.log.epochs import LeaderEpochCache
 from sluice.broker.log.handles import ReadHandles, storage_error
 from sluice.broker.log.producers import PartitionProducers
@@ -182,11 +182,7 @@ class EpochsAndTruncation:
 
     def _sync_dir(self) -> None:
         try:
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_dir(self.directory)
         except OSError as exc:
             raise storage_error(f"fsync of {self.directory}", exc) from exc
 

@@ -25,6 +25,7 @@ import logging
 import os
 from pathlib import Path
 
+from sluice.broker.log.durable import fsync_dir
 from sluice.broker.log.handles import storage_error
 from sluice.codec.batch import MAGIC_AT
 from sluice.codec.batch.v1 import V1_HEADER_SIZE, is_v1, upgrade_v1, v1_length
@@ -61,7 +62,7 @@ def upgrade_directory(directory: Path, stems: list[str], index_suffixes: tuple[s
             for suffix in index_suffixes:
                 (directory / f"{stem}{suffix}").unlink(missing_ok=True)
             os.replace(tmp, path)
-            _fsync_dir(directory)
+            fsync_dir(directory)
         except OSError as exc:
             raise storage_error(f"converting {path} to batch format 2", exc) from exc
         converted += 1
@@ -104,11 +105,3 @@ def _claimed_length(buf: bytes) -> int | None:
     if len(buf) < V1_HEADER_SIZE:
         return None
     return int.from_bytes(buf[_LENGTH_AT : _LENGTH_AT + 4], "little", signed=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,0 +1,35 @@
+"""Durable small-file writes for the broker's side files (epoch checkpoint, producer snapshots, partition
+metadata): the one place that knows the write, fsync, rename, fsync-the-directory sequence.
+
+Why all four steps: without the file's fsync a crash can leave the renamed name pointing at empty or partial
+data; without the directory's fsync the rename itself can be lost, so the old file comes back.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the directory's entries (creations, renames, deletions) durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_durably(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old file or the new one, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
