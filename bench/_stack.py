@@ -96,6 +96,22 @@ def stack(
 VALUE = b"x" * 100
 
 
+def producer_overrides() -> dict[str, Any]:
+    """ProducerConfig overrides from ``SLUICE_BENCH_PRODUCER`` (``acks=1,enable_idempotence=false``).
+
+    Why: an A/B against a tree from before the idempotent producer must send the same way in both trees;
+    the old tree ignores the variable, so setting it makes the new tree send as the old one did.
+    """
+    overrides: dict[str, Any] = {}
+    for item in filter(None, os.environ.get("SLUICE_BENCH_PRODUCER", "").split(",")):
+        name, _, raw = item.partition("=")
+        value: Any = {"true": True, "false": False}.get(raw.lower(), raw)
+        if isinstance(value, str) and value.lstrip("-").isdigit():
+            value = int(value)
+        overrides[name.strip()] = value
+    return overrides
+
+
 def produce_keyed(bootstrap: str, topic: str, n: int) -> float:
     """Send n records of 100 B with 16-byte keys through the SDK; return the seconds taken (incl. flush)."""
     import time
@@ -104,7 +120,7 @@ def produce_keyed(bootstrap: str, topic: str, n: int) -> float:
 
     keys = [os.urandom(8).hex().encode() for _ in range(1024)]
     with Client(bootstrap) as client:
-        producer = client.producer(topic)
+        producer = client.producer(topic, **producer_overrides())
         started = time.perf_counter()
         send = producer.send
         for i in range(n):

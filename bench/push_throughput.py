@@ -24,7 +24,7 @@ from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 
-from _stack import cpu_seconds, save, stack
+from _stack import cpu_seconds, producer_overrides, save, stack
 
 VALUE = b"x" * 100
 IDLE_END = 3.0  # a consumer stops after this long without a message
@@ -37,7 +37,7 @@ def produce_backlog(bootstrap: str, topic: str, n: int) -> None:
 
     keys = [os.urandom(8).hex().encode() for _ in range(1024)]
     with Client(bootstrap) as client:
-        producer = client.producer(topic)
+        producer = client.producer(topic, **producer_overrides())
         for i in range(n):
             producer.send(VALUE, key=keys[i & 1023])
         producer.flush()

@@ -101,9 +101,26 @@ class InvalidRequest(SluiceError, ValueError):
     grpc_status = "INVALID_ARGUMENT"
 
 
-class Unauthenticated(SluiceError):
+class AuthenticationError(SluiceError):
+    """No credentials, or credentials the service does not accept (expired, wrong signature, unknown user,
+    a wrong password). Retrying with the same credentials does not help."""
+
     code = common_pb2.UNAUTHENTICATED
     grpc_status = "UNAUTHENTICATED"
+
+
+#: The name the services use; the SDK's users see AuthenticationError.
+Unauthenticated = AuthenticationError
+
+
+class AuthorizationError(SluiceError, PermissionError):
+    """Authenticated, but no ACL allows this operation on this resource (docs/security.md)."""
+
+    code = common_pb2.PERMISSION_DENIED
+    grpc_status = "PERMISSION_DENIED"
+
+
+PermissionDenied = AuthorizationError
 
 
 class RequestTimedOut(SluiceError, TimeoutError):

@@ -13,6 +13,7 @@ from sluice.broker.log.handles import DEFAULT_READ_HANDLES
 from sluice.broker.log.manager import DEFAULT_DESCRIPTOR_RESERVE
 from sluice.common.wire import wire_listen_port, wire_port_help
 from sluice.errors import InvalidArgument
+from sluice.security.settings import SecuritySettings
 
 ENV_PREFIX = "SLUICE_BROKER_"
 MiB = 1024 * 1024
@@ -23,7 +24,7 @@ def _ms(value: timedelta) -> int:
 
 
 @dataclass(frozen=True)
-class BrokerConfig:
+class BrokerConfig(SecuritySettings):
     """One broker process."""
 
     broker_id: int = field(default=0, metadata={"help": "this broker's id in the cluster (>= 0)"})

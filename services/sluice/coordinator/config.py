@@ -15,6 +15,7 @@ from sluice.coordinator.groups.model import GroupSettings
 from sluice.coordinator.producer_ids import DEFAULT_PER_MINUTE
 from sluice.errors import InvalidArgument
 from sluice.offsetstore.storage import ReplicaWait
+from sluice.security.settings import SecuritySettings
 
 ENV_PREFIX = "SLUICE_COORDINATOR_"
 DEFAULT_PORT = 7600
@@ -25,8 +26,8 @@ def _ms(d: timedelta) -> int:
     return int(d.total_seconds() * 1000)
 
 
-@dataclass
-class CoordinatorConfig:
+@dataclass(frozen=True)
+class CoordinatorConfig(SecuritySettings):
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind the gRPC server to"})
     port: int = field(default=DEFAULT_PORT, metadata={"help": "gRPC port; 0 picks a free one"})
     metrics_port: int = field(

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from sluice.common.wire import wire_listen_port, wire_port_help
 from sluice.errors import InvalidArgument
+from sluice.security.settings import SecuritySettings
 
 ENV_PREFIX = "SLUICE_DISPATCHER_"
 MiB = 1024 * 1024
@@ -20,7 +21,7 @@ def ms(value: timedelta) -> int:
 
 
 @dataclass(frozen=True)
-class DispatcherConfig:
+class DispatcherConfig(SecuritySettings):
     """One dispatcher process."""
 
     dispatcher_id: str = field(

@@ -21,9 +21,10 @@ issue fills the seam in two places and adds no third copy of any request path:
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Protocol
+
+from sluice.security.model import ANONYMOUS, Operation, Principal
 
 __all__ = [
     "ANONYMOUS",
@@ -36,16 +37,6 @@ __all__ = [
     "RequestContext",
     "Transport",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """The authenticated caller. ``name`` is empty for an anonymous one."""
-
-    name: str = ""
-
-
-ANONYMOUS = Principal()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,17 +61,6 @@ class RequestContext:
     #: A broker replicating from this one (its broker id; a follower's fetch, docs/replication.md),
     #: or -1: a client. Set by the broker core from ``FetchRequest.replica_id`` for that request.
     replica_id: int = -1
-
-
-class Operation(enum.Enum):
-    """What a request does to a resource (the authorizer's vocabulary, Kafka's ACL operations)."""
-
-    WRITE = "write"  # Produce on a topic
-    READ = "read"  # Fetch (and follow) from a topic; Subscribe to it, peek a subscription (the dispatcher)
-    DESCRIBE = "describe"  # ListOffsets on a topic; List/DescribeSubscription(s) (the dispatcher)
-    CLUSTER_ACTION = "cluster-action"  # UpdatePartitions (the coordinator)
-    ALTER = "alter"  # reset or skip a subscription (the dispatcher)
-    DELETE = "delete"  # delete a subscription (the dispatcher)
 
 
 class Authorizer(Protocol):

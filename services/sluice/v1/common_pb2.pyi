@@ -128,6 +128,12 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """A reassignment names a partition that is being reassigned already: wait until it completes
     (`sluice topic reassign --status`), then reassign it again.
     """
+    PERMISSION_DENIED: _ErrorCode.ValueType  # 100
+    """Security (docs/security.md), 100-109. The caller is authenticated but holds no ACL that allows
+    this operation on this resource (or a deny ACL refuses it). The message names the operation and
+    the resource as the caller named it; it never tells whether a resource the caller may not
+    describe exists.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -238,6 +244,12 @@ while the new leader's HW is still below the start of its epoch: retriable until
 REASSIGNMENT_IN_PROGRESS: ErrorCode.ValueType  # 85
 """A reassignment names a partition that is being reassigned already: wait until it completes
 (`sluice topic reassign --status`), then reassign it again.
+"""
+PERMISSION_DENIED: ErrorCode.ValueType  # 100
+"""Security (docs/security.md), 100-109. The caller is authenticated but holds no ACL that allows
+this operation on this resource (or a deny ACL refuses it). The message names the operation and
+the resource as the caller named it; it never tells whether a resource the caller may not
+describe exists.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 

@@ -53,16 +53,26 @@ BACKENDS = ("redis", "kubernetes", "none")
 
 
 class ElectionConfig(Protocol):
-    """The ``CoordinatorConfig`` fields the election reads (see docs/election.md for the flags)."""
+    """The ``CoordinatorConfig`` fields the election reads (see docs/election.md for the flags).
 
-    key_prefix: str
-    election: str
-    lease_name: str
-    lease_namespace: str
-    identity: str
-    lease_duration: timedelta
-    renew_deadline: timedelta
-    retry_period: timedelta
+    Read-only properties, so the frozen config satisfies it."""
+
+    @property
+    def key_prefix(self) -> str: ...
+    @property
+    def election(self) -> str: ...
+    @property
+    def lease_name(self) -> str: ...
+    @property
+    def lease_namespace(self) -> str: ...
+    @property
+    def identity(self) -> str: ...
+    @property
+    def lease_duration(self) -> timedelta: ...
+    @property
+    def renew_deadline(self) -> timedelta: ...
+    @property
+    def retry_period(self) -> timedelta: ...
 
 
 def default_identity() -> str:
