@@ -40,7 +40,7 @@ from sluice.broker.longpoll import ParkedRead, StandingWatch
 from sluice.broker.requests import FetchOutcome, FollowFrom
 from sluice.broker.sessions import FetchSession
 from sluice.errors import SluiceError
-from sluice.server.context import RequestContext
+from sluice.security.context import RequestContext
 
 __all__ = ["ContinuousFetch", "Deliver", "FetchCore"]
 

@@ -28,7 +28,7 @@ from sluice.broker.requests import (
 )
 from sluice.broker.service import BrokerService
 from sluice.errors import SluiceError
-from sluice.server.context import RequestContext
+from sluice.security.context import RequestContext
 from sluice.server.metrics import MethodRecorder
 from sluice.v1 import broker_pb2, common_pb2
 

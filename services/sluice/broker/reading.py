@@ -30,7 +30,8 @@ from sluice.broker.longpoll import AppendWaiters, StandingWatch
 from sluice.broker.metrics import BrokerMetrics
 from sluice.broker.sessions import FetchSession
 from sluice.errors import SluiceError
-from sluice.server.context import Operation, RequestContext
+from sluice.security.context import Operation, RequestContext
+from sluice.security.model import CLUSTER_RESOURCE, Resource, ResourceType
 
 __all__ = ["ReadSteps"]
 
@@ -44,7 +45,7 @@ class ReadSteps:
     waiters: AppendWaiters
     replica_waiters: AppendWaiters
     leaders: Leaders
-    _authorize: Callable[[RequestContext, Operation, str], None]
+    _authorize: Callable[[RequestContext, Operation, Resource], None]
     #: Partitions routed into a fetch read so far: the per-partition work of fetching, which
     #: an idle long-poll over a session or a follow must not do (the smoke test counts it).
     partitions_routed: int = 0
@@ -124,7 +125,10 @@ class ReadSteps:
         self, spec: PartitionSpec, ctx: RequestContext
     ) -> tuple[PartitionSpec, ReadableLog | None, SluiceError | None]:
         try:
-            self._authorize(ctx, Operation.READ, spec.topic)
+            if ctx.replica_id >= 0:  # a follower's fetch: only the cluster replicates
+                self._authorize(ctx, Operation.CLUSTER_ACTION, CLUSTER_RESOURCE)
+            else:
+                self._authorize(ctx, Operation.READ, Resource(ResourceType.TOPIC, spec.topic))
         except SluiceError as err:
             return spec, None, err
         plog = self.registry.served.get(spec.key)

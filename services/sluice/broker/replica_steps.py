@@ -19,7 +19,8 @@ from sluice.broker.replica_fetcher import ReplicaFetchers
 from sluice.broker.requests import EpochAnswer, EpochQuery, FetchParams, OffsetAnswer, OffsetQuery
 from sluice.broker.roles import EpochMark
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
-from sluice.server.context import ANONYMOUS, GRPC, Operation, RequestContext
+from sluice.security.context import ANONYMOUS, GRPC, Operation, RequestContext
+from sluice.security.model import Resource, ResourceType
 
 __all__ = ["EARLIEST", "LATEST", "LOG_END", "ReplicaSteps"]
 
@@ -40,7 +41,7 @@ class ReplicaSteps:
     fetchers: ReplicaFetchers
     waiters: AppendWaiters
     replica_waiters: AppendWaiters
-    _authorize: Callable[[RequestContext, Operation, str], None]
+    _authorize: Callable[[RequestContext, Operation, Resource], None]
 
     def _check_running(self) -> None:
         raise NotImplementedError
@@ -108,7 +109,7 @@ class ReplicaSteps:
 
     def _list_offset(self, q: OffsetQuery, ctx: RequestContext) -> OffsetAnswer:
         try:
-            self._authorize(ctx, Operation.DESCRIBE, q.topic)
+            self._authorize(ctx, Operation.DESCRIBE, Resource(ResourceType.TOPIC, q.topic))
             plog = self.registry.lookup(q.topic, q.partition)
             if q.timestamp == EARLIEST:
                 return OffsetAnswer(q.topic, q.partition, None, plog.log_start_offset)
@@ -144,7 +145,7 @@ class ReplicaSteps:
 
     def _epoch_end(self, q: EpochQuery, ctx: RequestContext) -> EpochAnswer:
         try:
-            self._authorize(ctx, Operation.DESCRIBE, q.topic)
+            self._authorize(ctx, Operation.DESCRIBE, Resource(ResourceType.TOPIC, q.topic))
             if q.leader_epoch < -1:
                 raise InvalidArgument(f"leader_epoch must be >= -1, got {q.leader_epoch}")
             plog = self.registry.lookup(q.topic, q.partition)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from sluice.broker.fetch import FetchLimits, PartitionRead, PartitionSpec, TopicPartitionKey
 from sluice.errors import InvalidRequest, SluiceError
-from sluice.server.context import ANONYMOUS, GRPC, RequestContext
+from sluice.security.context import ANONYMOUS, GRPC, RequestContext
 
 __all__ = [
     "CONSUMER_REPLICA_ID",

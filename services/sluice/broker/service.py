@@ -1,7 +1,7 @@
 """The broker core: the one implementation of every operation the broker serves.
 
 Produce, Fetch (long-poll and continuous), ListOffsets and UpdatePartitions each have one
-method here that validates the request, asks the authorizer (``sluice.server.context``),
+method here that validates the request, asks the authorizer (``sluice.security.context``),
 executes and reports failures as typed ``SluiceError`` (per partition where the answer is
 per partition). Callers: the transport adapters (``handlers`` for the gRPC servicer and the
 wire connections, which translate protobuf and frames and do nothing else) and the
@@ -63,7 +63,8 @@ from sluice.errors import (
     SluiceError,
     StorageError,
 )
-from sluice.server.context import AllowAll, Authorizer, Operation, RequestContext
+from sluice.security.context import AllowAll, Authorizer, Operation, RequestContext
+from sluice.security.model import CLUSTER_RESOURCE, Resource, ResourceType
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +281,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
     def _append(self, item: ProduceItem, ctx: RequestContext, acks: int = 1) -> ProduceResult:
         topic, partition = item.topic, item.partition
         try:
-            self._authorize(ctx, Operation.WRITE, topic)
+            self._authorize(ctx, Operation.WRITE, Resource(ResourceType.TOPIC, topic))
             plog = self.registry.lookup(topic, partition)
             if not item.records:
                 raise CorruptBatch(f"no record batches for {topic}/{partition}")
@@ -442,7 +443,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
         in a worker thread, so produces and fetches on the partitions already served are answered
         meanwhile; updates apply one at a time, in arrival order (``update_runner.py``)."""
         self._check_running()
-        self._authorize(ctx, Operation.CLUSTER_ACTION, "")
+        self._authorize(ctx, Operation.CLUSTER_ACTION, CLUSTER_RESOURCE)
         reconcile = functools.partial(self._reconcile_leaders, update)
         plan = await self._updates.apply(update, self._stop_following_deleted, reconcile)
         self.updated.set()

@@ -23,7 +23,7 @@ from sluice.broker.handlers import (
 )
 from sluice.broker.requests import EpochQuery, OffsetQuery
 from sluice.broker.service import BrokerService
-from sluice.server.context import ANONYMOUS, GRPC, RequestContext
+from sluice.security.context import RequestContext, current
 from sluice.server.wire import MAX_BACKLOG
 from sluice.v1 import broker_pb2, broker_pb2_grpc
 
@@ -66,18 +66,15 @@ def update_from_proto(req: broker_pb2.UpdatePartitionsRequest) -> AssignmentUpda
 
 
 #: Every gRPC caller today (the interceptor authenticates but names no principal yet).
-_ANONYMOUS_GRPC = RequestContext(ANONYMOUS, GRPC)
-
-
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     def __init__(self, service: BrokerService, handlers: RequestHandlers | None = None) -> None:
         self.service = service
         self.handlers = handlers or RequestHandlers(service)
 
     def context(self, context: object) -> RequestContext:
-        """The caller of one call or stream. The authentication seam (``docs/architecture.md``):
-        the security issue reads the principal its interceptor attached to ``context`` here."""
-        return _ANONYMOUS_GRPC
+        """The caller of one call or stream: the context the interceptor built after authenticating
+        it (``sluice.security.context.current``)."""
+        return current()
 
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: object

@@ -45,8 +45,8 @@ from sluice.common.wire import (
     has_records,
     lane_frame_parts,
 )
-from sluice.server.context import ANONYMOUS, WIRE, RequestContext
-from sluice.server.interceptors import Authenticator
+from sluice.security.context import ANONYMOUS, WIRE, RequestContext
+from sluice.security.service import ServiceSecurity
 from sluice.server.wire import WireConnection, WireListener, parse_frame
 from sluice.v1 import broker_pb2
 
@@ -54,14 +54,14 @@ __all__ = ["broker_wire_listener"]
 
 
 def broker_wire_listener(
-    handlers: RequestHandlers, host: str, port: int, authenticator: Authenticator | None = None
+    handlers: RequestHandlers, host: str, port: int, security: ServiceSecurity | None = None
 ) -> WireListener:
     return WireListener(
         "broker",
         lambda listener: _BrokerConnection(listener, handlers),
         host,
         port,
-        authenticator,
+        security,
         version=LANES_VERSION,
     )
 
@@ -100,9 +100,9 @@ class _BrokerConnection(WireConnection):
         self._ctx = RequestContext(ANONYMOUS, WIRE)
 
     def opened(self) -> None:
-        """The hello was accepted. The authentication seam (``docs/architecture.md``): the
-        security issue sets the principal its authenticator returned for the hello here."""
-        self._ctx = RequestContext(ANONYMOUS, WIRE)
+        """The hello was accepted: the context it built (the authenticated principal) is this
+        connection's for every request."""
+        self._ctx = self.ctx
 
     def backlog(self) -> int:
         return len(self._produces) + self._queued_fetches

@@ -19,6 +19,7 @@ from sluice.client.rpc import call
 from sluice.common.backoff import Backoff
 from sluice.common.peers import Peers
 from sluice.errors import (
+    AuthorizationError,
     BrokerNotAvailable,
     NotCoordinator,
     RequestTimedOut,
@@ -287,6 +288,9 @@ class MetadataCache:
             )
             for d in resp.dispatchers
         }
+        if resp.unauthorized_topics:
+            names = ", ".join(sorted(resp.unauthorized_topics))
+            raise AuthorizationError(f"not authorized to describe topic(s) {names}")
         fetched = {t.name: TopicInfo.from_proto(t) for t in resp.topics}
         unknown = frozenset(resp.unknown_topics)
         with self._lock:

@@ -31,6 +31,12 @@ from sluice.coordinator.convert import (
 from sluice.coordinator.heartbeat_stream import HeartbeatStream
 from sluice.coordinator.producer_ids import ProducerIdentity
 from sluice.coordinator.service import CoordinatorService
+from sluice.coordinator.visibility import (
+    authorize_idempotent_write,
+    may_describe_group,
+    may_describe_topic,
+    visible_metadata,
+)
 from sluice.server.runtime import Registrar
 from sluice.v1 import coordinator_pb2 as pb
 from sluice.v1 import coordinator_pb2_grpc
@@ -122,7 +128,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         return pb.DeleteTopicResponse(unacknowledged=[e.to_proto() for e in unacked])
 
     async def ListTopics(self, request: pb.ListTopicsRequest, context: Context) -> pb.ListTopicsResponse:
-        return pb.ListTopicsResponse(topics=[topic_to_proto(t) for t in self._service.list_topics()])
+        topics = [topic_to_proto(t) for t in self._service.list_topics() if may_describe_topic(t.name)]
+        return pb.ListTopicsResponse(topics=topics)
 
     async def DescribeTopic(
         self, request: pb.DescribeTopicRequest, context: Context
@@ -135,13 +142,15 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             # A standby relays the leader's answer (its ``coordinator`` is the leader): docs/election.md.
             return await election.forward_metadata(request, context.invocation_metadata())
         view = self._service.metadata(list(request.topics))
-        return metadata_to_proto(view, self._service.coordinator_endpoint, self._service.offset_store)
+        response = metadata_to_proto(view, self._service.coordinator_endpoint, self._service.offset_store)
+        return visible_metadata(response, list(request.topics))
 
     # ---- idempotent producers ----------------------------------------------------------------------
 
     async def InitProducerId(
         self, request: pb.InitProducerIdRequest, context: Context
     ) -> pb.InitProducerIdResponse:
+        authorize_idempotent_write()
         given = request.producer_id >= 0 or request.producer_epoch >= 0
         current = ProducerIdentity(request.producer_id, request.producer_epoch) if given else None
         identity = await self._service.init_producer_id(request.client_id, current)
@@ -218,7 +227,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         return pb.LeaveGroupResponse()
 
     async def ListGroups(self, request: pb.ListGroupsRequest, context: Context) -> pb.ListGroupsResponse:
-        return pb.ListGroupsResponse(groups=[group_summary_to_proto(g) for g in self._service.list_groups()])
+        groups = [
+            group_summary_to_proto(g) for g in self._service.list_groups() if may_describe_group(g.group)
+        ]
+        return pb.ListGroupsResponse(groups=groups)
 
     async def DescribeGroup(
         self, request: pb.DescribeGroupRequest, context: Context

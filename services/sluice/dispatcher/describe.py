@@ -13,7 +13,8 @@ from sluice.dispatcher.metrics import GaugeRow
 from sluice.dispatcher.registry import IdleSubscription, SubscriptionBook, wall_ms
 from sluice.dispatcher.runtime import SubscriptionRuntime
 from sluice.errors import SluiceError, UnknownSubscription
-from sluice.server.context import Operation, RequestContext
+from sluice.security.context import Operation, RequestContext
+from sluice.security.model import Resource, ResourceType
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +79,25 @@ class SubscriptionViews:
         )
 
     async def list_all(self, ctx: RequestContext, topic: str) -> list[SubscriptionSummary]:
-        """Every subscription of ``topic`` (every one, for ``""``) this dispatcher serves."""
-        self._service.authorizer.authorize(ctx, Operation.DESCRIBE, topic)
+        """Every subscription of ``topic`` (every one, for ``""``) this dispatcher serves that the
+        caller may describe (a list is filtered, never refused: Kafka's ListGroups)."""
         await self._refresh()
-        return self._all(topic)
+        authorizer = self._service.authorizer
+        return [
+            row
+            for row in self._all(topic)
+            if authorizer.allowed(
+                ctx, Operation.DESCRIBE, Resource(ResourceType.SUBSCRIPTION, row.subscription)
+            )
+            and authorizer.allowed(ctx, Operation.DESCRIBE, Resource(ResourceType.TOPIC, row.topic))
+        ]
 
     async def describe(self, ctx: RequestContext, topic: str, subscription: str) -> SubscriptionDescription:
         service = self._service
-        service.authorizer.authorize(ctx, Operation.DESCRIBE, topic)
+        service.authorizer.authorize(
+            ctx, Operation.DESCRIBE, Resource(ResourceType.SUBSCRIPTION, subscription)
+        )
+        service.authorizer.authorize(ctx, Operation.DESCRIBE, Resource(ResourceType.TOPIC, topic))
         rt = service.runtimes.get((topic, subscription))
         if rt is None or rt.closing:
             await self._refresh()

@@ -12,7 +12,7 @@ from sluice.dispatcher.cluster import CoordinatorLink
 from sluice.dispatcher.cursor_store import CursorStore
 from sluice.dispatcher.feed import PartitionFeed
 from sluice.dispatcher.runtime import SubscriptionRuntime
-from sluice.server.context import Authorizer
+from sluice.security.context import Authorizer
 
 __all__ = ["ServiceHost"]
 
@@ -21,7 +21,7 @@ class ServiceHost(Protocol):
     @property
     def dispatcher_id(self) -> str: ...
 
-    #: The authorization seam (``sluice.server.context``).
+    #: The authorization seam (``sluice.security.context``).
     @property
     def authorizer(self) -> Authorizer: ...
 

@@ -38,7 +38,8 @@ from sluice.errors import (
     UnknownMessageId,
     UnknownTopicOrPartition,
 )
-from sluice.server.context import AllowAll, Authorizer, Operation, RequestContext
+from sluice.security.context import AllowAll, Authorizer, Operation, RequestContext
+from sluice.security.model import Resource, ResourceType
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class DispatcherService:
         self, config: DispatcherConfig, metrics: DispatcherMetrics, authorizer: Authorizer | None = None
     ) -> None:
         self.config = config
-        #: The authorization seam (``sluice.server.context``): asked once per Subscribe.
+        #: The authorization seam (``sluice.security.context``): asked once per Subscribe.
         self.authorizer: Authorizer = authorizer or AllowAll()
         self.metrics = metrics
         self.dispatcher_id = config.resolved_id
@@ -110,7 +111,10 @@ class DispatcherService:
     async def subscribe(self, ctx: RequestContext, stream: ConsumerStream, req: SubscribeRequest) -> None:
         """Attach ``stream`` as a consumer; raises the typed error (the servicer reports it)."""
         spec, settings = consumer_spec(req, self.config)
-        self.authorizer.authorize(ctx, Operation.READ, req.topic)
+        # The dispatcher reads from the brokers as the cluster, so it checks the subscriber's own
+        # rights here, before anything is delivered (no confused deputy, docs/security.md).
+        self.authorizer.authorize(ctx, Operation.READ, Resource(ResourceType.TOPIC, req.topic))
+        self.authorizer.authorize(ctx, Operation.READ, Resource(ResourceType.SUBSCRIPTION, req.subscription))
         try:
             await asyncio.wait_for(self.link.registered.wait(), 10)
         except TimeoutError:

@@ -28,7 +28,7 @@ from sluice.dispatcher.convert import ack_ranges, by_partition, subscribe_from_p
 from sluice.dispatcher.events import EventStream, Outgoing
 from sluice.dispatcher.service import DispatcherService
 from sluice.errors import ProtocolViolation, SluiceError
-from sluice.server.context import ANONYMOUS, GRPC, RequestContext
+from sluice.security.context import RequestContext, current
 from sluice.v1 import dispatcher_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,10 @@ class DispatcherServicer:
 
     @staticmethod
     def context(context: PeerContext) -> RequestContext:
-        """The core's view of a gRPC caller: where the security issue puts the authenticated
-        principal (today every caller is anonymous). The wire protocol's is built per connection
-        (``wire_server._ConsumeConnection.opened``) and given to :meth:`consume_into`."""
-        return RequestContext(ANONYMOUS, GRPC)
+        """The core's view of a gRPC caller: the context the interceptor built after authenticating
+        it (``sluice.security.context.current``). The wire protocol's is built per connection, at the
+        hello (``sluice.server.wire``), and given to :meth:`consume_into`."""
+        return current()
 
     async def Consume(self, request_iterator: object, context: PeerContext) -> None:
         """The gRPC Consume stream, on gRPC's reader/writer API rather than as an async generator:

@@ -44,7 +44,8 @@ from sluice.errors import (
     UnknownTopicOrPartition,
     raise_for_proto,
 )
-from sluice.server.context import Operation, RequestContext
+from sluice.security.context import Operation, RequestContext
+from sluice.security.model import Resource, ResourceType
 from sluice.v1 import broker_pb2, offset_store_pb2
 
 __all__ = ["SubscriptionAdmin"]
@@ -85,11 +86,14 @@ class SubscriptionAdmin:
     async def _partitions(
         self, ctx: RequestContext, op: Operation, topic: str, subscription: str
     ) -> list[int]:
-        """Validate the names, authorize ``op`` on the topic; the topic's partitions routed here."""
+        """Validate the names, authorize ``op`` on the subscription (and reading the topic's records,
+        for a peek; describing the topic otherwise); the topic's partitions routed here."""
         validate_topic(topic)
         validate_group(subscription, "subscription")
         service = self._service
-        service.authorizer.authorize(ctx, op, topic)
+        service.authorizer.authorize(ctx, op, Resource(ResourceType.SUBSCRIPTION, subscription))
+        topic_op = Operation.READ if op is Operation.READ else Operation.DESCRIBE
+        service.authorizer.authorize(ctx, topic_op, Resource(ResourceType.TOPIC, topic))
         await service.link.topic(topic)  # UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist
         return service.link.view.partitions_of(topic, service.dispatcher_id)
 

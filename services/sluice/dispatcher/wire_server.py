@@ -19,8 +19,7 @@ from collections.abc import AsyncIterator
 from sluice.common.wire import FrameType, WireProtocolError
 from sluice.dispatcher.events import Outgoing
 from sluice.dispatcher.servicer import DispatcherServicer
-from sluice.server.context import ANONYMOUS, WIRE, RequestContext
-from sluice.server.interceptors import Authenticator
+from sluice.security.service import ServiceSecurity
 from sluice.server.wire import WireConnection, WireListener, parse_frame
 from sluice.v1 import dispatcher_pb2 as pb
 
@@ -30,12 +29,12 @@ log = logging.getLogger(__name__)
 
 
 def dispatcher_wire_listener(
-    servicer: DispatcherServicer, host: str, port: int, authenticator: Authenticator | None = None
+    servicer: DispatcherServicer, host: str, port: int, security: ServiceSecurity | None = None
 ) -> WireListener:
     def connection(listener: WireListener) -> WireConnection:
         return _ConsumeConnection(listener, servicer)
 
-    return WireListener("dispatcher", connection, host, port, authenticator)
+    return WireListener("dispatcher", connection, host, port, security)
 
 
 class _ConsumeConnection(WireConnection):
@@ -56,10 +55,10 @@ class _ConsumeConnection(WireConnection):
         return self._commands.qsize()
 
     def opened(self) -> None:
-        """The hello was accepted. The authentication seam (``docs/architecture.md``): the security
-        issue sets the principal its authenticator returned for the hello here."""
-        ctx = RequestContext(ANONYMOUS, WIRE)
-        serve = self._servicer.consume_into(ctx, self._command_iterator(), f"wire:{self.peer}", self._send)
+        """The hello was accepted: its context (the authenticated principal) is the stream's."""
+        serve = self._servicer.consume_into(
+            self.ctx, self._command_iterator(), f"wire:{self.peer}", self._send
+        )
         self._task = asyncio.get_running_loop().create_task(serve, name=f"consume-wire-{self.peer}")
 
     def lost(self) -> None:

@@ -1,7 +1,8 @@
-"""The server interceptor chain: authentication slot, metrics, error mapping.
+"""The server interceptor chain: security, metrics, error mapping.
 
-Order (outermost first): authentication, metrics, errors. A handler raises
-``SluiceError``; the error interceptor turns it into a gRPC status whose
+Order (outermost first): security (authenticate the call, apply its guard from
+``sluice.security.guards``, track a stream: ``sluice.server.call_security``), metrics,
+errors. A handler raises ``SluiceError``; the error interceptor turns it into a gRPC status whose
 trailing metadata carries the wire code (``sluice-error-code``), and the SDK's
 inverse (``sluice.client.rpc``) rebuilds the typed error. Anything else that
 escapes a handler becomes INTERNAL with the exception logged, never a crash.
@@ -9,34 +10,25 @@ escapes a handler becomes INTERNAL with the exception logged, never a crash.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 from grpc import aio
 
 from sluice.common.rpc import ERROR_CODE_KEY
 from sluice.errors import SluiceError, Unauthenticated
+from sluice.security.live_streams import LiveStream
+from sluice.security.service import ServiceSecurity
+from sluice.server.call_security import MethodSecurity, StreamEnd
 from sluice.server.metrics import MethodRecorder
 
 log = logging.getLogger(__name__)
-
-
-class Authenticator(Protocol):
-    """Decides whether a call may proceed. Raises Unauthenticated to refuse."""
-
-    def authenticate(self, method: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None: ...
-
-
-class AllowAll:
-    """The default authenticator: every call is allowed."""
-
-    def authenticate(self, method: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
-        return None
 
 
 def _status_for(err: SluiceError) -> grpc.StatusCode:
@@ -60,11 +52,11 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
     call pays for two clock reads and two counter increments, nothing more.
     """
 
-    def __init__(self, service: str, authenticator: Authenticator | None = None) -> None:
+    def __init__(self, service: str, security: ServiceSecurity | None = None) -> None:
         self._service = service
-        self._auth: Authenticator | None = (
-            None if isinstance(authenticator, AllowAll | None) else authenticator
-        )
+        #: None when nothing is checked (no authentication, no authorization): a call then costs
+        #: what it did before security existed.
+        self._security = security if security is not None and security.active else None
         self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
 
     async def intercept_service(
@@ -83,12 +75,8 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def _wrap(self, full: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         method = _method_name(full)
-        auth = self._auth
         record = MethodRecorder(self._service, method).record
-
-        def authenticate(context: aio.ServicerContext[Any, Any]) -> None:
-            if auth is not None:
-                auth.authenticate(full, tuple(context.invocation_metadata() or ()))
+        guard = MethodSecurity(self._security, full) if self._security is not None else None
 
         if handler.unary_unary is not None:
             # grpc-stubs types handlers with the sync context; under grpc.aio they are coroutines.
@@ -97,7 +85,10 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
             async def unary_unary(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
                 started = time.perf_counter()
                 try:
-                    authenticate(context)
+                    if guard is not None:
+                        who = await guard.authenticate(context)
+                        if who is not None:
+                            guard.begin_call(who, context, request)
                     response = await inner_uu(request, context)
                 except SluiceError as err:
                     record(err.code_name, started)
@@ -123,7 +114,7 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
             )
 
         if handler.stream_stream is not None:
-            stream_stream = _stream_stream(full, method, handler.stream_stream, authenticate, record)
+            stream_stream = _stream_stream(full, method, handler.stream_stream, guard, record)
             return grpc.stream_stream_rpc_method_handler(
                 stream_stream,
                 request_deserializer=handler.request_deserializer,
@@ -133,35 +124,62 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
         return handler
 
 
+@contextlib.asynccontextmanager
+async def _stream_outcome(
+    full: str,
+    method: str,
+    guard: MethodSecurity | None,
+    record: Callable[[str, float], None],
+    context: aio.ServicerContext[Any, Any],
+) -> AsyncIterator[LiveStream | None]:
+    """Authenticate and track the stream, then record how it ended (and abort with a typed
+    error, also when it was ended from outside: expiry, a right revoked)."""
+    started = time.perf_counter()
+    end = StreamEnd()
+    stream: LiveStream | None = None
+    try:
+        if guard is not None:
+            who = await guard.authenticate(context)
+            if who is not None:
+                stream = guard.begin_stream(who, context, end)
+        yield stream
+    except SluiceError as err:
+        record(err.code_name, started)
+        await _abort(context, err)
+    except asyncio.CancelledError:
+        if end.error is None:
+            raise
+        record(end.error.code_name, started)
+        await _abort(context, end.error)
+    except (aio.AbortError, aio.UsageError):
+        record("ABORTED", started)
+        raise
+    except Exception:
+        log.exception("unhandled error in %s", full)
+        record("INTERNAL", started)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log")
+    else:
+        record("OK", started)
+    finally:
+        if stream is not None and guard is not None:
+            guard.end_stream(stream)
+
+
 def _stream_stream(
     full: str,
     method: str,
     inner_ss: Any,
-    authenticate: Callable[[aio.ServicerContext[Any, Any]], None],
+    guard: MethodSecurity | None,
     record: Callable[[str, float], None],
 ) -> Any:
     """The wrapped stream-stream handler: an async generator for a generator handler, a coroutine
     for one on gRPC's reader/writer API."""
 
-    @contextlib.asynccontextmanager
-    async def outcome(context: aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
-        """Authenticate, then record how the stream ended (and abort with a typed error)."""
-        started = time.perf_counter()
-        try:
-            authenticate(context)
-            yield
-        except SluiceError as err:
-            record(err.code_name, started)
-            await _abort(context, err)
-        except (aio.AbortError, aio.UsageError):
-            record("ABORTED", started)
-            raise
-        except Exception:
-            log.exception("unhandled error in %s", full)
-            record("INTERNAL", started)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log")
-        else:
-            record("OK", started)
+    def outcome(context: aio.ServicerContext[Any, Any]) -> Any:
+        return _stream_outcome(full, method, guard, record, context)
+
+    def requests_of(request_iterator: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        return request_iterator if guard is None else guard.checked_requests(request_iterator)
 
     stream_stream: Any
     if inspect.iscoroutinefunction(inner_ss):
@@ -171,7 +189,7 @@ def _stream_stream(
             request_iterator: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
         ) -> None:
             async with outcome(context):
-                await inner_ss(request_iterator, context)
+                await inner_ss(requests_of(request_iterator), context)
 
     else:
 
@@ -179,10 +197,10 @@ def _stream_stream(
             request_iterator: AsyncIterator[Any], context: aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             async with outcome(context):
-                async for response in inner_ss(request_iterator, context):
+                async for response in inner_ss(requests_of(request_iterator), context):
                     yield response
 
     return stream_stream
 
 
-__all__ = ["ERROR_CODE_KEY", "AllowAll", "Authenticator", "ServiceInterceptor", "Unauthenticated"]
+__all__ = ["ERROR_CODE_KEY", "ServiceInterceptor", "Unauthenticated"]

@@ -30,7 +30,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from sluice.errors import InvalidArgument, SluiceError
-from sluice.server.interceptors import Authenticator, ServiceInterceptor
+from sluice.security.service import ServiceSecurity
+from sluice.server.interceptors import ServiceInterceptor
 from sluice.server.limits import raise_open_files_limit
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class GrpcServer:
     host: str = "127.0.0.1"
     port: int = 0
     metrics_port: int | None = 0
-    authenticator: Authenticator | None = None
+    security: ServiceSecurity | None = None
     health_names: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -72,7 +73,7 @@ class GrpcServer:
 
     async def start(self) -> int:
         server = aio.server(
-            interceptors=[ServiceInterceptor(self.service, self.authenticator)],
+            interceptors=[ServiceInterceptor(self.service, self.security)],
             options=GRPC_OPTIONS,
         )
         for register in self.registrars:

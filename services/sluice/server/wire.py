@@ -3,9 +3,10 @@
 :class:`WireListener` accepts connections; each is a :class:`WireConnection`, an
 ``asyncio.BufferedProtocol``: the event loop reads into its buffer and it cuts the bytes into
 frames itself, so a frame costs no task switch and no thread hand-off. This module owns what
-every wire connection does alike: the hello (version, the authenticator), protocol errors (an
-error frame, then close), writing frames, and back-pressure (stop reading while the service's
-work for this connection piles up or the peer does not read). A service subclasses
+every wire connection does alike: the hello (version; authentication, which gives the connection
+its caller's context), protocol errors (an error frame, then close), writing frames, and
+back-pressure (stop reading while the service's work for this connection piles up or the peer
+does not read). A service subclasses
 :class:`WireConnection` for what its frames mean (``on_frame``, ``backlog``).
 """
 
@@ -27,8 +28,12 @@ from sluice.common.wire import (
     WireProtocolError,
     frame_parts,
 )
-from sluice.errors import InvalidRequest, SluiceError
-from sluice.server.interceptors import AllowAll, Authenticator
+from sluice.errors import AuthenticationError, InvalidRequest, SluiceError
+from sluice.security.authenticate import ANONYMOUS_CALLER, Authenticated
+from sluice.security.context import WIRE, RequestContext
+from sluice.security.live_streams import LiveStream
+from sluice.security.model import ANONYMOUS
+from sluice.security.service import ServiceSecurity, lower_keys
 from sluice.v1 import wire_pb2
 
 __all__ = ["WireConnection", "WireListener", "parse_frame"]
@@ -60,7 +65,7 @@ class WireListener:
         connection: Callable[[WireListener], WireConnection],
         host: str,
         port: int,
-        authenticator: Authenticator | None = None,
+        security: ServiceSecurity | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         version: int = PROTOCOL_VERSION,
     ) -> None:
@@ -71,17 +76,13 @@ class WireListener:
         self._connection = connection
         self.host = host
         self.port = port
-        self.authenticator: Authenticator = authenticator or AllowAll()
+        #: None when nothing is checked (no authentication, no authorization).
+        self.security = security if security is not None and security.active else None
         self.max_frame_bytes = max_frame_bytes
         self.bound_port = 0
         self.connections: set[WireConnection] = set()
         self.connections_gauge = _connections_gauge(service)
         self._server: asyncio.Server | None = None
-
-    @property
-    def method(self) -> str:
-        """The method name the authenticator sees for a wire connection to this service."""
-        return f"/sluice.v1.{self.service.title().replace('-', '')}/Wire"
 
     async def start(self) -> int:
         loop = asyncio.get_running_loop()
@@ -131,6 +132,12 @@ class WireConnection(asyncio.BufferedProtocol):
         #: The protocol version agreed at the hello.
         self.version = PROTOCOL_VERSION
         self.closing = False
+        #: The caller, once the hello is accepted (authenticated): every request's context.
+        self.ctx = RequestContext(ANONYMOUS, WIRE)
+        self._stream: LiveStream | None = None
+        #: Frames that arrived while the hello's credentials were being verified (a JWT not seen
+        #: before may need the issuer's keys): run once it is accepted. None: not waiting.
+        self._held: list[tuple[int, bytes]] | None = None
         self._reading_paused = False
         self._writing_paused = False
         #: Set while the transport takes writes; producers of large answers wait on it, so a
@@ -167,6 +174,8 @@ class WireConnection(asyncio.BufferedProtocol):
         self.closing = True
         self.listener.connections.discard(self)
         self.writable.set()  # nothing waits for a transport that is gone
+        if self._stream is not None and self.listener.security is not None:
+            self.listener.security.streams.close(self._stream)
         if self._greeted:
             self.listener.connections_gauge.dec()
             self.lost()
@@ -215,7 +224,9 @@ class WireConnection(asyncio.BufferedProtocol):
             for kind, payload in self._reader.feed(data):
                 if self.closing:
                     return
-                if self._greeted:
+                if self._held is not None:
+                    self._held.append((kind, bytes(payload)))
+                elif self._greeted:
                     if kind == FrameType.HELLO:
                         raise WireProtocolError("a second hello on one connection")
                     self.on_frame(kind, payload)
@@ -245,7 +256,7 @@ class WireConnection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or self.closing:
             return
-        pause = self._writing_paused or self.backlog() >= MAX_BACKLOG
+        pause = self._writing_paused or self._held is not None or self.backlog() >= MAX_BACKLOG
         if pause != self._reading_paused:
             self._reading_paused = pause
             if pause:
@@ -271,19 +282,70 @@ class WireConnection(asyncio.BufferedProtocol):
             raise WireProtocolError(
                 f"protocol version {hello.version} is not supported (this server speaks 1)"
             )
-        listener = self.listener
-        self.version = min(hello.version, listener.version)
-        answer = wire_pb2.WireHelloResponse(version=self.version, max_frame_bytes=listener.max_frame_bytes)
-        try:
-            listener.authenticator.authenticate(listener.method, tuple(hello.metadata.items()))
-        except SluiceError as err:
-            answer.error.CopyFrom(err.to_proto())
-            self.write(FrameType.HELLO, answer.SerializeToString())
-            log.info("wire connection from %s refused: %s", self.peer, err.message)
-            self.close()
+        self.version = min(hello.version, self.listener.version)
+        security = self.listener.security
+        if security is None:
+            self._greet(ANONYMOUS_CALLER)
             return
+        metadata = lower_keys(hello.metadata.items())
+        cert = None
+        if security.wire_cert_principal is not None and self.transport is not None:
+            cert = security.wire_cert_principal(self.transport.get_extra_info("ssl_object"))
+        try:
+            who = security.authenticator.authenticate_now(metadata, cert)
+        except SluiceError as err:
+            self._refuse(err)
+            return
+        if who is not None:
+            self._greet(who)
+            return
+        # Verifying needs to wait (a JWT whose key is not cached): hold what follows until then.
+        self._held = []
+        verify = security.authenticator.authenticate(metadata, cert)
+        task = asyncio.get_running_loop().create_task(verify, name=f"wire-hello-{self.peer}")
+        task.add_done_callback(self._verified)
+
+    def _verified(self, task: asyncio.Task[Authenticated]) -> None:
+        held, self._held = self._held or [], None
+        if self.closing or task.cancelled():
+            return
+        err = task.exception()
+        if err is not None:
+            self._refuse(
+                err if isinstance(err, SluiceError) else AuthenticationError("authentication failed")
+            )
+            return
+        self._greet(task.result())
+        try:
+            for kind, payload in held:
+                if self.closing:
+                    return
+                self.on_frame(kind, payload)
+        except SluiceError as exc:
+            self.fail(exc)
+            return
+        self.update_reading()
+
+    def _refuse(self, err: SluiceError) -> None:
+        answer = wire_pb2.WireHelloResponse(
+            version=self.version, max_frame_bytes=self.listener.max_frame_bytes
+        )
+        answer.error.CopyFrom(err.to_proto())
+        self.write(FrameType.HELLO, answer.SerializeToString())
+        log.info("wire connection from %s refused: %s", self.peer, err.message)
+        self.close()
+
+    def _greet(self, who: Authenticated) -> None:
+        listener = self.listener
+        security = listener.security
+        if security is not None:
+            self._stream = security.streams.open(
+                who.principal, self.peer, who.expires_at, who.credentials, self.fail
+            )
+        self.ctx = RequestContext(who.principal, WIRE, address=self.peer, stream=self._stream)
         self._greeted = True
-        self.listener.connections_gauge.inc()
+        listener.connections_gauge.inc()
+        answer = wire_pb2.WireHelloResponse(version=self.version, max_frame_bytes=listener.max_frame_bytes)
         self.write(FrameType.HELLO, answer.SerializeToString())
         self.opened()
 

@@ -776,6 +776,7 @@ class MetadataResponse(_message.Message):
     METADATA_VERSION_FIELD_NUMBER: _builtins.int
     COORDINATOR_FIELD_NUMBER: _builtins.int
     OFFSET_STORE_FIELD_NUMBER: _builtins.int
+    UNAUTHORIZED_TOPICS_FIELD_NUMBER: _builtins.int
     metadata_version: _builtins.int
     @_builtins.property
     def brokers(self) -> _containers.RepeatedCompositeFieldContainer[Global___BrokerDescription]: ...
@@ -795,6 +796,12 @@ class MetadataResponse(_message.Message):
 
     @_builtins.property
     def offset_store(self) -> Global___Endpoint: ...
+    @_builtins.property
+    def unauthorized_topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Topics asked for that the caller may not describe (docs/security.md). Whether they exist is not
+        told: such a name is never in unknown_topics.
+        """
+
     def __init__(
         self,
         *,
@@ -805,10 +812,11 @@ class MetadataResponse(_message.Message):
         metadata_version: _builtins.int = ...,
         coordinator: Global___Endpoint | None = ...,
         offset_store: Global___Endpoint | None = ...,
+        unauthorized_topics: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["coordinator", b"coordinator", "offset_store", b"offset_store"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["brokers", b"brokers", "coordinator", b"coordinator", "dispatchers", b"dispatchers", "metadata_version", b"metadata_version", "offset_store", b"offset_store", "topics", b"topics", "unknown_topics", b"unknown_topics"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["brokers", b"brokers", "coordinator", b"coordinator", "dispatchers", b"dispatchers", "metadata_version", b"metadata_version", "offset_store", b"offset_store", "topics", b"topics", "unauthorized_topics", b"unauthorized_topics", "unknown_topics", b"unknown_topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

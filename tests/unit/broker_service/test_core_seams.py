@@ -19,8 +19,8 @@ from sluice.broker.fetch import PartitionSpec
 from sluice.broker.log.manager import LogManager
 from sluice.broker.requests import FetchOutcome, FetchParams, OffsetQuery, ProduceItem
 from sluice.broker.service import BrokerService
-from sluice.errors import InvalidRequest, Unauthenticated
-from sluice.server.context import WIRE, Operation, Principal, RequestContext
+from sluice.errors import AuthorizationError, InvalidRequest
+from sluice.security.context import WIRE, Operation, Principal, RequestContext, Resource
 
 from .helpers import batch, values
 
@@ -34,10 +34,13 @@ class RefuseTopic:
         self.topic = topic
         self.asked: list[tuple[str, Operation, str]] = []
 
-    def authorize(self, ctx: RequestContext, operation: Operation, resource: str) -> None:
-        self.asked.append((ctx.principal.name, operation, resource))
-        if resource == self.topic:
-            raise Unauthenticated(f"{ctx.principal.name} may not {operation.value} {resource}")
+    def allowed(self, ctx: RequestContext, operation: Operation, resource: Resource) -> bool:
+        return resource.name != self.topic
+
+    def authorize(self, ctx: RequestContext, operation: Operation, resource: Resource) -> None:
+        self.asked.append((ctx.principal.name, operation, resource.name))
+        if resource.name == self.topic:
+            raise AuthorizationError(f"{ctx.principal.name} may not {operation.value} {resource.name}")
 
 
 async def _service(data: Path, authorizer: RefuseTopic | None = None) -> BrokerService:
@@ -112,16 +115,16 @@ def test_one_authorizer_refuses_the_same_topic_in_every_operation(tmp_path: Path
             1, 0, [ProduceItem("t", 0, records), ProduceItem("secret", 0, records)], WIRE_CTX
         )
         assert produced[0].error is None
-        assert isinstance(produced[1].error, Unauthenticated)
+        assert isinstance(produced[1].error, AuthorizationError)
         assert produced[1].error.message == "alice may not write secret"
         fetched = await service.fetch(
             FetchParams(0, 1, 0, [PartitionSpec("t", 0, 0, 0), PartitionSpec("secret", 0, 0, 0)]), WIRE_CTX
         )
         assert fetched.partitions[0].error is None
         assert fetched.partitions[0].batches
-        assert isinstance(fetched.partitions[1].error, Unauthenticated)
+        assert isinstance(fetched.partitions[1].error, AuthorizationError)
         offsets = service.list_offsets([OffsetQuery("secret", 0, -1)], WIRE_CTX)
-        assert isinstance(offsets[0].error, Unauthenticated)
+        assert isinstance(offsets[0].error, AuthorizationError)
         assert ("alice", Operation.DESCRIBE, "secret") in authorizer.asked
         assert ("alice", Operation.READ, "t") in authorizer.asked
         assert ("", Operation.CLUSTER_ACTION, "") in authorizer.asked  # the update in _service
@@ -133,7 +136,7 @@ def test_one_authorizer_refuses_the_same_topic_in_every_operation(tmp_path: Path
         authorizer.topic = "t"  # access revoked while following
         answers: list[FetchOutcome] = []
         service.follow(first.follow, WIRE_CTX, lambda o, _started: answers.append(o), lambda: True)
-        assert isinstance(answers[0].partitions[0].error, Unauthenticated)
+        assert isinstance(answers[0].partitions[0].error, AuthorizationError)
         assert len(service.waiters) == 0
         await service.stop()
 

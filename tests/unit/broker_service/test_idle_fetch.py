@@ -24,7 +24,7 @@ from sluice.broker.handlers import FollowAnswers, RequestHandlers, fetch_respons
 from sluice.broker.log.manager import LogManager
 from sluice.broker.requests import FetchOutcome, FetchParams, ProduceItem
 from sluice.broker.service import BrokerService
-from sluice.server.context import ANONYMOUS, WIRE, RequestContext
+from sluice.security.context import ANONYMOUS, WIRE, RequestContext
 from sluice.v1 import broker_pb2
 
 from .helpers import batch, values

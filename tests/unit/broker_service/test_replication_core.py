@@ -28,7 +28,7 @@ from sluice.errors import (
     RequestTimedOut,
     UnknownLeaderEpoch,
 )
-from sluice.server.context import WIRE, Principal, RequestContext
+from sluice.security.context import WIRE, Principal, RequestContext
 
 from .helpers import batch, values
 
