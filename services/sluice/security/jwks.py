@@ -22,7 +22,6 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from urllib.error import URLError
 from urllib.parse import urlsplit
 
 from sluice.errors import InvalidArgument
@@ -161,18 +160,21 @@ class JwksCache:
         return [] if found is None else [found]
 
     async def _refresh(self, now: float) -> None:
-        task = self._inflight or self._start_fetch(now)
+        task = self._start_fetch(now)
         if task is not None:
             # shield: a caller that gives up (its RPC cancelled) does not cancel the fetch others await.
             await asyncio.shield(task)
 
     def _start_fetch(self, now: float) -> asyncio.Task[None] | None:
-        if self._inflight is not None:
+        """The fetch under way, else a new one if the rate limit allows, else None."""
+        loop = asyncio.get_running_loop()
+        if self._inflight is not None and self._inflight.get_loop() is loop:
             return self._inflight
+        # (A task of another, finished event loop is forgotten: it can never complete here.)
         if self._last_attempt is not None and now - self._last_attempt < self._refetch_interval:
             return None
         self._last_attempt = now
-        task = asyncio.get_running_loop().create_task(self._fetch_and_store())
+        task = loop.create_task(self._fetch_and_store())
         self._inflight = task
         task.add_done_callback(self._fetch_done)
         return task
@@ -185,8 +187,9 @@ class JwksCache:
         self.fetches += 1
         try:
             keys = parse_jwks(await asyncio.to_thread(self._fetch))
-        except (OSError, URLError, ValueError) as exc:
-            self.last_error = str(exc)
+        except Exception as exc:  # OSError, ValueError, a JSON RecursionError alike:
+            # whatever the URL answers, verification sees only "no such key", never a crash.
+            self.last_error = str(exc)[:200]
             log.warning("JWKS fetch failed (keeping the %d keys held): %s", len(self._keys or {}), exc)
             return
         if self._keys is not None and set(self._keys) - set(keys):

@@ -86,7 +86,7 @@ class TokenReviewer:
     async def review(self, token: str, subject: str) -> None:
         """Return when the API server vouches for ``token`` as ``subject``; else AuthenticationError."""
         pending = self._inflight.get(token)
-        if pending is None:
+        if pending is None or pending.get_loop() is not asyncio.get_running_loop():
             pending = asyncio.ensure_future(asyncio.to_thread(self._call, token))
             self._inflight[token] = pending
             pending.add_done_callback(lambda _: self._inflight.pop(token, None))

@@ -109,3 +109,10 @@ def test_a_token_without_kid_sees_every_key() -> None:
     source = _Source(jwks(jwk(rsa_key(), "k1"), jwk(rsa_key("b"), None)))
     cache = _cache(source, [0.0])
     assert sorted(str(k.kid) for k in asyncio.run(cache.find(None))) == ["None", "k1"]
+
+
+def test_a_hostile_document_is_a_failed_fetch_not_a_crash() -> None:
+    source = _Source(b"[" * 100_000 + b"]" * 100_000)  # json's RecursionError
+    cache = _cache(source, [0.0])
+    assert asyncio.run(cache.find("k1")) == []
+    assert cache.last_error

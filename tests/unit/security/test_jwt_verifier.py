@@ -20,6 +20,7 @@ from sluice.security.settings import SecuritySettings
 from tests.jwt_tokens import (
     AUDIENCE,
     ISSUER,
+    b64,
     b64json,
     claims,
     ec_key,
@@ -248,6 +249,9 @@ def test_a_key_file_that_fits_no_configured_algorithm_is_refused(tmp_path: Path)
         f"{b64json({'alg': 'RS256', 'kid': 7})}.{b64json({})}.",
         f"{b64json({'alg': 'RS256'})}.{b64json([1])}.AAAA",
         f"{b64json({'alg': ['RS256']})}.{b64json({})}.",
+        f"{b64json({'alg': 'RS256', 'x': [[[[[[[[[[]]]]]]]]]] * 1})}.e30.AAAA",
+        "e30." * 3,
+        f"{b64(b'[' * 3000 + b']' * 3000)}.e30.",
     ],
 )
 def test_malformed_tokens_are_refused(tmp_path: Path, token: str) -> None:
