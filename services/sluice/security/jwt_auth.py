@@ -17,6 +17,7 @@ due again), so every later presentation costs a dictionary lookup. Messages neve
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from sluice.security.token_cache import DEFAULT_MAX_ENTRIES, TokenCache
 from sluice.security.token_review import TokenReviewer
 
 __all__ = ["LEEWAY_SECONDS", "MAX_TOKEN_CHARS", "JwtVerifier", "KubernetesIdentity", "VerifiedToken"]
+
+log = logging.getLogger(__name__)
 
 #: Tolerated clock difference between the issuer and this host, in seconds, for exp/nbf/iat. Small:
 #: it extends every token's life by this much, and NTP keeps real clocks well within it.
@@ -169,6 +172,8 @@ class JwtVerifier:
                 refetch_interval=settings.jwt_jwks_refetch_interval.total_seconds(),
                 max_age=settings.jwt_jwks_max_age.total_seconds(),
             )
+        if not settings.jwt_audience:
+            log.warning("jwt_audience is empty: tokens the issuer made for any other audience are accepted")
         audiences = [settings.jwt_audience] if settings.jwt_audience else []
         reviewer = TokenReviewer.in_cluster(audiences) if settings.jwt_token_review else None
         return cls(

@@ -216,6 +216,16 @@ def test_an_unsafe_or_broken_configuration_is_refused_at_start(
         _verifier(tmp_path, None, **overrides)
 
 
+def test_an_unreadable_jwks_ca_or_token_file_is_refused_at_start(tmp_path: Path) -> None:
+    bad_ca = tmp_path / "ca.crt"
+    bad_ca.write_text("not a certificate")
+    url = "https://kubernetes.default.svc/openid/v1/jwks"
+    with pytest.raises(InvalidArgument, match="jwt_jwks_ca_file: cannot load"):
+        _verifier(tmp_path, None, jwt_jwks_url=url, jwt_jwks_ca_file=bad_ca)
+    with pytest.raises(InvalidArgument, match="jwt_jwks_token_file: cannot read"):
+        _verifier(tmp_path, None, jwt_jwks_url=url, jwt_jwks_token_file=tmp_path / "missing")
+
+
 def test_an_hs_configuration_with_a_jwks_url_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="HS\\* algorithms use a secret"):
         _verifier(tmp_path, SECRET, jwt_algorithms="HS256", jwt_jwks_url="https://idp.example/jwks")
