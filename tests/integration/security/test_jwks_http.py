@@ -5,6 +5,7 @@ flood (counted in the server's requests), forged tokens, and the fetcher's limit
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import threading
 from collections.abc import Iterator
@@ -135,7 +136,8 @@ def test_an_ec_key_in_the_jwks_verifies_es256(server: _JwksServer) -> None:
     assert _run(verifier, sign(claims(), ec_key(), kid="e1")).key_id == "e1"
 
 
-def test_forged_tokens_are_refused(server: _JwksServer) -> None:
+def test_forged_tokens_are_refused(server: _JwksServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     verifier = _verifier(server, [0.0])
     _refused(verifier, unsigned(claims()), "algorithm 'none' is not accepted")
     assert server.fetches() == 0  # refused on the header: no key was looked up
@@ -150,6 +152,7 @@ def test_forged_tokens_are_refused(server: _JwksServer) -> None:
     _refused(verifier, sign(claims(iss="https://other.example"), rsa_key()), "issuer")
     _refused(verifier, sign(claims(exp=1_000_000), rsa_key()), "expired")
     _refused(verifier, sign(claims(exp=None), rsa_key()), "no exp claim")
+    assert "eyJ" not in caplog.text  # no token (every one starts so) in any log line
 
 
 def test_a_flood_of_unknown_kids_is_not_a_flood_of_fetches(server: _JwksServer) -> None:
