@@ -5,15 +5,23 @@ flood (counted in the server's requests), forged tokens, and the fetcher's limit
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
+import ipaddress
 import logging
 import secrets
+import ssl
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from sluice.errors import AuthenticationError
 from sluice.security.jwks import JwksCache, JwksFetcher
@@ -52,8 +60,9 @@ class _JwksServer:
             return self.requests.count(JWKS_PATH)
 
 
-@pytest.fixture
-def server() -> Iterator[_JwksServer]:
+@contextlib.contextmanager
+def _serving(tls: ssl.SSLContext | None = None) -> Iterator[_JwksServer]:
+    """A JWKS server on 127.0.0.1 (a free port), over TLS with ``tls``."""
     state = _JwksServer(jwks(jwk(rsa_key(), "k1")))
 
     class Handler(BaseHTTPRequestHandler):
@@ -77,7 +86,10 @@ def server() -> Iterator[_JwksServer]:
             pass
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.url = f"http://127.0.0.1:{httpd.server_address[1]}{JWKS_PATH}"
+    if tls is not None:
+        httpd.socket = tls.wrap_socket(httpd.socket, server_side=True)
+    scheme = "http" if tls is None else "https"
+    state.url = f"{scheme}://127.0.0.1:{httpd.server_address[1]}{JWKS_PATH}"
     thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -86,6 +98,65 @@ def server() -> Iterator[_JwksServer]:
         httpd.shutdown()
         httpd.server_close()
         thread.join(5)
+
+
+@pytest.fixture
+def server() -> Iterator[_JwksServer]:
+    with _serving() as state:
+        yield state
+
+
+def _tls_files(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
+    """A private CA (its certificate written to ca.crt) and a server context with a certificate it
+    signed for 127.0.0.1: what the API server and the pod's ServiceAccount ca.crt are in a cluster."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test cluster CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return ca_file, context
 
 
 def _verifier(server: _JwksServer, now: list[float], **kwargs: object) -> JwtVerifier:
@@ -210,3 +281,28 @@ def test_the_fetcher_refuses_oversized_documents_and_redirects(server: _JwksServ
     verifier = _verifier(server, [0.0])
     _refused(verifier, sign(claims(), rsa_key()), "JWKS unavailable: HTTP Error 302")
     assert "/elsewhere" not in server.requests  # not followed: the bearer token stays with the JWKS URL
+
+
+def test_the_jwks_over_https_with_the_clusters_ca_and_a_bearer_token(tmp_path: Path) -> None:
+    """The in-cluster fetch: https, the ServiceAccount's ca.crt, its token; and without the CA bundle
+    the server's certificate is not trusted, so no key is fetched and no token accepted."""
+    ca_file, tls = _tls_files(tmp_path)
+    sa_token = tmp_path / "token"
+    sa_token.write_text("sa-token-1")
+    with _serving(tls) as state:
+        settings = SecuritySettings(
+            auth_mechanisms="jwt",
+            jwt_jwks_url=state.url,
+            jwt_jwks_ca_file=ca_file,
+            jwt_jwks_token_file=sa_token,
+            jwt_issuer=ISSUER,
+        )
+        token = sign(claims(), rsa_key(), kid="k1")
+        assert (
+            _run(JwtVerifier.from_settings(settings), token).principal
+            == "system:serviceaccount:spark:executor"
+        )
+        assert state.authorization == ["Bearer sa-token-1"]
+        untrusting = JwtVerifier.from_settings(replace(settings, jwt_jwks_ca_file=None))
+        _refused(untrusting, token, "JWKS unavailable: .*CERTIFICATE_VERIFY_FAILED")
+        assert state.fetches() == 1  # the handshake failed: the request (and the token) never went
