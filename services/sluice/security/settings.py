@@ -88,11 +88,48 @@ class SecuritySettings:
     jwt_principal_claim: str = field(
         default="sub", metadata={"help": "the JWT claim that names the principal"}
     )
+    jwt_jwks_ca_file: Path | None = field(
+        default=None,
+        metadata={
+            "help": "PEM CA bundle verifying the JWKS URL's server certificate (in a pod, for the API "
+            "server: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt). Unset: the system's roots"
+        },
+    )
+    jwt_jwks_token_file: Path | None = field(
+        default=None,
+        metadata={
+            "help": "file holding a bearer token sent when fetching the JWKS, re-read on every fetch "
+            "(the API server's /openid/v1/jwks wants one: "
+            "/var/run/secrets/kubernetes.io/serviceaccount/token). Unset: none sent"
+        },
+    )
+    jwt_jwks_refetch_interval: timedelta = field(
+        default=timedelta(seconds=10),
+        metadata={
+            "help": "at most one JWKS fetch per this interval: a token with an unknown kid (a rotated "
+            "key) triggers a refetch only this often, so a flood of made-up kids is not a flood of fetches"
+        },
+    )
+    jwt_jwks_max_age: timedelta = field(
+        default=timedelta(minutes=10),
+        metadata={
+            "help": "a JWKS older than this is refetched in the background, so a key removed from it "
+            "stops verifying (and the tokens it verified are re-checked)"
+        },
+    )
     jwt_token_review: bool = field(
         default=False,
         metadata={
-            "help": "also ask the Kubernetes TokenReview API (once per token): refuses a deleted "
-            "pod's still-unexpired ServiceAccount token, which a JWKS check cannot see"
+            "help": "also ask the Kubernetes TokenReview API (once per token and "
+            "--jwt-token-review-interval): refuses a deleted pod's still-unexpired ServiceAccount "
+            "token, which a JWKS check cannot see"
+        },
+    )
+    jwt_token_review_interval: timedelta = field(
+        default=timedelta(minutes=1),
+        metadata={
+            "help": "how long a TokenReview answer is trusted before the token is reviewed again "
+            "(never past the token's exp): bounds how long a deleted pod's token keeps working"
         },
     )
     # ---- authorization ------------------------------------------------------------------------
