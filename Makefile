@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/.tools/bin:$(PATH)
 
-.PHONY: all help deps tools protos check-protos module-map lint typecheck test unit integration bench up clean
+.PHONY: all help deps tools protos check-protos module-map guard-table lint typecheck test unit integration bench up clean
 
 all: test
 
@@ -36,6 +36,10 @@ check-protos: $(VENV)/.installed
 ## module-map: regenerate the module map of docs/architecture.md (a test checks freshness)
 module-map: $(VENV)/.installed
 	$(PY) scripts/module_map.py
+
+## guard-table: regenerate docs/security.md's table of what each RPC needs (a test checks freshness)
+guard-table: $(VENV)/.installed
+	$(PY) scripts/guard_table.py
 
 ## lint: ruff lint and format check
 lint: $(VENV)/.installed
