@@ -1,0 +1,57 @@
+"""The authorizer the services ask: ACL decisions, remembered on live streams, denials audited.
+
+It wraps the ACL engine (``sluice.security.acl.AclAuthorizer``: deny wins, default deny, super users,
+a decision cache) with what a request path needs around a decision:
+
+- a right allowed on a live stream is remembered on it, so an ACL change can end the stream;
+- a denial is audited (one structured log line and a counter) and raised as ``AuthorizationError``
+  naming the operation and the resource as the caller asked, never whether the resource exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from sluice.errors import AuthorizationError
+from sluice.security.context import RequestContext
+from sluice.security.model import Operation, Principal, Resource, ResourceType
+
+__all__ = ["AclDecisions", "ServiceAuthorizer"]
+
+
+class AclDecisions(Protocol):
+    def allowed(self, principal: Principal, operation: Operation, resource: Resource) -> bool: ...
+
+    def allowed_on_some(
+        self, principal: Principal, operation: Operation, resource_type: ResourceType
+    ) -> bool: ...
+
+
+Audit = Callable[[Principal, Operation, Resource, str], None]
+
+
+class ServiceAuthorizer:
+    """The process's authorizer when ``--authorization acl`` (see the module docstring)."""
+
+    enabled = True
+
+    def __init__(self, acls: AclDecisions, audit: Audit) -> None:
+        self._acls = acls
+        self._audit = audit
+
+    def allowed(self, ctx: RequestContext, operation: Operation, resource: Resource) -> bool:
+        ok = self._acls.allowed(ctx.principal, operation, resource)
+        if ok and ctx.stream is not None:
+            ctx.stream.remember(operation, resource)
+        return ok
+
+    def authorize(self, ctx: RequestContext, operation: Operation, resource: Resource) -> None:
+        if self.allowed(ctx, operation, resource):
+            return
+        self._audit(ctx.principal, operation, resource, ctx.address)
+        who = ctx.principal.name or "an anonymous caller"
+        raise AuthorizationError(f"{who} is not authorized to {operation.value} {resource}")
+
+    def allowed_on_some(self, ctx: RequestContext, operation: Operation, resource_type: ResourceType) -> bool:
+        return self._acls.allowed_on_some(ctx.principal, operation, resource_type)
