@@ -30,6 +30,7 @@ from sluice.security.model import IMPLIED, Operation, Principal, Resource, Resou
 __all__ = [
     "ALL",
     "DEFAULT_CACHE_SIZE",
+    "MAX_NAME",
     "WILDCARD",
     "AclAuthorizer",
     "AclEntry",
@@ -39,6 +40,8 @@ __all__ = [
     "AnyOperation",
     "PatternType",
     "Permission",
+    "parse_enum",
+    "parse_operation",
 ]
 
 log = logging.getLogger(__name__)
@@ -71,7 +74,8 @@ ALL = AnyOperation.ALL
 AclOperation = Operation | AnyOperation
 
 
-def _enum(kind: type[enum.Enum], value: object, what: str) -> Any:
+def parse_enum(kind: type[enum.Enum], value: object, what: str) -> Any:
+    """``kind``'s member spelled ``value`` (case-insensitive); InvalidArgument naming ``what`` otherwise."""
     if isinstance(value, kind):
         return value
     try:
@@ -87,7 +91,7 @@ def parse_operation(value: object) -> AclOperation:
         return value
     if str(value).lower() == ALL.value:
         return ALL
-    result: Operation = _enum(Operation, value, "operation (or all)")
+    result: Operation = parse_enum(Operation, value, "operation (or all)")
     return result
 
 
@@ -153,11 +157,11 @@ class AclEntry:
         """An entry from values or their spellings; raises InvalidArgument naming the bad field."""
         return cls(
             principal=principal,
-            resource_type=_enum(ResourceType, resource_type, "resource type"),
-            pattern=_enum(PatternType, pattern, "pattern type"),
+            resource_type=parse_enum(ResourceType, resource_type, "resource type"),
+            pattern=parse_enum(PatternType, pattern, "pattern type"),
             name=name,
             operation=parse_operation(operation),
-            permission=_enum(Permission, permission, "permission"),
+            permission=parse_enum(Permission, permission, "permission"),
         )
 
     def to_dict(self) -> dict[str, str]:
