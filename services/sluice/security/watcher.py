@@ -114,9 +114,12 @@ class SecurityWatcher:
 
     async def poll_once(self, peers: AioPeers) -> bool:
         """One WatchSecurity call; applies a snapshot if one came. Returns whether one did."""
+        # Until the first answer, ask for one at once: a coordinator at version 0 (no ACLs, no users) is
+        # what an empty copy already holds, and would otherwise keep "synced" waiting a whole poll.
+        wait_ms = self.max_wait_ms if self.synced.is_set() else 0
         response: acl_pb2.WatchSecurityResponse = await peers.acls(self.target).WatchSecurity(
-            acl_pb2.WatchSecurityRequest(known_version=self.version, max_wait_ms=self.max_wait_ms),
-            timeout=self.max_wait_ms / 1000 + RPC_SLACK_S,
+            acl_pb2.WatchSecurityRequest(known_version=self.version, max_wait_ms=wait_ms),
+            timeout=wait_ms / 1000 + RPC_SLACK_S,
         )
         self.synced.set()
         if not response.changed:
