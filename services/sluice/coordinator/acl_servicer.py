@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from grpc import aio
 
 from sluice.coordinator.acl_store import AclStore
 from sluice.coordinator.election import CoordinatorElection
-from sluice.errors import InvalidArgument, SluiceError
+from sluice.errors import InvalidArgument, NotCoordinator, SluiceError
 from sluice.security.acl import AclEntry, AclFilter
 from sluice.security.acl_proto import entry_from_proto, entry_to_proto, filter_from_proto, filter_to_proto
 from sluice.security.audit import audit_change
@@ -105,7 +105,8 @@ class AclServicer(acl_pb2_grpc.AclsServicer):
     async def CreateAcls(self, request: pb.CreateAclsRequest, context: Context) -> pb.CreateAclsResponse:
         entries = [_entry(i, m) for i, m in enumerate(_bounded(request.acls, "acls"))]
         self._guard()
-        created, version = await self._store.add(self._leadership.epoch, entries)
+        async with self._fencing():
+            created, version = await self._store.add(self._leadership.epoch, entries)
         if created:
             self._changed_by(context, "acl.add", {"acls": [e.to_dict() for e in created]})
         return pb.CreateAclsResponse(created=len(created), version=version)
@@ -113,7 +114,8 @@ class AclServicer(acl_pb2_grpc.AclsServicer):
     async def DeleteAcls(self, request: pb.DeleteAclsRequest, context: Context) -> pb.DeleteAclsResponse:
         filters = [_filter(i, f) for i, f in enumerate(_bounded(request.filters, "filters"))]
         self._guard()
-        deleted, version = await self._store.remove(self._leadership.epoch, filters)
+        async with self._fencing():
+            deleted, version = await self._store.remove(self._leadership.epoch, filters)
         if deleted:
             detail = {
                 "filters": [_filter_doc(filter_to_proto(f)) for f in filters],
@@ -179,6 +181,18 @@ class AclServicer(acl_pb2_grpc.AclsServicer):
         election = self._leadership.election
         if election is not None:
             election.guard()
+
+    @contextlib.asynccontextmanager
+    async def _fencing(self) -> AsyncIterator[None]:
+        """A write refused for our epoch means another coordinator took over: step down (as the metadata
+        write path does), so this replica stops answering as the leader."""
+        try:
+            yield
+        except NotCoordinator:
+            election = self._leadership.election
+            if election is not None:
+                election.fenced()
+            raise
 
     def _changed_by(self, context: Context, action: str, detail: Mapping[str, object]) -> None:
         audit_change(self._principal_of(context), action, detail, context.peer())
