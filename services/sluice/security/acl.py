@@ -26,9 +26,11 @@ from typing import Any
 
 from sluice.errors import AuthorizationError, InvalidArgument
 from sluice.security.model import IMPLIED, Operation, Principal, Resource, ResourceType
+from sluice.security.settings import SecuritySettings
 
 __all__ = [
     "ALL",
+    "AUTHORIZATION_MODES",
     "DEFAULT_CACHE_SIZE",
     "MAX_NAME",
     "WILDCARD",
@@ -48,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: As a principal: anyone authenticated. As a LITERAL name: every resource of the type.
 WILDCARD = "*"
+#: ``--authorization``: ``none`` (everyone may do everything) or ``acl`` (default deny, ACLs allow).
+AUTHORIZATION_MODES = ("none", "acl")
 #: Decisions one authorizer caches at most; past that the oldest is dropped first.
 DEFAULT_CACHE_SIZE = 100_000
 #: Longest principal or resource name an entry may carry (names are 249 at most; principals may be DNs).
@@ -326,6 +330,17 @@ class AclAuthorizer:
         self._cache_size = cache_size
         self._cache: dict[tuple[str, Operation, Resource], bool] = {}
         self._listeners: list[OnChange] = []
+
+    @classmethod
+    def from_settings(cls, settings: SecuritySettings) -> AclAuthorizer:
+        """The authorizer a service's ``--authorization`` and ``--super-users`` ask for (empty until its
+        ``SecurityWatcher`` brings the first snapshot)."""
+        mode = settings.authorization.strip().lower()
+        if mode not in AUTHORIZATION_MODES:
+            known = ", ".join(AUTHORIZATION_MODES)
+            raise InvalidArgument(f"--authorization {settings.authorization!r}: expected one of {known}")
+        users = frozenset(u.strip() for u in settings.super_users.split(",") if u.strip())
+        return cls(super_users=users, enabled=mode == "acl")
 
     @property
     def acls(self) -> AclSet:

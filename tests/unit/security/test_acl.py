@@ -25,6 +25,7 @@ from sluice.security.model import (
     Resource,
     ResourceType,
 )
+from sluice.security.settings import SecuritySettings
 
 NAMED_TYPES = [ResourceType.TOPIC, ResourceType.GROUP, ResourceType.SUBSCRIPTION]
 PRINCIPALS = ["alice", "bob", WILDCARD]
@@ -279,3 +280,12 @@ def test_filters_select_entries_and_round_trip() -> None:
     assert AclEntry.from_dict(c.to_dict()) == c
     with pytest.raises(InvalidArgument, match="lacks"):
         AclEntry.from_dict({"principal": "x"})
+
+
+def test_from_settings() -> None:
+    auth = AclAuthorizer.from_settings(SecuritySettings(authorization="acl", super_users=" admin, ops ,"))
+    assert auth.enabled
+    assert auth.super_users == {"admin", "ops"}
+    assert not AclAuthorizer.from_settings(SecuritySettings()).enabled
+    with pytest.raises(InvalidArgument, match="--authorization 'acls'"):
+        AclAuthorizer.from_settings(SecuritySettings(authorization="acls"))
