@@ -12,8 +12,22 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.codec.batch import Record
 from sluice.errors import SluiceError
+from sluice.security.acl import ALL, AclEntry, AclFilter, PatternType, Permission
+from sluice.security.model import Operation, ResourceType
 
-__all__ = ["DEFAULT_BOOTSTRAP", "Client", "Record", "SluiceError"]
+__all__ = [
+    "ALL",
+    "DEFAULT_BOOTSTRAP",
+    "AclEntry",
+    "AclFilter",
+    "Client",
+    "Operation",
+    "PatternType",
+    "Permission",
+    "Record",
+    "ResourceType",
+    "SluiceError",
+]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7600"
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from sluice.client.acl_admin import AclAdmin
 from sluice.client.consumer import group_admin, offset_reset
 from sluice.client.consumer.group_admin import GroupConfigInfo, GroupDescription, GroupSummary
 from sluice.client.consumer.offset_reset import OffsetResetRow, ResetTo
@@ -99,8 +100,9 @@ def _positive_or_default(what: str, value: int | None) -> int:
     return value
 
 
-class Admin:
-    """``client.admin``: topic and group operations. Every call raises typed ``sluice.errors``."""
+class Admin(AclAdmin):
+    """``client.admin``: topic, group, subscription and ACL operations (ACLs: ``acl_admin.py``). Every call
+    raises typed ``sluice.errors``."""
 
     def __init__(
         self, metadata: MetadataCache, request_timeout: float, channels: Peers | None = None

@@ -39,7 +39,7 @@ from sluice.errors import (
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
 )
-from sluice.v1 import broker_pb2_grpc, coordinator_pb2_grpc, offset_store_pb2_grpc
+from sluice.v1 import acl_pb2_grpc, broker_pb2_grpc, coordinator_pb2_grpc, offset_store_pb2_grpc
 
 __all__ = [
     "MAX_PEERS",
@@ -213,6 +213,11 @@ class AioPeers:
         stub: coordinator_pb2_grpc.CoordinatorAsyncStub = self._stub(
             address, coordinator_pb2_grpc.CoordinatorStub
         )
+        return stub
+
+    def acls(self, address: str) -> acl_pb2_grpc.AclsAsyncStub:
+        """The coordinator's Acls service (security snapshots: ``sluice.security.watcher``)."""
+        stub: acl_pb2_grpc.AclsAsyncStub = self._stub(address, acl_pb2_grpc.AclsStub)
         return stub
 
     def offset_store(self, address: str) -> offset_store_pb2_grpc.OffsetStoreAsyncStub:

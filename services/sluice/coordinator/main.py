@@ -14,6 +14,8 @@ import socket
 import sys
 
 from sluice.common.redis_client import connect as connect_redis
+from sluice.coordinator.acl_servicer import AclServicer, acl_registrar
+from sluice.coordinator.acl_store import AclStore
 from sluice.coordinator.cluster.model import Endpoint
 from sluice.coordinator.config import ENV_PREFIX, CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection, ElectingGrpcServer
@@ -50,8 +52,10 @@ async def run(config: CoordinatorConfig) -> None:
     # With an election the server starts as a standby and the service starts when elected (wiring.py).
     election = CoordinatorElection.from_config(config, redis)
     service = CoordinatorService.from_config(config, redis, coordinator_endpoint, election)
+    acls = AclServicer(AclStore(redis, config.key_prefix), service)
 
     async def stop() -> None:
+        acls.close()  # answer the waiting security polls now
         if election is not None:
             await election.close()  # resign: a standby takes over without waiting out the lease
         await service.close()
@@ -76,7 +80,7 @@ async def run(config: CoordinatorConfig) -> None:
             election.attach(on_elected=on_elected, on_lost=service.step_down)
         server = ElectingGrpcServer(
             service="coordinator",
-            registrars=[registrar(service)],
+            registrars=[registrar(service), acl_registrar(acls)],
             host=config.host,
             port=config.port,
             metrics_port=config.metrics_port,
