@@ -24,6 +24,7 @@ from sluice.broker.log.manager import LogManager
 from sluice.broker.service import BrokerService
 from sluice.broker.servicer import BrokerServicer
 from sluice.broker.wire_server import broker_wire_listener
+from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main
 from sluice.server.wire import WireListener
@@ -77,12 +78,13 @@ async def run(config: BrokerConfig) -> None:
         descriptor_reserve=config.descriptor_reserve,
     )
     logs.open_all()
-    service = BrokerService(config, logs)
+    security = build_security("broker", config, config.coordinator)
+    service = BrokerService(config, logs, authorizer=security.authorizer)
     await service.start()
     handlers = RequestHandlers(service)
     servicer = BrokerServicer(service, handlers)
     wire_port = config.wire_listen_port
-    wire = broker_wire_listener(handlers, config.host, wire_port) if wire_port is not None else None
+    wire = broker_wire_listener(handlers, config.host, wire_port, security) if wire_port is not None else None
 
     def register(server: aio.Server) -> None:
         broker_pb2_grpc.add_BrokerServicer_to_server(servicer, server)
@@ -94,7 +96,9 @@ async def run(config: BrokerConfig) -> None:
         port=config.port,
         metrics_port=config.metrics_port,
         wire=wire,
+        security=security,
     )
+    security.start()
     link_task: asyncio.Task[None] | None = None
     link: CoordinatorLink | None = None
     if config.coordinator:
@@ -117,6 +121,7 @@ async def run(config: BrokerConfig) -> None:
         if link is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(link.registered.wait(), REGISTRATION_WAIT_S)
+        await security.wait_synced()
 
     shut_down = asyncio.Event()  # on_stop runs twice (serve's hook, then the finally below)
 
@@ -136,6 +141,7 @@ async def run(config: BrokerConfig) -> None:
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link_task
+        await security.stop()
         await service.stop()
 
     try:

@@ -22,6 +22,9 @@ from sluice.coordinator.election import CoordinatorElection, ElectingGrpcServer
 from sluice.coordinator.service import CoordinatorService
 from sluice.coordinator.servicer import SERVICE_NAME, registrar
 from sluice.errors import SluiceError
+from sluice.security.context import current
+from sluice.security.model import Principal
+from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, configure_logging, serve
 
@@ -52,9 +55,11 @@ async def run(config: CoordinatorConfig) -> None:
     # With an election the server starts as a standby and the service starts when elected (wiring.py).
     election = CoordinatorElection.from_config(config, redis)
     service = CoordinatorService.from_config(config, redis, coordinator_endpoint, election)
-    acls = AclServicer(AclStore(redis, config.key_prefix), service)
+    security = build_security("coordinator", config)
+    acls = AclServicer(AclStore(redis, config.key_prefix), service, principal_of=_principal)
 
     async def stop() -> None:
+        await security.stop()
         acls.close()  # answer the waiting security polls now
         if election is not None:
             await election.close()  # resign: a standby takes over without waiting out the lease
@@ -72,6 +77,14 @@ async def run(config: CoordinatorConfig) -> None:
         if election is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(elected.wait(), 2 * config.lease_duration.total_seconds())
+        # The coordinator decides from the same snapshots as every service: it follows its own
+        # address (a standby is sent on to the leader), so there is one way ACLs reach a decision.
+        if server is not None:
+            security.watch(
+                f"127.0.0.1:{server.bound_port}" if config.host in ("0.0.0.0", "::") else server.address
+            )
+            security.start()
+            await security.wait_synced()
 
     try:
         if election is None:
@@ -87,6 +100,7 @@ async def run(config: CoordinatorConfig) -> None:
             health_names=[SERVICE_NAME],
             election=election,
             advertised_host=advertised_host(config),
+            security=security,
         )
         await serve(server, on_stop=stop, before_ready=before_ready)
     finally:
@@ -121,3 +135,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _principal(_context: object) -> Principal:
+    """Who made an ACL change, for the audit log: the current call's principal."""
+    return current().principal

@@ -20,6 +20,7 @@ from sluice.dispatcher.metrics import dispatcher_metrics
 from sluice.dispatcher.service import DispatcherService
 from sluice.dispatcher.servicer import DispatcherServicer, add_to_server
 from sluice.dispatcher.wire_server import dispatcher_wire_listener
+from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main
 from sluice.server.wire import WireListener
@@ -66,20 +67,27 @@ def parse_config(argv: list[str]) -> DispatcherConfig:
 async def run(config: DispatcherConfig) -> None:
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     gc.freeze()  # what startup made lives forever: later collections need not walk it
-    service = DispatcherService(config, dispatcher_metrics())
+    security = build_security("dispatcher", config, config.coordinator)
+    service = DispatcherService(config, dispatcher_metrics(), authorizer=security.authorizer)
     servicer = DispatcherServicer(service)
 
     def register(server: aio.Server) -> None:
         add_to_server(servicer, server)
 
     server = _DispatcherGrpcServer(
-        "dispatcher", [register], host=config.host, port=config.port, metrics_port=config.metrics_port
+        "dispatcher",
+        [register],
+        host=config.host,
+        port=config.port,
+        metrics_port=config.metrics_port,
+        security=security,
     )
+    security.start()
     server.service_ref = service
     server.advertised_host = config.advertised
     wire_port = wire_listen_port(config.port, config.wire_port)
     if wire_port is not None:
-        server.wire = dispatcher_wire_listener(servicer, config.host, wire_port)
+        server.wire = dispatcher_wire_listener(servicer, config.host, wire_port, security)
     stopped = False
 
     async def on_stop() -> None:
@@ -88,10 +96,11 @@ async def run(config: DispatcherConfig) -> None:
             stopped = True
             if server.wire is not None:
                 await server.wire.stop()
+            await security.stop()
             await service.stop()
 
     try:
-        await serve(server, on_stop=on_stop)
+        await serve(server, on_stop=on_stop, before_ready=security.wait_synced)
     finally:
         await on_stop()
 

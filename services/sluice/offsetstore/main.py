@@ -13,6 +13,7 @@ from sluice.offsetstore.resolver import BrokerOffsetResolver
 from sluice.offsetstore.service import OffsetStoreService
 from sluice.offsetstore.servicer import OffsetStoreServicer
 from sluice.offsetstore.storage import PositionStore, ReplicaWait
+from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main
 from sluice.v1 import offset_store_pb2_grpc
@@ -60,6 +61,7 @@ async def run(config: OffsetStoreConfig) -> None:
     resolver = BrokerOffsetResolver(config.coordinator) if config.coordinator else None
     service = OffsetStoreService(store, resolver)
     servicer = OffsetStoreServicer(service)
+    security = build_security(SERVICE, config, config.coordinator)
     server = GrpcServer(
         SERVICE,
         [lambda s: offset_store_pb2_grpc.add_OffsetStoreServicer_to_server(servicer, s)],
@@ -67,10 +69,13 @@ async def run(config: OffsetStoreConfig) -> None:
         port=config.port,
         metrics_port=config.metrics_port,
         health_names=[HEALTH_NAME],
+        security=security,
     )
+    security.start()
     try:
-        await serve(server)
+        await serve(server, before_ready=security.wait_synced)
     finally:
+        await security.stop()
         await service.close()
 
 

@@ -388,6 +388,23 @@ class AclAuthorizer:
             cache[key] = decision
         return decision
 
+    def allowed_on_some(
+        self, principal: Principal, operation: Operation, resource_type: ResourceType
+    ) -> bool:
+        """Whether some ACL allows ``operation`` on some resource of ``resource_type`` (an idempotent
+        producer's id needs write on any topic: Kafka's KIP-679). A scan, asked once per producer."""
+        if not self.enabled or principal.cluster or principal.name in self.super_users:
+            return True
+        if principal.anonymous:
+            return False
+        return any(
+            entry.resource_type is resource_type
+            and entry.principal in (principal.name, WILDCARD)
+            and entry.permission is Permission.ALLOW
+            and entry.grants(operation)
+            for entry in self._acls
+        )
+
     def authorize(self, principal: Principal, operation: Operation, resource: Resource) -> None:
         """Raise AuthorizationError unless allowed. The message names what was asked, exactly as asked,
         and nothing about whether the resource exists (nothing here knows)."""

@@ -114,6 +114,10 @@ class ServerAuthenticator:
         self._cache: OrderedDict[str, Authenticated] = OrderedDict()
 
     @property
+    def checks_sessions(self) -> bool:
+        return self._sessions is not None
+
+    @property
     def enabled(self) -> bool:
         return bool(self.mechanisms) or self._cluster_token is not None
 

@@ -171,6 +171,12 @@ GUARDS: dict[str, Guard] = {
     "/sluice.v1.Dispatcher/SkipSubscription": core(check(Operation.ALTER, SUB, _cluster)),
     "/sluice.v1.Dispatcher/DeleteSubscription": core(check(Operation.DELETE, SUB, _cluster)),
     "/sluice.v1.Dispatcher/PeekSubscription": core(check(R, SUB, _cluster), check(R, TOPIC, _cluster)),
+    # ---- coordinator: ACLs (the Acls service). WatchSecurity hands out every ACL and user name:
+    # only the services' own watchers call it.
+    "/sluice.v1.Acls/CreateAcls": cluster(Operation.ALTER),
+    "/sluice.v1.Acls/DeleteAcls": cluster(Operation.ALTER),
+    "/sluice.v1.Acls/DescribeAcls": cluster(D),
+    "/sluice.v1.Acls/WatchSecurity": cluster(),
     # ---- open: probes carry no credentials ------------------------------------------------------------
     "/grpc.health.v1.Health/Check": OPEN,
     "/grpc.health.v1.Health/Watch": OPEN,

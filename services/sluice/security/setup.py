@@ -1,0 +1,94 @@
+"""Build one service process's security from its settings: the single place every service calls.
+
+``build(service, settings, coordinator)`` returns the :class:`~sluice.security.service.ServiceSecurity`
+the service hands to its gRPC server and wire listeners, and registers the process's authorizer. A
+service that is not the coordinator also gets a :class:`~sluice.security.watcher.SecurityWatcher`
+(started and stopped by the service's main with :meth:`ServiceSecurity.start`/``stop``) that keeps
+its ACLs and user generations current; the coordinator feeds its own from the ACL servicer.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+
+from sluice.errors import InvalidArgument
+from sluice.security.acl import AclAuthorizer
+from sluice.security.audit import audit_denied
+from sluice.security.authenticate import ServerAuthenticator, SessionVerifier
+from sluice.security.context import AllowAll, Authorizer, set_process_authorizer
+from sluice.security.enforce import ServiceAuthorizer
+from sluice.security.jwt_auth import JwtVerifier
+from sluice.security.model import Operation, Principal, Resource
+from sluice.security.service import ServiceSecurity
+from sluice.security.settings import MECHANISMS, SecuritySettings
+
+__all__ = ["build", "mechanisms_of", "read_cluster_token"]
+
+
+def mechanisms_of(settings: SecuritySettings) -> frozenset[str]:
+    names = frozenset(m.strip().lower() for m in settings.auth_mechanisms.split(",") if m.strip())
+    unknown = names - set(MECHANISMS)
+    if unknown:
+        raise InvalidArgument(
+            f"--auth-mechanisms: unknown {', '.join(sorted(unknown))} (known: {', '.join(MECHANISMS)})"
+        )
+    return names
+
+
+def read_cluster_token(path: Path | None) -> bytes | None:
+    """The cluster token (a Secret's file), stripped; None when not configured."""
+    if path is None:
+        return None
+    try:
+        token = path.read_bytes().strip()
+    except OSError as exc:
+        raise InvalidArgument(f"--cluster-token-file {path}: {exc.strerror or exc}") from exc
+    if len(token) < 16:
+        raise InvalidArgument(f"--cluster-token-file {path}: the token must be at least 16 bytes")
+    return token
+
+
+def build(service: str, settings: SecuritySettings, coordinator: str = "") -> ServiceSecurity:
+    """The service's security (see the module docstring). ``coordinator``: where its watcher asks
+    for ACLs and users ("" for the coordinator itself, or a service that has none configured)."""
+    mechanisms = mechanisms_of(settings)
+    cluster_token = read_cluster_token(settings.cluster_token_file)
+    acls = AclAuthorizer.from_settings(settings)
+    jwt = JwtVerifier.from_settings(settings) if "jwt" in mechanisms else None
+
+    def generations() -> Mapping[str, int]:  # the watcher comes after the authenticator
+        return security.user_generations()
+
+    authenticator = ServerAuthenticator(
+        mechanisms=mechanisms,
+        allow_anonymous=settings.allow_anonymous,
+        cluster_token=cluster_token,
+        sessions=_sessions(mechanisms, cluster_token),
+        jwt=jwt,
+        user_generations=generations,
+    )
+    authorizer: Authorizer = (
+        ServiceAuthorizer(acls, functools.partial(_audit, service)) if acls.enabled else AllowAll()
+    )
+    security = ServiceSecurity(service, authenticator, authorizer, acls=acls)
+    security.watch(coordinator)
+
+    def acls_changed(_acls: object) -> None:
+        security.recheck_streams()
+
+    acls.on_change(acls_changed)
+    set_process_authorizer(authorizer)
+    return security
+
+
+def _audit(
+    service: str, principal: Principal, operation: Operation, resource: Resource, address: str
+) -> None:
+    audit_denied(principal, operation, resource, address, service)
+
+
+def _sessions(mechanisms: frozenset[str], cluster_token: bytes | None) -> SessionVerifier | None:
+    """The session-token verifier (SCRAM logins), wired when the SCRAM part lands."""
+    return None
