@@ -14,6 +14,8 @@ import socket
 import sys
 
 from sluice.common.redis_client import connect as connect_redis
+from sluice.coordinator.auth_servicer import SERVICE_NAME as AUTH_SERVICE_NAME
+from sluice.coordinator.auth_servicer import AuthService
 from sluice.coordinator.cluster.model import Endpoint
 from sluice.coordinator.config import ENV_PREFIX, CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection, ElectingGrpcServer
@@ -50,6 +52,8 @@ async def run(config: CoordinatorConfig) -> None:
     # With an election the server starts as a standby and the service starts when elected (wiring.py).
     election = CoordinatorElection.from_config(config, redis)
     service = CoordinatorService.from_config(config, redis, coordinator_endpoint, election)
+    # Logins and users (auth_servicer.py): on every replica, standbys too.
+    auth = AuthService.from_config(config, redis)
 
     async def stop() -> None:
         if election is not None:
@@ -76,11 +80,11 @@ async def run(config: CoordinatorConfig) -> None:
             election.attach(on_elected=on_elected, on_lost=service.step_down)
         server = ElectingGrpcServer(
             service="coordinator",
-            registrars=[registrar(service)],
+            registrars=[registrar(service), auth.registrar()],
             host=config.host,
             port=config.port,
             metrics_port=config.metrics_port,
-            health_names=[SERVICE_NAME],
+            health_names=[SERVICE_NAME, AUTH_SERVICE_NAME],
             election=election,
             advertised_host=advertised_host(config),
         )

@@ -32,7 +32,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from sluice.errors import InvalidArgument
 
-__all__ = ["PREFIX", "SessionClaims", "SessionTokens", "is_session_token"]
+__all__ = ["PREFIX", "SessionClaims", "SessionTokens", "derive_key", "is_session_token", "read_cluster_token"]
 
 #: Every session token starts with this; a JWT never does (it starts with ``eyJ``).
 PREFIX = "sls1."
@@ -59,6 +59,23 @@ class SessionClaims:
     expires_at: float
 
 
+def derive_key(secret: bytes, purpose: bytes) -> bytes:
+    """A 32-byte key for one ``purpose`` from the cluster token (HKDF-SHA256): keys for different
+    purposes are independent, and every service holding the token derives the same ones."""
+    if not secret:
+        raise InvalidArgument("the cluster token is empty")
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose).derive(secret)
+
+
+def read_cluster_token(path: Path) -> bytes:
+    """The cluster token file's content without surrounding whitespace (a Secret mounted from
+    ``kubectl create secret --from-file`` often ends with a newline)."""
+    try:
+        return path.read_bytes().strip()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the cluster token file {path}: {exc.strerror}") from None
+
+
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
@@ -79,20 +96,12 @@ class SessionTokens:
     @classmethod
     def from_cluster_token(cls, secret: bytes) -> SessionTokens:
         """The key every service derives from the cluster token (HKDF-SHA256), so they all agree."""
-        if not secret:
-            raise InvalidArgument("the cluster token is empty")
-        hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_HKDF_INFO)
-        return cls(hkdf.derive(secret))
+        return cls(derive_key(secret, _HKDF_INFO))
 
     @classmethod
     def from_cluster_token_file(cls, path: Path) -> SessionTokens:
-        """:meth:`from_cluster_token` on the file's content without surrounding whitespace (a Secret
-        mounted from ``kubectl create secret --from-file`` often ends with a newline)."""
-        try:
-            secret = path.read_bytes().strip()
-        except OSError as exc:
-            raise InvalidArgument(f"cannot read the cluster token file {path}: {exc.strerror}") from None
-        return cls.from_cluster_token(secret)
+        """:meth:`from_cluster_token` on the file's content (:func:`read_cluster_token`)."""
+        return cls.from_cluster_token(read_cluster_token(path))
 
     @classmethod
     def random(cls) -> SessionTokens:
