@@ -164,7 +164,7 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         messages = aiter(request_iterator)
         first = await _next(messages, "client-first message")
         if first.mechanism != MECHANISM:
-            raise InvalidArgument(f"unsupported mechanism {first.mechanism!r}: use {MECHANISM}")
+            raise InvalidArgument(f"unsupported mechanism {first.mechanism[:40]!r}: use {MECHANISM}")
         client_first = _text(first, "client-first message")
         name = _escaped_name(client_first)
         auth.limiter.check(address, name)  # before any work: a throttled attempt costs nothing more
