@@ -30,6 +30,8 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "add",
         help="create a user or set its password (its sessions end)",
         parents=[common],
+        # No "--password" abbreviating --password-file: a password typed as a flag value is refused.
+        allow_abbrev=False,
         description="The password comes from --password-file, else stdin if it is not a terminal, "
         "else a prompt. There is no flag that takes the password itself.",
     )
