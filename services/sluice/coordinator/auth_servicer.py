@@ -167,7 +167,8 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
             raise InvalidArgument(f"unsupported mechanism {first.mechanism[:40]!r}: use {MECHANISM}")
         client_first = _text(first, "client-first message")
         name = _escaped_name(client_first)
-        auth.limiter.check(address, name)  # before any work: a throttled attempt costs nothing more
+        # Before any work: a throttled attempt costs nothing more. Counted as failed until it succeeds.
+        auth.limiter.begin(address, name)
         record = await self._record(name)
         exchange = _Exchange(
             name or "", record.credential if record is not None else auth.fake_credential(name or "")
@@ -179,17 +180,13 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
             exchange.server.set_client_final(final)
             server_final = exchange.server.get_server_final()
         except ScramException as exc:
-            auth.limiter.failed(address, name)
             if exc.server_error == ServerError.INVALID_PROOF:
                 log.info("failed login for %r from %s", name, address)
                 raise AuthenticationError(FAILED) from None
             raise InvalidArgument(f"malformed SCRAM message: {exc}") from None
-        except InvalidArgument:
-            auth.limiter.failed(address, name)
-            raise
         if record is None or name is None:  # unreachable: nobody knows the fake keys
-            auth.limiter.failed(address, name)
             raise AuthenticationError(FAILED)
+        auth.limiter.succeeded(address, name)
         token = auth.tokens.mint(name, "scram", record.generation, auth.ttl_s)
         claims = auth.tokens.verify(token)
         assert claims is not None

@@ -17,14 +17,17 @@ one script, whichever replica serves it (standbys too), with nothing to replay.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from sluice.errors import StorageError
 from sluice.security.scram import MECHANISM, ScramCredential, validate_user_name
 
 __all__ = ["LoginRecord", "UserInfo", "UserStore", "UsersSnapshot"]
@@ -86,6 +89,14 @@ def _decode(raw: bytes | str) -> ScramCredential:
     return ScramCredential(b64(d["s"]), int(d["i"]), b64(d["sk"]), b64(d["vk"]), d.get("m", MECHANISM))
 
 
+@contextlib.contextmanager
+def _storage(what: str) -> Iterator[None]:
+    try:
+        yield
+    except RedisError as exc:
+        raise StorageError(f"users: cannot {what} in Redis: {exc}") from exc
+
+
 class UserStore:
     def __init__(self, redis: Redis, key_prefix: str) -> None:
         self._redis = redis
@@ -109,7 +120,8 @@ class UserStore:
         """Create the user or replace its credential: (its new generation, whether it was created)."""
         validate_user_name(name)
         credential.validate()
-        generation, existed = await self._upsert(keys=[self.key], args=[name, _encode(credential)])
+        with _storage("store the user"):
+            generation, existed = await self._upsert(keys=[self.key], args=[name, _encode(credential)])
         log.info("user %s %s (generation %d)", name, "updated" if existed else "created", generation)
         self._changed()
         return int(generation), not existed
@@ -117,7 +129,8 @@ class UserStore:
     async def delete(self, name: str) -> int | None:
         """Delete the user: its tombstone generation, or None if there was no such user."""
         validate_user_name(name)
-        generation = int(await self._delete(keys=[self.key], args=[name]))
+        with _storage("delete the user"):
+            generation = int(await self._delete(keys=[self.key], args=[name]))
         if generation < 0:
             return None
         log.info("user %s deleted (generation %d)", name, generation)
@@ -126,13 +139,15 @@ class UserStore:
 
     async def login_record(self, name: str) -> LoginRecord | None:
         """The credential and generation a login checks, read together (one command)."""
-        raw, generation = await self._redis.hmget(self.key, [f"cred:{name}", f"gen:{name}"])
+        with _storage("read the user"):
+            raw, generation = await self._redis.hmget(self.key, [f"cred:{name}", f"gen:{name}"])
         if raw is None:
             return None
         return LoginRecord(_decode(raw), int(generation or 0))
 
     async def _all(self) -> tuple[int, dict[str, ScramCredential], dict[str, int]]:
-        raw: dict[Any, Any] = await self._redis.hgetall(self.key)
+        with _storage("read the users"):
+            raw: dict[Any, Any] = await self._redis.hgetall(self.key)
         creds: dict[str, ScramCredential] = {}
         gens: dict[str, int] = {}
         version = 0

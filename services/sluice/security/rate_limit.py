@@ -61,6 +61,11 @@ class _Buckets:
         while len(self.entries) > self.max_entries:
             self.entries.popitem(last=False)
 
+    def give_back(self, key: str, now: float) -> None:
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries[key] = (min(self.capacity, self.tokens(key, now) + 1.0), now)
+
     def wait_s(self, key: str, now: float) -> float:
         """How long until ``key`` may try again (0: now)."""
         return max(0.0, (1.0 - self.tokens(key, now)) / self.rate)
@@ -78,14 +83,39 @@ class FailureLimiter:
 
     def check(self, address: str, user: str | None = None) -> None:
         """Raise Throttled if ``address`` (or ``user``) has used up its failures; call before any work.
+        For a check that completes before the next one starts (a JWT's); an exchange that spans round
+        trips uses :meth:`begin`.
 
         The message is the same whichever side is exhausted and whether the user exists, so it tells an
         attacker nothing about user names."""
+        with self._lock:
+            self._raise_if_exhausted(address, user, self._clock())
+
+    def begin(self, address: str, user: str | None = None) -> None:
+        """:meth:`check`, then count the attempt as failed until :meth:`succeeded` says otherwise.
+
+        So attempts in flight count: without it, a client with many concurrent exchanges would get
+        that many past the limit before the first failure is counted. An exchange abandoned half way
+        stays counted as a failure."""
         now = self._clock()
         with self._lock:
-            wait = self._addresses.wait_s(address, now)
+            self._raise_if_exhausted(address, user, now)
+            self._addresses.take(address, now)
             if user is not None:
-                wait = max(wait, self._users.wait_s(user, now))
+                self._users.take(user, now)
+
+    def succeeded(self, address: str, user: str | None = None) -> None:
+        """Give back what :meth:`begin` took: a successful login costs nothing."""
+        now = self._clock()
+        with self._lock:
+            self._addresses.give_back(address, now)
+            if user is not None:
+                self._users.give_back(user, now)
+
+    def _raise_if_exhausted(self, address: str, user: str | None, now: float) -> None:
+        wait = self._addresses.wait_s(address, now)
+        if user is not None:
+            wait = max(wait, self._users.wait_s(user, now))
         if wait > 0:
             raise Throttled(f"too many failed logins; retry in {max(wait, 0.1):.1f} s")
 

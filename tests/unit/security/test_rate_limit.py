@@ -91,3 +91,21 @@ def test_bad_settings_are_refused() -> None:
 )
 def test_client_host(peer: str, host: str) -> None:
     assert client_host(peer) == host
+
+
+def test_attempts_in_flight_count_until_they_succeed() -> None:
+    lim, _ = limiter(per_address=100, per_user=3)
+    for _ in range(3):
+        lim.begin("10.0.0.1", "alice")  # three concurrent exchanges, none finished yet
+    with pytest.raises(Throttled):
+        lim.begin("10.0.0.1", "alice")
+    lim.succeeded("10.0.0.1", "alice")
+    lim.begin("10.0.0.1", "alice")  # one came back
+
+
+def test_successful_logins_cost_nothing() -> None:
+    lim, _ = limiter(per_address=3, per_user=3)
+    for _ in range(50):
+        lim.begin("10.0.0.1", "alice")
+        lim.succeeded("10.0.0.1", "alice")
+    lim.check("10.0.0.1", "alice")
