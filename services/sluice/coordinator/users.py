@@ -171,6 +171,13 @@ class UserStore:
         version, creds, gens = await self._all()
         return UsersSnapshot(version, {name: gens.get(name, 0) for name in creds})
 
+    async def version(self) -> int:
+        """Bumped by every change of any user, by any replica: one HGET, cheap to poll (a change made
+        through another coordinator replica fires no :meth:`on_change` here)."""
+        with _storage("read the users' version"):
+            raw = await self._redis.hget(self.key, "version")
+        return int(raw or 0)
+
     async def generations(self) -> dict[str, int]:
         """Live user -> generation: a session token is good while its generation is its user's here."""
         return (await self.snapshot()).generations
