@@ -24,6 +24,7 @@ import hmac
 import secrets
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,3 +146,12 @@ class SessionTokens:
         if not principal or expires_ms <= time.time() * 1000:
             return None
         return SessionClaims(principal, mechanism, generation, expires_ms / 1000)
+
+    def verify_current(self, token: str, generations: Mapping[str, int]) -> SessionClaims | None:
+        """:meth:`verify`, and the user still exists with the generation the token was issued under
+        (``generations``: the security snapshot's ``user_generations``, live users only). A password
+        change or a delete ends the user's sessions here."""
+        claims = self.verify(token)
+        if claims is None or generations.get(claims.principal) != claims.generation:
+            return None
+        return claims

@@ -37,6 +37,14 @@ def test_every_service_derives_the_same_key_from_the_cluster_token(tmp_path: Pat
     assert SessionTokens.random().verify(TOKENS.mint("bob", "scram", 1, 60)) is None
 
 
+def test_a_token_of_an_older_generation_or_a_deleted_user_is_refused() -> None:
+    token = TOKENS.mint("alice", "scram", 3, 60)
+    assert TOKENS.verify_current(token, {"alice": 3}) is not None
+    assert TOKENS.verify_current(token, {"alice": 4}) is None  # the password changed
+    assert TOKENS.verify_current(token, {"bob": 3}) is None  # deleted
+    assert TOKENS.verify_current("garbage", {"alice": 3}) is None
+
+
 def test_an_expired_token_is_refused() -> None:
     token = TOKENS.mint("alice", "scram", 1, 0.05)
     assert TOKENS.verify(token) is not None
