@@ -116,22 +116,27 @@ def test_password_change_and_delete_move_the_generation_on(coordinator: Coordina
     tokens = coordinator.tokens()
     login = ScramLogin(coordinator.address, "erin", "first")
     try:
-        old = tokens.verify(login())
+        old_token = login()
     finally:
         login.close()
+    old = tokens.verify_current(old_token, generations(coordinator.redis))
     assert old is not None
-    assert generations(coordinator.redis)["erin"] == old.generation == created.generation
+    assert old.generation == created.generation
 
     changed = client.admin.upsert_user("erin", "second", ITERATIONS)
     assert not changed.changed
     assert changed.generation == created.generation + 1
-    assert generations(coordinator.redis)["erin"] != old.generation  # the old session is now refused
+    assert tokens.verify(old_token) is not None  # still genuine and unexpired, but ...
+    assert (
+        tokens.verify_current(old_token, generations(coordinator.redis)) is None
+    )  # ... of an old generation
     assert isinstance(login_error(coordinator.address, "erin", "first"), AuthenticationError)
 
     deleted = client.admin.delete_user("erin")
     assert deleted.changed
     assert deleted.generation == changed.generation + 1
     assert "erin" not in generations(coordinator.redis)
+    assert tokens.verify_current(old_token, generations(coordinator.redis)) is None
     assert not client.admin.delete_user("erin").changed
     assert isinstance(login_error(coordinator.address, "erin", "second"), AuthenticationError)
 
@@ -139,6 +144,7 @@ def test_password_change_and_delete_move_the_generation_on(coordinator: Coordina
     assert again.changed
     assert again.generation == deleted.generation + 1  # never the generation an old token carries
     assert [u.generation for u in client.admin.list_users() if u.name == "erin"] == [again.generation]
+    assert tokens.verify_current(old_token, generations(coordinator.redis)) is None  # not after re-creation
 
 
 def test_scram_login_refreshes_before_the_session_expires(coordinator: Coordinator, client: Client) -> None:
