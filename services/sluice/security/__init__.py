@@ -4,5 +4,9 @@ The pieces, each in its own module:
 
 - ``model``: the vocabulary every piece shares (principals, resources, operations);
 - ``settings``: the security settings every service takes (flags, env, TOML), one mixin;
-- ``client``: what a client (the SDK, or a service calling another) presents: TLS and a token source.
+- ``client``: what a client (the SDK, or a service calling another) presents: TLS and a token source;
+- ``scram``: SCRAM-SHA-256 credentials (computed by the client, stored by the coordinator);
+- ``scram_login``: the SDK's token source for a user name and password (``ScramLogin``);
+- ``session_tokens``: the tokens a login returns, verified in microseconds by every service;
+- ``rate_limit``: the failed-login limiter (per address and per user).
 """
