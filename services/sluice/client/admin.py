@@ -103,7 +103,8 @@ def _positive_or_default(what: str, value: int | None) -> int:
 
 
 class Admin:
-    """``client.admin``: topic and group operations. Every call raises typed ``sluice.errors``."""
+    """``client.admin``: topic, group, subscription and user operations. Every call raises typed
+    ``sluice.errors``."""
 
     def __init__(
         self, metadata: MetadataCache, request_timeout: float, channels: Peers | None = None
