@@ -4,6 +4,7 @@ password and an unknown user, throttling, generations, refresh and recovery of t
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import time
 
@@ -14,8 +15,10 @@ from sluice import Client
 from sluice.common.peers import Peers
 from sluice.coordinator.users import UserStore
 from sluice.errors import AuthenticationError, SluiceError, Throttled
+from sluice.security.scram import DEFAULT_ITERATIONS
 from sluice.security.scram_login import ScramLogin, scram_login
 from sluice.security.session_tokens import SessionTokens
+from sluice.v1 import auth_pb2 as pb
 from sluice.v1 import auth_pb2_grpc
 from tests.harness import RedisServer, ServiceProcess, start_service
 from tests.integration.auth.conftest import PER_USER, TTL_S, Coordinator, coordinator_args
@@ -241,3 +244,28 @@ def test_bad_user_names_are_refused_before_any_call(coordinator: Coordinator, ba
     with pytest.raises(SluiceError) as info:
         ScramLogin(coordinator.address, bad, "pw")
     assert info.value.code_name == "INVALID_ARGUMENT"
+
+
+def server_first(address: str, user: str) -> dict[str, str]:
+    """The server-first message's attributes for ``user`` (the exchange is then abandoned)."""
+    peers = Peers()
+    try:
+        stub = peers.stub(address, auth_pb2_grpc.AuthStub)
+        first = pb.AuthMessage(mechanism="SCRAM-SHA-256", scram=f"n,,n={user},r=probe".encode())
+        call = stub.Authenticate(iter([first]), timeout=10)
+        try:
+            answer = next(iter(call)).scram.decode()
+        finally:
+            call.cancel()
+    finally:
+        peers.close()
+    return dict(p.split("=", 1) for p in answer.split(","))
+
+
+def test_an_unknown_user_looks_like_a_known_one(coordinator: Coordinator, client: Client) -> None:
+    client.admin.upsert_user("judy", "judy-password")  # the default iteration count
+    known, ghost, ghost_again = (server_first(coordinator.address, u) for u in ("judy", "ghost", "ghost"))
+    assert known["i"] == ghost["i"] == str(DEFAULT_ITERATIONS)
+    assert len(base64.b64decode(known["s"])) == len(base64.b64decode(ghost["s"]))
+    assert ghost["s"] == ghost_again["s"]  # a stable salt, as a real user's is
+    assert ghost["s"] != server_first(coordinator.address, "ghost2")["s"]
