@@ -13,8 +13,9 @@ from redis.asyncio import Redis
 
 from sluice import Client
 from sluice.common.peers import Peers
+from sluice.common.rpc import call
 from sluice.coordinator.users import UserStore
-from sluice.errors import AuthenticationError, SluiceError, Throttled
+from sluice.errors import AuthenticationError, InvalidArgument, SluiceError, Throttled
 from sluice.security.scram import DEFAULT_ITERATIONS
 from sluice.security.scram_login import ScramLogin, scram_login
 from sluice.security.session_tokens import SessionTokens
@@ -269,3 +270,41 @@ def test_an_unknown_user_looks_like_a_known_one(coordinator: Coordinator, client
     assert len(base64.b64decode(known["s"])) == len(base64.b64decode(ghost["s"]))
     assert ghost["s"] == ghost_again["s"]  # a stable salt, as a real user's is
     assert ghost["s"] != server_first(coordinator.address, "ghost2")["s"]
+
+
+def _credential(**change: object) -> pb.ScramCredential:
+    fields: dict[str, object] = {
+        "mechanism": "SCRAM-SHA-256",
+        "salt": b"s" * 16,
+        "iterations": 4096,
+        "stored_key": b"k" * 32,
+        "server_key": b"v" * 32,
+    }
+    fields.update(change)
+    return pb.ScramCredential(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("request_", "named"),
+    [
+        (pb.UpsertUserRequest(name="ok-name"), "credential is required"),
+        (pb.UpsertUserRequest(name="bad name", credential=_credential()), "invalid user name"),
+        (pb.UpsertUserRequest(name="ok-name", credential=_credential(mechanism="PLAIN")), "mechanism"),
+        (pb.UpsertUserRequest(name="ok-name", credential=_credential(salt=b"s")), "salt"),
+        (pb.UpsertUserRequest(name="ok-name", credential=_credential(iterations=1)), "iterations"),
+        (pb.UpsertUserRequest(name="ok-name", credential=_credential(stored_key=b"")), "stored_key"),
+        (pb.UpsertUserRequest(name="ok-name", credential=_credential(server_key=b"x" * 64)), "server_key"),
+    ],
+)
+def test_the_server_validates_every_field(
+    coordinator: Coordinator, request_: pb.UpsertUserRequest, named: str
+) -> None:
+    peers = Peers()
+    try:
+        stub = peers.stub(coordinator.address, auth_pb2_grpc.AuthStub)
+        with pytest.raises(InvalidArgument, match=named):
+            call(stub.UpsertUser, request_, timeout=10)
+        with pytest.raises(InvalidArgument, match="invalid user name"):
+            call(stub.DeleteUser, pb.DeleteUserRequest(name=""), timeout=10)
+    finally:
+        peers.close()
