@@ -1,4 +1,4 @@
-"""The user sub-commands of ``sluice``: topic, produce, consume, up, subscription, group, track, acl.
+"""The user sub-commands of ``sluice``: topic, produce, consume, up, subscription, group, track, acl, user.
 
 ``sluice.cli.main`` sends every sub-command that is not a service here. Each
 command group lives in its own module with ``add_parser(subparsers, common)``;
@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from sluice.cli import acl, consume, group, produce, subscription, topic, track, up
+from sluice.cli import acl, consume, group, produce, subscription, topic, track, up, user
 from sluice.cli.connect import DEFAULT_REQUEST_TIMEOUT, default_bootstrap
 from sluice.cli.errors import UsageError
 from sluice.cli.output import positive_float
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_parser(sub, common)
     track.add_parser(sub, common)
     acl.add_parser(sub, common)
+    user.add_parser(sub, common)
     return parser
 
 

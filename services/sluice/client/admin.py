@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from sluice.client import users
 from sluice.client.acl_admin import AclAdmin
 from sluice.client.consumer import group_admin, offset_reset
 from sluice.client.consumer.group_admin import GroupConfigInfo, GroupDescription, GroupSummary
@@ -19,6 +20,7 @@ from sluice.client.push import sub_admin
 from sluice.client.push.admin import SubscriptionInfo
 from sluice.client.push.sub_admin import PeekedMessage, SubscriptionChange
 from sluice.client.rpc import call
+from sluice.client.users import UserChange, UserInfo
 from sluice.common.names import MAX_PARTITIONS, validate_topic
 from sluice.common.peers import Peers
 from sluice.common.units import parse_duration, parse_size
@@ -29,6 +31,7 @@ from sluice.errors import (
     SluiceError,
     error_from_proto,
 )
+from sluice.security.scram import DEFAULT_ITERATIONS
 from sluice.v1 import broker_pb2, common_pb2, coordinator_pb2
 
 log = logging.getLogger(__name__)
@@ -101,8 +104,8 @@ def _positive_or_default(what: str, value: int | None) -> int:
 
 
 class Admin(AclAdmin):
-    """``client.admin``: topic, group, subscription and ACL operations (ACLs: ``acl_admin.py``). Every call
-    raises typed ``sluice.errors``."""
+    """``client.admin``: topic, group, subscription, ACL and user operations (ACLs: ``acl_admin.py``;
+    users: ``users.py``). Every call raises typed ``sluice.errors``."""
 
     def __init__(
         self, metadata: MetadataCache, request_timeout: float, channels: Peers | None = None
@@ -460,3 +463,19 @@ class Admin(AclAdmin):
         return sub_admin.peek_subscription(
             self._channels, self._metadata, topic, subscription, count, timeout=self._timeout
         )
+
+    # ---- users (SCRAM; docs/security.md) ---------------------------------------------------------------
+
+    def upsert_user(self, name: str, password: str, iterations: int = DEFAULT_ITERATIONS) -> UserChange:
+        """Create a user or set its password (ending its sessions). The SCRAM credential is computed
+        here: the password never leaves this process."""
+        return users.upsert_user(
+            self._channels, self._metadata.bootstrap, name, password, iterations, self._timeout
+        )
+
+    def delete_user(self, name: str) -> UserChange:
+        """Delete a user (ending its sessions); ``changed`` is False if there was none."""
+        return users.delete_user(self._channels, self._metadata.bootstrap, name, self._timeout)
+
+    def list_users(self) -> list[UserInfo]:
+        return users.list_users(self._channels, self._metadata.bootstrap, self._timeout)

@@ -15,6 +15,7 @@ from sluice.coordinator.groups.model import GroupSettings
 from sluice.coordinator.producer_ids import DEFAULT_PER_MINUTE
 from sluice.errors import InvalidArgument
 from sluice.offsetstore.storage import ReplicaWait
+from sluice.security.rate_limit import LimiterSettings
 from sluice.security.settings import SecuritySettings
 
 ENV_PREFIX = "SLUICE_COORDINATOR_"
@@ -189,6 +190,26 @@ class CoordinatorConfig(SecuritySettings):
         metadata={"help": "how often the leader renews its lease and standbys look at it"},
     )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+    login_failures_per_address: int = field(
+        default=20,
+        metadata={
+            "help": "failed logins one client address may make per --login-failure-window; further "
+            "attempts are refused with THROTTLED at once (docs/security.md, rate limiting)"
+        },
+    )
+    login_failures_per_user: int = field(
+        default=10, metadata={"help": "failed logins for one user name per --login-failure-window"}
+    )
+    login_failure_window: timedelta = field(
+        default=timedelta(minutes=1), metadata={"help": "the window of the failed-login limits"}
+    )
+
+    def login_limits(self) -> LimiterSettings:
+        return LimiterSettings(
+            self.login_failures_per_address,
+            self.login_failures_per_user,
+            self.login_failure_window.total_seconds(),
+        )
 
     def validate(self) -> CoordinatorConfig:
         """Reject contradictory or missing settings with a message that names the flag."""
@@ -238,6 +259,7 @@ class CoordinatorConfig(SecuritySettings):
         if self.offset_store:
             Endpoint.parse(self.offset_store)
         validate_election(self)
+        self.login_limits()
         return self
 
     def metadata_wait(self) -> ReplicaWait:

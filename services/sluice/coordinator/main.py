@@ -16,6 +16,8 @@ import sys
 from sluice.common.redis_client import connect as connect_redis
 from sluice.coordinator.acl_servicer import AclServicer, acl_registrar
 from sluice.coordinator.acl_store import AclStore
+from sluice.coordinator.auth_servicer import SERVICE_NAME as AUTH_SERVICE_NAME
+from sluice.coordinator.auth_servicer import AuthService
 from sluice.coordinator.cluster.model import Endpoint
 from sluice.coordinator.config import ENV_PREFIX, CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection, ElectingGrpcServer
@@ -55,8 +57,16 @@ async def run(config: CoordinatorConfig) -> None:
     # With an election the server starts as a standby and the service starts when elected (wiring.py).
     election = CoordinatorElection.from_config(config, redis)
     service = CoordinatorService.from_config(config, redis, coordinator_endpoint, election)
-    security = build_security("coordinator", config)
-    acls = AclServicer(AclStore(redis, config.key_prefix), service, principal_of=_principal)
+    # Logins and users (auth_servicer.py): on every replica, standbys too.
+    auth = AuthService.from_config(config, redis)
+    security = build_security("coordinator", config, sessions=auth.tokens)
+    acl_store = AclStore(redis, config.key_prefix)
+    acls = AclServicer(
+        acl_store, service, user_generations=auth.users.all_generations, principal_of=_principal
+    )
+    # A user's change moves the security version on, so every service's watcher brings the new
+    # generations (and ends the sessions of a deleted user or a changed password).
+    auth.users.on_change(lambda: _bump_security(acl_store, service, acls))
 
     async def stop() -> None:
         await security.stop()
@@ -93,11 +103,11 @@ async def run(config: CoordinatorConfig) -> None:
             election.attach(on_elected=on_elected, on_lost=service.step_down)
         server = ElectingGrpcServer(
             service="coordinator",
-            registrars=[registrar(service), acl_registrar(acls)],
+            registrars=[registrar(service), acl_registrar(acls), auth.registrar()],
             host=config.host,
             port=config.port,
             metrics_port=config.metrics_port,
-            health_names=[SERVICE_NAME],
+            health_names=[SERVICE_NAME, AUTH_SERVICE_NAME],
             election=election,
             advertised_host=advertised_host(config),
             security=security,
@@ -140,3 +150,22 @@ if __name__ == "__main__":
 def _principal(_context: object) -> Principal:
     """Who made an ACL change, for the audit log: the current call's principal."""
     return current().principal
+
+
+_BUMPS: set[asyncio.Task[None]] = set()
+
+
+def _bump_security(store: AclStore, service: CoordinatorService, acls: AclServicer) -> None:
+    """After a user change (a sync listener): bump the security version, then wake the polls."""
+
+    async def bump() -> None:
+        try:
+            await store.bump_version(service.epoch)
+        except SluiceError as err:
+            log.warning("a user changed but the security version could not move on: %s", err.message)
+            return
+        acls.notify_changed()
+
+    task = asyncio.get_running_loop().create_task(bump(), name="security-version-bump")
+    _BUMPS.add(task)  # held until done: the loop keeps only weak references to tasks
+    task.add_done_callback(_BUMPS.discard)

@@ -177,6 +177,11 @@ GUARDS: dict[str, Guard] = {
     "/sluice.v1.Acls/DeleteAcls": cluster(Operation.ALTER),
     "/sluice.v1.Acls/DescribeAcls": cluster(D),
     "/sluice.v1.Acls/WatchSecurity": cluster(),
+    # ---- coordinator: users (the Auth service). The SCRAM login is how a client gets credentials.
+    "/sluice.v1.Auth/Authenticate": OPEN,
+    "/sluice.v1.Auth/UpsertUser": cluster(Operation.ALTER),
+    "/sluice.v1.Auth/DeleteUser": cluster(Operation.ALTER),
+    "/sluice.v1.Auth/ListUsers": cluster(D),
     # ---- open: probes carry no credentials ------------------------------------------------------------
     "/grpc.health.v1.Health/Check": OPEN,
     "/grpc.health.v1.Health/Watch": OPEN,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from pathlib import Path
 
 from sluice.errors import InvalidArgument
 from sluice.security.acl import AclAuthorizer
@@ -22,9 +21,10 @@ from sluice.security.enforce import ServiceAuthorizer
 from sluice.security.jwt_auth import JwtVerifier
 from sluice.security.model import Operation, Principal, Resource
 from sluice.security.service import ServiceSecurity
+from sluice.security.session_tokens import SessionTokens, read_cluster_token
 from sluice.security.settings import MECHANISMS, SecuritySettings
 
-__all__ = ["build", "mechanisms_of", "read_cluster_token"]
+__all__ = ["build", "mechanisms_of"]
 
 
 def mechanisms_of(settings: SecuritySettings) -> frozenset[str]:
@@ -37,24 +37,22 @@ def mechanisms_of(settings: SecuritySettings) -> frozenset[str]:
     return names
 
 
-def read_cluster_token(path: Path | None) -> bytes | None:
-    """The cluster token (a Secret's file), stripped; None when not configured."""
-    if path is None:
-        return None
-    try:
-        token = path.read_bytes().strip()
-    except OSError as exc:
-        raise InvalidArgument(f"--cluster-token-file {path}: {exc.strerror or exc}") from exc
-    if len(token) < 16:
-        raise InvalidArgument(f"--cluster-token-file {path}: the token must be at least 16 bytes")
-    return token
-
-
-def build(service: str, settings: SecuritySettings, coordinator: str = "") -> ServiceSecurity:
+def build(
+    service: str, settings: SecuritySettings, coordinator: str = "", sessions: SessionVerifier | None = None
+) -> ServiceSecurity:
     """The service's security (see the module docstring). ``coordinator``: where its watcher asks
-    for ACLs and users ("" for the coordinator itself, or a service that has none configured)."""
+    for ACLs and users ("" for the coordinator itself, which calls ``watch`` once bound). ``sessions``:
+    the coordinator's own session tokens (it mints them, with or without a cluster token)."""
     mechanisms = mechanisms_of(settings)
-    cluster_token = read_cluster_token(settings.cluster_token_file)
+    path = settings.cluster_token_file
+    cluster_token = read_cluster_token(path) if path is not None else None
+    if sessions is None and "scram" in mechanisms:
+        if cluster_token is None:
+            raise InvalidArgument(
+                "--auth-mechanisms scram needs --cluster-token-file: the session tokens a login returns "
+                "are keyed with it, so every service can verify them"
+            )
+        sessions = SessionTokens.from_cluster_token(cluster_token)
     acls = AclAuthorizer.from_settings(settings)
     jwt = JwtVerifier.from_settings(settings) if "jwt" in mechanisms else None
 
@@ -65,7 +63,7 @@ def build(service: str, settings: SecuritySettings, coordinator: str = "") -> Se
         mechanisms=mechanisms,
         allow_anonymous=settings.allow_anonymous,
         cluster_token=cluster_token,
-        sessions=_sessions(mechanisms, cluster_token),
+        sessions=sessions,
         jwt=jwt,
         user_generations=generations,
     )
@@ -87,8 +85,3 @@ def _audit(
     service: str, principal: Principal, operation: Operation, resource: Resource, address: str
 ) -> None:
     audit_denied(principal, operation, resource, address, service)
-
-
-def _sessions(mechanisms: frozenset[str], cluster_token: bytes | None) -> SessionVerifier | None:
-    """The session-token verifier (SCRAM logins), wired when the SCRAM part lands."""
-    return None
