@@ -8,7 +8,8 @@ answer does not reveal existence either.
 
 from __future__ import annotations
 
-from sluice.security.context import allowed, authorize, current, process_authorizer
+from sluice.errors import AuthorizationError
+from sluice.security.context import allowed, current, process_authorizer
 from sluice.security.model import Operation, Resource, ResourceType
 from sluice.v1 import coordinator_pb2 as pb
 
@@ -44,9 +45,10 @@ def visible_metadata(response: pb.MetadataResponse, named: list[str]) -> pb.Meta
 
 def authorize_idempotent_write() -> None:
     """An idempotent producer's id: allowed to a caller that may write to some topic (Kafka's
-    KIP-679: idempotence is the default, so write implies it), else write on the cluster."""
+    KIP-679: idempotence is the producer's default, so the right to write implies it)."""
     authorizer = process_authorizer()
     some = getattr(authorizer, "allowed_on_some", None)
-    if some is not None and some(current(), Operation.WRITE, ResourceType.TOPIC):
+    if some is None or some(current(), Operation.WRITE, ResourceType.TOPIC):
         return
-    authorize(Operation.WRITE, Resource(ResourceType.CLUSTER))
+    who = current().principal.name or "an anonymous caller"
+    raise AuthorizationError(f"{who} is not authorized to write to any topic (an idempotent producer's id)")

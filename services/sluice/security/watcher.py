@@ -22,6 +22,7 @@ import logging
 import re
 
 import grpc
+from prometheus_client import Gauge
 
 from sluice.common.backoff import Backoff
 from sluice.common.peers import AioPeers
@@ -34,6 +35,10 @@ from sluice.v1 import acl_pb2
 __all__ = ["DEFAULT_MAX_WAIT_MS", "SecurityWatcher"]
 
 log = logging.getLogger(__name__)
+
+#: The security snapshot this process decides from (a version of the coordinator's ACLs and users):
+#: compare across services to see that an ACL change is in force everywhere.
+SECURITY_VERSION = Gauge("sluice_security_version", "The security snapshot version this process holds")
 
 #: How long one poll waits for a change on the coordinator (its own cap is 60 s).
 DEFAULT_MAX_WAIT_MS = 30_000
@@ -140,4 +145,5 @@ class SecurityWatcher:
         self.user_generations = dict(snapshot.user_generations)
         self.version = snapshot.version
         self.authorizer.replace(AclSet(entries, snapshot.version))
+        SECURITY_VERSION.set(snapshot.version)
         log.info("security version %d: %d ACL entries", snapshot.version, len(entries))

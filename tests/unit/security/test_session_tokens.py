@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sluice.errors import InvalidArgument
 from sluice.security.session_tokens import PREFIX, SessionTokens, is_session_token
 
-TOKENS = SessionTokens.from_cluster_token(b"cluster-secret")
+TOKENS = SessionTokens.from_cluster_token(b"cluster-secret-of-this-test")
 
 
 def test_round_trip_carries_the_claims() -> None:
@@ -29,7 +29,7 @@ def test_round_trip_carries_the_claims() -> None:
 
 def test_every_service_derives_the_same_key_from_the_cluster_token(tmp_path: Path) -> None:
     path = tmp_path / "token"
-    path.write_bytes(b"cluster-secret\n")  # a mounted Secret's trailing newline does not matter
+    path.write_bytes(b"cluster-secret-of-this-test\n")  # a mounted Secret's trailing newline does not matter
     other = SessionTokens.from_cluster_token_file(path)
     assert other.verify(TOKENS.mint("bob", "scram", 1, 60)) is not None
     stranger = SessionTokens.from_cluster_token(b"another-cluster")
