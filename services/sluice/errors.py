@@ -109,6 +109,14 @@ class AuthenticationError(SluiceError):
     grpc_status = "UNAUTHENTICATED"
 
 
+class CredentialsExpired(AuthenticationError):
+    """The credentials a stream or connection opened with expired (or its user's password changed):
+    reconnect with fresh ones. The SDK does, asking its token source again."""
+
+    code = common_pb2.CREDENTIALS_EXPIRED
+    retriable = True
+
+
 #: The name the services use; the SDK's users see AuthenticationError.
 Unauthenticated = AuthenticationError
 

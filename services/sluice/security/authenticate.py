@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from sluice.errors import AuthenticationError, SluiceError
+from sluice.errors import AuthenticationError, CredentialsExpired, SluiceError
 from sluice.security.live_streams import CredentialCheck
 from sluice.security.model import ANONYMOUS, Principal
 
@@ -186,7 +186,7 @@ class ServerAuthenticator:
         service has not heard of yet (the snapshot lags a new user by a moment) is given the benefit."""
         current = self._user_generations().get(user)
         if current is not None and current > generation:
-            return AuthenticationError(
+            return CredentialsExpired(
                 "this session's user changed its password or was removed: log in again"
             )
         return None

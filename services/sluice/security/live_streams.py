@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sluice.errors import AuthenticationError, AuthorizationError, SluiceError
+from sluice.errors import AuthorizationError, CredentialsExpired, SluiceError
 from sluice.security.model import Operation, Principal, Resource
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class LiveStreams:
 
     def _expire(self, stream: LiveStream) -> None:
         self._streams.discard(stream)
-        stream.end(AuthenticationError("the credentials of this stream expired: reconnect with fresh ones"))
+        stream.end(CredentialsExpired("the credentials of this stream expired: reconnect with fresh ones"))
 
     def recheck(self, authorizer: Authorizer, context_of: Callable[[LiveStream], RequestContext]) -> int:
         """After the ACLs or the users changed: end every stream whose credentials no longer hold or

@@ -134,6 +134,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     the resource as the caller named it; it never tells whether a resource the caller may not
     describe exists.
     """
+    CREDENTIALS_EXPIRED: _ErrorCode.ValueType  # 101
+    """The credentials a stream or connection opened with expired, or its user changed password or was
+    removed: the server ended it. Retriable: reconnect with fresh credentials (the SDK's token source
+    gives a fresh token; a user that was removed then gets UNAUTHENTICATED).
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -250,6 +255,11 @@ PERMISSION_DENIED: ErrorCode.ValueType  # 100
 this operation on this resource (or a deny ACL refuses it). The message names the operation and
 the resource as the caller named it; it never tells whether a resource the caller may not
 describe exists.
+"""
+CREDENTIALS_EXPIRED: ErrorCode.ValueType  # 101
+"""The credentials a stream or connection opened with expired, or its user changed password or was
+removed: the server ended it. Retriable: reconnect with fresh credentials (the SDK's token source
+gives a fresh token; a user that was removed then gets UNAUTHENTICATED).
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
