@@ -198,7 +198,9 @@ def test_coordinator_elects_a_leader_through_a_lease_with_lease_only_rbac(defaul
     # The Redis URL (with its password) comes as the service's own env setting, never as a flag that
     # would put it on the command line.
     assert not [a for a in args if "redis" in a]
-    assert env["SLUICE_COORDINATOR_REDIS_URL"] == {"secretKeyRef": {"name": "sluice-redis", "key": "redis-url"}}
+    assert env["SLUICE_COORDINATOR_REDIS_URL"] == {
+        "secretKeyRef": {"name": "sluice-redis", "key": "redis-url"}
+    }
     assert "--offset-store=sluice-offset-store:7602" in args
     assert "--advertised-host=$(POD_IP)" in args
 
@@ -332,7 +334,9 @@ def test_bundled_redis_uses_aof_a_pvc_and_a_password_from_a_secret(defaults: lis
     assert set(secret["data"]) == {"redis-password", "admin-password", "redis-url"}
     for name, prefix in (("sluice-coordinator", "COORDINATOR"), ("sluice-offset-store", "OFFSET_STORE")):
         env = env_of(container(one(defaults, "Deployment", name)))
-        assert env[f"SLUICE_{prefix}_REDIS_URL"] == {"secretKeyRef": {"name": "sluice-redis", "key": "redis-url"}}
+        assert env[f"SLUICE_{prefix}_REDIS_URL"] == {
+            "secretKeyRef": {"name": "sluice-redis", "key": "redis-url"}
+        }
 
 
 def test_aof_toggle_turns_it_off() -> None:
