@@ -331,6 +331,25 @@ def test_the_helm_test_pod_authenticates_with_a_sluice_only_token_and_trusts_the
     assert "SLUICE_TOKEN=$(cat /var/run/secrets/sluice/token/token)" in script
 
 
+@pytest.mark.parametrize(
+    ("sets", "ca_secret"),
+    [
+        ([], "sluice-ca"),
+        (["tls.certManager.issuerRef.name=corp"], "sluice-coordinator-tls"),
+        (["tls.existingSecret=shared"], "shared"),
+        (["tls.componentSecrets.coordinator=coord"], "coord"),
+    ],
+)
+def test_clients_are_pointed_at_the_secret_that_holds_the_ca(sets: list[str], ca_secret: str) -> None:
+    m = render(sets=["tls.enabled=true", *sets], api_versions=[CERT_MANAGER])
+    pod = one(m, "Pod", "sluice-test-produce-consume")["spec"]
+    [ca] = [v for v in pod["volumes"] if v["name"] == "ca"]
+    assert ca["secret"]["secretName"] == ca_secret
+    issued = {c["spec"]["secretName"] for c in find(m, "Certificate")}
+    if not sets or "issuerRef" in sets[0]:
+        assert ca_secret in issued, "the chart's own CA or a certificate it has issued"
+
+
 # ---- NetworkPolicy ----------------------------------------------------------------------------------
 
 
