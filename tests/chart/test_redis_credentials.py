@@ -29,6 +29,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError
 
 from sluice.common.redis_client import connect
 from tests.chart.chartlib import CHART, Manifest, one, render
+from tests.chart.test_helm_test_script import run_helm_test_script, sluice_up_stack
 from tests.harness import free_port
 
 SENTINEL_VALUES = CHART / "ci" / "values-redis-sentinel.yaml"
@@ -187,6 +188,19 @@ def test_no_password_or_a_wrong_one_is_refused(single: Running) -> None:
             client.ping()
     with redis.Redis(port=single.port, password=single.secret["admin-password"], socket_timeout=5) as admin:
         assert admin.config_get("appendonly") == {"appendonly": "yes"}
+
+
+def test_the_whole_stack_runs_as_the_acl_user(single: Running, tmp_path: Path) -> None:
+    """Every script and command the coordinator, offset store and Redis elector send passes the user's
+    rules: `sluice up` on the chart's Redis, the `helm test` script through topics, a group and a push
+    subscription."""
+    with sluice_up_stack(tmp_path, "--redis-url", single.url) as bootstrap:
+        proc = run_helm_test_script(bootstrap, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "consumer group read 50" in proc.stdout
+    assert proc.stdout.rstrip().endswith("PASS")
+    with redis.Redis(port=single.port, password=single.secret["admin-password"], socket_timeout=5) as admin:
+        assert admin.exists("sluice:coordinator:records"), "Sluice wrote its state, as the sluice user"
 
 
 # ---- Sentinel: the rendered start-up scripts, run against loopback --------------------------------
