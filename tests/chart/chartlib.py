@@ -4,9 +4,9 @@
 tests loudly instead of skipping them. Manifests are validated by running the ``kubernetes-validate``
 CLI with ``--strict`` (unknown fields fail) for several Kubernetes versions in one process. That CLI
 only *warns* about a kind it has no schema for and still exits 0, so :func:`validate_manifests`
-treats every warning as a failure. It ships no CRD schemas; the Prometheus Operator kinds the chart
-renders are checked here against the strict schemas in ``tests/chart/schemas`` instead, with the same
-Kubernetes definitions (ObjectMeta, LabelSelector) the CLI uses.
+treats every warning as a failure. It ships no CRD schemas; the Prometheus Operator and cert-manager
+kinds the chart renders are checked here against the strict schemas in ``tests/chart/schemas``
+instead, with the same Kubernetes definitions (ObjectMeta, LabelSelector) the CLI uses.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ KUBE_VERSIONS = ("1.30.0", "1.33.0")
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SCHEMAS / "servicemonitor-monitoring-v1.json",
     ("monitoring.coreos.com/v1", "PodMonitor"): SCHEMAS / "podmonitor-monitoring-v1.json",
+    ("cert-manager.io/v1", "Certificate"): SCHEMAS / "certificate-cert-manager-v1.json",
+    ("cert-manager.io/v1", "Issuer"): SCHEMAS / "issuer-cert-manager-v1.json",
 }
 
 Manifest = dict[str, Any]
@@ -68,19 +70,31 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def template_args(
-    values: Iterable[Path] = (), sets: Iterable[str] = (), release: str = "sluice"
+    values: Iterable[Path] = (),
+    sets: Iterable[str] = (),
+    release: str = "sluice",
+    api_versions: Iterable[str] = (),
 ) -> list[str]:
+    """``api_versions``: APIs the chart is told the cluster has (``cert-manager.io/v1``), as it sees them
+    with ``.Capabilities.APIVersions.Has`` in a real install."""
     args = ["template", release, str(CHART), "--namespace", "sluice-test"]
     for path in values:
         args += ["-f", str(path)]
     for item in sets:
         args += ["--set", item]
+    for api in api_versions:
+        args += ["--api-versions", api]
     return args
 
 
-def render(values: Iterable[Path] = (), sets: Iterable[str] = (), release: str = "sluice") -> list[Manifest]:
+def render(
+    values: Iterable[Path] = (),
+    sets: Iterable[str] = (),
+    release: str = "sluice",
+    api_versions: Iterable[str] = (),
+) -> list[Manifest]:
     """``helm template`` the chart and parse every non-empty document."""
-    out = helm(*template_args(values, sets, release)).stdout
+    out = helm(*template_args(values, sets, release, api_versions)).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 

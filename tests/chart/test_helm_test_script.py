@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,13 +32,14 @@ def rendered_script() -> tuple[str, dict[str, str]]:
     return script, env
 
 
-@pytest.fixture
-def sluice_up(tmp_path: Path) -> Iterator[str]:
-    """`sluice up` on ephemeral ports in a private directory; yields the bootstrap address."""
+@contextmanager
+def sluice_up_stack(tmp_path: Path, *extra: str) -> Iterator[str]:
+    """`sluice up` on ephemeral ports in a private directory (``extra``: more flags, e.g. an external
+    ``--redis-url``); yields the bootstrap address."""
     if shutil.which("redis-server") is None:
         raise RuntimeError("redis-server is not on PATH: install it (make deps does) to run the tests")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sluice", "up", "--data-dir", str(tmp_path / "data"), "--port", "0"],
+        [sys.executable, "-m", "sluice", "up", "--data-dir", str(tmp_path / "data"), "--port", "0", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -69,22 +71,34 @@ def sluice_up(tmp_path: Path) -> Iterator[str]:
         stdout.close()
 
 
-def test_helm_test_script_produces_and_consumes_against_a_real_stack(sluice_up: str, tmp_path: Path) -> None:
+@pytest.fixture
+def sluice_up(tmp_path: Path) -> Iterator[str]:
+    """`sluice up` on ephemeral ports in a private directory; yields the bootstrap address."""
+    with sluice_up_stack(tmp_path) as bootstrap:
+        yield bootstrap
+
+
+def run_helm_test_script(bootstrap: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """The rendered script, with the pod's env, against ``bootstrap``; 50 messages."""
     script, pod_env = rendered_script()
     path = tmp_path / "produce-consume.sh"
     path.write_text(script)
     env = dict(os.environ)
     env.update(pod_env)
     env.update(
-        SLUICE_BOOTSTRAP=sluice_up,
+        SLUICE_BOOTSTRAP=bootstrap,
         SLUICE_TEST_MESSAGES="50",
         SLUICE_TEST_TIMEOUT="30",
         PATH=str(Path(sys.executable).parent) + os.pathsep + env["PATH"],
         TMPDIR=str(tmp_path),
     )
-    proc = subprocess.run(
+    return subprocess.run(
         ["sh", str(path)], env=env, capture_output=True, text=True, timeout=150, check=False
     )
+
+
+def test_helm_test_script_produces_and_consumes_against_a_real_stack(sluice_up: str, tmp_path: Path) -> None:
+    proc = run_helm_test_script(sluice_up, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "consumer group read 50" in proc.stdout
     assert "shared subscription received 50" in proc.stdout

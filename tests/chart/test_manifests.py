@@ -195,7 +195,12 @@ def test_coordinator_elects_a_leader_through_a_lease_with_lease_only_rbac(defaul
     assert env["SLUICE_COORDINATOR_LEASE_NAME"] == "sluice-coordinator"
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     args = container(dep)["args"]
-    assert "--redis-url=$(SLUICE_REDIS_URL)" in args
+    # The Redis URL (with its password) comes as the service's own env setting, never as a flag that
+    # would put it on the command line.
+    assert not [a for a in args if "redis" in a]
+    assert env["SLUICE_COORDINATOR_REDIS_URL"] == {
+        "secretKeyRef": {"name": "sluice-redis", "key": "redis-url"}
+    }
     assert "--offset-store=sluice-offset-store:7602" in args
     assert "--advertised-host=$(POD_IP)" in args
 
@@ -325,10 +330,13 @@ def test_bundled_redis_uses_aof_a_pvc_and_a_password_from_a_secret(defaults: lis
     c = container(sts)
     assert c["args"][:3] == ["/etc/redis/redis.conf", "--requirepass", "$(REDIS_PASSWORD)"]
     secret = one(defaults, "Secret", "sluice-redis")
-    assert set(secret["data"]) == {"redis-password", "redis-url"}
-    for name in ("sluice-coordinator", "sluice-offset-store"):
+    # Sluice's ACL user's password (in the URL) and the default user's, which the services never get.
+    assert set(secret["data"]) == {"redis-password", "admin-password", "redis-url"}
+    for name, prefix in (("sluice-coordinator", "COORDINATOR"), ("sluice-offset-store", "OFFSET_STORE")):
         env = env_of(container(one(defaults, "Deployment", name)))
-        assert env["SLUICE_REDIS_URL"] == {"secretKeyRef": {"name": "sluice-redis", "key": "redis-url"}}
+        assert env[f"SLUICE_{prefix}_REDIS_URL"] == {
+            "secretKeyRef": {"name": "sluice-redis", "key": "redis-url"}
+        }
 
 
 def test_aof_toggle_turns_it_off() -> None:
@@ -341,7 +349,9 @@ def test_external_redis_from_an_existing_secret() -> None:
     assert not find(m, "StatefulSet", "sluice-redis")
     assert not find(m, "Secret")
     env = env_of(container(one(m, "Deployment", "sluice-offset-store")))
-    assert env["SLUICE_REDIS_URL"] == {"secretKeyRef": {"name": "sluice-redis-credentials", "key": "url"}}
+    assert env["SLUICE_OFFSET_STORE_REDIS_URL"] == {
+        "secretKeyRef": {"name": "sluice-redis-credentials", "key": "url"}
+    }
 
 
 def test_external_redis_from_a_url_goes_into_a_secret() -> None:
@@ -349,7 +359,9 @@ def test_external_redis_from_a_url_goes_into_a_secret() -> None:
     secret = one(m, "Secret", "sluice-external-redis")
     assert base64.b64decode(secret["data"]["redis-url"]) == b"redis://redis.storage.svc.cluster.local:6379/0"
     env = env_of(container(one(m, "Deployment", "sluice-coordinator")))
-    assert env["SLUICE_REDIS_URL"] == {"secretKeyRef": {"name": "sluice-external-redis", "key": "redis-url"}}
+    assert env["SLUICE_COORDINATOR_REDIS_URL"] == {
+        "secretKeyRef": {"name": "sluice-external-redis", "key": "redis-url"}
+    }
     assert not any("redis://" in str(w["spec"]) for w in find(m, "Deployment")), (
         "the URL stays out of pod specs"
     )

@@ -128,15 +128,16 @@ app.kubernetes.io/component: {{ . }}
 {{- end }}
 
 {{/*
-Env that gives a service its Redis URL as SLUICE_REDIS_URL (the args pass it with --redis-url=$(SLUICE_REDIS_URL),
-so the URL, which may hold a password, never appears in the pod spec).
+Env that gives a service its Redis URL as its own setting, SLUICE_<SERVICE>_REDIS_URL, read by the config
+loader: the URL holds a password, so it stays out of the pod spec and out of the process's command line
+(a --redis-url=$(VAR) flag would put it in /proc/<pid>/cmdline, which ps shows).
 */}}
 {{- define "sluice.redisEnv" -}}
-- name: SLUICE_REDIS_URL
+- name: {{ include "sluice.envPrefix" . }}REDIS_URL
   valueFrom:
     secretKeyRef:
-      name: {{ include "sluice.redisUrlSecretName" . }}
-      key: {{ include "sluice.redisUrlSecretKey" . }}
+      name: {{ include "sluice.redisUrlSecretName" .ctx }}
+      key: {{ include "sluice.redisUrlSecretKey" .ctx }}
 {{- end }}
 
 {{/* Downward-API env every Sluice container gets: who and where it is. */}}
@@ -288,24 +289,47 @@ starts (a broker recovering its log) their own budget so liveness can stay stric
 {{- define "sluice.grpcProbes" -}}
 {{- $c := index .ctx.Values.components (include "sluice.valuesKey" .) -}}
 {{- if $c.probes.enabled -}}
+{{- $check := include "sluice.probeCheck" . }}
 startupProbe:
-  grpc:
-    port: {{ $c.service.port }}
+  {{- $check | nindent 2 }}
   periodSeconds: 5
   timeoutSeconds: {{ $c.probes.timeoutSeconds }}
   failureThreshold: {{ $c.probes.startupFailureThreshold }}
 readinessProbe:
-  grpc:
-    port: {{ $c.service.port }}
+  {{- $check | nindent 2 }}
   periodSeconds: {{ $c.probes.periodSeconds }}
   timeoutSeconds: {{ $c.probes.timeoutSeconds }}
   failureThreshold: {{ $c.probes.failureThreshold }}
 livenessProbe:
-  grpc:
-    port: {{ $c.service.port }}
+  {{- $check | nindent 2 }}
   periodSeconds: {{ $c.probes.periodSeconds }}
   timeoutSeconds: {{ $c.probes.timeoutSeconds }}
   failureThreshold: {{ $c.probes.failureThreshold }}
+{{- end }}
+{{- end }}
+
+{{/*
+What a probe checks. Plaintext: the gRPC health service on the main port. With TLS the kubelet's gRPC
+probe cannot do TLS (it sends no credentials either), so tls.probes picks: tcpSocket on the gRPC port,
+httpGet on the plaintext metrics port, or gRPC health on a plaintext health-only port.
+*/}}
+{{- define "sluice.probeCheck" -}}
+{{- $c := index .ctx.Values.components (include "sluice.valuesKey" .) -}}
+{{- $tls := .ctx.Values.tls -}}
+{{- if not $tls.enabled -}}
+grpc:
+  port: {{ $c.service.port }}
+{{- else if eq $tls.probes "httpGet" -}}
+httpGet:
+  path: {{ $tls.probePath }}
+  port: metrics
+  scheme: HTTP
+{{- else if eq $tls.probes "grpc" -}}
+grpc:
+  port: {{ $tls.healthPort }}
+{{- else -}}
+tcpSocket:
+  port: grpc
 {{- end }}
 {{- end }}
 
@@ -407,4 +431,170 @@ spec:
 
 {{- define "sluice.leaseName" -}}
 {{- default (include "sluice.componentName" (dict "ctx" . "component" "coordinator")) .Values.components.coordinator.election.leaseName }}
+{{- end }}
+
+{{/* ---- Security (docs/security.md, "Kubernetes") ---------------------------------------------- */}}
+
+{{/* Where the security files are mounted in every Sluice container (never under the /etc/sluice ConfigMap). */}}
+{{- define "sluice.tlsDir" -}}/var/run/secrets/sluice/tls{{- end }}
+{{- define "sluice.clusterTokenDir" -}}/var/run/secrets/sluice/cluster{{- end }}
+{{- define "sluice.kubernetesSADir" -}}/var/run/secrets/kubernetes.io/serviceaccount{{- end }}
+
+{{/* The env prefix of a service's settings (sluice.server.config): SLUICE_OFFSET_STORE_ for offset-store. */}}
+{{- define "sluice.envPrefix" -}}
+{{- printf "SLUICE_%s_" (.component | upper | replace "-" "_") }}
+{{- end }}
+
+{{/* The Secret holding a component's certificate: its own, the shared one, else cert-manager's. */}}
+{{- define "sluice.tlsSecretName" -}}
+{{- $key := include "sluice.valuesKey" . }}
+{{- $tls := .ctx.Values.tls }}
+{{- default (default (printf "%s-tls" (include "sluice.componentName" .)) $tls.existingSecret) (index $tls.componentSecrets $key) }}
+{{- end }}
+
+{{/* "true" when the chart renders cert-manager resources: the API is there (or forced). */}}
+{{- define "sluice.certManager" -}}
+{{- if or .Values.tls.certManager.force (.Capabilities.APIVersions.Has "cert-manager.io/v1") }}true{{ end }}
+{{- end }}
+
+{{/*
+The Secret clients take the CA from (key ca.crt; mount that key only, with `items`, since the Secret also
+holds a private key): the shared existing Secret, the chart's own CA, or the coordinator's certificate
+(cert-manager writes the issuing CA into ca.crt of each certificate's Secret).
+*/}}
+{{- define "sluice.caSecretName" -}}
+{{- $tls := .Values.tls }}
+{{- if $tls.existingSecret }}
+{{- $tls.existingSecret }}
+{{- else if and (not $tls.certManager.issuerRef.name) (not (index $tls.componentSecrets "coordinator")) }}
+{{- printf "%s-ca" (include "sluice.fullname" .) }}
+{{- else }}
+{{- include "sluice.tlsSecretName" (dict "ctx" . "component" "coordinator") }}
+{{- end }}
+{{- end }}
+
+{{/* The cluster token's Secret (key `token`): an existing one, or the chart's. */}}
+{{- define "sluice.clusterTokenSecretName" -}}
+{{- default (printf "%s-cluster-token" (include "sluice.fullname" .)) .Values.auth.clusterToken.existingSecret }}
+{{- end }}
+
+{{/* "true" when the services fetch the Kubernetes API server's JWKS (they need a ServiceAccount token). */}}
+{{- define "sluice.kubernetesJwks" -}}
+{{- $a := .Values.auth }}
+{{- if and $a.enabled (has "jwt" $a.mechanisms) $a.jwt.kubernetesCA }}true{{ end }}
+{{- end }}
+
+{{/*
+Security env of a Sluice service: exactly the SecuritySettings fields (sluice/security/settings.py), as
+SLUICE_<SERVICE>_<FIELD>; tests/chart/test_security.py checks every name against the dataclasses.
+*/}}
+{{- define "sluice.securityEnv" -}}
+{{- $p := include "sluice.envPrefix" . }}
+{{- $tls := .ctx.Values.tls }}
+{{- $a := .ctx.Values.auth }}
+{{- if $tls.enabled }}
+- name: {{ $p }}TLS_CERT
+  value: {{ include "sluice.tlsDir" . }}/tls.crt
+- name: {{ $p }}TLS_KEY
+  value: {{ include "sluice.tlsDir" . }}/tls.key
+- name: {{ $p }}TLS_CA
+  value: {{ include "sluice.tlsDir" . }}/ca.crt
+- name: {{ $p }}TLS_CLIENT_AUTH
+  value: {{ $tls.clientAuth | quote }}
+{{- end }}
+{{- if $a.enabled }}
+- name: {{ $p }}AUTH_MECHANISMS
+  value: {{ join "," $a.mechanisms | quote }}
+- name: {{ $p }}ALLOW_ANONYMOUS
+  value: {{ $a.allowAnonymous | quote }}
+- name: {{ $p }}AUTHORIZATION
+  value: {{ $a.authorization | quote }}
+- name: {{ $p }}SUPER_USERS
+  value: {{ join "," $a.superUsers | quote }}
+- name: {{ $p }}CLUSTER_TOKEN_FILE
+  value: {{ include "sluice.clusterTokenDir" . }}/token
+{{- if has "jwt" $a.mechanisms }}
+- name: {{ $p }}JWT_JWKS_URL
+  value: {{ $a.jwt.jwksUrl | quote }}
+- name: {{ $p }}JWT_ISSUER
+  value: {{ $a.jwt.issuer | quote }}
+- name: {{ $p }}JWT_AUDIENCE
+  value: {{ $a.jwt.audience | quote }}
+- name: {{ $p }}JWT_ALGORITHMS
+  value: {{ $a.jwt.algorithms | quote }}
+- name: {{ $p }}JWT_PRINCIPAL_CLAIM
+  value: {{ $a.jwt.principalClaim | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Read-only mounts of the certificate and the cluster token (whole directories: a subPath would never see a rotation). */}}
+{{- define "sluice.securityVolumeMounts" -}}
+{{- if .ctx.Values.tls.enabled }}
+- name: tls
+  mountPath: {{ include "sluice.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- if .ctx.Values.auth.enabled }}
+- name: cluster-token
+  mountPath: {{ include "sluice.clusterTokenDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "sluice.securityVolumes" -}}
+{{- if .ctx.Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "sluice.tlsSecretName" . }}
+    defaultMode: 0440
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
+{{- if .ctx.Values.auth.enabled }}
+- name: cluster-token
+  secret:
+    secretName: {{ include "sluice.clusterTokenSecretName" .ctx }}
+    defaultMode: 0440
+    items:
+      - key: token
+        path: token
+{{- end }}
+{{- end }}
+
+{{/* automountServiceAccountToken of a Sluice pod: `need` (the coordinator's election) or the Kubernetes JWKS. */}}
+{{- define "sluice.automountToken" -}}
+{{- if or .need (include "sluice.kubernetesJwks" .ctx) }}true{{ else }}false{{ end }}
+{{- end }}
+
+{{/*
+The Redis pods' credentials: REDIS_PASSWORD is the default user's (admin) password, which replication, the
+Sentinels and redis-cli (REDISCLI_AUTH: the probes, find-primary.sh) use; SLUICE_REDIS_* define the ACL
+user the Sluice services log in as.
+*/}}
+{{- define "sluice.redisAuthEnv" -}}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secret }}
+      key: admin-password
+- name: REDISCLI_AUTH
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secret }}
+      key: admin-password
+- name: SLUICE_REDIS_USER
+  value: {{ .ctx.Values.components.redis.auth.username | quote }}
+- name: SLUICE_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secret }}
+      key: redis-password
+- name: SLUICE_REDIS_ACL_RULES
+  value: {{ .ctx.Values.components.redis.auth.aclRules | quote }}
 {{- end }}

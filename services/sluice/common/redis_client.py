@@ -4,9 +4,15 @@ Addresses:
 
 - ``redis://host:port/db``, ``rediss://...`` (TLS), ``unix:///path?db=N``: one Redis server.
 - ``redis+sentinel://host:port[,host:port...]/service_name[/db]``: ask these Sentinels where the primary
-  of ``service_name`` is, and ask again whenever a connection to it fails (redis-py's Sentinel support). A
-  password in the address (``redis+sentinel://:secret@h:26379/mymaster``) is the data nodes' password; the
-  Sentinels are asked without one.
+  of ``service_name`` is, and ask again whenever a connection to it fails (redis-py's Sentinel support). The
+  credentials in the address (``redis+sentinel://sluice:secret@h:26379/mymaster``, a Redis ACL user, or
+  ``:secret@`` for the default user) are the data nodes'; the Sentinels are asked without any unless the
+  address ends in ``?sentinel_auth=yes``, which presents the same user and password to them (Sentinels
+  with ``requirepass`` or ACL users, as the chart runs them).
+
+Credentials: a Redis ACL user and password in the address (``redis://sluice:secret@host:6379/0``); TLS with
+``rediss://`` and redis-py's own query options (``?ssl_ca_certs=/path/ca.crt``,
+``ssl_certfile``/``ssl_keyfile`` for a client certificate). docs/security.md, "Redis", is the reference.
 
 Why a URL form and not extra flags: every service already takes one ``--redis-url`` (and a ``*_REDIS_URL``
 environment variable in the chart), so following a Sentinel-managed Redis is a value change, not a new
@@ -21,7 +27,8 @@ through the Sentinels. What a failover can lose (Redis replicates asynchronously
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -42,6 +49,23 @@ class SentinelAddress:
     service_name: str
     db: int
     password: str | None
+    username: str | None = None
+    #: Present ``username``/``password`` to the Sentinels too (``?sentinel_auth=yes``).
+    sentinel_auth: bool = False
+
+
+_YES, _NO = ("yes", "true", "1"), ("no", "false", "0")
+
+
+def _sentinel_auth(url: str, query: str) -> bool:
+    options = parse_qs(query, keep_blank_values=True)
+    unknown = set(options) - {"sentinel_auth"}
+    if unknown:
+        raise InvalidArgument(f"{url!r}: unknown option {sorted(unknown)[0]!r} (known: sentinel_auth)")
+    value = options.get("sentinel_auth", ["no"])[-1].lower()
+    if value not in _YES + _NO:
+        raise InvalidArgument(f"{url!r}: sentinel_auth must be yes or no, got {value!r}")
+    return value in _YES
 
 
 def parse_sentinel_url(url: str) -> SentinelAddress:
@@ -50,7 +74,8 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
     if parts.scheme != SENTINEL_SCHEME:
         raise InvalidArgument(f"{url!r} is not a {SENTINEL_SCHEME}:// address")
     auth, _, hosts = parts.netloc.rpartition("@")
-    password = unquote(auth.partition(":")[2]) if auth else None
+    user, _, secret = auth.partition(":")
+    username, password = unquote(user) or None, unquote(secret) or None
     sentinels: list[tuple[str, int]] = []
     for item in hosts.split(","):
         host, sep, port = item.rpartition(":")
@@ -62,7 +87,11 @@ def parse_sentinel_url(url: str) -> SentinelAddress:
         raise InvalidArgument(f"{url!r}: expected /service_name or /service_name/db after the Sentinels")
     if len(path) == 2 and not path[1].isdigit():
         raise InvalidArgument(f"{url!r}: the database must be a number, got {path[1]!r}")
-    return SentinelAddress(tuple(sentinels), path[0], int(path[1]) if len(path) == 2 else 0, password or None)
+    sentinel_auth = _sentinel_auth(url, parts.query)
+    if sentinel_auth and password is None:
+        raise InvalidArgument(f"{url!r}: sentinel_auth=yes needs a password in the address")
+    db = int(path[1]) if len(path) == 2 else 0
+    return SentinelAddress(tuple(sentinels), path[0], db, password, username, sentinel_auth)
 
 
 def validate_url(url: str, flag: str = "--redis-url") -> None:
@@ -103,13 +132,19 @@ def connect(
             health_check_interval=10,
         )
     address = parse_sentinel_url(url)
+    sentinel_kwargs: dict[str, Any] = {
+        "socket_timeout": connect_timeout,
+        "socket_connect_timeout": connect_timeout,
+    }
+    if address.sentinel_auth:
+        sentinel_kwargs.update(username=address.username, password=address.password)
     sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves its __init__ unannotated
-        list(address.sentinels),
-        sentinel_kwargs={"socket_timeout": connect_timeout, "socket_connect_timeout": connect_timeout},
+        list(address.sentinels), sentinel_kwargs=sentinel_kwargs
     )
     client: aioredis.Redis = sentinel.master_for(
         address.service_name,
         db=address.db,
+        username=address.username,
         password=address.password,
         decode_responses=False,
         socket_timeout=socket_timeout,

@@ -47,3 +47,27 @@ def test_plain_addresses_pass(url: str) -> None:
 def test_no_text_crashes_the_parser(url: str) -> None:
     with contextlib.suppress(InvalidArgument):
         validate_url(url)
+
+
+def test_a_sentinel_address_carries_an_acl_user_and_whether_the_sentinels_take_it() -> None:
+    url = "redis+sentinel://sluice:s%3Acret@a:26379,b:26379/orders/1?sentinel_auth=yes"
+    assert parse_sentinel_url(url) == SentinelAddress(
+        (("a", 26379), ("b", 26379)), "orders", 1, "s:cret", "sluice", True
+    )
+    # Without the option the Sentinels are asked anonymously, as before ACL users.
+    plain = parse_sentinel_url("redis+sentinel://sluice:pw@a:26379/orders")
+    assert (plain.username, plain.password, plain.sentinel_auth) == ("sluice", "pw", False)
+    assert parse_sentinel_url("redis+sentinel://:pw@a:26379/orders?sentinel_auth=no").sentinel_auth is False
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis+sentinel://a:26379/s?sentinel_auth=yes", "needs a password"),
+        ("redis+sentinel://:pw@a:26379/s?sentinel_auth=maybe", "must be yes or no"),
+        ("redis+sentinel://:pw@a:26379/s?sentinel_password=x", "unknown option 'sentinel_password'"),
+    ],
+)
+def test_sentinel_options_are_checked(url: str, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        validate_url(url)

@@ -1,0 +1,406 @@
+"""The chart's security: TLS certificates (cert-manager or existing Secrets), authentication, the cluster
+token, probes under TLS, NetworkPolicies, and env names that are exactly the services' settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.broker.config import ENV_PREFIX as BROKER_PREFIX
+from sluice.broker.config import BrokerConfig
+from sluice.coordinator.config import ENV_PREFIX as COORDINATOR_PREFIX
+from sluice.coordinator.config import CoordinatorConfig
+from sluice.dispatcher.config import ENV_PREFIX as DISPATCHER_PREFIX
+from sluice.dispatcher.config import DispatcherConfig
+from sluice.offsetstore.config import ENV_PREFIX as OFFSET_STORE_PREFIX
+from sluice.offsetstore.config import OffsetStoreConfig
+from sluice.security.settings import SecuritySettings
+from sluice.server.config import load
+from tests.chart.chartlib import CHART, Manifest, find, one, render, render_error, validate_manifests
+
+SECURE = CHART / "ci" / "values-security.yaml"
+CERT_MANAGER = "cert-manager.io/v1"
+# Workload -> (kind, config class, env prefix): the chart must speak each service's own settings.
+WORKLOADS: dict[str, tuple[str, type[Any], str]] = {
+    "sluice-broker": ("StatefulSet", BrokerConfig, BROKER_PREFIX),
+    "sluice-coordinator": ("Deployment", CoordinatorConfig, COORDINATOR_PREFIX),
+    "sluice-offset-store": ("Deployment", OffsetStoreConfig, OFFSET_STORE_PREFIX),
+    "sluice-dispatcher": ("Deployment", DispatcherConfig, DISPATCHER_PREFIX),
+}
+SECURITY_FIELDS = {f.name for f in dataclasses.fields(SecuritySettings)}
+
+
+def pod_spec(m: list[Manifest], name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = one(m, WORKLOADS[name][0], name)["spec"]["template"]["spec"]
+    return spec
+
+
+def main_container(m: list[Manifest], name: str) -> dict[str, Any]:
+    c: dict[str, Any] = pod_spec(m, name)["containers"][0]
+    return c
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}
+
+
+def volumes_of(m: list[Manifest], name: str) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in pod_spec(m, name)["volumes"]}
+
+
+def mounts_of(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in c["volumeMounts"]}
+
+
+@pytest.fixture(scope="module")
+def defaults() -> list[Manifest]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def secure() -> list[Manifest]:
+    return render([SECURE])
+
+
+# ---- env names: exactly the services' settings -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_every_sluice_env_the_chart_sets_is_a_setting_of_that_service(
+    secure: list[Manifest], name: str
+) -> None:
+    """A renamed or removed setting makes this fail: the service would silently ignore the chart's env."""
+    _kind, config_class, prefix = WORKLOADS[name]
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    env = env_of(main_container(secure, name))
+    ours = {k for k in env if k.startswith("SLUICE_") and k not in ("SLUICE_POD_INDEX",)}
+    assert ours, "no settings at all"
+    for key in ours:
+        assert key.startswith(prefix), f"{key} is not a {config_class.__name__} setting (prefix {prefix})"
+        assert key.removeprefix(prefix).lower() in fields, f"{key}: {config_class.__name__} has no such field"
+    security = {k.removeprefix(prefix).lower() for k in ours} & SECURITY_FIELDS
+    assert {
+        "tls_cert",
+        "tls_key",
+        "tls_ca",
+        "tls_client_auth",
+        "auth_mechanisms",
+        "cluster_token_file",
+    } <= security
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_the_services_own_loader_accepts_every_value_the_chart_sets(
+    secure: list[Manifest], name: str
+) -> None:
+    _kind, config_class, prefix = WORKLOADS[name]
+    env = {k: v for k, v in env_of(main_container(secure, name)).items() if isinstance(v, str)}
+    if f"{prefix}REDIS_URL" in env_of(main_container(secure, name)):
+        env[f"{prefix}REDIS_URL"] = "redis+sentinel://sluice:pw@h:26379/sluice/0?sentinel_auth=yes"
+    if "coordinator" in {f.name for f in dataclasses.fields(config_class)}:
+        env[f"{prefix}COORDINATOR"] = "sluice-coordinator:7600"  # a flag in the pod; required
+    config = load(config_class, prefix, env=env)
+    assert str(config.tls_cert) == "/var/run/secrets/sluice/tls/tls.crt"
+    assert config.tls_client_auth == "request"
+    assert config.auth_mechanisms == "scram,jwt,mtls"
+    assert config.allow_anonymous is False
+    assert config.authorization == "acl"
+    assert config.super_users == "admin"
+    assert config.jwt_audience == "sluice"
+    assert config.jwt_jwks_url == "https://kubernetes.default.svc/openid/v1/jwks"
+
+
+# ---- TLS --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_plaintext_by_default_no_certificates_no_security_env(defaults: list[Manifest], name: str) -> None:
+    c = main_container(defaults, name)
+    assert not [k for k in env_of(c) if "_TLS_" in k or "_AUTH" in k or "CLUSTER_TOKEN" in k]
+    assert "tls" not in volumes_of(defaults, name)
+    assert c["readinessProbe"]["grpc"] == {"port": c["ports"][0]["containerPort"]}
+    assert not find(defaults, "Certificate")
+    assert not find(defaults, "Secret", "sluice-cluster-token")
+
+
+def _check_tls_wiring(m: list[Manifest], name: str, secret: str) -> None:
+    """The env points into the mount, the mount is read-only, the volume is the expected Secret."""
+    _kind, _cls, prefix = WORKLOADS[name]
+    c = main_container(m, name)
+    env = env_of(c)
+    mount = mounts_of(c)["tls"]
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount, "a subPath mount never sees a renewed certificate"
+    for key, file in (("TLS_CERT", "tls.crt"), ("TLS_KEY", "tls.key"), ("TLS_CA", "ca.crt")):
+        assert env[prefix + key] == posixpath.join(mount["mountPath"], file), key
+    volume = volumes_of(m, name)["tls"]["secret"]
+    assert volume["secretName"] == secret
+    assert {i["key"] for i in volume["items"]} == {"tls.crt", "tls.key", "ca.crt"}
+    assert volume["defaultMode"] == 0o440, "readable by the pod's group (fsGroup), nobody else"
+
+
+def test_cert_manager_issues_a_certificate_per_component_from_a_private_ca() -> None:
+    m = render(sets=["tls.enabled=true"], api_versions=[CERT_MANAGER])
+    certs = {c["metadata"]["name"]: c for c in find(m, "Certificate")}
+    assert set(certs) == {"sluice-ca", *WORKLOADS}
+    assert certs["sluice-ca"]["spec"]["isCA"] is True
+    issuers = {i["metadata"]["name"]: i["spec"] for i in find(m, "Issuer")}
+    assert issuers == {
+        "sluice-selfsigned": {"selfSigned": {}},
+        "sluice-ca": {"ca": {"secretName": "sluice-ca"}},
+    }
+    for name in WORKLOADS:
+        spec = certs[name]["spec"]
+        assert spec["issuerRef"] == {"name": "sluice-ca", "kind": "Issuer", "group": "cert-manager.io"}
+        assert spec["secretName"] == f"{name}-tls"
+        # The names the services dial each other by (the flags use the short Service name).
+        assert {name, f"{name}.sluice-test.svc", f"{name}.sluice-test.svc.cluster.local"} <= set(
+            spec["dnsNames"]
+        )
+        assert {"server auth", "client auth"} <= set(spec["usages"])
+        _check_tls_wiring(m, name, f"{name}-tls")
+    # Brokers are dialled at the pod names they advertise under the headless Service.
+    assert (
+        "*.sluice-broker-headless.sluice-test.svc.cluster.local" in certs["sluice-broker"]["spec"]["dnsNames"]
+    )
+    assert not validate_manifests({"cert-manager": m})
+
+
+def test_an_issuer_of_yours_signs_and_the_chart_makes_no_ca() -> None:
+    m = render(
+        sets=[
+            "tls.enabled=true",
+            "tls.certManager.issuerRef.name=corp",
+            "tls.certManager.issuerRef.kind=ClusterIssuer",
+        ],
+        api_versions=[CERT_MANAGER],
+    )
+    assert not find(m, "Issuer")
+    assert {c["metadata"]["name"] for c in find(m, "Certificate")} == set(WORKLOADS)
+    for cert in find(m, "Certificate"):
+        assert cert["spec"]["issuerRef"] == {
+            "name": "corp",
+            "kind": "ClusterIssuer",
+            "group": "cert-manager.io",
+        }
+
+
+def test_without_cert_manager_tls_needs_secrets_and_says_so() -> None:
+    err = render_error(sets=["tls.enabled=true"])
+    assert "tls.enabled: no certificate for broker, coordinator, offsetStore, dispatcher" in err
+    assert "cert-manager" in err
+    forced = render(sets=["tls.enabled=true", "tls.certManager.force=true"])
+    assert len(find(forced, "Certificate")) == 5
+
+
+def test_existing_secrets_replace_cert_manager_shared_or_per_component() -> None:
+    m = render(
+        sets=[
+            "tls.enabled=true",
+            "tls.existingSecret=sluice-certs",
+            "tls.componentSecrets.broker=broker-certs",
+        ],
+        api_versions=[CERT_MANAGER],
+    )
+    assert not find(m, "Certificate")
+    assert not find(m, "Issuer")
+    for name in WORKLOADS:
+        _check_tls_wiring(m, name, "broker-certs" if name == "sluice-broker" else "sluice-certs")
+    # Only the uncovered components need cert-manager.
+    partial = render(
+        sets=["tls.enabled=true", "tls.componentSecrets.broker=broker-certs"], api_versions=[CERT_MANAGER]
+    )
+    assert "sluice-broker" not in {c["metadata"]["name"] for c in find(partial, "Certificate")}
+    _check_tls_wiring(partial, "sluice-broker", "broker-certs")
+
+
+@pytest.mark.parametrize(
+    ("sets", "check"),
+    [
+        ([], {"tcpSocket": {"port": "grpc"}}),
+        (["tls.probes=httpGet"], {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTP"}}),
+        (["tls.probes=grpc", "tls.healthPort=7690"], {"grpc": {"port": 7690}}),
+    ],
+)
+def test_probes_under_tls_do_not_speak_plaintext_grpc_to_a_tls_port(
+    sets: list[str], check: dict[str, Any]
+) -> None:
+    m = render(sets=["tls.enabled=true", "tls.existingSecret=s", *sets])
+    for name in WORKLOADS:
+        c = main_container(m, name)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            kind = next(iter(check))
+            assert {kind: c[probe][kind]} == check, (name, probe)
+            assert {"grpc", "tcpSocket", "httpGet"} & set(c[probe]) == {kind}
+
+
+# ---- authentication and the cluster token -----------------------------------------------------------
+
+
+def test_auth_turns_on_every_service_with_the_cluster_token_mounted(secure: list[Manifest]) -> None:
+    token = one(secure, "Secret", "sluice-cluster-token")
+    assert set(token["data"]) == {"token"}
+    for name, (_kind, _cls, prefix) in WORKLOADS.items():
+        c = main_container(secure, name)
+        env = env_of(c)
+        mount = mounts_of(c)["cluster-token"]
+        assert mount["readOnly"] is True
+        assert env[prefix + "CLUSTER_TOKEN_FILE"] == posixpath.join(mount["mountPath"], "token")
+        volume = volumes_of(secure, name)["cluster-token"]["secret"]
+        assert volume["secretName"] == "sluice-cluster-token"
+        assert env[prefix + "ALLOW_ANONYMOUS"] == "false"
+        assert env[prefix + "AUTHORIZATION"] == "acl"
+        assert env[prefix + "JWT_ISSUER"] == "https://kubernetes.default.svc.cluster.local"
+        # Fetching the API server's JWKS takes a ServiceAccount token.
+        assert pod_spec(secure, name)["automountServiceAccountToken"] is True, name
+
+
+def test_an_existing_cluster_token_secret_is_used_and_none_is_generated() -> None:
+    m = render(sets=["auth.enabled=true", "auth.clusterToken.existingSecret=mine", "auth.mechanisms={scram}"])
+    assert not find(m, "Secret", "sluice-cluster-token")
+    for name in WORKLOADS:
+        assert volumes_of(m, name)["cluster-token"]["secret"]["secretName"] == "mine"
+        assert not [k for k in env_of(main_container(m, name)) if "_JWT_" in k]
+        # SCRAM alone needs no API token; only the coordinator's election does.
+        assert pod_spec(m, name)["automountServiceAccountToken"] is (name == "sluice-coordinator")
+
+
+def test_the_generated_cluster_token_is_random_per_install() -> None:
+    first = one(render(sets=["auth.enabled=true"]), "Secret", "sluice-cluster-token")["data"]["token"]
+    second = one(render(sets=["auth.enabled=true"]), "Secret", "sluice-cluster-token")["data"]["token"]
+    assert first != second, "helm template cannot look up the old one: each fresh install gets its own"
+
+
+@pytest.mark.parametrize(
+    ("sets", "complaint"),
+    [
+        (["auth.enabled=true", "auth.mechanisms={mtls}"], "auth.mechanisms has mtls: it needs tls.enabled"),
+        (
+            ["auth.enabled=true", "auth.mechanisms={mtls}", "tls.enabled=true", "tls.existingSecret=s"],
+            "tls.clientAuth request or require",
+        ),
+        (["tls.clientAuth=require"], "client certificates need TLS"),
+        (["auth.enabled=true", "auth.jwt.jwksUrl="], "set auth.jwt.jwksUrl"),
+    ],
+)
+def test_contradictory_security_values_are_refused(sets: list[str], complaint: str) -> None:
+    assert complaint in render_error(sets=sets)
+
+
+def test_auth_without_a_mechanism_is_refused(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text("auth:\n  enabled: true\n  mechanisms: []\n")
+    assert "auth.enabled needs at least one of auth.mechanisms" in render_error([values])
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "tls.clientAuth=maybe",
+        "auth.mechanisms={kerberos}",
+        "auth.authorization=rbac",
+        "tls.probes=exec",
+        "auth.jwt.jwksUrl=http://x",
+    ],
+)
+def test_the_schema_refuses_unknown_security_choices(setting: str) -> None:
+    assert "don't meet the specifications of the schema" in render_error(sets=[setting])
+
+
+def test_the_helm_test_pod_authenticates_with_a_sluice_only_token_and_trusts_the_ca(
+    secure: list[Manifest],
+) -> None:
+    pod = one(secure, "Pod", "sluice-test-produce-consume")["spec"]
+    assert pod["serviceAccountName"] == "sluice-test-produce-consume"
+    one(secure, "ServiceAccount", "sluice-test-produce-consume")
+    assert pod["automountServiceAccountToken"] is False, "no API token, only the audience-bound one"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    [source] = volumes["token"]["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "sluice"
+    assert volumes["ca"]["secret"] == {
+        "secretName": "sluice-ca",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    env = env_of(pod["containers"][0])
+    assert env["SLUICE_TLS_CA"] == "/var/run/secrets/sluice/ca/ca.crt"
+    script = one(secure, "ConfigMap", "sluice-test-produce-consume")["data"]["produce-consume.sh"]
+    assert "SLUICE_TOKEN=$(cat /var/run/secrets/sluice/token/token)" in script
+
+
+@pytest.mark.parametrize(
+    ("sets", "ca_secret"),
+    [
+        ([], "sluice-ca"),
+        (["tls.certManager.issuerRef.name=corp"], "sluice-coordinator-tls"),
+        (["tls.existingSecret=shared"], "shared"),
+        (["tls.componentSecrets.coordinator=coord"], "coord"),
+    ],
+)
+def test_clients_are_pointed_at_the_secret_that_holds_the_ca(sets: list[str], ca_secret: str) -> None:
+    m = render(sets=["tls.enabled=true", *sets], api_versions=[CERT_MANAGER])
+    pod = one(m, "Pod", "sluice-test-produce-consume")["spec"]
+    [ca] = [v for v in pod["volumes"] if v["name"] == "ca"]
+    assert ca["secret"]["secretName"] == ca_secret
+    issued = {c["spec"]["secretName"] for c in find(m, "Certificate")}
+    if not sets or "issuerRef" in sets[0]:
+        assert ca_secret in issued, "the chart's own CA or a certificate it has issued"
+
+
+# ---- NetworkPolicy ----------------------------------------------------------------------------------
+
+
+def _component(peer: dict[str, Any]) -> str | None:
+    labels: dict[str, str] = peer.get("podSelector", {}).get("matchLabels", {})
+    return labels.get("app.kubernetes.io/component")
+
+
+def test_network_policies_are_on_by_default_and_redis_admits_only_sluice(defaults: list[Manifest]) -> None:
+    names = {p["metadata"]["name"] for p in find(defaults, "NetworkPolicy")}
+    assert names == {*WORKLOADS, "sluice-redis"}
+    [rule] = one(defaults, "NetworkPolicy", "sluice-redis")["spec"]["ingress"]
+    assert sorted(_component(p) or "" for p in rule["from"]) == ["coordinator", "offset-store"]
+    for peer in rule["from"]:
+        assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "sluice"
+        assert "namespaceSelector" not in peer, "this release's pods, in its own namespace only"
+
+
+def test_network_policies_can_be_turned_off() -> None:
+    assert not find(render(sets=["networkPolicy.enabled=false"]), "NetworkPolicy")
+
+
+def test_closed_policies_admit_the_release_and_the_named_clients_only(secure: list[Manifest]) -> None:
+    release = {
+        "podSelector": {
+            "matchLabels": {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/instance": "sluice"}
+        }
+    }
+    spark = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "spark"}}}
+    for name in WORKLOADS:
+        client_rule = one(secure, "NetworkPolicy", name)["spec"]["ingress"][0]
+        assert client_rule["from"] == [release, spark], name
+    [rule] = one(secure, "NetworkPolicy", "sluice-redis")["spec"]["ingress"]
+    assert {p["port"] for p in rule["ports"]} == {6379, 26379}
+    assert sorted(_component(p) or "" for p in rule["from"]) == ["coordinator", "offset-store", "redis"]
+
+
+# ---- every variant is valid Kubernetes --------------------------------------------------------------
+
+
+def test_every_security_variant_passes_kubernetes_validate_strict(secure: list[Manifest]) -> None:
+    variants = {
+        "secure": secure,
+        "tls-cert-manager": render(
+            sets=["tls.enabled=true", "tls.probes=httpGet"], api_versions=[CERT_MANAGER]
+        ),
+        "tls-existing": render(sets=["tls.enabled=true", "tls.existingSecret=s", "tls.probes=grpc"]),
+        "auth-only": render(sets=["auth.enabled=true", "auth.superUsers={admin,ops}"]),
+        "no-policies": render(sets=["networkPolicy.enabled=false", "auth.enabled=true"]),
+    }
+    problems = validate_manifests(variants)
+    assert not problems, "\n".join(str(p) for p in problems)
+    kinds = {m["kind"] for ms in variants.values() for m in ms}
+    assert {"Certificate", "Issuer", "NetworkPolicy", "ServiceAccount"} <= kinds
