@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.codec.batch import Record
 from sluice.errors import SluiceError
+from sluice.security.client import TLSConfig
 
-__all__ = ["DEFAULT_BOOTSTRAP", "Client", "Record", "SluiceError"]
+__all__ = ["DEFAULT_BOOTSTRAP", "Client", "Record", "SluiceError", "TLSConfig"]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7600"
 

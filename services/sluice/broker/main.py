@@ -25,7 +25,7 @@ from sluice.broker.service import BrokerService
 from sluice.broker.servicer import BrokerServicer
 from sluice.broker.wire_server import broker_wire_listener
 from sluice.server.config import add_arguments, load
-from sluice.server.runtime import GrpcServer, serve, service_main
+from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
 from sluice.server.wire import WireListener
 from sluice.v1 import broker_pb2_grpc
 
@@ -69,6 +69,7 @@ def parse_config(argv: list[str]) -> BrokerConfig:
 
 async def run(config: BrokerConfig) -> None:
     """Serve until SIGTERM/SIGINT."""
+    tls = service_tls(config)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     logs = LogManager(
         config.data_dir,
@@ -82,7 +83,7 @@ async def run(config: BrokerConfig) -> None:
     handlers = RequestHandlers(service)
     servicer = BrokerServicer(service, handlers)
     wire_port = config.wire_listen_port
-    wire = broker_wire_listener(handlers, config.host, wire_port) if wire_port is not None else None
+    wire = broker_wire_listener(handlers, config.host, wire_port, tls=tls) if wire_port is not None else None
 
     def register(server: aio.Server) -> None:
         broker_pb2_grpc.add_BrokerServicer_to_server(servicer, server)
@@ -94,6 +95,8 @@ async def run(config: BrokerConfig) -> None:
         port=config.port,
         metrics_port=config.metrics_port,
         wire=wire,
+        tls=tls,
+        metrics_tls=config.tls_metrics,
     )
     link_task: asyncio.Task[None] | None = None
     link: CoordinatorLink | None = None

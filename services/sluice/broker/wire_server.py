@@ -45,6 +45,7 @@ from sluice.common.wire import (
     has_records,
     lane_frame_parts,
 )
+from sluice.security.tls import ServerTLS
 from sluice.server.context import ANONYMOUS, WIRE, RequestContext
 from sluice.server.interceptors import Authenticator
 from sluice.server.wire import WireConnection, WireListener, parse_frame
@@ -54,7 +55,11 @@ __all__ = ["broker_wire_listener"]
 
 
 def broker_wire_listener(
-    handlers: RequestHandlers, host: str, port: int, authenticator: Authenticator | None = None
+    handlers: RequestHandlers,
+    host: str,
+    port: int,
+    authenticator: Authenticator | None = None,
+    tls: ServerTLS | None = None,
 ) -> WireListener:
     return WireListener(
         "broker",
@@ -63,6 +68,7 @@ def broker_wire_listener(
         port,
         authenticator,
         version=LANES_VERSION,
+        tls=tls,
     )
 
 

@@ -21,7 +21,7 @@ from sluice.dispatcher.service import DispatcherService
 from sluice.dispatcher.servicer import DispatcherServicer, add_to_server
 from sluice.dispatcher.wire_server import dispatcher_wire_listener
 from sluice.server.config import add_arguments, load
-from sluice.server.runtime import GrpcServer, serve, service_main
+from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
 from sluice.server.wire import WireListener
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ def parse_config(argv: list[str]) -> DispatcherConfig:
 
 
 async def run(config: DispatcherConfig) -> None:
+    tls = service_tls(config)
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     gc.freeze()  # what startup made lives forever: later collections need not walk it
     service = DispatcherService(config, dispatcher_metrics())
@@ -73,13 +74,19 @@ async def run(config: DispatcherConfig) -> None:
         add_to_server(servicer, server)
 
     server = _DispatcherGrpcServer(
-        "dispatcher", [register], host=config.host, port=config.port, metrics_port=config.metrics_port
+        "dispatcher",
+        [register],
+        host=config.host,
+        port=config.port,
+        metrics_port=config.metrics_port,
+        tls=tls,
+        metrics_tls=config.tls_metrics,
     )
     server.service_ref = service
     server.advertised_host = config.advertised
     wire_port = wire_listen_port(config.port, config.wire_port)
     if wire_port is not None:
-        server.wire = dispatcher_wire_listener(servicer, config.host, wire_port)
+        server.wire = dispatcher_wire_listener(servicer, config.host, wire_port, tls=tls)
     stopped = False
 
     async def on_stop() -> None:

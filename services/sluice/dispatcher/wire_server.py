@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from sluice.common.wire import FrameType, WireProtocolError
 from sluice.dispatcher.events import Outgoing
 from sluice.dispatcher.servicer import DispatcherServicer
+from sluice.security.tls import ServerTLS
 from sluice.server.context import ANONYMOUS, WIRE, RequestContext
 from sluice.server.interceptors import Authenticator
 from sluice.server.wire import WireConnection, WireListener, parse_frame
@@ -30,12 +31,16 @@ log = logging.getLogger(__name__)
 
 
 def dispatcher_wire_listener(
-    servicer: DispatcherServicer, host: str, port: int, authenticator: Authenticator | None = None
+    servicer: DispatcherServicer,
+    host: str,
+    port: int,
+    authenticator: Authenticator | None = None,
+    tls: ServerTLS | None = None,
 ) -> WireListener:
     def connection(listener: WireListener) -> WireConnection:
         return _ConsumeConnection(listener, servicer)
 
-    return WireListener("dispatcher", connection, host, port, authenticator)
+    return WireListener("dispatcher", connection, host, port, authenticator, tls=tls)
 
 
 class _ConsumeConnection(WireConnection):

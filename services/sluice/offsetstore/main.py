@@ -14,7 +14,7 @@ from sluice.offsetstore.service import OffsetStoreService
 from sluice.offsetstore.servicer import OffsetStoreServicer
 from sluice.offsetstore.storage import PositionStore, ReplicaWait
 from sluice.server.config import add_arguments, load
-from sluice.server.runtime import GrpcServer, serve, service_main
+from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
 from sluice.v1 import offset_store_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ def parse_config(argv: list[str] | None) -> OffsetStoreConfig:
 
 
 async def run(config: OffsetStoreConfig) -> None:
+    tls = service_tls(config)
     store = PositionStore(
         connect(config.redis_url),
         Keys(config.key_prefix),
@@ -67,6 +68,8 @@ async def run(config: OffsetStoreConfig) -> None:
         port=config.port,
         metrics_port=config.metrics_port,
         health_names=[HEALTH_NAME],
+        tls=tls,
+        metrics_tls=config.tls_metrics,
     )
     try:
         await serve(server)

@@ -1,0 +1,239 @@
+"""How a :class:`ClientSecurity` travels: channel credentials, SSL contexts, the token interceptors.
+
+Used by the peer layer (``sluice.common.peers``, the only module that makes a gRPC channel) and the
+wire clients (``sluice.client.wire``, ``sluice.client.shared_wire``, ``sluice.common.wire_aio``,
+``sluice.broker.replica_wire``). The files a :class:`TLSConfig` names are read when a channel or
+context is first made for it; a context is made once per configuration and shared.
+
+The token interceptors exist only on channels whose security has a token: a plaintext or TLS-only
+channel carries no interceptor and costs nothing more per call. The token source is asked at every
+call (and every wire connection), so a source that refreshes (a projected ServiceAccount token, an
+OIDC client) is sent fresh.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import ssl
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import grpc
+from grpc import aio
+
+from sluice.errors import InvalidArgument
+from sluice.security.client import ClientSecurity, TLSConfig
+from sluice.security.settings import SecuritySettings
+
+__all__ = [
+    "TLS_ENV",
+    "TOKEN_ENV",
+    "TokenInterceptor",
+    "aio_token_interceptors",
+    "channel_credentials",
+    "channel_options",
+    "client_ssl_context",
+    "security_from_env",
+    "server_hostname",
+    "service_security",
+]
+
+#: The SDK's and the CLI's environment (``Client`` arguments win over it).
+TLS_ENV = {
+    "ca": "SLUICE_TLS_CA",
+    "cert": "SLUICE_TLS_CERT",
+    "key": "SLUICE_TLS_KEY",
+    "server_name": "SLUICE_TLS_SERVER_NAME",
+}
+TOKEN_ENV = "SLUICE_TOKEN"
+
+
+def _read(path: str | Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(f"TLS {what} {path}: {exc.strerror or exc}") from exc
+
+
+def _check(tls: TLSConfig) -> None:
+    if (tls.cert is None) != (tls.key is None):
+        raise InvalidArgument("a TLS client certificate needs both cert and key")
+
+
+def channel_credentials(tls: TLSConfig) -> grpc.ChannelCredentials:
+    _check(tls)
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.ca, "CA"),
+        private_key=_read(tls.key, "key"),
+        certificate_chain=_read(tls.cert, "certificate"),
+    )
+
+
+def channel_options(tls: TLSConfig | None) -> tuple[tuple[str, Any], ...]:
+    """Extra channel options: the name to verify when it is not the address's host."""
+    if tls is None or not tls.server_name:
+        return ()
+    return (("grpc.ssl_target_name_override", tls.server_name),)
+
+
+@functools.lru_cache(maxsize=32)
+def client_ssl_context(tls: TLSConfig) -> ssl.SSLContext:
+    """The wire clients' context for ``tls`` (made once): verifies the server against ``ca`` (the
+    system's roots without), TLS >= 1.2, this client's certificate when given (mTLS)."""
+    _check(tls)
+    try:
+        context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca is not None else None)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if tls.cert is not None and tls.key is not None:
+            context.load_cert_chain(str(tls.cert), str(tls.key))
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidArgument(f"TLS client files: {exc}") from exc
+    return context
+
+
+def server_hostname(tls: TLSConfig, host: str) -> str:
+    return tls.server_name or host
+
+
+def security_from_env(
+    tls: TLSConfig | None = None, token: str | Callable[[], str] | None = None
+) -> ClientSecurity:
+    """A client's security from its arguments, else from ``SLUICE_TLS_*`` / ``SLUICE_TOKEN``."""
+    if tls is None:
+        values = {field: os.environ.get(env) or None for field, env in TLS_ENV.items()}
+        if any(values.values()):
+            tls = TLSConfig(**values)
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    if isinstance(token, str):
+        fixed = token
+        token = lambda: fixed  # noqa: E731
+    if tls is not None:
+        _check(tls)
+    return ClientSecurity(tls=tls, token=token)
+
+
+def service_security(settings: SecuritySettings) -> ClientSecurity:
+    """How a service calls the others (its ``set_process_security`` at start): TLS verified by
+    ``tls_ca`` and its own certificate (mTLS) when it has TLS settings; the cluster token when
+    ``cluster_token_file`` is set. The token file is read once, here: a rotated cluster token
+    takes a restart (the Secret changes rarely; a rolling restart picks it up)."""
+    tls = None
+    if settings.tls_cert is not None or settings.tls_ca is not None:
+        tls = TLSConfig(ca=settings.tls_ca, cert=settings.tls_cert, key=settings.tls_key)
+        _check(tls)
+    token = None
+    if settings.cluster_token_file is not None:
+        try:
+            value = settings.cluster_token_file.read_text().strip()
+        except OSError as exc:
+            raise InvalidArgument(f"cluster_token_file: {exc}") from exc
+        if not value:
+            raise InvalidArgument(f"cluster_token_file {settings.cluster_token_file} is empty")
+        token = lambda: value  # noqa: E731
+    return ClientSecurity(tls=tls, token=token)
+
+
+# ---- the token on every gRPC call --------------------------------------------------------------
+
+
+class _Details(NamedTuple):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: bool | None
+    compression: Any
+
+
+def _with_metadata(details: Any, security: ClientSecurity) -> _Details:
+    metadata = list(details.metadata or ())
+    metadata.extend(security.metadata())
+    return _Details(
+        details.method,
+        details.timeout,
+        metadata,
+        details.credentials,
+        details.wait_for_ready,
+        details.compression,
+    )
+
+
+class TokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[type-arg]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[type-arg]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[type-arg]
+):
+    """Adds ``security.metadata()`` to every call of a blocking channel."""
+
+    def __init__(self, security: ClientSecurity) -> None:
+        self._security = security
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(_with_metadata(details, self._security), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(_with_metadata(details, self._security), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Iterator[Any]) -> Any:
+        return continuation(_with_metadata(details, self._security), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Iterator[Any]) -> Any:
+        return continuation(_with_metadata(details, self._security), requests)
+
+
+def _aio_details(details: Any, security: ClientSecurity) -> aio.ClientCallDetails:
+    metadata = aio.Metadata(*(details.metadata or ()))
+    for key, value in security.metadata():
+        metadata.add(key, value)
+    return aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
+
+
+class _AioUnaryUnary(aio.UnaryUnaryClientInterceptor):  # type: ignore[type-arg]
+    def __init__(self, security: ClientSecurity) -> None:
+        self._security = security
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_aio_details(details, self._security), request)
+
+
+class _AioUnaryStream(aio.UnaryStreamClientInterceptor):  # type: ignore[type-arg]
+    def __init__(self, security: ClientSecurity) -> None:
+        self._security = security
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_aio_details(details, self._security), request)
+
+
+class _AioStreamUnary(aio.StreamUnaryClientInterceptor):  # type: ignore[type-arg]
+    def __init__(self, security: ClientSecurity) -> None:
+        self._security = security
+
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_aio_details(details, self._security), requests)
+
+
+class _AioStreamStream(aio.StreamStreamClientInterceptor):  # type: ignore[type-arg]
+    def __init__(self, security: ClientSecurity) -> None:
+        self._security = security
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_aio_details(details, self._security), requests)
+
+
+def aio_token_interceptors(security: ClientSecurity) -> list[aio.ClientInterceptor]:
+    """The four ``grpc.aio`` interceptors (aio needs one object per call kind)."""
+    interceptors: list[Any] = [
+        _AioUnaryUnary(security),
+        _AioUnaryStream(security),
+        _AioStreamUnary(security),
+        _AioStreamStream(security),
+    ]
+    return interceptors
