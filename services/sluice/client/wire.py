@@ -45,7 +45,11 @@ def open_socket(endpoint: tuple[str, int], timeout: float, tls: TLSConfig | None
     if tls is None:
         return sock
     try:
-        return client_ssl_context(tls).wrap_socket(sock, server_hostname=server_hostname(tls, endpoint[0]))
+        # No ragged EOFs: an end without close_notify raises (SSLEOFError), so a refusal at the
+        # hello is told from an orderly close.
+        return client_ssl_context(tls).wrap_socket(
+            sock, server_hostname=server_hostname(tls, endpoint[0]), suppress_ragged_eofs=False
+        )
     except ssl.SSLError as exc:
         sock.close()
         raise tls_refused(name, exc) from exc
@@ -58,8 +62,16 @@ def greet(sock: socket.socket, hello: bytes, name: str) -> wire_pb2.WireHelloRes
     """Send the hello and read its answer; a refusal raises its typed error (Unauthenticated...)."""
     try:
         return _greet(sock, hello, name)
-    except ssl.SSLError as exc:  # TLS 1.3: a refused client certificate shows at the first read
-        raise tls_refused(name, exc) from exc
+    except (ssl.SSLError, ConnectionError) as exc:
+        if not isinstance(sock, ssl.SSLSocket):
+            raise
+        # TLS 1.3: the server checks the client's certificate after the client's handshake is done,
+        # and a refusal ends the connection with no alert (asyncio's TLS transport does not flush
+        # one): an abrupt end (no close_notify, or a reset) before the hello's answer is that.
+        raise AuthenticationError(
+            f"{name}: the server ended the TLS session at the hello ({exc}): it refused this "
+            "client's certificate, or requires one"
+        ) from exc
 
 
 def _greet(sock: socket.socket, hello: bytes, name: str) -> wire_pb2.WireHelloResponse:
