@@ -12,6 +12,7 @@ scrapes with a CA, not a certificate of its own, in the usual setups.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
@@ -51,7 +52,10 @@ def _app(serving: Callable[[], bool], tls: ServerTLS | None) -> Callable[..., It
 
 def start_http(host: str, port: int, serving: Callable[[], bool], tls: ServerTLS | None) -> WSGIServer:
     """Serve on a daemon thread; ``shutdown()`` and ``server_close()`` stop it."""
-    httpd = make_server(host, port, _app(serving, tls), _Server, handler_class=_QuietHandler)
+    # The address family of the host (an IPv6 address or ``::`` too), as prometheus-client does.
+    family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)[0][0]
+    server_class: type[_Server] = type("_FamilyServer", (_Server,), {"address_family": family})
+    httpd: WSGIServer = make_server(host, port, _app(serving, tls), server_class, handler_class=_QuietHandler)
     if tls is not None:
         httpd.socket = tls.ssl_context("none").wrap_socket(httpd.socket, server_side=True)
     threading.Thread(target=httpd.serve_forever, name="sluice-http", daemon=True).start()
