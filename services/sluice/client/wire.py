@@ -114,6 +114,9 @@ def greet_and_block(sock: socket.socket, hello: bytes, name: str) -> None:
 
 
 def shutdown(sock: socket.socket | None) -> None:
+    """End the connection from any thread: blocked reads and writes return. On a TLS socket the
+    descriptor is shut down directly: ``SSLSocket.shutdown`` first drops the TLS layer, and a
+    frame another thread sends in that moment would go out unencrypted."""
     if sock is not None:
         with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 from google.protobuf.message import DecodeError
 
-from sluice.client.wire import connect, hello_bytes
+from sluice.client.wire import connect, hello_bytes, shutdown
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
     PROTOCOL_VERSION,
@@ -61,9 +61,7 @@ class WireConsumeCall:
         with self._lock:
             self._cancelled = True
             sock = self._sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        shutdown(sock)
 
     def __iter__(self) -> Iterator[pb.DispatcherEvent]:
         name = f"dispatcher {self._address}"
@@ -97,8 +95,7 @@ class WireConsumeCall:
             if not self._cancelled:
                 raise BrokerNotAvailable(f"{name}: {exc!r}") from exc
         finally:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+            shutdown(sock)
             sock.close()
 
     def _write(self, sock: socket.socket) -> None:
