@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -111,15 +111,14 @@ class PrincipalMapper:
     def map_certificate(self, cert: x509.Certificate) -> str | None:
         return self.map_name(certificate_name(cert))
 
-    def principal_from_grpc_auth_context(self, auth_context: Mapping[str, Sequence[bytes]]) -> str | None:
+    def principal_from_grpc_auth_context(self, auth_context: Mapping[str, Iterable[bytes]]) -> str | None:
         """From a ``grpc.aio`` ``context.auth_context()``: None without a verified client
         certificate. gRPC fills ``x509_pem_cert`` only for a certificate it verified; it is parsed
         here (not ``x509_subject``, whose DN spelling is OpenSSL's) so both transports name a
         certificate alike. Parsed certificates are cached: a call costs a dictionary lookup."""
-        pems = auth_context.get("x509_pem_cert")
-        if not pems:
+        pem = next(iter(auth_context.get("x509_pem_cert", ())), None)
+        if not pem:
             return None
-        pem = pems[0]
         if pem in self._by_pem:
             return self._by_pem[pem]
         try:
