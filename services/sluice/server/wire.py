@@ -168,6 +168,13 @@ class WireConnection(asyncio.BufferedProtocol):
     def opened(self) -> None:
         """The hello was accepted."""
 
+    @property
+    def ssl_object(self) -> Any:
+        """The TLS session on a TLS port (None on plaintext): its ``getpeercert()`` is the client's
+        verified certificate, for ``PrincipalMapper.principal_from_peer_cert``."""
+        transport = self.transport
+        return transport.get_extra_info("ssl_object") if transport is not None else None
+
     def lost(self) -> None:
         """The connection is gone: stop its work."""
 
