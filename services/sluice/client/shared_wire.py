@@ -54,6 +54,7 @@ from sluice.common.wire import (
 )
 from sluice.errors import BrokerNotAvailable, InvalidRequest, RequestTimedOut, SluiceError
 from sluice.security.client import ClientSecurity
+from sluice.security.client_tls import share
 from sluice.v1 import broker_pb2
 
 __all__ = ["FetchLane", "ProduceLink", "SharedConnection"]
@@ -292,6 +293,7 @@ class SharedConnection:
                 "SLUICE_CLIENT_TRANSPORT=grpc"
             )
         sock.settimeout(None)
+        share(sock)  # TLS: the reader and the senders take turns on the session
         with self._send_lock:
             pending, link.pending = link.pending or [], None
             if pending:

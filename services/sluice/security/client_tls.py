@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import functools
 import os
+import select
 import ssl
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -30,6 +32,7 @@ from sluice.security.settings import SecuritySettings
 __all__ = [
     "TLS_ENV",
     "TOKEN_ENV",
+    "SharedSSLSocket",
     "TokenInterceptor",
     "aio_token_interceptors",
     "channel_credentials",
@@ -38,6 +41,7 @@ __all__ = [
     "security_from_env",
     "server_hostname",
     "service_security",
+    "share",
 ]
 
 #: The SDK's and the CLI's environment (``Client`` arguments win over it).
@@ -80,6 +84,79 @@ def channel_options(tls: TLSConfig | None) -> tuple[tuple[str, Any], ...]:
     return (("grpc.ssl_target_name_override", tls.server_name),)
 
 
+def _wait(sock: ssl.SSLSocket, event: int) -> None:
+    """Until ``sock`` is ready for ``event`` (or hung up: the next operation then says how)."""
+    poller = select.poll()
+    poller.register(sock, event)
+    poller.poll()
+
+
+class SharedSSLSocket(ssl.SSLSocket):
+    """A TLS socket that one reader thread and writer threads share, after :meth:`share`.
+
+    An OpenSSL session must not be used by two threads at once, and the SDK's wire connections read
+    on one thread while others write (sends are serialized by the connection's own lock). After
+    ``share()`` the socket is non-blocking and every TLS operation runs under one lock that is never
+    held while waiting: a read or write that would block releases it and waits for the socket with
+    ``poll``, so a writer blocked by a peer that does not read never stops the reader (which the peer
+    may be waiting for). Before ``share()`` (the handshake and the hello) it is a plain blocking
+    ``SSLSocket``; plaintext sockets never come here.
+    """
+
+    _shared: threading.Lock | None = None
+
+    def share(self) -> None:
+        self._shared = threading.Lock()
+        self.setblocking(False)
+
+    def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
+        lock = self._shared
+        if lock is None:
+            return super().recv_into(buffer, nbytes, flags)
+        while True:
+            with lock:
+                try:
+                    return super().recv_into(buffer, nbytes, flags)
+                except ssl.SSLWantReadError:
+                    event = select.POLLIN
+                except ssl.SSLWantWriteError:
+                    event = select.POLLOUT
+            _wait(self, event)
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        lock = self._shared
+        if lock is None:
+            super().sendall(data, flags)
+            return
+        view = memoryview(data).cast("B")
+        while view:
+            sent, event = 0, select.POLLOUT
+            with lock:
+                try:
+                    sent = super().send(view, flags)
+                except ssl.SSLWantWriteError:
+                    pass
+                except ssl.SSLWantReadError:
+                    event = select.POLLIN
+            if sent:
+                view = view[sent:]
+            else:
+                _wait(self, event)
+
+    def pending(self) -> int:
+        lock = self._shared
+        if lock is None:
+            return super().pending()
+        with lock:
+            return super().pending()
+
+
+def share(sock: object) -> None:
+    """Make a greeted wire socket safe for a reader and writers on other threads (TLS only)."""
+    if isinstance(sock, SharedSSLSocket):
+        sock.share()
+
+
 @functools.lru_cache(maxsize=32)
 def client_ssl_context(tls: TLSConfig) -> ssl.SSLContext:
     """The wire clients' context for ``tls`` (made once): verifies the server against ``ca`` (the
@@ -92,6 +169,7 @@ def client_ssl_context(tls: TLSConfig) -> ssl.SSLContext:
             context.load_cert_chain(str(tls.cert), str(tls.key))
     except (OSError, ssl.SSLError) as exc:
         raise InvalidArgument(f"TLS client files: {exc}") from exc
+    context.sslsocket_class = SharedSSLSocket  # what wrap_socket returns (asyncio uses SSLObject)
     return context
 
 

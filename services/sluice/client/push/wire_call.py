@@ -33,6 +33,7 @@ from sluice.common.wire import (
 )
 from sluice.errors import BrokerNotAvailable
 from sluice.security.client import ClientSecurity
+from sluice.security.client_tls import share
 from sluice.v1 import dispatcher_pb2 as pb
 
 __all__ = ["WireConsumeCall"]
@@ -70,6 +71,7 @@ class WireConsumeCall:
             hello = hello_bytes(PROTOCOL_VERSION, self._client_id, security)
             tls = security.tls if security is not None else None
             sock = connect(self._endpoint, hello, name, CONNECT_TIMEOUT_S, tls)
+            share(sock)  # TLS: this thread reads while the writer thread sends
         except OSError as exc:
             raise BrokerNotAvailable(f"{name}: {exc}") from exc
         with self._lock:
