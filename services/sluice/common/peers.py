@@ -40,12 +40,8 @@ from sluice.errors import (
     UnknownTopicOrPartition,
 )
 from sluice.security.client import ClientSecurity, process_security
-from sluice.security.client_tls import (
-    TokenInterceptor,
-    aio_token_interceptors,
-    channel_credentials,
-    channel_options,
-)
+from sluice.security.client_interceptors import TokenInterceptor, aio_token_interceptors
+from sluice.security.client_tls import channel_credentials, channel_options
 from sluice.v1 import broker_pb2_grpc, coordinator_pb2_grpc, offset_store_pb2_grpc
 
 __all__ = [
