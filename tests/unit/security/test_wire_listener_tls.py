@@ -17,7 +17,7 @@ from sluice.common.wire import PROTOCOL_VERSION
 from sluice.errors import AuthenticationError
 from sluice.security import certs
 from sluice.security.cert_principal import PrincipalMapper
-from sluice.security.client import TLSConfig
+from sluice.security.client import ClientSecurity, TLSConfig
 from sluice.security.tls import RELOAD_CHECK_S, ServerTLS
 from sluice.server.wire import WireConnection, WireListener
 
@@ -98,3 +98,36 @@ def test_the_accept_path_loads_a_rotated_certificate(tmp_path: Path) -> None:
     started = time.monotonic()
     assert uvloop.run(run()) == 1
     assert time.monotonic() - started < 10
+
+
+class _Recording:
+    """An authenticator that lets everyone in and remembers each hello's metadata."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, str | bytes]] = []
+
+    def authenticate(self, method: str, metadata: tuple[tuple[str, str | bytes], ...]) -> None:
+        self.seen.append(dict(metadata))
+
+
+def test_every_wire_connection_carries_a_fresh_token(tmp_path: Path) -> None:
+    ca = certs.write_ca(tmp_path)
+    pair = certs.issue(ca, tmp_path, "server")
+    tokens = iter(["first", "second"])
+    security = ClientSecurity(TLSConfig(ca=ca.cert_path), token=lambda: next(tokens))
+    recording = _Recording()
+
+    async def run() -> None:
+        tls = ServerTLS(pair.cert_path, pair.key_path)
+        listener = WireListener("test", WireConnection, "127.0.0.1", 0, recording, tls=tls)
+        port = await listener.start()
+        try:
+            for _ in range(2):
+                hello = hello_bytes(PROTOCOL_VERSION, "x", security)
+                sock = await asyncio.to_thread(connect, ("127.0.0.1", port), hello, "x", 5, security.tls)
+                sock.close()
+        finally:
+            await listener.stop()
+
+    uvloop.run(run())
+    assert [seen.get("authorization") for seen in recording.seen] == ["Bearer first", "Bearer second"]
