@@ -1,6 +1,9 @@
 """Start a coordinator + broker (+ private Redis) for a benchmark, as real processes.
 
 ``stack(push=True)`` also starts the offset store and a dispatcher (push subscriptions).
+``stack(tls=True)`` serves TLS on every port (a private CA in the stack's directory) and sets
+``SLUICE_TLS_CA`` in this process's environment, so every SDK client of the benchmark (and the
+processes it spawns) connects over TLS with no change of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.harness import ServiceProcess, free_port, run_redis, start_service  # noqa: E402
 
+from sluice.security import certs  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -42,6 +47,7 @@ def stack(
     extra_broker_args: tuple[str, ...] = (),
     push: bool = False,
     redis_fsync: str = "off",
+    tls: bool = False,
 ) -> Iterator[Stack]:
     """The services on loopback over a private Redis; ``redis_fsync``: ``off`` (no AOF), or the
     ``appendfsync`` policy to run its AOF with (``always``, as `sluice up` does, or ``everysec``)."""
@@ -52,6 +58,24 @@ def stack(
         tempfile.TemporaryDirectory(prefix="sluice-bench-") as d,
         contextlib.ExitStack() as running,
     ):
+        ca = certs.write_ca(Path(d) / "tls") if tls else None
+
+        def tls_args(name: str) -> tuple[str, ...]:
+            if ca is None:
+                return ()
+            issued = certs.issue(ca, Path(d) / "tls", name)
+            return (
+                "--tls-cert",
+                str(issued.cert_path),
+                "--tls-key",
+                str(issued.key_path),
+                "--tls-ca",
+                str(ca.cert_path),
+            )
+
+        if ca is not None:
+            os.environ["SLUICE_TLS_CA"] = str(ca.cert_path)
+            running.callback(os.environ.pop, "SLUICE_TLS_CA", None)
 
         def started(sp: ServiceProcess) -> ServiceProcess:
             # Stopped on the way out even when a later service fails to start (no leaked processes).
@@ -62,14 +86,22 @@ def stack(
         store_args = ("--offset-store", f"127.0.0.1:{store_port}") if push else ()
         coord = started(
             start_service(
-                "coordinator", "--port", "0", "--metrics-port", "0", "--redis-url", redis.url, *store_args
+                "coordinator",
+                "--port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--redis-url",
+                redis.url,
+                *store_args,
+                *tls_args("coordinator"),
             )
         )
         broker = started(
             start_service(
                 "broker", "--port", "0", "--metrics-port", "0", "--broker-id", "0",
                 "--data-dir", str(Path(d) / "broker"), "--coordinator", coord.address,
-                "--flush", flush, *extra_broker_args,
+                "--flush", flush, *extra_broker_args, *tls_args("broker"),
             )
         )  # fmt: skip
         extra: list[ServiceProcess] = []
@@ -78,7 +110,7 @@ def stack(
                 started(
                     start_service(
                         "offset-store", "--port", str(store_port), "--metrics-port", "0",
-                        "--redis-url", redis.url, "--coordinator", coord.address,
+                        "--redis-url", redis.url, "--coordinator", coord.address, *tls_args("offset-store"),
                     )
                 )
             )  # fmt: skip
@@ -86,7 +118,7 @@ def stack(
                 started(
                     start_service(
                         "dispatcher", "--port", "0", "--metrics-port", "0", "--coordinator", coord.address,
-                        "--dispatcher-id", "bench",
+                        "--dispatcher-id", "bench", *tls_args("dispatcher"),
                     )
                 )
             )  # fmt: skip

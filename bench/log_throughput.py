@@ -56,9 +56,10 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--flush", choices=["interval", "always", "never"], default="interval")
+    parser.add_argument("--tls", action="store_true", help="TLS on every port and every client connection")
     args = parser.parse_args()
     n, parts = args.records, args.partitions
-    with stack(flush=args.flush) as s:
+    with stack(flush=args.flush, tls=args.tls) as s:
         from sluice import Client
 
         with Client(s.bootstrap) as client:
@@ -70,9 +71,10 @@ def main() -> None:
             [(produce, (s.bootstrap, "bench-mixed", n)), (fetch, (s.bootstrap, "bench-mixed", n, parts))]
         )
     save(
-        f"log_throughput_{args.flush}",
+        f"log_throughput_{args.flush}{'_tls' if args.tls else ''}",
         {
             "records": n,
+            "tls": args.tls,
             "partitions": parts,
             "flush": args.flush,
             "produce_alone_rps": produce_alone,

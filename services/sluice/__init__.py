@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sluice.codec.batch import Record
 from sluice.errors import SluiceError
 from sluice.security.acl import ALL, AclEntry, AclFilter, PatternType, Permission
+from sluice.security.client import TLSConfig
 from sluice.security.model import Operation, ResourceType
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "Record",
     "ResourceType",
     "SluiceError",
+    "TLSConfig",
 ]
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7600"

@@ -26,7 +26,7 @@ from sluice.broker.servicer import BrokerServicer
 from sluice.broker.wire_server import broker_wire_listener
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
-from sluice.server.runtime import GrpcServer, serve, service_main
+from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
 from sluice.server.wire import WireListener
 from sluice.v1 import broker_pb2_grpc
 
@@ -70,6 +70,7 @@ def parse_config(argv: list[str]) -> BrokerConfig:
 
 async def run(config: BrokerConfig) -> None:
     """Serve until SIGTERM/SIGINT."""
+    tls = service_tls(config)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     logs = LogManager(
         config.data_dir,
@@ -84,7 +85,9 @@ async def run(config: BrokerConfig) -> None:
     handlers = RequestHandlers(service)
     servicer = BrokerServicer(service, handlers)
     wire_port = config.wire_listen_port
-    wire = broker_wire_listener(handlers, config.host, wire_port, security) if wire_port is not None else None
+    wire = None
+    if wire_port is not None:
+        wire = broker_wire_listener(handlers, config.host, wire_port, security, tls=tls)
 
     def register(server: aio.Server) -> None:
         broker_pb2_grpc.add_BrokerServicer_to_server(servicer, server)
@@ -97,6 +100,8 @@ async def run(config: BrokerConfig) -> None:
         metrics_port=config.metrics_port,
         wire=wire,
         security=security,
+        tls=tls,
+        metrics_tls=config.tls_metrics,
     )
     security.start()
     link_task: asyncio.Task[None] | None = None

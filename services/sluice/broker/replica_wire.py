@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
@@ -27,7 +28,9 @@ from sluice.common.wire import (
     error_from_frame,
     frame,
 )
-from sluice.errors import BrokerNotAvailable, raise_for_proto
+from sluice.errors import AuthenticationError, BrokerNotAvailable, raise_for_proto
+from sluice.security.client import process_security
+from sluice.security.client_tls import client_ssl_context, server_hostname
 from sluice.v1 import broker_pb2, wire_pb2
 
 __all__ = ["ReplicaWire"]
@@ -44,13 +47,29 @@ class ReplicaWire:
     @classmethod
     async def open(cls, host: str, port: int, broker_id: int) -> ReplicaWire:
         name = f"leader wire {host}:{port}"
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+        # The broker's own TLS and cluster token (set at its start), asked per connection.
+        security = process_security()
+        tls = security.tls
+        try:
+            if tls is None:
+                opening = asyncio.open_connection(host, port)
+            else:
+                opening = asyncio.open_connection(
+                    host, port, ssl=client_ssl_context(tls), server_hostname=server_hostname(tls, host)
+                )
+            reader, writer = await asyncio.wait_for(opening, CONNECT_TIMEOUT_S)
+        except ssl.SSLError as exc:
+            raise AuthenticationError(f"{name}: TLS handshake failed: {exc.reason or exc}") from exc
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = cls(reader, writer, name)
         try:
-            hello = wire_pb2.WireHello(version=PROTOCOL_VERSION, client_id=f"broker-{broker_id}-replica")
+            hello = wire_pb2.WireHello(
+                version=PROTOCOL_VERSION,
+                client_id=f"broker-{broker_id}-replica",
+                metadata=dict(security.metadata()),
+            )
             writer.write(frame(FrameType.HELLO, hello.SerializeToString()))
             kind, payload = await asyncio.wait_for(conn._read(), CONNECT_TIMEOUT_S)
             if kind != FrameType.HELLO:

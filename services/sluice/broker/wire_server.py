@@ -47,6 +47,7 @@ from sluice.common.wire import (
 )
 from sluice.security.context import ANONYMOUS, WIRE, RequestContext
 from sluice.security.service import ServiceSecurity
+from sluice.security.tls import ServerTLS
 from sluice.server.wire import WireConnection, WireListener, parse_frame
 from sluice.v1 import broker_pb2
 
@@ -54,7 +55,11 @@ __all__ = ["broker_wire_listener"]
 
 
 def broker_wire_listener(
-    handlers: RequestHandlers, host: str, port: int, security: ServiceSecurity | None = None
+    handlers: RequestHandlers,
+    host: str,
+    port: int,
+    security: ServiceSecurity | None = None,
+    tls: ServerTLS | None = None,
 ) -> WireListener:
     return WireListener(
         "broker",
@@ -63,6 +68,7 @@ def broker_wire_listener(
         port,
         security,
         version=LANES_VERSION,
+        tls=tls,
     )
 
 

@@ -18,7 +18,7 @@ import os
 import sys
 
 from sluice.cli import acl, consume, group, produce, subscription, topic, track, up, user
-from sluice.cli.connect import DEFAULT_REQUEST_TIMEOUT, default_bootstrap
+from sluice.cli.connect import DEFAULT_REQUEST_TIMEOUT, add_security_arguments, default_bootstrap
 from sluice.cli.errors import UsageError
 from sluice.cli.output import positive_float
 from sluice.cli.positions import join_dash_values
@@ -45,11 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=argparse.SUPPRESS,
     )
+    add_security_arguments(common, hidden=True)
 
     parser = argparse.ArgumentParser(
         prog="sluice",
         description="Sluice: a partitioned log with pull groups and push subscriptions.",
         epilog="Services (what containers run): sluice broker|coordinator|offset-store|dispatcher --help",
+        # No abbreviations at the top: `sluice up --tls` would be an ambiguous prefix of --tls-ca...
+        # (argparse looks at every option of the command line, the sub-command's too).
+        allow_abbrev=False,
     )
     parser.add_argument(
         "--bootstrap",
@@ -65,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long one request may wait for an unreachable service (default 30)",
     )
+    add_security_arguments(parser, hidden=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     up.add_parser(sub, common)
     topic.add_parser(sub, common)

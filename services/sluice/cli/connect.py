@@ -9,12 +9,53 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from sluice import DEFAULT_BOOTSTRAP
+from sluice.security.client import TLSConfig
 
 if TYPE_CHECKING:
     from sluice.client.client import Client
 
 CLIENT_ID = "sluice-cli"
 DEFAULT_REQUEST_TIMEOUT = 30.0
+
+
+#: The CLI's TLS flags and the TLSConfig field each sets (the environment, ``SLUICE_TLS_*``, when
+#: none of them is given; docs/security.md).
+TLS_FLAGS = {
+    "--tls-ca": ("ca", "CA bundle verifying the services' certificates (default: $SLUICE_TLS_CA)"),
+    "--tls-cert": ("cert", "client certificate, for mTLS (default: $SLUICE_TLS_CERT)"),
+    "--tls-key": ("key", "key of --tls-cert (default: $SLUICE_TLS_KEY)"),
+    "--tls-server-name": (
+        "server_name",
+        "name to verify in the services' certificates instead of the address (default: "
+        "$SLUICE_TLS_SERVER_NAME)",
+    ),
+}
+
+
+def add_security_arguments(parser: argparse.ArgumentParser, hidden: bool) -> None:
+    """``--tls-*`` and ``--token``; ``hidden``: the copies on each sub-command (never overwriting
+    the top-level value)."""
+    for flag, (field, text) in TLS_FLAGS.items():
+        parser.add_argument(
+            flag,
+            dest=f"tls_{field}",
+            default=argparse.SUPPRESS if hidden else None,
+            metavar="PATH" if field != "server_name" else "NAME",
+            help=argparse.SUPPRESS if hidden else text,
+        )
+    parser.add_argument(
+        "--token",
+        default=argparse.SUPPRESS if hidden else None,
+        help=argparse.SUPPRESS if hidden else "bearer token (default: $SLUICE_TOKEN)",
+    )
+
+
+def tls_from_args(args: argparse.Namespace) -> TLSConfig | None:
+    """The TLS the flags give; None (the environment's, or plaintext) when no flag is given."""
+    values = {field: getattr(args, f"tls_{field}", None) for field, _ in TLS_FLAGS.values()}
+    if not any(values.values()):
+        return None
+    return TLSConfig(**values)
 
 
 def default_bootstrap() -> str:
@@ -28,7 +69,13 @@ def connect(args: argparse.Namespace) -> Iterator[Client]:
     # Imported here: the SDK pulls in gRPC, which `sluice up` and `--help` do not need.
     from sluice import Client
 
-    client = Client(args.bootstrap, client_id=CLIENT_ID, request_timeout=args.request_timeout)
+    client = Client(
+        args.bootstrap,
+        client_id=CLIENT_ID,
+        request_timeout=args.request_timeout,
+        tls=tls_from_args(args),
+        token=getattr(args, "token", None),
+    )
     try:
         yield client
     finally:

@@ -45,6 +45,7 @@ import sluice
 from sluice.cli.errors import CliError
 from sluice.cli.output import positive_float
 from sluice.cli.supervisor import SERVICE_READY, Child, RestartPolicy, Supervisor
+from sluice.cli.up_tls import LocalTLS
 from sluice.server.limits import OpenFilesLimit, raise_open_files_limit
 
 REDIS_READY = re.compile(r"Ready to accept connections")
@@ -116,6 +117,12 @@ def add_parser(subparsers: Any, _common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start a service that dies again (after 1 s, doubling to 30 s while it keeps failing), "
         "as Kubernetes would, instead of stopping everything",
+    )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS on every port: a private CA and certificates in DIR/tls "
+        "(clients: SLUICE_TLS_CA=DIR/tls/ca.crt)",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="also print every service's output on stderr")
     p.set_defaults(run=run, parser=p)
@@ -253,6 +260,9 @@ class Stack:
         self.summary: list[str] = []
         #: The launcher's open-files limit, as raised before starting anything (for the banner).
         self.open_files: OpenFilesLimit | None = None
+        hosts = [self.connect_host, *([args.host] if args.host not in WILDCARD_HOSTS else [])]
+        #: ``--tls``: the CA and certificates in DIR/tls.
+        self.tls = LocalTLS(self.data_dir, hosts) if getattr(args, "tls", False) else None
 
     def _start(self, name: str, argv: list[str], ready: re.Pattern[str]) -> re.Match[str] | None:
         child = Child(
@@ -289,9 +299,10 @@ class Stack:
     ) -> bool:
         """Start ``service`` (default: ``name``) under ``name`` (its banner line and log file)."""
         ports = ports or self.ports[name]
+        tls = self.tls.service_args(name) if self.tls is not None else []
         argv = [
             sys.executable, "-m", "sluice", service or name, "--host", self.args.host,
-            "--port", str(ports.port), "--metrics-port", str(ports.metrics), *extra,
+            "--port", str(ports.port), "--metrics-port", str(ports.metrics), *extra, *tls,
         ]  # fmt: skip
         ready = self._start(name, argv, SERVICE_READY)
         if ready is None:
@@ -349,6 +360,8 @@ class Stack:
 
     def print_banner(self, out: TextIO) -> None:
         lines = [f"Sluice is up. Bootstrap: {self.addresses['coordinator']}", *self.summary]
+        if self.tls is not None:
+            lines += self.tls.banner()
         missing = [s for s in OPTIONAL_SERVICES if s not in self.addresses]
         if missing:
             lines.append(f"  (not in this installation yet: {', '.join(missing)})")

@@ -5,6 +5,7 @@ from sluice.client.consumer.offset_reset import OffsetResetRow, ResetTo
 from sluice.client.fetcher import Fetcher
 from sluice.client.metadata import BrokerInfo, ClusterMetadata, PartitionInfo, TopicInfo
 from sluice.client.producer import FutureRecordMetadata, Producer, ProducerConfig, RecordMetadata
+from sluice.security.client import TLSConfig
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
@@ -19,5 +20,6 @@ __all__ = [
     "ProducerConfig",
     "RecordMetadata",
     "ResetTo",
+    "TLSConfig",
     "TopicInfo",
 ]

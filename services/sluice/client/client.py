@@ -21,7 +21,7 @@ import itertools
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -41,6 +41,8 @@ from sluice.client.push.config import SUBSCRIPTION_TYPES
 from sluice.common.names import validate_group, validate_topic
 from sluice.common.peers import Peers
 from sluice.errors import InvalidArgument, SluiceError
+from sluice.security.client import TLSConfig
+from sluice.security.client_tls import security_from_env
 
 __all__ = ["DEFAULT_BOOTSTRAP", "Client"]
 
@@ -57,10 +59,23 @@ class Client:
         client_id: a name for this client in broker logs and metrics
             (default ``sluice-python-<pid>-<n>``).
         request_timeout: seconds one admin, metadata or list-offsets RPC may take.
+        tls: TLS towards the services (``TLSConfig(ca=..., cert=..., key=...)``; cert and key for
+            mTLS). Default: from ``SLUICE_TLS_CA``/``_CERT``/``_KEY``/``_SERVER_NAME``, else plaintext.
+        token: a bearer token, or a function returning a fresh one (asked at every call and every
+            new connection). Default: ``SLUICE_TOKEN``, else none.
+
+    Every connection the client makes (gRPC channels, wire connections, the group and push
+    consumers') uses ``tls`` and ``token``.
     """
 
     def __init__(
-        self, bootstrap: str | None = None, client_id: str | None = None, request_timeout: float = 30.0
+        self,
+        bootstrap: str | None = None,
+        client_id: str | None = None,
+        request_timeout: float = 30.0,
+        *,
+        tls: TLSConfig | None = None,
+        token: str | Callable[[], str] | None = None,
     ) -> None:
         address = (bootstrap or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP).strip()
         if not _valid_address(address):
@@ -76,12 +91,15 @@ class Client:
         self.bootstrap = address
         self.client_id = client_id or f"sluice-python-{os.getpid()}-{next(_ids)}"
         self.request_timeout = float(request_timeout)
-        self._channels = Peers()
+        self.security = security_from_env(tls, token)
+        self._channels = Peers(security=self.security)
         self._metadata = MetadataCache(self._channels, address, self.request_timeout)
         #: One wire connection per broker, shared by every producer, fetcher and consumer made here.
         self._links = BrokerLinks(self._channels, self._metadata, self.client_id)
         #: One event loop heartbeats every group consumer made here (started with the first).
-        self._group_driver = GroupDriver(address, name=f"sluice-groups-{self.client_id}")
+        self._group_driver = GroupDriver(
+            address, name=f"sluice-groups-{self.client_id}", security=self.security
+        )
         #: One thread does the fetch work of every group consumer made here (docs/consumer.md).
         self._fetch_driver = FetchDriver(name=f"sluice-fetch-{self.client_id}")
         self.admin = Admin(self._metadata, self.request_timeout, self._channels)

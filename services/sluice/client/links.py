@@ -104,6 +104,7 @@ class BrokerLinks:
                     lambda: metadata.current().wire_address(address),
                     f"wire-{address}",
                     client_id=self._client_id,
+                    security=self._channels.security,
                 )
             return conn
 

@@ -36,7 +36,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from sluice.client.streams import Callback
-from sluice.client.wire import greet, shutdown
+from sluice.client.wire import greet, hello_bytes, open_socket, shutdown
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
     LANE,
@@ -53,7 +53,9 @@ from sluice.common.wire import (
     split_address,
 )
 from sluice.errors import BrokerNotAvailable, InvalidRequest, RequestTimedOut, SluiceError
-from sluice.v1 import broker_pb2, wire_pb2
+from sluice.security.client import ClientSecurity
+from sluice.security.client_tls import share
+from sluice.v1 import broker_pb2
 
 __all__ = ["FetchLane", "ProduceLink", "SharedConnection"]
 
@@ -93,6 +95,8 @@ class _Link:
         #: No deadline is due before this (senders lower it; the reader's scan sets it).
         self.next_check = math.inf
         self.ended = False
+        #: TLS: a send writes one joined buffer (one TLS record, not one per frame part).
+        self.join = False
 
 
 class SharedConnection:
@@ -104,16 +108,16 @@ class SharedConnection:
         name: str,
         *,
         client_id: str = "",
-        metadata: dict[str, str] | None = None,
+        security: ClientSecurity | None = None,
         connect_timeout: float = CONNECT_TIMEOUT_S,
     ) -> None:
         #: Where to connect, asked at every connect: a broker restarted on another wire port is
         #: found through fresh metadata (None: it no longer advertises one).
         self._address = address
         self._name = name
-        self._hello = wire_pb2.WireHello(
-            version=LANES_VERSION, client_id=client_id, metadata=metadata or {}
-        ).SerializeToString()
+        self._client_id = client_id
+        #: TLS and the token of every (re)connection; the hello is built per connection (a fresh token).
+        self._security = security
         self._connect_timeout = connect_timeout
         #: Guards the link and what waits on it; never held across a blocking call.
         self._lock = threading.Lock()
@@ -233,8 +237,11 @@ class SharedConnection:
             return
         try:
             assert link.sock is not None
-            for part in parts:
-                link.sock.sendall(part)
+            if link.join:
+                link.sock.sendall(b"".join(parts))
+            else:
+                for part in parts:
+                    link.sock.sendall(part)
         except OSError:
             # The reader sees the connection end too, and fails what waits (this included).
             shutdown(link.sock)
@@ -271,11 +278,14 @@ class SharedConnection:
         address = self._address()
         if address is None:
             raise BrokerNotAvailable(f"{self._name}: the broker no longer advertises a wire port")
-        sock = link.sock = socket.create_connection(split_address(address), timeout=self._connect_timeout)
+        security = self._security
+        tls = security.tls if security is not None else None
+        sock = link.sock = open_socket(split_address(address), self._connect_timeout, tls, self._name)
+        link.join = tls is not None
         if link.ended:  # closed while connecting
             raise BrokerNotAvailable(f"{self._name}: the connection was closed")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        answer = greet(sock, self._hello, self._name)
+        answer = greet(sock, hello_bytes(LANES_VERSION, self._client_id, security), self._name)
         if answer.version < LANES_VERSION:
             raise InvalidRequest(
                 f"{self._name}: the broker speaks wire protocol version {answer.version}, this SDK needs "
@@ -283,6 +293,7 @@ class SharedConnection:
                 "SLUICE_CLIENT_TRANSPORT=grpc"
             )
         sock.settimeout(None)
+        share(sock)  # TLS: the reader and the senders take turns on the session
         with self._send_lock:
             pending, link.pending = link.pending or [], None
             if pending:
@@ -297,13 +308,17 @@ class SharedConnection:
         poller.register(sock, select.POLLIN)
         chunk = bytearray(_RECV_BYTES)
         view = memoryview(chunk)
+        # TLS: bytes already decrypted inside the SSL object do not make the socket readable.
+        pending: Callable[[], int] | None = getattr(sock, "pending", None)
         while True:
             now = time.monotonic()
             with self._lock:
                 if link.next_check <= now:
                     self._check_deadlines(link, now)
                 wait = min(link.next_check - now, self._idle_span)
-            if not poller.poll(None if math.isinf(wait) else wait * 1000 + 1):
+            if (pending is None or not pending()) and not poller.poll(
+                None if math.isinf(wait) else wait * 1000 + 1
+            ):
                 continue
             n = sock.recv_into(chunk)
             if not n:

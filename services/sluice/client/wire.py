@@ -4,25 +4,77 @@
 The hello is the first frame either way (``docs/wire.md``): the client's version and
 credentials out, the server's version (or its typed refusal: ``Unauthenticated``, ...) back.
 After it the socket blocks for good, with no Nagle delay: every frame is a whole request.
+
+TLS (``open_socket`` with a :class:`TLSConfig`): the socket is wrapped before the hello, and a
+handshake that fails (the server's certificate does not verify, the server refused this client's)
+is an ``AuthenticationError``, not a retriable one. The hello's metadata (the token) is built per
+connection (:func:`hello_bytes`), so every new connection carries a fresh token.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 
 from sluice.common.wire import FrameReader, FrameType, WireProtocolError, error_from_frame, frame
-from sluice.errors import BrokerNotAvailable, raise_for_proto
+from sluice.errors import AuthenticationError, BrokerNotAvailable, raise_for_proto
+from sluice.security.client import ClientSecurity, TLSConfig
+from sluice.security.client_tls import client_ssl_context, server_hostname
 from sluice.v1 import wire_pb2
 
-__all__ = ["connect", "greet", "greet_and_block", "shutdown"]
+__all__ = ["connect", "greet", "greet_and_block", "hello_bytes", "open_socket", "shutdown", "tls_refused"]
 
 #: What one receive of the hello's answer asks for (the answer is a few bytes).
 _HELLO_RECV_BYTES = 1 << 16
 
 
+def hello_bytes(version: int, client_id: str, security: ClientSecurity | None) -> bytes:
+    """A hello carrying ``security``'s metadata (its token source is asked now)."""
+    metadata = dict(security.metadata()) if security is not None else {}
+    return wire_pb2.WireHello(version=version, client_id=client_id, metadata=metadata).SerializeToString()
+
+
+def tls_refused(name: str, exc: ssl.SSLError) -> AuthenticationError:
+    return AuthenticationError(f"{name}: TLS handshake failed: {exc.reason or exc}")
+
+
+def open_socket(endpoint: tuple[str, int], timeout: float, tls: TLSConfig | None, name: str) -> socket.socket:
+    """A connected socket (TLS-wrapped and handshaken when ``tls``), the connect timeout set."""
+    sock = socket.create_connection(endpoint, timeout=timeout)
+    if tls is None:
+        return sock
+    try:
+        # No ragged EOFs: an end without close_notify raises (SSLEOFError), so a refusal at the
+        # hello is told from an orderly close.
+        return client_ssl_context(tls).wrap_socket(
+            sock, server_hostname=server_hostname(tls, endpoint[0]), suppress_ragged_eofs=False
+        )
+    except ssl.SSLError as exc:
+        sock.close()
+        raise tls_refused(name, exc) from exc
+    except BaseException:
+        sock.close()
+        raise
+
+
 def greet(sock: socket.socket, hello: bytes, name: str) -> wire_pb2.WireHelloResponse:
     """Send the hello and read its answer; a refusal raises its typed error (Unauthenticated...)."""
+    try:
+        return _greet(sock, hello, name)
+    except (ssl.SSLError, ConnectionError) as exc:
+        if not isinstance(sock, ssl.SSLSocket):
+            raise
+        # TLS 1.3: the server checks the client's certificate after the client's handshake is done,
+        # and a refusal ends the connection with no alert (asyncio's TLS transport does not flush
+        # one): an abrupt end (no close_notify, or a reset) before the hello's answer is that.
+        raise AuthenticationError(
+            f"{name}: the server ended the TLS session at the hello ({exc}): it refused this "
+            "client's certificate, or requires one"
+        ) from exc
+
+
+def _greet(sock: socket.socket, hello: bytes, name: str) -> wire_pb2.WireHelloResponse:
     sock.sendall(frame(FrameType.HELLO, hello))
     reader = FrameReader()
     answer: wire_pb2.WireHelloResponse | None = None
@@ -40,9 +92,11 @@ def greet(sock: socket.socket, hello: bytes, name: str) -> wire_pb2.WireHelloRes
     return answer
 
 
-def connect(endpoint: tuple[str, int], hello: bytes, name: str, timeout: float) -> socket.socket:
+def connect(
+    endpoint: tuple[str, int], hello: bytes, name: str, timeout: float, tls: TLSConfig | None = None
+) -> socket.socket:
     """A connected, greeted, blocking socket."""
-    sock = socket.create_connection(endpoint, timeout=timeout)
+    sock = open_socket(endpoint, timeout, tls, name)
     try:
         greet_and_block(sock, hello, name)
     except BaseException:
@@ -60,6 +114,9 @@ def greet_and_block(sock: socket.socket, hello: bytes, name: str) -> None:
 
 
 def shutdown(sock: socket.socket | None) -> None:
+    """End the connection from any thread: blocked reads and writes return. On a TLS socket the
+    descriptor is shut down directly: ``SSLSocket.shutdown`` first drops the TLS layer, and a
+    frame another thread sends in that moment would go out unencrypted."""
     if sock is not None:
         with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)

@@ -39,6 +39,9 @@ from sluice.errors import (
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
 )
+from sluice.security.client import ClientSecurity, process_security
+from sluice.security.client_interceptors import TokenInterceptor, aio_token_interceptors
+from sluice.security.client_tls import channel_credentials, channel_options
 from sluice.v1 import acl_pb2_grpc, broker_pb2_grpc, coordinator_pb2_grpc, offset_store_pb2_grpc
 
 __all__ = [
@@ -138,13 +141,37 @@ class _Lru(Generic[C]):
             del self.stubs[key]
 
 
+def _sync_channel(address: str, security: ClientSecurity) -> grpc.Channel:
+    """A blocking channel: TLS when ``security`` has it, the token interceptor only with a token."""
+    tls = security.tls
+    options = PEER_CHANNEL_OPTIONS + channel_options(tls)
+    if tls is None:
+        channel = grpc.insecure_channel(address, options=options)
+    else:
+        channel = grpc.secure_channel(address, channel_credentials(tls), options=options)
+    if security.token is None:
+        return channel
+    return grpc.intercept_channel(channel, TokenInterceptor(security))
+
+
+def _aio_channel(address: str, security: ClientSecurity) -> aio.Channel:
+    tls = security.tls
+    options = PEER_CHANNEL_OPTIONS + channel_options(tls)
+    interceptors = aio_token_interceptors(security) if security.token is not None else None
+    if tls is None:
+        return aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return aio.secure_channel(address, channel_credentials(tls), options=options, interceptors=interceptors)
+
+
 class Peers:
     """Channels for blocking callers (the SDK's threads). Thread-safe.
 
     Caller: the Client and everything it creates (admin, producers, fetchers, the Spark source, the CLI).
+    ``security``: the Client's TLS and token (None: the process's, ``process_security()``).
     """
 
-    def __init__(self, max_peers: int = MAX_PEERS) -> None:
+    def __init__(self, max_peers: int = MAX_PEERS, security: ClientSecurity | None = None) -> None:
+        self.security = security if security is not None else process_security()
         self._lock = threading.Lock()
         self._cache: _Lru[grpc.Channel] = _Lru(max_peers)
         self._closed = False
@@ -170,7 +197,7 @@ class Peers:
     def _channel(self, address: str) -> tuple[grpc.Channel, list[grpc.Channel]]:
         if self._closed:
             raise SluiceError("the client is closed")
-        return self._cache.get(address, lambda a: grpc.insecure_channel(a, options=PEER_CHANNEL_OPTIONS))
+        return self._cache.get(address, lambda a: _sync_channel(a, self.security))
 
     def close(self) -> None:
         with self._lock:
@@ -185,10 +212,17 @@ class AioPeers:
 
     Caller: the dispatcher (brokers, coordinator, offset store), the coordinator (brokers: partition pushes,
     lag; the leader: forwarded Metadata), the broker (the coordinator) and the offset store (coordinator
-    and brokers, for resets).
+    and brokers, for resets). ``security``: None in a service (the process's own, set at its start by
+    ``set_process_security``); the SDK's group driver passes its Client's.
     """
 
-    def __init__(self, max_peers: int = MAX_PEERS, retire_grace_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        max_peers: int = MAX_PEERS,
+        retire_grace_s: float = 10.0,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        self.security = security if security is not None else process_security()
         self._cache: _Lru[aio.Channel] = _Lru(max_peers)
         #: Calls still running on an evicted or dropped channel get this long to finish.
         self._grace = retire_grace_s
@@ -198,9 +232,7 @@ class AioPeers:
     def _channel(self, address: str) -> aio.Channel:
         if self._closed:
             raise SluiceError("the peer channels are closed")
-        channel, evicted = self._cache.get(
-            address, lambda a: aio.insecure_channel(a, options=PEER_CHANNEL_OPTIONS)
-        )
+        channel, evicted = self._cache.get(address, lambda a: _aio_channel(a, self.security))
         for old in evicted:
             self._retire(old)
         return channel

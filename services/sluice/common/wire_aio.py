@@ -20,6 +20,7 @@ the broker then stops fetching once the socket buffers are full.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Callable
 from typing import cast
@@ -36,7 +37,9 @@ from sluice.common.wire import (
     frame,
     split_address,
 )
-from sluice.errors import BrokerNotAvailable, error_from_proto
+from sluice.errors import AuthenticationError, BrokerNotAvailable, error_from_proto
+from sluice.security.client import ClientSecurity, process_security
+from sluice.security.client_tls import client_ssl_context, server_hostname
 from sluice.v1 import broker_pb2, wire_pb2
 
 __all__ = ["FetchFollower"]
@@ -81,16 +84,17 @@ class FetchFollower(asyncio.BufferedProtocol):
         on_error: Callable[[Exception], None],
         timeout_s: float,
         client_id: str = "",
+        security: ClientSecurity | None = None,
     ) -> None:
         self.address = address
         self._endpoint = split_address(address)
         request.continuous = True
         request.request_id = _REQUEST_ID
         self._request = frame(FrameType.FETCH, request.SerializeToString())
-        self._hello = frame(
-            FrameType.HELLO,
-            wire_pb2.WireHello(version=PROTOCOL_VERSION, client_id=client_id).SerializeToString(),
-        )
+        self._client_id = client_id
+        #: TLS and the token (None: the process's own, ``process_security()``).
+        self._security = security if security is not None else process_security()
+        self._hello = b""  # built at open(): a fresh token per connection
         self._on_answer = on_answer
         self._on_error = on_error
         self._timeout = timeout_s
@@ -113,8 +117,28 @@ class FetchFollower(asyncio.BufferedProtocol):
         """Connect. A failure raises a typed error here and is not reported to ``on_error``."""
         loop = self._loop = asyncio.get_running_loop()
         self._view = _read_buffer()
+        security = self._security
+        metadata = dict(security.metadata())
+        hello = wire_pb2.WireHello(version=PROTOCOL_VERSION, client_id=self._client_id, metadata=metadata)
+        self._hello = frame(FrameType.HELLO, hello.SerializeToString())
+        host, port = self._endpoint
+        tls = security.tls
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: self, *self._endpoint), CONNECT_TIMEOUT_S)
+            if tls is None:
+                connecting = loop.create_connection(lambda: self, host, port)
+            else:
+                connecting = loop.create_connection(
+                    lambda: self,
+                    host,
+                    port,
+                    ssl=client_ssl_context(tls),
+                    server_hostname=server_hostname(tls, host),
+                )
+            await asyncio.wait_for(connecting, CONNECT_TIMEOUT_S)
+        except ssl.SSLError as exc:
+            self.close()
+            why = exc.reason or exc
+            raise AuthenticationError(f"broker {self.address}: TLS handshake failed: {why}") from exc
         except (OSError, TimeoutError) as exc:
             self.close()
             raise BrokerNotAvailable(f"broker {self.address}: {exc!r}") from exc

@@ -28,7 +28,7 @@ from sluice.security.context import current
 from sluice.security.model import Principal
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
-from sluice.server.runtime import GrpcServer, configure_logging, serve
+from sluice.server.runtime import GrpcServer, configure_logging, serve, service_tls
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -44,6 +44,7 @@ def advertised_host(config: CoordinatorConfig) -> str:
 
 
 async def run(config: CoordinatorConfig) -> None:
+    tls = service_tls(config)
     # No command retry here (retries=0): the election's lease renewals must see a failure at once;
     # a Sentinel-managed primary is found again on the next command all the same.
     redis = connect_redis(config.redis_url, socket_timeout=5, connect_timeout=5, retries=0)
@@ -108,6 +109,8 @@ async def run(config: CoordinatorConfig) -> None:
             port=config.port,
             metrics_port=config.metrics_port,
             health_names=[SERVICE_NAME, AUTH_SERVICE_NAME],
+            tls=tls,
+            metrics_tls=config.tls_metrics,
             election=election,
             advertised_host=advertised_host(config),
             security=security,

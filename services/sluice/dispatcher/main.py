@@ -22,7 +22,7 @@ from sluice.dispatcher.servicer import DispatcherServicer, add_to_server
 from sluice.dispatcher.wire_server import dispatcher_wire_listener
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
-from sluice.server.runtime import GrpcServer, serve, service_main
+from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
 from sluice.server.wire import WireListener
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ def parse_config(argv: list[str]) -> DispatcherConfig:
 
 
 async def run(config: DispatcherConfig) -> None:
+    tls = service_tls(config)
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     gc.freeze()  # what startup made lives forever: later collections need not walk it
     security = build_security("dispatcher", config, config.coordinator)
@@ -81,13 +82,15 @@ async def run(config: DispatcherConfig) -> None:
         port=config.port,
         metrics_port=config.metrics_port,
         security=security,
+        tls=tls,
+        metrics_tls=config.tls_metrics,
     )
     security.start()
     server.service_ref = service
     server.advertised_host = config.advertised
     wire_port = wire_listen_port(config.port, config.wire_port)
     if wire_port is not None:
-        server.wire = dispatcher_wire_listener(servicer, config.host, wire_port, security)
+        server.wire = dispatcher_wire_listener(servicer, config.host, wire_port, security, tls=tls)
     stopped = False
 
     async def on_stop() -> None:

@@ -20,6 +20,7 @@ from sluice.common.wire import FrameType, WireProtocolError
 from sluice.dispatcher.events import Outgoing
 from sluice.dispatcher.servicer import DispatcherServicer
 from sluice.security.service import ServiceSecurity
+from sluice.security.tls import ServerTLS
 from sluice.server.wire import WireConnection, WireListener, parse_frame
 from sluice.v1 import dispatcher_pb2 as pb
 
@@ -29,12 +30,16 @@ log = logging.getLogger(__name__)
 
 
 def dispatcher_wire_listener(
-    servicer: DispatcherServicer, host: str, port: int, security: ServiceSecurity | None = None
+    servicer: DispatcherServicer,
+    host: str,
+    port: int,
+    security: ServiceSecurity | None = None,
+    tls: ServerTLS | None = None,
 ) -> WireListener:
     def connection(listener: WireListener) -> WireConnection:
         return _ConsumeConnection(listener, servicer)
 
-    return WireListener("dispatcher", connection, host, port, security)
+    return WireListener("dispatcher", connection, host, port, security, tls=tls)
 
 
 class _ConsumeConnection(WireConnection):

@@ -15,7 +15,7 @@ from sluice.offsetstore.servicer import OffsetStoreServicer
 from sluice.offsetstore.storage import PositionStore, ReplicaWait
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
-from sluice.server.runtime import GrpcServer, serve, service_main
+from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
 from sluice.v1 import offset_store_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ def parse_config(argv: list[str] | None) -> OffsetStoreConfig:
 
 
 async def run(config: OffsetStoreConfig) -> None:
+    tls = service_tls(config)
     store = PositionStore(
         connect(config.redis_url),
         Keys(config.key_prefix),
@@ -70,6 +71,8 @@ async def run(config: OffsetStoreConfig) -> None:
         metrics_port=config.metrics_port,
         health_names=[HEALTH_NAME],
         security=security,
+        tls=tls,
+        metrics_tls=config.tls_metrics,
     )
     security.start()
     try:

@@ -16,6 +16,7 @@ from sluice.errors import InvalidArgument
 from sluice.security.acl import AclAuthorizer
 from sluice.security.audit import audit_denied
 from sluice.security.authenticate import ServerAuthenticator, SessionVerifier
+from sluice.security.cert_principal import PrincipalMapper
 from sluice.security.context import AllowAll, Authorizer, set_process_authorizer
 from sluice.security.enforce import ServiceAuthorizer
 from sluice.security.jwt_auth import JwtVerifier
@@ -70,7 +71,15 @@ def build(
     authorizer: Authorizer = (
         ServiceAuthorizer(acls, functools.partial(_audit, service)) if acls.enabled else AllowAll()
     )
-    security = ServiceSecurity(service, authenticator, authorizer, acls=acls)
+    mapper = PrincipalMapper(settings.tls_principal_rules) if "mtls" in mechanisms else None
+    security = ServiceSecurity(
+        service,
+        authenticator,
+        authorizer,
+        grpc_cert_principal=mapper.principal_from_grpc_auth_context if mapper is not None else None,
+        wire_cert_principal=mapper.principal_from_peer_cert if mapper is not None else None,
+        acls=acls,
+    )
     security.watch(coordinator)
 
     def acls_changed(_acls: object) -> None:

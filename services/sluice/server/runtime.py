@@ -4,8 +4,10 @@ Every service process runs through :func:`serve`:
 
 1. build the ``grpc.aio`` server with the interceptor chain and the standard
    health service;
-2. bind (port 0 in tests) and report the real port;
-3. serve ``/metrics`` over HTTP (prometheus-client);
+2. bind (port 0 in tests) and report the real port: TLS when the service has a certificate
+   (``sluice.security.tls``, reloaded from its files), else plaintext;
+3. serve ``/metrics`` and ``/healthz`` over HTTP (``sluice.server.http``; the probes' way in when
+   the gRPC port is TLS-only);
 4. print one ready line, ``SLUICE_READY service=<name> address=<host:port>
    metrics=<host:port>``, which ``sluice up`` and the test harness wait for;
 5. on SIGTERM/SIGINT: mark health NOT_SERVING, run the service's own stop hook
@@ -27,10 +29,14 @@ from wsgiref.simple_server import WSGIServer
 
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import start_http_server
 
 from sluice.errors import InvalidArgument, SluiceError
+from sluice.security.client import set_process_security
+from sluice.security.client_tls import service_security
 from sluice.security.service import ServiceSecurity
+from sluice.security.settings import SecuritySettings
+from sluice.security.tls import ServerTLS, server_tls
+from sluice.server.http import start_http
 from sluice.server.interceptors import ServiceInterceptor
 from sluice.server.limits import raise_open_files_limit
 
@@ -58,6 +64,9 @@ class GrpcServer:
     metrics_port: int | None = 0
     security: ServiceSecurity | None = None
     health_names: list[str] = field(default_factory=list)
+    #: TLS on the gRPC port (None: plaintext); ``metrics_tls`` also on the HTTP port.
+    tls: ServerTLS | None = None
+    metrics_tls: bool = False
 
     def __post_init__(self) -> None:
         self._server: aio.Server | None = None
@@ -66,6 +75,7 @@ class GrpcServer:
         self._stopped = asyncio.Event()
         self.bound_port = 0
         self.bound_metrics_port = 0
+        self.serving = False
 
     @property
     def address(self) -> str:
@@ -79,19 +89,25 @@ class GrpcServer:
         for register in self.registrars:
             register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.bound_port = server.add_insecure_port(f"{self.host}:{self.port}")
+        bind = f"{self.host}:{self.port}"
+        if self.tls is None:
+            self.bound_port = server.add_insecure_port(bind)
+        else:
+            self.bound_port = server.add_secure_port(bind, self.tls.grpc_credentials())
         if self.bound_port == 0:
             raise OSError(f"{self.service}: could not bind {self.host}:{self.port}")
         await server.start()
         self._server = server
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self.metrics_port is not None:
-            httpd, _thread = start_http_server(self.metrics_port, addr=self.host)
+            http_tls = self.tls if self.metrics_tls else None
+            httpd = start_http(self.host, self.metrics_port, lambda: self.serving, http_tls)
             self._metrics_server = httpd
             self.bound_metrics_port = httpd.server_port
         return self.bound_port
 
     async def _set_health(self, status: int) -> None:
+        self.serving = status == health_pb2.HealthCheckResponse.SERVING
         for name in ("", *self.health_names):
             await self._health.set(name, status)
 
@@ -116,6 +132,14 @@ class GrpcServer:
 
 
 StopHook = Callable[[], Awaitable[None]]
+
+
+def service_tls(settings: SecuritySettings) -> ServerTLS | None:
+    """The first thing a service's ``run`` does (before it makes any peer channel): sets how this
+    process calls the other services (``set_process_security``: its CA, its certificate for mTLS,
+    the cluster token) and returns the TLS of its own listeners (None: plaintext)."""
+    set_process_security(service_security(settings))
+    return server_tls(settings)
 
 
 async def serve(

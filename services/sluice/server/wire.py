@@ -34,6 +34,7 @@ from sluice.security.context import WIRE, RequestContext
 from sluice.security.live_streams import LiveStream
 from sluice.security.model import ANONYMOUS
 from sluice.security.service import ServiceSecurity, lower_keys
+from sluice.security.tls import ServerTLS
 from sluice.v1 import wire_pb2
 
 __all__ = ["WireConnection", "WireListener", "parse_frame"]
@@ -68,8 +69,12 @@ class WireListener:
         security: ServiceSecurity | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         version: int = PROTOCOL_VERSION,
+        tls: ServerTLS | None = None,
     ) -> None:
         self.service = service
+        #: TLS on this port (None: plaintext). A connection's peer certificate, for the
+        #: authenticator: ``transport.get_extra_info("ssl_object")``.
+        self.tls = tls
         #: The highest protocol version this service speaks (a connection speaks the lower of
         #: it and the client's).
         self.version = version
@@ -86,9 +91,21 @@ class WireListener:
 
     async def start(self) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: self._connection(self), self.host, self.port)
+        tls = self.tls
+        if tls is None:
+            self._server = await loop.create_server(lambda: self._connection(self), self.host, self.port)
+        else:
+            self._server = await loop.create_server(
+                lambda: self._tls_connection(tls), self.host, self.port, ssl=tls.ssl_context()
+            )
         self.bound_port = self._server.sockets[0].getsockname()[1]
         return self.bound_port
+
+    def _tls_connection(self, tls: ServerTLS) -> WireConnection:
+        """A connection on a TLS port: the certificate files are checked for a change first (once a
+        second at most), so this handshake and later ones present a rotated certificate."""
+        tls.maybe_reload()
+        return self._connection(self)
 
     async def stop(self) -> None:
         """Stop accepting, then close every connection (after what was already written)."""
@@ -157,6 +174,13 @@ class WireConnection(asyncio.BufferedProtocol):
 
     def opened(self) -> None:
         """The hello was accepted."""
+
+    @property
+    def ssl_object(self) -> Any:
+        """The TLS session on a TLS port (None on plaintext): its ``getpeercert()`` is the client's
+        verified certificate, for ``PrincipalMapper.principal_from_peer_cert``."""
+        transport = self.transport
+        return transport.get_extra_info("ssl_object") if transport is not None else None
 
     def lost(self) -> None:
         """The connection is gone: stop its work."""

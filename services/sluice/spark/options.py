@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_group, validate_topic
 from sluice.errors import InvalidArgument
+from sluice.security.client import TLSConfig
 
 EARLIEST = "earliest"
 LATEST = "latest"
@@ -32,6 +33,13 @@ KNOWN = {
     "committogroup",
     "requesttimeoutms",
     "path",
+    # TLS and the token, as the SDK's TLSConfig and token= (unset: SLUICE_TLS_* / SLUICE_TOKEN on
+    # the driver and the executors, docs/security.md).
+    "tlsca",
+    "tlscert",
+    "tlskey",
+    "tlsservername",
+    "token",
 }
 
 
@@ -47,6 +55,8 @@ class SourceOptions:
     fail_on_data_loss: bool
     commit_to_group: str | None
     request_timeout_s: float
+    tls: TLSConfig | None = None
+    token: str | None = None
 
 
 def tp_key(topic: str, partition: int) -> str:
@@ -155,4 +165,21 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
         fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss"), True),
         commit_to_group=group,
         request_timeout_s=timeout_ms / 1000,
+        tls=_tls(opts),
+        token=opts.get("token") or None,
     )
+
+
+def _tls(opts: Mapping[str, str]) -> TLSConfig | None:
+    """``tlsCa``, ``tlsCert``, ``tlsKey``, ``tlsServerName``: None when none is given."""
+    values = {
+        "ca": opts.get("tlsca") or None,
+        "cert": opts.get("tlscert") or None,
+        "key": opts.get("tlskey") or None,
+        "server_name": opts.get("tlsservername") or None,
+    }
+    if not any(values.values()):
+        return None
+    if (values["cert"] is None) != (values["key"] is None):
+        raise InvalidArgument("options tlsCert and tlsKey go together")
+    return TLSConfig(**values)

@@ -43,7 +43,12 @@ class Planner:
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self.client = Client(options.bootstrap, request_timeout=options.request_timeout_s)
+        self.client = Client(
+            options.bootstrap,
+            request_timeout=options.request_timeout_s,
+            tls=options.tls,
+            token=options.token,
+        )
         self._earliest: dict[str, int] | None = None
 
     def __enter__(self) -> Planner:
@@ -219,7 +224,9 @@ def read_range(r: OffsetRange, options: SourceOptions) -> Iterator[pa.RecordBatc
     """Read [start, end) of one partition with long-poll off; yield Arrow batches."""
     if r.size <= 0:
         return
-    with Client(options.bootstrap, request_timeout=options.request_timeout_s) as client:
+    with Client(
+        options.bootstrap, request_timeout=options.request_timeout_s, tls=options.tls, token=options.token
+    ) as client:
         fetcher = client.fetcher(
             {(r.topic, r.partition): r.start},
             filters={r.topic: options.filter},

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.errors import InvalidArgument, InvalidFilter, InvalidTopic
+from sluice.security.client import TLSConfig
 from sluice.spark.options import parse_options
 from sluice.spark.planning import OffsetRange, limit_offsets, split
 
@@ -20,6 +21,19 @@ def test_defaults_and_case_insensitive_keys() -> None:
     assert o.ending == "latest"
     assert o.max_records_per_partition == 10
     assert parse_options(BASE, streaming=True).starting == "latest"
+
+
+def test_tls_and_token_options() -> None:
+    plain = parse_options(BASE, streaming=False)
+    assert plain.tls is None
+    assert plain.token is None
+    o = parse_options(
+        {**BASE, "tlsCa": "/ca.crt", "tlsCert": "/me.crt", "tlsKey": "/me.key", "token": "t"}, streaming=False
+    )
+    assert o.tls == TLSConfig(ca="/ca.crt", cert="/me.crt", key="/me.key")
+    assert o.token == "t"
+    with pytest.raises(InvalidArgument, match="go together"):
+        parse_options({**BASE, "tlsCert": "/me.crt"}, streaming=False)
 
 
 def test_json_offsets() -> None:

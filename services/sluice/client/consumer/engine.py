@@ -104,7 +104,11 @@ class ConsumerEngine:
             channels, metadata, group, subscription, self._timeout, config.message_model == "broadcasting"
         )
         self._own_driver = group_driver is None
-        self._driver = group_driver if group_driver is not None else GroupDriver(metadata.bootstrap)
+        self._driver = (
+            group_driver
+            if group_driver is not None
+            else GroupDriver(metadata.bootstrap, security=channels.security)
+        )
         self._member = GroupMember(
             self._driver, metadata, group, subscription, config, client_id, self._on_events
         )

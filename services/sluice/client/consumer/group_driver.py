@@ -28,6 +28,7 @@ import grpc
 from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc, is_unimplemented
 from sluice.errors import SluiceError
+from sluice.security.client import ClientSecurity
 from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 __all__ = ["GroupDriver"]
@@ -41,8 +42,12 @@ class GroupDriver:
     """An event-loop thread and one ``grpc.aio`` channel to the coordinator (the peer layer's
     ``AioPeers``). Thread-safe."""
 
-    def __init__(self, coordinator: str, name: str = "sluice-group-driver") -> None:
+    def __init__(
+        self, coordinator: str, name: str = "sluice-group-driver", security: ClientSecurity | None = None
+    ) -> None:
         self._address = coordinator
+        #: The owning Client's TLS and token (None: the process's).
+        self._security = security
         self._name = name
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -152,7 +157,7 @@ class GroupDriver:
             loop.close()
 
     async def _open(self) -> None:
-        self._peers = AioPeers()
+        self._peers = AioPeers(security=self._security)
         self._stub = self._peers.coordinator(self._address)
 
     async def _shutdown(self) -> None:

@@ -175,7 +175,7 @@ class PushSessions:
     ) -> ConsumeCall:
         d = self._metadata.current().dispatchers.get(dispatcher_id)
         if d is not None and d.wire_address is not None and use_wire():
-            return WireConsumeCall(d.wire_address, commands, self.consumer_name)
+            return WireConsumeCall(d.wire_address, commands, self.consumer_name, self._channels.security)
         stub = self._channels.stub(address, dispatcher_pb2_grpc.DispatcherStub)
         return stub.Consume(commands)
 

@@ -5,7 +5,9 @@ from others; so does it with :class:`WireConsumeCall`. Connecting happens on the
 iteration, on the stream's thread. A writer thread sends the session's commands as the
 ``Outbound`` yields them (acks are coalesced there, so it wakes a few times per batch of
 messages, not per message) and half-closes the connection when they end, as a gRPC client
-half-closes its stream. Failures raise typed errors: BrokerNotAvailable when a reconnect may
+half-closes its stream (not over TLS: asyncio's TLS transport cannot keep a half-closed
+connection open, so there the writer just stops, and a stop ends the call after its grace).
+Failures raise typed errors: BrokerNotAvailable when a reconnect may
 help, the dispatcher's own error when it refused the hello.
 """
 
@@ -13,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 
 from google.protobuf.message import DecodeError
 
-from sluice.client.wire import connect
+from sluice.client.wire import connect, hello_bytes, shutdown
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
     PROTOCOL_VERSION,
@@ -29,8 +32,9 @@ from sluice.common.wire import (
     split_address,
 )
 from sluice.errors import BrokerNotAvailable
+from sluice.security.client import ClientSecurity
+from sluice.security.client_tls import share
 from sluice.v1 import dispatcher_pb2 as pb
-from sluice.v1 import wire_pb2
 
 __all__ = ["WireConsumeCall"]
 
@@ -38,11 +42,18 @@ _RECV_BYTES = 1 << 20
 
 
 class WireConsumeCall:
-    def __init__(self, address: str, commands: Iterator[pb.ConsumerCommand], client_id: str = "") -> None:
+    def __init__(
+        self,
+        address: str,
+        commands: Iterator[pb.ConsumerCommand],
+        client_id: str = "",
+        security: ClientSecurity | None = None,
+    ) -> None:
         self._address = address
         self._endpoint = split_address(address)
         self._commands = commands
-        self._hello = wire_pb2.WireHello(version=PROTOCOL_VERSION, client_id=client_id).SerializeToString()
+        self._client_id = client_id
+        self._security = security
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._cancelled = False
@@ -51,14 +62,16 @@ class WireConsumeCall:
         with self._lock:
             self._cancelled = True
             sock = self._sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        shutdown(sock)
 
     def __iter__(self) -> Iterator[pb.DispatcherEvent]:
         name = f"dispatcher {self._address}"
         try:
-            sock = connect(self._endpoint, self._hello, name, CONNECT_TIMEOUT_S)
+            security = self._security
+            hello = hello_bytes(PROTOCOL_VERSION, self._client_id, security)
+            tls = security.tls if security is not None else None
+            sock = connect(self._endpoint, hello, name, CONNECT_TIMEOUT_S, tls)
+            share(sock)  # TLS: this thread reads while the writer thread sends
         except OSError as exc:
             raise BrokerNotAvailable(f"{name}: {exc}") from exc
         with self._lock:
@@ -84,8 +97,7 @@ class WireConsumeCall:
             if not self._cancelled:
                 raise BrokerNotAvailable(f"{name}: {exc!r}") from exc
         finally:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+            shutdown(sock)
             sock.close()
 
     def _write(self, sock: socket.socket) -> None:
@@ -93,4 +105,5 @@ class WireConsumeCall:
         with contextlib.suppress(OSError):  # the reader sees a broken connection too
             for command in self._commands:
                 sock.sendall(frame(FrameType.CONSUME, command.SerializeToString()))
-            sock.shutdown(socket.SHUT_WR)
+            if not isinstance(sock, ssl.SSLSocket):
+                sock.shutdown(socket.SHUT_WR)
