@@ -403,7 +403,7 @@ class Fetcher:
 
     def _take_arrived(self, chunks: list[RawChunk]) -> bool:
         """Handle the answers that arrived, one followed answer's records per call (True: the next is
-        held, its lane's credit with it; taking all measured 20-25% more CPU per record, 2-3 times the
+        held, its lane's credit with it; taking all measured 20-25% more CPU per record, 2-6 times the
         records alive: docs/architecture.md). A gRPC answer is still taken: its broker waits on it."""
         while (item := self._answers.take_nowait()) is not None:
             if chunks and item[3]:
