@@ -25,8 +25,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ROOT / "services"
 READY = re.compile(r"SLUICE_READY service=(\S+) address=(\S+) metrics=(\S+)")
@@ -173,6 +171,8 @@ class SentinelSet:
 
     def primary_port(self) -> int:
         """Where the Sentinel says the primary is now."""
+        import redis  # here, not at the top: see _wait_for_replica
+
         with redis.Redis(port=self.sentinel_port, socket_timeout=2) as s:
             _host, port = s.sentinel_get_master_addr_by_name(self.service_name)
         return int(port)
@@ -180,6 +180,11 @@ class SentinelSet:
 
 def _wait_for_replica(sentinel_port: int, service_name: str, timeout: float = 20) -> None:
     """Until the Sentinel knows the replica: it can only fail over to a replica it has discovered."""
+    # redis-py is imported only where a Sentinel is asked: every bench's client processes import this
+    # module (through bench/_stack.py), and redis-py's modules would add their import time and their
+    # objects (walked by every full GC collection) to the client CPU the benches measure.
+    import redis
+
     deadline = time.monotonic() + timeout
     with redis.Redis(port=sentinel_port, socket_timeout=2) as s:
         while time.monotonic() < deadline:

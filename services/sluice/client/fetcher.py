@@ -202,15 +202,7 @@ class Fetcher:
             if item is None:
                 return chunks
             self._handle(item, chunks)
-            while (item := self._answers.take_nowait()) is not None:  # what else already arrived
-                if chunks and item[3]:
-                    # One followed answer's records per call (its lane's credit with it): taking
-                    # every queued one measured 20-25% more CPU per record, twice the records alive
-                    # (docs/architecture.md, "Measured: the whole of issue 13 and 20"). An answer to
-                    # a single request (gRPC) is still taken: its broker's next request waits on it.
-                    self._answers.hold(item)
-                    break
-                self._handle(item, chunks)
+            self._take_arrived(chunks)
             if chunks:
                 return chunks
             if self._errors:
@@ -220,20 +212,20 @@ class Fetcher:
 
     def poll_raw(self) -> tuple[list[RawChunk], float | None]:
         """:meth:`fetch_raw` without waiting, for a caller driven by ``on_completion`` (the
-        consumer's shared fetch driver): take every answer that arrived, send what can be sent.
-        Returns the chunks and None when a request is in flight (``on_completion`` tells when
-        its answer comes), else the seconds until a backoff ends (call again then)."""
+        consumer's shared fetch driver): take the answers that arrived (as ``fetch_raw``), send
+        what can be sent. Returns the chunks and None when a request is in flight (``on_completion``
+        tells when its answer comes), else the seconds until the next call is due (0: an answer is
+        held or an error waits; else the end of a backoff)."""
         if self._closed:
             raise SluiceError("the fetcher is closed")
         self._raise_error()
         chunks: list[RawChunk] = []
-        while (item := self._answers.take_nowait()) is not None:
-            self._handle(item, chunks)
+        held = self._take_arrived(chunks)
         wait = self._send_fetches()
         if not chunks:
             self._raise_error()
-        elif self._errors:
-            wait = 0.0  # raised by the next call; these records first
+        elif self._errors or held:
+            wait = 0.0  # these records first; the next call takes the held answer, raises the error
         return chunks, wait
 
     @property
@@ -408,6 +400,17 @@ class Fetcher:
             broker.stream = None
 
     # ---- responses ----------------------------------------------------------------------
+
+    def _take_arrived(self, chunks: list[RawChunk]) -> bool:
+        """Handle the answers that arrived, one followed answer's records per call (True: the next is
+        held, its lane's credit with it; taking all measured 20-25% more CPU per record, 2-6 times the
+        records alive: docs/architecture.md). A gRPC answer is still taken: its broker waits on it."""
+        while (item := self._answers.take_nowait()) is not None:
+            if chunks and item[3]:
+                self._answers.hold(item)
+                return True
+            self._handle(item, chunks)
+        return False
 
     def _handle(self, item: Completion, chunks: list[RawChunk]) -> None:
         address, req, outcome, followed = item

@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable, Iterator
 
 from sluice import Client
-from sluice.client.fetcher import Fetcher
+from sluice.client.fetcher import Fetcher, RawChunk
 from sluice.client.links import FetchLane
 from sluice.client.producer import Producer
+from sluice.codec.batch import decode_records
 
 from .conftest import run_cluster
 
@@ -151,6 +152,40 @@ def test_each_fetch_hands_back_one_answer_when_several_arrived(
             got = [r.key for r in fetcher.fetch(timeout=5)]
             assert len(got) <= 1
             keys += got
+        assert keys == [b"%d" % i for i in range(8)]
+
+
+def test_each_poll_raw_takes_one_answer_when_several_arrived(
+    client: Client, new_topic: Callable[..., str]
+) -> None:
+    """The group consumer's step (``poll_raw``) follows the same rule as ``fetch()``: one followed
+    answer per call, the next held and due at once (wait 0). Taking every queued answer decoded
+    up to three answers per step: +25% CPU per record in the group consumer (docs/architecture.md)."""
+    topic = new_topic(partitions=1)
+    value = b"x" * 6000
+    with client.producer(topic, linger=0) as producer:
+        for i in range(8):  # one batch each: a 10,000-byte answer carries exactly one
+            producer.send(value, key=b"%d" % i).result(timeout=10)
+
+    def keys_of(chunks: list[RawChunk]) -> list[bytes | None]:
+        return [r.key for c in chunks for r in decode_records(c.data, c.topic, c.partition, c.start, True)]
+
+    with client.fetcher({(topic, 0): 0}, max_wait_ms=200, partition_max_bytes=10_000) as fetcher:
+        assert [r.key for r in fetcher.fetch(timeout=10)] == [b"0"]
+        deadline = time.monotonic() + 10
+        while _answers_waiting(fetcher) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _answers_waiting(fetcher) == 2  # the window: two more answers arrived
+        chunks, wait = fetcher.poll_raw()
+        assert keys_of(chunks) == [b"1"]  # the other one is held for the next call
+        assert wait == 0.0  # ... which is due at once
+        keys: list[bytes | None] = [b"0", b"1"]
+        while len(keys) < 8 and time.monotonic() < deadline:
+            chunks, wait = fetcher.poll_raw()
+            assert len(chunks) <= 1
+            keys += keys_of(chunks)
+            if not chunks:
+                time.sleep(0.01)
         assert keys == [b"%d" % i for i in range(8)]
 
 
