@@ -57,9 +57,12 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--flush", choices=["interval", "always", "never"], default="interval")
     parser.add_argument("--tls", action="store_true", help="TLS on every port and every client connection")
+    parser.add_argument(
+        "--auth", action="store_true", help="authentication and ACL authorization on, clients with a JWT"
+    )
     args = parser.parse_args()
     n, parts = args.records, args.partitions
-    with stack(flush=args.flush, tls=args.tls) as s:
+    with stack(flush=args.flush, tls=args.tls, auth=args.auth) as s:
         from sluice import Client
 
         with Client(s.bootstrap) as client:
@@ -71,10 +74,11 @@ def main() -> None:
             [(produce, (s.bootstrap, "bench-mixed", n)), (fetch, (s.bootstrap, "bench-mixed", n, parts))]
         )
     save(
-        f"log_throughput_{args.flush}{'_tls' if args.tls else ''}",
+        f"log_throughput_{args.flush}{'_tls' if args.tls else ''}{'_auth' if args.auth else ''}",
         {
             "records": n,
             "tls": args.tls,
+            "auth": args.auth,
             "partitions": parts,
             "flush": args.flush,
             "produce_alone_rps": produce_alone,
