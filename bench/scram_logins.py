@@ -91,9 +91,19 @@ class FastClient:
             call.cancel()
 
 
-async def hammer(address: str, client: FastClient, concurrency: int, duration: float) -> dict[str, int]:
+async def hammer(
+    address: str,
+    client: FastClient,
+    concurrency: int,
+    duration: float,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> dict[str, int]:
+    """``concurrency`` exchanges at once for ``duration`` s (TLS with ``credentials``): the codes."""
     counts: dict[str, int] = {}
-    async with aio.insecure_channel(address) as channel:
+    channel = (
+        aio.secure_channel(address, credentials) if credentials is not None else aio.insecure_channel(address)
+    )
+    async with channel:
         stub: auth_pb2_grpc.AuthAsyncStub = auth_pb2_grpc.AuthStub(channel)
         end = time.monotonic() + duration
 
