@@ -13,7 +13,9 @@ One stack with authentication and ACL authorization on (``_stack.stack(auth=True
 
    each with three kinds of token: ``session`` (from one SCRAM login, done once), ``jwt`` (one JWT for
    every connection: after the first, the services' verified-token cache answers) and ``jwt_fresh``
-   (a new JWT per connection, signed beforehand: every connection pays the signature check). Figures:
+   (a new JWT per connection, signed beforehand: every connection pays the signature check); and, as
+   the baseline, ``anonymous``: the same connections without a token to a stack without authentication
+   (``--skip-baseline`` leaves it out). Figures:
    the rate achieved, p50/p99 of connect + first answer, refusals, and the service's CPU (share of one
    core, and per connection).
 2. ``flood``: wrong passwords for the bench user at full rate on the coordinator's ``Auth.Authenticate``
@@ -76,9 +78,7 @@ async def wire_connection(host: str, port: int, token: str, tls: TLSConfig | Non
         host, port, ssl=ssl_ctx, server_hostname=server_hostname(tls, host) if tls is not None else None
     )
     try:
-        hello = wire_pb2.WireHello(
-            version=PROTOCOL_VERSION, client_id="auth-cost", metadata={"authorization": f"Bearer {token}"}
-        )
+        hello = wire_pb2.WireHello(version=PROTOCOL_VERSION, client_id="auth-cost", metadata=bearer(token))
         writer.write(frame(FrameType.HELLO, hello.SerializeToString()))
         length, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
         payload = await reader.readexactly(length - 1)
@@ -103,10 +103,13 @@ async def grpc_connection(address: str, token: str, tls: TLSConfig | None) -> No
     async with channel:
         stub: coordinator_pb2_grpc.CoordinatorAsyncStub = coordinator_pb2_grpc.CoordinatorStub(channel)
         await stub.Metadata(
-            coordinator_pb2.MetadataRequest(topics=[TOPIC]),
-            metadata=(("authorization", f"Bearer {token}"),),
-            timeout=10,
+            coordinator_pb2.MetadataRequest(topics=[TOPIC]), metadata=tuple(bearer(token).items()), timeout=10
         )
+
+
+def bearer(token: str) -> dict[str, str]:
+    """The token's metadata; none for "" (the baseline: a stack without authentication)."""
+    return {"authorization": f"Bearer {token}"} if token else {}
 
 
 async def open_loop(
@@ -215,13 +218,16 @@ def connections_phase(
     }
 
 
-def broker_wire_address(s: Stack) -> str:
-    assert s.auth is not None
-    with grpc.insecure_channel(s.bootstrap) as channel:
+def broker_wire_address(s: Stack, tls: TLSConfig | None) -> str:
+    token = s.auth.cluster_token if s.auth is not None else ""
+    channel = (
+        grpc.secure_channel(s.bootstrap, channel_credentials(tls))
+        if tls is not None
+        else grpc.insecure_channel(s.bootstrap)
+    )
+    with channel:
         answer = coordinator_pb2_grpc.CoordinatorStub(channel).Metadata(
-            coordinator_pb2.MetadataRequest(),
-            metadata=(("authorization", f"Bearer {s.auth.cluster_token}"),),
-            timeout=10,
+            coordinator_pb2.MetadataRequest(), metadata=tuple(bearer(token).items()), timeout=10
         )
     endpoint = answer.brokers[0].endpoint
     return f"{endpoint.host}:{endpoint.wire_port}"
@@ -358,6 +364,7 @@ def main() -> None:
     parser.add_argument("--tls", action="store_true", help="TLS on every port and connection")
     parser.add_argument("--skip-connections", action="store_true")
     parser.add_argument("--skip-flood", action="store_true")
+    parser.add_argument("--skip-baseline", action="store_true")
     opts = parser.parse_args()
     result: dict[str, Any] = {"rate": opts.rate, "duration_s": opts.duration, "tls": opts.tls}
     with stack(auth=True, tls=opts.tls) as s:
@@ -367,7 +374,7 @@ def main() -> None:
             client.admin.create_topic(TOPIC, partitions=1)
         session = session_token(s, tls)
         if not opts.skip_connections:
-            wire = broker_wire_address(s)
+            wire = broker_wire_address(s, tls)
             fresh = [s.auth.sign() for _ in range(int(opts.rate * opts.duration))]
             kinds = {"session": [session], "jwt": [s.auth.token], "jwt_fresh": fresh}
             connections: dict[str, Any] = {}
@@ -380,6 +387,18 @@ def main() -> None:
                     connections[f"{target}_{kind}"] = figures
                     print(f"{target} {kind}: {figures}", flush=True)
             result["connections"] = connections
+    if not opts.skip_connections and not opts.skip_baseline:
+        with stack(tls=opts.tls) as s:
+            tls = tls_of(opts.tls)
+            with Client(s.bootstrap, tls=tls) as client:
+                client.admin.create_topic(TOPIC, partitions=1)
+            for target, address, pid in (
+                ("wire", broker_wire_address(s, tls), s.broker.process.pid),
+                ("grpc", s.bootstrap, s.coordinator.process.pid),
+            ):
+                figures = connections_phase(target, address, pid, [""], opts, tls)
+                result["connections"][f"{target}_anonymous"] = figures
+                print(f"{target} anonymous, no authentication: {figures}", flush=True)
         if not opts.skip_flood:
             result["flood_default_limits"] = flood_phase(s, opts, tls, session)
             print(f"flood, default limits: {result['flood_default_limits']}", flush=True)
