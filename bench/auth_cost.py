@@ -48,7 +48,7 @@ from sluice import Client
 from sluice.common.wire import HEADER, PROTOCOL_VERSION, FrameType, frame
 from sluice.security.client import TLSConfig
 from sluice.security.client_tls import channel_credentials, client_ssl_context, server_hostname
-from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc, wire_pb2
+from sluice.v1 import auth_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc, wire_pb2
 
 TOPIC = "bench"
 PROBE_INTERVAL = 0.01
@@ -338,18 +338,89 @@ def flood_phase(s: Stack, opts: argparse.Namespace, tls: TLSConfig | None, sessi
 
 
 def session_token(s: Stack, tls: TLSConfig | None) -> str:
-    """The bench user (created as the cluster) logged in once with SCRAM: its session token."""
-    from sluice.security.scram_login import ScramLogin
-
+    """The bench user (created as the cluster) logged in once with SCRAM: its session token. (With
+    ``scram_logins.FastClient``: the SDK's ``ScramLogin`` does not log in over TLS on main yet.)"""
     assert s.auth is not None
     with Client(s.bootstrap, tls=tls, token=s.auth.cluster_token) as admin:
         admin.admin.upsert_user(USER, PASSWORD, ITERATIONS)
-    return ScramLogin(s.bootstrap, USER, PASSWORD, tls)()
+
+    async def login() -> str:
+        client = FastClient(PASSWORD)
+        channel = (
+            aio.secure_channel(s.bootstrap, channel_credentials(tls))
+            if tls is not None
+            else aio.insecure_channel(s.bootstrap)
+        )
+        async with channel:
+            code = await client.login(auth_pb2_grpc.AuthStub(channel), USER)
+        if code is not grpc.StatusCode.OK:
+            raise RuntimeError(f"the bench user's login failed: {code.name}")
+        return client.session_token
+
+    return asyncio.run(login())
 
 
 def tls_of(use_tls: bool) -> TLSConfig | None:
     """The stack's CA (``stack(tls=True)`` put it in ``SLUICE_TLS_CA``)."""
     return TLSConfig(ca=os.environ["SLUICE_TLS_CA"]) if use_tls else None
+
+
+def with_authentication(opts: argparse.Namespace) -> dict[str, Any]:
+    """New connections with each kind of token, then the flood with the default limits."""
+    result: dict[str, Any] = {}
+    with stack(auth=True, tls=opts.tls) as s:
+        assert s.auth is not None
+        tls = tls_of(opts.tls)
+        with Client(s.bootstrap, tls=tls, token=s.auth.token) as client:
+            client.admin.create_topic(TOPIC, partitions=1)
+        session = session_token(s, tls)
+        if not opts.skip_connections:
+            fresh = [s.auth.sign() for _ in range(int(opts.rate * opts.duration))]
+            kinds = {"session": [session], "jwt": [s.auth.token], "jwt_fresh": fresh}
+            connections: dict[str, Any] = {}
+            for target, address, pid in (
+                ("wire", broker_wire_address(s, tls), s.broker.process.pid),
+                ("grpc", s.bootstrap, s.coordinator.process.pid),
+            ):
+                for kind, tokens in kinds.items():
+                    figures = connections_phase(target, address, pid, tokens, opts, tls)
+                    connections[f"{target}_{kind}"] = figures
+                    print(f"{target} {kind}: {figures}", flush=True)
+            result["connections"] = connections
+        if not opts.skip_flood:
+            result["flood_default_limits"] = flood_phase(s, opts, tls, session)
+            print(f"flood, default limits: {result['flood_default_limits']}", flush=True)
+    return result
+
+
+def baseline(opts: argparse.Namespace) -> dict[str, Any]:
+    """The same new connections, anonymous, to a stack without authentication."""
+    connections: dict[str, Any] = {}
+    with stack(tls=opts.tls) as s:
+        tls = tls_of(opts.tls)
+        with Client(s.bootstrap, tls=tls) as client:
+            client.admin.create_topic(TOPIC, partitions=1)
+        for target, address, pid in (
+            ("wire", broker_wire_address(s, tls), s.broker.process.pid),
+            ("grpc", s.bootstrap, s.coordinator.process.pid),
+        ):
+            figures = connections_phase(target, address, pid, [""], opts, tls)
+            connections[f"{target}_anonymous"] = figures
+            print(f"{target} anonymous, no authentication: {figures}", flush=True)
+    return connections
+
+
+def flood_without_limits(opts: argparse.Namespace) -> dict[str, Any]:
+    """The flood against a coordinator whose failed-login limits are out of the way."""
+    unlimited = ("--login-failures-per-address", "1000000000", "--login-failures-per-user", "1000000000")
+    with stack(auth=True, tls=opts.tls, extra_coordinator_args=unlimited) as s:
+        assert s.auth is not None
+        tls = tls_of(opts.tls)
+        with Client(s.bootstrap, tls=tls, token=s.auth.token) as client:
+            client.admin.create_topic(TOPIC, partitions=1)
+        figures = flood_phase(s, opts, tls, session_token(s, tls))
+    print(f"flood, limits out of the way: {figures}", flush=True)
+    return figures
 
 
 def main() -> None:
@@ -367,50 +438,11 @@ def main() -> None:
     parser.add_argument("--skip-baseline", action="store_true")
     opts = parser.parse_args()
     result: dict[str, Any] = {"rate": opts.rate, "duration_s": opts.duration, "tls": opts.tls}
-    with stack(auth=True, tls=opts.tls) as s:
-        assert s.auth is not None
-        tls = tls_of(opts.tls)
-        with Client(s.bootstrap, tls=tls, token=s.auth.token) as client:
-            client.admin.create_topic(TOPIC, partitions=1)
-        session = session_token(s, tls)
-        if not opts.skip_connections:
-            wire = broker_wire_address(s, tls)
-            fresh = [s.auth.sign() for _ in range(int(opts.rate * opts.duration))]
-            kinds = {"session": [session], "jwt": [s.auth.token], "jwt_fresh": fresh}
-            connections: dict[str, Any] = {}
-            for target, address, pid in (
-                ("wire", wire, s.broker.process.pid),
-                ("grpc", s.bootstrap, s.coordinator.process.pid),
-            ):
-                for kind, tokens in kinds.items():
-                    figures = connections_phase(target, address, pid, tokens, opts, tls)
-                    connections[f"{target}_{kind}"] = figures
-                    print(f"{target} {kind}: {figures}", flush=True)
-            result["connections"] = connections
+    result.update(with_authentication(opts))
     if not opts.skip_connections and not opts.skip_baseline:
-        with stack(tls=opts.tls) as s:
-            tls = tls_of(opts.tls)
-            with Client(s.bootstrap, tls=tls) as client:
-                client.admin.create_topic(TOPIC, partitions=1)
-            for target, address, pid in (
-                ("wire", broker_wire_address(s, tls), s.broker.process.pid),
-                ("grpc", s.bootstrap, s.coordinator.process.pid),
-            ):
-                figures = connections_phase(target, address, pid, [""], opts, tls)
-                result["connections"][f"{target}_anonymous"] = figures
-                print(f"{target} anonymous, no authentication: {figures}", flush=True)
-        if not opts.skip_flood:
-            result["flood_default_limits"] = flood_phase(s, opts, tls, session)
-            print(f"flood, default limits: {result['flood_default_limits']}", flush=True)
+        result["connections"].update(baseline(opts))
     if not opts.skip_flood:
-        unlimited = ("--login-failures-per-address", "1000000000", "--login-failures-per-user", "1000000000")
-        with stack(auth=True, tls=opts.tls, extra_coordinator_args=unlimited) as s:
-            assert s.auth is not None
-            tls = tls_of(opts.tls)
-            with Client(s.bootstrap, tls=tls, token=s.auth.token) as client:
-                client.admin.create_topic(TOPIC, partitions=1)
-            result["flood_no_limits"] = flood_phase(s, opts, tls, session_token(s, tls))
-            print(f"flood, limits out of the way: {result['flood_no_limits']}", flush=True)
+        result["flood_no_limits"] = flood_without_limits(opts)
     save(f"auth_cost{'_tls' if opts.tls else ''}", result)
 
 

@@ -55,6 +55,8 @@ class FastClient:
     def __init__(self, password: str) -> None:
         self._password = password.encode()
         self._keys: dict[tuple[bytes, int], Keys] = {}
+        #: The session token of the last successful login.
+        self.session_token = ""
 
     def keys(self, salt: bytes, iterations: int) -> Keys:
         found = self._keys.get((salt, iterations))
@@ -83,6 +85,7 @@ class FastClient:
             )
             final = await call.read()
             if isinstance(final, pb.AuthMessage) and final.session_token:
+                self.session_token = final.session_token
                 return grpc.StatusCode.OK
             return await call.code()
         except aio.AioRpcError as exc:
