@@ -19,6 +19,7 @@ from sluice.security.context import GRPC, RequestContext, current, set_current
 from sluice.security.guards import Guard, Kind, guard_for
 from sluice.security.live_streams import LiveStream
 from sluice.security.model import Resource
+from sluice.security.rate_limit import client_host
 from sluice.security.service import ServiceSecurity, lower_keys
 
 __all__ = ["MethodSecurity", "StreamEnd"]
@@ -53,9 +54,9 @@ class MethodSecurity:
         cert = None
         if security.grpc_cert_principal is not None:
             cert = security.grpc_cert_principal(context.auth_context())
-        return authenticator.authenticate_now(metadata, cert) or await authenticator.authenticate(
-            metadata, cert
-        )
+        host = client_host(context.peer())
+        now = authenticator.authenticate_now(metadata, cert, host)
+        return now if now is not None else await authenticator.authenticate(metadata, cert, host)
 
     def begin_call(self, who: Authenticated, context: aio.ServicerContext[Any, Any], request: Any) -> None:
         """Make the call's context current (every coroutine of this call's task sees it: each call
