@@ -14,6 +14,7 @@ from typing import Any
 from grpc import aio
 
 from sluice.errors import SluiceError
+from sluice.security.audit import audit_unauthenticated
 from sluice.security.authenticate import ANONYMOUS_CALLER, Authenticated
 from sluice.security.context import GRPC, RequestContext, current, set_current
 from sluice.security.guards import Guard, Kind, guard_for
@@ -55,8 +56,12 @@ class MethodSecurity:
         if security.grpc_cert_principal is not None:
             cert = security.grpc_cert_principal(context.auth_context())
         host = client_host(context.peer())
-        now = authenticator.authenticate_now(metadata, cert, host)
-        return now if now is not None else await authenticator.authenticate(metadata, cert, host)
+        try:
+            now = authenticator.authenticate_now(metadata, cert, host)
+            return now if now is not None else await authenticator.authenticate(metadata, cert, host)
+        except SluiceError as err:
+            audit_unauthenticated(security.service, context.peer(), err)
+            raise
 
     def begin_call(self, who: Authenticated, context: aio.ServicerContext[Any, Any], request: Any) -> None:
         """Make the call's context current (every coroutine of this call's task sees it: each call

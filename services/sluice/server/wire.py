@@ -29,6 +29,7 @@ from sluice.common.wire import (
     frame_parts,
 )
 from sluice.errors import AuthenticationError, InvalidRequest, SluiceError
+from sluice.security.audit import audit_unauthenticated
 from sluice.security.authenticate import ANONYMOUS_CALLER, Authenticated
 from sluice.security.context import WIRE, RequestContext
 from sluice.security.live_streams import LiveStream
@@ -355,6 +356,7 @@ class WireConnection(asyncio.BufferedProtocol):
         self.update_reading()
 
     def _refuse(self, err: SluiceError) -> None:
+        audit_unauthenticated(self.listener.service, self.peer, err)
         answer = wire_pb2.WireHelloResponse(
             version=self.version, max_frame_bytes=self.listener.max_frame_bytes
         )
