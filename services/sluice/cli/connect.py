@@ -65,8 +65,19 @@ def add_security_arguments(parser: argparse.ArgumentParser, hidden: bool, passwo
         metavar="NAME",
         help=argparse.SUPPRESS if hidden else "log in as this SCRAM user (default: $SLUICE_USERNAME)",
     )
+    # An exact --password, so that no sub-command takes it as an abbreviation of --password-file
+    # (argparse's prefix matching) and a password typed there is refused, never used or echoed.
+    parser.add_argument("--password", action=_RefusePassword, nargs="?", help=argparse.SUPPRESS)
     if password_file:
         add_password_file_argument(parser, hidden)
+
+
+class _RefusePassword(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        parser.error(
+            "there is no --password flag (a command line is visible to every user of the machine): "
+            "use --password-file FILE or the environment variable SLUICE_PASSWORD"
+        )
 
 
 def add_password_file_argument(parser: argparse.ArgumentParser, hidden: bool) -> None:
