@@ -50,15 +50,15 @@ def add_security_arguments(parser: argparse.ArgumentParser, hidden: bool, passwo
         default=argparse.SUPPRESS if hidden else None,
         help=argparse.SUPPRESS if hidden else "bearer token (default: $SLUICE_TOKEN)",
     )
-    parser.add_argument(
-        "--token-file",
-        type=Path,
-        default=argparse.SUPPRESS if hidden else None,
-        metavar="FILE",
-        help=argparse.SUPPRESS
-        if hidden
-        else "file holding the bearer token, read again when it changes (default: $SLUICE_TOKEN_FILE)",
-    )
+    if not hidden:
+        # Before the sub-command only: on the sub-commands a second --token... option would make the
+        # abbreviation `--to` of their own `--to` flags ambiguous.
+        parser.add_argument(
+            "--token-file",
+            type=Path,
+            metavar="FILE",
+            help="file holding the bearer token, read again when it changes (default: $SLUICE_TOKEN_FILE)",
+        )
     parser.add_argument(
         "--username",
         default=argparse.SUPPRESS if hidden else None,
