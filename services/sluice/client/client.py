@@ -108,6 +108,8 @@ class Client:
             address, tls, token=token, token_file=token_file, username=username, password=password
         )
         self.security = ClientSecurity(tls=tls, token=source)
+        #: A login made here is closed with the client; a token source passed in is the caller's.
+        self._own_source = source if token is None else None
         self._channels = Peers(security=self.security)
         self._metadata = MetadataCache(self._channels, address, self.request_timeout)
         #: One wire connection per broker, shared by every producer, fetcher and consumer made here.
@@ -331,7 +333,7 @@ class Client:
         self._fetch_driver.close()
         self._links.close()
         self._channels.close()
-        close_source = getattr(self.security.token, "close", None)  # a login's own channel
+        close_source = getattr(self._own_source, "close", None)  # a login's own channel
         if callable(close_source):
             close_source()
 

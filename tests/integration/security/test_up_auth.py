@@ -286,3 +286,26 @@ def test_a_refused_session_is_replaced_without_failing_the_users_calls(up: Up) -
         fetcher.close()
     login.close()
     assert sorted(int(v) for v in got) == list(range(sent))
+
+
+def test_auth_alone_keeps_the_admin_password_and_the_cluster_token_across_restarts(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    data = tmp_path_factory.mktemp("up-auth-restart") / "data"
+    first = start_up(data, "--auth")
+    try:
+        password = (data / "admin.password").read_text()
+        token = (data / "cluster.token").read_text()
+        assert "SLUICE_TLS_CA" not in "".join(first.stdout)
+        with Client(first.bootstrap, request_timeout=10, username="admin", password=password.strip()) as c:
+            c.admin.create_topic("before-restart", partitions=1)
+    finally:
+        assert first.stop() == 0
+    second = start_up(data, "--auth")
+    try:
+        assert (data / "admin.password").read_text() == password
+        assert (data / "cluster.token").read_text() == token
+        with Client(second.bootstrap, request_timeout=10, username="admin", password=password.strip()) as c:
+            assert "before-restart" in [t.name for t in c.admin.list_topics()]
+    finally:
+        second.stop()

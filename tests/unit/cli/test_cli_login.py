@@ -84,3 +84,8 @@ def test_user_add_keeps_its_own_password_file_beside_the_logins(tmp_path: Path) 
     assert args.username == "admin"
     assert args.login_password_file == Path("admin.pw")
     assert args.password_file == Path("bob.pw")
+
+
+def test_a_token_file_before_the_sub_command(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["--token-file", str(tmp_path / "t"), "topic", "list"])
+    assert args.token_file == tmp_path / "t"
