@@ -338,8 +338,8 @@ def flood_phase(s: Stack, opts: argparse.Namespace, tls: TLSConfig | None, sessi
 
 
 def session_token(s: Stack, tls: TLSConfig | None) -> str:
-    """The bench user (created as the cluster) logged in once with SCRAM: its session token. (With
-    ``scram_logins.FastClient``: the SDK's ``ScramLogin`` does not log in over TLS on main yet.)"""
+    """The bench user (created as the cluster) logged in once with SCRAM (``scram_logins.FastClient``,
+    the flood's own client, over TLS too): its session token."""
     assert s.auth is not None
     with Client(s.bootstrap, tls=tls, token=s.auth.cluster_token) as admin:
         admin.admin.upsert_user(USER, PASSWORD, ITERATIONS)
