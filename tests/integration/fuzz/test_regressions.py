@@ -1,0 +1,69 @@
+"""The inputs the fuzz suite found that got an untyped answer or a traceback, each pinned as a plain test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+
+from sluice.common.rpc import ERROR_CODE_KEY
+from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, dispatcher_pb2
+from tests.integration.push.conftest import PushCluster
+
+
+def _code(exc: Any) -> int:
+    return int(dict(exc.trailing_metadata())[ERROR_CODE_KEY])
+
+
+@pytest.mark.parametrize(
+    ("service", "path"),
+    [("coordinator", "/sluice.v1.Coordinator/BrokerHeartbeat"), ("broker", "/sluice.v1.Broker/Fetch")],
+)
+def test_bytes_that_are_not_the_request_are_invalid_argument(
+    healthy_after: PushCluster, service: str, path: str
+) -> None:
+    """Was UNKNOWN with grpcio's traceback in the log, per call."""
+    sp = healthy_after.coordinator if service == "coordinator" else healthy_after.broker
+    with grpc.insecure_channel(sp.address) as ch, pytest.raises(grpc.RpcError) as info:
+        ch.unary_unary(path, None, None)(b"\xff\xff", timeout=10)
+    exc: Any = info.value
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(exc) == common_pb2.INVALID_ARGUMENT
+    assert "is not a valid" in exc.details()
+
+
+def test_bytes_on_a_stream_end_it_invalid_argument(healthy_after: PushCluster) -> None:
+    with grpc.insecure_channel(healthy_after.broker.address) as ch:
+        call = ch.stream_stream("/sluice.v1.Broker/ProduceStream", None, None)(
+            iter([b"\x0a\xff"]), timeout=10
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            list(call)
+    exc: Any = info.value
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(exc) == common_pb2.INVALID_ARGUMENT
+
+
+def test_a_garbled_first_consume_command_gets_an_error_event(healthy_after: PushCluster) -> None:
+    """As on the wire port: a typed error event, then the stream ends."""
+    with grpc.insecure_channel(healthy_after.dispatcher.address) as ch:
+        call = ch.stream_stream("/sluice.v1.Dispatcher/Consume", None, None)(iter([b"\x0a\xff"]), timeout=10)
+        events = [dispatcher_pb2.DispatcherEvent.FromString(raw) for raw in call]
+    assert [e.WhichOneof("event") for e in events] == ["error"], events
+    assert events[0].error.code == common_pb2.INVALID_REQUEST
+    assert "not a valid ConsumerCommand" in events[0].error.message
+
+
+def test_an_error_echoing_a_huge_name_still_arrives_typed(healthy_after: PushCluster) -> None:
+    """A 70 KB group name was echoed into the status details, and the client dropped the answer as
+    RESOURCE_EXHAUSTED (metadata over 16 KiB): the typed error was lost."""
+    name = "x" * 70_000
+    with grpc.insecure_channel(healthy_after.coordinator.address) as ch:
+        stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.DescribeGroup(coordinator_pb2.DescribeGroupRequest(group=name), timeout=10)
+    exc: Any = info.value
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+    assert _code(exc) == common_pb2.INVALID_ARGUMENT
+    assert exc.details().endswith("characters)")

@@ -1,0 +1,74 @@
+"""Every RPC of every service, fuzzed against a real cluster: no input gets INTERNAL or UNKNOWN, a
+status without a registered ``sluice-error-code``, or a traceback in a service's log, and every process
+still answers its health check SERVING afterwards.
+
+Requests are arbitrary well-typed messages built from the descriptors (messages.py), raw bytes sent as
+the serialized request, and for streaming RPCs short sequences of both. bench/fuzz_rpcs.py runs the same
+calls with many more examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from tests.integration.push.conftest import PushCluster
+
+from .messages import message_strategy, raw_request
+from .rpcs import LAST, MODULES, ORDERED, RPCS, SERVED_BY, Rpc, call
+
+EXAMPLES = 25
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+    database=None,
+)
+
+
+def request_strategy(rpc: Rpc) -> st.SearchStrategy[Any]:
+    """A request for ``rpc``: mostly well-typed messages, sometimes raw bytes; a short list for a stream."""
+    one = st.one_of(message_strategy(rpc.request), message_strategy(rpc.request), raw_request(rpc.request))
+    if rpc.streaming:
+        return st.lists(one, min_size=1, max_size=4)
+    return one
+
+
+def test_every_rpc_is_fuzzed() -> None:
+    """RPCS comes from the descriptors; every service there is one we know the process of, and every
+    RPC gets a strategy (a message type the generic strategy can build)."""
+    services = {s.full_name for m in MODULES for s in m.DESCRIPTOR.services_by_name.values()}
+    assert services == set(SERVED_BY)
+    assert len(RPCS) >= 52
+    for rpc in RPCS.values():
+        assert rpc.process, f"{rpc.path}: no process serves it, or a call shape the suite cannot send"
+        request_strategy(rpc).validate()
+    assert set(RPCS) >= LAST
+
+
+@pytest.mark.filterwarnings("ignore:Generating overly large repr")
+@pytest.mark.parametrize("path", ORDERED)
+def test_no_input_gets_an_untyped_answer(healthy_after: PushCluster, path: str) -> None:
+    rpc = RPCS[path]
+    address = {
+        "coordinator": healthy_after.coordinator,
+        "broker": healthy_after.broker,
+        "offset-store": healthy_after.offset_store,
+        "dispatcher": healthy_after.dispatcher,
+    }[rpc.process].address
+    with grpc.insecure_channel(address) as channel:
+
+        @SETTINGS
+        @given(request=request_strategy(rpc))
+        def fuzz(request: Any) -> None:
+            event(call(channel, rpc, request))
+
+        fuzz()
