@@ -186,7 +186,9 @@ class ServerAuthenticator:
         service has not heard of yet (the snapshot lags a new user by a moment) is given the benefit."""
         current = self._user_generations().get(user)
         if current is not None and current > generation:
-            return CredentialsExpired("this session's user changed its password or was removed: log in again")
+            return CredentialsExpired(
+                "this session's user changed its password or was removed: log in again"
+            )
         return None
 
     def _remember(self, token: str, who: Authenticated) -> Authenticated:
