@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.descriptor import Descriptor, MethodDescriptor
+from hypothesis import strategies as st
 
 from sluice.common.rpc import ERROR_CODE_KEY
 from sluice.errors import registry
@@ -30,6 +31,7 @@ from sluice.v1 import (
     dispatcher_pb2,
     offset_store_pb2,
 )
+from tests.integration.fuzz.messages import message_strategy, raw_request
 
 MODULES = (broker_pb2, coordinator_pb2, offset_store_pb2, dispatcher_pb2, acl_pb2, auth_pb2)
 
@@ -176,3 +178,11 @@ def call(channel: grpc.Channel, rpc: Rpc, request: Any) -> str:
     if rpc.streaming:
         return call_stream(channel, rpc, request)
     return call_unary(channel, rpc, request)
+
+
+def request_strategy(rpc: Rpc) -> st.SearchStrategy[Any]:
+    """A request for ``rpc``: mostly well-typed messages, sometimes raw bytes; a short list for a stream."""
+    one = st.one_of(message_strategy(rpc.request), message_strategy(rpc.request), raw_request(rpc.request))
+    if rpc.streaming:
+        return st.lists(one, min_size=1, max_size=4)
+    return one

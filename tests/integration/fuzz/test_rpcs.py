@@ -13,15 +13,13 @@ from typing import Any
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, Phase, event, given, settings
 
 from tests.integration.push.conftest import PushCluster
 
-from .messages import message_strategy, raw_request
-from .rpcs import LAST, MODULES, ORDERED, RPCS, SERVED_BY, Rpc, call
+from .rpcs import LAST, MODULES, ORDERED, RPCS, SERVED_BY, call, request_strategy
 
-EXAMPLES = 25
+EXAMPLES = 50
 SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -31,15 +29,8 @@ SETTINGS = settings(
         HealthCheck.function_scoped_fixture,
     ],
     database=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],  # no explain: minutes per failure
 )
-
-
-def request_strategy(rpc: Rpc) -> st.SearchStrategy[Any]:
-    """A request for ``rpc``: mostly well-typed messages, sometimes raw bytes; a short list for a stream."""
-    one = st.one_of(message_strategy(rpc.request), message_strategy(rpc.request), raw_request(rpc.request))
-    if rpc.streaming:
-        return st.lists(one, min_size=1, max_size=4)
-    return one
 
 
 def test_every_rpc_is_fuzzed() -> None:
