@@ -67,3 +67,21 @@ def test_an_error_echoing_a_huge_name_still_arrives_typed(healthy_after: PushClu
     assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
     assert _code(exc) == common_pb2.INVALID_ARGUMENT
     assert exc.details().endswith("characters)")
+
+
+@pytest.mark.parametrize(("broker_id", "epoch"), [(0, 2**63 - 1), (-2147483647, 263), (7, 2**40 + 1)])
+def test_a_heartbeat_with_a_bogus_controller_epoch_is_refused_and_the_coordinator_keeps_leading(
+    healthy_after: PushCluster, broker_id: int, epoch: int
+) -> None:
+    """One BrokerHeartbeat claiming controller epoch 2**63-1 made the coordinator raise its term to it and
+    stand down, and no later term could be taken above it: NOT_COORDINATOR to every call, for good."""
+    with grpc.insecure_channel(healthy_after.coordinator.address) as ch:
+        stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+        bogus = coordinator_pb2.BrokerHeartbeatRequest(broker_id=broker_id, controller_epoch=epoch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.BrokerHeartbeat(bogus, timeout=10)
+        exc: Any = info.value
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+        assert _code(exc) == common_pb2.INVALID_REQUEST
+        listed = stub.ListTopics(coordinator_pb2.ListTopicsRequest(), timeout=10)
+    assert "fuzz" in [t.name for t in listed.topics]

@@ -9,12 +9,14 @@ calls with many more examples.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 
+from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
 from tests.integration.push.conftest import PushCluster
 
 from .rpcs import LAST, MODULES, ORDERED, RPCS, SERVED_BY, call, request_strategy
@@ -63,3 +65,20 @@ def test_no_input_gets_an_untyped_answer(healthy_after: PushCluster, path: str) 
             event(call(channel, rpc, request))
 
         fuzz()
+
+
+def test_after_fuzzing_the_coordinator_still_leads(healthy_after: PushCluster) -> None:
+    """Last: what the fuzzed RPCs did (the LAST ones included) left a coordinator that answers, not one
+    stood down for good (the bogus controller epoch of test_regressions.py)."""
+    deadline = time.monotonic() + 15
+    with grpc.insecure_channel(healthy_after.coordinator.address) as ch:
+        stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+        last: grpc.RpcError | None = None
+        while time.monotonic() < deadline:
+            try:
+                stub.ListTopics(coordinator_pb2.ListTopicsRequest(), timeout=5)
+                return
+            except grpc.RpcError as exc:
+                last = exc
+                time.sleep(0.2)
+    raise AssertionError(f"the coordinator stopped leading: {last}")
