@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import grpc
@@ -10,6 +11,7 @@ import pytest
 from sluice.common.rpc import ERROR_CODE_KEY
 from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, dispatcher_pb2
 from tests.integration.push.conftest import PushCluster
+from tests.wire_client import RawWire, wire_address
 
 
 def _code(exc: Any) -> int:
@@ -85,3 +87,20 @@ def test_a_heartbeat_with_a_bogus_controller_epoch_is_refused_and_the_coordinato
         assert _code(exc) == common_pb2.INVALID_REQUEST
         listed = stub.ListTopics(coordinator_pb2.ListTopicsRequest(), timeout=10)
     assert "fuzz" in [t.name for t in listed.topics]
+
+
+@pytest.mark.parametrize(
+    "sent", [b"", b"\x00\x00", b"\x00\x00\x00\x09\x01abc"], ids=["nothing", "half-header", "half-hello"]
+)
+def test_a_wire_client_that_half_closes_before_its_hello_is_closed(
+    healthy_after: PushCluster, sent: bytes
+) -> None:
+    """The dispatcher kept such a connection open for good (issue 16: half a frame, then FIN)."""
+    conn = RawWire(wire_address(healthy_after.dispatcher.output))
+    try:
+        conn.sock.settimeout(5)
+        conn.sock.sendall(sent)
+        conn.sock.shutdown(socket.SHUT_WR)
+        assert conn.sock.recv(100) == b""  # closed, with nothing said
+    finally:
+        conn.close()
