@@ -228,7 +228,10 @@ def test_no_election_means_no_rbac_and_no_token() -> None:
     m = render([CI / "values-single-broker.yaml"])
     assert not find(m, "Role")
     assert not find(m, "RoleBinding")
-    assert not find(m, "ServiceAccount")
+    # No coordinator ServiceAccount; the others' own ones (no token, no RBAC) are always there.
+    accounts = find(m, "ServiceAccount")
+    assert {a["metadata"]["name"] for a in accounts} == {"sluice-broker", "sluice-offset-store"}
+    assert all(a["automountServiceAccountToken"] is False for a in accounts)
     dep = one(m, "Deployment", "sluice-coordinator")
     assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert "SLUICE_COORDINATOR_ELECTION" not in env_of(container(dep))
