@@ -28,9 +28,9 @@ CERT_MANAGER = "cert-manager.io/v1"
 # Workload -> (kind, config class, env prefix): the chart must speak each service's own settings.
 WORKLOADS: dict[str, tuple[str, type[Any], str]] = {
     "sluice-broker": ("StatefulSet", BrokerConfig, BROKER_PREFIX),
-    "sluice-coordinator": ("Deployment", CoordinatorConfig, COORDINATOR_PREFIX),
+    "sluice-coordinator": ("StatefulSet", CoordinatorConfig, COORDINATOR_PREFIX),
     "sluice-offset-store": ("Deployment", OffsetStoreConfig, OFFSET_STORE_PREFIX),
-    "sluice-dispatcher": ("Deployment", DispatcherConfig, DISPATCHER_PREFIX),
+    "sluice-dispatcher": ("StatefulSet", DispatcherConfig, DISPATCHER_PREFIX),
 }
 SECURITY_FIELDS = {f.name for f in dataclasses.fields(SecuritySettings)}
 
@@ -38,6 +38,11 @@ SECURITY_FIELDS = {f.name for f in dataclasses.fields(SecuritySettings)}
 def pod_spec(m: list[Manifest], name: str) -> dict[str, Any]:
     spec: dict[str, Any] = one(m, WORKLOADS[name][0], name)["spec"]["template"]["spec"]
     return spec
+
+
+def main_container_of(m: list[Manifest], kind: str, name: str) -> dict[str, Any]:
+    c: dict[str, Any] = one(m, kind, name)["spec"]["template"]["spec"]["containers"][0]
+    return c
 
 
 def main_container(m: list[Manifest], name: str) -> dict[str, Any]:
@@ -180,6 +185,51 @@ def test_cert_manager_issues_a_certificate_per_component_from_a_private_ca() -> 
         "*.sluice-broker-headless.sluice-test.svc.cluster.local" in certs["sluice-broker"]["spec"]["dnsNames"]
     )
     assert not validate_manifests({"cert-manager": m})
+
+
+def _covers(dns_names: list[str], host: str) -> bool:
+    """TLS hostname matching as the clients do it: exact, or a wildcard standing for one left-most label."""
+    for name in dns_names:
+        if name == host:
+            return True
+        if name.startswith("*.") and "." in host and host.split(".", 1)[1] == name[2:]:
+            return True
+    return False
+
+
+@pytest.mark.parametrize(("release", "fullname"), [("sluice", "sluice"), ("prod", "prod-sluice")])
+def test_every_name_a_peer_or_client_dials_is_on_that_components_certificate(
+    release: str, fullname: str
+) -> None:
+    """The advertised hosts (brokers, coordinators, dispatchers: their pod names under the headless
+    Services, never a pod IP), the addresses the services are given for each other (--coordinator,
+    --offset-store) and the clients' bootstrap all verify against the certificate of the pod they reach."""
+    m = render(sets=["tls.enabled=true"], api_versions=[CERT_MANAGER], release=release)
+    certs = {c["metadata"]["name"]: c["spec"].get("dnsNames", []) for c in find(m, "Certificate")}
+    dialled: list[tuple[str, str]] = []
+    advertising: set[str] = set()
+    for name, (kind, _cls, _prefix) in WORKLOADS.items():
+        workload = name.replace("sluice", fullname, 1)
+        for arg in main_container_of(m, kind, workload)["args"]:
+            flag, _, value = arg.partition("=")
+            if flag == "--advertised-host":
+                assert "POD_IP" not in value, f"{workload}: no certificate issued ahead can name a pod IP"
+                pod = value.replace("$(POD_NAME)", f"{workload}-0").replace("$(POD_NAMESPACE)", "sluice-test")
+                dialled.append((workload, pod))
+                advertising.add(workload)
+            elif flag in ("--coordinator", "--offset-store"):
+                target = value.rsplit(":", 1)[0]
+                dialled.append((target, target))
+    assert advertising == {f"{fullname}-{c}" for c in ("broker", "coordinator", "dispatcher")}
+    test_pod = one(m, "Pod", f"{fullname}-test-produce-consume")["spec"]["containers"][0]
+    dialled.append((f"{fullname}-coordinator", env_of(test_pod)["SLUICE_BOOTSTRAP"].rsplit(":", 1)[0]))
+    assert {w for w, _ in dialled} == {n.replace("sluice", fullname, 1) for n in WORKLOADS}
+    for workload, host in dialled:
+        assert _covers(certs[workload], host), (workload, host, certs[workload])
+    # The pod names resolve: each advertising workload is a StatefulSet governed by its headless Service.
+    for workload in advertising:
+        assert one(m, "StatefulSet", workload)["spec"]["serviceName"] == f"{workload}-headless"
+        assert one(m, "Service", f"{workload}-headless")["spec"]["clusterIP"] == "None"
 
 
 def test_an_issuer_of_yours_signs_and_the_chart_makes_no_ca() -> None:

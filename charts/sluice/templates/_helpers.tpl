@@ -104,8 +104,43 @@ app.kubernetes.io/component: {{ . }}
   value: {{ $r.sentinel.masterName | quote }}
 {{- end }}
 
+{{/* The headless Service giving each pod of a StatefulSet (broker, coordinator, dispatcher) a DNS name. */}}
+{{- define "sluice.headlessName" -}}
+{{- printf "%s-headless" (include "sluice.componentName" .) }}
+{{- end }}
+
 {{- define "sluice.brokerHeadlessName" -}}
-{{- printf "%s-headless" (include "sluice.componentName" (dict "ctx" . "component" "broker")) }}
+{{- include "sluice.headlessName" (dict "ctx" . "component" "broker") }}
+{{- end }}
+
+{{/*
+The host a pod advertises (--advertised-host): its own name under the component's headless Service,
+<pod>.<fullname>-<component>-headless.<namespace>.svc.<clusterDomain>. A stable DNS name, not the pod IP,
+because with TLS the peers verify the certificate against the name they dial, and a certificate issued
+ahead of time can name the pods (a wildcard under the headless Service) but never their IPs.
+*/}}
+{{- define "sluice.advertisedHost" -}}
+{{- printf "$(POD_NAME).%s.$(POD_NAMESPACE).svc.%s" (include "sluice.headlessName" .) .ctx.Values.clusterDomain }}
+{{- end }}
+
+{{/* A component's headless Service: per-pod DNS names, published before the pods are ready. */}}
+{{- define "sluice.headlessService" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "sluice.headlessName" . }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "sluice.labels" . | nindent 4 }}
+spec:
+  type: ClusterIP
+  clusterIP: None
+  # Resolve a pod's name while it starts: peers and clients learn it (Metadata, the Lease) before it is ready.
+  publishNotReadyAddresses: true
+  selector:
+    {{- include "sluice.selectorLabels" . | nindent 4 }}
+  ports:
+    {{- include "sluice.servicePorts" . | nindent 4 }}
 {{- end }}
 
 {{/* Where the Redis URL lives: a Secret name and key. */}}
