@@ -7,12 +7,14 @@ what this script writes. Run ``make guard-table`` after changing a guard.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "services"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from generated_section import main, replaced  # noqa: E402
 
 from sluice.security.guards import GUARDS, Guard, Kind  # noqa: E402
 
@@ -44,27 +46,10 @@ def render() -> str:
 
 
 def updated(text: str) -> str:
-    if BEGIN not in text:
-        return text.rstrip("\n") + "\n\n### What each request needs\n\n" + render() + "\n"
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return head + render() + tail
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the table is stale, write nothing")
-    args = parser.parse_args()
-    text = DOC.read_text()
-    new = updated(text)
-    if args.check:
-        if new != text:
-            print("docs/security.md's guard table is stale: run `make guard-table`", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new)
-    return 0
+    return replaced(text, BEGIN, END, render(), "### What each request needs")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(
+        main(DOC, updated, "docs/security.md's guard table is stale: run `make guard-table`", __doc__ or "")
+    )

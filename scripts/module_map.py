@@ -7,10 +7,13 @@ this script writes (a module added, removed or re-described). Run ``make module-
 
 from __future__ import annotations
 
-import argparse
 import ast
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from generated_section import main, replaced
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "services" / "sluice"
@@ -48,27 +51,10 @@ def render() -> str:
 
 def updated(text: str) -> str:
     """``text`` (docs/architecture.md) with its module map replaced by the current one."""
-    if BEGIN not in text:
-        return text.rstrip("\n") + "\n\n## Module map\n\n" + render() + "\n"
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return head + render() + tail
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the map is stale, write nothing")
-    args = parser.parse_args()
-    text = DOC.read_text()
-    new = updated(text)
-    if args.check:
-        if new != text:
-            print("docs/architecture.md's module map is stale: run `make module-map`", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(new)
-    return 0
+    return replaced(text, BEGIN, END, render(), "## Module map")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(
+        main(DOC, updated, "docs/architecture.md's module map is stale: run `make module-map`", __doc__ or "")
+    )

@@ -18,7 +18,12 @@ import os
 import sys
 
 from sluice.cli import acl, consume, group, produce, subscription, topic, track, up, user
-from sluice.cli.connect import DEFAULT_REQUEST_TIMEOUT, add_security_arguments, default_bootstrap
+from sluice.cli.connect import (
+    DEFAULT_REQUEST_TIMEOUT,
+    add_password_file_argument,
+    add_security_arguments,
+    default_bootstrap,
+)
 from sluice.cli.errors import UsageError
 from sluice.cli.output import positive_float
 from sluice.cli.positions import join_dash_values
@@ -34,18 +39,20 @@ def build_parser() -> argparse.ArgumentParser:
     # --bootstrap and --request-timeout are accepted before or after the sub-command.
     # The copies on each sub-command default to SUPPRESS so they never overwrite the
     # top-level value.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
+    common_base = argparse.ArgumentParser(add_help=False)
+    common_base.add_argument(
         "--bootstrap", "-b", default=argparse.SUPPRESS, metavar="HOST:PORT", help=argparse.SUPPRESS
     )
-    common.add_argument(
+    common_base.add_argument(
         "--request-timeout",
         type=positive_float,
         default=argparse.SUPPRESS,
         metavar="SECONDS",
         help=argparse.SUPPRESS,
     )
-    add_security_arguments(common, hidden=True)
+    add_security_arguments(common_base, hidden=True, password_file=False)
+    common = argparse.ArgumentParser(add_help=False, parents=[common_base])
+    add_password_file_argument(common, hidden=True)
 
     parser = argparse.ArgumentParser(
         prog="sluice",
@@ -79,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_parser(sub, common)
     track.add_parser(sub, common)
     acl.add_parser(sub, common)
-    user.add_parser(sub, common)
+    user.add_parser(sub, common, common_base)
     return parser
 
 

@@ -6,9 +6,11 @@ import argparse
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sluice import DEFAULT_BOOTSTRAP
+from sluice.cli.errors import UsageError
 from sluice.security.client import TLSConfig
 
 if TYPE_CHECKING:
@@ -32,9 +34,9 @@ TLS_FLAGS = {
 }
 
 
-def add_security_arguments(parser: argparse.ArgumentParser, hidden: bool) -> None:
-    """``--tls-*`` and ``--token``; ``hidden``: the copies on each sub-command (never overwriting
-    the top-level value)."""
+def add_security_arguments(parser: argparse.ArgumentParser, hidden: bool, password_file: bool = True) -> None:
+    """``--tls-*``, ``--token``, ``--token-file``, ``--username`` and ``--password-file``; ``hidden``:
+    the copies on each sub-command (never overwriting the top-level value)."""
     for flag, (field, text) in TLS_FLAGS.items():
         parser.add_argument(
             flag,
@@ -48,6 +50,49 @@ def add_security_arguments(parser: argparse.ArgumentParser, hidden: bool) -> Non
         default=argparse.SUPPRESS if hidden else None,
         help=argparse.SUPPRESS if hidden else "bearer token (default: $SLUICE_TOKEN)",
     )
+    if not hidden:
+        # Before the sub-command only: on the sub-commands a second --token... option would make the
+        # abbreviation `--to` of their own `--to` flags ambiguous.
+        parser.add_argument(
+            "--token-file",
+            type=Path,
+            metavar="FILE",
+            help="file holding the bearer token, read again when it changes (default: $SLUICE_TOKEN_FILE)",
+        )
+    parser.add_argument(
+        "--username",
+        default=argparse.SUPPRESS if hidden else None,
+        metavar="NAME",
+        help=argparse.SUPPRESS if hidden else "log in as this SCRAM user (default: $SLUICE_USERNAME)",
+    )
+    # An exact --password, so that no sub-command takes it as an abbreviation of --password-file
+    # (argparse's prefix matching) and a password typed there is refused, never used or echoed.
+    parser.add_argument("--password", action=_RefusePassword, nargs="?", help=argparse.SUPPRESS)
+    if password_file:
+        add_password_file_argument(parser, hidden)
+
+
+class _RefusePassword(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        parser.error(
+            "there is no --password flag (a command line is visible to every user of the machine): "
+            "use --password-file FILE or the environment variable SLUICE_PASSWORD"
+        )
+
+
+def add_password_file_argument(parser: argparse.ArgumentParser, hidden: bool) -> None:
+    """The login's ``--password-file``. Never the password itself as a flag value: a command line is
+    visible to every user of the machine (``ps``)."""
+    parser.add_argument(
+        "--password-file",
+        dest="login_password_file",
+        type=Path,
+        default=argparse.SUPPRESS if hidden else None,
+        metavar="FILE",
+        help=argparse.SUPPRESS
+        if hidden
+        else "read --username's password from FILE (default: $SLUICE_PASSWORD)",
+    )
 
 
 def tls_from_args(args: argparse.Namespace) -> TLSConfig | None:
@@ -56,6 +101,28 @@ def tls_from_args(args: argparse.Namespace) -> TLSConfig | None:
     if not any(values.values()):
         return None
     return TLSConfig(**values)
+
+
+def login_from_args(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(user name, password) from ``--username`` and ``--password-file``; (None, None) when neither
+    is given (the Client then looks at the environment). The environment's password serves a
+    ``--username`` given without a file."""
+    username: str | None = getattr(args, "username", None)
+    password_file: Path | None = getattr(args, "login_password_file", None)
+    if username is None and password_file is None:
+        return None, None
+    if username is None:
+        username = os.environ.get("SLUICE_USERNAME") or None
+    if password_file is None:
+        return username, os.environ.get("SLUICE_PASSWORD") or None
+    try:
+        text = password_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read --password-file {password_file}: {exc}") from None
+    password = text.splitlines()[0] if text.strip("\r\n") else ""
+    if not password:
+        raise UsageError(f"--password-file {password_file} is empty")
+    return username, password
 
 
 def default_bootstrap() -> str:
@@ -69,12 +136,16 @@ def connect(args: argparse.Namespace) -> Iterator[Client]:
     # Imported here: the SDK pulls in gRPC, which `sluice up` and `--help` do not need.
     from sluice import Client
 
+    username, password = login_from_args(args)
     client = Client(
         args.bootstrap,
         client_id=CLIENT_ID,
         request_timeout=args.request_timeout,
         tls=tls_from_args(args),
         token=getattr(args, "token", None),
+        token_file=getattr(args, "token_file", None),
+        username=username,
+        password=password,
     )
     try:
         yield client

@@ -45,7 +45,9 @@ import sluice
 from sluice.cli.errors import CliError
 from sluice.cli.output import positive_float
 from sluice.cli.supervisor import SERVICE_READY, Child, RestartPolicy, Supervisor
+from sluice.cli.up_auth import LocalAuth
 from sluice.cli.up_tls import LocalTLS
+from sluice.security.client import TLSConfig
 from sluice.server.limits import OpenFilesLimit, raise_open_files_limit
 
 REDIS_READY = re.compile(r"Ready to accept connections")
@@ -123,6 +125,12 @@ def add_parser(subparsers: Any, _common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="TLS on every port: a private CA and certificates in DIR/tls "
         "(clients: SLUICE_TLS_CA=DIR/tls/ca.crt)",
+    )
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="authentication (SCRAM) and ACLs on every service, and a super user admin whose "
+        "password goes to DIR/admin.password",
     )
     p.add_argument("--verbose", "-v", action="store_true", help="also print every service's output on stderr")
     p.set_defaults(run=run, parser=p)
@@ -263,6 +271,8 @@ class Stack:
         hosts = [self.connect_host, *([args.host] if args.host not in WILDCARD_HOSTS else [])]
         #: ``--tls``: the CA and certificates in DIR/tls.
         self.tls = LocalTLS(self.data_dir, hosts) if getattr(args, "tls", False) else None
+        #: ``--auth``: the cluster token and the admin's password in DIR.
+        self.auth = LocalAuth(self.data_dir) if getattr(args, "auth", False) else None
 
     def _start(self, name: str, argv: list[str], ready: re.Pattern[str]) -> re.Match[str] | None:
         child = Child(
@@ -300,6 +310,7 @@ class Stack:
         """Start ``service`` (default: ``name``) under ``name`` (its banner line and log file)."""
         ports = ports or self.ports[name]
         tls = self.tls.service_args(name) if self.tls is not None else []
+        tls += self.auth.service_args() if self.auth is not None else []
         argv = [
             sys.executable, "-m", "sluice", service or name, "--host", self.args.host,
             "--port", str(ports.port), "--metrics-port", str(ports.metrics), *extra, *tls,
@@ -341,6 +352,9 @@ class Stack:
         if not self.start_service("coordinator", coordinator_args):
             return False
         coordinator = self.addresses["coordinator"]
+        if self.auth is not None:
+            client_tls = TLSConfig(ca=self.tls.ca) if self.tls is not None else None
+            self.auth.create_admin(coordinator, client_tls, self.args.start_timeout)
         for i, name in enumerate(broker_names(brokers)):
             broker_dir = str(self.data_dir / f"broker-{i}")
             broker_args = ["--broker-id", str(i), "--data-dir", broker_dir, "--coordinator", coordinator]
@@ -362,6 +376,8 @@ class Stack:
         lines = [f"Sluice is up. Bootstrap: {self.addresses['coordinator']}", *self.summary]
         if self.tls is not None:
             lines += self.tls.banner()
+        if self.auth is not None:
+            lines += self.auth.banner(self.tls.ca if self.tls is not None else None)
         missing = [s for s in OPTIONAL_SERVICES if s not in self.addresses]
         if missing:
             lines.append(f"  (not in this installation yet: {', '.join(missing)})")

@@ -22,14 +22,19 @@ from sluice.security.scram import DEFAULT_ITERATIONS
 __all__ = ["add_parser", "read_password"]
 
 
-def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
+def add_parser(
+    subparsers: Any, common: argparse.ArgumentParser, add_common: argparse.ArgumentParser | None = None
+) -> None:
+    """``add_common``: ``common`` without the login's ``--password-file``: after ``user add`` that flag
+    is the new user's password, so the login's goes before the sub-command there
+    (``sluice --username admin --password-file admin.pw user add bob --password-file bob.pw``)."""
     p = subparsers.add_parser("user", help="manage SCRAM users (add, delete, list)", parents=[common])
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     add = actions.add_parser(
         "add",
         help="create a user or set its password (its sessions end)",
-        parents=[common],
+        parents=[add_common or common],
         # No "--password" abbreviating --password-file: a password typed as a flag value is refused.
         allow_abbrev=False,
         description="The password comes from --password-file, else stdin if it is not a terminal, "

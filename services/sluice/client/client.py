@@ -23,6 +23,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -41,8 +42,9 @@ from sluice.client.push.config import SUBSCRIPTION_TYPES
 from sluice.common.names import validate_group, validate_topic
 from sluice.common.peers import Peers
 from sluice.errors import InvalidArgument, SluiceError
-from sluice.security.client import TLSConfig
-from sluice.security.client_tls import security_from_env
+from sluice.security.client import ClientSecurity, TLSConfig
+from sluice.security.client_tls import tls_from_env
+from sluice.security.credentials import token_source
 
 __all__ = ["DEFAULT_BOOTSTRAP", "Client"]
 
@@ -62,7 +64,14 @@ class Client:
         tls: TLS towards the services (``TLSConfig(ca=..., cert=..., key=...)``; cert and key for
             mTLS). Default: from ``SLUICE_TLS_CA``/``_CERT``/``_KEY``/``_SERVER_NAME``, else plaintext.
         token: a bearer token, or a function returning a fresh one (asked at every call and every
-            new connection). Default: ``SLUICE_TOKEN``, else none.
+            new connection).
+        token_file: a file holding the token, read again when it changes (a projected Kubernetes
+            ServiceAccount token).
+        username, password: log in with SCRAM-SHA-256; the session token it returns is sent, renewed
+            before it expires, and fetched again when a server refuses it.
+            Precedence: ``token``/``token_file`` > ``username``/``password`` > ``SLUICE_TOKEN`` >
+            ``SLUICE_TOKEN_FILE`` > ``SLUICE_USERNAME``/``SLUICE_PASSWORD`` > none. A token and a
+            user name together are refused (InvalidArgument).
 
     Every connection the client makes (gRPC channels, wire connections, the group and push
     consumers') uses ``tls`` and ``token``.
@@ -76,6 +85,9 @@ class Client:
         *,
         tls: TLSConfig | None = None,
         token: str | Callable[[], str] | None = None,
+        token_file: str | Path | None = None,
+        username: str | None = None,
+        password: str | None = None,
     ) -> None:
         address = (bootstrap or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP).strip()
         if not _valid_address(address):
@@ -91,7 +103,13 @@ class Client:
         self.bootstrap = address
         self.client_id = client_id or f"sluice-python-{os.getpid()}-{next(_ids)}"
         self.request_timeout = float(request_timeout)
-        self.security = security_from_env(tls, token)
+        tls = tls_from_env(tls)
+        source = token_source(
+            address, tls, token=token, token_file=token_file, username=username, password=password
+        )
+        self.security = ClientSecurity(tls=tls, token=source)
+        #: A login made here is closed with the client; a token source passed in is the caller's.
+        self._own_source = source if token is None else None
         self._channels = Peers(security=self.security)
         self._metadata = MetadataCache(self._channels, address, self.request_timeout)
         #: One wire connection per broker, shared by every producer, fetcher and consumer made here.
@@ -315,6 +333,9 @@ class Client:
         self._fetch_driver.close()
         self._links.close()
         self._channels.close()
+        close_source = getattr(self._own_source, "close", None)  # a login's own channel
+        if callable(close_source):
+            close_source()
 
     @property
     def closed(self) -> bool:

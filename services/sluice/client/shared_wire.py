@@ -52,9 +52,16 @@ from sluice.common.wire import (
     lane_frame_parts,
     split_address,
 )
-from sluice.errors import BrokerNotAvailable, InvalidRequest, RequestTimedOut, SluiceError
+from sluice.errors import (
+    AuthenticationError,
+    BrokerNotAvailable,
+    InvalidRequest,
+    RequestTimedOut,
+    SluiceError,
+)
 from sluice.security.client import ClientSecurity
 from sluice.security.client_tls import share
+from sluice.security.credentials import retriable_refusal
 from sluice.v1 import broker_pb2
 
 __all__ = ["FetchLane", "ProduceLink", "SharedConnection"]
@@ -285,7 +292,10 @@ class SharedConnection:
         if link.ended:  # closed while connecting
             raise BrokerNotAvailable(f"{self._name}: the connection was closed")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        answer = greet(sock, hello_bytes(LANES_VERSION, self._client_id, security), self._name)
+        try:
+            answer = greet(sock, hello_bytes(LANES_VERSION, self._client_id, security), self._name)
+        except AuthenticationError as exc:
+            raise retriable_refusal(security, exc) from None
         if answer.version < LANES_VERSION:
             raise InvalidRequest(
                 f"{self._name}: the broker speaks wire protocol version {answer.version}, this SDK needs "

@@ -31,6 +31,7 @@ from scramp.utils import ServerError
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.users import LoginRecord, UserStore
 from sluice.errors import AuthenticationError, InvalidArgument, RequestTimedOut
+from sluice.security.audit import audit_current
 from sluice.security.rate_limit import FailureLimiter, client_host
 from sluice.security.scram import (
     DEFAULT_ITERATIONS,
@@ -214,10 +215,13 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         c = request.credential
         credential = ScramCredential(c.salt, c.iterations, c.stored_key, c.server_key, c.mechanism)
         generation, created = await self._auth.users.upsert(request.name, credential)
+        audit_current("user.add" if created else "user.password", {"user": request.name})
         return pb.UpsertUserResponse(generation=generation, created=created)
 
     async def DeleteUser(self, request: pb.DeleteUserRequest, context: Context) -> pb.DeleteUserResponse:
         generation = await self._auth.users.delete(validate_user_name(request.name))
+        if generation is not None:
+            audit_current("user.delete", {"user": request.name})
         return pb.DeleteUserResponse(deleted=generation is not None, generation=generation or 0)
 
     async def ListUsers(self, request: pb.ListUsersRequest, context: Context) -> pb.ListUsersResponse:

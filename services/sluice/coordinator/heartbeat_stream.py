@@ -64,6 +64,8 @@ class HeartbeatStream:
     def __init__(self, service: CoordinatorService) -> None:
         self._service = service
         self._inbox: asyncio.Queue[Item] = asyncio.Queue()
+        #: Why the client's messages stopped, when the transport refused one (PERMISSION_DENIED).
+        self._refused: SluiceError | None = None
         self._room = asyncio.Semaphore(_INBOX)
         self._push_queued = False
         self._watching: tuple[str, str] | None = None
@@ -87,6 +89,8 @@ class HeartbeatStream:
             while True:
                 item = await self._inbox.get()
                 if isinstance(item, _End):
+                    if self._refused is not None:
+                        raise self._refused
                     return
                 if isinstance(item, _Push):
                     self._push_queued = False
@@ -107,6 +111,10 @@ class HeartbeatStream:
                 self._inbox.put_nowait(request)
         except asyncio.CancelledError:
             raise
+        except SluiceError as err:
+            # A message the transport refused (the interceptor authorizes each one's group): the
+            # stream ends with that error, not as if the client had closed it.
+            self._refused = err
         except Exception as exc:  # the call was cancelled or the connection broke
             log.debug("heartbeat stream closed by the client: %r", exc)
         self._close()

@@ -37,6 +37,7 @@ from sluice.coordinator.visibility import (
     may_describe_topic,
     visible_metadata,
 )
+from sluice.security.audit import audit_current
 from sluice.server.runtime import Registrar
 from sluice.v1 import coordinator_pb2 as pb
 from sluice.v1 import coordinator_pb2_grpc
@@ -125,6 +126,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     async def DeleteTopic(self, request: pb.DeleteTopicRequest, context: Context) -> pb.DeleteTopicResponse:
         unacked = await self._service.delete_topic(request.name)
+        audit_current("topic.delete", {"topic": request.name})
         return pb.DeleteTopicResponse(unacknowledged=[e.to_proto() for e in unacked])
 
     async def ListTopics(self, request: pb.ListTopicsRequest, context: Context) -> pb.ListTopicsResponse:
@@ -240,6 +242,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     async def DeleteGroup(self, request: pb.DeleteGroupRequest, context: Context) -> pb.DeleteGroupResponse:
         deleted = await self._service.delete_group(request.group)
+        audit_current("group.delete", {"group": request.group, "offsets_deleted": deleted})
         return pb.DeleteGroupResponse(offsets_deleted=deleted)
 
     async def SetGroupConfig(

@@ -28,6 +28,7 @@ from sluice.dispatcher.convert import ack_ranges, by_partition, subscribe_from_p
 from sluice.dispatcher.events import EventStream, Outgoing
 from sluice.dispatcher.service import DispatcherService
 from sluice.errors import ProtocolViolation, SluiceError
+from sluice.security.audit import audit_current
 from sluice.security.context import RequestContext, current
 from sluice.v1 import dispatcher_pb2 as pb
 
@@ -186,18 +187,21 @@ class DispatcherServicer:
         self, request: pb.ResetSubscriptionRequest, context: Context
     ) -> pb.ResetSubscriptionResponse:
         done = await self._service.admin.reset(self.context(context), convert.reset_from_proto(request))
+        audit_current("subscription.reset", {"topic": request.topic, "subscription": request.subscription})
         return convert.reset_to_proto(done)
 
     async def SkipSubscription(
         self, request: pb.SkipSubscriptionRequest, context: Context
     ) -> pb.SkipSubscriptionResponse:
         done = await self._service.admin.skip(self.context(context), convert.skip_from_proto(request))
+        audit_current("subscription.skip", {"topic": request.topic, "subscription": request.subscription})
         return convert.skip_to_proto(done)
 
     async def DeleteSubscription(
         self, request: pb.DeleteSubscriptionRequest, context: Context
     ) -> pb.DeleteSubscriptionResponse:
         done = await self._service.admin.delete(self.context(context), convert.delete_from_proto(request))
+        audit_current("subscription.delete", {"topic": request.topic, "subscription": request.subscription})
         return convert.delete_to_proto(done)
 
     async def PeekSubscription(

@@ -24,6 +24,7 @@ from sluice.offsetstore.model import (
 from sluice.offsetstore.service import OffsetStoreService
 from sluice.offsetstore.subscriptions import SubscriptionRecord
 from sluice.offsetstore.validation import track_name
+from sluice.security.audit import audit_current
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
 
 Context = aio.ServicerContext[Any, Any]
@@ -134,6 +135,9 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
             dry_run=request.dry_run,
         )
         outcomes = await self._service.reset(reset)
+        if not request.dry_run:
+            detail = {"group": request.group, "topics": [t for t, _ in targets], "spec": reset.spec.name}
+            audit_current("offsets.reset", detail)
         track = track_name(request.track)
         return offset_store_pb2.ResetOffsetsResponse(
             offsets=[

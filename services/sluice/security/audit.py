@@ -21,9 +21,19 @@ from collections.abc import Mapping
 
 from prometheus_client import Counter
 
+from sluice.errors import SluiceError, Throttled
+from sluice.security.context import current
 from sluice.security.model import ANONYMOUS, Operation, Principal, Resource
 
-__all__ = ["AUDIT_LOGGER", "DENIED", "audit_change", "audit_denied"]
+__all__ = [
+    "AUDIT_LOGGER",
+    "DENIED",
+    "UNAUTHENTICATED",
+    "audit_change",
+    "audit_current",
+    "audit_denied",
+    "audit_unauthenticated",
+]
 
 AUDIT_LOGGER = "sluice.audit"
 log = logging.getLogger(AUDIT_LOGGER)
@@ -32,6 +42,13 @@ DENIED = Counter(
     "sluice_authorization_denied",
     "Requests refused by ACL authorization, by service, operation and resource type",
     ["service", "operation", "resource_type"],
+)
+
+
+UNAUTHENTICATED = Counter(
+    "sluice_authentication_failed",
+    "Calls and connections refused for their credentials, by service and reason (refused, throttled)",
+    ["service", "reason"],
 )
 
 
@@ -81,3 +98,23 @@ def audit_change(
             }
         ),
     )
+
+
+def audit_current(action: str, detail: Mapping[str, object]) -> None:
+    """:func:`audit_change` for the current gRPC call's caller (``sluice.security.context.current``)."""
+    ctx = current()
+    audit_change(ctx.principal, action, detail, ctx.address)
+
+
+def audit_unauthenticated(service: str, address: str, err: SluiceError) -> None:
+    """A call or connection refused for its credentials: one WARNING line and the counter. A throttled
+    one (an address past its failures) is only counted: a flood must not flood the log too."""
+    throttled = isinstance(err, Throttled)
+    UNAUTHENTICATED.labels(service, "throttled" if throttled else "refused").inc()
+    if not throttled:
+        log.warning(
+            "%s",
+            _line(
+                {"event": "unauthenticated", "reason": err.message, "address": address, "service": service}
+            ),
+        )

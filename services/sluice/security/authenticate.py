@@ -31,6 +31,7 @@ from typing import Protocol
 from sluice.errors import AuthenticationError, CredentialsExpired, SluiceError
 from sluice.security.live_streams import CredentialCheck
 from sluice.security.model import ANONYMOUS, Principal
+from sluice.security.rate_limit import FailureLimiter, LimiterSettings
 
 __all__ = ["Authenticated", "ServerAuthenticator", "bearer_token"]
 
@@ -100,6 +101,7 @@ class ServerAuthenticator:
         jwt: JwtVerifierLike | None = None,
         user_generations: Callable[[], Mapping[str, int]] = dict,
         clock: Callable[[], float] = time.time,
+        limiter: FailureLimiter | None = None,
     ) -> None:
         self.mechanisms = mechanisms
         #: No mechanism: every caller is anonymous (the local default); the cluster token still
@@ -112,6 +114,10 @@ class ServerAuthenticator:
         self._user_generations = user_generations
         self._clock = clock
         self._cache: OrderedDict[str, Authenticated] = OrderedDict()
+        #: Failed token checks per client host: past the limit a host is refused (THROTTLED) before
+        #: any verification, so a flood of bad tokens cannot burn the CPU. A cached (valid) token
+        #: never reaches it.
+        self._limiter = limiter if limiter is not None else FailureLimiter(LimiterSettings())
 
     @property
     def checks_sessions(self) -> bool:
@@ -124,7 +130,7 @@ class ServerAuthenticator:
     # ---- the two entry points ------------------------------------------------------------------
 
     def authenticate_now(
-        self, metadata: Mapping[str, str], cert_principal: str | None
+        self, metadata: Mapping[str, str], cert_principal: str | None, host: str = ""
     ) -> Authenticated | None:
         """The caller, if it can be decided without waiting (everything but a JWT not seen before);
         None: call :meth:`authenticate`. Raises AuthenticationError to refuse."""
@@ -139,22 +145,34 @@ class ServerAuthenticator:
         if self._cluster_token is not None and hmac.compare_digest(token.encode(), self._cluster_token):
             return Authenticated(CLUSTER_PRINCIPAL)
         if self._sessions is not None and not _looks_like_jwt(token):
-            return self._remember(token, self._session(token))
+            self._limiter.check(host)
+            try:
+                return self._remember(token, self._session(token))
+            except AuthenticationError:
+                self._limiter.failed(host)
+                raise
         if self._jwt is not None and _looks_like_jwt(token):
             return None
         if not self.required:
             return ANONYMOUS_CALLER  # a token nothing here checks, on a cluster without authentication
         raise AuthenticationError("the bearer token is not one this service accepts")
 
-    async def authenticate(self, metadata: Mapping[str, str], cert_principal: str | None) -> Authenticated:
-        """The caller; raises AuthenticationError to refuse."""
-        now = self.authenticate_now(metadata, cert_principal)
+    async def authenticate(
+        self, metadata: Mapping[str, str], cert_principal: str | None, host: str = ""
+    ) -> Authenticated:
+        """The caller; raises AuthenticationError to refuse (Throttled for a host past its failures)."""
+        now = self.authenticate_now(metadata, cert_principal, host)
         if now is not None:
             return now
         token = bearer_token(metadata)
         if token is None or self._jwt is None:  # authenticate_now returns None only for a JWT
             raise AuthenticationError("no credentials")
-        verified = await self._jwt.verify(token)
+        self._limiter.check(host)
+        try:
+            verified = await self._jwt.verify(token)
+        except AuthenticationError:
+            self._limiter.failed(host)
+            raise
         return self._remember(token, Authenticated(Principal(verified.principal, "jwt"), verified.expires_at))
 
     # ---- the mechanisms ------------------------------------------------------------------------

@@ -37,6 +37,7 @@ __all__ = [
     "server_hostname",
     "service_security",
     "share",
+    "tls_from_env",
 ]
 
 #: The SDK's and the CLI's environment (``Client`` arguments win over it).
@@ -172,21 +173,27 @@ def server_hostname(tls: TLSConfig, host: str) -> str:
     return tls.server_name or host
 
 
-def security_from_env(
-    tls: TLSConfig | None = None, token: str | Callable[[], str] | None = None
-) -> ClientSecurity:
-    """A client's security from its arguments, else from ``SLUICE_TLS_*`` / ``SLUICE_TOKEN``."""
+def tls_from_env(tls: TLSConfig | None = None) -> TLSConfig | None:
+    """``tls``, else the ``SLUICE_TLS_*`` environment's, else None (plaintext)."""
     if tls is None:
         values = {field: os.environ.get(env) or None for field, env in TLS_ENV.items()}
         if any(values.values()):
             tls = TLSConfig(**values)
+    if tls is not None:
+        _check(tls)
+    return tls
+
+
+def security_from_env(
+    tls: TLSConfig | None = None, token: str | Callable[[], str] | None = None
+) -> ClientSecurity:
+    """A client's security from its arguments, else from ``SLUICE_TLS_*`` / ``SLUICE_TOKEN``."""
+    tls = tls_from_env(tls)
     if token is None:
         token = os.environ.get(TOKEN_ENV) or None
     if isinstance(token, str):
         fixed = token
         token = lambda: fixed  # noqa: E731
-    if tls is not None:
-        _check(tls)
     return ClientSecurity(tls=tls, token=token)
 
 

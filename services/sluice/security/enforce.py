@@ -30,6 +30,10 @@ class AclDecisions(Protocol):
 
 Audit = Callable[[Principal, Operation, Resource, str], None]
 
+#: The suffix of a push subscription's dead-letter topic (``dispatcher``: ``<topic>.<subscription>.DLQ``).
+DLQ_SUFFIX = ".DLQ"
+_DEAD_LETTER_OPERATIONS = frozenset({Operation.READ, Operation.DESCRIBE, Operation.DELETE})
+
 
 class ServiceAuthorizer:
     """The process's authorizer when ``--authorization acl`` (see the module docstring)."""
@@ -41,7 +45,9 @@ class ServiceAuthorizer:
         self._audit = audit
 
     def allowed(self, ctx: RequestContext, operation: Operation, resource: Resource) -> bool:
-        ok = self._acls.allowed(ctx.principal, operation, resource)
+        ok = self._acls.allowed(ctx.principal, operation, resource) or self._dead_letters_allowed(
+            ctx.principal, operation, resource
+        )
         if ok and ctx.stream is not None:
             ctx.stream.remember(operation, resource)
         return ok
@@ -52,6 +58,22 @@ class ServiceAuthorizer:
         self._audit(ctx.principal, operation, resource, ctx.address)
         who = ctx.principal.name or "an anonymous caller"
         raise AuthorizationError(f"{who} is not authorized to {operation.value} {resource}")
+
+    def _dead_letters_allowed(self, principal: Principal, operation: Operation, resource: Resource) -> bool:
+        """A push subscription's dead-letter topic ``<topic>.<subscription>.DLQ`` is read, described
+        and deleted under the subscription's ACLs (docs/security.md): whoever may read a subscription
+        gets its dead letters, and nobody needs an ACL on a topic name they never chose. Topic and
+        subscription names may both hold dots, so every split is asked (only for ``.DLQ`` names)."""
+        if resource.type is not ResourceType.TOPIC or operation not in _DEAD_LETTER_OPERATIONS:
+            return False
+        if not resource.name.endswith(DLQ_SUFFIX):
+            return False
+        base = resource.name[: -len(DLQ_SUFFIX)]
+        return any(
+            self._acls.allowed(principal, operation, Resource(ResourceType.SUBSCRIPTION, base[i + 1 :]))
+            for i, char in enumerate(base)
+            if char == "." and 0 < i < len(base) - 1
+        )
 
     def allowed_on_some(self, ctx: RequestContext, operation: Operation, resource_type: ResourceType) -> bool:
         return self._acls.allowed_on_some(ctx.principal, operation, resource_type)

@@ -40,7 +40,7 @@ from sluice.errors import (
     RequestTimedOut,
     SluiceError,
 )
-from sluice.security.client import TLSConfig
+from sluice.security.client import ClientSecurity, TLSConfig
 from sluice.security.scram import MECHANISM, validate_user_name
 from sluice.v1 import auth_pb2 as pb
 from sluice.v1 import auth_pb2_grpc
@@ -54,13 +54,8 @@ REFRESH_AT = 0.8
 
 
 def login_channels(tls: TLSConfig | None) -> Peers:
-    """The channels a login uses: the TLS settings and no token (a login is how one gets a token).
-
-    The one place the login's channel is made: when the peer layer takes a ``ClientSecurity``, this
-    becomes ``Peers(security=ClientSecurity(tls=tls))``."""
-    if tls is not None:
-        raise InvalidArgument("TLS for logins needs the peer layer's TLS support (not in this build yet)")
-    return Peers(max_peers=4)
+    """The channels a login uses: the TLS settings and no token (a login is how one gets a token)."""
+    return Peers(max_peers=4, security=ClientSecurity(tls=tls))
 
 
 @dataclass(frozen=True, slots=True)

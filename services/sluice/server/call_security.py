@@ -14,11 +14,13 @@ from typing import Any
 from grpc import aio
 
 from sluice.errors import SluiceError
+from sluice.security.audit import audit_unauthenticated
 from sluice.security.authenticate import ANONYMOUS_CALLER, Authenticated
 from sluice.security.context import GRPC, RequestContext, current, set_current
 from sluice.security.guards import Guard, Kind, guard_for
 from sluice.security.live_streams import LiveStream
 from sluice.security.model import Resource
+from sluice.security.rate_limit import client_host
 from sluice.security.service import ServiceSecurity, lower_keys
 
 __all__ = ["MethodSecurity", "StreamEnd"]
@@ -53,9 +55,13 @@ class MethodSecurity:
         cert = None
         if security.grpc_cert_principal is not None:
             cert = security.grpc_cert_principal(context.auth_context())
-        return authenticator.authenticate_now(metadata, cert) or await authenticator.authenticate(
-            metadata, cert
-        )
+        host = client_host(context.peer())
+        try:
+            now = authenticator.authenticate_now(metadata, cert, host)
+            return now if now is not None else await authenticator.authenticate(metadata, cert, host)
+        except SluiceError as err:
+            audit_unauthenticated(security.service, context.peer(), err)
+            raise
 
     def begin_call(self, who: Authenticated, context: aio.ServicerContext[Any, Any], request: Any) -> None:
         """Make the call's context current (every coroutine of this call's task sees it: each call

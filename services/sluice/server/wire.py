@@ -29,6 +29,7 @@ from sluice.common.wire import (
     frame_parts,
 )
 from sluice.errors import AuthenticationError, InvalidRequest, SluiceError
+from sluice.security.audit import audit_unauthenticated
 from sluice.security.authenticate import ANONYMOUS_CALLER, Authenticated
 from sluice.security.context import WIRE, RequestContext
 from sluice.security.live_streams import LiveStream
@@ -145,6 +146,7 @@ class WireConnection(asyncio.BufferedProtocol):
         self._view = memoryview(bytearray(self.read_buffer_min))
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.host = "?"
         self._greeted = False
         #: The protocol version agreed at the hello.
         self.version = PROTOCOL_VERSION
@@ -192,6 +194,9 @@ class WireConnection(asyncio.BufferedProtocol):
         self.transport = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        #: The peer's host alone: failed authentications are counted per host (a client picks a
+        #: new port per connection).
+        self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         self.listener.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -316,7 +321,7 @@ class WireConnection(asyncio.BufferedProtocol):
         if security.wire_cert_principal is not None and self.transport is not None:
             cert = security.wire_cert_principal(self.transport.get_extra_info("ssl_object"))
         try:
-            who = security.authenticator.authenticate_now(metadata, cert)
+            who = security.authenticator.authenticate_now(metadata, cert, self.host)
         except SluiceError as err:
             self._refuse(err)
             return
@@ -325,7 +330,7 @@ class WireConnection(asyncio.BufferedProtocol):
             return
         # Verifying needs to wait (a JWT whose key is not cached): hold what follows until then.
         self._held = []
-        verify = security.authenticator.authenticate(metadata, cert)
+        verify = security.authenticator.authenticate(metadata, cert, self.host)
         task = asyncio.get_running_loop().create_task(verify, name=f"wire-hello-{self.peer}")
         task.add_done_callback(self._verified)
 
@@ -351,6 +356,7 @@ class WireConnection(asyncio.BufferedProtocol):
         self.update_reading()
 
     def _refuse(self, err: SluiceError) -> None:
+        audit_unauthenticated(self.listener.service, self.peer, err)
         answer = wire_pb2.WireHelloResponse(
             version=self.version, max_frame_bytes=self.listener.max_frame_bytes
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_group, validate_topic
@@ -40,6 +41,11 @@ KNOWN = {
     "tlskey",
     "tlsservername",
     "token",
+    # Credentials, as the SDK's token_file=, username= and password= (docs/security.md, "Clients:
+    # credentials in the SDK, CLI and Spark").
+    "tokenfile",
+    "username",
+    "password",
 }
 
 
@@ -57,6 +63,24 @@ class SourceOptions:
     request_timeout_s: float
     tls: TLSConfig | None = None
     token: str | None = None
+    token_file: str | None = None
+    username: str | None = None
+    password: str | None = None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """The security arguments of every ``Client`` the source makes, on the driver and executors."""
+        return {
+            "tls": self.tls,
+            "token": self.token,
+            "token_file": self.token_file,
+            "username": self.username,
+            "password": self.password,
+        }
+
+    def __repr__(self) -> str:  # Spark logs plans: never the password or the token
+        hidden = {"password": "***" if self.password else None, "token": "***" if self.token else None}
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return f"SourceOptions({', '.join(f'{k}={hidden.get(k, v)!r}' for k, v in fields.items())})"
 
 
 def tp_key(topic: str, partition: int) -> str:
@@ -166,8 +190,25 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
         commit_to_group=group,
         request_timeout_s=timeout_ms / 1000,
         tls=_tls(opts),
-        token=opts.get("token") or None,
+        **_credentials(opts),
     )
+
+
+def _credentials(opts: Mapping[str, str]) -> dict[str, str | None]:
+    """``token``, ``tokenFile``, ``username``, ``password``: one kind at a time (the SDK's rule)."""
+    found = {
+        "token": opts.get("token") or None,
+        "token_file": opts.get("tokenfile") or None,
+        "username": opts.get("username") or None,
+        "password": opts.get("password") or None,
+    }
+    if found["token"] and found["token_file"]:
+        raise InvalidArgument("options token and tokenFile: give one")
+    if (found["token"] or found["token_file"]) and (found["username"] or found["password"]):
+        raise InvalidArgument("options token/tokenFile and username/password: give one kind")
+    if (found["username"] is None) != (found["password"] is None):
+        raise InvalidArgument("options username and password go together")
+    return found
 
 
 def _tls(opts: Mapping[str, str]) -> TLSConfig | None:

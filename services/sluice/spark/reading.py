@@ -46,8 +46,7 @@ class Planner:
         self.client = Client(
             options.bootstrap,
             request_timeout=options.request_timeout_s,
-            tls=options.tls,
-            token=options.token,
+            **options.client_kwargs(),
         )
         self._earliest: dict[str, int] | None = None
 
@@ -225,7 +224,7 @@ def read_range(r: OffsetRange, options: SourceOptions) -> Iterator[pa.RecordBatc
     if r.size <= 0:
         return
     with Client(
-        options.bootstrap, request_timeout=options.request_timeout_s, tls=options.tls, token=options.token
+        options.bootstrap, request_timeout=options.request_timeout_s, **options.client_kwargs()
     ) as client:
         fetcher = client.fetcher(
             {(r.topic, r.partition): r.start},

@@ -19,9 +19,8 @@ import pytest
 
 from sluice import Client
 from sluice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
-from tests.harness import RedisServer, ServiceProcess, free_port, run_redis, start_service
-
-DISPATCHER_ID = "d1"
+from tests.cluster import run_services
+from tests.harness import RedisServer, ServiceProcess, run_redis, start_service
 
 
 @dataclass
@@ -72,55 +71,34 @@ def wait_for_dispatcher(bootstrap: str, address: str, timeout: float = 20.0) -> 
 
 @contextlib.contextmanager
 def run_push_cluster(dispatchers: int = 1, dispatcher_args: tuple[str, ...] = ()) -> Iterator[PushCluster]:
-    with run_redis() as redis, tempfile.TemporaryDirectory(prefix="sluice-push-") as d:
-        started: list[ServiceProcess] = []
+    with (
+        run_redis() as redis,
+        tempfile.TemporaryDirectory(prefix="sluice-push-") as d,
+        run_services(redis, Path(d), dispatcher_args=dispatcher_args) as svc,
+    ):
         more: list[ServiceProcess] = []
         cluster: PushCluster | None = None
         try:
-            os_port = free_port()
-            coord = start_service(
-                "coordinator",
-                *("--port", "0", "--metrics-port", "0", "--redis-url", redis.url),
-                *("--offset-store", f"127.0.0.1:{os_port}"),
-            )
-            started.append(coord)
-            broker = start_service(
-                "broker",
-                *("--port", "0", "--metrics-port", "0", "--data-dir", str(Path(d) / "broker")),
-                *("--broker-id", "1", "--coordinator", coord.address),
-            )
-            started.append(broker)
-            store = start_service(
-                "offset-store",
-                *("--port", str(os_port), "--metrics-port", "0", "--redis-url", redis.url),
-                *("--coordinator", coord.address),
-            )
-            started.append(store)
-            dispatcher = start_service(
-                "dispatcher",
-                *("--port", "0", "--metrics-port", "0", "--coordinator", coord.address),
-                *("--dispatcher-id", DISPATCHER_ID, "--cursor-flush-interval", "50ms"),
-                *dispatcher_args,
-            )
-            started.append(dispatcher)
             for i in range(2, dispatchers + 1):
                 more.append(
                     start_service(
                         "dispatcher",
-                        *("--port", "0", "--metrics-port", "0", "--coordinator", coord.address),
+                        *("--port", "0", "--metrics-port", "0", "--coordinator", svc.coordinator.address),
                         *("--dispatcher-id", f"d{i}", "--cursor-flush-interval", "50ms"),
                         *dispatcher_args,
                     )
                 )
-            cluster = PushCluster(redis, coord, broker, store, dispatcher, Path(d), more)
-            for sp in (dispatcher, *more):
-                wait_for_dispatcher(coord.address, sp.address)
+            cluster = PushCluster(
+                redis, svc.coordinator, svc.broker, svc.offset_store, svc.dispatcher, Path(d), more
+            )
+            for sp in (svc.dispatcher, *more):
+                wait_for_dispatcher(svc.coordinator.address, sp.address)
             yield cluster
         finally:
-            if cluster is not None:
-                started[-1] = cluster.dispatcher  # the one running now, after restarts
-            for sp in [*more, *reversed(started)]:
+            for sp in more:
                 sp.terminate()
+            if cluster is not None and cluster.dispatcher is not svc.dispatcher:
+                cluster.dispatcher.terminate()  # the one running now, after restarts
 
 
 @pytest.fixture(scope="package")

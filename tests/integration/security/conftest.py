@@ -14,7 +14,8 @@ from pathlib import Path
 
 from sluice import Client, TLSConfig
 from sluice.security import certs
-from tests.harness import RedisServer, ServiceProcess, free_port, run_redis, start_service
+from tests.cluster import run_services
+from tests.harness import RedisServer, ServiceProcess, run_redis
 
 
 @dataclass
@@ -75,37 +76,9 @@ def run_tls_cluster(client_auth: str = "none") -> Iterator[TLSCluster]:
                 *("--tls-ca", str(ca.cert_path), "--tls-client-auth", client_auth),
             )
 
-        started: list[ServiceProcess] = []
-        try:
-            os_port = free_port()
-            coord = start_service(
-                "coordinator",
-                *("--port", "0", "--metrics-port", "0", "--redis-url", redis.url),
-                *("--offset-store", f"127.0.0.1:{os_port}", *tls_args("coordinator")),
+        with run_services(redis, Path(d), tls_args) as svc:
+            cluster = TLSCluster(
+                redis, svc.coordinator, svc.broker, svc.offset_store, svc.dispatcher, pki, ca
             )
-            started.append(coord)
-            broker = start_service(
-                "broker",
-                *("--port", "0", "--metrics-port", "0", "--data-dir", str(Path(d) / "broker")),
-                *("--broker-id", "1", "--coordinator", coord.address, "--wire-port", "0"),
-                *tls_args("broker"),
-            )
-            started.append(broker)
-            store = start_service(
-                "offset-store",
-                *("--port", str(os_port), "--metrics-port", "0", "--redis-url", redis.url),
-                *("--coordinator", coord.address, *tls_args("offset-store")),
-            )
-            started.append(store)
-            dispatcher = start_service(
-                "dispatcher",
-                *("--port", "0", "--metrics-port", "0", "--coordinator", coord.address),
-                *("--dispatcher-id", "d1", "--cursor-flush-interval", "50ms", *tls_args("dispatcher")),
-            )
-            started.append(dispatcher)
-            cluster = TLSCluster(redis, coord, broker, store, dispatcher, pki, ca)
-            _wait_until_ready(coord.address, cluster.tls(client_cert=True))
+            _wait_until_ready(svc.coordinator.address, cluster.tls(client_cert=True))
             yield cluster
-        finally:
-            for sp in reversed(started):
-                sp.terminate()

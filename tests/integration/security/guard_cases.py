@@ -598,7 +598,7 @@ CASES: dict[str, Case] = {
     "/sluice.v1.Acls/WatchSecurity": Case(
         "coordinator",
         _CLUSTER_ACTION,
-        _a("WatchSecurity", acl_pb2.WatchSecurityRequest(known_version=-1, max_wait_ms=0)),
+        _a("WatchSecurity", acl_pb2.WatchSecurityRequest(known_version=0, max_wait_ms=0)),
     ),
     "/sluice.v1.Auth/Authenticate": Case("coordinator", (), authenticate),
     "/sluice.v1.Auth/UpsertUser": Case(

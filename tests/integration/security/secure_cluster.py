@@ -22,7 +22,8 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.harness import RedisServer, ServiceProcess, free_port, run_redis, start_service
+from tests.cluster import run_services
+from tests.harness import RedisServer, ServiceProcess, run_redis
 
 ISSUER = "sluice-test"
 SUPER_USER = "admin"
@@ -99,38 +100,15 @@ def run_secure_cluster() -> Iterator[SecureCluster]:
         token_file = d / "cluster.token"
         token_file.write_text(cluster_token + "\n")
         sec = security_args(d, public_key, token_file)
-        started: list[ServiceProcess] = []
-        try:
-            os_port = free_port()
-            coord = start_service(
-                "coordinator",
-                *("--port", "0", "--metrics-port", "0", "--redis-url", redis.url),
-                *("--offset-store", f"127.0.0.1:{os_port}"),
-                *sec,
+        with run_services(redis, d, lambda _service: sec) as svc:
+            yield SecureCluster(
+                redis,
+                svc.coordinator,
+                svc.broker,
+                svc.offset_store,
+                svc.dispatcher,
+                d,
+                key,
+                cluster_token,
+                svc.all,
             )
-            started.append(coord)
-            broker = start_service(
-                "broker",
-                *("--port", "0", "--metrics-port", "0"),
-                *("--data-dir", str(d / "broker"), "--broker-id", "1", "--coordinator", coord.address),
-                *sec,
-            )
-            started.append(broker)
-            store = start_service(
-                "offset-store",
-                *("--port", str(os_port), "--metrics-port", "0", "--redis-url", redis.url),
-                *("--coordinator", coord.address),
-                *sec,
-            )
-            started.append(store)
-            dispatcher = start_service(
-                "dispatcher",
-                *("--port", "0", "--metrics-port", "0"),
-                *("--coordinator", coord.address, "--dispatcher-id", "d1", "--cursor-flush-interval", "50ms"),
-                *sec,
-            )
-            started.append(dispatcher)
-            yield SecureCluster(redis, coord, broker, store, dispatcher, d, key, cluster_token, list(started))
-        finally:
-            for sp in reversed(started):
-                sp.terminate()

@@ -36,6 +36,7 @@ from sluice.v1 import (
     coordinator_pb2,
     coordinator_pb2_grpc,
 )
+from tests.harness import ServiceProcess
 
 from .secure_cluster import ISSUER, SecureCluster, run_secure_cluster
 
@@ -261,3 +262,35 @@ def test_a_stream_that_outlives_its_token_is_ended(cluster: SecureCluster) -> No
             pass
     assert isinstance(error_from_rpc(ended.value), AuthenticationError)
     assert time.monotonic() - started < 15
+
+
+# ---- auditing -----------------------------------------------------------------------------------------
+
+
+def _audit_lines(sp: ServiceProcess) -> list[dict[str, object]]:
+    lines = []
+    for line in sp.log().splitlines():
+        start = line.find('{"event"')
+        if "sluice.audit" in line and start >= 0:
+            lines.append(json.loads(line[start:]))
+    return lines
+
+
+def test_denials_refusals_and_security_changes_are_audited(cluster: SecureCluster) -> None:
+    with Client(cluster.bootstrap, token=cluster.token("admin")) as admin:
+        admin.admin.create_topic("audited", partitions=1)
+        admin.admin.delete_topic("audited")
+    nobody = Client(cluster.bootstrap, token=cluster.token("nobody"), request_timeout=5)
+    with nobody, pytest.raises(AuthorizationError):
+        nobody.admin.delete_topic(TOPIC)
+    with Client(cluster.bootstrap, request_timeout=5) as anonymous, pytest.raises(AuthenticationError):
+        anonymous.metadata()
+    lines = _audit_lines(cluster.coordinator)
+    assert {"event": "change", "principal": "admin", "action": "topic.delete"}.items() <= next(
+        line for line in lines if line.get("action") == "topic.delete"
+    ).items()
+    denied = [line for line in lines if line["event"] == "denied" and line["principal"] == "nobody"]
+    assert denied
+    assert denied[0]["operation"] == "delete"
+    assert denied[0]["resource"] == TOPIC
+    assert any(line["event"] == "unauthenticated" for line in lines)

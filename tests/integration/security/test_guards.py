@@ -69,10 +69,7 @@ def resource_name(case: Case, need: Need) -> str:
 
 def named(case: Case) -> bool:
     """Whether the call names its resources (the literal and prefix cases apply)."""
-    return (
-        all(t is not ResourceType.CLUSTER for _, t in case.needs)
-        and case.call.__name__ != "call_init_producer_id"
-    )
+    return case.names_resource and all(t is not ResourceType.CLUSTER for _, t in case.needs)
 
 
 def grants(op: Operation, needed: Operation) -> bool:
@@ -153,7 +150,9 @@ def _subscribe_once(ch: grpc.Channel, md: tuple[tuple[str, str], ...]) -> None:
     """Make the durable subscription "guarded" on topic "guarded" exist (the list cases look for it)."""
     stub = dispatcher_pb2_grpc.DispatcherStub(ch)
     cmd = dispatcher_pb2.ConsumerCommand(
-        subscribe=dispatcher_pb2.Subscribe(topic="guarded", subscription="guarded", consumer_name="setup")
+        subscribe=dispatcher_pb2.Subscribe(
+            topic="guarded", subscription="guarded", consumer_name="setup", durable=True
+        )
     )
     call = stub.Consume(iter([cmd]), metadata=md, timeout=10)
     event = next(iter(call))

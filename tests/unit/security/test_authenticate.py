@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sluice.errors import AuthenticationError, CredentialsExpired
+from sluice.errors import AuthenticationError, CredentialsExpired, Throttled
 from sluice.security.authenticate import CLUSTER_PRINCIPAL, ServerAuthenticator
 from sluice.security.jwt_auth import JwtVerifier
+from sluice.security.rate_limit import FailureLimiter, LimiterSettings
 from sluice.security.session_tokens import SessionTokens
 from sluice.security.settings import SecuritySettings
 from tests.jwt_tokens import AUDIENCE, ISSUER, claims, public_pem, rsa_key, sign
@@ -134,3 +135,18 @@ def test_a_jwt_is_verified_once_then_answered_from_the_cache(tmp_path: Path) -> 
     assert again == who
     with pytest.raises(AuthenticationError):
         asyncio.run(auth.authenticate(bearer(sign(claims(aud=["someone-else"]), key)), None))
+
+
+def test_a_host_sending_bad_tokens_is_throttled_before_any_verification() -> None:
+    limiter = FailureLimiter(LimiterSettings(per_address=3, per_user=3, window_s=60))
+    auth = chain(limiter=limiter)
+    good = SESSIONS.mint("alice", "scram", 1, 60)
+    assert auth.authenticate_now(bearer(good), None, "10.0.0.1") is not None  # now cached
+    stranger = SessionTokens.from_cluster_token(b"another-cluster-entirely")
+    for _ in range(3):
+        with pytest.raises(AuthenticationError):
+            auth.authenticate_now(bearer(stranger.mint("alice", "scram", 1, 60)), None, "10.0.0.1")
+    with pytest.raises(Throttled):
+        auth.authenticate_now(bearer(SESSIONS.mint("bob", "scram", 1, 60)), None, "10.0.0.1")
+    assert auth.authenticate_now(bearer(good), None, "10.0.0.1") is not None  # a known token: no check
+    assert auth.authenticate_now(bearer(SESSIONS.mint("bob", "scram", 1, 60)), None, "10.0.0.2") is not None

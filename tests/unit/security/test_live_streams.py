@@ -93,3 +93,19 @@ def test_a_credential_check_that_fails_ends_the_stream() -> None:
         assert isinstance(ended[0], CredentialsExpired)
 
     asyncio.run(scenario())
+
+
+def test_a_dead_letter_topic_is_read_under_its_subscriptions_acl() -> None:
+    """``<topic>.<subscription>.DLQ``: read, describe and delete follow the subscription's ACLs; writing
+    does not (only the dispatcher, as the cluster, writes dead letters)."""
+    sub_read = AclEntry(
+        "bob", ResourceType.SUBSCRIPTION, PatternType.LITERAL, "billing.v2", Operation.READ, Permission.ALLOW
+    )
+    authorizer = ServiceAuthorizer(AclAuthorizer(AclSet([sub_read], 1)), AUDIT)
+    ctx = RequestContext(Principal("bob"), GRPC)
+    dlq = Resource(ResourceType.TOPIC, "orders.eu.billing.v2.DLQ")  # dots in both names
+    assert authorizer.allowed(ctx, Operation.READ, dlq)
+    assert authorizer.allowed(ctx, Operation.DESCRIBE, dlq)  # read implies describe
+    assert not authorizer.allowed(ctx, Operation.WRITE, dlq)
+    assert not authorizer.allowed(ctx, Operation.READ, Resource(ResourceType.TOPIC, "orders.eu.other.DLQ"))
+    assert not authorizer.allowed(ctx, Operation.READ, Resource(ResourceType.TOPIC, "orders.eu.billing.v2"))

@@ -48,7 +48,14 @@ from sluice.client.consumer.membership import (
 )
 from sluice.client.metadata import MetadataCache
 from sluice.client.rpc import call, error_from_rpc, is_unimplemented
-from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_from_proto
+from sluice.errors import (
+    AuthenticationError,
+    AuthorizationError,
+    BrokerNotAvailable,
+    RequestTimedOut,
+    SluiceError,
+    error_from_proto,
+)
 from sluice.v1 import common_pb2, coordinator_pb2
 
 __all__ = ["GroupMember", "HeartbeatStream"]
@@ -439,8 +446,11 @@ class GroupMember:
                     self._m.resend(now)
             elif in_flight:
                 failure = error_from_rpc(error) if error is not None else None
-                if failure is None or not failure.retriable:
-                    # A stream failing is the transport's doing, never a refusal of this member.
+                refused = isinstance(failure, AuthenticationError | AuthorizationError)
+                if failure is None or not (failure.retriable or refused):
+                    # A stream failing is the transport's doing, never a refusal of this member,
+                    # unless security refused it (no credentials, no right to the group): that is
+                    # final, as it would be on the unary heartbeat.
                     failure = BrokerNotAvailable(
                         f"heartbeat stream closed: {failure or 'by the coordinator'}"
                     )

@@ -31,9 +31,10 @@ from sluice.common.wire import (
     frame,
     split_address,
 )
-from sluice.errors import BrokerNotAvailable
+from sluice.errors import AuthenticationError, BrokerNotAvailable
 from sluice.security.client import ClientSecurity
 from sluice.security.client_tls import share
+from sluice.security.credentials import retriable_refusal
 from sluice.v1 import dispatcher_pb2 as pb
 
 __all__ = ["WireConsumeCall"]
@@ -72,6 +73,8 @@ class WireConsumeCall:
             tls = security.tls if security is not None else None
             sock = connect(self._endpoint, hello, name, CONNECT_TIMEOUT_S, tls)
             share(sock)  # TLS: this thread reads while the writer thread sends
+        except AuthenticationError as exc:
+            raise retriable_refusal(security, exc) from None
         except OSError as exc:
             raise BrokerNotAvailable(f"{name}: {exc}") from exc
         with self._lock:
