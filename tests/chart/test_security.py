@@ -515,8 +515,17 @@ def test_the_helm_test_pod_authenticates_with_a_sluice_only_token_and_trusts_the
     }
     env = env_of(pod["containers"][0])
     assert env["SLUICE_TLS_CA"] == "/var/run/secrets/sluice/ca/ca.crt"
+    # The file, not its content: the SDK re-reads it when the kubelet rotates it (SLUICE_TOKEN_FILE).
+    token_mount = {v["name"]: v["mountPath"] for v in pod["containers"][0]["volumeMounts"]}["token"]
+    assert env["SLUICE_TOKEN_FILE"] == posixpath.join(token_mount, source["serviceAccountToken"]["path"])
+    assert "SLUICE_TOKEN" not in env, "a token in the env would win over the file and never be renewed"
     script = one(secure, "ConfigMap", "sluice-test-produce-consume")["data"]["produce-consume.sh"]
-    assert "SLUICE_TOKEN=$(cat /var/run/secrets/sluice/token/token)" in script
+    assert "SLUICE_TOKEN" not in script
+    # Without JWT there is no token at all.
+    plain = one(
+        render(sets=["auth.enabled=true", "auth.mechanisms={scram}"]), "Pod", "sluice-test-produce-consume"
+    )
+    assert "SLUICE_TOKEN_FILE" not in env_of(plain["spec"]["containers"][0])
 
 
 @pytest.mark.parametrize(
