@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sluice.codec.batch import Record
+from sluice.common.client_security import TLSConfig
 from sluice.errors import SluiceError
 from sluice.security.acl import ALL, AclEntry, AclFilter, PatternType, Permission
-from sluice.security.client import TLSConfig
 from sluice.security.model import Operation, ResourceType
 
 __all__ = [

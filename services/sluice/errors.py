@@ -101,7 +101,11 @@ class InvalidRequest(SluiceError, ValueError):
     grpc_status = "INVALID_ARGUMENT"
 
 
-class AuthenticationError(SluiceError):
+class CredentialsError(SluiceError):
+    """The root of refusals for the caller's credentials: catch it for both kinds below."""
+
+
+class AuthenticationError(CredentialsError):
     """No credentials, or credentials the service does not accept (expired, wrong signature, unknown user,
     a wrong password). Retrying with the same credentials does not help."""
 
@@ -109,12 +113,13 @@ class AuthenticationError(SluiceError):
     grpc_status = "UNAUTHENTICATED"
 
 
-class CredentialsExpired(AuthenticationError):
+class CredentialsExpired(CredentialsError):
     """The credentials a stream or connection opened with expired (or its user's password changed):
     reconnect with fresh ones. The SDK does, asking its token source again."""
 
     code = common_pb2.CREDENTIALS_EXPIRED
     retriable = True
+    grpc_status = "UNAUTHENTICATED"
 
 
 #: The name the services use; the SDK's users see AuthenticationError.

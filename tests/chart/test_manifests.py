@@ -16,9 +16,9 @@ from tests.chart.chartlib import CHART, Manifest, find, one, render
 CI = CHART / "ci"
 SLUICE_WORKLOADS = {
     "sluice-broker": ("StatefulSet", 7601, 9601),
-    "sluice-coordinator": ("Deployment", 7600, 9600),
+    "sluice-coordinator": ("StatefulSet", 7600, 9600),
     "sluice-offset-store": ("Deployment", 7602, 9602),
-    "sluice-dispatcher": ("Deployment", 7603, 9603),
+    "sluice-dispatcher": ("StatefulSet", 7603, 9603),
 }
 # Ports a workload has besides grpc and metrics: the wire port (plain-TCP data plane) of the broker
 # and of the dispatcher; the coordinator and the offset store have none.
@@ -120,7 +120,7 @@ def test_broker_exposes_the_wire_port_like_the_grpc_port() -> None:
 
 def assert_dispatcher_wire_port(m: list[Manifest], wire: int, grpc: int = 7603) -> None:
     """The wire port is exposed like the gRPC port: container, Service, the flag, the policy."""
-    dep = one(m, "Deployment", "sluice-dispatcher")
+    dep = one(m, "StatefulSet", "sluice-dispatcher")
     c = container(dep)
     ports = {p["name"]: p for p in c["ports"]}
     assert ports["wire"] == {"name": "wire", "containerPort": wire, "protocol": "TCP"}
@@ -128,11 +128,13 @@ def assert_dispatcher_wire_port(m: list[Manifest], wire: int, grpc: int = 7603) 
     # The dispatcher's config field wire_port comes from the flag, as port and metrics_port do.
     assert [a for a in c["args"] if a.startswith("--wire-port")] == [f"--wire-port={wire}"]
     assert f"--port={grpc}" in c["args"]
-    # Consumers connect to the host the dispatcher advertises on both ports: with a wildcard --host
-    # and no --advertised-host that is POD_IP, this pod's own address, where the containerPort listens.
+    # Consumers connect to the host the dispatcher advertises on both ports: this pod's own name under
+    # the headless Service (a name a certificate can carry, unlike the pod IP), where both ports listen.
     assert "--host=0.0.0.0" in c["args"]
-    assert not [a for a in c["args"] if a.startswith("--advertised-host")]
-    assert env_of(c)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert [a for a in c["args"] if a.startswith("--advertised-host")] == [
+        "--advertised-host=$(POD_NAME).sluice-dispatcher-headless.$(POD_NAMESPACE).svc.cluster.local"
+    ]
+    assert dep["spec"]["serviceName"] == "sluice-dispatcher-headless"
     svc = service_ports(one(m, "Service", "sluice-dispatcher"))
     assert svc["wire"] == {"name": "wire", "port": wire, "targetPort": "wire", "protocol": "TCP"}
     assert svc["grpc"]["port"] == grpc
@@ -185,7 +187,7 @@ def test_changing_the_wire_port_moves_the_port_and_the_dispatcher_config_togethe
 
 
 def test_coordinator_elects_a_leader_through_a_lease_with_lease_only_rbac(defaults: list[Manifest]) -> None:
-    dep = one(defaults, "Deployment", "sluice-coordinator")
+    dep = one(defaults, "StatefulSet", "sluice-coordinator")
     assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "sluice-coordinator"
@@ -202,7 +204,15 @@ def test_coordinator_elects_a_leader_through_a_lease_with_lease_only_rbac(defaul
         "secretKeyRef": {"name": "sluice-redis", "key": "redis-url"}
     }
     assert "--offset-store=sluice-offset-store:7602" in args
-    assert "--advertised-host=$(POD_IP)" in args
+    # Its own name under the headless Service, not its pod IP: standbys forward to the leader there and
+    # clients are sent there, over TLS verified against that name (the certificate's wildcard).
+    assert (
+        "--advertised-host=$(POD_NAME).sluice-coordinator-headless.$(POD_NAMESPACE).svc.cluster.local" in args
+    )
+    assert dep["spec"]["serviceName"] == "sluice-coordinator-headless"
+    headless = one(defaults, "Service", "sluice-coordinator-headless")["spec"]
+    assert headless["clusterIP"] == "None"
+    assert headless["publishNotReadyAddresses"] is True
 
     one(defaults, "ServiceAccount", "sluice-coordinator")
     role = one(defaults, "Role", "sluice-coordinator")
@@ -228,8 +238,11 @@ def test_no_election_means_no_rbac_and_no_token() -> None:
     m = render([CI / "values-single-broker.yaml"])
     assert not find(m, "Role")
     assert not find(m, "RoleBinding")
-    assert not find(m, "ServiceAccount")
-    dep = one(m, "Deployment", "sluice-coordinator")
+    # No coordinator ServiceAccount; the others' own ones (no token, no RBAC) are always there.
+    accounts = find(m, "ServiceAccount")
+    assert {a["metadata"]["name"] for a in accounts} == {"sluice-broker", "sluice-offset-store"}
+    assert all(a["automountServiceAccountToken"] is False for a in accounts)
+    dep = one(m, "StatefulSet", "sluice-coordinator")
     assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     assert "SLUICE_COORDINATOR_ELECTION" not in env_of(container(dep))
 
@@ -281,8 +294,8 @@ def test_checksum_changes_only_for_the_component_whose_config_changed(defaults: 
     assert checksum(changed, "StatefulSet", "sluice-broker") != checksum(
         defaults, "StatefulSet", "sluice-broker"
     )
-    assert checksum(changed, "Deployment", "sluice-dispatcher") == checksum(
-        defaults, "Deployment", "sluice-dispatcher"
+    assert checksum(changed, "StatefulSet", "sluice-dispatcher") == checksum(
+        defaults, "StatefulSet", "sluice-dispatcher"
     )
     config = one(changed, "ConfigMap", "sluice-broker")["data"]["broker.toml"]
     assert "segment_bytes = 1048576" in config
@@ -333,7 +346,7 @@ def test_bundled_redis_uses_aof_a_pvc_and_a_password_from_a_secret(defaults: lis
     # Sluice's ACL user's password (in the URL) and the default user's, which the services never get.
     assert set(secret["data"]) == {"redis-password", "admin-password", "redis-url"}
     for name, prefix in (("sluice-coordinator", "COORDINATOR"), ("sluice-offset-store", "OFFSET_STORE")):
-        env = env_of(container(one(defaults, "Deployment", name)))
+        env = env_of(container(one(defaults, SLUICE_WORKLOADS[name][0], name)))
         assert env[f"SLUICE_{prefix}_REDIS_URL"] == {
             "secretKeyRef": {"name": "sluice-redis", "key": "redis-url"}
         }
@@ -358,11 +371,11 @@ def test_external_redis_from_a_url_goes_into_a_secret() -> None:
     m = render([CI / "values-three-brokers.yaml"])
     secret = one(m, "Secret", "sluice-external-redis")
     assert base64.b64decode(secret["data"]["redis-url"]) == b"redis://redis.storage.svc.cluster.local:6379/0"
-    env = env_of(container(one(m, "Deployment", "sluice-coordinator")))
+    env = env_of(container(one(m, "StatefulSet", "sluice-coordinator")))
     assert env["SLUICE_COORDINATOR_REDIS_URL"] == {
         "secretKeyRef": {"name": "sluice-external-redis", "key": "redis-url"}
     }
-    assert not any("redis://" in str(w["spec"]) for w in find(m, "Deployment")), (
+    assert not any("redis://" in str(w["spec"]) for w in find(m, "Deployment") + find(m, "StatefulSet")), (
         "the URL stays out of pod specs"
     )
 
@@ -373,17 +386,17 @@ def test_single_broker_without_persistence_uses_empty_dir() -> None:
     assert sts["spec"]["replicas"] == 1
     assert "volumeClaimTemplates" not in sts["spec"]
     assert {"name": "data", "emptyDir": {}} in sts["spec"]["template"]["spec"]["volumes"]
-    assert not find(m, "Deployment", "sluice-dispatcher")
+    assert not find(m, "StatefulSet", "sluice-dispatcher")
     assert not find(m, "PodDisruptionBudget")
 
 
 def test_dispatcher_hpa_owns_the_replica_count(all_features: list[Manifest]) -> None:
-    dep = one(all_features, "Deployment", "sluice-dispatcher")
+    dep = one(all_features, "StatefulSet", "sluice-dispatcher")
     assert "replicas" not in dep["spec"]
     hpa = one(all_features, "HorizontalPodAutoscaler", "sluice-dispatcher")
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": "StatefulSet",
         "name": "sluice-dispatcher",
     }
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 6)
@@ -451,5 +464,5 @@ def test_helm_test_pod_produces_and_consumes_with_a_group_and_a_subscription(
 def test_image_override_and_digest() -> None:
     m = render(sets=["image.digest=sha256:" + "a" * 64, "components.dispatcher.image.tag=canary"])
     assert container(one(m, "StatefulSet", "sluice-broker"))["image"] == "sluice@sha256:" + "a" * 64
-    assert container(one(m, "Deployment", "sluice-dispatcher"))["image"] == "sluice:canary"
+    assert container(one(m, "StatefulSet", "sluice-dispatcher"))["image"] == "sluice:canary"
     assert container(one(m, "StatefulSet", "sluice-redis"))["image"] == "docker.io/library/redis:7.4"

@@ -9,7 +9,7 @@ from tests.chart.test_manifests import container, env_of
 
 def test_defaults_replicate_three_ways_and_read_the_zone_label() -> None:
     manifests = render()
-    coordinator = container(one(manifests, "Deployment", "sluice-coordinator"))
+    coordinator = container(one(manifests, "StatefulSet", "sluice-coordinator"))
     assert "--default-replication-factor=3" in coordinator["args"]
     broker = env_of(container(one(manifests, "StatefulSet", "sluice-broker")))
     assert broker["SLUICE_BROKER_RACK"] == {
@@ -26,7 +26,7 @@ def test_a_factor_above_the_broker_count_is_refused() -> None:
     err = render_error(sets=["components.broker.replicas=2"])
     assert "defaultReplicationFactor (3) is above components.broker.replicas (2)" in err
     single = render([CHART / "ci" / "values-single-broker.yaml"])
-    coordinator = container(one(single, "Deployment", "sluice-coordinator"))
+    coordinator = container(one(single, "StatefulSet", "sluice-coordinator"))
     assert "--default-replication-factor=1" in coordinator["args"]
 
 
@@ -54,5 +54,5 @@ def test_brokers_spread_across_nodes_by_default_and_affinity_replaces_it() -> No
     own = pod_affinity(["components.broker.affinity.nodeAffinity.x=y"])
     assert own == {"nodeAffinity": {"x": "y"}}
     # Other components keep their affinity as set (none by default).
-    coordinator = one(render(), "Deployment", "sluice-coordinator")
+    coordinator = one(render(), "StatefulSet", "sluice-coordinator")
     assert "affinity" not in coordinator["spec"]["template"]["spec"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,9 @@ CERT_MANAGER = "cert-manager.io/v1"
 # Workload -> (kind, config class, env prefix): the chart must speak each service's own settings.
 WORKLOADS: dict[str, tuple[str, type[Any], str]] = {
     "sluice-broker": ("StatefulSet", BrokerConfig, BROKER_PREFIX),
-    "sluice-coordinator": ("Deployment", CoordinatorConfig, COORDINATOR_PREFIX),
+    "sluice-coordinator": ("StatefulSet", CoordinatorConfig, COORDINATOR_PREFIX),
     "sluice-offset-store": ("Deployment", OffsetStoreConfig, OFFSET_STORE_PREFIX),
-    "sluice-dispatcher": ("Deployment", DispatcherConfig, DISPATCHER_PREFIX),
+    "sluice-dispatcher": ("StatefulSet", DispatcherConfig, DISPATCHER_PREFIX),
 }
 SECURITY_FIELDS = {f.name for f in dataclasses.fields(SecuritySettings)}
 
@@ -37,6 +38,11 @@ SECURITY_FIELDS = {f.name for f in dataclasses.fields(SecuritySettings)}
 def pod_spec(m: list[Manifest], name: str) -> dict[str, Any]:
     spec: dict[str, Any] = one(m, WORKLOADS[name][0], name)["spec"]["template"]["spec"]
     return spec
+
+
+def main_container_of(m: list[Manifest], kind: str, name: str) -> dict[str, Any]:
+    c: dict[str, Any] = one(m, kind, name)["spec"]["template"]["spec"]["containers"][0]
+    return c
 
 
 def main_container(m: list[Manifest], name: str) -> dict[str, Any]:
@@ -90,6 +96,10 @@ def test_every_sluice_env_the_chart_sets_is_a_setting_of_that_service(
         "tls_client_auth",
         "auth_mechanisms",
         "cluster_token_file",
+        "jwt_jwks_ca_file",
+        "jwt_jwks_token_file",
+        "jwt_token_review",
+        "tls_metrics",
     } <= security
 
 
@@ -112,6 +122,13 @@ def test_the_services_own_loader_accepts_every_value_the_chart_sets(
     assert config.super_users == "admin"
     assert config.jwt_audience == "sluice"
     assert config.jwt_jwks_url == "https://kubernetes.default.svc/openid/v1/jwks"
+    assert str(config.jwt_jwks_ca_file) == "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    assert str(config.jwt_jwks_token_file) == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert config.jwt_jwks_refetch_interval == timedelta(seconds=10)
+    assert config.jwt_jwks_max_age == timedelta(minutes=10)
+    assert config.jwt_token_review is True
+    assert config.jwt_token_review_interval == timedelta(minutes=1)
+    assert config.tls_metrics is True
 
 
 # ---- TLS --------------------------------------------------------------------------------------------
@@ -170,6 +187,51 @@ def test_cert_manager_issues_a_certificate_per_component_from_a_private_ca() -> 
     assert not validate_manifests({"cert-manager": m})
 
 
+def _covers(dns_names: list[str], host: str) -> bool:
+    """TLS hostname matching as the clients do it: exact, or a wildcard standing for one left-most label."""
+    for name in dns_names:
+        if name == host:
+            return True
+        if name.startswith("*.") and "." in host and host.split(".", 1)[1] == name[2:]:
+            return True
+    return False
+
+
+@pytest.mark.parametrize(("release", "fullname"), [("sluice", "sluice"), ("prod", "prod-sluice")])
+def test_every_name_a_peer_or_client_dials_is_on_that_components_certificate(
+    release: str, fullname: str
+) -> None:
+    """The advertised hosts (brokers, coordinators, dispatchers: their pod names under the headless
+    Services, never a pod IP), the addresses the services are given for each other (--coordinator,
+    --offset-store) and the clients' bootstrap all verify against the certificate of the pod they reach."""
+    m = render(sets=["tls.enabled=true"], api_versions=[CERT_MANAGER], release=release)
+    certs = {c["metadata"]["name"]: c["spec"].get("dnsNames", []) for c in find(m, "Certificate")}
+    dialled: list[tuple[str, str]] = []
+    advertising: set[str] = set()
+    for name, (kind, _cls, _prefix) in WORKLOADS.items():
+        workload = name.replace("sluice", fullname, 1)
+        for arg in main_container_of(m, kind, workload)["args"]:
+            flag, _, value = arg.partition("=")
+            if flag == "--advertised-host":
+                assert "POD_IP" not in value, f"{workload}: no certificate issued ahead can name a pod IP"
+                pod = value.replace("$(POD_NAME)", f"{workload}-0").replace("$(POD_NAMESPACE)", "sluice-test")
+                dialled.append((workload, pod))
+                advertising.add(workload)
+            elif flag in ("--coordinator", "--offset-store"):
+                target = value.rsplit(":", 1)[0]
+                dialled.append((target, target))
+    assert advertising == {f"{fullname}-{c}" for c in ("broker", "coordinator", "dispatcher")}
+    test_pod = one(m, "Pod", f"{fullname}-test-produce-consume")["spec"]["containers"][0]
+    dialled.append((f"{fullname}-coordinator", env_of(test_pod)["SLUICE_BOOTSTRAP"].rsplit(":", 1)[0]))
+    assert {w for w, _ in dialled} == {n.replace("sluice", fullname, 1) for n in WORKLOADS}
+    for workload, host in dialled:
+        assert _covers(certs[workload], host), (workload, host, certs[workload])
+    # The pod names resolve: each advertising workload is a StatefulSet governed by its headless Service.
+    for workload in advertising:
+        assert one(m, "StatefulSet", workload)["spec"]["serviceName"] == f"{workload}-headless"
+        assert one(m, "Service", f"{workload}-headless")["spec"]["clusterIP"] == "None"
+
+
 def test_an_issuer_of_yours_signs_and_the_chart_makes_no_ca() -> None:
     m = render(
         sets=[
@@ -221,21 +283,32 @@ def test_existing_secrets_replace_cert_manager_shared_or_per_component() -> None
 @pytest.mark.parametrize(
     ("sets", "check"),
     [
-        ([], {"tcpSocket": {"port": "grpc"}}),
-        (["tls.probes=httpGet"], {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTP"}}),
-        (["tls.probes=grpc", "tls.healthPort=7690"], {"grpc": {"port": 7690}}),
+        ([], {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTP"}}),
+        (["tls.metrics=true"], {"httpGet": {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}}),
+        (["tls.probes=tcpSocket"], {"tcpSocket": {"port": "grpc"}}),
     ],
 )
-def test_probes_under_tls_do_not_speak_plaintext_grpc_to_a_tls_port(
+def test_probes_under_tls_ask_healthz_on_the_metrics_port_never_plaintext_grpc(
     sets: list[str], check: dict[str, Any]
 ) -> None:
+    """The default asks the service's own health (/healthz: 503 once NOT_SERVING), over HTTPS when the
+    metrics port serves TLS; a plaintext gRPC probe at a TLS port would fail every time."""
     m = render(sets=["tls.enabled=true", "tls.existingSecret=s", *sets])
-    for name in WORKLOADS:
+    for name, (_kind, _cls, prefix) in WORKLOADS.items():
         c = main_container(m, name)
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             kind = next(iter(check))
             assert {kind: c[probe][kind]} == check, (name, probe)
             assert {"grpc", "tcpSocket", "httpGet"} & set(c[probe]) == {kind}
+        # HTTPS probes exactly when the service serves its metrics port with TLS.
+        assert (env_of(c).get(prefix + "TLS_METRICS") == "true") is ("tls.metrics=true" in sets), name
+        assert "metrics" in {port["name"] for port in c["ports"]}
+
+
+@pytest.mark.parametrize("setting", ["tls.probes=grpc", "tls.healthPort=7699", "tls.probePath=/x"])
+def test_probe_modes_the_services_cannot_answer_are_gone(setting: str) -> None:
+    """No service has a plaintext health-only gRPC port, and /healthz is the only health path."""
+    assert "don't meet the specifications of the schema" in render_error(sets=["tls.enabled=true", setting])
 
 
 # ---- authentication and the cluster token -----------------------------------------------------------
@@ -257,6 +330,104 @@ def test_auth_turns_on_every_service_with_the_cluster_token_mounted(secure: list
         assert env[prefix + "JWT_ISSUER"] == "https://kubernetes.default.svc.cluster.local"
         # Fetching the API server's JWKS takes a ServiceAccount token.
         assert pod_spec(secure, name)["automountServiceAccountToken"] is True, name
+
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def test_the_api_servers_jwks_is_fetched_with_the_pods_own_ca_and_rotated_token(
+    secure: list[Manifest],
+) -> None:
+    for name, (_kind, _cls, prefix) in WORKLOADS.items():
+        env = env_of(main_container(secure, name))
+        assert env[prefix + "JWT_JWKS_CA_FILE"] == f"{SA_DIR}/ca.crt", name
+        # A path, re-read at every fetch: the kubelet rotates the mounted token.
+        assert env[prefix + "JWT_JWKS_TOKEN_FILE"] == f"{SA_DIR}/token", name
+        assert env[prefix + "JWT_JWKS_REFETCH_INTERVAL"] == "10s"
+        assert env[prefix + "JWT_JWKS_MAX_AGE"] == "10m"
+
+
+def test_an_external_jwks_gets_no_cluster_ca_and_no_service_account_token() -> None:
+    m = render(
+        sets=[
+            "auth.enabled=true",
+            "auth.mechanisms={jwt}",
+            "auth.jwt.jwksUrl=https://idp.example/jwks",
+            "auth.jwt.kubernetesCA=false",
+            "auth.jwt.jwksRefetchInterval=30s",
+        ]
+    )
+    for name, (_kind, _cls, prefix) in WORKLOADS.items():
+        env = env_of(main_container(m, name))
+        assert env[prefix + "JWT_JWKS_URL"] == "https://idp.example/jwks"
+        assert env[prefix + "JWT_JWKS_REFETCH_INTERVAL"] == "30s"
+        assert not {
+            prefix + "JWT_JWKS_CA_FILE",
+            prefix + "JWT_JWKS_TOKEN_FILE",
+            prefix + "JWT_TOKEN_REVIEW",
+        } & set(env)
+        assert pod_spec(m, name)["automountServiceAccountToken"] is (name == "sluice-coordinator"), name
+    assert not find(m, "ClusterRoleBinding")
+
+
+def test_token_review_is_off_by_default() -> None:
+    m = render(sets=["auth.enabled=true"])
+    assert not find(m, "ClusterRoleBinding")
+    for name, (_kind, _cls, prefix) in WORKLOADS.items():
+        assert prefix + "JWT_TOKEN_REVIEW" not in env_of(main_container(m, name))
+
+
+def test_token_review_binds_auth_delegator_to_exactly_the_components_service_accounts(
+    secure: list[Manifest],
+) -> None:
+    """Every component authenticates clients, so each reviews tokens as its own ServiceAccount; none of
+    them is the namespace's default one, which every other pod there may run as."""
+    [binding] = find(secure, "ClusterRoleBinding")
+    assert binding["metadata"]["name"] == "sluice-test-sluice-token-review", (
+        "cluster-scoped: carries the namespace"
+    )
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "system:auth-delegator",
+    }
+    subjects = {(s["kind"], s["name"], s["namespace"]) for s in binding["subjects"]}
+    accounts = {pod_spec(secure, name)["serviceAccountName"] for name in WORKLOADS}
+    assert subjects == {("ServiceAccount", a, "sluice-test") for a in accounts}
+    assert "default" not in accounts
+    assert len(accounts) == len(WORKLOADS), "one ServiceAccount per component"
+    created = {a["metadata"]["name"] for a in find(secure, "ServiceAccount")}
+    assert accounts <= created
+    for name, (_kind, _cls, prefix) in WORKLOADS.items():
+        env = env_of(main_container(secure, name))
+        assert env[prefix + "JWT_TOKEN_REVIEW"] == "true"
+        assert env[prefix + "JWT_TOKEN_REVIEW_INTERVAL"] == "1m"
+        assert pod_spec(secure, name)["automountServiceAccountToken"] is True, "the in-cluster client's token"
+
+
+def test_token_review_without_the_kubernetes_jwks_still_mounts_the_token_and_rbac_can_be_yours() -> None:
+    m = render(
+        sets=[
+            "auth.enabled=true",
+            "auth.jwt.kubernetesCA=false",
+            "auth.jwt.tokenReview.enabled=true",
+            "auth.jwt.tokenReview.rbac.create=false",
+        ]
+    )
+    assert not find(m, "ClusterRoleBinding")
+    for name in WORKLOADS:
+        assert pod_spec(m, name)["automountServiceAccountToken"] is True, name
+
+
+def test_scram_always_gets_the_cluster_token_the_services_require() -> None:
+    """The services refuse --auth-mechanisms scram without --cluster-token-file: the chart always sets it."""
+    for sets in ([], ["auth.clusterToken.existingSecret=mine"]):
+        m = render(sets=["auth.enabled=true", "auth.mechanisms={scram}", *sets])
+        for name, (_kind, _cls, prefix) in WORKLOADS.items():
+            c = main_container(m, name)
+            assert env_of(c)[prefix + "CLUSTER_TOKEN_FILE"].startswith(
+                mounts_of(c)["cluster-token"]["mountPath"]
+            )
 
 
 def test_an_existing_cluster_token_secret_is_used_and_none_is_generated() -> None:
@@ -281,7 +452,24 @@ def test_the_generated_cluster_token_is_random_per_install() -> None:
         (["auth.enabled=true", "auth.mechanisms={mtls}"], "auth.mechanisms has mtls: it needs tls.enabled"),
         (
             ["auth.enabled=true", "auth.mechanisms={mtls}", "tls.enabled=true", "tls.existingSecret=s"],
-            "tls.clientAuth request or require",
+            "auth.mechanisms has mtls but tls.clientAuth is none",
+        ),
+        (
+            ["auth.enabled=true", "auth.mechanisms={scram}", "auth.jwt.tokenReview.enabled=true"],
+            "TokenReview",
+        ),
+        (
+            [
+                "auth.enabled=true",
+                "auth.jwt.tokenReview.enabled=true",
+                "components.coordinator.serviceAccount.create=false",
+            ],
+            "default ServiceAccount",
+        ),
+        (["tls.metrics=true"], "tls.metrics is true but tls.enabled is false"),
+        (
+            ["tls.enabled=true", "tls.existingSecret=s", "tls.metrics=true", "monitoring.enabled=true"],
+            "the chart's monitor scrapes plain HTTP",
         ),
         (["tls.clientAuth=require"], "client certificates need TLS"),
         (["auth.enabled=true", "auth.jwt.jwksUrl="], "set auth.jwt.jwksUrl"),
@@ -327,8 +515,17 @@ def test_the_helm_test_pod_authenticates_with_a_sluice_only_token_and_trusts_the
     }
     env = env_of(pod["containers"][0])
     assert env["SLUICE_TLS_CA"] == "/var/run/secrets/sluice/ca/ca.crt"
+    # The file, not its content: the SDK re-reads it when the kubelet rotates it (SLUICE_TOKEN_FILE).
+    token_mount = {v["name"]: v["mountPath"] for v in pod["containers"][0]["volumeMounts"]}["token"]
+    assert env["SLUICE_TOKEN_FILE"] == posixpath.join(token_mount, source["serviceAccountToken"]["path"])
+    assert "SLUICE_TOKEN" not in env, "a token in the env would win over the file and never be renewed"
     script = one(secure, "ConfigMap", "sluice-test-produce-consume")["data"]["produce-consume.sh"]
-    assert "SLUICE_TOKEN=$(cat /var/run/secrets/sluice/token/token)" in script
+    assert "SLUICE_TOKEN" not in script
+    # Without JWT there is no token at all.
+    plain = one(
+        render(sets=["auth.enabled=true", "auth.mechanisms={scram}"]), "Pod", "sluice-test-produce-consume"
+    )
+    assert "SLUICE_TOKEN_FILE" not in env_of(plain["spec"]["containers"][0])
 
 
 @pytest.mark.parametrize(
@@ -393,14 +590,29 @@ def test_closed_policies_admit_the_release_and_the_named_clients_only(secure: li
 def test_every_security_variant_passes_kubernetes_validate_strict(secure: list[Manifest]) -> None:
     variants = {
         "secure": secure,
-        "tls-cert-manager": render(
-            sets=["tls.enabled=true", "tls.probes=httpGet"], api_versions=[CERT_MANAGER]
+        "tls-cert-manager": render(sets=["tls.enabled=true"], api_versions=[CERT_MANAGER]),
+        "tls-existing": render(sets=["tls.enabled=true", "tls.existingSecret=s", "tls.probes=tcpSocket"]),
+        "tls-metrics": render(sets=["tls.enabled=true", "tls.existingSecret=s", "tls.metrics=true"]),
+        "jwt-external-jwks": render(
+            sets=[
+                "auth.enabled=true",
+                "auth.mechanisms={jwt}",
+                "auth.jwt.jwksUrl=https://idp.example/jwks",
+                "auth.jwt.kubernetesCA=false",
+            ]
         ),
-        "tls-existing": render(sets=["tls.enabled=true", "tls.existingSecret=s", "tls.probes=grpc"]),
+        "token-review-single": render(
+            [CHART / "ci" / "values-single-broker.yaml"],
+            sets=[
+                "auth.enabled=true",
+                "auth.jwt.tokenReview.enabled=true",
+                "components.coordinator.serviceAccount.create=true",
+            ],
+        ),
         "auth-only": render(sets=["auth.enabled=true", "auth.superUsers={admin,ops}"]),
         "no-policies": render(sets=["networkPolicy.enabled=false", "auth.enabled=true"]),
     }
     problems = validate_manifests(variants)
     assert not problems, "\n".join(str(p) for p in problems)
     kinds = {m["kind"] for ms in variants.values() for m in ms}
-    assert {"Certificate", "Issuer", "NetworkPolicy", "ServiceAccount"} <= kinds
+    assert {"Certificate", "Issuer", "NetworkPolicy", "ServiceAccount", "ClusterRoleBinding"} <= kinds

@@ -98,7 +98,8 @@ def test_port_forwards_cover_the_coordinator_and_metrics(tilt: tuple[ast.Module,
     # Clients reach brokers at their advertised in-cluster names, so forwarding a broker's gRPC (7601)
     # or wire (7611) port to localhost would not help them; the chart exposes both in the cluster.
     assert not forwards & {7601, 7611}
-    # Push consumers likewise stream from a dispatcher's wire port (7613) at the pod IP it advertises.
+    # Push consumers likewise stream from a dispatcher's wire port (7613) at the in-cluster name it
+    # advertises.
     assert 7613 not in forwards
 
 

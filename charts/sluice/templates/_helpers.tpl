@@ -104,8 +104,43 @@ app.kubernetes.io/component: {{ . }}
   value: {{ $r.sentinel.masterName | quote }}
 {{- end }}
 
+{{/* The headless Service giving each pod of a StatefulSet (broker, coordinator, dispatcher) a DNS name. */}}
+{{- define "sluice.headlessName" -}}
+{{- printf "%s-headless" (include "sluice.componentName" .) }}
+{{- end }}
+
 {{- define "sluice.brokerHeadlessName" -}}
-{{- printf "%s-headless" (include "sluice.componentName" (dict "ctx" . "component" "broker")) }}
+{{- include "sluice.headlessName" (dict "ctx" . "component" "broker") }}
+{{- end }}
+
+{{/*
+The host a pod advertises (--advertised-host): its own name under the component's headless Service,
+<pod>.<fullname>-<component>-headless.<namespace>.svc.<clusterDomain>. A stable DNS name, not the pod IP,
+because with TLS the peers verify the certificate against the name they dial, and a certificate issued
+ahead of time can name the pods (a wildcard under the headless Service) but never their IPs.
+*/}}
+{{- define "sluice.advertisedHost" -}}
+{{- printf "$(POD_NAME).%s.$(POD_NAMESPACE).svc.%s" (include "sluice.headlessName" .) .ctx.Values.clusterDomain }}
+{{- end }}
+
+{{/* A component's headless Service: per-pod DNS names, published before the pods are ready. */}}
+{{- define "sluice.headlessService" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "sluice.headlessName" . }}
+  namespace: {{ .ctx.Release.Namespace }}
+  labels:
+    {{- include "sluice.labels" . | nindent 4 }}
+spec:
+  type: ClusterIP
+  clusterIP: None
+  # Resolve a pod's name while it starts: peers and clients learn it (Metadata, the Lease) before it is ready.
+  publishNotReadyAddresses: true
+  selector:
+    {{- include "sluice.selectorLabels" . | nindent 4 }}
+  ports:
+    {{- include "sluice.servicePorts" . | nindent 4 }}
 {{- end }}
 
 {{/* Where the Redis URL lives: a Secret name and key. */}}
@@ -310,8 +345,10 @@ livenessProbe:
 
 {{/*
 What a probe checks. Plaintext: the gRPC health service on the main port. With TLS the kubelet's gRPC
-probe cannot do TLS (it sends no credentials either), so tls.probes picks: tcpSocket on the gRPC port,
-httpGet on the plaintext metrics port, or gRPC health on a plaintext health-only port.
+probe cannot do TLS (and sends no credentials), so by default (tls.probes: httpGet) it asks the service's
+own /healthz on the metrics port (sluice/server/http.py: 200 while the gRPC health is SERVING, 503
+otherwise), over HTTPS when tls.metrics serves that port with TLS (the kubelet does not verify the
+certificate). tcpSocket only sees that the gRPC port accepts connections.
 */}}
 {{- define "sluice.probeCheck" -}}
 {{- $c := index .ctx.Values.components (include "sluice.valuesKey" .) -}}
@@ -319,17 +356,14 @@ httpGet on the plaintext metrics port, or gRPC health on a plaintext health-only
 {{- if not $tls.enabled -}}
 grpc:
   port: {{ $c.service.port }}
-{{- else if eq $tls.probes "httpGet" -}}
-httpGet:
-  path: {{ $tls.probePath }}
-  port: metrics
-  scheme: HTTP
-{{- else if eq $tls.probes "grpc" -}}
-grpc:
-  port: {{ $tls.healthPort }}
-{{- else -}}
+{{- else if eq $tls.probes "tcpSocket" -}}
 tcpSocket:
   port: grpc
+{{- else -}}
+httpGet:
+  path: /healthz
+  port: metrics
+  scheme: {{ if $tls.metrics }}HTTPS{{ else }}HTTP{{ end }}
 {{- end }}
 {{- end }}
 
@@ -429,6 +463,19 @@ spec:
 {{- end }}
 {{- end }}
 
+{{/*
+The ServiceAccount a component's pods run as. The coordinator's is configurable (election RBAC); the
+broker, offset store and dispatcher each have their own, `<fullname>-<component>`, always created, so
+RBAC granted to Sluice (TokenReview's system:auth-delegator) never lands on the namespace's `default`.
+*/}}
+{{- define "sluice.serviceAccountName" -}}
+{{- if eq .component "coordinator" }}
+{{- include "sluice.coordinatorServiceAccountName" .ctx }}
+{{- else }}
+{{- include "sluice.componentName" . }}
+{{- end }}
+{{- end }}
+
 {{- define "sluice.leaseName" -}}
 {{- default (include "sluice.componentName" (dict "ctx" . "component" "coordinator")) .Values.components.coordinator.election.leaseName }}
 {{- end }}
@@ -484,6 +531,12 @@ holds a private key): the shared existing Secret, the chart's own CA, or the coo
 {{- if and $a.enabled (has "jwt" $a.mechanisms) $a.jwt.kubernetesCA }}true{{ end }}
 {{- end }}
 
+{{/* "true" when the services ask the TokenReview API about each token (in-cluster: the pod's own token). */}}
+{{- define "sluice.tokenReview" -}}
+{{- $a := .Values.auth }}
+{{- if and $a.enabled (has "jwt" $a.mechanisms) $a.jwt.tokenReview.enabled }}true{{ end }}
+{{- end }}
+
 {{/*
 Security env of a Sluice service: exactly the SecuritySettings fields (sluice/security/settings.py), as
 SLUICE_<SERVICE>_<FIELD>; tests/chart/test_security.py checks every name against the dataclasses.
@@ -501,6 +554,10 @@ SLUICE_<SERVICE>_<FIELD>; tests/chart/test_security.py checks every name against
   value: {{ include "sluice.tlsDir" . }}/ca.crt
 - name: {{ $p }}TLS_CLIENT_AUTH
   value: {{ $tls.clientAuth | quote }}
+{{- if $tls.metrics }}
+- name: {{ $p }}TLS_METRICS
+  value: "true"
+{{- end }}
 {{- end }}
 {{- if $a.enabled }}
 - name: {{ $p }}AUTH_MECHANISMS
@@ -524,6 +581,23 @@ SLUICE_<SERVICE>_<FIELD>; tests/chart/test_security.py checks every name against
   value: {{ $a.jwt.algorithms | quote }}
 - name: {{ $p }}JWT_PRINCIPAL_CLAIM
   value: {{ $a.jwt.principalClaim | quote }}
+- name: {{ $p }}JWT_JWKS_REFETCH_INTERVAL
+  value: {{ $a.jwt.jwksRefetchInterval | quote }}
+- name: {{ $p }}JWT_JWKS_MAX_AGE
+  value: {{ $a.jwt.jwksMaxAge | quote }}
+{{- if $a.jwt.kubernetesCA }}
+{{- /* The API server's JWKS: verified with the cluster CA, fetched with the pod's own (rotated) token. */}}
+- name: {{ $p }}JWT_JWKS_CA_FILE
+  value: {{ include "sluice.kubernetesSADir" . }}/ca.crt
+- name: {{ $p }}JWT_JWKS_TOKEN_FILE
+  value: {{ include "sluice.kubernetesSADir" . }}/token
+{{- end }}
+{{- if $a.jwt.tokenReview.enabled }}
+- name: {{ $p }}JWT_TOKEN_REVIEW
+  value: "true"
+- name: {{ $p }}JWT_TOKEN_REVIEW_INTERVAL
+  value: {{ $a.jwt.tokenReview.interval | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -567,9 +641,9 @@ SLUICE_<SERVICE>_<FIELD>; tests/chart/test_security.py checks every name against
 {{- end }}
 {{- end }}
 
-{{/* automountServiceAccountToken of a Sluice pod: `need` (the coordinator's election) or the Kubernetes JWKS. */}}
+{{/* automountServiceAccountToken of a Sluice pod: `need` (the coordinator's election), the Kubernetes JWKS or TokenReview. */}}
 {{- define "sluice.automountToken" -}}
-{{- if or .need (include "sluice.kubernetesJwks" .ctx) }}true{{ else }}false{{ end }}
+{{- if or .need (include "sluice.kubernetesJwks" .ctx) (include "sluice.tokenReview" .ctx) }}true{{ else }}false{{ end }}
 {{- end }}
 
 {{/*

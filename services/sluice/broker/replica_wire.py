@@ -19,6 +19,8 @@ import contextlib
 import socket
 import ssl
 
+from sluice.common.client_security import process_security
+from sluice.common.client_tls import client_ssl_context, server_hostname
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
     HEADER,
@@ -29,8 +31,6 @@ from sluice.common.wire import (
     frame,
 )
 from sluice.errors import AuthenticationError, BrokerNotAvailable, raise_for_proto
-from sluice.security.client import process_security
-from sluice.security.client_tls import client_ssl_context, server_hostname
 from sluice.v1 import broker_pb2, wire_pb2
 
 __all__ = ["ReplicaWire"]

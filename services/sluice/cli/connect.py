@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sluice import DEFAULT_BOOTSTRAP
 from sluice.cli.errors import UsageError
-from sluice.security.client import TLSConfig
+from sluice.common.client_security import TLSConfig
 
 if TYPE_CHECKING:
     from sluice.client.client import Client

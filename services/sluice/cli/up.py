@@ -47,7 +47,7 @@ from sluice.cli.output import positive_float
 from sluice.cli.supervisor import SERVICE_READY, Child, RestartPolicy, Supervisor
 from sluice.cli.up_auth import LocalAuth
 from sluice.cli.up_tls import LocalTLS
-from sluice.security.client import TLSConfig
+from sluice.common.client_security import TLSConfig
 from sluice.server.limits import OpenFilesLimit, raise_open_files_limit
 
 REDIS_READY = re.compile(r"Ready to accept connections")

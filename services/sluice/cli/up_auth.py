@@ -24,7 +24,7 @@ import secrets
 from pathlib import Path
 
 from sluice.cli.errors import CliError
-from sluice.security.client import TLSConfig
+from sluice.common.client_security import TLSConfig
 
 __all__ = ["ADMIN", "LocalAuth"]
 

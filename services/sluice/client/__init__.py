@@ -5,7 +5,7 @@ from sluice.client.consumer.offset_reset import OffsetResetRow, ResetTo
 from sluice.client.fetcher import Fetcher
 from sluice.client.metadata import BrokerInfo, ClusterMetadata, PartitionInfo, TopicInfo
 from sluice.client.producer import FutureRecordMetadata, Producer, ProducerConfig, RecordMetadata
-from sluice.security.client import TLSConfig
+from sluice.common.client_security import TLSConfig
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",

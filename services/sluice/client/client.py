@@ -39,11 +39,11 @@ from sluice.client.producer import Producer, ProducerConfig
 from sluice.client.push import PushConsumer, PushConsumerConfig
 from sluice.client.push.admin import SubscriptionInfo, describe_subscription, list_subscriptions
 from sluice.client.push.config import SUBSCRIPTION_TYPES
+from sluice.common.client_security import ClientSecurity, TLSConfig
+from sluice.common.client_tls import tls_from_env
 from sluice.common.names import validate_group, validate_topic
 from sluice.common.peers import Peers
 from sluice.errors import InvalidArgument, SluiceError
-from sluice.security.client import ClientSecurity, TLSConfig
-from sluice.security.client_tls import tls_from_env
 from sluice.security.credentials import token_source
 
 __all__ = ["DEFAULT_BOOTSTRAP", "Client"]

@@ -37,6 +37,8 @@ from google.protobuf.message import DecodeError
 
 from sluice.client.streams import Callback
 from sluice.client.wire import greet, hello_bytes, open_socket, shutdown
+from sluice.common.client_security import ClientSecurity, retriable_refusal
+from sluice.common.client_tls import share
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
     LANE,
@@ -53,15 +55,12 @@ from sluice.common.wire import (
     split_address,
 )
 from sluice.errors import (
-    AuthenticationError,
     BrokerNotAvailable,
+    CredentialsError,
     InvalidRequest,
     RequestTimedOut,
     SluiceError,
 )
-from sluice.security.client import ClientSecurity
-from sluice.security.client_tls import share
-from sluice.security.credentials import retriable_refusal
 from sluice.v1 import broker_pb2
 
 __all__ = ["FetchLane", "ProduceLink", "SharedConnection"]
@@ -294,7 +293,7 @@ class SharedConnection:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             answer = greet(sock, hello_bytes(LANES_VERSION, self._client_id, security), self._name)
-        except AuthenticationError as exc:
+        except CredentialsError as exc:
             raise retriable_refusal(security, exc) from None
         if answer.version < LANES_VERSION:
             raise InvalidRequest(

@@ -17,10 +17,10 @@ import contextlib
 import socket
 import ssl
 
+from sluice.common.client_security import ClientSecurity, TLSConfig
+from sluice.common.client_tls import client_ssl_context, server_hostname
 from sluice.common.wire import FrameReader, FrameType, WireProtocolError, error_from_frame, frame
 from sluice.errors import AuthenticationError, BrokerNotAvailable, raise_for_proto
-from sluice.security.client import ClientSecurity, TLSConfig
-from sluice.security.client_tls import client_ssl_context, server_hostname
 from sluice.v1 import wire_pb2
 
 __all__ = ["connect", "greet", "greet_and_block", "hello_bytes", "open_socket", "shutdown", "tls_refused"]

@@ -28,6 +28,9 @@ import grpc
 from grpc import aio
 
 from sluice.common.backoff import PEER_INITIAL_S, PEER_MAX_S
+from sluice.common.client_interceptors import TokenInterceptor, aio_token_interceptors
+from sluice.common.client_security import ClientSecurity, process_security
+from sluice.common.client_tls import channel_credentials, channel_options
 from sluice.common.rpc import CHANNEL_OPTIONS
 from sluice.errors import (
     BrokerNotAvailable,
@@ -39,9 +42,6 @@ from sluice.errors import (
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
 )
-from sluice.security.client import ClientSecurity, process_security
-from sluice.security.client_interceptors import TokenInterceptor, aio_token_interceptors
-from sluice.security.client_tls import channel_credentials, channel_options
 from sluice.v1 import acl_pb2_grpc, broker_pb2_grpc, coordinator_pb2_grpc, offset_store_pb2_grpc
 
 __all__ = [

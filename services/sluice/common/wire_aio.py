@@ -27,6 +27,8 @@ from typing import cast
 
 from google.protobuf.message import DecodeError
 
+from sluice.common.client_security import ClientSecurity, process_security
+from sluice.common.client_tls import client_ssl_context, server_hostname
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
     PROTOCOL_VERSION,
@@ -38,8 +40,6 @@ from sluice.common.wire import (
     split_address,
 )
 from sluice.errors import AuthenticationError, BrokerNotAvailable, error_from_proto
-from sluice.security.client import ClientSecurity, process_security
-from sluice.security.client_tls import client_ssl_context, server_hostname
 from sluice.v1 import broker_pb2, wire_pb2
 
 __all__ = ["FetchFollower"]

@@ -54,9 +54,15 @@ from sluice.coordinator.producer_ids import ProducerIdentity, init_producer_id
 from sluice.coordinator.records import Result
 from sluice.coordinator.topic_acks import Incomplete, settle, wait_for_brokers
 from sluice.coordinator.writer import Clock, SystemClock
-from sluice.errors import NotCoordinator, SluiceError, UnknownGroup
+from sluice.errors import InvalidRequest, NotCoordinator, SluiceError, UnknownGroup
 
 log = logging.getLogger(__name__)
+
+#: The highest controller epoch a broker may report having obeyed. Terms are taken one INCR per election,
+#: so no cluster comes near it (2**40 terms: one a second for 34,000 years); a larger one is not a report
+#: but bad input, and believing it would put the next term out of Redis's INCR range, leaving the
+#: coordinator NOT_COORDINATOR for good (found by the fuzz suite: one BrokerHeartbeat did it).
+MAX_CONTROLLER_EPOCH = 2**40
 
 __all__ = ["Clock", "CoordinatorService", "SystemClock"]
 
@@ -219,6 +225,11 @@ class CoordinatorService(CoordinatorLeadership):
         """A broker obeyed a controller epoch above ours (Redis lost it): raise the stored epoch to it and
         take a new term above it, here and now without an election, else by standing down (fenced) so the
         next election's INCR lands above it; our writes meanwhile are fenced. docs/replication.md."""
+        # Checked before the epoch is believed: a malformed registration or heartbeat must not move it.
+        if broker_id < 0:
+            raise InvalidRequest(f"broker_id must be >= 0, got {broker_id}")
+        if seen > MAX_CONTROLLER_EPOCH:
+            raise InvalidRequest(f"controller_epoch {seen} was never issued (at most {MAX_CONTROLLER_EPOCH})")
         if seen <= self._epoch:
             return
         async with self._lock:

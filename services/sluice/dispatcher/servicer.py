@@ -30,6 +30,7 @@ from sluice.dispatcher.service import DispatcherService
 from sluice.errors import ProtocolViolation, SluiceError
 from sluice.security.audit import audit_current
 from sluice.security.context import RequestContext, current
+from sluice.server.wire import parse_frame
 from sluice.v1 import dispatcher_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -52,13 +53,15 @@ class PeerContext(Protocol):
 
 async def _requests(context: PeerContext) -> AsyncIterator[pb.ConsumerCommand]:
     """The stream's commands, read from the context. Not gRPC's request iterator: its generator
-    holds the last command while it waits for the next (see ``Consume``)."""
+    holds the last command while it waits for the next (see ``Consume``). The interceptor registers
+    Consume with a pass-through deserializer (``sluice.server.decoding``), so commands arrive as bytes
+    and are decoded here: undecodable ones end the stream with a typed error event, as on the wire."""
     while True:
-        command = await context.read()
-        if not isinstance(command, pb.ConsumerCommand):
+        raw = await context.read()
+        if not isinstance(raw, bytes | pb.ConsumerCommand):
             return  # grpc.aio.EOF: the client closed its side
-        yield command
-        del command
+        yield raw if isinstance(raw, pb.ConsumerCommand) else parse_frame(pb.ConsumerCommand, raw, "Consume")
+        del raw
 
 
 class DispatcherServicer:
@@ -128,6 +131,8 @@ class DispatcherServicer:
                     return
         except asyncio.CancelledError:
             raise
+        except SluiceError as err:  # an undecodable command (_requests)
+            stream.fail(err)
         except (grpc.RpcError, aio.AioRpcError) as exc:
             log.debug("consume stream from %s ended: %s", stream.peer, exc)
         except Exception:

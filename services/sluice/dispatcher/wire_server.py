@@ -71,7 +71,11 @@ class _ConsumeConnection(WireConnection):
 
     def eof_received(self) -> bool:
         """The consumer half-closed (a graceful stop, its acks sent): end the commands, and keep
-        the connection open until the servicer ends the stream."""
+        the connection open until the servicer ends the stream. Before a hello was accepted there is
+        no stream to end: close now, or a client that sent half a frame (or no hello) and FIN would
+        hold the connection for good (found by the fuzz suite)."""
+        if self._task is None and not self.in_hello:
+            return False  # asyncio closes the transport
         self._commands.put_nowait(None)
         return True
 

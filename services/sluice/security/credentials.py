@@ -25,17 +25,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sluice.errors import AuthenticationError, CredentialsExpired, InvalidArgument
-from sluice.security.client import ClientSecurity, TLSConfig, TokenSource
+from sluice.common.client_security import TLSConfig, TokenSource
+from sluice.errors import InvalidArgument
 
 __all__ = [
     "PASSWORD_ENV",
     "TOKEN_FILE_ENV",
     "USERNAME_ENV",
     "TokenFile",
-    "refreshable",
-    "refused",
-    "retriable_refusal",
     "token_source",
 ]
 
@@ -147,31 +144,3 @@ def _login(bootstrap: str, tls: TLSConfig | None, username: str | None, password
     from sluice.security.scram_login import ScramLogin
 
     return ScramLogin(bootstrap, username, password, tls)
-
-
-def refreshable(security: ClientSecurity | None) -> bool:
-    """True if ``security``'s token source can get a new token after a refusal (a login, a file)."""
-    return security is not None and callable(getattr(security.token, "refused", None))
-
-
-def refused(security: ClientSecurity | None, token: str | None = None) -> bool:
-    """A server refused ``token`` (None: the one last sent): tell the source. True if it can get a
-    new one, so trying again makes sense."""
-    if not refreshable(security):
-        return False
-    assert security is not None
-    getattr(security.token, "refused")(token)  # noqa: B009 (a duck-typed token source)
-    return True
-
-
-def retriable_refusal(security: ClientSecurity | None, error: AuthenticationError) -> AuthenticationError:
-    """The error to raise for a refusal at a connection's hello: a retriable CredentialsExpired when
-    the source can get a new token (the caller's retry loop then reconnects with it), else ``error``."""
-    if error.__cause__ is not None:  # the TLS session refused (a certificate), not the token
-        return error
-    if isinstance(error, CredentialsExpired):
-        refused(security)
-        return error
-    if refused(security):
-        return CredentialsExpired(f"{error.message} (a new token is fetched for the next attempt)")
-    return error

@@ -1,7 +1,7 @@
 """``ScramLogin``: the SDK's token source for a user name and password (docs/security.md, "Passwords
 (SCRAM) and session tokens").
 
-A :data:`~sluice.security.client.TokenSource`: each call returns the session token to send now. It logs
+A :data:`~sluice.common.client_security.TokenSource`: each call returns the session token to send now. It logs
 in (SCRAM-SHA-256 with the coordinator's ``Auth.Authenticate``) on the first call, caches the session
 token, refreshes it in a background thread once 80% of its lifetime has passed (the calls meanwhile get
 the still-valid one, so a caller never waits for a refresh), and logs in again after :meth:`refused`
@@ -31,6 +31,7 @@ import grpc
 from scramp import ScramClient, ScramException
 
 from sluice.common.backoff import Backoff
+from sluice.common.client_security import ClientSecurity, TLSConfig
 from sluice.common.peers import Peers
 from sluice.common.rpc import error_from_rpc
 from sluice.errors import (
@@ -40,7 +41,6 @@ from sluice.errors import (
     RequestTimedOut,
     SluiceError,
 )
-from sluice.security.client import ClientSecurity, TLSConfig
 from sluice.security.scram import MECHANISM, validate_user_name
 from sluice.v1 import auth_pb2 as pb
 from sluice.v1 import auth_pb2_grpc

@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
+from sluice.common.client_security import ClientSecurity, TLSConfig
+from sluice.common.client_tls import check_tls
 from sluice.errors import InvalidArgument
 from sluice.security.acl import AclAuthorizer
 from sluice.security.audit import audit_denied
@@ -25,7 +27,7 @@ from sluice.security.service import ServiceSecurity
 from sluice.security.session_tokens import SessionTokens, read_cluster_token
 from sluice.security.settings import MECHANISMS, SecuritySettings
 
-__all__ = ["build", "mechanisms_of"]
+__all__ = ["build", "mechanisms_of", "service_security"]
 
 
 def mechanisms_of(settings: SecuritySettings) -> frozenset[str]:
@@ -94,3 +96,19 @@ def _audit(
     service: str, principal: Principal, operation: Operation, resource: Resource, address: str
 ) -> None:
     audit_denied(principal, operation, resource, address, service)
+
+
+def service_security(settings: SecuritySettings) -> ClientSecurity:
+    """How a service calls the others (its ``set_process_security`` at start): TLS verified by
+    ``tls_ca`` and its own certificate (mTLS) when it has TLS settings; the cluster token when
+    ``cluster_token_file`` is set. The token file is read once, here: a rotated cluster token
+    takes a restart (the Secret changes rarely; a rolling restart picks it up)."""
+    tls = None
+    if settings.tls_cert is not None or settings.tls_ca is not None:
+        tls = TLSConfig(ca=settings.tls_ca, cert=settings.tls_cert, key=settings.tls_key)
+        check_tls(tls)
+    path = settings.cluster_token_file
+    if path is None:
+        return ClientSecurity(tls=tls)
+    value = read_cluster_token(path).decode()
+    return ClientSecurity(tls=tls, token=lambda: value)

@@ -26,6 +26,7 @@ from sluice.errors import SluiceError, Unauthenticated
 from sluice.security.live_streams import LiveStream
 from sluice.security.service import ServiceSecurity
 from sluice.server.call_security import MethodSecurity, StreamEnd
+from sluice.server.decoding import RequestDecoder
 from sluice.server.metrics import MethodRecorder
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,25 @@ def _status_for(err: SluiceError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, err.grpc_status, grpc.StatusCode.UNKNOWN)
 
 
+#: The most UTF-8 bytes of an error message sent as a status's details. The details travel in the
+#: ``grpc-message`` trailer, percent-encoded (up to 3 bytes per byte), and a client drops a response whose
+#: metadata passes its limit (16 KiB hard, 8 KiB soft by default) as RESOURCE_EXHAUSTED, losing the typed
+#: error: a message echoing a 100 KB name did exactly that (issue 16).
+MAX_DETAILS_BYTES = 1000
+
+
+def bounded_details(message: str) -> str:
+    """``message``, cut to ``MAX_DETAILS_BYTES`` with its full length said, so the status arrives."""
+    encoded = message.encode()
+    if len(encoded) <= MAX_DETAILS_BYTES:
+        return message
+    head = encoded[:MAX_DETAILS_BYTES].decode(errors="ignore")
+    return f"{head}... (cut: {len(message)} characters)"
+
+
 async def _abort(context: aio.ServicerContext[Any, Any], err: SluiceError) -> None:
     context.set_trailing_metadata(((ERROR_CODE_KEY, str(err.code)),))
-    await context.abort(_status_for(err), err.message)
+    await context.abort(_status_for(err), bounded_details(err.message))
 
 
 def _method_name(full: str) -> str:
@@ -77,18 +94,21 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
         method = _method_name(full)
         record = MethodRecorder(self._service, method).record
         guard = MethodSecurity(self._security, full) if self._security is not None else None
+        # Registered below with a pass-through deserializer: undecodable bytes become a typed error in
+        # the handler (decoding.py), not grpcio's UNKNOWN.
+        decoder = RequestDecoder(method, handler.request_deserializer)
 
         if handler.unary_unary is not None:
             # grpc-stubs types handlers with the sync context; under grpc.aio they are coroutines.
             inner_uu: Any = handler.unary_unary
 
-            async def unary_unary(request: Any, context: aio.ServicerContext[Any, Any]) -> Any:
+            async def unary_unary(raw: Any, context: aio.ServicerContext[Any, Any]) -> Any:
                 started = time.perf_counter()
                 try:
-                    if guard is not None:
-                        who = await guard.authenticate(context)
-                        if who is not None:
-                            guard.begin_call(who, context, request)
+                    who = await guard.authenticate(context) if guard is not None else None
+                    request = decoder.decode(raw)
+                    if guard is not None and who is not None:
+                        guard.begin_call(who, context, request)
                     response = await inner_uu(request, context)
                 except SluiceError as err:
                     record(err.code_name, started)
@@ -109,15 +129,15 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=None,
                 response_serializer=handler.response_serializer,
             )
 
         if handler.stream_stream is not None:
-            stream_stream = _stream_stream(full, method, handler.stream_stream, guard, record)
+            stream_stream = _stream_stream(full, method, handler.stream_stream, guard, record, decoder)
             return grpc.stream_stream_rpc_method_handler(
                 stream_stream,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=None,
                 response_serializer=handler.response_serializer,
             )
         # Unary-stream and stream-unary RPCs are not used by Sluice's services.
@@ -171,6 +191,7 @@ def _stream_stream(
     inner_ss: Any,
     guard: MethodSecurity | None,
     record: Callable[[str, float], None],
+    decoder: RequestDecoder,
 ) -> Any:
     """The wrapped stream-stream handler: an async generator for a generator handler, a coroutine
     for one on gRPC's reader/writer API."""
@@ -179,7 +200,8 @@ def _stream_stream(
         return _stream_outcome(full, method, guard, record, context)
 
     def requests_of(request_iterator: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        return request_iterator if guard is None else guard.checked_requests(request_iterator)
+        decoded = decoder.stream(request_iterator)
+        return decoded if guard is None else guard.checked_requests(decoded)
 
     stream_stream: Any
     if inspect.iscoroutinefunction(inner_ss):

@@ -30,11 +30,11 @@ from wsgiref.simple_server import WSGIServer
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from sluice.common.client_security import set_process_security
 from sluice.errors import InvalidArgument, SluiceError
-from sluice.security.client import set_process_security
-from sluice.security.client_tls import service_security
 from sluice.security.service import ServiceSecurity
 from sluice.security.settings import SecuritySettings
+from sluice.security.setup import service_security
 from sluice.security.tls import ServerTLS, server_tls
 from sluice.server.http import start_http
 from sluice.server.interceptors import ServiceInterceptor

@@ -227,6 +227,11 @@ class WireConnection(asyncio.BufferedProtocol):
         self._size_buffer(nbytes)
 
     @property
+    def in_hello(self) -> bool:
+        """A hello is being authenticated (the frames after it are held until it is done)."""
+        return self._held is not None
+
+    @property
     def read_buffer_bytes(self) -> int:
         """The size of the receive buffer now (it grows and shrinks, see the class docstring)."""
         return len(self._view)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.codec.filter import parse_filter
+from sluice.common.client_security import TLSConfig
 from sluice.common.names import validate_group, validate_topic
 from sluice.errors import InvalidArgument
-from sluice.security.client import TLSConfig
 
 EARLIEST = "earliest"
 LATEST = "latest"

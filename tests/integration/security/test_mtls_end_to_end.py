@@ -18,10 +18,10 @@ import pytest
 
 from sluice import Client, TLSConfig
 from sluice.client.wire import connect, hello_bytes
+from sluice.common.client_security import ClientSecurity
 from sluice.common.wire import PROTOCOL_VERSION
 from sluice.errors import AuthenticationError, SluiceError
 from sluice.security import certs
-from sluice.security.client import ClientSecurity
 from tests.integration.push.helpers import drain
 from tests.integration.security.conftest import TLSCluster, run_tls_cluster
 

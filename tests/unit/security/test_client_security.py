@@ -1,4 +1,4 @@
-"""The client side (``sluice.security.client_tls`` through the peer layer): TLS channels, the token on
+"""The client side (``sluice.common.client_tls`` through the peer layer): TLS channels, the token on
 every call kind, and the environment the SDK reads."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sluice.common.client_security import ClientSecurity, TLSConfig
+from sluice.common.client_tls import security_from_env
 from sluice.common.peers import AioPeers, Peers
 from sluice.errors import InvalidArgument
 from sluice.security import certs
-from sluice.security.client import ClientSecurity, TLSConfig
-from sluice.security.client_tls import security_from_env, service_security
 from sluice.security.settings import SecuritySettings
+from sluice.security.setup import service_security
 
 
 class _Recorder(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
@@ -130,13 +131,13 @@ def test_the_environment_fills_what_the_arguments_do_not(monkeypatch: pytest.Mon
 
 def test_a_service_calls_with_its_certificate_and_the_cluster_token(tmp_path: Path) -> None:
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text("s3cret-cluster-token-of-a-test\n")
     cert, key, ca = tmp_path / "c.crt", tmp_path / "c.key", tmp_path / "ca.crt"
     settings = SecuritySettings(tls_cert=cert, tls_key=key, tls_ca=ca, cluster_token_file=token)
     security = service_security(settings)
     assert security.tls == TLSConfig(ca=ca, cert=cert, key=key)
-    assert security.metadata() == (("authorization", "Bearer s3cret"),)
+    assert security.metadata() == (("authorization", "Bearer s3cret-cluster-token-of-a-test"),)
     assert service_security(SecuritySettings()) == ClientSecurity()
     token.write_text("")
-    with pytest.raises(InvalidArgument, match="empty"):
+    with pytest.raises(InvalidArgument, match="shorter than 16 bytes"):
         service_security(SecuritySettings(cluster_token_file=token))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sluice.common.client_security import ClientSecurity, refused, retriable_refusal
 from sluice.errors import AuthenticationError, CredentialsExpired, InvalidArgument
-from sluice.security.client import ClientSecurity
-from sluice.security.credentials import TokenFile, refused, retriable_refusal, token_source
+from sluice.security.credentials import TokenFile, token_source
 from sluice.security.scram_login import ScramLogin
 
 BOOT = "127.0.0.1:1"  # never dialled: a ScramLogin logs in at its first call only

@@ -14,10 +14,10 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sluice.common.client_security import ClientSecurity, TLSConfig
 from sluice.common.peers import AioPeers
 from sluice.security import certs
 from sluice.security.cert_principal import PrincipalMapper
-from sluice.security.client import ClientSecurity, TLSConfig
 from sluice.security.tls import ServerTLS
 from sluice.server.http import start_http
 

@@ -11,9 +11,9 @@ import ssl
 import threading
 from pathlib import Path
 
+from sluice.common.client_security import TLSConfig
+from sluice.common.client_tls import SharedSSLSocket, client_ssl_context, share
 from sluice.security import certs
-from sluice.security.client import TLSConfig
-from sluice.security.client_tls import SharedSSLSocket, client_ssl_context, share
 
 SIZE = 4 * 1024 * 1024  # far more than the socket buffers hold: each side's writes block for a while
 

@@ -13,12 +13,12 @@ import pytest
 import uvloop
 
 from sluice.client.wire import connect, hello_bytes
+from sluice.common.client_security import ClientSecurity, TLSConfig
 from sluice.common.wire import PROTOCOL_VERSION
 from sluice.errors import AuthenticationError
 from sluice.security import certs
 from sluice.security.authenticate import ServerAuthenticator
 from sluice.security.cert_principal import PrincipalMapper
-from sluice.security.client import ClientSecurity, TLSConfig
 from sluice.security.service import ServiceSecurity
 from sluice.security.session_tokens import SessionTokens
 from sluice.security.tls import RELOAD_CHECK_S, ServerTLS

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sluice.common.client_security import TLSConfig
 from sluice.errors import InvalidArgument, InvalidFilter, InvalidTopic
-from sluice.security.client import TLSConfig
 from sluice.spark.options import parse_options
 from sluice.spark.planning import OffsetRange, limit_offsets, split
 

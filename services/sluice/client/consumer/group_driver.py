@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 
 import grpc
 
+from sluice.common.client_security import ClientSecurity
 from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc, is_unimplemented
 from sluice.errors import SluiceError
-from sluice.security.client import ClientSecurity
 from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 __all__ = ["GroupDriver"]

@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from google.protobuf.message import DecodeError
 
 from sluice.client.wire import connect, hello_bytes, shutdown
+from sluice.common.client_security import ClientSecurity, retriable_refusal
+from sluice.common.client_tls import share
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
     PROTOCOL_VERSION,
@@ -31,10 +33,7 @@ from sluice.common.wire import (
     frame,
     split_address,
 )
-from sluice.errors import AuthenticationError, BrokerNotAvailable
-from sluice.security.client import ClientSecurity
-from sluice.security.client_tls import share
-from sluice.security.credentials import retriable_refusal
+from sluice.errors import BrokerNotAvailable, CredentialsError
 from sluice.v1 import dispatcher_pb2 as pb
 
 __all__ = ["WireConsumeCall"]
@@ -73,7 +72,7 @@ class WireConsumeCall:
             tls = security.tls if security is not None else None
             sock = connect(self._endpoint, hello, name, CONNECT_TIMEOUT_S, tls)
             share(sock)  # TLS: this thread reads while the writer thread sends
-        except AuthenticationError as exc:
+        except CredentialsError as exc:
             raise retriable_refusal(security, exc) from None
         except OSError as exc:
             raise BrokerNotAvailable(f"{name}: {exc}") from exc

@@ -4,7 +4,7 @@ They exist only on channels whose security has a token (``sluice.common.peers``)
 TLS-only channel carries no interceptor and costs nothing more per call. The token source is asked at
 every call, so a source that refreshes (a projected ServiceAccount token, an OIDC client) is sent fresh.
 When a call ends UNAUTHENTICATED (CREDENTIALS_EXPIRED included), the source is told which token was
-refused (``sluice.security.credentials.refused``): a SCRAM login fetches a new session for the next call.
+refused (``sluice.common.client_security.refused``): a SCRAM login fetches a new session for the next call.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any, NamedTuple
 import grpc
 from grpc import aio
 
-from sluice.security.client import AUTHORIZATION_KEY, ClientSecurity
-from sluice.security.credentials import refreshable, refused
+from sluice.common.client_security import AUTHORIZATION_KEY, ClientSecurity, refreshable, refused
 
 __all__ = ["TokenInterceptor", "aio_token_interceptors"]
 

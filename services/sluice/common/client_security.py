@@ -14,12 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.errors import CredentialsError, CredentialsExpired
+
 __all__ = [
     "AUTHORIZATION_KEY",
     "ClientSecurity",
     "TLSConfig",
     "TokenSource",
     "process_security",
+    "refreshable",
+    "refused",
+    "retriable_refusal",
     "set_process_security",
 ]
 
@@ -70,3 +75,34 @@ def set_process_security(security: ClientSecurity) -> None:
 def process_security() -> ClientSecurity:
     """How this process calls the other services (plaintext, no token, until a service sets it)."""
     return _process
+
+
+# ---- a refused token: tell its source (a login or a file can get a new one) ---------------------------
+
+
+def refreshable(security: ClientSecurity | None) -> bool:
+    """True if ``security``'s token source can get a new token after a refusal (a login, a file)."""
+    return security is not None and callable(getattr(security.token, "refused", None))
+
+
+def refused(security: ClientSecurity | None, token: str | None = None) -> bool:
+    """A server refused ``token`` (None: the one last sent): tell the source. True if it can get a
+    new one, so trying again makes sense."""
+    if not refreshable(security):
+        return False
+    assert security is not None
+    getattr(security.token, "refused")(token)  # noqa: B009 (a duck-typed token source)
+    return True
+
+
+def retriable_refusal(security: ClientSecurity | None, error: CredentialsError) -> CredentialsError:
+    """The error to raise for a refusal at a connection's hello: a retriable CredentialsExpired when
+    the source can get a new token (the caller's retry loop then reconnects with it), else ``error``."""
+    if error.__cause__ is not None:  # the TLS session refused (a certificate), not the token
+        return error
+    if isinstance(error, CredentialsExpired):
+        refused(security)
+        return error
+    if refused(security):
+        return CredentialsExpired(f"{error.message} (a new token is fetched for the next attempt)")
+    return error

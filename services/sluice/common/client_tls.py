@@ -5,7 +5,7 @@ wire clients (``sluice.client.wire``, ``sluice.client.shared_wire``, ``sluice.co
 ``sluice.broker.replica_wire``). The files a :class:`TLSConfig` names are read when a channel or
 context is first made for it; a context is made once per configuration and shared.
 
-The token travels in ``sluice.security.client_interceptors`` (gRPC calls) and in each wire hello
+The token travels in ``sluice.common.client_interceptors`` (gRPC calls) and in each wire hello
 (``security.metadata()`` per connection).
 """
 
@@ -22,9 +22,8 @@ from typing import Any
 
 import grpc
 
+from sluice.common.client_security import ClientSecurity, TLSConfig
 from sluice.errors import InvalidArgument
-from sluice.security.client import ClientSecurity, TLSConfig
-from sluice.security.settings import SecuritySettings
 
 __all__ = [
     "TLS_ENV",
@@ -35,7 +34,6 @@ __all__ = [
     "client_ssl_context",
     "security_from_env",
     "server_hostname",
-    "service_security",
     "share",
     "tls_from_env",
 ]
@@ -59,13 +57,13 @@ def _read(path: str | Path | None, what: str) -> bytes | None:
         raise InvalidArgument(f"TLS {what} {path}: {exc.strerror or exc}") from exc
 
 
-def _check(tls: TLSConfig) -> None:
+def check_tls(tls: TLSConfig) -> None:
     if (tls.cert is None) != (tls.key is None):
         raise InvalidArgument("a TLS client certificate needs both cert and key")
 
 
 def channel_credentials(tls: TLSConfig) -> grpc.ChannelCredentials:
-    _check(tls)
+    check_tls(tls)
     return grpc.ssl_channel_credentials(
         root_certificates=_read(tls.ca, "CA"),
         private_key=_read(tls.key, "key"),
@@ -157,7 +155,7 @@ def share(sock: object) -> None:
 def client_ssl_context(tls: TLSConfig) -> ssl.SSLContext:
     """The wire clients' context for ``tls`` (made once): verifies the server against ``ca`` (the
     system's roots without), TLS >= 1.2, this client's certificate when given (mTLS)."""
-    _check(tls)
+    check_tls(tls)
     try:
         context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca is not None else None)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -180,7 +178,7 @@ def tls_from_env(tls: TLSConfig | None = None) -> TLSConfig | None:
         if any(values.values()):
             tls = TLSConfig(**values)
     if tls is not None:
-        _check(tls)
+        check_tls(tls)
     return tls
 
 
@@ -194,25 +192,4 @@ def security_from_env(
     if isinstance(token, str):
         fixed = token
         token = lambda: fixed  # noqa: E731
-    return ClientSecurity(tls=tls, token=token)
-
-
-def service_security(settings: SecuritySettings) -> ClientSecurity:
-    """How a service calls the others (its ``set_process_security`` at start): TLS verified by
-    ``tls_ca`` and its own certificate (mTLS) when it has TLS settings; the cluster token when
-    ``cluster_token_file`` is set. The token file is read once, here: a rotated cluster token
-    takes a restart (the Secret changes rarely; a rolling restart picks it up)."""
-    tls = None
-    if settings.tls_cert is not None or settings.tls_ca is not None:
-        tls = TLSConfig(ca=settings.tls_ca, cert=settings.tls_cert, key=settings.tls_key)
-        _check(tls)
-    token = None
-    if settings.cluster_token_file is not None:
-        try:
-            value = settings.cluster_token_file.read_text().strip()
-        except OSError as exc:
-            raise InvalidArgument(f"cluster_token_file: {exc}") from exc
-        if not value:
-            raise InvalidArgument(f"cluster_token_file {settings.cluster_token_file} is empty")
-        token = lambda: value  # noqa: E731
     return ClientSecurity(tls=tls, token=token)

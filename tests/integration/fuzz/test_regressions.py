@@ -1,0 +1,106 @@
+"""The inputs the fuzz suite found that got an untyped answer or a traceback, each pinned as a plain test."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import grpc
+import pytest
+
+from sluice.common.rpc import ERROR_CODE_KEY
+from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, dispatcher_pb2
+from tests.integration.push.conftest import PushCluster
+from tests.wire_client import RawWire, wire_address
+
+
+def _code(exc: Any) -> int:
+    return int(dict(exc.trailing_metadata())[ERROR_CODE_KEY])
+
+
+@pytest.mark.parametrize(
+    ("service", "path"),
+    [("coordinator", "/sluice.v1.Coordinator/BrokerHeartbeat"), ("broker", "/sluice.v1.Broker/Fetch")],
+)
+def test_bytes_that_are_not_the_request_are_invalid_argument(
+    healthy_after: PushCluster, service: str, path: str
+) -> None:
+    """Was UNKNOWN with grpcio's traceback in the log, per call."""
+    sp = healthy_after.coordinator if service == "coordinator" else healthy_after.broker
+    with grpc.insecure_channel(sp.address) as ch, pytest.raises(grpc.RpcError) as info:
+        ch.unary_unary(path, None, None)(b"\xff\xff", timeout=10)
+    exc: Any = info.value
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(exc) == common_pb2.INVALID_ARGUMENT
+    assert "is not a valid" in exc.details()
+
+
+def test_bytes_on_a_stream_end_it_invalid_argument(healthy_after: PushCluster) -> None:
+    with grpc.insecure_channel(healthy_after.broker.address) as ch:
+        call = ch.stream_stream("/sluice.v1.Broker/ProduceStream", None, None)(
+            iter([b"\x0a\xff"]), timeout=10
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            list(call)
+    exc: Any = info.value
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(exc) == common_pb2.INVALID_ARGUMENT
+
+
+def test_a_garbled_first_consume_command_gets_an_error_event(healthy_after: PushCluster) -> None:
+    """As on the wire port: a typed error event, then the stream ends."""
+    with grpc.insecure_channel(healthy_after.dispatcher.address) as ch:
+        call = ch.stream_stream("/sluice.v1.Dispatcher/Consume", None, None)(iter([b"\x0a\xff"]), timeout=10)
+        events = [dispatcher_pb2.DispatcherEvent.FromString(raw) for raw in call]
+    assert [e.WhichOneof("event") for e in events] == ["error"], events
+    assert events[0].error.code == common_pb2.INVALID_REQUEST
+    assert "not a valid ConsumerCommand" in events[0].error.message
+
+
+def test_an_error_echoing_a_huge_name_still_arrives_typed(healthy_after: PushCluster) -> None:
+    """A 70 KB group name was echoed into the status details, and the client dropped the answer as
+    RESOURCE_EXHAUSTED (metadata over 16 KiB): the typed error was lost."""
+    name = "x" * 70_000
+    with grpc.insecure_channel(healthy_after.coordinator.address) as ch:
+        stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.DescribeGroup(coordinator_pb2.DescribeGroupRequest(group=name), timeout=10)
+    exc: Any = info.value
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+    assert _code(exc) == common_pb2.INVALID_ARGUMENT
+    assert exc.details().endswith("characters)")
+
+
+@pytest.mark.parametrize(("broker_id", "epoch"), [(0, 2**63 - 1), (-2147483647, 263), (7, 2**40 + 1)])
+def test_a_heartbeat_with_a_bogus_controller_epoch_is_refused_and_the_coordinator_keeps_leading(
+    healthy_after: PushCluster, broker_id: int, epoch: int
+) -> None:
+    """One BrokerHeartbeat claiming controller epoch 2**63-1 made the coordinator raise its term to it and
+    stand down, and no later term could be taken above it: NOT_COORDINATOR to every call, for good."""
+    with grpc.insecure_channel(healthy_after.coordinator.address) as ch:
+        stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+        bogus = coordinator_pb2.BrokerHeartbeatRequest(broker_id=broker_id, controller_epoch=epoch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.BrokerHeartbeat(bogus, timeout=10)
+        exc: Any = info.value
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+        assert _code(exc) == common_pb2.INVALID_REQUEST
+        listed = stub.ListTopics(coordinator_pb2.ListTopicsRequest(), timeout=10)
+    assert "fuzz" in [t.name for t in listed.topics]
+
+
+@pytest.mark.parametrize(
+    "sent", [b"", b"\x00\x00", b"\x00\x00\x00\x09\x01abc"], ids=["nothing", "half-header", "half-hello"]
+)
+def test_a_wire_client_that_half_closes_before_its_hello_is_closed(
+    healthy_after: PushCluster, sent: bytes
+) -> None:
+    """The dispatcher kept such a connection open for good (issue 16: half a frame, then FIN)."""
+    conn = RawWire(wire_address(healthy_after.dispatcher.output))
+    try:
+        conn.sock.settimeout(5)
+        conn.sock.sendall(sent)
+        conn.sock.shutdown(socket.SHUT_WR)
+        assert conn.sock.recv(100) == b""  # closed, with nothing said
+    finally:
+        conn.close()
