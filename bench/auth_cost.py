@@ -45,9 +45,9 @@ from grpc import aio
 from _stack import Stack, cpu_seconds, save, stack
 from scram_logins import ITERATIONS, PASSWORD, USER, FastClient, hammer
 from sluice import Client
-from sluice.common.wire import HEADER, PROTOCOL_VERSION, FrameType, frame
 from sluice.common.client_security import TLSConfig
 from sluice.common.client_tls import channel_credentials, client_ssl_context, server_hostname
+from sluice.common.wire import HEADER, PROTOCOL_VERSION, FrameType, frame
 from sluice.v1 import auth_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc, wire_pb2
 
 TOPIC = "bench"
