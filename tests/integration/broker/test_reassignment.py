@@ -253,7 +253,11 @@ def test_add_a_broker_and_rebalance_onto_it_then_drain_one(tmp_path: Path) -> No
         cli(cluster, "topic", "reassign", "--drain", "0")
         until(lambda: settled(cluster), "the drain to complete", timeout=60)
         assert all(0 not in replicas for replicas in placement(cluster, "grow"))
-        until(lambda: not list((cluster.data / "b0").glob("grow-*")), "broker 0's directories deleted")
+        until(
+            lambda: not list((cluster.data / "b0").glob("grow-*")),
+            "broker 0's directories deleted",
+            timeout=60,
+        )
         for p in range(4):
             got = consume_all(cluster.coordinator.address, "grow", p, 50)
             assert sorted(got) == [b"g%03d" % i for i in range(p, 200, 4)]

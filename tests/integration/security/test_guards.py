@@ -23,6 +23,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from sluice import Client
+from sluice.errors import AuthenticationError, AuthorizationError
 from sluice.security.guards import GUARDS
 from sluice.security.model import IMPLIED, Operation, ResourceType
 from sluice.v1 import (
@@ -214,3 +216,53 @@ def test_each_rpc_refuses_the_unauthenticated_and_the_unauthorized(
                 assert prefixed == PERMISSION_DENIED, (
                     f"{method}: a prefixed ACL not matching let {need} through"
                 )
+
+
+# ---- the wire protocol's operations: the same cores, so the same guards ---------------------------
+
+
+def _wire_produce(c: SecureCluster, principal: str | None) -> None:
+    token = c.token(principal) if principal else None
+    with (
+        Client(c.bootstrap, token=token, request_timeout=5) as client,
+        client.producer("guarded", acks=1, enable_idempotence=False, retries=0) as producer,
+    ):
+        producer.send(b"over the wire").result(timeout=10)
+
+
+def _wire_fetch(c: SecureCluster, principal: str | None) -> None:
+    token = c.token(principal) if principal else None
+    with (
+        Client(c.bootstrap, token=token, request_timeout=5) as client,
+        client.fetcher({("guarded", 0): 0}) as f,
+    ):
+        f.fetch(timeout=3)
+
+
+def _wire_consume(c: SecureCluster, principal: str | None) -> None:
+    token = c.token(principal) if principal else None
+    with Client(c.bootstrap, token=token, request_timeout=5) as client:
+        client.push_consumer("guarded", "guarded").close()
+
+
+WIRE_CALLS = {
+    "PRODUCE": ("/sluice.v1.Broker/Produce", _wire_produce),
+    "FETCH": ("/sluice.v1.Broker/Fetch", _wire_fetch),
+    "CONSUME": ("/sluice.v1.Dispatcher/Consume", _wire_consume),
+}
+
+
+@pytest.mark.parametrize("operation", sorted(WIRE_CALLS))
+def test_each_wire_operation_has_the_guard_of_its_grpc_twin(cluster: SecureCluster, operation: str) -> None:
+    """The SDK's records travel on the wire protocol (its default transport): a produce, a fetch and a
+    push subscription are refused without credentials, refused without the right the gRPC twin needs
+    (the principal holding every other ACL), and served with exactly that right."""
+    method, call = WIRE_CALLS[operation]
+    case = CASES[method]
+    s = slug(method)
+    with pytest.raises(AuthenticationError):
+        call(cluster, None)
+    for i in range(len(case.needs)):  # one principal per need, holding every other ACL
+        with pytest.raises(AuthorizationError):
+            call(cluster, f"deny{i}-{s}")
+    call(cluster, f"exact-{s}")
