@@ -132,6 +132,10 @@ def main() -> None:
         default="always",
         help="Redis AOF appendfsync policy (always: what `sluice up` and the chart run; off: no AOF)",
     )
+    parser.add_argument("--tls", action="store_true", help="TLS on every port and every client connection")
+    parser.add_argument(
+        "--auth", action="store_true", help="authentication and ACL authorization on, clients with a JWT"
+    )
     args = parser.parse_args()
     n, parts = args.records, args.partitions
     settings: dict[str, Any] = {
@@ -141,7 +145,7 @@ def main() -> None:
     }
     if args.commit == "async":
         settings["max_in_flight_commits"] = args.max_in_flight_commits
-    with stack(push=True, redis_fsync=args.redis_fsync) as s:
+    with stack(push=True, redis_fsync=args.redis_fsync, tls=args.tls, auth=args.auth) as s:
         from sluice import Client
 
         with Client(s.bootstrap) as client:
@@ -169,11 +173,15 @@ def main() -> None:
     phases = {"backlog": backlog, "concurrent": both["consume"][1]}
     save(
         ("group_consume" if args.commit == "auto" else "group_consume_async")
-        + ("" if args.redis_fsync == "always" else f"_fsync_{args.redis_fsync}"),
+        + ("" if args.redis_fsync == "always" else f"_fsync_{args.redis_fsync}")
+        + ("_tls" if args.tls else "")
+        + ("_auth" if args.auth else ""),
         {
             "records": n,
             "partitions": parts,
             "redis_fsync": args.redis_fsync,
+            "tls": args.tls,
+            "auth": args.auth,
             **settings,
             "backlog_consume_rps": backlog_rps,
             "backlog_committed": backlog["committed"],

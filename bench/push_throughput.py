@@ -207,9 +207,13 @@ def main() -> None:
     )
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--tls", action="store_true", help="TLS on every port and every client connection")
+    parser.add_argument(
+        "--auth", action="store_true", help="authentication and ACL authorization on, clients with a JWT"
+    )
     args = parser.parse_args()
-    result: dict[str, object] = {}
-    with stack(push=True) as s:
+    result: dict[str, object] = {"tls": args.tls, "auth": args.auth}
+    with stack(push=True, tls=args.tls, auth=args.auth) as s:
         if not args.skip_throughput:
             dispatcher_pid = s.extra[-1].process.pid
             result["throughput"] = throughput(s.bootstrap, args.records, args.receiver_queue, dispatcher_pid)
@@ -218,7 +222,7 @@ def main() -> None:
             pids = {"dispatcher": s.extra[-1].process.pid, "broker": s.broker.process.pid}
             result["latency"] = latency(s.bootstrap, args.rate, args.seconds, args.warmup, pids)
             print(result["latency"], flush=True)
-    save("push_throughput", result)
+    save(f"push_throughput{'_tls' if args.tls else ''}{'_auth' if args.auth else ''}", result)
 
 
 if __name__ == "__main__":

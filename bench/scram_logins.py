@@ -55,6 +55,8 @@ class FastClient:
     def __init__(self, password: str) -> None:
         self._password = password.encode()
         self._keys: dict[tuple[bytes, int], Keys] = {}
+        #: The session token of the last successful login.
+        self.session_token = ""
 
     def keys(self, salt: bytes, iterations: int) -> Keys:
         found = self._keys.get((salt, iterations))
@@ -83,6 +85,7 @@ class FastClient:
             )
             final = await call.read()
             if isinstance(final, pb.AuthMessage) and final.session_token:
+                self.session_token = final.session_token
                 return grpc.StatusCode.OK
             return await call.code()
         except aio.AioRpcError as exc:
@@ -91,9 +94,19 @@ class FastClient:
             call.cancel()
 
 
-async def hammer(address: str, client: FastClient, concurrency: int, duration: float) -> dict[str, int]:
+async def hammer(
+    address: str,
+    client: FastClient,
+    concurrency: int,
+    duration: float,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> dict[str, int]:
+    """``concurrency`` exchanges at once for ``duration`` s (TLS with ``credentials``): the codes."""
     counts: dict[str, int] = {}
-    async with aio.insecure_channel(address) as channel:
+    channel = (
+        aio.secure_channel(address, credentials) if credentials is not None else aio.insecure_channel(address)
+    )
+    async with channel:
         stub: auth_pb2_grpc.AuthAsyncStub = auth_pb2_grpc.AuthStub(channel)
         end = time.monotonic() + duration
 
