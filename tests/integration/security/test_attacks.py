@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from sluice import Client
 from sluice.client.fetcher import Fetcher
 from sluice.common.rpc import error_from_rpc
-from sluice.errors import AuthenticationError, AuthorizationError, SluiceError
+from sluice.errors import AuthenticationError, AuthorizationError, CredentialsExpired, SluiceError
 from sluice.v1 import (
     acl_pb2,
     acl_pb2_grpc,
@@ -260,7 +260,8 @@ def test_a_stream_that_outlives_its_token_is_ended(cluster: SecureCluster) -> No
     with grpc.insecure_channel(cluster.broker.address) as ch, pytest.raises(grpc.RpcError) as ended:
         for _answer in broker_pb2_grpc.BrokerStub(ch).FetchStream(requests(), metadata=md, timeout=30):
             pass
-    assert isinstance(error_from_rpc(ended.value), AuthenticationError)
+    assert isinstance(error_from_rpc(ended.value), CredentialsExpired)  # retriable: reconnect with a fresh one
+    assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert time.monotonic() - started < 15
 
 
