@@ -260,7 +260,7 @@ def test_a_stream_that_outlives_its_token_is_ended(cluster: SecureCluster) -> No
     with grpc.insecure_channel(cluster.broker.address) as ch, pytest.raises(grpc.RpcError) as ended:
         for _answer in broker_pb2_grpc.BrokerStub(ch).FetchStream(requests(), metadata=md, timeout=30):
             pass
-    assert isinstance(error_from_rpc(ended.value), CredentialsExpired)  # retriable: reconnect with a fresh one
+    assert isinstance(error_from_rpc(ended.value), CredentialsExpired)  # retriable: reconnect
     assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert time.monotonic() - started < 15
 
