@@ -12,8 +12,6 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from scramp import ScramException, ScramMechanism
-
 from sluice.errors import InvalidArgument
 
 __all__ = [
@@ -78,6 +76,10 @@ class ScramCredential:
 def make_credential(password: str, iterations: int = DEFAULT_ITERATIONS) -> ScramCredential:
     """The stored credential for ``password`` (a fresh random salt); runs PBKDF2 here, on the caller's
     side."""
+    # Imported here: scramp (and the asn1crypto it pulls in) costs ~15 ms of start-up to every process
+    # that imports the SDK, and only computing a credential needs it.
+    from scramp import ScramException, ScramMechanism
+
     if not isinstance(password, str) or not password:
         raise InvalidArgument("the password must not be empty")
     if isinstance(iterations, bool) or not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
