@@ -59,8 +59,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["FeedTarget", "PartitionFeed"]
 
-#: Seconds a fetch may take beyond its max_wait before the broker is considered hung.
-FETCH_GRACE = 10.0
+#: Seconds a fetch may take beyond its max_wait before the broker is considered hung; ``stop`` cancels the
+#: feed task up to STOP_ATTEMPTS times, STOP_WAIT_S apart.
+FETCH_GRACE, STOP_WAIT_S, STOP_ATTEMPTS = 10.0, 1.0, 5
 
 #: A failed fetch is retried after the peer layer's backoff, from 50 ms (not its 100 ms: a feed is on the
 #: delivery path, and most failures are a broker restart the next fetch already survives) to its 2 s.
@@ -161,11 +162,16 @@ class PartitionFeed:
         self._task = asyncio.create_task(self._run(), name=f"feed-{self.topic}-{self.partition}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        for attempt in range(STOP_ATTEMPTS):
+            if task is None or task.done():
+                break
+            # Again if a cancellation was lost (an await completing in the same loop turn can drop one):
+            # a dropped subscription must never wait on its feed for ever (a new Subscribe waits on it).
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_WAIT_S)
+            if not task.done():
+                log.warning("feed %s/%d did not stop (attempt %d)", self.topic, self.partition, attempt + 1)
         self._close_call()
         self._close_follower()
 
@@ -426,7 +432,9 @@ class PartitionFeed:
         # right place: no second task per fetch to watch for kicks.
         fetching = self._fetching = self._send(broker, request)
         try:
-            resp = await asyncio.wait_for(fetching, self._max_wait_ms / 1000 + FETCH_GRACE)
+            # Not wait_for: on 3.11 it drops the task's own cancellation when the fetch completes then.
+            async with asyncio.timeout(self._max_wait_ms / 1000 + FETCH_GRACE):
+                resp = await fetching
         except asyncio.CancelledError:
             self._close_call()
             if self._fetch_cancelled and not _current_task_cancelling():
