@@ -188,15 +188,6 @@ GUARDS: dict[str, Guard] = {
     "/grpc.health.v1.Health/List": OPEN,
 }
 
-#: Methods of the wire protocol's operations, as the guard test names them (the wire listener's
-#: method for a connection is ``/sluice.v1.<Service>/Wire``): each frame's request is checked by the
-#: same core as its gRPC twin.
-WIRE_OPERATIONS = {
-    "PRODUCE": "/sluice.v1.Broker/Produce",
-    "FETCH": "/sluice.v1.Broker/Fetch",
-    "CONSUME": "/sluice.v1.Dispatcher/Consume",
-}
-
 
 def guard_for(method: str) -> Guard:
     """The guard of ``method``; an unknown method (a registration this table missed) is refused by

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sluice.security.acl import AclAuthorizer
-from sluice.security.authenticate import Authenticated, ServerAuthenticator
-from sluice.security.context import GRPC, AllowAll, Authorizer, RequestContext, Transport
+from sluice.security.authenticate import ServerAuthenticator
+from sluice.security.context import GRPC, AllowAll, Authorizer, RequestContext
 from sluice.security.live_streams import LiveStream, LiveStreams
 from sluice.security.watcher import SecurityWatcher
 
@@ -87,11 +87,6 @@ class ServiceSecurity:
     async def stop(self) -> None:
         if self.watcher is not None:
             await self.watcher.stop()
-
-    def context(
-        self, who: Authenticated, transport: Transport, address: str, stream: LiveStream | None = None
-    ) -> RequestContext:
-        return RequestContext(who.principal, transport, address=address, stream=stream)
 
     def recheck_streams(self) -> int:
         """The ACLs or the users changed: end the streams that lost a right or their credentials."""
