@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import serialization
 
 from sluice import Client
 from sluice.client.fetcher import Fetcher
+from sluice.codec.batch import BatchBuilder
 from sluice.common.rpc import error_from_rpc
 from sluice.errors import AuthenticationError, AuthorizationError, CredentialsExpired, SluiceError
 from sluice.v1 import (
@@ -295,3 +296,32 @@ def test_denials_refusals_and_security_changes_are_audited(cluster: SecureCluste
     assert denied[0]["operation"] == "delete"
     assert denied[0]["resource"] == TOPIC
     assert any(line["event"] == "unauthenticated" for line in lines)
+
+
+# ---- several topics in one request, and a later message on a stream ------------------------------------
+
+
+def _produce_request(*topics: str) -> broker_pb2.ProduceRequest:
+    b = BatchBuilder()
+    b.append(b"v", None, None, None, 1_000)
+    records = b.build()
+    parts = [broker_pb2.ProducePartition(topic=t, partition=0, records=records) for t in topics]
+    return broker_pb2.ProduceRequest(acks=1, timeout_ms=5000, partitions=parts)
+
+
+def _codes(answer: broker_pb2.ProduceResponse) -> dict[str, int]:
+    return {p.topic: int(p.error.code) for p in answer.partitions}
+
+
+def test_the_unauthorized_part_of_a_request_is_denied_and_a_later_stream_message_too(
+    cluster: SecureCluster,
+) -> None:
+    grant(cluster, allow("writer", "topic", "live", "write"))
+    md = cluster.metadata("writer")
+    with grpc.insecure_channel(cluster.broker.address) as ch:
+        stub = broker_pb2_grpc.BrokerStub(ch)
+        mixed = stub.Produce(_produce_request("live", "other"), metadata=md, timeout=10)
+        assert _codes(mixed) == {"live": 0, "other": 100}  # written, PERMISSION_DENIED
+        requests = iter([_produce_request("live"), _produce_request("other"), _produce_request("live")])
+        answers = [_codes(a) for a in stub.ProduceStream(requests, metadata=md, timeout=10)]
+    assert answers == [{"live": 0}, {"other": 100}, {"live": 0}]
