@@ -53,7 +53,7 @@ def convert_setting(owner: str, name: str, tp: Any, raw: Any) -> Any:
         raise InvalidArgument(f"{where}: expected {_KINDS[tp]}, got {raw!r}") from None
     except InvalidArgument as exc:  # the parser's own words ("invalid duration 'soon': use e.g. ...")
         raise InvalidArgument(f"{where}: {exc.message}") from None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InvalidArgument(f"{where}: expected {_KINDS[tp]}, got {raw!r}") from None
 
 

@@ -31,11 +31,16 @@ def parse_duration(text: str | int | float | timedelta) -> timedelta:
     if isinstance(text, timedelta):
         return text
     if isinstance(text, int | float):
-        return timedelta(seconds=text)
-    m = _DURATION.match(text)
-    if not m:
-        raise InvalidArgument(f"invalid duration {text!r}: use e.g. 250ms, 5s, 2m, 1h or 7d")
-    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+        seconds = float(text)
+    else:
+        m = _DURATION.match(text)
+        if not m:
+            raise InvalidArgument(f"invalid duration {text[:200]!r}: use e.g. 250ms, 5s, 2m, 1h or 7d")
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        return timedelta(seconds=seconds)
+    except (OverflowError, ValueError):  # beyond timedelta's 999,999,999 days, or NaN
+        raise InvalidArgument(f"duration of {seconds:g} s is out of range") from None
 
 
 def parse_size(text: str | int) -> int:
@@ -44,7 +49,7 @@ def parse_size(text: str | int) -> int:
         return text
     m = _SIZE.match(text)
     if not m:
-        raise InvalidArgument(f"invalid size {text!r}: use e.g. 1048576, 64MiB or 1GiB")
+        raise InvalidArgument(f"invalid size {text[:200]!r}: use e.g. 1048576, 64MiB or 1GiB")
     return int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower() or None]
 
 

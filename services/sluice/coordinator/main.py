@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-import sys
 
 from sluice.common.redis_client import connect as connect_redis
 from sluice.coordinator.acl_servicer import AclServicer, acl_registrar
@@ -28,7 +27,7 @@ from sluice.security.context import current
 from sluice.security.model import Principal
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
-from sluice.server.runtime import GrpcServer, configure_logging, serve, service_tls
+from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
 
 log = logging.getLogger("sluice.coordinator")
 
@@ -121,29 +120,18 @@ async def run(config: CoordinatorConfig) -> None:
         await redis.aclose()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_config(argv: list[str]) -> CoordinatorConfig:
     parser = argparse.ArgumentParser(
         prog="sluice coordinator",
         description="Run the Sluice coordinator: cluster metadata (brokers, topics, placement) in Redis. "
         f"Every flag can also be set as {ENV_PREFIX}<FLAG> or in a TOML file (--config).",
     )
     add_arguments(parser, CoordinatorConfig)
-    args = parser.parse_args(argv)
-    try:
-        config = load(CoordinatorConfig, ENV_PREFIX, args).validate()
-    except SluiceError as exc:
-        print(f"sluice coordinator: {exc.message}", file=sys.stderr)
-        return 2
-    configure_logging(config.log_level)
-    try:
-        asyncio.run(run(config))
-    except SluiceError as exc:
-        log.error("coordinator failed: %s", exc)
-        return 1
-    except OSError as exc:
-        log.error("coordinator failed: %s", exc)
-        return 1
-    return 0
+    return load(CoordinatorConfig, ENV_PREFIX, parser.parse_args(argv)).validate()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return service_main("coordinator", argv, parse_config, run)
 
 
 if __name__ == "__main__":

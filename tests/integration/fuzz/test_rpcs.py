@@ -3,7 +3,7 @@ status without a registered ``sluice-error-code``, or a traceback in a service's
 still answers its health check SERVING afterwards.
 
 Requests are arbitrary well-typed messages built from the descriptors (messages.py), raw bytes sent as
-the serialized request, and for streaming RPCs short sequences of both. bench/fuzz_rpcs.py runs the same
+the serialized request, and for streaming RPCs short sequences of both. bench/fuzz/rpcs.py runs the same
 calls with many more examples.
 """
 

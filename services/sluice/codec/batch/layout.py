@@ -10,6 +10,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import crc32c as _crc32c
@@ -225,10 +226,17 @@ class Columns:
 
 
 def columns(buf: bytes | memoryview, pos: int, header: BatchHeader) -> Columns:
-    """Views on the columns of the batch at ``pos`` (bounds already validated)."""
+    """Views on the columns of the batch at ``pos``; CorruptBatch if they do not fit in it.
+
+    The fit is checked here, not only by ``validate_batch``, because readers that skip validation
+    (a consumer with ``verify_crc`` off, the dispatcher's cuts) would otherwise fail with a bare
+    ``TypeError`` from ``cast`` on a short slice.
+    """
     n = header.record_count
     mv = memoryview(buf)
     p = pos + HEADER_SIZE + header.tag_table_length
+    if n < 0 or p + COLUMN_BYTES * n > min(pos + header.length, len(mv)):
+        raise CorruptBatch("record columns do not fit in the batch")
     offset_deltas = mv[p : p + 4 * n].cast("i")
     p += 4 * n
     timestamp_deltas = mv[p : p + 8 * n].cast("q")
@@ -295,6 +303,25 @@ def restamp_producer(batch: bytes, producer: tuple[int, int, int]) -> bytes:
     _PRODUCER_FIELDS.pack_into(out, PRODUCER_AT, *producer)
     _CRC_FIELD.pack_into(out, CRC_AT, crc32c(memoryview(out)[CRC_START:]))
     return bytes(out)
+
+
+@contextmanager
+def malformed_is_corrupt(base_offset: int) -> Iterator[None]:
+    """Turn what a malformed batch makes a reader raise into CorruptBatch.
+
+    The readers (``decode_records``, ``batch_views``, ``filter_batch``) trust the broker's validation
+    and do not check every column again, which would cost consumers a second pass. Bytes that pass
+    the CRC yet are malformed (only with ``verify_crc`` off, or a bug) then fail inside C-level
+    column code with a ``KeyError`` (a tag index out of range), ``ValueError`` or ``TypeError``.
+    Callers get the typed error instead, so a damaged batch is reported as one and never surfaces as
+    an unexplained exception in an application (found by tests/unit/fuzz). Free when nothing raises.
+    """
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, struct.error) as exc:
+        if isinstance(exc, CorruptBatch):
+            raise
+        raise CorruptBatch(f"batch at offset {base_offset} is malformed ({type(exc).__name__})") from exc
 
 
 def iter_headers(

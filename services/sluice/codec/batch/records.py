@@ -17,6 +17,7 @@ from sluice.codec.batch.layout import (
     crc32c,
     decode_headers,
     iter_headers,
+    malformed_is_corrupt,
     read_tags,
 )
 from sluice.errors import CorruptBatch
@@ -70,7 +71,8 @@ def decode_records(
             continue
         if verify_crc and crc32c(mv[pos + CRC_START : pos + h.length]) != h.crc:
             raise CorruptBatch(f"batch at offset {h.base_offset} failed its CRC check")
-        out += _batch_records(buf, pos, h, topic, partition, start_offset)
+        with malformed_is_corrupt(h.base_offset):
+            out += _batch_records(buf, pos, h, topic, partition, start_offset)
     return out
 
 

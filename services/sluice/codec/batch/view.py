@@ -18,6 +18,7 @@ from sluice.codec.batch.layout import (
     crc32c,
     decode_headers,
     iter_headers,
+    malformed_is_corrupt,
     read_header,
     read_tags,
 )
@@ -31,8 +32,13 @@ def filter_batch(buf: bytes, pos: int, h: BatchHeader, keep_tags: frozenset[str]
     Returns None when no record matches. The result keeps the original base
     offset, offsets and last_offset_delta, so the consumer's position still
     moves past every filtered-out record, and the leader epoch and producer fields
-    (the CRC is new: the filtered batch is a different batch).
+    (the CRC is new: the filtered batch is a different batch). A malformed batch: CorruptBatch.
     """
+    with malformed_is_corrupt(h.base_offset):
+        return _filter_batch(buf, pos, h, keep_tags)
+
+
+def _filter_batch(buf: bytes, pos: int, h: BatchHeader, keep_tags: frozenset[str]) -> bytes | None:
     tags = read_tags(buf, pos, h)
     keep_idx = {i for i, t in enumerate(tags) if t in keep_tags}
     if not keep_idx:
@@ -237,5 +243,6 @@ def batch_views(buf: bytes, verify_crc: bool = True) -> list[BatchView]:
     for pos, h in iter_headers(buf):
         if verify_crc and crc32c(mv[pos + CRC_START : pos + h.length]) != h.crc:
             raise CorruptBatch(f"batch at offset {h.base_offset} failed its CRC check")
-        out.append(BatchView(buf[pos : pos + h.length], 0, h))
+        with malformed_is_corrupt(h.base_offset):
+            out.append(BatchView(buf[pos : pos + h.length], 0, h))
     return out

@@ -7,7 +7,7 @@ same verdict per call (OK or a typed Sluice error; INTERNAL, UNKNOWN, a status w
 each is counted with its first input. After each RPC every process must answer its health check SERVING
 with no traceback in its log. Prints the count of each outcome per RPC and exits 1 on any failure.
 
-Usage: ``python bench/fuzz_rpcs.py [--examples 1000] [--rpc SUBSTRING]``
+Usage: ``python bench/fuzz/rpcs.py [--examples 1000] [--rpc SUBSTRING]``
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "services"))
 sys.path.insert(0, str(ROOT))
 
