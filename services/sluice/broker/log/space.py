@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 #: Default minimum of free bytes below which a broker refuses appends: one default segment. Redpanda
 #: reserves 5 GiB (or 5%); a broker's side files need megabytes, and a small volume keeps most of its room.
 DEFAULT_MIN_FREE_BYTES = 128 * 1024 * 1024
+#: Without a guard, one error line per this many seconds of ENOSPC (not one per refused append).
+NO_SPACE_LOG_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class DiskSpace:
         #: Appends refused for space (a counter for metrics).
         self.refusals = 0
         self.full = False
+        self._no_space_logged_at = float("-inf")
         self.refresh()
 
     def refresh(self) -> int:
@@ -110,7 +113,10 @@ class DiskSpace:
         """Raise StorageFull if appending ``nbytes`` would leave less than the minimum free.
 
         No syscall unless the cached figure is stale or says the minimum is near (module docstring).
+        A minimum of 0 disables the guard: appends then run into the real ENOSPC (cut back, typed).
         """
+        if not self.min_free_bytes:
+            return
         estimate = self.free_bytes - self._written - nbytes
         now = self._clock()
         stale = now - self._refreshed_at >= (self.refused_refresh_s if self.full else self.refresh_s)
@@ -131,6 +137,14 @@ class DiskSpace:
 
     def hit_no_space(self) -> None:
         """A write met ENOSPC: the figure is wrong; refuse from now on until a refresh says otherwise."""
+        if not self.min_free_bytes:  # no guard: every append tries (and a failed one is cut back)
+            now = self._clock()
+            if now - self._no_space_logged_at >= NO_SPACE_LOG_S:
+                self._no_space_logged_at = now
+                log.error(
+                    "%s: the disk is full: appends fail (STORAGE_FULL) until space is freed", self.directory
+                )
+            return
         self.refresh()
         if not self.full:
             # statvfs still shows room (reserved blocks, another writer freed some meanwhile): trust the
