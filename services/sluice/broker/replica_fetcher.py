@@ -317,7 +317,7 @@ class LeaderFetcher:
                 except StorageFull as err:
                     # Our disk is (nearly) full: stop fetching the partition for a while rather than
                     # pulling the same bytes in a loop; the leader drops us from the ISR by lag time.
-                    log.warning("following %s/%s paused: %s", *key, err)
+                    log.debug("following %s/%s paused: %s", *key, err)  # the guard logs the state change
                     self._park(followed)
                     continue
                 except SluiceError as err:

@@ -217,7 +217,7 @@ class Segment:
             self.index.reset()
         start_rel, start_pos = self.index.lookup(2**32)
         if self.time_index.load(-1):
-            self.time_index.truncate_after_rel(start_rel)
+            self.time_index.truncate_after_rel(start_rel if start_pos else -1)  # rel 0 is rescanned too
         elif len(self.index):
             # Without the time entries up to the restart point, the running maximum
             # timestamp is unknown: rebuild both from the segment start.
