@@ -22,8 +22,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from sluice.client import Client
 from sluice.v1 import common_pb2
-from tests.harness import ROOT
+from tests.harness import ROOT, run_redis, start_service
 
 from .conftest import Broker, make_batch, records, start_broker
 
@@ -213,3 +214,47 @@ def test_real_enospc_is_cut_back_and_the_broker_goes_on(tmpfs: Path) -> None:
             assert broker.stop() == 0
     verify = _verify(data_dir)
     assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_the_sdk_producer_retries_storage_full_until_space_returns(tmpfs: Path) -> None:
+    """STORAGE_FULL is retriable: sends made while the disk is full complete once it is freed, each at
+    the offset its future reports (a coordinator for metadata, one broker on the tmpfs)."""
+    data_dir = tmpfs / "data"
+    with run_redis(appendonly=False) as redis:
+        coordinator = start_service(
+            "coordinator", "--port", "0", "--metrics-port", "0", "--redis-url", redis.url,
+            "--broker-heartbeat-interval", "200ms",
+        )  # fmt: skip
+        broker = start_broker(
+            data_dir,
+            "--storage-min-free-bytes",
+            str(8 * MiB),
+            "--coordinator",
+            coordinator.address,
+            flush="always",
+        )
+        try:
+            with Client(coordinator.address) as client:
+                client.admin.create_topic("sdk", partitions=1)
+                _ballast(tmpfs / "ballast", _free(tmpfs) - 4 * MiB)  # below the minimum from the start
+                # A scrape re-reads statvfs (else the guard sees the ballast within its 5 s refresh).
+                free = broker.metric("sluice_broker_disk_free_bytes", log_dir=str(data_dir))
+                assert free is not None
+                assert free < 8 * MiB
+                with client.producer(
+                    "sdk", retries=1000, retry_backoff_max="500ms", linger="1ms"
+                ) as producer:
+                    values = [f"sdk-{i}".encode() for i in range(50)]
+                    futures = [producer.send(v) for v in values]
+                    deadline = time.monotonic() + 30
+                    while not broker.metric("sluice_broker_disk_full_refusals_total", log_dir=str(data_dir)):
+                        assert time.monotonic() < deadline, "the broker never refused the producer"
+                        time.sleep(0.1)
+                    assert not any(f.done() for f in futures)  # retrying, not failed
+                    (tmpfs / "ballast").unlink()
+                    offsets = [f.result(timeout=60).offset for f in futures]
+            got = {r.offset: r.value for r in records(broker.fetch_one("sdk", 0, max_bytes=MiB), 0)}
+            assert [got[o] for o in offsets] == values
+        finally:
+            broker.stop()
+            coordinator.terminate()
