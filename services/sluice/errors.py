@@ -148,6 +148,16 @@ class StorageError(SluiceError):
     grpc_status = "UNAVAILABLE"
 
 
+class StorageFull(SluiceError):
+    """The log directory is below its minimum of free bytes (or a write met ENOSPC): writes are
+    refused, reads go on, and writes resume by themselves once space returns (docs/storage.md,
+    "Disk full"). Not a StorageError subclass: registered classes never derive from each other."""
+
+    code = common_pb2.STORAGE_FULL
+    retriable = True
+    grpc_status = "RESOURCE_EXHAUSTED"
+
+
 # ---- Topics and the log -------------------------------------------------------
 
 

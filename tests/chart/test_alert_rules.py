@@ -39,9 +39,12 @@ def rendered() -> dict[str, Any]:
 def test_off_by_default_and_shipped_unchanged_when_on(rendered: dict[str, Any]) -> None:
     assert not find(render(), "PrometheusRule")
     assert rendered["metadata"]["labels"]["release"] == "kps"
-    assert rendered["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
+    shipped = [
+        g for f in sorted(ALERTS.parent.glob("*.yaml")) for g in yaml.safe_load(f.read_text())["groups"]
+    ]
+    assert rendered["spec"]["groups"] == shipped
     names = {r["alert"] for g in rendered["spec"]["groups"] for r in g["rules"]}
-    assert names == {
+    assert names >= {
         "SluiceUnderReplicatedPartitions",
         "SluiceOfflinePartitions",
         "SluiceUncleanLeaderElection",
@@ -63,7 +66,8 @@ def test_promtool_checks_the_rendered_rules(tmp_path: Path, rendered: dict[str, 
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 rules found" in result.stdout
+    rules = sum(len(g["rules"]) for g in rendered["spec"]["groups"])
+    assert f"{rules} rules found" in result.stdout
 
 
 def _annotations(alert: str, **values: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ from sluice.broker.flusher import FlushPolicy
 from sluice.broker.log.config import LogConfig
 from sluice.broker.log.handles import DEFAULT_READ_HANDLES
 from sluice.broker.log.manager import DEFAULT_DESCRIPTOR_RESERVE
+from sluice.broker.log.space import DEFAULT_MIN_FREE_BYTES
 from sluice.common.wire import wire_listen_port, wire_port_help
 from sluice.errors import InvalidArgument
 from sluice.security.settings import SecuritySettings
@@ -126,6 +127,13 @@ class BrokerConfig(SecuritySettings):
             "is refused with STORAGE_ERROR"
         },
     )
+    storage_min_free_bytes: int = field(
+        default=DEFAULT_MIN_FREE_BYTES,
+        metadata={
+            "help": "produce is refused (STORAGE_FULL, retriable) while the data directory has less free "
+            "space than this, so indexes and checkpoints can still be written; 0 disables"
+        },
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
@@ -145,6 +153,8 @@ class BrokerConfig(SecuritySettings):
             raise InvalidArgument(f"segment_read_handles must be >= 1, got {self.segment_read_handles}")
         if self.descriptor_reserve < 0:
             raise InvalidArgument(f"descriptor_reserve must be >= 0, got {self.descriptor_reserve}")
+        if self.storage_min_free_bytes < 0:
+            raise InvalidArgument(f"storage_min_free_bytes must be >= 0, got {self.storage_min_free_bytes}")
         if len(self.rack) > 128 or any(c.isspace() or not c.isprintable() for c in self.rack):
             raise InvalidArgument(f"--rack {self.rack[:128]!r}: at most 128 printable characters, no spaces")
         self.log_defaults()  # validates the log settings

@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from sluice.broker.fetch import TopicPartitionKey
-from sluice.errors import InvalidArgument, StorageError
+from sluice.errors import InvalidArgument, SluiceError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,9 @@ def _fsync_all(logs: list[tuple[TopicPartitionKey, Flushable]]) -> list[TopicPar
     for key, plog in logs:
         try:
             plog.flush()
+        except SluiceError as exc:  # typed (ENOSPC, EIO): one line, no traceback per round while it lasts
+            log.error("fsync of %s/%s failed: %s", *key, exc)
+            failed.append(key)
         except Exception:
             log.exception("fsync of %s/%s failed", *key)
             failed.append(key)

@@ -77,10 +77,12 @@ async def run(config: BrokerConfig) -> None:
         config.log_defaults(),
         read_handles=config.segment_read_handles,
         descriptor_reserve=config.descriptor_reserve,
+        min_free_bytes=config.storage_min_free_bytes,
     )
     logs.open_all()
     security = build_security("broker", config, config.coordinator)
     service = BrokerService(config, logs, authorizer=security.authorizer)
+    service.metrics.disk_stats.source = lambda: [logs.space.stats()]
     await service.start()
     handlers = RequestHandlers(service)
     servicer = BrokerServicer(service, handlers)

@@ -14,6 +14,9 @@
   / ``_hits_total`` / ``_evictions_total``: the LRU of read descriptors on sealed segments
   (docs/storage.md, "Descriptor budget"); ``sluice_broker_partition_budget``: partition logs
   the soft open-files limit leaves room for.
+- ``sluice_broker_disk_free_bytes`` / ``_total_bytes`` / ``_min_free_bytes`` by ``log_dir`` and
+  ``sluice_broker_disk_full_refusals_total``: the data directory's space (``statvfs`` at scrape) and the
+  appends refused under the minimum (docs/storage.md, "Disk full"); the chart alerts on free < 2 x min.
 - ``sluice_broker_wire_connections``: open wire-protocol connections (``sluice.server.wire``).
 
 Metric objects are process-wide (the default registry), created once.
@@ -30,6 +33,7 @@ from prometheus_client.registry import Collector
 
 from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.log.partition_log import PartitionLog
+from sluice.broker.log.space import DiskStats
 from sluice.codec.batch import iter_headers
 
 FLUSH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
@@ -158,6 +162,46 @@ class _ProducerCollector(Collector):
         )
 
 
+class DiskStatsSource:
+    """What the disk collector reads: a callable giving each log directory's ``DiskStats``."""
+
+    __slots__ = ("source",)
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Iterable[DiskStats]] | None = None
+
+
+class _DiskCollector(Collector):
+    def __init__(self, stats: DiskStatsSource) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["log_dir"]
+        free = GaugeMetricFamily(
+            "sluice_broker_disk_free_bytes", "Free bytes of the log directory's filesystem", labels=labels
+        )
+        total = GaugeMetricFamily(
+            "sluice_broker_disk_total_bytes", "Size of the log directory's filesystem", labels=labels
+        )
+        minimum = GaugeMetricFamily(
+            "sluice_broker_disk_min_free_bytes",
+            "Free bytes below which produce is refused with STORAGE_FULL",
+            labels=labels,
+        )
+        refused = CounterMetricFamily(
+            "sluice_broker_disk_full_refusals",
+            "Appends refused because the log directory was below its minimum of free bytes",
+            labels=labels,
+        )
+        source = self._stats.source
+        for d in source() if source is not None else ():
+            free.add_metric([d.log_dir], d.free_bytes)
+            total.add_metric([d.log_dir], d.total_bytes)
+            minimum.add_metric([d.log_dir], d.min_free_bytes)
+            refused.add_metric([d.log_dir], d.refusals)
+        yield from (free, total, minimum, refused)
+
+
 class BrokerMetrics:
     """The broker's metric objects, with per-topic children cached (labels() is not free)."""
 
@@ -203,6 +247,8 @@ class BrokerMetrics:
         REGISTRY.register(_HandleCollector(self.handle_stats))
         self.producer_stats = ProducerStats()
         REGISTRY.register(_ProducerCollector(self.producer_stats))
+        self.disk_stats = DiskStatsSource()
+        REGISTRY.register(_DiskCollector(self.disk_stats))
         self._in: dict[str, tuple[Counter, Counter]] = {}
         self._out: dict[str, tuple[Counter, Counter]] = {}
 

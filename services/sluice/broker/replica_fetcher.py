@@ -51,7 +51,7 @@ from sluice.common.backoff import Backoff
 from sluice.common.list_offsets import RetryBound, list_offsets
 from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc
-from sluice.errors import OffsetOutOfRange, SluiceError, error_from_proto
+from sluice.errors import OffsetOutOfRange, SluiceError, StorageFull, error_from_proto
 from sluice.v1 import broker_pb2, coordinator_pb2
 
 if TYPE_CHECKING:
@@ -314,6 +314,12 @@ class LeaderFetcher:
             if part.records:
                 try:
                     followed.log.append_replicated(part.records)
+                except StorageFull as err:
+                    # Our disk is (nearly) full: stop fetching the partition for a while rather than
+                    # pulling the same bytes in a loop; the leader drops us from the ISR by lag time.
+                    log.debug("following %s/%s paused: %s", *key, err)  # the guard logs the state change
+                    self._park(followed)
+                    continue
                 except SluiceError as err:
                     # A batch that fails its CRC, or does not start at our end: fetch again from the
                     # log end (a damaged copy is never appended).

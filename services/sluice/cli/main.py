@@ -21,6 +21,9 @@ SERVICES = {
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:2] == ["broker", "verify"]:  # an offline tool on a broker's data, not the broker service
+        verify = importlib.import_module("sluice.cli.broker_verify")
+        return int(verify.main(args[2:]))
     if args and args[0] in SERVICES:
         module = importlib.import_module(SERVICES[args[0]])
         return int(module.main(args[1:]))

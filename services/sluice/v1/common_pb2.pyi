@@ -124,6 +124,12 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
     while the new leader's HW is still below the start of its epoch: retriable until the HW catches up.
     """
+    STORAGE_FULL: _ErrorCode.ValueType  # 91
+    """The broker's log directory has less free space than its configured minimum
+    (--storage-min-free-bytes, docs/storage.md "Disk full"): produce (and a follower's append) is
+    refused before the disk is full, so indexes, checkpoints and snapshots can still be written.
+    Reads go on. Retriable: the broker accepts writes again by itself once space returns.
+    """
     REASSIGNMENT_IN_PROGRESS: _ErrorCode.ValueType  # 85
     """A reassignment names a partition that is being reassigned already: wait until it completes
     (`sluice topic reassign --status`), then reassign it again.
@@ -245,6 +251,12 @@ OFFSET_NOT_AVAILABLE: ErrorCode.ValueType  # 90
 """Consumers across a failover (KIP-320, docs/replication.md). An offset above the new leader's
 high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
 while the new leader's HW is still below the start of its epoch: retriable until the HW catches up.
+"""
+STORAGE_FULL: ErrorCode.ValueType  # 91
+"""The broker's log directory has less free space than its configured minimum
+(--storage-min-free-bytes, docs/storage.md "Disk full"): produce (and a follower's append) is
+refused before the disk is full, so indexes, checkpoints and snapshots can still be written.
+Reads go on. Retriable: the broker accepts writes again by itself once space returns.
 """
 REASSIGNMENT_IN_PROGRESS: ErrorCode.ValueType  # 85
 """A reassignment names a partition that is being reassigned already: wait until it completes

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sluice.broker.log import fileops
+
 
 def fsync_dir(directory: Path) -> None:
     """Make the directory's entries (creations, renames, deletions) durable."""
@@ -25,11 +27,13 @@ def replace_durably(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        fileops.write_all(fd, data)
         os.fsync(fd)
-    finally:
+    except OSError:
         os.close(fd)
+        # A half-written temporary file would hold the space a full disk needs back.
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)

@@ -20,6 +20,7 @@ File formats (little-endian, fixed-size entries, no header):
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import struct
@@ -28,6 +29,7 @@ from bisect import bisect_left, bisect_right
 from itertools import islice
 from pathlib import Path
 
+from sluice.broker.log import fileops
 from sluice.broker.log.handles import storage_error
 
 OFFSET_ENTRY_BYTES = 8
@@ -68,15 +70,18 @@ class _IndexFile:
         except OSError as exc:
             raise storage_error(f"opening the index {self.path}", exc) from exc
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, entry_bytes: int) -> None:
+        """Append whole entries after the ``persisted`` ones. A failed write (ENOSPC) is cut back to
+        them, so a retry never leaves a torn or doubled entry (if the cut fails too, the file no
+        longer parses and the next open rebuilds it: indexes are derived data)."""
         if not data:
             return
         fd = self._open(os.O_APPEND)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            fileops.write_all(fd, data)
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                fileops.ftruncate(fd, self.persisted * entry_bytes)
             raise storage_error(f"writing the index {self.path}", exc) from exc
         finally:
             os.close(fd)
@@ -163,7 +168,7 @@ class OffsetIndex:
         flat = array("I", bytes(8 * (end - start)))
         flat[0::2] = self.rel_offsets[start:end]
         flat[1::2] = self.positions[start:end]
-        self._file.write(flat.tobytes())
+        self._file.write(flat.tobytes(), OFFSET_ENTRY_BYTES)
         self._file.persisted = end
 
     def memory_bytes(self) -> int:
@@ -241,7 +246,7 @@ class TimeIndex:
             _TIME_ENTRY.pack(t, r)
             for t, r in zip(self.timestamps[start:end], self.rel_offsets[start:end], strict=True)
         )
-        self._file.write(data)
+        self._file.write(data, TIME_ENTRY_BYTES)
         self._file.persisted = end
 
     def memory_bytes(self) -> int:

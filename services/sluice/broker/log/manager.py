@@ -36,6 +36,7 @@ from sluice.broker.log.durable import fsync_dir
 from sluice.broker.log.handles import DEFAULT_READ_HANDLES, ReadHandles, storage_error
 from sluice.broker.log.partition_log import PartitionLog, wall_clock_ms
 from sluice.broker.log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_stem
+from sluice.broker.log.space import DiskSpace
 from sluice.common.names import validate_topic
 from sluice.errors import InvalidArgument, InvalidPartitions, SluiceError, StorageError
 from sluice.server.limits import open_files_soft_limit
@@ -134,6 +135,7 @@ class LogManager:
         now_ms: Callable[[], int] = wall_clock_ms,
         read_handles: int = DEFAULT_READ_HANDLES,
         descriptor_reserve: int = DEFAULT_DESCRIPTOR_RESERVE,
+        min_free_bytes: int = 0,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.default_config = default_config
@@ -144,6 +146,8 @@ class LogManager:
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._meta: dict[TopicPartition, PartitionMeta] = {}
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        #: Free space of the data directory: appends are refused below ``min_free_bytes`` (space.py).
+        self.space = DiskSpace(self.data_dir, min_free_bytes)
         #: The last shutdown left no marker: logs opened now verify every batch's CRC.
         self.unclean = self._take_clean_shutdown_marker()
 
@@ -271,7 +275,7 @@ class LogManager:
 
     def _open_log(self, path: Path, config: LogConfig | None) -> PartitionLog:
         cfg = config or self.default_config
-        return PartitionLog(path, cfg, self._now_ms, self.handles, verify_all=self.unclean)
+        return PartitionLog(path, cfg, self._now_ms, self.handles, verify_all=self.unclean, space=self.space)
 
     def descriptor_budget(self) -> int:
         """How many partition logs this broker can hold open under its soft limit now."""

@@ -24,6 +24,7 @@ from sluice.broker.log.producers import PartitionProducers
 from sluice.broker.log.recovery import load_segments
 from sluice.broker.log.results import AppendResult, ReadResult
 from sluice.broker.log.segment import Segment
+from sluice.broker.log.space import DiskSpace
 from sluice.broker.log.truncation import EpochsAndTruncation
 from sluice.codec.batch import HEADER_SIZE, BatchHeader, stamp, validate_batch
 from sluice.errors import (
@@ -33,6 +34,7 @@ from sluice.errors import (
     NotLeader,
     OffsetOutOfRange,
     StorageError,
+    StorageFull,
 )
 
 log = logging.getLogger(__name__)
@@ -74,8 +76,11 @@ class PartitionLog(EpochsAndTruncation):
         now_ms: Callable[[], int] = wall_clock_ms,
         handles: ReadHandles | None = None,
         verify_all: bool = False,
+        space: DiskSpace | None = None,
     ) -> None:
         self.directory = Path(directory)
+        #: The log directory's free-space guard (a broker shares one); None: never refuse for space.
+        self._space = space
         self.config = config
         self._now_ms = now_ms
         self._handles = handles if handles is not None else ReadHandles(_PRIVATE_READ_HANDLES)
@@ -217,6 +222,8 @@ class PartitionLog(EpochsAndTruncation):
         first_offset = self.log_end_offset
         offset = first_offset + sum(h.last_offset_delta + 1 for h in headers)
         interval = self.config.index_interval_bytes
+        if self._space is not None:
+            self._space.check(total)  # STORAGE_FULL before the disk is: docs/storage.md, "Disk full"
         with self._lock:
             # The cache before the data; its file is written by the next flush (off this path).
             for epoch, start in new_epochs:
@@ -231,9 +238,13 @@ class PartitionLog(EpochsAndTruncation):
                     seg = self._roll_locked()
                 start = seg.size
                 seg.write(buf)
-            except StorageError:
+            except (StorageError, StorageFull) as exc:
                 self._epochs.truncate_from_end(first_offset)  # nothing of the new epoch was written
+                if isinstance(exc, StorageFull) and self._space is not None:
+                    self._space.hit_no_space()
                 raise
+            if self._space is not None:
+                self._space.wrote(total)
             seg.size = start + total
             pos, batch_offset = start, first_offset
             for h in headers:
@@ -275,7 +286,10 @@ class PartitionLog(EpochsAndTruncation):
         # active and intact; sealing twice is harmless. Only then does the old segment
         # close its descriptor; the next flush reopens the file to fsync its tail.
         old = self._segments[-1]
-        old.seal()
+        try:
+            old.seal()
+        except StorageError as exc:  # derived data: the next open rebuilds the missing index entries
+            log.warning("%s: the indexes of the segment being sealed were not written: %s", old.log_path, exc)
         new = Segment.create(self.directory, old.next_offset, self._handles)
         os.close(old.release_fd())
         self._unsynced_paths.append(old.log_path)
@@ -398,7 +412,10 @@ class PartitionLog(EpochsAndTruncation):
             if self._closed:
                 return
             active = self._segments[-1]
-            active.persist_indexes()
+            try:
+                active.persist_indexes()
+            except StorageError as exc:  # derived data: the entries stay pending, the next flush retries
+                log.warning("%s: index entries not written (next flush retries): %s", self.directory, exc)
             try:
                 active_fd = os.dup(active.fd)
             except OSError as exc:
@@ -420,7 +437,7 @@ class PartitionLog(EpochsAndTruncation):
                 finally:
                     os.close(dir_fd)
             if epochs is not None:
-                self._epochs.write(*epochs)
+                self._write_epochs(*epochs)
                 epochs = None
             self.flushed_offset = min(max(self.flushed_offset, flushing), self.log_end_offset)
         except StorageError:
@@ -437,6 +454,16 @@ class PartitionLog(EpochsAndTruncation):
             raise storage_error(f"fsync of {self.directory}", exc) from exc
         finally:
             os.close(active_fd)
+
+    def _write_epochs(self, data: bytes, version: int) -> None:
+        """Write the epoch checkpoint; a failure (ENOSPC) is logged and retried at the next flush, not
+        raised: the data is durable, and an open rebuilds a checkpoint that lags the log."""
+        try:
+            self._epochs.write(data, version)
+        except StorageError as exc:
+            log.warning("%s: epoch checkpoint not written (next flush retries): %s", self.directory, exc)
+            with self._lock:
+                self._epochs_dirty = True
 
     def close(self) -> None:
         """Flush, write the indexes and close every file. Idempotent."""

@@ -17,19 +17,19 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+from sluice.broker.log import fileops
 from sluice.broker.log.config import MAX_SEGMENT_BYTES
 from sluice.broker.log.handles import ReadHandles, storage_error
 from sluice.broker.log.index import OffsetIndex, TimeIndex
-from sluice.broker.log.walk import walk_batches
+from sluice.broker.log.walk import first_at_or_after, walk_batches
 from sluice.codec.batch import (
     APPEND_TIME_AT,
     HEADER_SIZE,
     LAST_OFFSET_DELTA_AT,
     BatchHeader,
-    columns,
     validate_batch,
 )
-from sluice.errors import SluiceError, StorageError
+from sluice.errors import SluiceError, StorageError, StorageFull
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class Segment:
         "next_offset",
         "size",
         "time_index",
+        "torn",
     )
 
     def __init__(self, directory: Path, base_offset: int, fd: int, size: int, handles: ReadHandles) -> None:
@@ -80,6 +81,7 @@ class Segment:
         self.handles = handles
         #: Bytes of whole, valid batches: reads never go past it.
         self.size = size
+        self.torn = False  # a failed append left bytes past ``size`` not cut off yet (``write``)
         #: Offset the next batch appended here would get.
         self.next_offset = base_offset
         #: Base offset of the last batch (for the final time-index entry at seal).
@@ -128,10 +130,8 @@ class Segment:
         return cls(directory, base_offset, fd, os.fstat(fd).st_size, handles)
 
     def release_fd(self) -> int:
-        """Hand over the segment's own descriptor (it is sealed: reads go through ``handles``).
-
-        Returns it, for the caller to fsync and close, or -1 if it had none.
-        """
+        """Hand over the segment's own descriptor (it is sealed: reads go through ``handles``), for the
+        caller to fsync and close; -1 if it had none."""
         fd, self.fd = self.fd, -1
         return fd
 
@@ -217,7 +217,7 @@ class Segment:
             self.index.reset()
         start_rel, start_pos = self.index.lookup(2**32)
         if self.time_index.load(-1):
-            self.time_index.truncate_after_rel(start_rel)
+            self.time_index.truncate_after_rel(start_rel if start_pos else -1)  # rel 0 is rescanned too
         elif len(self.index):
             # Without the time entries up to the restart point, the running maximum
             # timestamp is unknown: rebuild both from the segment start.
@@ -344,18 +344,29 @@ class Segment:
     # ---- appending ------------------------------------------------------------------
 
     def write(self, data: bytearray | bytes) -> None:
-        """Append bytes with one write (looping only on a short write); all or nothing."""
-        view = memoryview(data)
+        """Append bytes with one write (looping only on a short write); all or nothing: a failure
+        (ENOSPC after a short write, EIO) is cut back to ``size``. If the cut fails too, appends are
+        refused until a cut succeeds (O_APPEND would land after the stray bytes); a reopen cuts them
+        anyway (``recover`` validates the active tail)."""
+        if self.torn and not self._cut_tail():
+            raise StorageError(f"{self.log_path} holds a failed append that cannot be cut off yet")
         try:
-            while view:
-                view = view[os.write(self.fd, view) :]
+            fileops.write_all(self.fd, data)
         except OSError as exc:
-            # Leave no partial batch behind: the offsets were not handed out.
-            try:
-                os.ftruncate(self.fd, self.size)
-            except OSError:
-                log.exception("could not cut a failed append off %s", self.log_path)
-            raise StorageError(f"append to {self.log_path} failed: {exc}") from exc
+            self._cut_tail()  # leave no partial batch behind: its offsets were not handed out
+            kind: type[SluiceError] = StorageFull if fileops.is_no_space(exc) else StorageError
+            raise kind(f"append to {self.log_path} failed: {exc}") from exc
+
+    def _cut_tail(self) -> bool:
+        """Cut the file back to ``size`` (the end of the last whole batch); False if that failed."""
+        try:
+            fileops.ftruncate(self.fd, self.size)
+        except OSError:
+            log.exception("could not cut a failed append off %s", self.log_path)
+            self.torn = True
+            return False
+        self.torn = False
+        return True
 
     def note_batch(self, position: int, base_offset: int, max_timestamp: int, interval: int) -> None:
         """Account for a batch now in the file at ``position`` (index entries, max timestamp)."""
@@ -460,19 +471,8 @@ class Segment:
         finally:
             self.handles.release(path)
 
-    def _find_timestamp(self, fd: int, timestamp: int) -> tuple[int, int] | None:
-        rel = self.time_index.floor_below(timestamp)
-        start = self.index.lookup(rel)[1]
-        for pos, header, _buf, _off in walk_batches(fd, start, self.size, need_body=False):
-            if header.max_timestamp < timestamp:
-                continue
-            body = os.pread(fd, header.length, pos)
-            cols = columns(body, 0, header)
-            target_delta = timestamp - header.base_timestamp
-            for offset_delta, ts_delta in zip(cols.offset_deltas, cols.timestamp_deltas, strict=True):
-                if ts_delta >= target_delta:
-                    return header.base_offset + offset_delta, header.base_timestamp + ts_delta
-        return None
+    def _find_timestamp(self, fd: int, ts: int) -> tuple[int, int] | None:
+        return first_at_or_after(fd, self.index.lookup(self.time_index.floor_below(ts))[1], self.size, ts)
 
     # ---- lifecycle ------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from sluice.codec.batch import HEADER, HEADER_SIZE, BatchHeader
+from sluice.codec.batch import HEADER, HEADER_SIZE, BatchHeader, columns
 
 #: Bytes per pread when walking a segment.
 SCAN_CHUNK = 1 << 20
@@ -42,3 +42,17 @@ def walk_batches(
                 return
         yield pos, header, buf, off
         pos += length
+
+
+def first_at_or_after(fd: int, start: int, end: int, timestamp: int) -> tuple[int, int] | None:
+    """The first ``(offset, timestamp)`` in [start, end) with a record timestamp >= ``timestamp``."""
+    for pos, header, _buf, _off in walk_batches(fd, start, end, need_body=False):
+        if header.max_timestamp < timestamp:
+            continue
+        body = os.pread(fd, header.length, pos)
+        cols = columns(body, 0, header)
+        target_delta = timestamp - header.base_timestamp
+        for offset_delta, ts_delta in zip(cols.offset_deltas, cols.timestamp_deltas, strict=True):
+            if ts_delta >= target_delta:
+                return header.base_offset + offset_delta, header.base_timestamp + ts_delta
+    return None
