@@ -124,6 +124,12 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
     while the new leader's HW is still below the start of its epoch: retriable until the HW catches up.
     """
+    COMMIT_OUTCOME_UNKNOWN: _ErrorCode.ValueType  # 92
+    """A write (an offset commit, a cursor save, a reset) was sent to Redis but its answer was lost (the
+    connection broke, or Redis was paused or too slow): it may or may not have been applied. Never
+    taken as stored. Retriable: every such write is idempotent (docs/offset-store.md, "When Redis is
+    down or slow").
+    """
     REASSIGNMENT_IN_PROGRESS: _ErrorCode.ValueType  # 85
     """A reassignment names a partition that is being reassigned already: wait until it completes
     (`sluice topic reassign --status`), then reassign it again.
@@ -245,6 +251,12 @@ OFFSET_NOT_AVAILABLE: ErrorCode.ValueType  # 90
 """Consumers across a failover (KIP-320, docs/replication.md). An offset above the new leader's
 high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
 while the new leader's HW is still below the start of its epoch: retriable until the HW catches up.
+"""
+COMMIT_OUTCOME_UNKNOWN: ErrorCode.ValueType  # 92
+"""A write (an offset commit, a cursor save, a reset) was sent to Redis but its answer was lost (the
+connection broke, or Redis was paused or too slow): it may or may not have been applied. Never
+taken as stored. Retriable: every such write is idempotent (docs/offset-store.md, "When Redis is
+down or slow").
 """
 REASSIGNMENT_IN_PROGRESS: ErrorCode.ValueType  # 85
 """A reassignment names a partition that is being reassigned already: wait until it completes
