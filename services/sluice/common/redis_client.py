@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from redis.exceptions import BusyLoadingError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from sluice.common.log_limit import RateLimitedWarning
 from sluice.errors import CommitOutcomeUnknown, InvalidArgument, StorageError
 
 log = logging.getLogger(__name__)
@@ -189,42 +189,6 @@ def never_sent(exc: RedisError) -> bool:
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         return "connecting to" in str(exc)  # redis-py's wording for a failed connect, before any send
     return False
-
-
-class RateLimitedWarning:
-    """One warning when Redis starts failing, then at most one per ``interval`` with the count of the
-    failures in between, and one line when it answers again: an outage costs a few log lines, not one
-    (or a traceback) per request."""
-
-    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
-        self._log = logger
-        self._interval = interval
-        self._down_since = 0.0
-        self._last = 0.0
-        self._suppressed = 0
-        self._failures = 0
-
-    def failed(self, what: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        self._failures += 1
-        if not self._down_since:
-            self._down_since = now
-        if self._last and now - self._last < self._interval:
-            self._suppressed += 1
-            return
-        more = f" ({self._suppressed} more failures since the last warning)" if self._suppressed else ""
-        self._log.warning("Redis unavailable while %s: %s%s", what, exc, more)
-        self._last, self._suppressed = now, 0
-
-    def succeeded(self) -> None:
-        if self._down_since:
-            self._log.warning(
-                "Redis answers again after %.1f s (%d requests failed meanwhile)",
-                time.monotonic() - self._down_since,
-                self._failures,
-            )
-            self._down_since = self._last = 0.0
-            self._suppressed = self._failures = 0
 
 
 @asynccontextmanager

@@ -27,7 +27,8 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
 
-from sluice.common.redis_client import RateLimitedWarning, redis_errors
+from sluice.common.log_limit import RateLimitedWarning
+from sluice.common.redis_client import redis_errors
 from sluice.errors import (
     GroupNotEmpty,
     NotEnoughReplicas,
