@@ -174,3 +174,21 @@ def test_a_forbidden_config_command_is_warned_about_and_start_up_goes_on() -> No
             assert "could not check Redis' maxmemory-policy" in sp.log()
         finally:
             assert sp.terminate() == 0
+
+
+def test_redis_down_at_start_up_is_served_through_then_an_evicting_policy_stops_the_store() -> None:
+    with run_redis() as server:
+        server.kill()
+        sp = start_service("offset-store", "--port", "0", "--metrics-port", "0", "--redis-url", server.url)
+        try:
+            assert "checking once Redis answers" in sp.log()
+            server.extra = ("--maxmemory-policy", "allkeys-lru")
+            server.restart()
+            assert sp.process.wait(30) == 1
+            deadline = time.monotonic() + 10  # the output pump may still be reading the last lines
+            while "refuses to run: Redis runs with maxmemory-policy allkeys-lru" not in sp.log():
+                assert time.monotonic() < deadline, sp.log()
+                time.sleep(0.05)
+            assert "Traceback" not in sp.log()
+        finally:
+            sp.terminate()
