@@ -213,6 +213,24 @@ async def redis_errors(what: str, warn: RateLimitedWarning, *, write: bool = Fal
     warn.succeeded()
 
 
+async def wait_for_redis(client: aioredis.Redis, service: str) -> None:
+    """Return once Redis answers a PING; until then back off (0.2 s doubling to 5 s) with a rate-limited
+    warning. For a service that cannot start without Redis: waiting beats exiting and being restarted in a
+    loop by its supervisor (docs/offset-store.md, "When Redis is down or slow")."""
+    warn = RateLimitedWarning(log)
+    delay = 0.2
+    while True:
+        try:
+            await client.ping()
+        except RedisError as exc:
+            warn.failed(f"{service} starts (waiting for it)", exc)
+        else:
+            warn.succeeded()
+            return
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
 # ---- maxmemory-policy -----------------------------------------------------------------------------------
 
 NOEVICTION = "noeviction"

@@ -16,7 +16,7 @@ import socket
 import sys
 
 from sluice.common.redis_client import connect as connect_redis
-from sluice.common.redis_client import noeviction_guard
+from sluice.common.redis_client import noeviction_guard, wait_for_redis
 from sluice.coordinator.acl_servicer import AclServicer, acl_registrar
 from sluice.coordinator.acl_store import AclStore
 from sluice.coordinator.auth_servicer import SERVICE_NAME as AUTH_SERVICE_NAME
@@ -116,6 +116,9 @@ async def run(config: CoordinatorConfig) -> None:
 
     try:
         if election is None:
+            # Redis down at start-up: wait for it (a few warnings) rather than exit and be restarted in
+            # a loop; with an election the elector waits the same way (election/loop.py).
+            await wait_for_redis(redis, "coordinator")
             await service.start()
         else:
             election.attach(on_elected=on_elected, on_lost=service.step_down)

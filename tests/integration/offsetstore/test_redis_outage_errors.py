@@ -192,3 +192,34 @@ def test_redis_down_at_start_up_is_served_through_then_an_evicting_policy_stops_
             assert "Traceback" not in sp.log()
         finally:
             sp.terminate()
+
+
+def test_a_coordinator_started_while_redis_is_down_waits_for_it() -> None:
+    with run_redis() as server:
+        server.kill()
+        cmd = [sys.executable, "-m", "sluice", "coordinator", "--port", "0", "--metrics-port", "0"]
+        proc = subprocess.Popen(
+            [*cmd, "--redis-url", server.url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=harness_env(),
+        )
+        try:
+            assert proc.stdout is not None
+            lines: list[str] = []
+            for line in proc.stdout:  # the first warning says it waits; it has not exited
+                lines.append(line)
+                if "waiting for it" in line:
+                    break
+            assert proc.poll() is None, lines
+            server.restart()
+            for line in proc.stdout:
+                lines.append(line)
+                if "SLUICE_READY" in line:
+                    break
+            assert any("SLUICE_READY" in line for line in lines), lines
+            assert not any("Traceback" in line for line in lines), lines
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=30)
