@@ -118,7 +118,6 @@ def _alive(cluster: Cluster) -> None:
 def _outage(cluster: Cluster, tally: Tally, what: str) -> float:
     """Take Redis away for OUTAGE_S (``stop``: kill -9, then restart on its port with its data; ``pause``:
     CLIENT PAUSE ALL); return how long consumption took to resume after Redis came back."""
-    before = tally.snapshot()
     if what == "stop":
         cluster.redis.kill()
         time.sleep(OUTAGE_S)  # the outage itself: its length is the point, nothing to wait on
@@ -130,7 +129,6 @@ def _outage(cluster: Cluster, tally: Tally, what: str) -> float:
         time.sleep(OUTAGE_S)
     back = tally.snapshot()
     took = until(lambda: _resumed(tally, back), f"consumption to resume after Redis {what}", timeout=90)
-    assert before != back or what == "pause"  # progress before the stop is not required, only after
     _alive(cluster)
     return took
 
