@@ -116,6 +116,9 @@ def _start_redis(
         "yes" if appendonly else "no",
         "--appendfsync",
         appendfsync,
+        # As `sluice up` and the chart run it: every service refuses a Redis that may evict keys.
+        "--maxmemory-policy",
+        "noeviction",
         "--daemonize",
         "no",
         "--logfile",
@@ -137,12 +140,15 @@ def _start_redis(
 
 
 @contextlib.contextmanager
-def run_redis(appendonly: bool = True, appendfsync: str = "always") -> Iterator[RedisServer]:
-    """A private redis-server; ``appendfsync`` as `sluice up` runs it (docs/offset-store.md)."""
+def run_redis(
+    appendonly: bool = True, appendfsync: str = "always", extra: tuple[str, ...] = ()
+) -> Iterator[RedisServer]:
+    """A private redis-server; ``appendfsync`` as `sluice up` runs it (docs/offset-store.md); ``extra``:
+    more redis-server flags (they come last, so they override the defaults above)."""
     with tempfile.TemporaryDirectory(prefix="sluice-redis-") as d:
         port = free_port()
-        proc = _start_redis(port, Path(d), appendonly, appendfsync)
-        server = RedisServer(port, Path(d), proc, appendonly, appendfsync)
+        proc = _start_redis(port, Path(d), appendonly, appendfsync, extra)
+        server = RedisServer(port, Path(d), proc, appendonly, appendfsync, extra)
         try:
             yield server
         finally:

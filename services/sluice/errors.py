@@ -158,6 +158,15 @@ class StorageFull(SluiceError):
     grpc_status = "RESOURCE_EXHAUSTED"
 
 
+class CommitOutcomeUnknown(SluiceError):
+    """A write reached Redis (or may have) but its answer was lost: it may or may not be stored. Never
+    report it as stored; retry it (commits and cursor saves are idempotent)."""
+
+    code = common_pb2.COMMIT_OUTCOME_UNKNOWN
+    retriable = True
+    grpc_status = "UNAVAILABLE"
+
+
 # ---- Topics and the log -------------------------------------------------------
 
 

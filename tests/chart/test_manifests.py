@@ -339,6 +339,7 @@ def test_bundled_redis_uses_aof_a_pvc_and_a_password_from_a_secret(defaults: lis
     conf = one(defaults, "ConfigMap", "sluice-redis")["data"]["redis.conf"]
     assert "appendonly yes" in conf
     assert "appendfsync always" in conf
+    assert "maxmemory-policy noeviction" in conf  # the services refuse any other policy
     assert "dir /data" in conf
     c = container(sts)
     assert c["args"][:3] == ["/etc/redis/redis.conf", "--requirepass", "$(REDIS_PASSWORD)"]

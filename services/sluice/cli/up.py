@@ -295,6 +295,9 @@ class Stack:
         argv = [
             find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(redis_dir),
             "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+            # Never evict: an evicted key is a lost offset, cursor or metadata record, and the services
+            # refuse to run otherwise (docs/offset-store.md, "When Redis is down or slow").
+            "--maxmemory-policy", "noeviction",
             "--daemonize", "no", "--logfile", "",
         ]  # fmt: skip
         if self._start("redis", argv, REDIS_READY) is None:

@@ -26,6 +26,10 @@ through the Sentinels. What a failover can lose (Redis replicates asynchronously
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -34,13 +38,25 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import BusyLoadingError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.errors import InvalidArgument
+from sluice.common.log_limit import RateLimitedWarning
+from sluice.errors import CommitOutcomeUnknown, InvalidArgument, StorageError
+
+log = logging.getLogger(__name__)
 
 SENTINEL_SCHEME = "redis+sentinel"
+#: How long one Redis command may take before it fails (the socket timeout). Well under the SDK's request
+#: timeouts (10-30 s), so a paused or stalled Redis gives a retriable answer the client still gets, and
+#: far above a healthy command (a Lua commit is well under a millisecond, plus an fsync with
+#: ``appendfsync always``). docs/offset-store.md, "When Redis is down or slow".
+SOCKET_TIMEOUT = 3.0
 _PLAIN_SCHEMES = ("redis", "rediss", "unix")
+#: A pooled connection idle this long is PINGed before use, so one broken by a Redis restart is replaced
+#: before a command is sent on it (which would otherwise fail, in doubt, and need a retry).
+HEALTH_CHECK_INTERVAL = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +125,7 @@ def validate_url(url: str, flag: str = "--redis-url") -> None:
 def connect(
     url: str,
     *,
-    socket_timeout: float = 5.0,
+    socket_timeout: float = SOCKET_TIMEOUT,
     connect_timeout: float = 2.0,
     retries: int = 3,
 ) -> aioredis.Redis:
@@ -117,9 +133,13 @@ def connect(
 
     Commands fail fast while Redis is down, after a short retry that covers the common cases: one broken
     pooled connection, or a primary that just moved (the retry reconnects through the Sentinels).
+    ``retries=0`` for a client whose writes must be classified exactly (the offset store's: see
+    :func:`redis_errors`): with a retry, a write sent and lost followed by a refused reconnect would read
+    as "never sent". Only connection errors are retried, never timeouts: a timeout means Redis is slow or
+    paused (``CLIENT PAUSE``), and a resend would only queue the same command again behind the pause.
     """
     retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=retries)
-    retry_on = [RedisConnectionError, RedisTimeoutError]
+    retry_on: list[type[RedisError]] = [RedisConnectionError]
     if urlsplit(url).scheme != SENTINEL_SCHEME:
         validate_url(url)
         return aioredis.Redis.from_url(
@@ -129,7 +149,7 @@ def connect(
             socket_connect_timeout=connect_timeout,
             retry=retry,
             retry_on_error=retry_on,
-            health_check_interval=10,
+            health_check_interval=HEALTH_CHECK_INTERVAL,
         )
     address = parse_sentinel_url(url)
     sentinel_kwargs: dict[str, Any] = {
@@ -151,6 +171,128 @@ def connect(
         socket_connect_timeout=connect_timeout,
         retry=retry,
         retry_on_error=retry_on,
-        health_check_interval=10,
+        health_check_interval=HEALTH_CHECK_INTERVAL,
     )
     return client
+
+
+# ---- Redis down or slow (docs/offset-store.md, "When Redis is down or slow") ---------------------------
+
+
+def never_sent(exc: RedisError) -> bool:
+    """True when ``exc`` proves the command did not run: Redis answered with an error (``LOADING`` after a
+    restart, ``BUSY``, ``READONLY``, ``MASTERDOWN``, ``OOM``, ``NOPERM``), or the connection could not be
+    opened. A connection lost or a read timed out after the command was sent is not proof: the command
+    may have run (a command sent to a Redis under ``CLIENT PAUSE`` runs when the pause ends)."""
+    if isinstance(exc, ResponseError | BusyLoadingError):
+        return True
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        return "connecting to" in str(exc)  # redis-py's wording for a failed connect, before any send
+    return False
+
+
+@asynccontextmanager
+async def redis_errors(what: str, warn: RateLimitedWarning, *, write: bool = False) -> AsyncIterator[None]:
+    """Turn a Redis failure into a retriable typed error naming the operation.
+
+    A write that may have run (:func:`never_sent` false) is ``CommitOutcomeUnknown``: the caller must not
+    take it as stored, and must not take it as refused either; a retry is safe because every write of the
+    offset store is idempotent (commits only increase, cursors are fenced by epoch). Anything else is
+    ``StorageError``. Both are gRPC ``UNAVAILABLE``.
+    """
+    try:
+        yield
+    except RedisError as exc:
+        warn.failed(what, exc)
+        if write and not never_sent(exc):
+            raise CommitOutcomeUnknown(
+                f"Redis did not answer while {what} ({exc}): it may or may not have been applied; retry "
+                "(it is idempotent)"
+            ) from exc
+        raise StorageError(f"storage unavailable while {what}: {exc}") from exc
+    warn.succeeded()
+
+
+async def wait_for_redis(client: aioredis.Redis, service: str) -> None:
+    """Return once Redis answers a PING; until then back off (0.2 s doubling to 5 s) with a rate-limited
+    warning. For a service that cannot start without Redis: waiting beats exiting and being restarted in a
+    loop by its supervisor (docs/offset-store.md, "When Redis is down or slow")."""
+    warn = RateLimitedWarning(log)
+    delay = 0.2
+    while True:
+        try:
+            await client.ping()
+        except RedisError as exc:
+            warn.failed(f"{service} starts (waiting for it)", exc)
+        else:
+            warn.succeeded()
+            return
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+# ---- maxmemory-policy -----------------------------------------------------------------------------------
+
+NOEVICTION = "noeviction"
+
+
+async def require_noeviction(client: aioredis.Redis, service: str) -> bool:
+    """Refuse a Redis that may evict keys: eviction would silently delete committed offsets, cursors and
+    the coordinator's metadata. True when checked; False when it could not be checked because ``CONFIG``
+    is renamed away or not allowed to this ACL user (warned: refusing would make such setups unusable,
+    and the operator who locked ``CONFIG`` down owns its settings). Raises InvalidArgument for any other
+    policy, StorageError when Redis cannot be reached."""
+    try:
+        reply = await client.config_get("maxmemory-policy")
+    except ResponseError as exc:  # unknown command (rename-command CONFIG ""), NOPERM (ACL)
+        log.warning(
+            "%s could not check Redis' maxmemory-policy (%s): make sure it is noeviction, or offsets, "
+            "cursors and metadata can be evicted",
+            service,
+            exc,
+        )
+        return False
+    except RedisError as exc:
+        raise StorageError(f"cannot reach Redis to check its maxmemory-policy: {exc}") from exc
+    values = {_str(k): _str(v) for k, v in dict(reply).items()}
+    policy = values.get("maxmemory-policy", "")
+    if policy != NOEVICTION:
+        raise InvalidArgument(
+            f"Redis runs with maxmemory-policy {policy or '?'}, which may evict keys and so silently delete "
+            f"committed offsets, cursors and metadata: set `maxmemory-policy {NOEVICTION}` "
+            "(redis.conf, or CONFIG SET) and start again"
+        )
+    return True
+
+
+async def noeviction_guard(
+    client: aioredis.Redis, service: str, on_refused: Callable[[InvalidArgument], None]
+) -> asyncio.Task[None] | None:
+    """Check the policy now (raising InvalidArgument if it is wrong). If Redis is down, warn, serve
+    anyway (retriable errors until it is back, never a crash loop) and check as soon as it answers,
+    calling ``on_refused`` then if the policy is wrong; returns that background check's task."""
+    try:
+        await require_noeviction(client, service)
+        return None
+    except StorageError as exc:
+        log.warning("%s: %s; serving, and checking once Redis answers", service, exc.message)
+
+    async def later() -> None:
+        delay = 0.2
+        while True:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            try:
+                await require_noeviction(client, service)
+                return
+            except StorageError:
+                continue
+            except InvalidArgument as exc:
+                on_refused(exc)
+                return
+
+    return asyncio.create_task(later(), name="redis-maxmemory-policy")
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes | bytearray) else str(value)

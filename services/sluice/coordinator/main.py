@@ -10,9 +10,12 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import socket
 
 from sluice.common.redis_client import connect as connect_redis
+from sluice.common.redis_client import noeviction_guard, wait_for_redis
 from sluice.coordinator.acl_servicer import AclServicer, acl_registrar
 from sluice.coordinator.acl_store import AclStore
 from sluice.coordinator.auth_servicer import SERVICE_NAME as AUTH_SERVICE_NAME
@@ -47,6 +50,20 @@ async def run(config: CoordinatorConfig) -> None:
     # No command retry here (retries=0): the election's lease renewals must see a failure at once;
     # a Sentinel-managed primary is found again on the next command all the same.
     redis = connect_redis(config.redis_url, socket_timeout=5, connect_timeout=5, retries=0)
+    refused: list[SluiceError] = []
+
+    def refuse(err: SluiceError) -> None:
+        # The policy could only be checked once Redis answered: stop as a refused start-up would (exit 1).
+        log.error("coordinator refuses to run: %s", err.message)
+        refused.append(err)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        # docs/offset-store.md, "When Redis is down or slow": eviction would delete metadata and offsets.
+        policy_check = await noeviction_guard(redis, "coordinator", refuse)
+    except SluiceError:
+        await redis.aclose()
+        raise
     server: GrpcServer | None = None
 
     def coordinator_endpoint() -> Endpoint | None:
@@ -98,6 +115,9 @@ async def run(config: CoordinatorConfig) -> None:
 
     try:
         if election is None:
+            # Redis down at start-up: wait for it (a few warnings) rather than exit and be restarted in
+            # a loop; with an election the elector waits the same way (election/loop.py).
+            await wait_for_redis(redis, "coordinator")
             await service.start()
         else:
             election.attach(on_elected=on_elected, on_lost=service.step_down)
@@ -116,8 +136,14 @@ async def run(config: CoordinatorConfig) -> None:
         )
         await serve(server, on_stop=stop, before_ready=before_ready)
     finally:
+        if policy_check is not None:
+            policy_check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await policy_check
         await stop()
         await redis.aclose()
+    if refused:
+        raise refused[0]
 
 
 def parse_config(argv: list[str]) -> CoordinatorConfig:

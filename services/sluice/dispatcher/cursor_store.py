@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from sluice.common.log_limit import RateLimitedWarning
 from sluice.common.rpc import error_from_rpc
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.errors import (
@@ -68,6 +69,17 @@ class CursorStore:
         self._stub_for = stub_for
         self.address = ""
         self.saves = 0
+        #: While the offset store (or its Redis) is away, a flush fails every interval: a few warnings
+        #: per outage, not one per flush. Its errors are retriable (STORAGE_ERROR, or
+        #: COMMIT_OUTCOME_UNKNOWN: the save may have landed; saving again is harmless, the same
+        #: cursor under the same epoch), and the next flush retries.
+        self._warn = RateLimitedWarning(log, "the offset store")
+
+    def flush_failed(self, cursors: int, error: SluiceError) -> None:
+        self._warn.failed(f"saving {cursors} cursors", error)
+
+    def flush_succeeded(self) -> None:
+        self._warn.succeeded()
 
     def _stub(self) -> offset_store_pb2_grpc.OffsetStoreAsyncStub:
         if not self.address:

@@ -375,8 +375,9 @@ class DispatcherService:
                 fenced = await self.store.save(dirty, self.link.epoch)
             except SluiceError as exc:
                 self.metrics.cursor_flushes.labels("error").inc()
-                log.warning("cursor flush of %d cursors failed: %s", len(dirty), exc)
+                self.store.flush_failed(len(dirty), exc)  # rate-limited (cursor_store.py)
                 return False
+        self.store.flush_succeeded()
         self.metrics.cursor_flushes.labels("ok").inc()
         # Saved cursors may have opened their delivery gates: dispatch what waited for them.
         for key in {(d.topic, d.subscription) for d in dirty}:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
+import os
+import signal
 
-from sluice.common.redis_client import connect
-from sluice.errors import InvalidArgument, StorageError
+from sluice.common.redis_client import connect, noeviction_guard
+from sluice.errors import InvalidArgument, SluiceError, StorageError
 from sluice.offsetstore.config import ENV_PREFIX, OffsetStoreConfig
 from sluice.offsetstore.keys import Keys
 from sluice.offsetstore.resolver import BrokerOffsetResolver
@@ -48,8 +52,24 @@ def parse_config(argv: list[str] | None) -> OffsetStoreConfig:
 
 async def run(config: OffsetStoreConfig) -> None:
     tls = service_tls(config)
+    # No command retry in redis-py (retries=0): a commit whose answer is lost must be reported in doubt,
+    # and a retry that then failed to connect would make it look never sent. The SDK retries instead.
+    client = connect(config.redis_url, retries=0)
+    refused: list[SluiceError] = []
+
+    def refuse(err: SluiceError) -> None:
+        # The policy could only be checked once Redis answered: stop as a refused start-up would (exit 1).
+        log.error("offset-store refuses to run: %s", err.message)
+        refused.append(err)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        policy_check = await noeviction_guard(client, SERVICE, refuse)
+    except SluiceError:
+        await client.aclose()
+        raise
     store = PositionStore(
-        connect(config.redis_url),
+        client,
         Keys(config.key_prefix),
         ReplicaWait(config.commit_replicas, config.commit_replicas_timeout_ms),
     )
@@ -78,8 +98,14 @@ async def run(config: OffsetStoreConfig) -> None:
     try:
         await serve(server, before_ready=security.wait_synced)
     finally:
+        if policy_check is not None:
+            policy_check.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await policy_check
         await security.stop()
         await service.close()
+    if refused:
+        raise refused[0]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,18 +6,20 @@ rule that needs Redis state atomically: fencing by member epoch and partition
 owner, increase-only commits, resets only while a group is empty, and cursor
 fencing by owner epoch. Every request is one script call or one pipeline.
 
-Redis failures become :class:`~sluice.errors.StorageError` (retriable). The
-client reconnects by itself: a dead connection is dropped from the pool and the
-next command opens a new one; a script missing after a Redis restart is loaded
-again on ``NOSCRIPT`` by redis-py's ``Script`` objects.
+Redis failures become :class:`~sluice.errors.StorageError` (retriable), or, for a
+write whose answer was lost (it may have run), :class:`~sluice.errors.CommitOutcomeUnknown`
+(retriable too: every write here is idempotent); one rate-limited warning, never one per
+request (``common/redis_client.py``, ``redis_errors``). The client reconnects by itself: a
+dead connection is dropped from the pool and the next command opens a new one; a script
+missing after a Redis restart is loaded again on ``NOSCRIPT``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,8 @@ import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
 
+from sluice.common.log_limit import RateLimitedWarning
+from sluice.common.redis_client import redis_errors
 from sluice.errors import (
     GroupNotEmpty,
     NotEnoughReplicas,
@@ -89,10 +93,16 @@ class PositionStore:
         self._reset = client.register_script(scripts.RESET)
         self._save_cursors = client.register_script(scripts.SAVE_CURSORS)
         self._subscriptions = SubscriptionRegistry(client, keys)
+        self._warn = RateLimitedWarning(log)
+
+    def _storage_errors(self, what: str, write: bool = False) -> AbstractAsyncContextManager[None]:
+        """Redis failures as typed retriable errors (``redis_errors``); ``write``: one that may have run
+        when its answer is lost is CommitOutcomeUnknown, never taken as stored or as refused."""
+        return redis_errors(what, self._warn, write=write)
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every script now, so requests only ever send EVALSHA."""
-        async with _storage_errors("loading Lua scripts"):
+        async with self._storage_errors("loading Lua scripts"):
             for script in (self._commit, self._reset, self._save_cursors):
                 script.sha = await self._redis.script_load(script.script)
 
@@ -148,7 +158,7 @@ class PositionStore:
                 keys += [k.topic_id(c.topic), k.topic_refs(c.topic)]
             epoch = str(c.leader_epoch) if c.leader_epoch >= 0 else ""
             argv += [index, t, partition_field(c.topic, c.partition), c.offset, c.topic_id, epoch]
-        async with _storage_errors(f"committing offsets of group {group!r}"):
+        async with self._storage_errors(f"committing offsets of group {group!r}", write=True):
             (raw,) = await self._evalsha_pipeline(self._commit, [[len(keys), *keys, *argv]])
         current = _text(raw[0])
         outcomes = []
@@ -186,7 +196,7 @@ class PositionStore:
         if member_id:
             sources.append(k.member_offsets(group, track, member_id))
         if not partitions:
-            async with _storage_errors(f"listing offsets of group {group!r}"):
+            async with self._storage_errors(f"listing offsets of group {group!r}"):
                 listed: set[str] = set()
                 for key in sources:
                     listed.update(_text(f) for f in await self._redis.hkeys(key))
@@ -199,7 +209,7 @@ class PositionStore:
         fields = [partition_field(tp.topic, tp.partition) for tp in partitions]
         topics = sorted({tp.topic for tp in partitions})
         async with (
-            _storage_errors(f"fetching offsets of group {group!r}"),
+            self._storage_errors(f"fetching offsets of group {group!r}"),
             self._redis.pipeline(transaction=True) as pipe,
         ):
             for key in sources:
@@ -223,7 +233,7 @@ class PositionStore:
         return FetchedOffsets(merged, topic_ids, leader_epochs)
 
     async def live_members(self, group: str) -> int:
-        async with _storage_errors(f"reading the live members of group {group!r}"):
+        async with self._storage_errors(f"reading the live members of group {group!r}"):
             raw = await self._redis.get(self.keys.live(group))
         try:
             return int(raw) if raw is not None else 0
@@ -245,7 +255,7 @@ class PositionStore:
         for tp, offset in sorted(offsets.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
             argv += [partition_field(tp.topic, tp.partition), offset]
         keys.append(k.leader_epochs(group, track))  # last: a reset offset has no leader epoch
-        async with _storage_errors(f"resetting offsets of group {group!r}"):
+        async with self._storage_errors(f"resetting offsets of group {group!r}", write=True):
             (raw,) = await self._evalsha_pipeline(self._reset, [[len(keys), *keys, *argv]])
         code = int(raw[0])
         if code == common_pb2.GROUP_NOT_EMPTY:
@@ -288,7 +298,7 @@ class PositionStore:
                 ]
                 argv += [epoch, blob, topic_id]
             calls.append([len(keys), *keys, *argv])
-        async with _storage_errors("saving cursors"):
+        async with self._storage_errors("saving cursors", write=True):
             replies = await self._evalsha_pipeline(self._save_cursors, calls)
         results: list[int | TopicRefusal | None] = [None] * len(writes)
         for indexes, reply in zip(by_subscription.values(), replies, strict=True):
@@ -335,7 +345,7 @@ class PositionStore:
 
     async def load_cursor(self, key: CursorKey) -> CursorBlob | None:
         k = self.keys
-        async with _storage_errors(f"loading cursor {key}"):
+        async with self._storage_errors(f"loading cursor {key}"):
             blob, epoch = await self._redis.mget(
                 [
                     k.cursor(key.subscription, key.topic, key.partition),
@@ -349,17 +359,17 @@ class PositionStore:
     # ---- the registry of durable subscriptions (subscriptions.py) ------------
 
     async def touch_subscriptions(self, records: Sequence[SubscriptionRecord]) -> list[TopicRefusal | None]:
-        async with _storage_errors("registering subscriptions"):
+        async with self._storage_errors("registering subscriptions", write=True):
             return await self._subscriptions.touch(records)
 
     async def list_subscriptions(self, topic: str = "") -> list[SubscriptionRecord]:
-        async with _storage_errors("listing subscriptions"):
+        async with self._storage_errors("listing subscriptions"):
             return await self._subscriptions.list(topic)
 
     async def delete_subscription(
         self, topic: str, subscription: str, partitions: Sequence[int], unregister: bool
     ) -> int:
-        async with _storage_errors(f"deleting subscription {topic}/{subscription}"):
+        async with self._storage_errors(f"deleting subscription {topic}/{subscription}", write=True):
             return await self._subscriptions.delete(topic, subscription, partitions, unregister)
 
 
@@ -420,13 +430,3 @@ def _commit_error(
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes | bytearray) else str(value)
-
-
-@asynccontextmanager
-async def _storage_errors(what: str) -> AsyncIterator[None]:
-    """Turn Redis failures into a retriable StorageError naming the operation."""
-    try:
-        yield
-    except RedisError as exc:
-        log.warning("redis error while %s: %s", what, exc)
-        raise StorageError(f"storage unavailable while {what}: {exc}") from exc

@@ -130,6 +130,12 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     refused before the disk is full, so indexes, checkpoints and snapshots can still be written.
     Reads go on. Retriable: the broker accepts writes again by itself once space returns.
     """
+    COMMIT_OUTCOME_UNKNOWN: _ErrorCode.ValueType  # 92
+    """A write (an offset commit, a cursor save, a reset) was sent to Redis but its answer was lost (the
+    connection broke, or Redis was paused or too slow): it may or may not have been applied. Never
+    taken as stored. Retriable: every such write is idempotent (docs/offset-store.md, "When Redis is
+    down or slow").
+    """
     REASSIGNMENT_IN_PROGRESS: _ErrorCode.ValueType  # 85
     """A reassignment names a partition that is being reassigned already: wait until it completes
     (`sluice topic reassign --status`), then reassign it again.
@@ -257,6 +263,12 @@ STORAGE_FULL: ErrorCode.ValueType  # 91
 (--storage-min-free-bytes, docs/storage.md "Disk full"): produce (and a follower's append) is
 refused before the disk is full, so indexes, checkpoints and snapshots can still be written.
 Reads go on. Retriable: the broker accepts writes again by itself once space returns.
+"""
+COMMIT_OUTCOME_UNKNOWN: ErrorCode.ValueType  # 92
+"""A write (an offset commit, a cursor save, a reset) was sent to Redis but its answer was lost (the
+connection broke, or Redis was paused or too slow): it may or may not have been applied. Never
+taken as stored. Retriable: every such write is idempotent (docs/offset-store.md, "When Redis is
+down or slow").
 """
 REASSIGNMENT_IN_PROGRESS: ErrorCode.ValueType  # 85
 """A reassignment names a partition that is being reassigned already: wait until it completes

@@ -21,9 +21,9 @@ import pytest
 
 from sluice.client.consumer import Consumer
 from sluice.errors import (
+    CommitOutcomeUnknown,
     FencedMemberEpoch,
     NotOwner,
-    RequestTimedOut,
     SluiceError,
     StaleMemberEpoch,
     UnknownMember,
@@ -328,7 +328,8 @@ def test_auto_commit_failures_are_counted_and_reach_on_commit(cluster: Cluster) 
             assert time.monotonic() < deadline, consumer.stats()
             assert consumer.poll(0.05) == []  # auto-commits from inside poll()
         error = outcomes.errors[0]
-        assert isinstance(error, RequestTimedOut), error
+        # Sent to a frozen store, unanswered: it may be stored when the store runs again (issue 16).
+        assert isinstance(error, CommitOutcomeUnknown), error
         assert consumer.stats().commits.auto_failed >= 1
     # The store is back: the next auto-commit stores what the failed one could not.
     wait_for(consumer, lambda: outcomes.seen[-1][2] is None)
@@ -386,7 +387,7 @@ def test_a_failed_final_commit_reaches_on_commit_and_close_still_closes(cluster:
     assert consumer.closed
     [(_, offsets, error)] = outcomes.seen
     assert offsets == {(topic, 0): 10}
-    assert isinstance(error, RequestTimedOut), error
+    assert isinstance(error, CommitOutcomeUnknown), error  # unanswered: may be stored (issue 16)
 
 
 def test_a_callback_raising_in_close_skips_neither_the_final_commit_nor_other_callbacks(

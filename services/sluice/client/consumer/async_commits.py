@@ -41,7 +41,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sluice.client.consumer.commits import BACKOFF_FIRST, BACKOFF_MAX, CommitResult, OffsetStoreClient
+from sluice.client.consumer.commits import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
+    CommitResult,
+    OffsetStoreClient,
+    gave_up,
+    in_doubt,
+)
 from sluice.client.consumer.config import CommitCallback
 from sluice.client.consumer.membership import MemberState
 from sluice.common.backoff import Backoff
@@ -131,6 +138,9 @@ class _Batch:
     member_id: str = ""
     epoch: int = -1
     refresh: bool = False
+    #: An attempt may have been stored (COMMIT_OUTCOME_UNKNOWN, or no answer in time): out of retries,
+    #: the outcome is CommitOutcomeUnknown, not a timeout.
+    in_doubt: bool = False
     holds_slot: bool = False
     done: bool = False
 
@@ -341,6 +351,7 @@ class AsyncCommitter:
         for tp in batch.to_send:
             batch.errors[tp] = error
         batch.refresh = isinstance(error, BrokerNotAvailable)
+        batch.in_doubt = batch.in_doubt or in_doubt(error)
         return dict(batch.to_send) if self._may_retry(batch, error, None) else {}
 
     def _answered_per_partition(
@@ -372,7 +383,7 @@ class AsyncCommitter:
         now = time.monotonic()
         if now >= batch.deadline:
             last = next(iter(batch.errors.values()))
-            self._finish(batch, RequestTimedOut(f"commit not stored within {self._timeout:g} s: {last}"))
+            self._finish(batch, gave_up(self._timeout, last, batch.in_doubt))
             return
         delay = batch.backoff.next()
         if any(isinstance(batch.errors.get(tp), StaleMemberEpoch) for tp in retry):

@@ -27,10 +27,16 @@ from sluice.client.offsets import list_offsets
 from sluice.client.rpc import call, error_from_rpc
 from sluice.common.backoff import Backoff
 from sluice.common.peers import Peers
-from sluice.errors import BrokerNotAvailable, RequestTimedOut, SluiceError, error_from_proto
+from sluice.errors import (
+    BrokerNotAvailable,
+    CommitOutcomeUnknown,
+    RequestTimedOut,
+    SluiceError,
+    error_from_proto,
+)
 from sluice.v1 import common_pb2, coordinator_pb2, offset_store_pb2, offset_store_pb2_grpc
 
-__all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "CommitResult", "OffsetStoreClient"]
+__all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "CommitResult", "OffsetStoreClient", "gave_up", "in_doubt"]
 
 TopicPartition = tuple[str, int]
 #: tp -> None (stored) or the refusal.
@@ -161,8 +167,11 @@ class OffsetStoreClient:
 
     def commit(self, request: offset_store_pb2.CommitOffsetsRequest) -> CommitResult:
         """Send a commit and wait; retried while the store is unreachable (commits are
-        idempotent: increase-only). Refusals come back per partition."""
-        resp = self._retrying(lambda stub: call(stub.CommitOffsets, request, self._timeout))
+        idempotent: increase-only). Refusals come back per partition. Out of time after an
+        attempt whose outcome is unknown (the store answered COMMIT_OUTCOME_UNKNOWN, or no answer
+        came in time): ``CommitOutcomeUnknown``, never success (and not a plain timeout either:
+        the commit may be stored)."""
+        resp = self._retrying(lambda stub: call(stub.CommitOffsets, request, self._timeout), write=True)
         return results(resp)
 
     def commit_async(
@@ -193,24 +202,43 @@ class OffsetStoreClient:
 
         future.add_done_callback(finished)
 
-    def _retrying(self, fn: Callable[[offset_store_pb2_grpc.OffsetStoreStub], Any]) -> Any:
+    def _retrying(
+        self, fn: Callable[[offset_store_pb2_grpc.OffsetStoreStub], Any], write: bool = False
+    ) -> Any:
         deadline = time.monotonic() + self._timeout
         backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         refresh = False
+        doubt = False
         while True:
             try:
                 return fn(self.stub(refresh))
             except SluiceError as exc:
                 if not exc.retriable:
                     raise
+                doubt = doubt or (write and in_doubt(exc))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise RequestTimedOut(
-                        f"offset store unreachable for {self._timeout:g} s: {exc.message}"
-                    ) from exc
+                    raise gave_up(self._timeout, exc, doubt) from exc
                 # A backoff, not a poll: nothing to wait on while the store is away.
                 time.sleep(min(backoff.next(), remaining))
                 refresh = isinstance(exc, BrokerNotAvailable)
+
+
+def in_doubt(error: SluiceError) -> bool:
+    """A commit attempt that may have been stored: the store said so (its Redis write lost its answer),
+    or no answer came within the deadline (the store may have written it after)."""
+    return isinstance(error, CommitOutcomeUnknown | RequestTimedOut)
+
+
+def gave_up(timeout: float, last: SluiceError, doubt: bool) -> SluiceError:
+    """The error of a commit out of retries: in doubt if any attempt was (a retry that was refused as
+    never sent does not undo an earlier attempt that may have been stored)."""
+    if doubt:
+        return CommitOutcomeUnknown(
+            f"commit not confirmed within {timeout:g} s and an attempt may have been stored "
+            f"(last: {last.message}); commit again: it is idempotent"
+        )
+    return RequestTimedOut(f"offset store unreachable for {timeout:g} s: {last.message}")
 
 
 def results(resp: offset_store_pb2.CommitOffsetsResponse) -> CommitResult:

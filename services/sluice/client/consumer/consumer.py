@@ -189,7 +189,8 @@ class Consumer(ConsumerEngine):
         gets the outcome on the application's thread, in the next ``poll()`` / ``commit()`` /
         ``commit_async()`` / ``close()``; ``offsets`` are those of the commit that carried this
         call's. Without either, a failure (a fenced member's StaleMemberEpoch, UnknownMember,
-        NotOwner; RequestTimedOut after the retries) is raised by the next ``poll()`` /
+        NotOwner; RequestTimedOut after the retries, or CommitOutcomeUnknown when an attempt may have
+        been stored) is raised by the next ``poll()`` /
         ``commit()`` / ``commit_async()``. See docs/consumer.md.
         """
         self._check_open()
