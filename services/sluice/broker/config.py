@@ -14,6 +14,7 @@ from sluice.broker.log.manager import DEFAULT_DESCRIPTOR_RESERVE
 from sluice.common.wire import wire_listen_port, wire_port_help
 from sluice.errors import InvalidArgument
 from sluice.security.settings import SecuritySettings
+from sluice.server.config import ConnectionSettings
 
 ENV_PREFIX = "SLUICE_BROKER_"
 MiB = 1024 * 1024
@@ -24,7 +25,7 @@ def _ms(value: timedelta) -> int:
 
 
 @dataclass(frozen=True)
-class BrokerConfig(SecuritySettings):
+class BrokerConfig(SecuritySettings, ConnectionSettings):
     """One broker process."""
 
     broker_id: int = field(default=0, metadata={"help": "this broker's id in the cluster (>= 0)"})
