@@ -250,7 +250,7 @@ class FrameReader:
 
     def _too_large(self, length: int, limit: int) -> FrameTooLarge:
         first = limit != self.max_frame_bytes
-        what = "the first frame (the hello) holds" if first else "frames hold"
-        err = FrameTooLarge(f"frame of {length} bytes: {what} 1 to {limit} bytes")
+        what = " before the hello (the first frame, with its credentials)" if first else ""
+        err = FrameTooLarge(f"frame of {length} bytes: frames hold 1 to {limit} bytes{what}")
         err.first = first
         return err

@@ -270,11 +270,15 @@ class WireConnection(asyncio.BufferedProtocol):
     def eof_received(self) -> bool | None:
         """The peer half-closed. In the middle of a frame that frame can never complete: an error
         frame, then close (both services; a client that sent half a frame and FIN must not hold the
-        connection). Otherwise asyncio closes the transport (returning None)."""
+        connection); before the hello, silently. Otherwise asyncio closes the transport (None)."""
         if self._reader.buffered and not self.closing:
             self.listener.metrics.closed_for("half_frame")
             at = self._reader.buffered
-            self.fail(InvalidRequest(f"the connection was half-closed {at} bytes into a frame"))
+            if self._greeted:  # before the hello nothing is said, as to any client not yet greeted
+                self.fail(InvalidRequest(f"the connection was half-closed {at} bytes into a frame"))
+            else:
+                log.info("wire connection from %s closed: half-closed %d bytes into its hello", self.peer, at)
+                self.close()
             return False
         return None
 
