@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -60,7 +61,7 @@ def test_the_first_frame_cap_holds_across_reads() -> None:
         ("connections_max_idle", timedelta(seconds=-1)),
     ],
 )
-def test_settings_no_listener_can_run_with_are_refused(name: str, value: object) -> None:
+def test_settings_no_listener_can_run_with_are_refused(name: str, value: Any) -> None:
     settings = dataclasses.replace(ConnectionSettings(), **{name: value})
     with pytest.raises(InvalidArgument, match=name):
         settings.check_connection_settings()
