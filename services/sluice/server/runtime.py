@@ -43,6 +43,7 @@ from sluice.server.limits import (
     connection_settings,
     grpc_server_options,
     raise_open_files_limit,
+    register_grpc_connections,
     set_connection_settings,
 )
 
@@ -103,6 +104,7 @@ class GrpcServer:
             raise OSError(f"{self.service}: could not bind {self.host}:{self.port}")
         await server.start()
         self._server = server
+        register_grpc_connections(self.service)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self.metrics_port is not None:
             http_tls = self.tls if self.metrics_tls else None

@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.common.rpc import CHANNEL_OPTIONS
 from tests.harness import ServiceProcess
+from tests.integration.limits.conftest import metric, wait_for
 
 Launch = Callable[..., ServiceProcess]
 
@@ -101,10 +102,12 @@ def test_an_idle_grpc_connection_is_closed(launch: Launch) -> None:
     broker = launch("broker", "--connections-max-idle", "1s")
     with grpc.insecure_channel(broker.address, options=CHANNEL_OPTIONS) as channel:
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert metric(broker, "sluice_broker_grpc_connections_open") == 1
         # A GOAWAY after a second without an RPC puts the channel back to IDLE (the client's own
         # idle timeout is 30 minutes); the next call connects again.
         deadline = time.monotonic() + 20
         while channel._channel.check_connectivity_state(False) != 0:  # type: ignore[attr-defined]  # 0: IDLE
             assert time.monotonic() < deadline, "the server kept an idle connection open"
             time.sleep(0.1)
+        wait_for(lambda: metric(broker, "sluice_broker_grpc_connections_open") == 0, 10, "the gauge")
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
