@@ -5,6 +5,7 @@ metadata is refused and idle connections are closed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -15,7 +16,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.common.rpc import CHANNEL_OPTIONS
 from tests.harness import ServiceProcess
-from tests.integration.limits.conftest import metric, wait_for
+from tests.integration.limits.conftest import metric, rss_bytes, wait_for
+from tests.integration.limits.raw_h2 import ENHANCE_YOUR_CALM, RawH2
+
+#: SETTINGS_MAX_CONCURRENT_STREAMS (RFC 9113, 6.5.2).
+MAX_CONCURRENT_STREAMS = 0x3
 
 Launch = Callable[..., ServiceProcess]
 
@@ -111,3 +116,75 @@ def test_an_idle_grpc_connection_is_closed(launch: Launch) -> None:
             time.sleep(0.1)
         wait_for(lambda: metric(broker, "sluice_broker_grpc_connections_open") == 0, 10, "the gauge")
         health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+
+
+# ---- a raw HTTP/2 client: what grpc's own clients never do (raw_h2.py) ----------------------------
+
+
+def _healthy(sp: ServiceProcess) -> float:
+    """Seconds another client (a connection of its own) takes to be answered."""
+    own = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+    started = time.monotonic()
+    with grpc.insecure_channel(sp.address, options=own) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    return time.monotonic() - started
+
+
+def test_streams_past_the_cap_are_refused_to_a_client_that_ignores_it(launch: Launch) -> None:
+    broker = launch("broker", "--grpc-max-concurrent-streams", "20")
+    client = RawH2(broker.address)
+    try:
+        assert client.read_for(2).settings.get(MAX_CONCURRENT_STREAMS) == 20  # announced
+        for _ in range(500):
+            client.request("/grpc.health.v1.Health/Watch")  # streams that stay open
+        seen = client.read_for(5)
+        assert len(seen.answered) == 20
+        assert len(seen.refused) == 480  # RST_STREAM REFUSED_STREAM, nothing run for them
+        assert _healthy(broker) < 5
+    finally:
+        client.close()
+
+
+def test_a_rapid_reset_flood_leaves_the_server_healthy(launch: Launch) -> None:
+    broker = launch("broker", "--grpc-max-concurrent-streams", "20")
+    client = RawH2(broker.address)
+    try:
+        client.read_for(1)
+        baseline = rss_bytes(broker)
+        # CVE-2023-44487: open a stream and reset it at once, 20,000 times, in large writes.
+        batch = bytearray()
+        for _ in range(20_000):
+            stream = client.next_stream
+            client.next_stream += 2
+            batch += client.request_bytes(stream, "/grpc.health.v1.Health/Check") + client.reset_bytes(stream)
+            if len(batch) > 64 * 1024:
+                try:
+                    client.sock.sendall(batch)
+                except OSError:
+                    break  # the server may end the connection: that is a defence too
+                batch.clear()
+        client.read_for(3)
+        assert broker.process.poll() is None
+        assert rss_bytes(broker) - baseline < 16 * 1024 * 1024
+        assert _healthy(broker) < 5
+    finally:
+        client.close()
+
+
+def test_a_client_flooding_pings_is_sent_away(launch: Launch) -> None:
+    broker = launch("broker")  # defaults: pings 10 s apart at the closest, 2 strikes
+    client = RawH2(broker.address)
+    try:
+        client.read_for(1)
+        with contextlib.suppress(OSError):  # the server may close before the last ping
+            for _ in range(20):
+                client.ping()
+                client.read_for(0.05)
+        seen = client.read_for(5)
+        assert seen.goaway is not None
+        assert seen.goaway.error_code == ENHANCE_YOUR_CALM
+        assert seen.goaway.additional_data == b"too_many_pings"
+        assert _healthy(broker) < 5
+    finally:
+        client.close()
