@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from sluice.common.wire import HEADER, FrameType
-from sluice.v1 import common_pb2
+from sluice.v1 import common_pb2, wire_pb2
 from tests.harness import ServiceProcess
 from tests.integration.limits.conftest import (
     closed,
@@ -21,7 +21,9 @@ from tests.integration.limits.conftest import (
     connect,
     hello,
     metric,
+    read_frame,
     rss_bytes,
+    send_frame,
     wait_for,
 )
 
@@ -209,3 +211,19 @@ def test_a_thousand_idle_connections_cost_little_and_are_closed_after_the_idle_t
     finally:
         for sock in socks:
             sock.close()
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_frame_cap_is_configured_announced_and_enforced(launch: Launch, service: str) -> None:
+    sp = launch(service, "--max-frame-bytes", str(MiB))
+    with connect(sp) as sock:
+        send_frame(sock, FrameType.HELLO, wire_pb2.WireHello(version=1, client_id="cap").SerializeToString())
+        kind, payload = read_frame(sock)
+        assert kind == FrameType.HELLO
+        assert wire_pb2.WireHelloResponse.FromString(payload).max_frame_bytes == MiB
+        sock.sendall(HEADER.pack(MiB + 1, FrameType.PRODUCE))  # refused from the header alone
+        err = closed_by_server(sock)
+    assert err is not None
+    assert err.code == common_pb2.INVALID_REQUEST
+    assert f"frames hold 1 to {MiB} bytes" in err.message
+    assert closed(sp, "too_large") == 1
