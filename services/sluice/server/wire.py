@@ -106,8 +106,14 @@ class WireListener:
         if tls is None:
             self._server = await loop.create_server(lambda: self._connection(self), self.host, self.port)
         else:
+            # The handshake counts against the hello's time: a client that starts one and stalls
+            # is dropped as one that never says hello is (asyncio's own default is 60 s).
             self._server = await loop.create_server(
-                lambda: self._tls_connection(tls), self.host, self.port, ssl=tls.ssl_context()
+                lambda: self._tls_connection(tls),
+                self.host,
+                self.port,
+                ssl=tls.ssl_context(),
+                ssl_handshake_timeout=self.limits.hello_timeout.total_seconds(),
             )
         self.bound_port = self._server.sockets[0].getsockname()[1]
         self.gate.start()
