@@ -113,6 +113,11 @@ class _BrokerConnection(WireConnection):
     def backlog(self) -> int:
         return len(self._produces) + self._queued_fetches
 
+    def busy(self) -> bool:
+        """Not idle while an answer is owed or a lane is served or followed (a follow's answers
+        come from the broker: its client may rightly send nothing for as long as it reads)."""
+        return bool(self._produces or self._lanes or self._queued_fetches)
+
     def lost(self) -> None:
         if self._produce_task is not None:
             self._produce_task.cancel()

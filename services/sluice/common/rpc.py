@@ -20,10 +20,22 @@ from sluice.v1 import common_pb2
 ERROR_CODE_KEY = "sluice-error-code"
 # Messages carry whole record batches; servers use the same limit.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: The keepalive every channel runs (services' and the SDK's), matched to what the servers police
+#: (``server/config.py``, ``ConnectionSettings``): a ping after 30 s without traffic, calls or not,
+#: so a dead server (or a NAT that dropped the flow) is found in 30 + 20 s instead of at the next
+#: call's deadline. Servers accept pings 10 s apart at the closest (``keepalive_min_ping_interval``),
+#: so 30 s keeps clients well clear of a GOAWAY ``too_many_pings``.
+KEEPALIVE_TIME_MS = 30_000
+KEEPALIVE_TIMEOUT_MS = 20_000
 CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.enable_retries", 0),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # A client's pings are not limited by its own data (the server's rules are what count).
+    ("grpc.http2.max_pings_without_data", 0),
 )
 
 Resp = TypeVar("Resp")

@@ -27,6 +27,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "WIRE_PORT_OFFSET",
     "FrameReader",
+    "FrameTooLarge",
     "FrameType",
     "WireProtocolError",
     "WireRequest",
@@ -112,6 +113,13 @@ class WireProtocolError(InvalidRequest):
     """The peer sent bytes that are not a valid frame; the connection cannot go on."""
 
 
+class FrameTooLarge(WireProtocolError):
+    """A frame's declared length is over the cap (the first frame's, or every frame's)."""
+
+    #: Whether it was the first frame (the hello, before authentication) that was too large.
+    first: bool = False
+
+
 class WireRequest(Protocol):
     """What a client sends: a protobuf request carrying the id its answer echoes."""
 
@@ -181,15 +189,19 @@ class FrameReader:
 
     ``feed`` takes whatever the socket gave and returns every frame now complete; a partial
     frame waits in the buffer for the next call. A frame whose declared length is zero or
-    above ``max_frame_bytes`` raises WireProtocolError before its payload is buffered, so a
-    hostile length cannot make the reader allocate it.
+    above ``max_frame_bytes`` raises FrameTooLarge before its payload is buffered, so a
+    hostile length cannot make the reader allocate it. ``first_frame_bytes`` caps the first
+    frame alone (a server's hello, sent before the client is authenticated): a client that
+    has not said who it is can make the reader hold that much and no more.
     """
 
-    __slots__ = ("_buffer", "max_frame_bytes")
+    __slots__ = ("_buffer", "_limit", "max_frame_bytes")
 
-    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES, first_frame_bytes: int | None = None) -> None:
         self._buffer = bytearray()
         self.max_frame_bytes = max_frame_bytes
+        #: The cap of the next frame's length: ``first_frame_bytes`` until a first frame is cut.
+        self._limit = max_frame_bytes if first_frame_bytes is None else first_frame_bytes
 
     @property
     def buffered(self) -> int:
@@ -218,19 +230,27 @@ class FrameReader:
         frames: list[tuple[int, bytes]] = []
         pos = 0
         end = len(view)
+        limit = self._limit
         while end - pos >= 4:
             (length,) = _LENGTH.unpack_from(view, pos)
-            if length == 0 or length > self.max_frame_bytes:
-                raise WireProtocolError(
-                    f"frame of {length} bytes: frames hold 1 to {self.max_frame_bytes} bytes"
-                )
+            if length == 0 or length > limit:
+                raise self._too_large(length, limit)
             stop = pos + 4 + length
             if stop > end:
                 break
             frames.append((view[pos + 4], bytes(view[pos + 5 : stop])))
             pos = stop
+            limit = self.max_frame_bytes
+        self._limit = limit
         if view is buffer:
             del buffer[:pos]
         elif pos < end:
             buffer += view[pos:]
         return frames
+
+    def _too_large(self, length: int, limit: int) -> FrameTooLarge:
+        first = limit != self.max_frame_bytes
+        what = " before the hello (the first frame, with its credentials)" if first else ""
+        err = FrameTooLarge(f"frame of {length} bytes: frames hold 1 to {limit} bytes{what}")
+        err.first = first
+        return err

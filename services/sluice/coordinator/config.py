@@ -17,6 +17,7 @@ from sluice.errors import InvalidArgument
 from sluice.offsetstore.storage import ReplicaWait
 from sluice.security.rate_limit import LimiterSettings
 from sluice.security.settings import SecuritySettings
+from sluice.server.config import ConnectionSettings
 
 ENV_PREFIX = "SLUICE_COORDINATOR_"
 DEFAULT_PORT = 7600
@@ -28,7 +29,7 @@ def _ms(d: timedelta) -> int:
 
 
 @dataclass(frozen=True)
-class CoordinatorConfig(SecuritySettings):
+class CoordinatorConfig(SecuritySettings, ConnectionSettings):
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind the gRPC server to"})
     port: int = field(default=DEFAULT_PORT, metadata={"help": "gRPC port; 0 picks a free one"})
     metrics_port: int = field(

@@ -55,9 +55,17 @@ class _ConsumeConnection(WireConnection):
         #: Commands read and not yet taken by the servicer; None ends them (the client is gone).
         self._commands: asyncio.Queue[pb.ConsumerCommand | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        #: A command arrived: a Consume stream is served (``busy``).
+        self._commanded = False
 
     def backlog(self) -> int:
         return self._commands.qsize()
+
+    def busy(self) -> bool:
+        """A stream is served once a command arrived: a push consumer waiting for messages sends
+        nothing for as long as none come, and is not idle (TCP keepalive finds a vanished one). A
+        connection that said hello and nothing since is, and is closed after the idle timeout."""
+        return self._commanded
 
     def opened(self) -> None:
         """The hello was accepted: its context (the authenticated principal) is the stream's."""
@@ -74,6 +82,8 @@ class _ConsumeConnection(WireConnection):
         the connection open until the servicer ends the stream. Before a hello was accepted there is
         no stream to end: close now, or a client that sent half a frame (or no hello) and FIN would
         hold the connection for good (found by the fuzz suite)."""
+        if super().eof_received() is False:
+            return False  # half a frame, then FIN: closed with an error frame (``server/wire.py``)
         if self._task is None and not self.in_hello:
             return False  # asyncio closes the transport
         self._commands.put_nowait(None)
@@ -83,6 +93,7 @@ class _ConsumeConnection(WireConnection):
         if kind != FrameType.CONSUME:
             raise WireProtocolError(f"unknown frame type {kind} (a dispatcher takes consume frames, type 4)")
         self._commands.put_nowait(parse_frame(pb.ConsumerCommand, payload, "consume"))
+        self._commanded = True
 
     async def _command_iterator(self) -> AsyncIterator[pb.ConsumerCommand]:
         commands = self._commands

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sluice.security.settings import SecuritySettings
+from sluice.server.config import ConnectionSettings
 
 ENV_PREFIX = "SLUICE_OFFSET_STORE_"
 
 
 @dataclass(frozen=True)
-class OffsetStoreConfig(SecuritySettings):
+class OffsetStoreConfig(SecuritySettings, ConnectionSettings):
     host: str = field(
         default="127.0.0.1", metadata={"help": "address to bind the gRPC and metrics servers to"}
     )

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import tomllib
 import typing
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,7 +24,7 @@ from sluice.common.settings import convert_setting
 from sluice.common.units import parse_duration, parse_size
 from sluice.errors import InvalidArgument
 
-__all__ = ["add_arguments", "load", "parse_duration", "parse_size"]
+__all__ = ["ConnectionSettings", "add_arguments", "load", "parse_duration", "parse_size"]
 
 T = TypeVar("T")
 
@@ -87,3 +88,135 @@ def load(
             if raw is not None:
                 values[name] = convert_setting("", "--" + name.replace("_", "-"), hints[name], raw)
     return cls(**values)
+
+
+# ---- connection limits (every listener; docs/limits.md, "Connections") -----------------------------
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    """The limits of every listener a service runs: its gRPC server and, for the broker and the
+    dispatcher, its wire port. A mixin, as ``SecuritySettings`` is: every service's config inherits
+    it, so the flags (``--max-connections``), environment (``SLUICE_BROKER_MAX_CONNECTIONS``) and TOML
+    keys are spelled alike everywhere. Kafka's names are given where one exists."""
+
+    max_connections: int = field(
+        default=10_000,
+        metadata={
+            "help": "open connections one listener (the gRPC port, the wire port) takes; past it a new "
+            "one is closed at once (Kafka max.connections). Counted before the hello"
+        },
+    )
+    max_connections_per_address: int = field(
+        default=2_000,
+        metadata={
+            "help": "open wire connections from one client address (Kafka max.connections.per.ip); "
+            "gRPC: not enforced (grpcio has no hook), its total is"
+        },
+    )
+    connections_max_idle: timedelta = field(
+        default=timedelta(minutes=10),
+        metadata={
+            "help": "a connection with nothing in flight that received nothing for this long is closed "
+            "(Kafka connections.max.idle.ms); gRPC: grpc.max_connection_idle_ms (no RPC open)"
+        },
+    )
+    hello_timeout: timedelta = field(
+        default=timedelta(seconds=10),
+        metadata={"help": "a wire connection whose hello has not arrived after this long is closed"},
+    )
+    max_hello_bytes: int = field(
+        default=16 * KiB,
+        metadata={
+            "help": "the largest first frame (the hello, with its credentials) a wire connection may "
+            "send: what a client that has not authenticated can make the service buffer"
+        },
+    )
+    frame_timeout: timedelta = field(
+        default=timedelta(seconds=60),
+        metadata={
+            "help": "a wire frame begun must be complete within this long (time the service itself "
+            "stopped reading does not count): slow (slowloris) senders are closed"
+        },
+    )
+    max_frame_bytes: int = field(
+        default=64 * MiB,
+        metadata={
+            "help": "the largest wire frame and gRPC message (Kafka socket.request.max.bytes); a larger "
+            "declared length is refused before its payload is read"
+        },
+    )
+    grpc_max_concurrent_streams: int = field(
+        default=4_096,
+        metadata={
+            "help": "HTTP/2 streams one gRPC connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS; "
+            "Rapid Reset, CVE-2023-44487): a client's further streams wait. Above the SDK's use: one "
+            "Client multiplexes the heartbeat stream of every group member on one channel"
+        },
+    )
+    grpc_max_concurrent_rpcs: int = field(
+        default=20_000,
+        metadata={
+            "help": "RPCs the gRPC server runs at once over all connections (maximum_concurrent_rpcs); "
+            "past it a call fails with RESOURCE_EXHAUSTED, retriable"
+        },
+    )
+    grpc_max_metadata_bytes: int = field(
+        default=16 * KiB,
+        metadata={"help": "the largest request metadata (headers) a gRPC call may carry"},
+    )
+    keepalive_time: timedelta = field(
+        default=timedelta(seconds=60),
+        metadata={
+            "help": "gRPC: ping a connection quiet for this long (a dead client's streams are "
+            "then dropped); wire: TCP keepalive idle time"
+        },
+    )
+    keepalive_timeout: timedelta = field(
+        default=timedelta(seconds=20),
+        metadata={"help": "a keepalive ping unanswered for this long closes the connection"},
+    )
+    keepalive_min_ping_interval: timedelta = field(
+        default=timedelta(seconds=10),
+        metadata={
+            "help": "gRPC: pings from a client closer together than this are strikes; after "
+            "keepalive_max_ping_strikes the connection gets GOAWAY (ENHANCE_YOUR_CALM). The SDK "
+            "pings every 30 s"
+        },
+    )
+    keepalive_max_ping_strikes: int = field(
+        default=2, metadata={"help": "pings too early tolerated before GOAWAY (0: no limit)"}
+    )
+
+    def check_connection_settings(self) -> None:
+        """InvalidArgument for a setting no listener can run with."""
+        counts = {
+            "max_connections": self.max_connections,
+            "max_connections_per_address": self.max_connections_per_address,
+            "max_hello_bytes": self.max_hello_bytes,
+            "grpc_max_concurrent_streams": self.grpc_max_concurrent_streams,
+            "grpc_max_concurrent_rpcs": self.grpc_max_concurrent_rpcs,
+            "grpc_max_metadata_bytes": self.grpc_max_metadata_bytes,
+        }
+        for name, value in counts.items():
+            if value < 1:
+                raise InvalidArgument(f"{name} must be >= 1, got {value}")
+        if not 16 <= self.max_frame_bytes <= 1 << 31:
+            raise InvalidArgument(f"max_frame_bytes must be in [16, 2 GiB], got {self.max_frame_bytes}")
+        if self.keepalive_max_ping_strikes < 0:
+            strikes = self.keepalive_max_ping_strikes
+            raise InvalidArgument(f"keepalive_max_ping_strikes must be >= 0, got {strikes}")
+        durations = {
+            "connections_max_idle": self.connections_max_idle,
+            "hello_timeout": self.hello_timeout,
+            "frame_timeout": self.frame_timeout,
+            "keepalive_time": self.keepalive_time,
+            "keepalive_timeout": self.keepalive_timeout,
+            "keepalive_min_ping_interval": self.keepalive_min_ping_interval,
+        }
+        for name, span in durations.items():
+            if span <= timedelta(0):
+                raise InvalidArgument(f"{name} must be positive, got {span.total_seconds():g}s")

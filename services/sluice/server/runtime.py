@@ -36,19 +36,19 @@ from sluice.security.service import ServiceSecurity
 from sluice.security.settings import SecuritySettings
 from sluice.security.setup import service_security
 from sluice.security.tls import ServerTLS, server_tls
+from sluice.server.config import ConnectionSettings
 from sluice.server.http import start_http
 from sluice.server.interceptors import ServiceInterceptor
-from sluice.server.limits import raise_open_files_limit
+from sluice.server.limits import (
+    connection_settings,
+    grpc_server_options,
+    raise_open_files_limit,
+    register_grpc_connections,
+    set_connection_settings,
+)
 
 log = logging.getLogger(__name__)
 
-# Messages carry whole record batches; the default 4 MiB is too small.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-GRPC_OPTIONS = (
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.so_reuseport", 0),
-)
 
 Registrar = Callable[[aio.Server], None]
 
@@ -67,6 +67,8 @@ class GrpcServer:
     #: TLS on the gRPC port (None: plaintext); ``metrics_tls`` also on the HTTP port.
     tls: ServerTLS | None = None
     metrics_tls: bool = False
+    #: The listener's limits (None: the process's, ``connection_settings()``; docs/limits.md).
+    limits: ConnectionSettings | None = None
 
     def __post_init__(self) -> None:
         self._server: aio.Server | None = None
@@ -82,9 +84,13 @@ class GrpcServer:
         return f"{self.host}:{self.bound_port}"
 
     async def start(self) -> int:
+        limits = self.limits if self.limits is not None else connection_settings()
         server = aio.server(
             interceptors=[ServiceInterceptor(self.service, self.security)],
-            options=GRPC_OPTIONS,
+            options=grpc_server_options(limits),
+            # Over all connections: past it a call fails RESOURCE_EXHAUSTED at once, before a
+            # handler (and its memory) exists.
+            maximum_concurrent_rpcs=limits.grpc_max_concurrent_rpcs,
         )
         for register in self.registrars:
             register(server)
@@ -98,6 +104,7 @@ class GrpcServer:
             raise OSError(f"{self.service}: could not bind {self.host}:{self.port}")
         await server.start()
         self._server = server
+        register_grpc_connections(self.service)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self.metrics_port is not None:
             http_tls = self.tls if self.metrics_tls else None
@@ -137,7 +144,9 @@ StopHook = Callable[[], Awaitable[None]]
 def service_tls(settings: SecuritySettings) -> ServerTLS | None:
     """The first thing a service's ``run`` does (before it makes any peer channel): sets how this
     process calls the other services (``set_process_security``: its CA, its certificate for mTLS,
-    the cluster token) and returns the TLS of its own listeners (None: plaintext)."""
+    the cluster token), makes the config's connection limits those of every listener it starts
+    (``sluice.server.limits``), and returns the TLS of its own listeners (None: plaintext)."""
+    set_connection_settings(settings)
     set_process_security(service_security(settings))
     return server_tls(settings)
 

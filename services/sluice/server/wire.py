@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -21,9 +22,9 @@ from google.protobuf.message import DecodeError
 from prometheus_client import Gauge
 
 from sluice.common.wire import (
-    MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     FrameReader,
+    FrameTooLarge,
     FrameType,
     WireProtocolError,
     frame_parts,
@@ -36,6 +37,9 @@ from sluice.security.live_streams import LiveStream
 from sluice.security.model import ANONYMOUS
 from sluice.security.service import ServiceSecurity, lower_keys
 from sluice.security.tls import ServerTLS
+from sluice.server.config import ConnectionSettings
+from sluice.server.limits import connection_settings, set_tcp_keepalive
+from sluice.server.wire_gate import ConnectionGate
 from sluice.v1 import wire_pb2
 
 __all__ = ["WireConnection", "WireListener", "parse_frame"]
@@ -68,11 +72,14 @@ class WireListener:
         host: str,
         port: int,
         security: ServiceSecurity | None = None,
-        max_frame_bytes: int = MAX_FRAME_BYTES,
+        max_frame_bytes: int | None = None,
         version: int = PROTOCOL_VERSION,
         tls: ServerTLS | None = None,
+        limits: ConnectionSettings | None = None,
     ) -> None:
         self.service = service
+        #: The connection limits (docs/limits.md, "Connections"; None: the process's).
+        self.limits = limits = limits if limits is not None else connection_settings()
         #: TLS on this port (None: plaintext). A connection's peer certificate, for the
         #: authenticator: ``transport.get_extra_info("ssl_object")``.
         self.tls = tls
@@ -84,9 +91,12 @@ class WireListener:
         self.port = port
         #: None when nothing is checked (no authentication, no authorization).
         self.security = security if security is not None and security.active else None
-        self.max_frame_bytes = max_frame_bytes
+        self.max_frame_bytes = max_frame_bytes if max_frame_bytes is not None else limits.max_frame_bytes
         self.bound_port = 0
-        self.connections: set[WireConnection] = set()
+        #: Who is let in and put out (``server/wire_gate.py``).
+        self.gate: ConnectionGate[WireConnection] = ConnectionGate(service, limits)
+        self.connections = self.gate.connections
+        self.metrics = self.gate.metrics
         self.connections_gauge = _connections_gauge(service)
         self._server: asyncio.Server | None = None
 
@@ -96,10 +106,17 @@ class WireListener:
         if tls is None:
             self._server = await loop.create_server(lambda: self._connection(self), self.host, self.port)
         else:
+            # The handshake counts against the hello's time: a client that starts one and stalls
+            # is dropped as one that never says hello is (asyncio's own default is 60 s).
             self._server = await loop.create_server(
-                lambda: self._tls_connection(tls), self.host, self.port, ssl=tls.ssl_context()
+                lambda: self._tls_connection(tls),
+                self.host,
+                self.port,
+                ssl=tls.ssl_context(),
+                ssl_handshake_timeout=self.limits.hello_timeout.total_seconds(),
             )
         self.bound_port = self._server.sockets[0].getsockname()[1]
+        self.gate.start()
         return self.bound_port
 
     def _tls_connection(self, tls: ServerTLS) -> WireConnection:
@@ -113,6 +130,7 @@ class WireListener:
         if self._server is not None:
             self._server.close()
             self._server = None
+        await self.gate.stop()
         for conn in list(self.connections):
             conn.close()
 
@@ -122,6 +140,9 @@ class WireListener:
 #: a dispatcher holds one per push consumer: 16 KiB, not 256, is what keeps 1,000 of them cheap
 #: (``docs/dispatcher.md``, "What a consumer costs").
 READ_BUFFER_MIN = 16 * 1024
+#: The receive buffer until the hello is accepted: a hello is a few hundred bytes (a few KB with a
+#: token), and a connection that never says hello must cost little (docs/limits.md).
+READ_BUFFER_HELLO = 2 * 1024
 #: The most one socket read may bring: the buffer grows to it for a large frame, or while reads
 #: fill the buffer (a peer that streams), so a large produce batch takes as few reads as before.
 READ_BUFFER_MAX = 256 * 1024
@@ -142,8 +163,14 @@ class WireConnection(asyncio.BufferedProtocol):
 
     def __init__(self, listener: WireListener) -> None:
         self.listener = listener
-        self._reader = FrameReader(listener.max_frame_bytes)
-        self._view = memoryview(bytearray(self.read_buffer_min))
+        # The first frame (the hello, before authentication) is capped by max_hello_bytes.
+        self._reader = FrameReader(listener.max_frame_bytes, listener.limits.max_hello_bytes)
+        self._view = memoryview(bytearray(min(READ_BUFFER_HELLO, self.read_buffer_min)))
+        #: Monotonic times: accepted, last bytes received, and when the frame now partly received
+        #: began (0.0: none), for the listener's deadlines (``overdue``).
+        self.opened_at = self.last_read = time.monotonic()
+        self.frame_started = 0.0
+        self._admitted = False
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.host = "?"
@@ -187,6 +214,11 @@ class WireConnection(asyncio.BufferedProtocol):
     def lost(self) -> None:
         """The connection is gone: stop its work."""
 
+    def busy(self) -> bool:
+        """Work is in flight (an answer owed, a fetch followed, a stream served): the connection is
+        not idle however long the client stays silent (the service may be the one to speak)."""
+        return self.backlog() > 0
+
     # ---- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -197,11 +229,21 @@ class WireConnection(asyncio.BufferedProtocol):
         #: The peer's host alone: failed authentications are counted per host (a client picks a
         #: new port per connection).
         self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        self.listener.connections.add(self)
+        refused = self.listener.gate.admit(self)
+        if refused is not None:
+            self.listener.metrics.closed_for("limit")
+            log.warning("wire connection from %s refused: %s", self.peer, refused.message)
+            self.write(FrameType.ERROR, refused.to_proto().SerializeToString())
+            self.close()
+            return
+        self._admitted = True
+        set_tcp_keepalive(transport.get_extra_info("socket"), self.listener.limits)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        self.listener.connections.discard(self)
+        if self._admitted:
+            self._admitted = False
+            self.listener.gate.release(self)
         self.writable.set()  # nothing waits for a transport that is gone
         if self._stream is not None and self.listener.security is not None:
             self.listener.security.streams.close(self._stream)
@@ -223,8 +265,59 @@ class WireConnection(asyncio.BufferedProtocol):
         return self._view
 
     def buffer_updated(self, nbytes: int) -> None:
+        self.last_read = now = time.monotonic()
         self.data_received(self._view[:nbytes])
+        if not self._reader.buffered:
+            self.frame_started = 0.0
+        elif not self.frame_started:
+            self.frame_started = now
         self._size_buffer(nbytes)
+
+    def eof_received(self) -> bool | None:
+        """The peer half-closed. In the middle of a frame that frame can never complete: an error
+        frame, then close (both services; a client that sent half a frame and FIN must not hold the
+        connection); before the hello, silently. Otherwise asyncio closes the transport (None)."""
+        if self._reader.buffered and not self.closing:
+            self.listener.metrics.closed_for("half_frame")
+            at = self._reader.buffered
+            if self._greeted:  # before the hello nothing is said, as to any client not yet greeted
+                self.fail(InvalidRequest(f"the connection was half-closed {at} bytes into a frame"))
+            else:
+                log.info("wire connection from %s closed: half-closed %d bytes into its hello", self.peer, at)
+                self.close()
+            return False
+        return None
+
+    def overdue(self, now: float, limits: ConnectionSettings) -> str | None:
+        """Why the connection is past a deadline at ``now`` (a ``CLOSE_REASONS`` entry), or None."""
+        if self.closing:
+            return None
+        if not self._greeted:
+            # While a hello's credentials are verified the wait is the service's, not the client's.
+            late = self._held is None and now - self.opened_at > limits.hello_timeout.total_seconds()
+            return "pre_auth_timeout" if late else None
+        if self._reading_paused:
+            return None  # the service is not reading: nothing the client sends can arrive
+        if self.frame_started and now - self.frame_started > limits.frame_timeout.total_seconds():
+            return "frame_timeout"
+        if now - self.last_read > limits.connections_max_idle.total_seconds() and not self.busy():
+            return "idle"
+        return None
+
+    def drop(self, reason: str) -> None:
+        """Close for a deadline missed: silently when idle (a client reconnects when it next needs
+        the connection, as with Kafka's connections.max.idle.ms), else with an error frame."""
+        self.listener.metrics.closed_for(reason)
+        if reason == "idle":
+            log.debug("wire connection from %s closed: idle", self.peer)
+            self.close()
+            return
+        limits = self.listener.limits
+        why = {
+            "pre_auth_timeout": f"no hello within {limits.hello_timeout.total_seconds():g} s",
+            "frame_timeout": f"a frame not complete within {limits.frame_timeout.total_seconds():g} s",
+        }.get(reason, reason)
+        self.fail(InvalidRequest(why))
 
     @property
     def in_hello(self) -> bool:
@@ -269,9 +362,16 @@ class WireConnection(asyncio.BufferedProtocol):
                 else:
                     raise WireProtocolError(f"the first frame must be a hello (type 1), got type {kind}")
         except SluiceError as err:
+            self._count_failure(err)
             self.fail(err)
             return
         self.update_reading()
+
+    def _count_failure(self, err: SluiceError) -> None:
+        if isinstance(err, FrameTooLarge):
+            self.listener.metrics.closed_for("pre_auth_too_large" if err.first else "too_large")
+        else:
+            self.listener.metrics.closed_for("protocol")
 
     # ---- for subclasses -------------------------------------------------------------------
 
@@ -297,6 +397,9 @@ class WireConnection(asyncio.BufferedProtocol):
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+                if self.frame_started:
+                    # The time reading was paused was the service's: the frame's clock restarts.
+                    self.frame_started = time.monotonic()
 
     def fail(self, err: SluiceError) -> None:
         """The peer broke the protocol: say why in an error frame, then close."""
@@ -379,6 +482,9 @@ class WireConnection(asyncio.BufferedProtocol):
             )
         self.ctx = RequestContext(who.principal, WIRE, address=self.peer, stream=self._stream)
         self._greeted = True
+        if len(self._view) < self.read_buffer_min:
+            # Authenticated: the buffer a service's connections read into (the hello's was smaller).
+            self._view = memoryview(bytearray(self.read_buffer_min))
         listener.connections_gauge.inc()
         answer = wire_pb2.WireHelloResponse(version=self.version, max_frame_bytes=listener.max_frame_bytes)
         self.write(FrameType.HELLO, answer.SerializeToString())
