@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from sluice import DEFAULT_BOOTSTRAP
 from sluice.cli.errors import UsageError
 from sluice.common.client_security import TLSConfig
+from sluice.errors import SluiceError
 
 if TYPE_CHECKING:
     from sluice.client.client import Client
@@ -135,7 +136,9 @@ def connect(args: argparse.Namespace) -> Iterator[Client]:
     """A client for ``--bootstrap``, closed when the command ends (also on errors and Ctrl-C)."""
     # Imported here: the SDK pulls in gRPC, which `sluice up` and `--help` do not need.
     from sluice import Client
+    from sluice.cli.reach import preflight, wrong_port_error
 
+    preflight(args.bootstrap, args.request_timeout)
     username, password = login_from_args(args)
     client = Client(
         args.bootstrap,
@@ -149,5 +152,9 @@ def connect(args: argparse.Namespace) -> Iterator[Client]:
     )
     try:
         yield client
+    except SluiceError as exc:
+        if str(exc.message).startswith("UNIMPLEMENTED"):
+            raise wrong_port_error(args.bootstrap, exc.message) from None
+        raise
     finally:
         client.close()

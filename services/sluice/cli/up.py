@@ -48,6 +48,7 @@ from sluice.cli.supervisor import SERVICE_READY, Child, RestartPolicy, Superviso
 from sluice.cli.up_auth import LocalAuth
 from sluice.cli.up_tls import LocalTLS
 from sluice.common.client_security import TLSConfig
+from sluice.common.wire import WIRE_PORT_OFFSET
 from sluice.server.limits import OpenFilesLimit, raise_open_files_limit
 
 REDIS_READY = re.compile(r"Ready to accept connections")
@@ -90,10 +91,16 @@ def add_parser(subparsers: Any, _common: argparse.ArgumentParser) -> None:
         "--port",
         type=_port,
         default=DEFAULT_PORT,
-        help="coordinator port; the others follow (0: all ephemeral)",
+        help="coordinator port (the bootstrap address); the others follow: broker +1, offset store +2, "
+        "dispatcher +3, brokers 1-6 +4..+9, and the wire ports (the SDK's data plane) 10 above each "
+        "gRPC port: broker +11, dispatcher +13, brokers 1-6 +14..+19. Default 7600; 0: all ephemeral",
     )
     p.add_argument(
-        "--metrics-port", type=_port, metavar="PORT", help="first metrics port (default --port + 2000)"
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="first metrics port, the others in the same order (default --port + 2000); must not "
+        "fall on any port above",
     )
     p.add_argument(
         "--advertised-host", metavar="HOST", help="host clients should use, when --host is a wildcard"
@@ -169,6 +176,23 @@ def plan_ports(base: int, metrics_base: int | None) -> dict[str, Ports]:
         name: Ports(base + off if base else 0, metrics_base + off if metrics_base else 0)
         for name, off in PORT_OFFSETS.items()
     }
+
+
+def check_port_collisions(plan: dict[str, Ports], brokers: int) -> None:
+    """Refuse a plan in which a metrics port lands on a gRPC or wire port (``--metrics-port 7610``
+    would take broker 0's wire port and fail its start with a bind error, far from the cause)."""
+    listeners = [*plan.values(), *(broker_ports(plan, i) for i in range(1, brokers))]
+    grpc = {p.port for p in listeners if p.port}
+    wire = {port + WIRE_PORT_OFFSET for port in grpc}
+    metrics = {p.metrics for p in listeners if p.metrics}
+    clash = sorted(metrics & (grpc | wire))
+    if clash:
+        raise CliError(
+            "INVALID_ARGUMENT",
+            f"metrics port {clash[0]} is also a gRPC or wire port of this cluster (gRPC ports "
+            f"{min(grpc)}-{max(grpc)}, wire ports {min(wire)}-{max(wire)}): choose --metrics-port "
+            "outside them",
+        )
 
 
 def broker_ports(plan: dict[str, Ports], index: int) -> Ports:
@@ -259,6 +283,7 @@ class Stack:
         self.data_dir: Path = args.data_dir.resolve()
         self.logs = self.data_dir / "logs"
         self.ports = plan_ports(args.port, args.metrics_port)
+        check_port_collisions(self.ports, getattr(args, "brokers", 1))
         self.env = child_env()
         self.connect_host = args.advertised_host or (
             "127.0.0.1" if args.host in WILDCARD_HOSTS else args.host

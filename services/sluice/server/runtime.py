@@ -96,12 +96,17 @@ class GrpcServer:
             register(server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         bind = f"{self.host}:{self.port}"
-        if self.tls is None:
-            self.bound_port = server.add_insecure_port(bind)
-        else:
-            self.bound_port = server.add_secure_port(bind, self.tls.grpc_credentials())
+        try:
+            if self.tls is None:
+                self.bound_port = server.add_insecure_port(bind)
+            else:
+                self.bound_port = server.add_secure_port(bind, self.tls.grpc_credentials())
+        except RuntimeError:  # grpcio >= 1.60 raises where older releases returned 0
+            self.bound_port = 0
         if self.bound_port == 0:
-            raise OSError(f"{self.service}: could not bind {self.host}:{self.port}")
+            raise OSError(
+                f"{self.service}: could not bind {bind} (address in use, or not an address of this host)"
+            )
         await server.start()
         self._server = server
         register_grpc_connections(self.service)
