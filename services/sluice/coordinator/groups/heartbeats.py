@@ -35,6 +35,7 @@ from sluice.errors import (
     InvalidArgument,
     InvalidFilter,
     InvalidRequest,
+    LimitExceeded,
     UnknownAssignor,
     UnknownGroup,
     UnknownMember,
@@ -49,6 +50,7 @@ _PROTOCOL_ERRORS = (
     FencedMemberEpoch,
     InconsistentSubscription,
     InvalidFilter,
+    LimitExceeded,
     UnknownAssignor,
     UnknownMember,
     UnknownTopicOrPartition,
@@ -108,12 +110,32 @@ class HeartbeatHandlers(GroupsBase):
             member_id = req.member_id
         else:
             member_id = new_member_id
+        if member_id not in g.members:
+            self._check_room(g)
         record = self._member_record(g, member_id, req, req.instance_id)
         # Re-joining an existing member id always gets a new member epoch, so commits of the previous
         # incarnation (a zombie) are refused by the offset store.
         existing = member_id in g.members
         change = self._plan(g, now_ms, record, (), force=existing)
         return self._answer(g, change, member_id, req, now_ms, joined=True)
+
+    def _check_room(self, g: Group) -> None:
+        """Refuse a join that would pass ``max_groups`` (a new group) or ``max_members_per_group``."""
+        settings = self.settings
+        if g.group_id not in self.groups and settings.max_groups and len(self.groups) >= settings.max_groups:
+            raise LimitExceeded(
+                f"groups: {len(self.groups) + 1} would exceed the limit max_groups={settings.max_groups}",
+                limit="max_groups",
+                value=settings.max_groups,
+            )
+        limit = settings.max_members_per_group
+        if limit and len(g.members) >= limit:
+            raise LimitExceeded(
+                f"members of group {g.group_id!r}: {len(g.members) + 1} would exceed the limit "
+                f"max_members_per_group={limit}",
+                limit="max_members_per_group",
+                value=limit,
+            )
 
     def _heartbeat(self, req: HeartbeatRequest, now_ms: int) -> Result[HeartbeatResponse]:
         g = self.groups.get(req.group)
