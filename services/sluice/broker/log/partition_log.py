@@ -257,7 +257,7 @@ class PartitionLog(EpochsAndTruncation):
         limit = self.config.max_batch_bytes
         pos, total = 0, len(batches)
         while pos < total:
-            h = validate_batch(batches, pos, limit)  # type: ignore[arg-type]
+            h = validate_batch(batches, pos, limit, headers=self.config.header_limits)  # type: ignore[arg-type]
             if h.last_offset_delta != h.record_count - 1:
                 raise CorruptBatch(
                     f"batch {len(headers)}: last_offset_delta {h.last_offset_delta} must be "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import struct
+from dataclasses import dataclass
 
 from sluice.codec.batch.layout import (
     COLUMN_BYTES,
@@ -20,11 +22,30 @@ from sluice.codec.batch.layout import (
     read_header,
     read_tags,
 )
-from sluice.errors import BatchTooLarge, CorruptBatch
+from sluice.errors import BatchTooLarge, CorruptBatch, LimitExceeded
+
+_U16 = struct.Struct("<H")
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderLimits:
+    """The most headers one record may carry, and the most bytes its headers may take (count, names and
+    values: the record's headers blob). A consumer decodes headers into a dict per record, so these bound
+    what one produced record costs every consumer; Kafka bounds neither (only by the batch size)."""
+
+    max_count: int = 1_000
+    max_bytes: int = 1024 * 1024
+
+
+DEFAULT_HEADER_LIMITS = HeaderLimits()
 
 
 def validate_batch(
-    buf: bytes | memoryview, pos: int, max_batch_bytes: int, require_dense: bool = False
+    buf: bytes | memoryview,
+    pos: int,
+    max_batch_bytes: int,
+    require_dense: bool = False,
+    headers: HeaderLimits | None = None,
 ) -> BatchHeader:
     """Fully check the batch at ``pos``: framing, CRC, counts and column sums.
 
@@ -43,10 +64,42 @@ def validate_batch(
     key_bytes = _check_lengths(c)
     _check_offsets(c, h, require_dense)
     _check_tag_indexes(c, h.record_count, len(tags))
-    data_len = key_bytes + sum(c.value_lengths) + sum(c.headers_lengths)
+    headers_bytes = sum(c.headers_lengths)
+    data_len = key_bytes + sum(c.value_lengths) + headers_bytes
     if c.data_start + data_len != end:
         raise CorruptBatch("record lengths do not add up to the batch length")
+    if headers_bytes and headers is not None:  # the producer's path; recovery reads what was accepted
+        _check_headers(buf, end - headers_bytes, c, headers)
     return h
+
+
+def _check_headers(buf: bytes | memoryview, start: int, c: Columns, limits: HeaderLimits) -> None:
+    """Each record's headers within ``limits``: its blob's size, then the count its blob starts with.
+
+    Runs only for a batch where some record has headers (a batch without costs nothing more); then one
+    step per record with headers, reading a u16 (the full parse is the consumer's).
+    """
+    lengths = c.headers_lengths
+    biggest = max(lengths)
+    if biggest > limits.max_bytes:
+        raise LimitExceeded(
+            f"a record's headers take {biggest} bytes, over the limit max_record_header_bytes="
+            f"{limits.max_bytes}",
+            limit="max_record_header_bytes",
+            value=limits.max_bytes,
+        )
+    for at, length in zip(itertools.accumulate(lengths, initial=start), lengths, strict=False):
+        if not length:
+            continue
+        if length < 2:
+            raise CorruptBatch("record headers are truncated")
+        (count,) = _U16.unpack_from(buf, at)
+        if count > limits.max_count:
+            raise LimitExceeded(
+                f"a record carries {count} headers, over the limit max_record_headers={limits.max_count}",
+                limit="max_record_headers",
+                value=limits.max_count,
+            )
 
 
 def _check_frame(buf: bytes | memoryview, pos: int, h: BatchHeader, max_batch_bytes: int) -> int:
