@@ -5,7 +5,7 @@ RESOURCE_EXHAUSTED metadata failure instead of the typed error). Re-exported by 
 
 from __future__ import annotations
 
-__all__ = ["ECHO_LIMIT", "MAX_MESSAGE_BYTES", "bounded_message", "echo"]
+__all__ = ["ECHO_LIMIT", "MAX_ERROR_MESSAGE_BYTES", "bounded_message", "echo"]
 
 #: The most characters of a client's input an error message repeats (issue 16): a 1 MB topic name came
 #: back as a 2 MB error. ``echo`` is the one function that cuts an echoed input.
@@ -16,7 +16,7 @@ ECHO_LIMIT = 200
 #: the ``grpc-message`` trailer, percent-encoded (up to 3 bytes per byte), and a client drops a response
 #: whose metadata passes its limit (16 KiB hard, 8 KiB soft by default) as RESOURCE_EXHAUSTED, losing the
 #: typed error.
-MAX_MESSAGE_BYTES = 960
+MAX_ERROR_MESSAGE_BYTES = 960
 
 
 def echo(value: object, limit: int = ECHO_LIMIT) -> str:
@@ -34,7 +34,7 @@ def echo(value: object, limit: int = ECHO_LIMIT) -> str:
     return text
 
 
-def bounded_message(message: str, limit: int = MAX_MESSAGE_BYTES) -> str:
+def bounded_message(message: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
     """``message``, cut to ``limit`` UTF-8 bytes with its full length said."""
     encoded = message.encode(errors="replace")
     if len(encoded) <= limit:

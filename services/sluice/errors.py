@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 # The one truncation of echoed inputs and of whole messages (issue 16), re-exported.
-from sluice.error_text import ECHO_LIMIT, MAX_MESSAGE_BYTES, bounded_message, echo
+from sluice.error_text import ECHO_LIMIT, MAX_ERROR_MESSAGE_BYTES, bounded_message, echo
 from sluice.v1 import common_pb2
 
 __all__ = [
     "ECHO_LIMIT",
-    "MAX_MESSAGE_BYTES",
+    "MAX_ERROR_MESSAGE_BYTES",
     "SluiceError",
     "bounded_message",
     "echo",

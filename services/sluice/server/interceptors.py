@@ -22,7 +22,7 @@ import grpc
 from grpc import aio
 
 from sluice.common.rpc import ERROR_CODE_KEY
-from sluice.errors import MAX_MESSAGE_BYTES, SluiceError, Unauthenticated, bounded_message
+from sluice.errors import MAX_ERROR_MESSAGE_BYTES, SluiceError, Unauthenticated, bounded_message
 from sluice.security.live_streams import LiveStream
 from sluice.security.service import ServiceSecurity
 from sluice.server.call_security import MethodSecurity, StreamEnd
@@ -37,7 +37,7 @@ def _status_for(err: SluiceError) -> grpc.StatusCode:
 
 
 #: Kept for its importers: the limit now lives in sluice.errors.
-MAX_DETAILS_BYTES = MAX_MESSAGE_BYTES
+MAX_DETAILS_BYTES = MAX_ERROR_MESSAGE_BYTES
 
 
 def bounded_details(message: str) -> str:

@@ -48,6 +48,11 @@ GRPC_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    # Identity only: no gzip/deflate message decompression. gRPC inflates a compressed message up to
+    # max_receive_message_length before refusing it, so a 1 MB gzip of zeros cost 64 MiB per concurrent
+    # stream; with only identity enabled it is refused (UNIMPLEMENTED) before any byte is inflated.
+    # Sluice's clients never compress (docs/limits.md, "Decompression").
+    ("grpc.compression_enabled_algorithms_bitset", 1),
 )
 
 Registrar = Callable[[aio.Server], None]
