@@ -45,8 +45,8 @@ class CoordinatorLimits:
     max_members_per_group: int = 10_000
     #: Partitions one principal may create or delete per second (KIP-599's
     #: ``controller_mutation_rate``), and the burst its bucket holds. 0: no quota.
-    partition_mutations_per_second: float = 100.0
-    partition_mutation_burst: int = 1_000
+    partition_mutations_per_second: float = 1_000.0
+    partition_mutation_burst: int = 10_000
 
     def validate(self) -> CoordinatorLimits:
         for name in ("max_topics", "max_partitions_per_topic", "max_partitions", "max_groups"):
