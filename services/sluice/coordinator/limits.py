@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from sluice.common.names import MAX_PARTITIONS
 from sluice.errors import LimitExceeded, ThrottlingQuotaExceeded
 from sluice.security.context import current
 
@@ -76,6 +77,8 @@ def check_new_partitions(
 ) -> None:
     """Refuse a creation (``new_topic``) or growth to ``partitions`` (``added`` of them new) that would pass
     a limit. ``topic_partitions``: the partition count of every existing topic."""
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        return  # outside the format's own range: INVALID_PARTITIONS from the cluster state, as before
     counts = list(topic_partitions)
     if new_topic and limits.max_topics and len(counts) + 1 > limits.max_topics:
         raise exceeded("max_topics", limits.max_topics, len(counts) + 1, "topics")

@@ -60,6 +60,8 @@ def test_partition_limits_name_the_limit_and_the_count() -> None:
         check_new_partitions(limits, [], new_topic=True, partitions=5, added=5)
     with pytest.raises(LimitExceeded, match="7 would exceed the limit max_partitions=6"):
         check_new_partitions(limits, [3, 2], new_topic=False, partitions=4, added=2)
+    # Outside the format's range the cluster state answers INVALID_PARTITIONS, as before the limits.
+    check_new_partitions(limits, [], new_topic=True, partitions=10_001, added=10_001)
     unlimited = CoordinatorLimits(max_topics=0, max_partitions_per_topic=0, max_partitions=0)
     check_new_partitions(unlimited, [10_000] * 50, new_topic=True, partitions=10_000, added=10_000)
 
