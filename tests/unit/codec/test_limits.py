@@ -4,6 +4,8 @@ the parse cache), and record header limits on the produce path (docs/limits.md).
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sluice.codec.batch import HeaderLimits, encode_records, validate_batch
 from sluice.codec.filter import MAX_FILTER_TAGS, parse_filter
@@ -77,3 +79,23 @@ def test_header_limits_refuse_a_record_over_them_only_when_asked() -> None:
     # Recovery passes no limits: what was accepted before a limit was lowered still reads.
     validate_batch(many, 0, MAX)
     validate_batch(big, 0, MAX)
+
+
+@given(st.text(max_size=3000), st.integers(min_value=1, max_value=500))
+def test_echo_and_bounded_message_are_bounded_for_any_text(text: str, limit: int) -> None:
+    echoed = echo(text, limit)
+    assert len(echoed) <= len(repr(text[:limit])) + 30
+    assert len(bounded_message(text * 3).encode()) <= MAX_ERROR_MESSAGE_BYTES + 40
+
+
+@given(st.text(alphabet="ab|* \t:/-._", max_size=6000))
+def test_any_filter_text_parses_or_gets_a_typed_error(text: str) -> None:
+    refusal: Exception | None = None
+    try:
+        parsed = parse_filter(text)
+    except (InvalidFilter, LimitExceeded) as err:
+        refusal = err
+    if refusal is not None:
+        assert len(str(refusal).encode()) < 1024
+    else:
+        assert parsed.matches_all or parsed.tags
