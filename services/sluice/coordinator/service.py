@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 #: but bad input, and believing it would put the next term out of Redis's INCR range, leaving the
 #: coordinator NOT_COORDINATOR for good (found by the fuzz suite: one BrokerHeartbeat did it).
 MAX_CONTROLLER_EPOCH = 2**40
+#: The same bound on the metadata version a broker reports having applied (one version per change).
+MAX_METADATA_VERSION = 2**40
 
 __all__ = ["Clock", "CoordinatorService", "SystemClock"]
 
@@ -197,6 +199,13 @@ class CoordinatorService(CoordinatorTopics):
         controller_epoch: int = 0,
         reports: Sequence[EpochReport] = (),
     ) -> BrokerHeartbeatResult:
+        if metadata_version > MAX_METADATA_VERSION:
+            # Believed, it put our version one past int64's range (the broker is "ahead": we jump past
+            # it), and every later update to any broker failed INTERNAL: found by the fuzz suite's count
+            # of internal errors, as MAX_CONTROLLER_EPOCH was by its tracebacks.
+            raise InvalidRequest(
+                f"metadata_version {metadata_version} was never issued (at most {MAX_METADATA_VERSION})"
+            )
         await self._catch_up_epoch(broker_id, controller_epoch)
 
         def committed(res: BrokerHeartbeatResult) -> None:

@@ -160,3 +160,17 @@ def test_a_1mb_topic_name_in_a_produce_gets_a_small_per_partition_error(healthy_
     assert error.code != common_pb2.NONE
     assert len(error.message.encode()) < 1024, len(error.message)
     assert "(1000000 characters)" in error.message, error.message
+
+
+def test_a_heartbeat_reporting_a_bogus_metadata_version_is_refused(healthy_after: PushCluster) -> None:
+    """A BrokerHeartbeat claiming metadata version 2**63-1 made the coordinator jump its own version one
+    past int64's range: every later broker update failed INTERNAL (found by internal_errors_total)."""
+    with grpc.insecure_channel(healthy_after.coordinator.address) as ch:
+        stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+        bogus = coordinator_pb2.BrokerHeartbeatRequest(broker_id=1, metadata_version=2**63 - 1)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.BrokerHeartbeat(bogus, timeout=10)
+        exc: Any = info.value
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+        assert _code(exc) == common_pb2.INVALID_REQUEST
+        assert "was never issued" in exc.details()
