@@ -40,6 +40,7 @@ from sluice.errors import (
     UnknownGroup,
     UnknownMember,
     UnknownTopicOrPartition,
+    echo,
 )
 
 _STABLE = MemberState.STABLE.value
@@ -104,7 +105,7 @@ class HeartbeatHandlers(GroupsBase):
         elif req.member_id:
             if req.member_id not in g.members:
                 raise UnknownMember(
-                    f"member {req.member_id} is not in group {req.group!r} (it left, timed out or was "
+                    f"member {echo(req.member_id)} is not in group {req.group!r} (it left, timed out or was "
                     "fenced): join again with an empty member_id"
                 )
             member_id = req.member_id
@@ -141,8 +142,8 @@ class HeartbeatHandlers(GroupsBase):
         g = self.groups.get(req.group)
         if g is None or req.member_id not in g.members:
             raise UnknownMember(
-                f"member {req.member_id!r} is not in group {req.group!r} (it left, timed out or was fenced): "
-                "release every partition and join again with member_epoch 0 and an empty member_id"
+                f"member {echo(req.member_id)} is not in group {req.group!r} (it left, timed out or was "
+                "fenced): release every partition and join again with member_epoch 0 and an empty member_id"
             )
         cur = g.reconciled(req.member_id)
         if req.member_epoch != cur.member_epoch:
@@ -152,7 +153,7 @@ class HeartbeatHandlers(GroupsBase):
             if not lost_answer:
                 relation = "newer than" if req.member_epoch > cur.member_epoch else "older than"
                 raise FencedMemberEpoch(
-                    f"member {req.member_id} of group {req.group!r} sent epoch {req.member_epoch}, "
+                    f"member {echo(req.member_id)} of group {req.group!r} sent epoch {req.member_epoch}, "
                     f"{relation} its current epoch {cur.member_epoch}: it was fenced. Release every "
                     "partition without committing and join again with member_epoch 0"
                 )
@@ -391,7 +392,9 @@ class HeartbeatHandlers(GroupsBase):
         if g is None or not g.exists:
             raise UnknownGroup(f"group {group!r} does not exist")
         if member_id not in g.members:
-            raise UnknownMember(f"member {member_id!r} is not in group {group!r} (already left or timed out)")
+            raise UnknownMember(
+                f"member {echo(member_id)} is not in group {group!r} (already left or timed out)"
+            )
         cur = g.reconciled(member_id)
         if epoch is not None and epoch not in (cur.member_epoch, cur.previous_member_epoch):
             raise FencedMemberEpoch(
