@@ -160,6 +160,7 @@ class _Consumer:
             topic="h",
             subscription=subscription,
             consumer_name=name,
+            consumer_id=f"{subscription}-{name}",
             type=dispatcher_pb2.SUBSCRIPTION_TYPE_SHARED,
         )
         self._commands.put(dispatcher_pb2.ConsumerCommand(subscribe=subscribe))
@@ -183,6 +184,9 @@ def test_subscription_and_consumer_limits(services: Services) -> None:
             refused = opened[2].first
             assert refused.error.code == common_pb2.LIMIT_EXCEEDED, refused
             assert "max_consumers_per_subscription=2" in refused.error.message
+            # A consumer reconnecting under its id is not one more: it replaces its old stream.
+            opened.append(_Consumer(ch, "s1", "c1"))
+            assert not opened[-1].first.HasField("error"), opened[-1].first
             opened.append(_Consumer(ch, "s2", "c1"))
             assert not opened[-1].first.HasField("error"), opened[-1].first
             opened.append(_Consumer(ch, "s3", "c1"))
