@@ -240,6 +240,15 @@ class CoordinatorConfig(SecuritySettings):
         },
     )
 
+    group_creations_per_second: float = field(
+        default=CoordinatorLimits.group_creations_per_second,
+        metadata={"help": "consumer groups one principal may create per second (0: no quota)"},
+    )
+    group_creation_burst: int = field(
+        default=CoordinatorLimits.group_creation_burst,
+        metadata={"help": "groups one principal may create at once before the per-second rate applies"},
+    )
+
     def coordinator_limits(self) -> CoordinatorLimits:
         try:
             return CoordinatorLimits(
@@ -250,6 +259,8 @@ class CoordinatorConfig(SecuritySettings):
                 max_members_per_group=self.max_members_per_group,
                 partition_mutations_per_second=self.partition_mutations_per_second,
                 partition_mutation_burst=self.partition_mutation_burst,
+                group_creations_per_second=self.group_creations_per_second,
+                group_creation_burst=self.group_creation_burst,
             ).validate()
         except ValueError as exc:
             raise InvalidArgument(f"--{str(exc).replace('_', '-')}") from None

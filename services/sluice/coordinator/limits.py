@@ -48,6 +48,10 @@ class CoordinatorLimits:
     #: ``controller_mutation_rate``), and the burst its bucket holds. 0: no quota.
     partition_mutations_per_second: float = 1_000.0
     partition_mutation_burst: int = 10_000
+    #: Consumer groups one principal may create per second (a join naming a group that does not exist),
+    #: and its burst: the same token bucket, counted in groups. 0: no quota.
+    group_creations_per_second: float = 100.0
+    group_creation_burst: int = 1_000
 
     def validate(self) -> CoordinatorLimits:
         for name in ("max_topics", "max_partitions_per_topic", "max_partitions", "max_groups"):
@@ -55,8 +59,10 @@ class CoordinatorLimits:
                 raise ValueError(f"{name} must be >= 0 (0: unlimited)")
         if self.max_members_per_group < 0 or self.partition_mutations_per_second < 0:
             raise ValueError("max_members_per_group and partition_mutations_per_second must be >= 0")
-        if self.partition_mutation_burst < 1:
-            raise ValueError("partition_mutation_burst must be at least 1")
+        if self.partition_mutation_burst < 1 or self.group_creation_burst < 1:
+            raise ValueError("partition_mutation_burst and group_creation_burst must be at least 1")
+        if self.group_creations_per_second < 0:
+            raise ValueError("group_creations_per_second must be >= 0")
         return self
 
 
@@ -133,13 +139,13 @@ class PartitionMutationQuota:
         self._keep(who, tokens, now_ms)
         return 0 if tokens > 0 else int(-tokens * 1000 / self.per_second) + 1
 
-    def check(self, who: str | None, now_ms: float, what: str) -> None:
+    def check(self, who: str | None, now_ms: float, what: str, unit: str = "partitions") -> None:
         """Raise THROTTLING_QUOTA_EXCEEDED while ``who``'s bucket is in debt."""
         wait_ms = self.throttle_ms(who, now_ms)
         if wait_ms:
             raise ThrottlingQuotaExceeded(
-                f"{what}: the partition mutation quota ({self.per_second:g} partitions/s, burst "
-                f"{self.burst:g}) is used up; retry in {wait_ms} ms",
+                f"{what}: the {unit} quota ({self.per_second:g} {unit}/s, burst {self.burst:g}) is used up; "
+                f"retry in {wait_ms} ms",
                 throttle_ms=wait_ms,
             )
 

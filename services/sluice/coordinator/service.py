@@ -43,6 +43,7 @@ from sluice.coordinator.groups.model import (
     HeartbeatResponse,
 )
 from sluice.coordinator.groups.redis_ops import full_sync_ops
+from sluice.coordinator.limits import mutation_key
 from sluice.coordinator.producer_ids import ProducerIdentity, init_producer_id
 from sluice.coordinator.topic_ops import CoordinatorTopics
 from sluice.coordinator.writer import Clock, SystemClock
@@ -316,10 +317,18 @@ class CoordinatorService(CoordinatorTopics):
         # Only a join may need a new member id: a steady heartbeat does not pay for a uuid (a syscall).
         new_id = uuid.uuid4().hex if request.member_epoch == JOIN_EPOCH and not request.member_id else ""
         group = request.group
-        return await self._write(
+        # A join creating a group takes a token of its principal's group-creation quota (limits.py).
+        creating = request.member_epoch == JOIN_EPOCH and group not in self.groups.groups
+        who = mutation_key() if creating else None
+        if creating:
+            self._group_creation_quota().check(who, self._clock.now_ms(), f"create group {group!r}", "groups")
+        response = await self._write(
             lambda now: self.groups.heartbeat(request, now, new_id),
             requester=lambda response: (group, response.member_id),
         )
+        if creating and group in self.groups.groups:
+            self._group_creation_quota().record(who, 1, self._clock.now_ms())
+        return response
 
     def watch(self, group: str, member_id: str, nudge: Callable[[], None]) -> Callable[[], None]:
         """Call ``nudge`` (sync, cheap) whenever a write means this member must heartbeat now to make

@@ -37,10 +37,15 @@ class CoordinatorTopics(CoordinatorLeadership):
     limits: CoordinatorLimits = CoordinatorLimits()
     _mutations: PartitionMutationQuota | None = None
 
+    _group_creations: PartitionMutationQuota | None = None
+
     def set_limits(self, limits: CoordinatorLimits) -> None:
         self.limits = limits
         self._mutations = PartitionMutationQuota(
             limits.partition_mutations_per_second, limits.partition_mutation_burst
+        )
+        self._group_creations = PartitionMutationQuota(
+            limits.group_creations_per_second, limits.group_creation_burst
         )
 
     def _mutation_quota(self) -> PartitionMutationQuota:
@@ -48,6 +53,11 @@ class CoordinatorTopics(CoordinatorLeadership):
             self.set_limits(self.limits)
         assert self._mutations is not None
         return self._mutations
+
+    def _group_creation_quota(self) -> PartitionMutationQuota:
+        self._mutation_quota()
+        assert self._group_creations is not None
+        return self._group_creations
 
     def _partition_counts(self) -> list[int]:
         return [t.partitions for t in self.cluster.topics.values()]

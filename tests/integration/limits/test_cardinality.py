@@ -37,7 +37,9 @@ RATE = 2  # partition mutations a second once the burst is spent
 FLAGS: dict[str, tuple[str, ...]] = {
     "coordinator": (
         *("--max-topics", "4", "--max-partitions-per-topic", "6", "--max-partitions", "14"),
-        *("--max-groups", "2", "--max-members-per-group", "2"),
+        *("--max-groups", "3", "--max-members-per-group", "2"),
+        # Two groups at once, then one every 20 s: the fourth creation is throttled.
+        *("--group-creations-per-second", "0.05", "--group-creation-burst", "2"),
         *("--partition-mutations-per-second", str(RATE), "--partition-mutation-burst", "40"),
     ),
     "broker": ("--max-record-headers", "3", "--max-record-header-bytes", "200"),
@@ -130,7 +132,7 @@ def test_record_header_limits(services: Services) -> None:
     assert "max_record_header_bytes=200" in big.error.message
 
 
-def test_group_and_member_limits(services: Services) -> None:
+def test_group_and_member_limits_and_the_group_creation_quota(services: Services) -> None:
     with grpc.insecure_channel(services.coordinator.address) as ch:
         coord = coordinator_pb2_grpc.CoordinatorStub(ch)
 
@@ -141,14 +143,22 @@ def test_group_and_member_limits(services: Services) -> None:
             answer: coordinator_pb2.GroupHeartbeatResponse = coord.Heartbeat(request, timeout=15)
             return answer
 
+        # The second member joins an existing group: no group is created, no token is taken.
         assert [join("g1").error.code for _ in range(2)] == [common_pb2.NONE] * 2
         third = join("g1")
         assert third.error.code == common_pb2.LIMIT_EXCEEDED, third
         assert "max_members_per_group=2" in third.error.message
-        assert join("g2").error.code == common_pb2.NONE
-        another = join("g3")
-        assert another.error.code == common_pb2.LIMIT_EXCEEDED, another
-        assert "max_groups=2" in another.error.message
+        assert join("g2").error.code == common_pb2.NONE  # the burst of 2 is used up
+        # Admitted while the bucket is not in debt (KIP-599: a request may overdraw it), then refused.
+        assert join("g3").error.code == common_pb2.NONE
+        exc = _refusal(
+            coord.Heartbeat,
+            coordinator_pb2.GroupHeartbeatRequest(group="g4", member_epoch=0, subscription={"h": ""}),
+        )
+        assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.details()
+        assert _code(exc) == common_pb2.THROTTLING_QUOTA_EXCEEDED, exc.details()
+        assert "groups quota" in exc.details()
+        assert 0 < int(dict(exc.trailing_metadata())[THROTTLE_TIME_KEY]) <= 20_001
 
 
 class _Consumer:
