@@ -41,8 +41,9 @@ def validate_group(name: str, what: str = "group") -> str:
     return name
 
 
-def validate_client_id(client_id: str) -> str:
-    """Any text (empty allowed: the SDK's default), up to ``MAX_CLIENT_ID_LENGTH`` characters."""
+def validate_client_id(client_id: str, what: str = "client id") -> str:
+    """Any text (empty allowed: the SDK's default), up to ``MAX_CLIENT_ID_LENGTH`` characters. Also a
+    static member's instance id (``what``)."""
     if len(client_id) > MAX_CLIENT_ID_LENGTH:
-        raise InvalidArgument(_too_long("client id", client_id, MAX_CLIENT_ID_LENGTH))
+        raise InvalidArgument(_too_long(what, client_id, MAX_CLIENT_ID_LENGTH))
     return client_id

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from sluice.coordinator.groups.model import HeartbeatRequest
+from sluice.errors import InvalidArgument
 from sluice.v1 import common_pb2
 
 from .groups_context import SETTINGS, GroupsContext
@@ -40,3 +44,13 @@ def test_a_join_over_max_members_is_refused_but_a_rejoin_is_not_one_more() -> No
     assert len(ctx.groups.groups["g"].members) == 2
     rejoin = ctx.heartbeat(group="g", member_id=first.member_id, epoch=0)
     assert rejoin.error is None, rejoin.error
+
+
+def test_an_oversize_client_or_instance_id_is_refused_naming_the_limit() -> None:
+    ctx = _ctx(max_groups=0, max_members=0)
+    huge = "c" * 100_000
+    base = HeartbeatRequest(group="g", member_id="", member_epoch=0, subscription={"t": "*"})
+    for request in (dataclasses.replace(base, client_id=huge), dataclasses.replace(base, instance_id=huge)):
+        with pytest.raises(InvalidArgument, match="of 100000 characters exceeds the limit of 255") as info:
+            ctx.groups.heartbeat(request, ctx.now_ms, "m1")
+        assert len(str(info.value)) < 1024

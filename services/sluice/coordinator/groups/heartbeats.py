@@ -8,7 +8,7 @@ the steady state without records. Pure: no I/O, no clock.
 from __future__ import annotations
 
 from sluice.codec.filter import parse_filter
-from sluice.common.names import validate_group, validate_topic
+from sluice.common.names import validate_client_id, validate_group, validate_topic
 from sluice.coordinator.assignors import get_assignor
 from sluice.coordinator.groups.group import Group
 from sluice.coordinator.groups.model import (
@@ -70,6 +70,9 @@ class HeartbeatHandlers(GroupsBase):
         deterministic). Protocol refusals come back in ``response.error``; malformed input raises.
         """
         validate_group(req.group)
+        # Kept in the member's record (memory and Redis) for as long as it is a member: bounded.
+        validate_client_id(req.client_id)
+        validate_client_id(req.instance_id, "instance id")
         if req.member_epoch < STATIC_LEAVE_EPOCH:
             raise InvalidRequest(
                 f"member_epoch {req.member_epoch} is invalid: use 0 to join, -1 to leave, -2 for a static "
