@@ -11,9 +11,21 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+# The one truncation of echoed inputs and of whole messages (issue 16), re-exported.
+from sluice.error_text import ECHO_LIMIT, MAX_ERROR_MESSAGE_BYTES, bounded_message, echo
 from sluice.v1 import common_pb2
 
-__all__ = ["SluiceError", "error_for_code", "error_from_proto", "raise_for_proto", "registry"]
+__all__ = [
+    "ECHO_LIMIT",
+    "MAX_ERROR_MESSAGE_BYTES",
+    "SluiceError",
+    "bounded_message",
+    "echo",
+    "error_for_code",
+    "error_from_proto",
+    "raise_for_proto",
+    "registry",
+]
 
 _REGISTRY: dict[int, type[SluiceError]] = {}
 
@@ -39,7 +51,8 @@ class SluiceError(Exception):
         return f"{self.code_name}: {self.message}"
 
     def to_proto(self) -> common_pb2.Error:
-        return common_pb2.Error(code=self.code, message=self.message)  # type: ignore[arg-type]
+        # Bounded: a per-partition error travels in a response body, where no trailer limit cuts it.
+        return common_pb2.Error(code=self.code, message=bounded_message(self.message))  # type: ignore[arg-type]
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -479,3 +492,24 @@ class ReassignmentInProgress(SluiceError):
 
     code = common_pb2.REASSIGNMENT_IN_PROGRESS
     grpc_status = "FAILED_PRECONDITION"
+
+
+# ---- Limits (docs/limits.md, "Cardinality and rate of change") ------------------
+
+
+class LimitExceeded(SluiceError):
+    """A configured cardinality limit would be exceeded (topics, partitions, groups, members, subscriptions,
+    consumers per subscription, headers, filter length or depth). The message names the limit, its value
+    and what was asked. ``limit`` and ``value`` are in ``fields`` for callers that branch on them."""
+
+    code = common_pb2.LIMIT_EXCEEDED
+    grpc_status = "RESOURCE_EXHAUSTED"
+
+
+class ThrottlingQuotaExceeded(SluiceError):
+    """The principal's creation/deletion rate (partition mutations per second, KIP-599) is used up: retry
+    after ``throttle_ms`` (in ``fields`` on the server, and in the message)."""
+
+    code = common_pb2.THROTTLING_QUOTA_EXCEEDED
+    retriable = True
+    grpc_status = "RESOURCE_EXHAUSTED"

@@ -397,8 +397,15 @@ metadata:
     {{- include "sluice.labels" . | nindent 4 }}
 data:
   {{ .component }}.toml: |
-    # Rendered from components.{{ include "sluice.valuesKey" . }}.config; flags and env override it.
-    {{- with $c.config }}
+    # Rendered from components.{{ include "sluice.valuesKey" . }}.limits and .config; flags and env override it.
+    {{- $config := $c.config | default dict }}
+    {{- range $key, $value := ($c.limits | default dict) }}
+    {{- if not (hasKey $config $key) }}
+    {{- /* Whole numbers as integers: values may arrive as floats, and an integer setting refuses 1000.0. */}}
+    {{ $key }} = {{ if and (kindIs "float64" $value) (eq (floor $value) $value) }}{{ int64 $value }}{{ else }}{{ $value }}{{ end }}
+    {{- end }}
+    {{- end }}
+    {{- with $config }}
     {{- toToml . | nindent 4 }}
     {{- end }}
 {{- end }}

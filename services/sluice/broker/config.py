@@ -88,6 +88,12 @@ class BrokerConfig(SecuritySettings, ConnectionSettings):
     max_batch_bytes: int = field(
         default=16 * MiB, metadata={"help": "largest record batch a producer may send"}
     )
+    max_record_headers: int = field(
+        default=1_000, metadata={"help": "most headers one produced record may carry (more: LIMIT_EXCEEDED)"}
+    )
+    max_record_header_bytes: int = field(
+        default=MiB, metadata={"help": "most bytes one produced record's headers may take"}
+    )
     retention_check_interval: timedelta = field(
         default=timedelta(seconds=30),
         metadata={"help": "how often retention runs and aged segments are rolled"},
@@ -182,6 +188,8 @@ class BrokerConfig(SecuritySettings, ConnectionSettings):
             retention_ms=_ms(self.retention_age) or -1,
             index_interval_bytes=self.index_interval_bytes,
             max_batch_bytes=self.max_batch_bytes,
+            max_record_headers=self.max_record_headers,
+            max_record_header_bytes=self.max_record_header_bytes,
         )
 
     def fetch_caps(self) -> FetchCaps:

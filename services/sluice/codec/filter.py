@@ -11,9 +11,17 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sluice.errors import InvalidFilter
+from sluice.errors import InvalidFilter, LimitExceeded, echo
 
 _TAG = re.compile(r"[A-Za-z0-9._:/-]{1,255}")
+
+#: The longest filter expression accepted, in characters: 64 tags of 60 characters fit. Checked before
+#: anything else, and before the parse cache: 4,096 cached 1 MB expressions would hold 4 GB.
+MAX_FILTER_LENGTH = 4096
+#: The most tags one filter names. A tag filter has no nesting (``a || b || c``), so its depth is 1
+#: and its size is its tag count; RocketMQ bounds neither, and a broker tests each fetched tag against
+#: the set (a hash lookup), so the bound is about memory and the cache, not CPU.
+MAX_FILTER_TAGS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,19 +42,37 @@ class TagFilter:
 MATCH_ALL = TagFilter("*", None)
 
 
-@lru_cache(maxsize=4096)
 def parse_filter(expression: str) -> TagFilter:
-    """Parse a filter expression; raises InvalidFilter with the reason."""
+    """Parse a filter expression; raises InvalidFilter with the reason, LimitExceeded over a limit."""
+    if len(expression) > MAX_FILTER_LENGTH:
+        raise LimitExceeded(
+            f"filter expression of {len(expression)} characters exceeds the limit of {MAX_FILTER_LENGTH} "
+            f"characters (max_filter_length): {echo(expression)}",
+            limit="max_filter_length",
+            value=MAX_FILTER_LENGTH,
+        )
+    return _parse(expression)
+
+
+@lru_cache(maxsize=4096)
+def _parse(expression: str) -> TagFilter:
     expr = expression.strip()
     if expr in ("", "*"):
         return MATCH_ALL
     parts = [p.strip() for p in expr.split("||")]
+    if len(parts) > MAX_FILTER_TAGS:
+        raise LimitExceeded(
+            f"filter names {len(parts)} tags, over the limit of {MAX_FILTER_TAGS} (max_filter_tags): "
+            f"{echo(expression)}",
+            limit="max_filter_tags",
+            value=MAX_FILTER_TAGS,
+        )
     for p in parts:
         if p == "*":
             return MATCH_ALL
         if not _TAG.fullmatch(p):
             raise InvalidFilter(
-                f"invalid filter {expression!r}: {p!r} is not a tag "
+                f"invalid filter {echo(expression)}: {echo(p)} is not a tag "
                 "(tags use [A-Za-z0-9._:/-]; combine them with '||', or use '*')"
             )
     return TagFilter(" || ".join(sorted(set(parts))), frozenset(parts))

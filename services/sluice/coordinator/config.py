@@ -12,6 +12,7 @@ from sluice.coordinator.cluster.state import ClusterSettings
 from sluice.coordinator.election import validate_election
 from sluice.coordinator.group_metrics import DEFAULT_MAX_GROUPS, GroupMetricsPolicy
 from sluice.coordinator.groups.model import GroupSettings
+from sluice.coordinator.limits import CoordinatorLimits
 from sluice.coordinator.producer_ids import DEFAULT_PER_MINUTE
 from sluice.errors import InvalidArgument
 from sluice.offsetstore.storage import ReplicaWait
@@ -204,6 +205,66 @@ class CoordinatorConfig(SecuritySettings, ConnectionSettings):
     login_failure_window: timedelta = field(
         default=timedelta(minutes=1), metadata={"help": "the window of the failed-login limits"}
     )
+    # Cardinality limits and the mutation quota (docs/limits.md, "Cardinality and rate of change").
+    max_topics: int = field(
+        default=CoordinatorLimits.max_topics,
+        metadata={"help": "topics the cluster may hold; more are refused with LIMIT_EXCEEDED (0: no limit)"},
+    )
+    max_partitions_per_topic: int = field(
+        default=CoordinatorLimits.max_partitions_per_topic,
+        metadata={"help": "partitions one topic may have (0: the format's own bound, 10,000)"},
+    )
+    max_partitions: int = field(
+        default=CoordinatorLimits.max_partitions,
+        metadata={"help": "partitions of all topics together (0: no limit)"},
+    )
+    max_groups: int = field(
+        default=CoordinatorLimits.max_groups,
+        metadata={"help": "consumer groups with members or state; a join creating one more is refused"},
+    )
+    max_members_per_group: int = field(
+        default=CoordinatorLimits.max_members_per_group,
+        metadata={"help": "members one consumer group may have; one more joining is refused (0: no limit)"},
+    )
+    partition_mutations_per_second: float = field(
+        default=CoordinatorLimits.partition_mutations_per_second,
+        metadata={
+            "help": "partitions one principal may create, add or delete per second (Kafka's controller "
+            "mutation quota, KIP-599); over it: THROTTLING_QUOTA_EXCEEDED with the wait (0: no quota)"
+        },
+    )
+    partition_mutation_burst: int = field(
+        default=CoordinatorLimits.partition_mutation_burst,
+        metadata={
+            "help": "partitions one principal may mutate at once (its bucket) before the per-second "
+            "rate applies"
+        },
+    )
+
+    group_creations_per_second: float = field(
+        default=CoordinatorLimits.group_creations_per_second,
+        metadata={"help": "consumer groups one principal may create per second (0: no quota)"},
+    )
+    group_creation_burst: int = field(
+        default=CoordinatorLimits.group_creation_burst,
+        metadata={"help": "groups one principal may create at once before the per-second rate applies"},
+    )
+
+    def coordinator_limits(self) -> CoordinatorLimits:
+        try:
+            return CoordinatorLimits(
+                max_topics=self.max_topics,
+                max_partitions_per_topic=self.max_partitions_per_topic,
+                max_partitions=self.max_partitions,
+                max_groups=self.max_groups,
+                max_members_per_group=self.max_members_per_group,
+                partition_mutations_per_second=self.partition_mutations_per_second,
+                partition_mutation_burst=self.partition_mutation_burst,
+                group_creations_per_second=self.group_creations_per_second,
+                group_creation_burst=self.group_creation_burst,
+            ).validate()
+        except ValueError as exc:
+            raise InvalidArgument(f"--{str(exc).replace('_', '-')}") from None
 
     def login_limits(self) -> LimiterSettings:
         return LimiterSettings(
@@ -261,6 +322,7 @@ class CoordinatorConfig(SecuritySettings, ConnectionSettings):
             Endpoint.parse(self.offset_store)
         validate_election(self)
         self.login_limits()
+        self.coordinator_limits()
         return self
 
     def metadata_wait(self) -> ReplicaWait:
@@ -293,6 +355,8 @@ class CoordinatorConfig(SecuritySettings, ConnectionSettings):
             assignment_interval_ms=_ms(self.group_assignment_interval),
             reconcile_heartbeat_interval_ms=min(interval, max(100, interval // 10)),
             offsets_retention_ms=_ms(self.group_offsets_retention),
+            max_groups=self.max_groups,
+            max_members_per_group=self.max_members_per_group,
         )
 
     def group_metrics_policy(self) -> GroupMetricsPolicy:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluice.errors import InvalidArgument, NotCoordinator, StorageError, Throttled
+from sluice.common.names import validate_client_id
+from sluice.errors import InvalidArgument, NotCoordinator, StorageError, Throttled, echo
 
 BLOCK_SIZE = 1000
 #: Producer epochs are i16 in the batch header; past the last one the producer gets a new id.
@@ -108,7 +109,7 @@ class ProducerIdQuota:
             self._remember(client_id, tokens, now_ms)
             wait_ms = int((1 - tokens) * 60_000 / self.per_minute) + 1
             raise Throttled(
-                f"client {client_id!r} asked for more than {self.per_minute} new producer ids a minute: "
+                f"client {echo(client_id)} asked for more than {self.per_minute} new producer ids a minute: "
                 f"retry in {wait_ms} ms (reuse one producer per process rather than one per task)"
             )
         self._remember(client_id, tokens - 1, now_ms)
@@ -137,7 +138,7 @@ async def init_producer_id(
             )
         if current.producer_epoch < MAX_PRODUCER_EPOCH:
             return ProducerIdentity(current.producer_id, current.producer_epoch + 1)
-    quota.admit(client_id, now_ms)
+    quota.admit(validate_client_id(client_id), now_ms)
     return ProducerIdentity(await blocks.next_id(epoch), 0)
 
 

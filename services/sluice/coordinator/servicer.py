@@ -29,6 +29,7 @@ from sluice.coordinator.convert import (
     topic_to_proto,
 )
 from sluice.coordinator.heartbeat_stream import HeartbeatStream
+from sluice.coordinator.limits import mutation_key
 from sluice.coordinator.producer_ids import ProducerIdentity
 from sluice.coordinator.service import CoordinatorService
 from sluice.coordinator.visibility import (
@@ -104,6 +105,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             request.partitions,
             topic_config_from_proto(request.config),
             replication_spec_from_proto(request),
+            who=mutation_key(),
         )
         return pb.CreateTopicResponse(
             topic=topic_to_proto(topic), unacknowledged=[e.to_proto() for e in unacked]
@@ -112,7 +114,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     async def AddPartitions(
         self, request: pb.AddPartitionsRequest, context: Context
     ) -> pb.AddPartitionsResponse:
-        topic, unacked = await self._service.add_partitions(request.name, request.partitions)
+        topic, unacked = await self._service.add_partitions(
+            request.name, request.partitions, who=mutation_key()
+        )
         return pb.AddPartitionsResponse(
             topic=topic_to_proto(topic), unacknowledged=[e.to_proto() for e in unacked]
         )
@@ -125,7 +129,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         )
 
     async def DeleteTopic(self, request: pb.DeleteTopicRequest, context: Context) -> pb.DeleteTopicResponse:
-        unacked = await self._service.delete_topic(request.name)
+        unacked = await self._service.delete_topic(request.name, who=mutation_key())
         audit_current("topic.delete", {"topic": request.name})
         return pb.DeleteTopicResponse(unacknowledged=[e.to_proto() for e in unacked])
 

@@ -93,6 +93,18 @@ class DispatcherConfig(SecuritySettings, ConnectionSettings):
         },
     )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
+    # Cardinality limits (docs/limits.md, "Cardinality and rate of change"); 0: no limit.
+    max_subscriptions: int = field(
+        default=10_000,
+        metadata={
+            "help": "subscriptions this dispatcher holds (loaded and idle durable ones); a Subscribe "
+            "opening one more is refused with LIMIT_EXCEEDED"
+        },
+    )
+    max_consumers_per_subscription: int = field(
+        default=1_000,
+        metadata={"help": "consumers attached to one subscription; one more is refused with LIMIT_EXCEEDED"},
+    )
 
     def __post_init__(self) -> None:
         if not self.coordinator:
@@ -113,6 +125,8 @@ class DispatcherConfig(SecuritySettings, ConnectionSettings):
                 raise InvalidArgument(f"{name} must not be negative")
         if self.max_unacked < 0 or self.max_redeliver < 0:
             raise InvalidArgument("max_unacked and max_redeliver must be >= 0")
+        if self.max_subscriptions < 0 or self.max_consumers_per_subscription < 0:
+            raise InvalidArgument("max_subscriptions and max_consumers_per_subscription must be >= 0")
         if self.read_ahead_bytes <= 0 or self.fetch_max_bytes <= 0:
             raise InvalidArgument("read_ahead_bytes and fetch_max_bytes must be positive")
 

@@ -22,23 +22,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import grpc
 
 from sluice.common.rpc import error_from_rpc
-from sluice.errors import SluiceError, StorageError, error_from_proto
+from sluice.errors import LimitExceeded, SluiceError, StorageError, echo, error_from_proto
 from sluice.v1 import offset_store_pb2, offset_store_pb2_grpc
 
 if TYPE_CHECKING:
+    from sluice.dispatcher.config import DispatcherConfig
     from sluice.dispatcher.cursor import PartitionCursor
     from sluice.dispatcher.host import ServiceHost
     from sluice.dispatcher.runtime import SubscriptionRuntime
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IdleSubscription", "SubscriptionBook", "wall_ms"]
+__all__ = ["IdleSubscription", "SubscriptionBook", "check_room", "wall_ms"]
 
 SubKey = tuple[str, str]
 RPC_TIMEOUT = 10.0
@@ -245,3 +247,35 @@ class SubscriptionBook:
             except Exception:  # never let the loop die
                 log.exception("refreshing idle subscriptions failed")
             await asyncio.sleep(interval)
+
+
+def check_room(
+    runtimes: Mapping[tuple[str, str], SubscriptionRuntime],
+    book: SubscriptionBook,
+    key: tuple[str, str],
+    consumer_id: str,
+    config: DispatcherConfig,
+) -> None:
+    """Refuse a Subscribe that would open one subscription more than ``max_subscriptions`` (those loaded
+    and the idle durable ones this dispatcher lists) or attach one consumer more than
+    ``max_consumers_per_subscription`` (a consumer reconnecting under its id is not one more)."""
+    rt = runtimes.get(key)
+    if rt is None:
+        limit = config.max_subscriptions
+        held = len(runtimes) + sum(1 for k in book.idle if k not in runtimes and k != key)
+        if limit and held >= limit:
+            raise LimitExceeded(
+                f"subscriptions: {held + 1} would exceed the limit max_subscriptions={limit}",
+                limit="max_subscriptions",
+                value=limit,
+            )
+        return
+    per = config.max_consumers_per_subscription
+    consumers = rt.streams
+    if per and consumer_id not in consumers and len(consumers) >= per:
+        raise LimitExceeded(
+            f"consumers of subscription {echo(key[1])} on topic {echo(key[0])}: {len(consumers) + 1} would "
+            f"exceed the limit max_consumers_per_subscription={per}",
+            limit="max_consumers_per_subscription",
+            value=per,
+        )

@@ -25,7 +25,7 @@ from sluice.dispatcher.dlq import DeadLetterSink
 from sluice.dispatcher.feedset import FeedSet
 from sluice.dispatcher.metrics import DispatcherMetrics
 from sluice.dispatcher.model import SubscriptionSettings
-from sluice.dispatcher.registry import SubscriptionBook, wall_ms
+from sluice.dispatcher.registry import SubscriptionBook, check_room, wall_ms
 from sluice.dispatcher.requests import InitialPosition, SubscribeRequest, ack_offsets, consumer_spec
 from sluice.dispatcher.runtime import ConsumerStream, SubscriptionRuntime
 from sluice.dispatcher.subadmin import SubscriptionAdmin
@@ -138,6 +138,7 @@ class DispatcherService:
             raise view.not_dispatcher(req.topic, foreign or wanted)
         # The admin lock: a reset, skip or delete of this subscription never sees it half joined.
         async with self.admin.locked(req.topic, req.subscription):
+            check_room(self.runtimes, self.book, (req.topic, req.subscription), spec.consumer_id, self.config)
             rt = await self._runtime(req, settings, sorted(mine), desc.topic_id)
             consumer, fx = rt.machine.add_consumer(spec, settings, self.now_ms())
         if rt.linger is not None:

@@ -30,6 +30,7 @@ from sluice.dispatcher.service import DispatcherService
 from sluice.errors import ProtocolViolation, SluiceError
 from sluice.security.audit import audit_current
 from sluice.security.context import RequestContext, current
+from sluice.server.metrics import count_internal_error
 from sluice.server.wire import parse_frame
 from sluice.v1 import dispatcher_pb2 as pb
 
@@ -137,6 +138,7 @@ class DispatcherServicer:
             log.debug("consume stream from %s ended: %s", stream.peer, exc)
         except Exception:
             log.exception("consume stream from %s failed", stream.peer)
+            count_internal_error("dispatcher", "Consume")
         finally:
             stream.close()
 

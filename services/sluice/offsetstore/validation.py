@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 
 from sluice.common.names import MAX_PARTITIONS, validate_group, validate_topic
-from sluice.errors import InvalidArgument, InvalidRequest
+from sluice.errors import InvalidArgument, InvalidRequest, echo
 from sluice.offsetstore.keys import DEFAULT_TRACK
 from sluice.offsetstore.model import CursorKey, OffsetCommit, ResetRequest, ResetSpec, TopicPartition
 from sluice.offsetstore.subscriptions import SubscriptionRecord
@@ -41,7 +41,7 @@ def track_name(track: str) -> str:
 def validate_member_id(member_id: str) -> str:
     if not _MEMBER_ID.fullmatch(member_id):
         raise InvalidArgument(
-            f"invalid member_id {member_id!r}: use the 1-255 printable, non-space characters the "
+            f"invalid member_id {echo(member_id)}: use the 1-255 printable, non-space characters the "
             "coordinator assigned in the heartbeat response"
         )
     return member_id
@@ -68,7 +68,9 @@ _TOPIC_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 def validate_topic_id(topic_id: str, where: str) -> str:
     """ "" (unchecked) or a plausible topic id (the coordinator's ``Metadata`` gives it)."""
     if topic_id and not _TOPIC_ID.fullmatch(topic_id):
-        raise InvalidArgument(f"{where}: invalid topic_id {topic_id!r}: send Metadata's topic_id, or none")
+        raise InvalidArgument(
+            f"{where}: invalid topic_id {echo(topic_id)}: send Metadata's topic_id, or none"
+        )
     return topic_id
 
 

@@ -22,12 +22,12 @@ import grpc
 from grpc import aio
 
 from sluice.common.rpc import ERROR_CODE_KEY
-from sluice.errors import SluiceError, Unauthenticated
+from sluice.errors import MAX_ERROR_MESSAGE_BYTES, SluiceError, Unauthenticated, bounded_message
 from sluice.security.live_streams import LiveStream
 from sluice.security.service import ServiceSecurity
 from sluice.server.call_security import MethodSecurity, StreamEnd
 from sluice.server.decoding import RequestDecoder
-from sluice.server.metrics import MethodRecorder
+from sluice.server.metrics import MethodRecorder, count_internal_error
 
 log = logging.getLogger(__name__)
 
@@ -36,24 +36,25 @@ def _status_for(err: SluiceError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, err.grpc_status, grpc.StatusCode.UNKNOWN)
 
 
-#: The most UTF-8 bytes of an error message sent as a status's details. The details travel in the
-#: ``grpc-message`` trailer, percent-encoded (up to 3 bytes per byte), and a client drops a response whose
-#: metadata passes its limit (16 KiB hard, 8 KiB soft by default) as RESOURCE_EXHAUSTED, losing the typed
-#: error: a message echoing a 100 KB name did exactly that (issue 16).
-MAX_DETAILS_BYTES = 1000
+#: Kept for its importers: the limit now lives in sluice.errors.
+MAX_DETAILS_BYTES = MAX_ERROR_MESSAGE_BYTES
 
 
 def bounded_details(message: str) -> str:
-    """``message``, cut to ``MAX_DETAILS_BYTES`` with its full length said, so the status arrives."""
-    encoded = message.encode()
-    if len(encoded) <= MAX_DETAILS_BYTES:
-        return message
-    head = encoded[:MAX_DETAILS_BYTES].decode(errors="ignore")
-    return f"{head}... (cut: {len(message)} characters)"
+    """``message`` cut for a status's details (``errors.bounded_message``), so the status arrives."""
+    return bounded_message(message)
+
+
+#: Trailing metadata of a refusal that says how long to wait (THROTTLING_QUOTA_EXCEEDED): milliseconds.
+THROTTLE_TIME_KEY = "sluice-throttle-time-ms"
 
 
 async def _abort(context: aio.ServicerContext[Any, Any], err: SluiceError) -> None:
-    context.set_trailing_metadata(((ERROR_CODE_KEY, str(err.code)),))
+    trailer = [(ERROR_CODE_KEY, str(err.code))]
+    throttle_ms = err.fields.get("throttle_ms")
+    if isinstance(throttle_ms, int):
+        trailer.append((THROTTLE_TIME_KEY, str(throttle_ms)))
+    context.set_trailing_metadata(tuple(trailer))
     await context.abort(_status_for(err), bounded_details(err.message))
 
 
@@ -92,7 +93,8 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
 
     def _wrap(self, full: str, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         method = _method_name(full)
-        record = MethodRecorder(self._service, method).record
+        service = self._service
+        record = MethodRecorder(service, method).record
         guard = MethodSecurity(self._security, full) if self._security is not None else None
         # Registered below with a pass-through deserializer: undecodable bytes become a typed error in
         # the handler (decoding.py), not grpcio's UNKNOWN.
@@ -120,6 +122,7 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
                 except Exception:
                     log.exception("unhandled error in %s", full)
                     record("INTERNAL", started)
+                    count_internal_error(service, method)
                     await context.abort(
                         grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log"
                     )
@@ -134,7 +137,9 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
             )
 
         if handler.stream_stream is not None:
-            stream_stream = _stream_stream(full, method, handler.stream_stream, guard, record, decoder)
+            stream_stream = _stream_stream(
+                (service, full), method, handler.stream_stream, guard, record, decoder
+            )
             return grpc.stream_stream_rpc_method_handler(
                 stream_stream,
                 request_deserializer=None,
@@ -146,7 +151,7 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
 
 @contextlib.asynccontextmanager
 async def _stream_outcome(
-    full: str,
+    where: tuple[str, str],
     method: str,
     guard: MethodSecurity | None,
     record: Callable[[str, float], None],
@@ -154,6 +159,7 @@ async def _stream_outcome(
 ) -> AsyncIterator[LiveStream | None]:
     """Authenticate and track the stream, then record how it ended (and abort with a typed
     error, also when it was ended from outside: expiry, a right revoked)."""
+    service, full = where
     started = time.perf_counter()
     end = StreamEnd()
     stream: LiveStream | None = None
@@ -177,6 +183,7 @@ async def _stream_outcome(
     except Exception:
         log.exception("unhandled error in %s", full)
         record("INTERNAL", started)
+        count_internal_error(service, method)
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method}; see server log")
     else:
         record("OK", started)
@@ -186,7 +193,7 @@ async def _stream_outcome(
 
 
 def _stream_stream(
-    full: str,
+    where: tuple[str, str],
     method: str,
     inner_ss: Any,
     guard: MethodSecurity | None,
@@ -197,7 +204,7 @@ def _stream_stream(
     for one on gRPC's reader/writer API."""
 
     def outcome(context: aio.ServicerContext[Any, Any]) -> Any:
-        return _stream_outcome(full, method, guard, record, context)
+        return _stream_outcome(where, method, guard, record, context)
 
     def requests_of(request_iterator: AsyncIterator[Any]) -> AsyncIterator[Any]:
         decoded = decoder.stream(request_iterator)

@@ -124,6 +124,11 @@ def grpc_server_options(s: ConnectionSettings) -> tuple[tuple[str, int], ...]:
         ("grpc.max_send_message_length", s.max_frame_bytes),
         ("grpc.max_receive_message_length", s.max_frame_bytes),
         ("grpc.so_reuseport", 0),
+        # Identity only: no gzip/deflate message decompression. gRPC inflates a compressed message up to
+        # max_receive_message_length before refusing it, so a 1 MB gzip of zeros cost 64 MiB per
+        # concurrent stream; with only identity enabled it is refused (UNIMPLEMENTED) before any byte is
+        # inflated. Sluice's clients never compress (docs/limits.md, "Decompression").
+        ("grpc.compression_enabled_algorithms_bitset", 1),
         # One connection's streams: what a client may run at once. Without it a single connection
         # bypasses every connection cap (HTTP/2 Rapid Reset, CVE-2023-44487).
         ("grpc.max_concurrent_streams", s.grpc_max_concurrent_streams),

@@ -44,6 +44,20 @@ class RpcMetrics:
 _cache: dict[str, RpcMetrics] = {}
 _lock = Lock()
 
+#: Real internal errors (a bug, an unexpected exception escaping a handler), by service and method. They
+#: stay INTERNAL to the caller; bad input never counts here (it is a typed error, counted under
+#: ``*_rpc_errors``). The fuzz suite asserts this stays 0 on every service after garbage on every RPC.
+INTERNAL_ERRORS = Counter(
+    "sluice_internal_errors",
+    "Requests that failed with an internal error (a bug, not bad input), by service and method",
+    ["service", "method"],
+)
+
+
+def count_internal_error(service: str, method: str) -> None:
+    """One request of ``service``'s ``method`` failed with an internal error."""
+    INTERNAL_ERRORS.labels(service, method).inc()
+
 
 def metric_prefix(service: str) -> str:
     return "sluice_" + service.replace("-", "_")

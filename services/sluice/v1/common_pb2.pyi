@@ -140,6 +140,17 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """A reassignment names a partition that is being reassigned already: wait until it completes
     (`sluice topic reassign --status`), then reassign it again.
     """
+    LIMIT_EXCEEDED: _ErrorCode.ValueType  # 93
+    """Cardinality limits and the mutation quota (docs/limits.md, "Cardinality and rate of change"), 93-95.
+    A configured cardinality limit (topics, partitions per topic or in total, groups, members per group,
+    subscriptions, consumers per subscription, headers per record, filter length or depth) would be
+    exceeded: the message names the limit, its value and the count asked for. Not retriable as is.
+    """
+    THROTTLING_QUOTA_EXCEEDED: _ErrorCode.ValueType  # 94
+    """Creation and deletion (topics, partitions) are rate-limited per principal (Kafka's controller
+    mutation quota, KIP-599): this request would take more partition mutations than the principal's
+    bucket holds now. The message gives the throttle time; retry after it.
+    """
     PERMISSION_DENIED: _ErrorCode.ValueType  # 100
     """Security (docs/security.md), 100-109. The caller is authenticated but holds no ACL that allows
     this operation on this resource (or a deny ACL refuses it). The message names the operation and
@@ -273,6 +284,17 @@ down or slow").
 REASSIGNMENT_IN_PROGRESS: ErrorCode.ValueType  # 85
 """A reassignment names a partition that is being reassigned already: wait until it completes
 (`sluice topic reassign --status`), then reassign it again.
+"""
+LIMIT_EXCEEDED: ErrorCode.ValueType  # 93
+"""Cardinality limits and the mutation quota (docs/limits.md, "Cardinality and rate of change"), 93-95.
+A configured cardinality limit (topics, partitions per topic or in total, groups, members per group,
+subscriptions, consumers per subscription, headers per record, filter length or depth) would be
+exceeded: the message names the limit, its value and the count asked for. Not retriable as is.
+"""
+THROTTLING_QUOTA_EXCEEDED: ErrorCode.ValueType  # 94
+"""Creation and deletion (topics, partitions) are rate-limited per principal (Kafka's controller
+mutation quota, KIP-599): this request would take more partition mutations than the principal's
+bucket holds now. The message gives the throttle time; retry after it.
 """
 PERMISSION_DENIED: ErrorCode.ValueType  # 100
 """Security (docs/security.md), 100-109. The caller is authenticated but holds no ACL that allows

@@ -1,10 +1,12 @@
 """One cluster for the fuzz suite (coordinator, broker, offset store, dispatcher over a private
 redis-server; no authentication), with the names of ``messages.KNOWN_NAMES`` made real, and a check
-after every test that each process still answers its health check SERVING and never logged a
-traceback."""
+after every test that each process still answers its health check SERVING, never logged a
+traceback, and counted no internal error (``sluice_internal_errors_total`` is 0: bad input is a typed
+error, never INTERNAL)."""
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -25,6 +27,18 @@ def processes(cluster: PushCluster) -> dict[str, ServiceProcess]:
     }
 
 
+def internal_errors(sp: ServiceProcess) -> dict[str, float]:
+    """The process's ``sluice_internal_errors_total`` series, by their labels, from its /metrics."""
+    with urllib.request.urlopen(f"http://{sp.metrics}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    series = {}
+    for line in text.splitlines():
+        if line.startswith("sluice_internal_errors_total{"):
+            labels, value = line.rsplit(" ", 1)
+            series[labels] = float(value)
+    return series
+
+
 def assert_healthy(cluster: PushCluster) -> None:
     for name, sp in processes(cluster).items():
         assert sp.process.poll() is None, f"the {name} exited:\n{sp.log()[-4000:]}"
@@ -35,6 +49,8 @@ def assert_healthy(cluster: PushCluster) -> None:
         assert "Traceback" not in log, (
             f"the {name} logged a traceback:\n{log[log.index('Traceback') - 300 :][:4000]}"
         )
+        counted = {labels: n for labels, n in internal_errors(sp).items() if n}
+        assert not counted, f"the {name} counted internal errors: {counted}"
 
 
 def seed(cluster: PushCluster) -> None:

@@ -9,7 +9,14 @@ import grpc
 import pytest
 
 from sluice.common.rpc import ERROR_CODE_KEY
-from sluice.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc, dispatcher_pb2
+from sluice.v1 import (
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    dispatcher_pb2,
+)
 from tests.integration.push.conftest import PushCluster
 from tests.wire_client import RawWire, wire_address
 
@@ -104,3 +111,66 @@ def test_a_wire_client_that_half_closes_before_its_hello_is_closed(
         assert conn.sock.recv(100) == b""  # closed, with nothing said
     finally:
         conn.close()
+
+
+def test_a_1mb_topic_name_gets_a_small_typed_error_naming_the_limit(healthy_after: PushCluster) -> None:
+    """Was a 2 MB error echoing the whole name (issue 16); now the name is refused by its length first,
+    with the limit named and the name cut to 200 characters plus its length."""
+    name = "t" * 1_000_000
+    with grpc.insecure_channel(healthy_after.coordinator.address) as ch:
+        stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.CreateTopic(coordinator_pb2.CreateTopicRequest(name=name, partitions=1), timeout=10)
+    exc: Any = info.value
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+    assert _code(exc) == common_pb2.INVALID_TOPIC
+    details = exc.details()
+    assert len(details.encode()) < 1024, len(details)
+    assert "exceeds the limit of 249 characters" in details
+    assert "(1000000 characters)" in details
+
+
+def test_a_100kb_group_name_is_invalid_argument_naming_the_limit(healthy_after: PushCluster) -> None:
+    """Was RESOURCE_EXHAUSTED: the echo passed the client's metadata limit and the typed error was lost."""
+    with grpc.insecure_channel(healthy_after.coordinator.address) as ch:
+        stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+        join = coordinator_pb2.GroupHeartbeatRequest(
+            group="g" * 100_000, member_epoch=0, subscription={"fuzz": ""}
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Heartbeat(join, timeout=10)
+    exc: Any = info.value
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+    assert _code(exc) == common_pb2.INVALID_ARGUMENT
+    assert "group name of 100000 characters exceeds the limit of 249" in exc.details()
+    assert len(exc.details().encode()) < 1024
+
+
+def test_a_1mb_topic_name_in_a_produce_gets_a_small_per_partition_error(healthy_after: PushCluster) -> None:
+    """A per-partition error travels in the response body, where no trailer limit cuts it: it is cut at
+    the source (``echo``) and bounded again when it becomes an ``Error`` message."""
+    part = broker_pb2.ProducePartition(topic="p" * 1_000_000, partition=0, records=b"")
+    with grpc.insecure_channel(healthy_after.broker.address) as ch:
+        answer = broker_pb2_grpc.BrokerStub(ch).Produce(
+            broker_pb2.ProduceRequest(acks=1, partitions=[part]), timeout=10
+        )
+    # The response still carries the topic as its key, as sent (the client matches answers by it); the
+    # error itself is small.
+    error = answer.partitions[0].error
+    assert error.code != common_pb2.NONE
+    assert len(error.message.encode()) < 1024, len(error.message)
+    assert "(1000000 characters)" in error.message, error.message
+
+
+def test_a_heartbeat_reporting_a_bogus_metadata_version_is_refused(healthy_after: PushCluster) -> None:
+    """A BrokerHeartbeat claiming metadata version 2**63-1 made the coordinator jump its own version one
+    past int64's range: every later broker update failed INTERNAL (found by internal_errors_total)."""
+    with grpc.insecure_channel(healthy_after.coordinator.address) as ch:
+        stub = coordinator_pb2_grpc.CoordinatorStub(ch)
+        bogus = coordinator_pb2.BrokerHeartbeatRequest(broker_id=1, metadata_version=2**63 - 1)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.BrokerHeartbeat(bogus, timeout=10)
+        exc: Any = info.value
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc.details()
+        assert _code(exc) == common_pb2.INVALID_REQUEST
+        assert "was never issued" in exc.details()

@@ -26,7 +26,7 @@ TYPED = (CorruptBatch, BatchTooLarge, UnsupportedVersion)
 @given(broken_batch())
 def test_validation_refuses_typed_or_accepts_a_batch_every_reader_agrees_with(raw: bytes) -> None:
     try:
-        header = b.validate_batch(raw, 0, LIMIT, require_dense=True)
+        header = b.validate_batch(raw, 0, LIMIT, require_dense=True, headers=b.DEFAULT_HEADER_LIMITS)
     except TYPED:
         return
     # Accepted: then the batch is self-consistent, and every reader must see the same records.
@@ -58,7 +58,7 @@ def test_readers_without_validation_fail_typed(raw: bytes) -> None:
 @given(records_st)
 def test_every_valid_batch_validates_and_round_trips(records: list[RecordTuple]) -> None:
     raw = b.encode_records(records)
-    header = b.validate_batch(raw, 0, LIMIT, require_dense=True)
+    header = b.validate_batch(raw, 0, LIMIT, require_dense=True, headers=b.DEFAULT_HEADER_LIMITS)
     decoded = b.decode_records(raw, "t", 0)
     assert header.record_count == len(records) == len(decoded)
     assert [(r.value, r.key, r.tag) for r in decoded] == [(v, k, t) for v, k, t, _, _ in records]

@@ -24,7 +24,7 @@ def _batch_with_broken_headers() -> bytes:
 def test_the_broker_refuses_a_batch_whose_headers_a_consumer_cannot_parse() -> None:
     raw = _batch_with_broken_headers()
     with pytest.raises(CorruptBatch, match="header"):
-        b.validate_batch(raw, 0, 1 << 20, require_dense=True)
+        b.validate_batch(raw, 0, 1 << 20, require_dense=True, headers=b.DEFAULT_HEADER_LIMITS)
 
 
 def test_a_malformed_batch_read_without_validation_is_corrupt_not_a_key_error() -> None:

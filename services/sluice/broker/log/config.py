@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.codec.batch import HEADER_SIZE
+from sluice.codec.batch import DEFAULT_HEADER_LIMITS, HEADER_SIZE, HeaderLimits
 from sluice.errors import InvalidArgument
 
 WEEK_MS = 7 * 24 * 3600 * 1000
@@ -34,6 +34,16 @@ class LogConfig:
 
     max_batch_bytes: int = 16 * 1024 * 1024
     """A produced batch larger than this is rejected with BatchTooLarge."""
+
+    max_record_headers: int = DEFAULT_HEADER_LIMITS.max_count
+    """A produced record with more headers is refused with LIMIT_EXCEEDED (docs/limits.md)."""
+
+    max_record_header_bytes: int = DEFAULT_HEADER_LIMITS.max_bytes
+    """A produced record whose headers take more bytes is refused with LIMIT_EXCEEDED."""
+
+    @property
+    def header_limits(self) -> HeaderLimits:
+        return HeaderLimits(self.max_record_headers, self.max_record_header_bytes)
 
     def __post_init__(self) -> None:
         if not 1 <= self.segment_bytes <= MAX_SEGMENT_BYTES:

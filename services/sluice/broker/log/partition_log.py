@@ -26,7 +26,7 @@ from sluice.broker.log.results import AppendResult, ReadResult
 from sluice.broker.log.segment import Segment
 from sluice.broker.log.space import DiskSpace
 from sluice.broker.log.truncation import EpochsAndTruncation
-from sluice.codec.batch import HEADER_SIZE, BatchHeader, stamp, validate_batch
+from sluice.codec.batch import HEADER_SIZE, BatchHeader, HeaderLimits, stamp, validate_batch
 from sluice.errors import (
     CorruptBatch,
     InvalidArgument,
@@ -164,7 +164,7 @@ class PartitionLog(EpochsAndTruncation):
                 f"leader epoch {leader_epoch} is older than the log's latest epoch {latest}: "
                 "this broker no longer leads the partition"
             )
-        headers = self._validate(batches)
+        headers = self._validate(batches, self.config.header_limits)
         earlier = self.producers.check(headers)
         if earlier is not None:
             return AppendResult(*earlier)  # an idempotent retry: written before, answered as then
@@ -263,12 +263,16 @@ class PartitionLog(EpochsAndTruncation):
                 log.exception("append listener failed")
         return AppendResult(first_offset, offset - 1, now)
 
-    def _validate(self, batches: bytes | bytearray | memoryview) -> list[BatchHeader]:
+    def _validate(
+        self, batches: bytes | bytearray | memoryview, header_limits: HeaderLimits | None = None
+    ) -> list[BatchHeader]:
+        """Validate a run of batches. ``header_limits``: the produce path's; a follower's append
+        passes none, as the leader accepted the records (a follower with lower limits must not stall)."""
         headers: list[BatchHeader] = []
         limit = self.config.max_batch_bytes
         pos, total = 0, len(batches)
         while pos < total:
-            h = validate_batch(batches, pos, limit)  # type: ignore[arg-type]
+            h = validate_batch(batches, pos, limit, headers=header_limits)  # type: ignore[arg-type]
             if h.last_offset_delta != h.record_count - 1:
                 raise CorruptBatch(
                     f"batch {len(headers)}: last_offset_delta {h.last_offset_delta} must be "

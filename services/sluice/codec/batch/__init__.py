@@ -82,7 +82,7 @@ from sluice.codec.batch.layout import (
     stamp,
 )
 from sluice.codec.batch.records import Record, decode_records
-from sluice.codec.batch.validate import validate_batch
+from sluice.codec.batch.validate import DEFAULT_HEADER_LIMITS, HeaderLimits, validate_batch
 from sluice.codec.batch.view import BatchView, batch_tags, batch_views, filter_batch
 
 __all__ = [
@@ -90,6 +90,7 @@ __all__ = [
     "COLUMN_BYTES",
     "CRC_AT",
     "CRC_START",
+    "DEFAULT_HEADER_LIMITS",
     "HEADER",
     "HEADER_SIZE",
     "LAST_OFFSET_DELTA_AT",
@@ -107,6 +108,7 @@ __all__ = [
     "BatchHeader",
     "BatchView",
     "Columns",
+    "HeaderLimits",
     "Headers",
     "Record",
     "batch_tags",

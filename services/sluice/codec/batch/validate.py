@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import struct
+from dataclasses import dataclass
 
 from sluice.codec.batch.layout import (
     CRC_START,
@@ -20,11 +22,30 @@ from sluice.codec.batch.layout import (
     read_header,
     read_tags,
 )
-from sluice.errors import BatchTooLarge, CorruptBatch
+from sluice.errors import BatchTooLarge, CorruptBatch, LimitExceeded
+
+_U16 = struct.Struct("<H")
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderLimits:
+    """The most headers one record may carry, and the most bytes its headers may take (count, names and
+    values: the record's headers blob). A consumer decodes headers into a dict per record, so these bound
+    what one produced record costs every consumer; Kafka bounds neither (only by the batch size)."""
+
+    max_count: int = 1_000
+    max_bytes: int = 1024 * 1024
+
+
+DEFAULT_HEADER_LIMITS = HeaderLimits()
 
 
 def validate_batch(
-    buf: bytes | memoryview, pos: int, max_batch_bytes: int, require_dense: bool = False
+    buf: bytes | memoryview,
+    pos: int,
+    max_batch_bytes: int,
+    require_dense: bool = False,
+    headers: HeaderLimits | None = None,
 ) -> BatchHeader:
     """Fully check the batch at ``pos``: framing, CRC, counts and column sums.
 
@@ -45,23 +66,44 @@ def validate_batch(
     data_len = key_bytes + sum(c.value_lengths) + headers_bytes
     if c.data_start + data_len != end:
         raise CorruptBatch("record lengths do not add up to the batch length")
-    if headers_bytes:
-        _check_headers(buf, end - headers_bytes, c.headers_lengths)
+    if headers_bytes and headers is not None:  # the producer's path; recovery reads what was accepted
+        _check_headers(buf, end - headers_bytes, c, headers)
     return h
 
 
-def _check_headers(buf: bytes | memoryview, start: int, lengths: memoryview) -> None:
-    """Parse every record's headers blob with the consumers' own parser.
+def _check_headers(buf: bytes | memoryview, start: int, c: Columns, limits: HeaderLimits) -> None:
+    """Each record's headers within ``limits`` (its blob's size, then the count its blob starts with),
+    then parsed with the consumers' own parser.
 
-    Why: the CRC only proves the bytes are the producer's, not that they are well formed. A batch
-    whose headers a consumer cannot parse, once acknowledged, is a poison pill: every consumer of the
-    partition fails on it for ever (found by tests/unit/fuzz). Refusing it here costs one parse per
-    record *with* headers; a batch without headers (the common case) skips this entirely.
+    Why the parse: the CRC only proves the bytes are the producer's, not that they are well formed. A
+    batch whose headers a consumer cannot parse, once acknowledged, is a poison pill: every consumer of
+    the partition fails on it for ever (found by tests/unit/fuzz). Runs only for a batch where some
+    record has headers (a batch without costs nothing more), on the producer's path only: recovery
+    must not cut a log at a batch an older release accepted.
     """
+    lengths = c.headers_lengths
     mv = memoryview(buf)
-    for a, b in itertools.pairwise(itertools.accumulate(lengths, initial=start)):
-        if a != b:
-            decode_headers(mv[a:b])
+    biggest = max(lengths)
+    if biggest > limits.max_bytes:
+        raise LimitExceeded(
+            f"a record's headers take {biggest} bytes, over the limit max_record_header_bytes="
+            f"{limits.max_bytes}",
+            limit="max_record_header_bytes",
+            value=limits.max_bytes,
+        )
+    for at, length in zip(itertools.accumulate(lengths, initial=start), lengths, strict=False):
+        if not length:
+            continue
+        if length < 2:
+            raise CorruptBatch("record headers are truncated")
+        (count,) = _U16.unpack_from(buf, at)
+        if count > limits.max_count:
+            raise LimitExceeded(
+                f"a record carries {count} headers, over the limit max_record_headers={limits.max_count}",
+                limit="max_record_headers",
+                value=limits.max_count,
+            )
+        decode_headers(mv[at : at + length])
 
 
 def _check_frame(buf: bytes | memoryview, pos: int, h: BatchHeader, max_batch_bytes: int) -> int:

@@ -8,7 +8,7 @@ the steady state without records. Pure: no I/O, no clock.
 from __future__ import annotations
 
 from sluice.codec.filter import parse_filter
-from sluice.common.names import validate_group, validate_topic
+from sluice.common.names import validate_client_id, validate_group, validate_topic
 from sluice.coordinator.assignors import get_assignor
 from sluice.coordinator.groups.group import Group
 from sluice.coordinator.groups.model import (
@@ -35,10 +35,12 @@ from sluice.errors import (
     InvalidArgument,
     InvalidFilter,
     InvalidRequest,
+    LimitExceeded,
     UnknownAssignor,
     UnknownGroup,
     UnknownMember,
     UnknownTopicOrPartition,
+    echo,
 )
 
 _STABLE = MemberState.STABLE.value
@@ -49,6 +51,7 @@ _PROTOCOL_ERRORS = (
     FencedMemberEpoch,
     InconsistentSubscription,
     InvalidFilter,
+    LimitExceeded,
     UnknownAssignor,
     UnknownMember,
     UnknownTopicOrPartition,
@@ -67,6 +70,9 @@ class HeartbeatHandlers(GroupsBase):
         deterministic). Protocol refusals come back in ``response.error``; malformed input raises.
         """
         validate_group(req.group)
+        # Kept in the member's record (memory and Redis) for as long as it is a member: bounded.
+        validate_client_id(req.client_id)
+        validate_client_id(req.instance_id, "instance id")
         if req.member_epoch < STATIC_LEAVE_EPOCH:
             raise InvalidRequest(
                 f"member_epoch {req.member_epoch} is invalid: use 0 to join, -1 to leave, -2 for a static "
@@ -102,12 +108,14 @@ class HeartbeatHandlers(GroupsBase):
         elif req.member_id:
             if req.member_id not in g.members:
                 raise UnknownMember(
-                    f"member {req.member_id} is not in group {req.group!r} (it left, timed out or was "
+                    f"member {echo(req.member_id)} is not in group {req.group!r} (it left, timed out or was "
                     "fenced): join again with an empty member_id"
                 )
             member_id = req.member_id
         else:
             member_id = new_member_id
+        if member_id not in g.members:
+            self._check_room(g)
         record = self._member_record(g, member_id, req, req.instance_id)
         # Re-joining an existing member id always gets a new member epoch, so commits of the previous
         # incarnation (a zombie) are refused by the offset store.
@@ -115,12 +123,30 @@ class HeartbeatHandlers(GroupsBase):
         change = self._plan(g, now_ms, record, (), force=existing)
         return self._answer(g, change, member_id, req, now_ms, joined=True)
 
+    def _check_room(self, g: Group) -> None:
+        """Refuse a join that would pass ``max_groups`` (a new group) or ``max_members_per_group``."""
+        settings = self.settings
+        if g.group_id not in self.groups and settings.max_groups and len(self.groups) >= settings.max_groups:
+            raise LimitExceeded(
+                f"groups: {len(self.groups) + 1} would exceed the limit max_groups={settings.max_groups}",
+                limit="max_groups",
+                value=settings.max_groups,
+            )
+        limit = settings.max_members_per_group
+        if limit and len(g.members) >= limit:
+            raise LimitExceeded(
+                f"members of group {g.group_id!r}: {len(g.members) + 1} would exceed the limit "
+                f"max_members_per_group={limit}",
+                limit="max_members_per_group",
+                value=limit,
+            )
+
     def _heartbeat(self, req: HeartbeatRequest, now_ms: int) -> Result[HeartbeatResponse]:
         g = self.groups.get(req.group)
         if g is None or req.member_id not in g.members:
             raise UnknownMember(
-                f"member {req.member_id!r} is not in group {req.group!r} (it left, timed out or was fenced): "
-                "release every partition and join again with member_epoch 0 and an empty member_id"
+                f"member {echo(req.member_id)} is not in group {req.group!r} (it left, timed out or was "
+                "fenced): release every partition and join again with member_epoch 0 and an empty member_id"
             )
         cur = g.reconciled(req.member_id)
         if req.member_epoch != cur.member_epoch:
@@ -130,7 +156,7 @@ class HeartbeatHandlers(GroupsBase):
             if not lost_answer:
                 relation = "newer than" if req.member_epoch > cur.member_epoch else "older than"
                 raise FencedMemberEpoch(
-                    f"member {req.member_id} of group {req.group!r} sent epoch {req.member_epoch}, "
+                    f"member {echo(req.member_id)} of group {req.group!r} sent epoch {req.member_epoch}, "
                     f"{relation} its current epoch {cur.member_epoch}: it was fenced. Release every "
                     "partition without committing and join again with member_epoch 0"
                 )
@@ -369,7 +395,9 @@ class HeartbeatHandlers(GroupsBase):
         if g is None or not g.exists:
             raise UnknownGroup(f"group {group!r} does not exist")
         if member_id not in g.members:
-            raise UnknownMember(f"member {member_id!r} is not in group {group!r} (already left or timed out)")
+            raise UnknownMember(
+                f"member {echo(member_id)} is not in group {group!r} (already left or timed out)"
+            )
         cur = g.reconciled(member_id)
         if epoch is not None and epoch not in (cur.member_epoch, cur.previous_member_epoch):
             raise FencedMemberEpoch(

@@ -103,6 +103,10 @@ class GroupSettings:
     #: A (topic, filter) that no member has read for this long loses its binding and its committed
     #: offsets of that topic (Kafka's ``offsets.retention.minutes``, 7 days there too). 0: never.
     offsets_retention_ms: int = 7 * 24 * 3600 * 1000
+    #: Cardinality limits (docs/limits.md): a join that would create one group more than ``max_groups``, or
+    #: add one member more than ``max_members_per_group``, is refused with LIMIT_EXCEEDED. 0: no limit.
+    max_groups: int = 100_000
+    max_members_per_group: int = 10_000
 
 
 @dataclass(frozen=True)
