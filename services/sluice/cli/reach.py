@@ -22,6 +22,7 @@ import grpc
 
 from sluice import DEFAULT_BOOTSTRAP
 from sluice.cli.errors import CliError
+from sluice.common.rpc import answered_error, is_unimplemented
 
 #: How long the TCP probe waits before saying "connecting ..." (a live coordinator answers in well
 #: under a millisecond on a LAN; a firewall that drops packets never answers).
@@ -94,11 +95,10 @@ def identify_port(address: str, timeout: float = 2.0) -> str | None:
             try:
                 call(b"", timeout=timeout)
             except grpc.RpcError as exc:
-                code = exc.code() if isinstance(exc, grpc.Call) else None
-                if code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAVAILABLE):
-                    continue
-                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    return None
+                if is_unimplemented(exc):
+                    continue  # not this service's API: try the next
+                if answered_error(exc) is None:
+                    return None  # no Sluice answer at all (unreachable, timed out, another server)
             return name
     return None
 
