@@ -16,24 +16,49 @@ from __future__ import annotations
 
 import socket
 import sys
-from typing import TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import grpc
+from google.protobuf.message import Message
 
 from sluice import DEFAULT_BOOTSTRAP
 from sluice.cli.errors import CliError
+from sluice.common.peers import Peers
 from sluice.common.rpc import answered_error, is_unimplemented
+from sluice.v1 import (
+    broker_pb2,
+    broker_pb2_grpc,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+    dispatcher_pb2,
+    dispatcher_pb2_grpc,
+    offset_store_pb2,
+    offset_store_pb2_grpc,
+)
 
 #: How long the TCP probe waits before saying "connecting ..." (a live coordinator answers in well
 #: under a millisecond on a LAN; a firewall that drops packets never answers).
 PROBE_SECONDS = 2.0
 
-#: One read-only method per service: an empty request changes nothing on any of them.
-SERVICE_PROBES = {
-    "a broker": "/sluice.v1.Broker/ListOffsets",
-    "a dispatcher": "/sluice.v1.Dispatcher/ListSubscriptions",
-    "an offset store": "/sluice.v1.OffsetStore/FetchOffsets",
-    "the coordinator": "/sluice.v1.Coordinator/ListTopics",
+#: One read-only call per service: an empty request changes nothing on any of them.
+SERVICE_PROBES: dict[str, tuple[type[Any], str, Callable[[], Message]]] = {
+    "a broker": (broker_pb2_grpc.BrokerStub, "OffsetForLeaderEpoch", broker_pb2.OffsetForLeaderEpochRequest),
+    "a dispatcher": (
+        dispatcher_pb2_grpc.DispatcherStub,
+        "ListSubscriptions",
+        dispatcher_pb2.ListSubscriptionsRequest,
+    ),
+    "an offset store": (
+        offset_store_pb2_grpc.OffsetStoreStub,
+        "FetchOffsets",
+        offset_store_pb2.FetchOffsetsRequest,
+    ),
+    "the coordinator": (
+        coordinator_pb2_grpc.CoordinatorStub,
+        "ListTopics",
+        coordinator_pb2.ListTopicsRequest,
+    ),
 }
 
 HINT = (
@@ -89,18 +114,20 @@ def preflight(bootstrap: str, request_timeout: float, err: TextIO = sys.stderr) 
 
 def identify_port(address: str, timeout: float = 2.0) -> str | None:
     """Which Sluice service answers at ``address`` (plaintext), e.g. "a broker"; None if none does."""
-    with grpc.insecure_channel(address) as channel:
-        for name, method in SERVICE_PROBES.items():
-            call = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+    peers = Peers()  # plaintext: the probe is a hint, and a TLS port would not answer it anyway
+    try:
+        for name, (stub_class, method, request) in SERVICE_PROBES.items():
             try:
-                call(b"", timeout=timeout)
+                getattr(peers.stub(address, stub_class), method)(request(), timeout=timeout)
             except grpc.RpcError as exc:
                 if is_unimplemented(exc):
                     continue  # not this service's API: try the next
                 if answered_error(exc) is None:
                     return None  # no Sluice answer at all (unreachable, timed out, another server)
             return name
-    return None
+        return None
+    finally:
+        peers.close()
 
 
 def wrong_port_error(bootstrap: str, detail: str) -> CliError:

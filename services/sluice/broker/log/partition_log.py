@@ -325,8 +325,7 @@ class PartitionLog(EpochsAndTruncation):
 
     @property
     def high_watermark(self) -> int:
-        """What a reader of this log may see: all of it. A replicated partition's leader bounds its
-        consumers' reads with a ``leader_state.HighWatermarkView`` instead."""
+        """What a reader may see: all of it (a replicated leader bounds its readers with a HW view)."""
         return self.log_end_offset
 
     def read(self, offset: int, max_bytes: int, min_one: bool = True) -> ReadResult:
