@@ -32,6 +32,7 @@ __all__ = ["BrokerMemory", "ByteBudget", "Reservation"]
 
 _USED = Gauge("sluice_broker_memory_used_bytes", "Bytes held against a memory budget now", ["pool"])
 _LIMIT = Gauge("sluice_broker_memory_limit_bytes", "A memory budget's size (0: unlimited)", ["pool"])
+_PEAK = Gauge("sluice_broker_memory_peak_bytes", "The most ever held against a memory budget", ["pool"])
 _PAUSED = Counter(
     "sluice_broker_memory_paused_total",
     "Times a request or connection had to wait for a memory budget (reading paused)",
@@ -67,6 +68,7 @@ class ByteBudget:
         self.room_listeners: set[Callable[[], None]] = set()
         self._used_gauge = _USED.labels(pool)
         self._paused_counter = _PAUSED.labels(pool)
+        self._peak_gauge = _PEAK.labels(pool)
         _LIMIT.labels(pool).set(limit)
         self._used_gauge.set(0)
 
@@ -88,8 +90,10 @@ class ByteBudget:
     def force(self, nbytes: int) -> None:
         """Count bytes already allocated (they exist whether or not they fit)."""
         self.used += nbytes
-        self.peak = max(self.peak, self.used)
         self._used_gauge.set(self.used)
+        if self.used > self.peak:
+            self.peak = self.used
+            self._peak_gauge.set(self.used)
 
     def wait(self, nbytes: int, granted: Callable[[], None]) -> Reservation:
         """Queue for ``nbytes`` (after a failed ``try_take``); ``granted`` runs once they are taken."""
