@@ -112,3 +112,63 @@ def test_trickled_big_frames_stay_within_the_produce_budget(tmp_path: Path) -> N
         assert len(seen) == len(want)
         assert set(seen) == want
         assert broker.metric("sluice_broker_memory_limit_bytes", pool="produce") == BUDGET
+
+
+def test_grpc_produces_waiting_for_their_fsync_hold_at_most_the_budget(tmp_path: Path) -> None:
+    """flush=always: a unary Produce holds its request until its group commit answers it. Twelve
+    producers of 2 MiB batches against a 4 MiB budget: the handlers beyond it wait before appending
+    (back-pressure, not errors), and every record is in the log once."""
+    producers, batches, per_batch = 12, 3, 32  # 32 x 64 KiB: 2 MiB per request
+    budget = 4 * MiB + 64 * 1024  # two requests with their headers
+    with running_broker(tmp_path / "b", "--produce-memory-bytes", str(budget), flush="always") as broker:
+        topic = "grpc-budget"
+        broker.assign(topic)
+        errors: list[str] = []
+
+        def produce(n: int) -> None:
+            try:
+                for b in range(batches):
+                    values = [f"p{n}-b{b}-r{i}-".encode().ljust(64 * 1024, b".") for i in range(per_batch)]
+                    request = pb.ProduceRequest(acks=1, timeout_ms=60_000)
+                    request.partitions.add(topic=topic, partition=0, records=make_batch(values))
+                    answer = broker.stub.Produce(request, timeout=120)
+                    if answer.partitions[0].error.code != common_pb2.NONE:
+                        errors.append(str(answer.partitions[0].error))
+            except Exception as exc:  # reported by the test
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=produce, args=(n,)) for n in range(producers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert not errors, errors
+        peak = broker.metric("sluice_broker_memory_peak_bytes", pool="produce")
+        assert peak is not None
+        assert 2 * MiB <= peak <= budget, peak
+        paused = broker.metric("sluice_broker_memory_paused_total", pool="produce")
+        print(f"gRPC produce budget {budget / MiB:.2f} MiB: peak held {peak / MiB:.1f} MiB, waited {paused}")
+        assert paused is not None
+        assert paused > 0, "no handler ever waited: the budget was never reached"
+        assert broker.metric("sluice_broker_memory_used_bytes", pool="produce") == 0
+        seen: list[bytes] = []
+        offset = 0
+        deadline = time.monotonic() + 60
+        while len(seen) < producers * batches * per_batch and time.monotonic() < deadline:
+            answer = broker.fetch(
+                pb.FetchPartition(topic=topic, partition=0, fetch_offset=offset, partition_max_bytes=8 * MiB),
+                max_bytes=8 * MiB,
+            )
+            got = records(answer.partitions[0], offset)
+            if not got:
+                break
+            seen += [r.value.rstrip(b".").removesuffix(b"-") for r in got]
+            offset = got[-1].offset + 1
+        want = {
+            f"p{n}-b{b}-r{i}".encode()
+            for n in range(producers)
+            for b in range(batches)
+            for i in range(per_batch)
+        }
+        assert len(seen) == len(want)
+        assert set(seen) == want
