@@ -66,11 +66,11 @@ class ByteBudget:
         self._waiters: collections.deque[Reservation] = collections.deque()
         #: Called whenever bytes are released and nobody waits (paused follows resume on it).
         self.room_listeners: set[Callable[[], None]] = set()
-        self._used_gauge = _USED.labels(pool)
         self._paused_counter = _PAUSED.labels(pool)
-        self._peak_gauge = _PEAK.labels(pool)
+        # Read at scrape time: the request path pays nothing for the gauges.
+        _USED.labels(pool).set_function(lambda: self.used)
+        _PEAK.labels(pool).set_function(lambda: self.peak)
         _LIMIT.labels(pool).set(limit)
-        self._used_gauge.set(0)
 
     def _fits(self, nbytes: int) -> bool:
         # Empty: anything fits, so one request over the whole budget is served alone.
@@ -90,10 +90,8 @@ class ByteBudget:
     def force(self, nbytes: int) -> None:
         """Count bytes already allocated (they exist whether or not they fit)."""
         self.used += nbytes
-        self._used_gauge.set(self.used)
         if self.used > self.peak:
             self.peak = self.used
-            self._peak_gauge.set(self.used)
 
     def wait(self, nbytes: int, granted: Callable[[], None]) -> Reservation:
         """Queue for ``nbytes`` (after a failed ``try_take``); ``granted`` runs once they are taken."""
@@ -115,8 +113,8 @@ class ByteBudget:
         if nbytes <= 0:
             return
         self.used -= nbytes
-        self._used_gauge.set(self.used)
-        self._grant()
+        if self._waiters or self.room_listeners:
+            self._grant()
 
     def _grant(self) -> None:
         waiters = self._waiters

@@ -121,7 +121,8 @@ class ReadSteps:
         """``begin_read`` within the fetch memory pool (``docs/memory.md``, "Broker"): wait until
         the pool can grant the request's ``max_bytes``, read, then keep only what was read."""
         pool = self.memory.fetch
-        await pool.take(limits.max_bytes)
+        if not pool.try_take(limits.max_bytes):
+            await pool.take(limits.max_bytes)
         try:
             read = self.begin_read(specs, limits, ctx, others)
         except BaseException:

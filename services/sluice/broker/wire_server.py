@@ -117,11 +117,15 @@ class _BrokerConnection(WireConnection):
         #: Fetch answer bytes written while the transport was paused: they sit in its buffer
         #: and hold the fetch pool until it drains.
         self._fetch_unsent = 0
+        #: Past the hello: only then does a frame reserve produce memory (before it, the
+        #: pre-authentication limits apply, and a stranger must not hold the broker's budget).
+        self._greeted_now = False
 
     def opened(self) -> None:
         """The hello was accepted: the context it built (the authenticated principal) is this
         connection's for every request."""
         self._ctx = self.ctx
+        self._greeted_now = True
 
     def backlog(self) -> int:
         return len(self._produces) + self._queued_fetches
@@ -134,7 +138,7 @@ class _BrokerConnection(WireConnection):
     def buffer_updated(self, nbytes: int) -> None:
         frames = self._frames
         super().buffer_updated(nbytes)
-        if not self.closing:
+        if self._greeted_now and not self.closing:
             self._reserve_frame(frames != self._frames)
 
     def _reserve_frame(self, completed: bool) -> None:
