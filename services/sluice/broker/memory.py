@@ -90,8 +90,7 @@ class ByteBudget:
     def force(self, nbytes: int) -> None:
         """Count bytes already allocated (they exist whether or not they fit)."""
         self.used += nbytes
-        if self.used > self.peak:
-            self.peak = self.used
+        self.peak = max(self.peak, self.used)
 
     def wait(self, nbytes: int, granted: Callable[[], None]) -> Reservation:
         """Queue for ``nbytes`` (after a failed ``try_take``); ``granted`` runs once they are taken."""
