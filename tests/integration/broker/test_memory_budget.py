@@ -172,3 +172,29 @@ def test_grpc_produces_waiting_for_their_fsync_hold_at_most_the_budget(tmp_path:
         }
         assert len(seen) == len(want)
         assert set(seen) == want
+
+
+def test_a_request_larger_than_the_whole_budget_is_served_alone(tmp_path: Path) -> None:
+    """No deadlock and no refusal: a 4 MiB frame (trickled) and a 2 MiB gRPC request against a
+    1 MiB produce budget are each granted once the pool is empty, and answered."""
+    with running_broker(tmp_path / "b", "--produce-memory-bytes", str(MiB)) as broker:
+        topic = "larger"
+        broker.assign(topic)
+        answers: list[pb.ProduceResponse] = []
+        errors: list[str] = []
+        wire = threading.Thread(target=_client, args=(broker.wire_address, topic, 0, answers, errors))
+        wire.start()
+        values = [f"g-{i}-".encode().ljust(64 * 1024, b".") for i in range(32)]
+        request = pb.ProduceRequest(acks=1, timeout_ms=30_000)
+        request.partitions.add(topic=topic, partition=0, records=make_batch(values))
+        grpc_answer = broker.stub.Produce(request, timeout=120)
+        wire.join(120)
+        assert not errors, errors
+        assert grpc_answer.partitions[0].error.code == common_pb2.NONE
+        assert [a.partitions[0].error.code for a in answers] == [common_pb2.NONE] * FRAMES
+        peak = broker.metric("sluice_broker_memory_peak_bytes", pool="produce")
+        assert peak is not None
+        assert peak > MiB  # granted alone, beyond the budget
+        assert broker.metric("sluice_broker_memory_used_bytes", pool="produce") == 0
+        offsets = broker.offsets(topic, -1)
+        assert offsets.offset == FRAMES * RECORDS + len(values)
