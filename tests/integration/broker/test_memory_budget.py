@@ -9,6 +9,7 @@ frame is still answered without error, and every acknowledged record is in the l
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -198,3 +199,62 @@ def test_a_request_larger_than_the_whole_budget_is_served_alone(tmp_path: Path) 
         assert broker.metric("sluice_broker_memory_used_bytes", pool="produce") == 0
         offsets = broker.offsets(topic, -1)
         assert offsets.offset == FRAMES * RECORDS + len(values)
+
+
+def _fetch_request(topic: str, max_bytes: int) -> pb.FetchRequest:
+    return pb.FetchRequest(
+        max_wait_ms=0,
+        min_bytes=1,
+        max_bytes=max_bytes,
+        partitions=[
+            pb.FetchPartition(topic=topic, partition=0, fetch_offset=0, partition_max_bytes=max_bytes)
+        ],
+    )
+
+
+def test_fetch_answers_clients_do_not_read_hold_at_most_the_fetch_budget(tmp_path: Path) -> None:
+    """Six wire clients ask for 16 MiB each and do not read: an answer the socket cannot take
+    stays in the broker (the transport's buffer) and holds the fetch pool, so with a 32 MiB
+    budget the broker assembles at most two of them and the others wait. Once the clients read,
+    every one gets its whole answer."""
+    clients, answer_bytes, budget = 6, 16 * MiB, 32 * MiB
+    with running_broker(tmp_path / "b", "--fetch-memory-bytes", str(budget)) as broker:
+        topic = "fetch-budget"
+        broker.assign(topic)
+        for b in range(5):  # 20 MiB of log: each answer is full
+            values = [f"b{b}-{i}-".encode().ljust(64 * 1024, b".") for i in range(64)]
+            request = pb.ProduceRequest(acks=1, timeout_ms=30_000)
+            request.partitions.add(topic=topic, partition=0, records=make_batch(values))
+            assert broker.stub.Produce(request, timeout=60).partitions[0].error.code == common_pb2.NONE
+        pid = broker.proc.process.pid
+        baseline = _rss_kib(pid, "VmRSS")
+        conns = [RawWire(broker.wire_address) for _ in range(clients)]
+        try:
+            for conn in conns:
+                conn.sock.settimeout(60)
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+                conn.hello()
+                conn.fetch(_fetch_request(topic, answer_bytes))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # until the pool is full and the rest wait
+                paused = broker.metric("sluice_broker_memory_paused_total", pool="fetch") or 0
+                if paused >= 1:
+                    break
+                time.sleep(0.1)
+            held = broker.metric("sluice_broker_memory_used_bytes", pool="fetch")
+            grown_mib = (_rss_kib(pid, "VmRSS") - baseline) / 1024
+            print(f"fetch budget {budget >> 20} MiB: {held} held, RSS +{grown_mib:.1f} MiB, waits {paused}")
+            assert paused >= 1, "every answer was assembled although nobody read"
+            assert held is not None
+            assert held <= budget + answer_bytes
+            for conn in conns:  # now they read: each gets its whole answer
+                answer = pb.FetchResponse.FromString(conn.answer(FrameType.FETCH))
+                assert answer.partitions[0].error.code == common_pb2.NONE
+                # Whole 4 MiB batches up to 16 MiB: three of them, each client the same.
+                assert [r.offset for r in records(answer.partitions[0])] == list(range(3 * 64))
+        finally:
+            for conn in conns:
+                conn.close()
+        peak = broker.metric("sluice_broker_memory_peak_bytes", pool="fetch")
+        assert peak is not None
+        assert peak <= budget + answer_bytes
