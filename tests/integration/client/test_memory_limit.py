@@ -105,3 +105,61 @@ def test_consumers_of_one_client_hold_at_most_its_memory_limit(cluster: PushClus
             c.close()
         pc.close()
         assert client.memory.used == 0  # closing released what they held
+
+
+def test_a_push_consumer_grants_no_permits_while_the_client_is_at_its_limit(cluster: PushCluster) -> None:
+    """Two push consumers of one Client: while the second's queue holds the Client's limit, the
+    first takes past its refill threshold and grants nothing; once the second is drained, the
+    first's refill goes out (woken on the memory's own thread) and the rest of its messages come."""
+    tag = uuid.uuid4().hex[:6]
+    topics = [f"mem-pa-{tag}", f"mem-pb-{tag}"]
+    queue, records = 32, 96
+    with Client(cluster.bootstrap, request_timeout=10) as admin_client:
+        for t in topics:
+            admin_client.admin.create_topic(t, partitions=1)
+    with Client(cluster.bootstrap, request_timeout=10, memory_limit=128 * KiB) as client:
+        first, second = (
+            client.push_consumer(t, f"s-{tag}", "shared", receiver_queue_size=queue) for t in topics
+        )
+        expected = {t: _produce_n(client, t, records) for t in topics}
+        deadline = time.monotonic() + 20
+        while second.stats().flow.queued < queue and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert second.stats().flow.queued == queue  # 32 x 8 KiB: twice the limit
+        got: dict[str, list[bytes]] = {t: [] for t in topics}
+        for _ in range(queue // 2 + 4):  # past the threshold (half the queue)
+            msg = first.receive(timeout=20)
+            got[topics[0]].append(msg.value)
+            first.ack(msg)
+        granted = first.stats().flow.permits_granted
+        time.sleep(0.5)
+        assert first.stats().flow.permits_granted == granted == queue, "granted while at the limit"
+        assert client.memory.stops > 0
+        # The application reads both now (the limit is the Client's: one consumer's queue can
+        # hold the room another needs, so each must be read for the other to go on).
+        deadline = time.monotonic() + 60
+        while any(len(got[t]) < records for t in topics) and time.monotonic() < deadline:
+            for pc, t in ((first, topics[0]), (second, topics[1])):
+                try:
+                    msg = pc.receive(timeout=0.05)
+                except TimeoutError:
+                    continue
+                got[t].append(msg.value)
+                pc.ack(msg)
+        assert first.stats().flow.permits_granted > queue
+        for t in topics:
+            assert len(got[t]) == records
+            assert set(got[t]) == expected[t]
+        first.close()
+        second.close()
+        assert client.memory.used == 0
+
+
+def _produce_n(client: Client, topic: str, n: int) -> set[bytes]:
+    values = {f"{topic}-{i}-".encode().ljust(VALUE, b".") for i in range(n)}
+    with client.producer(topic, linger="5ms", batch_size="32KiB") as producer:
+        futures = [producer.send(v) for v in sorted(values)]
+        producer.flush()
+        for f in futures:
+            f.result()
+    return values
