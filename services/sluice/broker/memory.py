@@ -28,7 +28,16 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge
 
+from sluice.common.memory import TRIM_INTERVAL, trim_free_memory
+
 __all__ = ["BrokerMemory", "ByteBudget", "Reservation"]
+
+#: After this many bytes passed through a pool, the next time it is empty the heap's free pages go
+#: back to the system (``malloc_trim``, in a worker thread, at most every ``TRIM_INTERVAL`` s): glibc
+#: keeps a burst's freed memory as RSS otherwise, and a budget is about what the process holds
+#: *after* the burst too ("RSS after churn", docs/memory.md). Idle pools cost nothing.
+TRIM_AFTER_BYTES = 16 * 1024 * 1024
+
 
 _USED = Gauge("sluice_broker_memory_used_bytes", "Bytes held against a memory budget now", ["pool"])
 _LIMIT = Gauge("sluice_broker_memory_limit_bytes", "A memory budget's size (0: unlimited)", ["pool"])
@@ -63,6 +72,10 @@ class ByteBudget:
         #: The most ever held at once (tests and ``docs/memory.md`` figures read it).
         self.peak = 0
         self.paused = 0
+        #: Bytes taken since the last trim (see TRIM_AFTER_BYTES).
+        self._passed = 0
+        self._trim_at: asyncio.TimerHandle | None = None
+        self._last_trim = -TRIM_INTERVAL
         self._waiters: collections.deque[Reservation] = collections.deque()
         #: Called whenever bytes are released and nobody waits (paused follows resume on it).
         self.room_listeners: set[Callable[[], None]] = set()
@@ -91,6 +104,7 @@ class ByteBudget:
         """Count bytes already allocated (they exist whether or not they fit)."""
         self.used += nbytes
         self.peak = max(self.peak, self.used)
+        self._passed += nbytes
 
     def wait(self, nbytes: int, granted: Callable[[], None]) -> Reservation:
         """Queue for ``nbytes`` (after a failed ``try_take``); ``granted`` runs once they are taken."""
@@ -114,6 +128,22 @@ class ByteBudget:
         self.used -= nbytes
         if self._waiters or self.room_listeners:
             self._grant()
+        if self.used == 0 and self._passed >= TRIM_AFTER_BYTES and self._trim_at is None:
+            self._schedule_trim()
+
+    def _schedule_trim(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        delay = max(0.0, self._last_trim + TRIM_INTERVAL - loop.time())
+        self._trim_at = loop.call_later(delay, self._trim, loop)
+
+    def _trim(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._trim_at = None
+        self._passed = 0
+        self._last_trim = loop.time()
+        loop.run_in_executor(None, trim_free_memory)
 
     def _grant(self) -> None:
         waiters = self._waiters

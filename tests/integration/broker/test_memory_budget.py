@@ -92,6 +92,12 @@ def test_trickled_big_frames_stay_within_the_produce_budget(tmp_path: Path) -> N
         # 16 frames held at once would be 64 MiB; two reserved frames, the frame being appended
         # (its copies) and one read buffer per paused connection stay well below 48 MiB.
         assert grown_mib < 48, f"broker RSS peaked {grown_mib:.1f} MiB above its baseline"
+        # After the churn the pool, empty again, has the heap's free pages returned (malloc_trim).
+        deadline = time.monotonic() + 15
+        while (after_mib := (_rss_kib(pid, "VmRSS") - baseline) / 1024) >= 8 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        print(f"RSS after churn +{after_mib:.1f} MiB")
+        assert after_mib < 8, f"RSS stayed {after_mib:.1f} MiB above its baseline after the churn"
 
         # Nothing acknowledged is lost or doubled: every record is in the log once.
         seen: list[bytes] = []
