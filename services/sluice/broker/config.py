@@ -141,6 +141,21 @@ class BrokerConfig(SecuritySettings, ConnectionSettings):
             "space than this, so indexes and checkpoints can still be written; 0 disables"
         },
     )
+    produce_memory_bytes: int = field(
+        default=256 * MiB,
+        metadata={
+            "help": "budget of produce bytes received and not yet answered, over gRPC and the wire "
+            "port (Kafka's queued.max.request.bytes); when reached the broker stops reading "
+            "(docs/memory.md); 0: unlimited"
+        },
+    )
+    fetch_memory_bytes: int = field(
+        default=256 * MiB,
+        metadata={
+            "help": "budget of fetch answer bytes assembled and not yet written; when reached new "
+            "fetches and follow rounds wait (docs/memory.md); 0: unlimited"
+        },
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
@@ -158,6 +173,8 @@ class BrokerConfig(SecuritySettings, ConnectionSettings):
             raise InvalidArgument("max_fetch_sessions must be >= 0")
         if self.segment_read_handles < 1:
             raise InvalidArgument(f"segment_read_handles must be >= 1, got {self.segment_read_handles}")
+        if self.produce_memory_bytes < 0 or self.fetch_memory_bytes < 0:
+            raise InvalidArgument("produce_memory_bytes and fetch_memory_bytes must be >= 0 (0: unlimited)")
         if self.descriptor_reserve < 0:
             raise InvalidArgument(f"descriptor_reserve must be >= 0, got {self.descriptor_reserve}")
         if self.storage_min_free_bytes < 0:

@@ -211,6 +211,8 @@ class FetchRead:
         self.caps = caps
         self.others = others
         self.total_bytes = 0
+        #: Bytes this read holds in the broker's fetch memory pool (``memory.py``).
+        self.held = 0
         self.index = {part.key: part for part in parts}
 
     def add(self, part: PartitionRead) -> None:

@@ -153,6 +153,11 @@ def produce_items(request: broker_pb2.ProduceRequest) -> list[ProduceItem]:
     return [ProduceItem(p.topic, p.partition, p.records) for p in request.partitions]
 
 
+def produce_bytes(request: broker_pb2.ProduceRequest) -> int:
+    """What a produce request holds, for the produce memory pool: its record bytes."""
+    return sum(len(p.records) for p in request.partitions)
+
+
 def produce_response_to_proto(results: list[ProduceResult], request_id: int) -> broker_pb2.ProduceResponse:
     return broker_pb2.ProduceResponse(
         partitions=[
@@ -220,15 +225,26 @@ class RequestHandlers:
     async def fetch(
         self, request: broker_pb2.FetchRequest, ctx: RequestContext
     ) -> tuple[broker_pb2.FetchResponse, FollowFrom | None]:
-        """The answer, and how to follow it when it answers a continuous fetch without error."""
+        """The answer, and how to follow it when it answers a continuous fetch without error.
+        The answer's share of the fetch memory pool is released once it is built (a stream's
+        ``yield`` then waits for gRPC to take it)."""
+        answer, follow, held = await self.fetch_held(request, ctx)
+        self.service.memory.fetch.release(held)
+        return answer, follow
+
+    async def fetch_held(
+        self, request: broker_pb2.FetchRequest, ctx: RequestContext
+    ) -> tuple[broker_pb2.FetchResponse, FollowFrom | None, int]:
+        """As :meth:`fetch`, with the bytes the answer holds in the fetch memory pool, which
+        the caller releases once the answer is written (``docs/memory.md``)."""
         started = time.perf_counter()
         try:
             outcome = await self.service.fetch(fetch_params_from_proto(request), ctx)
         except SluiceError as err:
             self.fetch_metrics.record(err.code_name, started)
-            return broker_pb2.FetchResponse(error=err.to_proto(), request_id=request.request_id), None
+            return broker_pb2.FetchResponse(error=err.to_proto(), request_id=request.request_id), None, 0
         self.fetch_metrics.record("OK", started)
-        return fetch_response_to_proto(outcome, request.request_id), outcome.follow
+        return fetch_response_to_proto(outcome, request.request_id), outcome.follow, outcome.held_bytes
 
     def follow(
         self,

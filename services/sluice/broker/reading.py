@@ -27,6 +27,7 @@ from sluice.broker.leader_state import HighWatermarkView
 from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.longpoll import AppendWaiters, StandingWatch
+from sluice.broker.memory import BrokerMemory
 from sluice.broker.metrics import BrokerMetrics
 from sluice.broker.sessions import FetchSession
 from sluice.errors import SluiceError
@@ -45,6 +46,7 @@ class ReadSteps:
     waiters: AppendWaiters
     replica_waiters: AppendWaiters
     leaders: Leaders
+    memory: BrokerMemory
     _authorize: Callable[[RequestContext, Operation, Resource], None]
     #: Partitions routed into a fetch read so far: the per-partition work of fetching, which
     #: an idle long-poll over a session or a follow must not do (the smoke test counts it).
@@ -112,6 +114,35 @@ class ReadSteps:
             if part.key in dirty and part.error is None and not _same_log(part.log, served.get(part.key)):
                 part.fail(self.registry.not_served_error(*part.key))
         read.read(dirty)
+
+    async def reserved_read(
+        self, specs: Iterable[PartitionSpec], limits: FetchLimits, ctx: RequestContext, others: int = 0
+    ) -> FetchRead:
+        """``begin_read`` within the fetch memory pool (``docs/memory.md``, "Broker"): wait until
+        the pool can grant the request's ``max_bytes``, read, then keep only what was read."""
+        pool = self.memory.fetch
+        if not pool.try_take(limits.max_bytes):
+            await pool.take(limits.max_bytes)
+        try:
+            read = self.begin_read(specs, limits, ctx, others)
+        except BaseException:
+            pool.release(limits.max_bytes)
+            raise
+        read.held = limits.max_bytes
+        self.settle_held(read)
+        return read
+
+    def settle_held(self, read: FetchRead) -> int:
+        """Bring the read's share of the fetch pool to the bytes it holds now (a parked read
+        woken by appends may have read more); returns them."""
+        pool = self.memory.fetch
+        now = read.total_bytes
+        if now < read.held:
+            pool.release(read.held - now)
+        else:
+            pool.force(now - read.held)
+        read.held = now
+        return now
 
     def finish_read(self, read: FetchRead) -> list[PartitionRead]:
         """The read's partitions, marks refreshed, counted in the fetch metrics."""

@@ -90,6 +90,9 @@ class FetchOutcome:
     #: A follow's round that holds only the partitions with something new since the previous
     #: answer; the others are as that answer said (the adapter sends them again as they were).
     delta: bool = False
+    #: Bytes this answer holds in the fetch memory pool (``memory.py``): the transport releases
+    #: them once the answer is handed to the socket (``release_fetch``).
+    held_bytes: int = 0
 
 
 #: What a caller that names no context is: an in-process caller (tests, tools) seen as an

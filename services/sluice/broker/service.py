@@ -34,6 +34,7 @@ from sluice.broker.leading import Leaders
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.longpoll import AppendWaiters, ParkedRead, SessionWatches, StandingWatch
+from sluice.broker.memory import BrokerMemory
 from sluice.broker.metrics import BrokerMetrics, broker_metrics, log_stats, producer_stats
 from sluice.broker.reading import ReadSteps
 from sluice.broker.replica_fetcher import ReplicaFetchers
@@ -123,6 +124,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
         self.caps = config.fetch_caps()
         self.metrics = metrics or broker_metrics()
         self._clock_ms = clock_ms
+        self.memory = BrokerMemory(config.produce_memory_bytes, config.fetch_memory_bytes)
         # The authorization seam (docs/architecture.md): one call site per operation, below.
         self._authorize = (authorizer or AllowAll()).authorize
         #: Consumers' parked reads: woken by appends, or for a replicated partition by its HW.
@@ -339,11 +341,10 @@ class BrokerService(ReadSteps, ReplicaSteps):
     # ---- Fetch ---------------------------------------------------------------------
 
     async def fetch(self, params: FetchParams, ctx: RequestContext = DEFAULT_CONTEXT) -> FetchOutcome:
-        """Kafka fetch: answer now if possible, else park until appends or max_wait.
-
-        A continuous fetch's outcome says how to follow it (``outcome.follow``); the transport
-        calls :meth:`follow` once it has sent this first answer.
-        """
+        """Kafka fetch: answer now if possible, else park until appends or max_wait. A continuous
+        fetch's outcome says how to follow it (``outcome.follow``); the transport calls
+        :meth:`follow` once it has sent this first answer. The answer holds ``held_bytes`` of the
+        fetch memory pool until the transport releases them (``docs/memory.md``)."""
         check_continuous(params, ctx)
         self._check_running()
         limits = validate_limits(params.max_wait_ms, params.min_bytes, params.max_bytes, self.caps)
@@ -365,16 +366,20 @@ class BrokerService(ReadSteps, ReplicaSteps):
             finally:
                 self.metrics.fetch_sessions.set(len(self.sessions))
             watch = self._session_watches.of(session)
-            read = self.begin_read(session.specs, limits, ctx, session.others)
-            if not read.ready():
-                await self._park(read, limits.max_wait_ms, session.session, watch, ctx)
-            parts = session.select(self.finish_read(read))
+            read = await self.reserved_read(session.specs, limits, ctx, session.others)
+            try:
+                if not read.ready():
+                    await self._park(read, limits.max_wait_ms, session.session, watch, ctx)
+                parts = session.select(self.finish_read(read))
+            except BaseException:
+                self.memory.fetch.release(read.held)  # no answer: nothing held (docs/memory.md)
+                raise
             session.settle(read.parts)
             follow = None
             if params.continuous and not any(part.error is not None for part in parts):
                 specs = [dataclasses.replace(part.spec, fetch_offset=part.position) for part in parts]
                 follow = FollowFrom(specs, limits, params.replica_id)
-            return FetchOutcome(session.session_id, parts, follow=follow)
+            return FetchOutcome(session.session_id, parts, follow=follow, held_bytes=self.settle_held(read))
 
     def follow(
         self,
@@ -397,9 +402,8 @@ class BrokerService(ReadSteps, ReplicaSteps):
         standing: tuple[StandingWatch, FetchSession, RequestContext] | None = None,
         ctx: RequestContext = DEFAULT_CONTEXT,
     ) -> ParkedRead:
-        """The one parked-read mechanism (``longpoll``), for a long-poll or a follow; with
-        ``standing`` (a session's or a follow's watch, its session and the caller), parked on
-        that watch and reading woken partitions into the read (:meth:`read_more`)."""
+        """The one parked-read mechanism (``longpoll``); with ``standing`` (a session's or follow's
+        watch, its session, the caller) parked on it, reading woken partitions in (``read_more``)."""
         if standing is None:
             return ParkedRead(self.waiters_of(ctx), self.read_again, self.metrics.fetch_parked, on_ready)
         watch, session, ctx = standing

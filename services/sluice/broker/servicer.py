@@ -18,6 +18,7 @@ from sluice.broker.handlers import (
     error_to_proto,
     fetch_params_from_proto,
     fetch_response_to_proto,
+    produce_bytes,
     produce_items,
     produce_response_to_proto,
 )
@@ -79,14 +80,24 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: object
     ) -> broker_pb2.ProduceResponse:
-        results = await self.service.produce(
-            request.acks, request.timeout_ms, produce_items(request), self.context(context)
-        )
+        # The produce memory pool (docs/memory.md): this request holds its bytes until answered.
+        pool, held = self.service.memory.produce, produce_bytes(request)
+        if not pool.try_take(held):
+            await pool.take(held)
+        try:
+            results = await self.service.produce(
+                request.acks, request.timeout_ms, produce_items(request), self.context(context)
+            )
+        finally:
+            pool.release(held)
         return produce_response_to_proto(results, request.request_id)
 
     async def Fetch(self, request: broker_pb2.FetchRequest, context: object) -> broker_pb2.FetchResponse:
         outcome = await self.service.fetch(fetch_params_from_proto(request), self.context(context))
-        return fetch_response_to_proto(outcome, request.request_id)
+        try:
+            return fetch_response_to_proto(outcome, request.request_id)
+        finally:
+            self.service.memory.fetch.release(outcome.held_bytes)
 
     async def ProduceStream(
         self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: object
@@ -101,8 +112,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return
         # Nothing to wait for: answer each request as it is appended, with no task or queue
         # between reading and writing (a stream message's cost is the latency budget here).
+        pool = self.service.memory.produce
         async for request in request_iterator:
-            yield handlers.produce_answer(handlers.append(request, ctx))
+            # Not reading on while the pool is full: gRPC's stream flow control then stops the client.
+            held = produce_bytes(request)
+            if not pool.try_take(held):
+                await pool.take(held)
+            try:
+                item = handlers.append(request, ctx)
+            finally:
+                pool.release(held)  # appended: the request's bytes are no longer held
+            yield handlers.produce_answer(item)
 
     async def _produce_pipelined(
         self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], ctx: RequestContext
@@ -113,10 +133,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         # Bounded: a client pipelining without limit waits here, not in the broker's memory.
         appended: asyncio.Queue[AppendedProduce | None] = asyncio.Queue(MAX_BACKLOG)
 
+        pool = self.service.memory.produce
+
         async def read() -> None:
             try:
                 async for request in request_iterator:
-                    await appended.put(handlers.append(request, ctx))
+                    held = produce_bytes(request)
+                    if not pool.try_take(held):
+                        await pool.take(held)
+                    try:
+                        item = handlers.append(request, ctx)
+                    finally:
+                        pool.release(held)
+                    await appended.put(item)
             finally:
                 await appended.put(None)
 

@@ -36,6 +36,7 @@ import collections
 
 from sluice.broker.follow import ContinuousFetch
 from sluice.broker.handlers import AppendedProduce, RequestHandlers
+from sluice.broker.memory import Reservation
 from sluice.common.wire import (
     LANE,
     LANE_CREDIT,
@@ -104,21 +105,95 @@ class _BrokerConnection(WireConnection):
         #: Fetch requests queued over all lanes (the backlog, without a walk over the lanes).
         self._queued_fetches = 0
         self._ctx = RequestContext(ANONYMOUS, WIRE)
+        memory = handlers.service.memory
+        self._produce_pool = memory.produce
+        self._fetch_pool = memory.fetch
+        #: The produce pool's bytes reserved for the frame now arriving (docs/memory.md), the
+        #: wait for them when the pool could not grant them, and frames seen so far (a change
+        #: says the reserved frame completed).
+        self._frame_reserved = 0
+        self._frame_wait: Reservation | None = None
+        self._frames = 0
+        #: Fetch answer bytes written while the transport was paused: they sit in its buffer
+        #: and hold the fetch pool until it drains.
+        self._fetch_unsent = 0
+        #: Past the hello: only then does a frame reserve produce memory (before it, the
+        #: pre-authentication limits apply, and a stranger must not hold the broker's budget).
+        self._greeted_now = False
 
     def opened(self) -> None:
         """The hello was accepted: the context it built (the authenticated principal) is this
         connection's for every request."""
         self._ctx = self.ctx
+        self._greeted_now = True
 
     def backlog(self) -> int:
         return len(self._produces) + self._queued_fetches
 
     def busy(self) -> bool:
-        """Not idle while an answer is owed or a lane is served or followed (a follow's answers
-        come from the broker: its client may rightly send nothing for as long as it reads)."""
-        return bool(self._produces or self._lanes or self._queued_fetches)
+        """Not idle while an answer is owed, a lane is served or followed (a follow's answers come
+        from the broker: its client may rightly send nothing for as long as it reads), or its reading
+        is held by the memory budget (the broker, not the client, is the one waiting)."""
+        return bool(self._produces or self._lanes or self._queued_fetches or self._frame_wait is not None)
+
+    # ---- memory (docs/memory.md, "Broker") -----------------------------------------------
+
+    def reading_held(self) -> bool:
+        return self._frame_wait is not None
+
+    def buffer_updated(self, nbytes: int) -> None:
+        frames = self._frames
+        super().buffer_updated(nbytes)
+        if self._greeted_now and not self.closing:
+            self._reserve_frame(frames != self._frames)
+
+    def _reserve_frame(self, completed: bool) -> None:
+        """Reserve the produce pool's bytes for the frame now arriving, all at once (Kafka's
+        memory pool): granted frames always complete, so no set of half-read frames can
+        deadlock the pool. Not granted: stop reading this socket until they are."""
+        size = self.frame_in_progress
+        if self._frame_reserved and (completed or size != self._frame_reserved):
+            self._produce_pool.release(self._frame_reserved)  # the frame was read and handled
+            self._frame_reserved = 0
+        if size == 0 or self._frame_reserved or self._frame_wait is not None:
+            return
+        if self._produce_pool.try_take(size):
+            self._frame_reserved = size
+            return
+        self._frame_wait = self._produce_pool.wait(size, lambda: self._frame_granted(size))
+        self.update_reading()
+
+    def _frame_granted(self, size: int) -> None:
+        self._frame_wait = None
+        self._frame_reserved = size
+        self.update_reading()
+
+    def _release_memory(self) -> None:
+        if self._frame_wait is not None:
+            self._produce_pool.cancel(self._frame_wait)
+            self._frame_wait = None
+        self._produce_pool.release(self._frame_reserved)
+        self._frame_reserved = 0
+        self._fetch_pool.release(self._fetch_unsent)
+        self._fetch_unsent = 0
+        self._fetch_pool.room_listeners.discard(self._resume_follows)
+
+    def _resume_follows(self) -> None:
+        self._fetch_pool.room_listeners.discard(self._resume_follows)
+        for lane in list(self._lanes.values()):
+            if lane.follow is not None:
+                lane.follow.resume()
+
+    def _can_follow(self, lane: _FetchLane) -> bool:
+        if not self.takes_writes or (lane.credit is not None and lane.credit <= 0):
+            return False
+        if self._fetch_pool.has_room:
+            return True
+        self._fetch_pool.room_listeners.add(self._resume_follows)  # resumed when it has again
+        return False
 
     def lost(self) -> None:
+        self._release_memory()
         if self._produce_task is not None:
             self._produce_task.cancel()
         for lane in self._lanes.values():
@@ -129,11 +204,14 @@ class _BrokerConnection(WireConnection):
 
     def resume_writing(self) -> None:
         super().resume_writing()
+        self._fetch_pool.release(self._fetch_unsent)  # the transport's buffer drained
+        self._fetch_unsent = 0
         for lane in list(self._lanes.values()):
             if lane.follow is not None:
                 lane.follow.resume()
 
     def on_frame(self, kind: int, payload: bytes) -> None:
+        self._frames += 1
         if kind == FrameType.PRODUCE:
             self._produce(parse_frame(broker_pb2.ProduceRequest, payload, "produce"))
         elif kind == FrameType.FETCH:
@@ -198,10 +276,14 @@ class _BrokerConnection(WireConnection):
             lane.credit -= 1  # an answer without records holds nothing in the client's memory
         if not lane.prefix:
             self.write(FrameType.FETCH, payload)
-            return
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.writelines(lane_frame_parts(FrameType.FETCH_LANE, lane.prefix, payload))
+        else:
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                transport.writelines(lane_frame_parts(FrameType.FETCH_LANE, lane.prefix, payload))
+        if not self.takes_writes and not self.closing:
+            # Not sent yet: it holds the fetch pool until the transport drains (resume_writing).
+            self._fetch_pool.force(len(payload))
+            self._fetch_unsent += len(payload)
 
     def _produce(self, request: broker_pb2.ProduceRequest) -> None:
         item = self._handlers.append(request, self._ctx)
@@ -234,8 +316,11 @@ class _BrokerConnection(WireConnection):
                 await self.writable.wait()
                 request = fetches.popleft()
                 self._queued_fetches -= 1
-                answer, follow = await handlers.fetch(request, self._ctx)
-                self._answer_fetch(lane, answer.SerializeToString(), has_records(answer))
+                answer, follow, held = await handlers.fetch_held(request, self._ctx)
+                try:
+                    self._answer_fetch(lane, answer.SerializeToString(), has_records(answer))
+                finally:
+                    self._fetch_pool.release(held)  # written (what was not sent is counted apart)
                 self.update_reading()
                 if follow is not None and not fetches and not self.closing:
                     # Go on from where this answer ended (the core decided it can be followed),
@@ -245,7 +330,7 @@ class _BrokerConnection(WireConnection):
                         request.request_id,
                         self._ctx,
                         lambda payload, records: self._answer_fetch(lane, payload, records),
-                        lambda: self.takes_writes and (lane.credit is None or lane.credit > 0),
+                        lambda: self._can_follow(lane),
                     )
         finally:
             lane.task = None

@@ -33,6 +33,7 @@ from sluice.client.consumer.fetch_driver import FetchDriver
 from sluice.client.consumer.group_driver import GroupDriver
 from sluice.client.fetcher import AutoOffsetReset, Fetcher, TopicPartition
 from sluice.client.links import BrokerLinks
+from sluice.client.memory import ClientMemory
 from sluice.client.metadata import ClusterMetadata, MetadataCache
 from sluice.client.offsets import OffsetSpec, list_offsets
 from sluice.client.producer import Producer, ProducerConfig
@@ -72,6 +73,10 @@ class Client:
             Precedence: ``token``/``token_file`` > ``username``/``password`` > ``SLUICE_TOKEN`` >
             ``SLUICE_TOKEN_FILE`` > ``SLUICE_USERNAME``/``SLUICE_PASSWORD`` > none. A token and a
             user name together are refused (InvalidArgument).
+        memory_limit: bytes every consumer made here may hold prefetched, together (group
+            consumers' prefetch buffers and push consumers' receive queues); when reached they
+            stop fetching or granting permits until the application takes messages. 0: no
+            limit beyond each consumer's own (docs/memory.md, "SDK").
 
     Every connection the client makes (gRPC channels, wire connections, the group and push
     consumers') uses ``tls`` and ``token``.
@@ -88,6 +93,7 @@ class Client:
         token_file: str | Path | None = None,
         username: str | None = None,
         password: str | None = None,
+        memory_limit: int = 0,
     ) -> None:
         address = (bootstrap or os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP).strip()
         if not _valid_address(address):
@@ -127,6 +133,11 @@ class Client:
         self._push_consumers: set[PushConsumer] = set()
         self._consumers: set[Consumer] = set()
         self._closed = False
+        #: What every consumer made here may hold prefetched, together (docs/memory.md, "SDK").
+        try:
+            self.memory = ClientMemory(memory_limit)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
 
     # ---- metadata and offsets ---------------------------------------------------------------
 
@@ -248,7 +259,15 @@ class Client:
             else (config or PushConsumerConfig())
         )
         pc = PushConsumer(
-            topic, subscription, type, cfg, self._channels, self._metadata, self.client_id, self._forget_push
+            topic,
+            subscription,
+            type,
+            cfg,
+            self._channels,
+            self._metadata,
+            self.client_id,
+            self._forget_push,
+            memory=self.memory,
         )
         with self._lock:
             self._push_consumers.add(pc)
@@ -301,6 +320,7 @@ class Client:
             links=self._links,
             group_driver=self._group_driver,
             fetch_driver=self._fetch_driver,
+            memory=self.memory,
         )
         with self._lock:
             self._consumers.add(consumer)

@@ -204,6 +204,18 @@ class WireConnection(asyncio.BufferedProtocol):
     def opened(self) -> None:
         """The hello was accepted."""
 
+    def reading_held(self) -> bool:
+        """A service's own reason not to read now (the broker's memory budget, ``docs/memory.md``);
+        it calls ``update_reading`` when the reason goes away."""
+        return False
+
+    @property
+    def frame_in_progress(self) -> int:
+        """The whole size (length prefix included) of the frame begun in the receive buffer and
+        not yet complete; 0: none begun (or its length not read yet)."""
+        missing = self._reader.missing
+        return self._reader.buffered + missing if missing > 0 else 0
+
     @property
     def ssl_object(self) -> Any:
         """The TLS session on a TLS port (None on plaintext): its ``getpeercert()`` is the client's
@@ -390,7 +402,12 @@ class WireConnection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None or self.closing:
             return
-        pause = self._writing_paused or self._held is not None or self.backlog() >= MAX_BACKLOG
+        pause = (
+            self._writing_paused
+            or self._held is not None
+            or self.backlog() >= MAX_BACKLOG
+            or self.reading_held()
+        )
         if pause != self._reading_paused:
             self._reading_paused = pause
             if pause:

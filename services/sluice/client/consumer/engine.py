@@ -27,6 +27,7 @@ from sluice.client.consumer.prefetch import Prefetcher
 from sluice.client.consumer.state import Assignment, PartitionLifecycle, PartitionState, SubscriptionState
 from sluice.client.fetcher import Fetcher
 from sluice.client.links import BrokerLinks
+from sluice.client.memory import ClientMemory
 from sluice.client.metadata import MetadataCache
 from sluice.common.peers import Peers
 from sluice.errors import (
@@ -61,6 +62,7 @@ class ConsumerEngine:
         links: BrokerLinks | None = None,
         group_driver: GroupDriver | None = None,
         fetch_driver: FetchDriver | None = None,
+        memory: ClientMemory | None = None,
     ) -> None:
         self.group = group
         self.subscription = dict(subscription)
@@ -99,6 +101,7 @@ class ConsumerEngine:
             self._ready,
             self._fetch_driver,
             check_crcs=config.check_crcs,
+            memory=memory,
         )
         self._offsets = OffsetStoreClient(
             channels, metadata, group, subscription, self._timeout, config.message_model == "broadcasting"

@@ -40,6 +40,7 @@ from operator import attrgetter
 from sluice.client.consumer.fetch_driver import FetchDriver
 from sluice.client.fetch_state import gc_paused
 from sluice.client.fetcher import Fetcher, RawChunk
+from sluice.client.memory import ClientMemory
 from sluice.codec.batch import Record, decode_records
 from sluice.errors import SluiceError
 
@@ -97,8 +98,11 @@ class Prefetcher:
         ready: threading.Condition,
         driver: FetchDriver,
         check_crcs: bool = True,
+        memory: ClientMemory | None = None,
     ) -> None:
         self._fetcher = fetcher
+        #: The Client's memory_limit, shared by all its consumers (``client/memory.py``).
+        self._memory = memory if memory is not None else ClientMemory()
         self._check_crcs = check_crcs
         self._max_bytes = buffer_max_bytes
         self._lock = lock
@@ -151,6 +155,7 @@ class Prefetcher:
         chunk.taken_now = 0
         self._buffer.appendleft(chunk)
         self._bytes += chunk.nbytes
+        self._memory.add(chunk.nbytes)
 
     def take_error(self) -> SluiceError | None:
         return self._errors.pop(0) if self._errors else None
@@ -162,6 +167,7 @@ class Prefetcher:
     def _release(self, nbytes: int) -> None:
         was_full = self._bytes >= self._max_bytes
         self._bytes -= nbytes
+        self._memory.release(nbytes)  # wakes the Client's consumers that its limit stopped
         if was_full and self._bytes < self._max_bytes:
             self.wake()
 
@@ -175,6 +181,10 @@ class Prefetcher:
         driver ends at its next check (``timeout``: unused, kept for the Consumer's calls)."""
         with self._lock:
             self._closed = True
+            held, self._bytes = self._bytes, 0
+            self._buffer.clear()
+        self._memory.forget(self)
+        self._memory.release(held)
         self._fetcher.close()
 
     # ---- a step (the driver's thread) -------------------------------------------------------------
@@ -198,8 +208,8 @@ class Prefetcher:
             commands, self._commands = self._commands, []
         if commands:
             self._apply(commands)
-        if not self._epochs or self._bytes >= self._max_bytes:
-            return None  # woken again by a command, or by poll() freeing space
+        if not self._epochs or self._bytes >= self._max_bytes or self._memory.full(self, self.wake):
+            return None  # woken again by a command, or by poll() (of any consumer) freeing space
         fetcher = self._fetcher
         before = fetcher.positions()
         try:
@@ -220,7 +230,9 @@ class Prefetcher:
                 if self._closed:
                     return None
                 self._buffer.extend(chunks)
-                self._bytes += sum(c.nbytes for c in chunks)
+                nbytes = sum(c.nbytes for c in chunks)
+                self._bytes += nbytes
+                self._memory.add(nbytes)
                 self._ready.notify_all()
         return again
 

@@ -173,6 +173,14 @@ class Accumulator:
         self.buffered += batch.size
         self.partitioner.on_batch_closed(partition, self._busy)
 
+    def held(self) -> int:
+        """Bytes counted against ``buffer_memory``: queued and in-flight batches, plus a whole
+        ``batch_size`` per open batch (Kafka allocates an open batch whole; counting only what
+        it took so far let every partition's open batch grow past the bound). The slow path
+        only (a batch rolls): a walk over the open batches."""
+        open_batches = sum(1 for b in self.open if b is not None)
+        return self.buffered + open_batches * self.batch_size
+
     def _busy(self, partition: int) -> bool:
         return bool(self._in_flight[partition] or self._queues[partition])
 

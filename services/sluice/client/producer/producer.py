@@ -205,7 +205,7 @@ class Producer:
                 if batch is not None and batch.builder.size + size <= self._batch_size:  # type: ignore[union-attr]
                     return batch
                 acc.close_open(partition)
-        if acc.buffered >= self.config.buffer_memory:
+        if acc.held() >= self.config.buffer_memory:
             self._wait_for_space()
         batch = acc.roll(partition)
         if not self._send_at_once:
@@ -219,7 +219,7 @@ class Producer:
         acc.waiting_for_space += 1
         try:
             self._cond.notify_all()
-            while acc.buffered >= self.config.buffer_memory:
+            while acc.held() >= self.config.buffer_memory:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise RequestTimedOut(

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from sluice.client.memory import ClientMemory
 from sluice.client.metadata import MetadataCache
 from sluice.client.push.config import PushConsumerConfig
 from sluice.client.push.message import Message
@@ -62,9 +63,10 @@ class PushConsumer(PushSessions):
         metadata: MetadataCache,
         client_id: str,
         on_close: Callable[[PushConsumer], None] | None = None,
+        memory: ClientMemory | None = None,
     ) -> None:
         self._on_close = on_close
-        super().__init__(topic, subscription, type_, config, channels, metadata, client_id)
+        super().__init__(topic, subscription, type_, config, channels, metadata, client_id, memory)
         if config.message_listener is not None:
             self._listener_thread = threading.Thread(
                 target=self._listen, daemon=True, name=f"sluice-push-listener-{subscription}"
@@ -167,8 +169,11 @@ class PushConsumer(PushSessions):
 
     def _take_locked(self) -> Message:
         msg = self._queue.popleft()
+        self._dequeued(len(self._queue), len(self._queue) + 1)
         session: Session = msg._session  # type: ignore[assignment]
         session.unacked.add((msg.partition, msg.offset))
+        if self._flow.held:  # the Client's memory limit: grant again only once it has room
+            self._flow.held = self._memory.full(self, self._memory_room)
         grants = self._flow.on_taken(session.stream.key)
         if self._flow.zero_queue and self._waiting > 1:
             grants += self._flow.want_one(True)  # another receiver is still waiting

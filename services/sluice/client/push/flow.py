@@ -85,6 +85,8 @@ class FlowControl:
         #: receiver_queue_size == 0 (an attribute, not a property: read per message).
         self.zero_queue = receiver_queue_size == 0
         self.paused = False
+        #: The Client's memory_limit is reached (``client/memory.py``): grants wait, as paused.
+        self.held = False
         self.streams: dict[Hashable, StreamFlow] = {}
         #: Zero-queue: the stream holding the one outstanding permit, if any.
         self.holder: Hashable | None = None
@@ -121,8 +123,8 @@ class FlowControl:
         s.outstanding = s.queued = s.taken = 0
         if self.zero_queue:
             return []
-        if self.paused:
-            s.taken = s.share  # granted on resume()
+        if self.paused or self.held:
+            s.taken = s.share  # granted on resume() / unhold()
             return []
         return [self._grant(key, s, s.share)]
 
@@ -163,7 +165,7 @@ class FlowControl:
         if self.zero_queue:
             return []
         s.taken += 1
-        if s.taken >= s.threshold and s.subscribed and not self.paused:
+        if s.taken >= s.threshold and s.subscribed and not self.paused and not self.held:
             n, s.taken = s.taken, 0
             return [self._grant(key, s, n)]
         return []
@@ -212,6 +214,16 @@ class FlowControl:
         self.paused = False
         if self.zero_queue:
             return self.want_one(waiting)
+        return self._regrant()
+
+    def unhold(self) -> list[Grant]:
+        """The memory limit has room again: grant what was held back (unless paused)."""
+        self.held = False
+        return [] if self.paused or self.zero_queue else self._regrant()
+
+    def _regrant(self) -> list[Grant]:
+        if self.held:
+            return []
         grants = []
         for key, s in self.streams.items():
             if s.subscribed and s.taken >= s.threshold:

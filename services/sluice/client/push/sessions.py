@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Hashable, Iterator
 
 from sluice.client.links import use_wire
+from sluice.client.memory import ClientMemory
 from sluice.client.metadata import MetadataCache
 from sluice.client.push.config import PushConsumerConfig
 from sluice.client.push.flow import FlowControl, Grant
@@ -56,8 +57,12 @@ class PushSessions:
         channels: Peers,
         metadata: MetadataCache,
         client_id: str,
+        memory: ClientMemory | None = None,
     ) -> None:
         self.topic = topic
+        #: The Client's memory_limit (``client/memory.py``) and the bytes the queue holds in it.
+        self._memory = memory if memory is not None else ClientMemory()
+        self._queued_bytes = 0
         self.subscription = subscription
         self.type = type_
         self.config = config
@@ -98,6 +103,9 @@ class PushSessions:
     def _shutdown(self, grace: float) -> None:
         with self._lock:
             self._closed = True
+            self._memory.forget(self)
+            self._queue.clear()
+            self._dequeued(0)
             streams = list(self._streams.values())
             self._wake_all()
         for s in streams:
@@ -146,6 +154,7 @@ class PushSessions:
         self._plan = plan
         self._streams = {}
         self._queue.clear()
+        self._dequeued(0)
         cfg = self.config
         for dispatcher_id, partitions in plan.items():
             key = next(_stream_keys)
@@ -219,6 +228,10 @@ class PushSessions:
                 return
             self._flow.on_delivered(session.stream.key, len(msgs))
             self._queue.extend(msgs)
+            nbytes = batch.ByteSize()  # the messages share the batch's buffers: count it whole
+            self._queued_bytes += nbytes
+            self._memory.add(nbytes)
+            self._flow.held = self._memory.full(self, self._memory_room)
             self._handoff_delay = self._handoff_base
             if self._waiting:
                 self._cond.notify(len(msgs))
@@ -245,7 +258,9 @@ class PushSessions:
                 return
             if session.subscribed:
                 self._flow.on_disconnected(session.stream.key)
+                before = len(self._queue)
                 self._queue = deque(m for m in self._queue if m._session is not session)
+                self._dequeued(len(self._queue), before)
                 for p in session.stream.partitions:
                     self._active.discard(p)
                 if not self._closed:
@@ -266,10 +281,34 @@ class PushSessions:
             log.error("push consumer %s/%s failed: %s", self.topic, self.subscription, error)
             self._fatal = error
             self._queue.clear()
+            self._dequeued(0)
             streams = list(self._streams.values())
             self._wake_all()
         for s in streams:
             s.stop(join=False)
+
+    # ---- memory_limit (docs/memory.md, "SDK") ------------------------------------------------
+
+    def _dequeued(self, left: int, before: int | None = None) -> None:
+        """Messages left the queue (``before`` -> ``left``; None: all, it was cleared): release
+        their share of the queue's bytes, pro rata (a batch's messages share its buffers).
+        Under the lock."""
+        held = self._queued_bytes
+        if held <= 0:
+            return
+        before = before if before is not None else left + 1
+        share = held if left == 0 else held * (before - left) // max(before, 1)
+        self._queued_bytes -= share
+        self._memory.release(share)
+
+    def _memory_room(self) -> None:
+        """The Client's memory limit has room again (called on the memory's own thread)."""
+        with self._lock:
+            if self._closed or self._fatal is not None:
+                return
+            if self._memory.full(self, self._memory_room):
+                return  # taken again meanwhile: woken at the next release
+            self._send(self._flow.unhold())
 
     def _send(self, grants: list[Grant]) -> None:
         if grants and self._flow.zero_queue:
