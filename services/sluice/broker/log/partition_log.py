@@ -21,6 +21,7 @@ from sluice.broker.log.config import MAX_SEGMENT_BYTES, LogConfig
 from sluice.broker.log.epochs import LeaderEpochCache
 from sluice.broker.log.handles import ReadHandles, storage_error
 from sluice.broker.log.producers import PartitionProducers
+from sluice.broker.log.read_check import failed_batches
 from sluice.broker.log.recovery import load_segments
 from sluice.broker.log.results import AppendResult, ReadResult
 from sluice.broker.log.segment import Segment
@@ -104,6 +105,8 @@ class PartitionLog(EpochsAndTruncation):
         #: Offset ranges [base, next) of batches that failed their CRC (or other checks) inside
         #: intact framing at an unclean open: this replica's copy is damaged there.
         self.corrupt_ranges: list[tuple[int, int]] = []
+        #: Called when a read finds a damaged batch (the broker reports it to the controller).
+        self.on_damage: Callable[[], None] | None = None
         #: Idempotent producers' last batches (docs/replication.md, "Idempotent producer").
         self.producers = PartitionProducers(self.directory)
         self._load(verify_all)
@@ -321,6 +324,13 @@ class PartitionLog(EpochsAndTruncation):
         it, or this one once it has re-fetched it).
         """
         result = self._read_batches(offset, max_bytes, min_one)
+        failed = failed_batches(result.data) if result.data else ()
+        for found in failed:  # rot found while serving (read_check.py): never served, reported
+            if found not in self.corrupt_ranges:
+                self.corrupt_ranges = sorted([*self.corrupt_ranges, found])
+                log.error("%s: offsets %s fail their CRC: a damaged copy", self.directory, found)
+        if failed and self.on_damage is not None:
+            self.on_damage()
         if self.corrupt_ranges and result.data:
             return self._stop_before_corrupt(offset, result)
         return result
