@@ -122,7 +122,13 @@ async def run(config: BrokerConfig) -> None:
             unclean_logs=lambda: unclean_logs(logs),
             damaged=damage.take,
         )
-        damage.wake = link.damage_found.set
+        # A read may run off the event loop (a worker thread): the event is set on the loop.
+        loop, found = asyncio.get_running_loop(), link.damage_found
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(found.set)
+
+        damage.wake = wake
         link_task = asyncio.create_task(_run_link(link, server, wire), name="coordinator-link")
 
     async def before_ready() -> None:
