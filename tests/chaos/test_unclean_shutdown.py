@@ -157,7 +157,8 @@ def test_a_leader_that_finds_damage_steps_down_and_heals(tmp_path: Path) -> None
         until(lambda: cluster.segments(leader) == cluster.segments(now), "the healed replica matching")
         verdict = verify(cluster, acked)
         print(
-            f"damaged leader {leader} (batch {bad}) -> {moved_to}, finally {now}; first read {verdict_early}; "
+            f"damaged leader {leader} (batch {bad}) -> {moved_to}, finally {now}; "
+            f"first read {verdict_early}; "
             f"{verdict}"
         )
         for v in (verdict_early, verdict):  # every value read is one that was sent: no bad bytes
