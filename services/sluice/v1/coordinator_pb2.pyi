@@ -221,8 +221,9 @@ class BrokerHeartbeatRequest(_message.Message):
         """Partitions found damaged since this broker registered (a read hit a
         batch that fails its CRC): the controller moves leadership to a healthy
         ISR member and takes this broker out of the ISR; it then truncates to
-        before the damage and re-fetches as a follower. Sent until the heartbeat
-        that carried them is answered.
+        before the damage and re-fetches as a follower. Sent once (at most every
+        5 s per partition); a lost heartbeat loses them, and the next read of the
+        damaged batch finds and reports it again.
         """
 
     def __init__(
