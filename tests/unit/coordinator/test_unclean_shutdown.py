@@ -89,3 +89,12 @@ def test_every_replica_restarting_unclean_elects_the_longest_log_once_the_last_r
     assert (state.leader, state.isr, state.elr) == (0, (0,), ())
     assert candidates.by_partition == {}  # the pool is spent
     assert ctx.recover().topics["t"].states[0] == state  # persisted
+
+
+def test_a_recovery_that_keeps_the_same_leader_still_starts_a_new_leader_epoch() -> None:
+    state = PartitionState((0, 1, 2), 2, 5, 9, (2,), ())
+    new, recovered = on_unfit(state, 2, {2: _report(5, 100)}, {0, 1, 2}, CONFIG, recover=True) or (
+        state,
+        None,
+    )
+    assert (new.leader, new.leader_epoch, recovered) == (2, 6, True)

@@ -124,14 +124,23 @@ def on_unfit(
     if not recover or not candidates:
         return None  # the last copy stays: nothing healthier to elect
     chosen = longest_log(candidates, state.replicas)
-    return _next(state, chosen, (chosen,), ()), True
+    # Always a new leader epoch, even for the same broker: a new process, whose log may be shorter than
+    # what its followers fetched in the old epoch; the new epoch starts at its log end (KIP-279).
+    return _next(state, chosen, (chosen,), (), new_epoch=True), True
 
 
-def _next(state: PartitionState, leader: int, isr: tuple[int, ...], elr: tuple[int, ...]) -> PartitionState:
+def _next(
+    state: PartitionState,
+    leader: int,
+    isr: tuple[int, ...],
+    elr: tuple[int, ...],
+    *,
+    new_epoch: bool = False,
+) -> PartitionState:
     return PartitionState(
         state.replicas,
         leader,
-        state.leader_epoch + (1 if leader != state.leader else 0),
+        state.leader_epoch + (1 if new_epoch or leader != state.leader else 0),
         state.partition_epoch + 1,
         isr,
         elr,
