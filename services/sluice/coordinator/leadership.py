@@ -90,12 +90,22 @@ class CoordinatorLeadership(CoordinatorReassignments):
             "restarted after an unclean shutdown" if unclean else "found damaged batches in its log"
         )
         log.warning("%s: out of the in-sync and eligible replicas until it catches up", why)
-        await self._elect(
-            why,
-            lambda now: remove_unfit(
-                self.cluster, broker_id, keyed, self._candidates, now, only=only, recover=unclean
-            ),
-        )
+
+        async def run() -> None:
+            await self._elect_now(
+                why,
+                lambda now: remove_unfit(
+                    self.cluster, broker_id, keyed, self._candidates, now, only=only, recover=unclean
+                ),
+            )
+
+        term = self._term
+        if term is not None and not term.opened.is_set():
+            # While this term's view is rebuilt, elections wait (rebuilding.py); this one goes first, so
+            # no deferred election (of a broker that expired meanwhile) can pick the unfit broker.
+            term.deferred.insert(0, run)
+        else:
+            await run()
 
     # ---- controlled shutdown -----------------------------------------------------------------------
 
