@@ -118,10 +118,11 @@ class CoordinatorLink:
         if logs is not None:
             request.unclean_shutdown = True
             request.logs.extend(logs)
-        # The controller's removal can wait for its term's view (a few heartbeats at most).
+        # The answer waits for the controller's removal (one write over every topic the broker holds).
         resp = await stub.RegisterBroker(request, timeout=RPC_TIMEOUT_S * (3 if logs is not None else 1))
         if logs is not None:
             self._unclean_reported = True
+        if logs:  # none: a new or emptied data directory (the controller knows whether it held replicas)
             log.warning(
                 "registered after an unclean shutdown (%d partition logs reported, %d damaged): out of every "
                 "in-sync replica set until caught up",

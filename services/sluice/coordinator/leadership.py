@@ -86,6 +86,12 @@ class CoordinatorLeadership(CoordinatorReassignments):
         only, and it stays where no other eligible replica exists."""
         keyed = {(r.topic, r.partition): r for r in reports}
         only = None if unclean else set(keyed)
+        if not any(
+            broker_id in s.replicas and len(s.replicas) > 1
+            for t in self.cluster.topics.values()
+            for s in t.states
+        ):
+            return  # a new broker (an empty data directory has no marker either): nothing to take it out of
         why = f"broker {broker_id} " + (
             "restarted after an unclean shutdown" if unclean else "found damaged batches in its log"
         )
