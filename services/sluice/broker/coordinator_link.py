@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -50,6 +51,8 @@ class CoordinatorLink:
         metadata_version: Callable[[], int],
         controller_epoch: Callable[[], int] = lambda: 0,
         epoch_reports: Callable[[], list[coordinator_pb2.PartitionEpochReport]] = list,
+        unclean_logs: Callable[[], list[coordinator_pb2.PartitionLogReport] | None] = lambda: None,
+        damaged: Callable[[], list[coordinator_pb2.PartitionLogReport]] = list,
     ) -> None:
         self.address = address
         self.broker_id = broker_id
@@ -65,6 +68,13 @@ class CoordinatorLink:
         self._controller_epoch = controller_epoch
         #: Partitions the controller is behind on (epoch_reports.py), sent with every heartbeat.
         self._epoch_reports = epoch_reports
+        #: This process started after an unclean shutdown: its logs, reported until a registration is
+        #: answered (then the controller has taken it out of every ISR and ELR; KIP-966).
+        self._unclean_logs = unclean_logs
+        self._unclean_reported = False
+        #: Partitions found damaged while serving: reported with the next heartbeat, which goes at once.
+        self._damaged = damaged
+        self.damage_found = asyncio.Event()
         self.broker_epoch = -1
         #: Set once registered (tests and readiness can wait on it).
         self.registered = asyncio.Event()
@@ -97,16 +107,28 @@ class CoordinatorLink:
             await peers.close()
 
     async def _register(self, stub: coordinator_pb2_grpc.CoordinatorAsyncStub) -> float:
-        resp = await stub.RegisterBroker(
-            coordinator_pb2.RegisterBrokerRequest(
-                broker_id=self.broker_id,
-                endpoint=coordinator_pb2.Endpoint(host=self.host, port=self.port, wire_port=self.wire_port),
-                incarnation=self.incarnation,
-                rack=self.rack,
-                controller_epoch=self._controller_epoch(),
-            ),
-            timeout=RPC_TIMEOUT_S,
+        request = coordinator_pb2.RegisterBrokerRequest(
+            broker_id=self.broker_id,
+            endpoint=coordinator_pb2.Endpoint(host=self.host, port=self.port, wire_port=self.wire_port),
+            incarnation=self.incarnation,
+            rack=self.rack,
+            controller_epoch=self._controller_epoch(),
         )
+        logs = None if self._unclean_reported else self._unclean_logs()
+        if logs is not None:
+            request.unclean_shutdown = True
+            request.logs.extend(logs)
+        # The answer waits for the controller's removal (one write over every topic the broker holds).
+        resp = await stub.RegisterBroker(request, timeout=RPC_TIMEOUT_S * (3 if logs is not None else 1))
+        if logs is not None:
+            self._unclean_reported = True
+        if logs:  # none: a new or emptied data directory (the controller knows whether it held replicas)
+            log.warning(
+                "registered after an unclean shutdown (%d partition logs reported, %d damaged): out of every "
+                "in-sync replica set until caught up",
+                len(logs),
+                sum(1 for r in logs if r.damaged),
+            )
         self.broker_epoch = resp.broker_epoch
         self.registered.set()
         interval = (
@@ -125,6 +147,7 @@ class CoordinatorLink:
     ) -> None:
         answered_now = False
         while True:
+            self.damage_found.clear()
             resp = await stub.BrokerHeartbeat(
                 coordinator_pb2.BrokerHeartbeatRequest(
                     broker_id=self.broker_id,
@@ -132,6 +155,7 @@ class CoordinatorLink:
                     metadata_version=self._version(),
                     controller_epoch=self._controller_epoch(),
                     epochs_ahead=self._epoch_reports(),
+                    damaged=self._damaged(),
                 ),
                 timeout=max(RPC_TIMEOUT_S, 2 * interval),
             )
@@ -154,4 +178,9 @@ class CoordinatorLink:
             # The heartbeat timer: the coordinator's session timeout is counted in these. Never two
             # immediate heartbeats in a row.
             answered_now = answer_now
-            await asyncio.sleep(0 if answer_now else interval)
+            if answer_now:
+                await asyncio.sleep(0)
+                continue
+            # Damage found while serving is news for the controller now, not one interval later.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.damage_found.wait(), interval)

@@ -12,13 +12,20 @@ docs/replication.md, "Controller state that cannot roll back".
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Collection
+
 from sluice.broker.assignment import PartitionRegistry
 from sluice.broker.leading import Leaders
+from sluice.broker.log.manager import LogManager
 from sluice.v1 import coordinator_pb2
 
-__all__ = ["MAX_REPORTS", "epoch_reports"]
+__all__ = ["MAX_REPORTS", "DamageReports", "epoch_reports", "log_reports", "unclean_logs"]
 
 MAX_REPORTS = 1_000
+#: A partition found damaged again (every read of the damaged batch finds it) is reported at most this
+#: often: the controller's answer to the first report is all there is to do.
+DAMAGE_REPORT_EVERY_S = 5.0
 _UNKNOWN = -1
 
 
@@ -52,3 +59,63 @@ def epoch_reports(
             )
         )
     return out
+
+
+def log_reports(
+    logs: LogManager, only: Collection[tuple[str, int]] | None = None
+) -> list[coordinator_pb2.PartitionLogReport]:
+    """Each log as it is now (``only``: these partitions): its newest leader epoch, its log end, whether
+    it holds batches that failed verification. The controller's unclean recovery elects the longest
+    (``coordinator/cluster/unclean.py``)."""
+    out = []
+    for (topic, partition), plog in sorted(logs.partitions().items()):
+        if only is not None and (topic, partition) not in only:
+            continue
+        out.append(
+            coordinator_pb2.PartitionLogReport(
+                topic=topic,
+                topic_id=logs.topic_id(topic, partition) or "",
+                partition=partition,
+                last_leader_epoch=plog.latest_epoch,
+                log_end_offset=plog.log_end_offset,
+                damaged=bool(plog.corrupt_ranges),
+            )
+        )
+    return out
+
+
+def unclean_logs(logs: LogManager) -> list[coordinator_pb2.PartitionLogReport] | None:
+    """What ``RegisterBroker`` says of this process's start: None after a clean shutdown, else every log
+    as its recovery left it (KIP-966: the controller takes this broker out of every ISR and ELR). One
+    report per partition, once per unclean start."""
+    return log_reports(logs) if logs.unclean else None
+
+
+class DamageReports:
+    """Partitions whose reads found a damaged batch (``PartitionLog.on_damage``), for the next heartbeat,
+    which ``wake`` sends at once. The controller moves leadership away and takes this replica out of the
+    ISR; as a follower it then truncates to before the damage and re-fetches (docs/replication.md,
+    "A damaged leader steps down")."""
+
+    def __init__(self, logs: LogManager, clock: Callable[[], float] = time.monotonic) -> None:
+        self._logs = logs
+        self._clock = clock
+        self._pending: set[tuple[str, int]] = set()
+        self._sent: dict[tuple[str, int], float] = {}
+        self.wake: Callable[[], None] = lambda: None
+
+    def found(self, topic: str, partition: int) -> None:
+        key = (topic, partition)
+        now = self._clock()
+        if now - self._sent.get(key, -DAMAGE_REPORT_EVERY_S) < DAMAGE_REPORT_EVERY_S:
+            return
+        self._sent[key] = now
+        self._pending.add(key)
+        self.wake()
+
+    def take(self) -> list[coordinator_pb2.PartitionLogReport]:
+        """The pending reports (a lost heartbeat loses them; the next read of the damage finds it again)."""
+        if not self._pending:
+            return []
+        keys, self._pending = self._pending, set()
+        return log_reports(self._logs, keys)

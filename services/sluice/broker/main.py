@@ -18,7 +18,7 @@ from grpc import aio
 from sluice.broker.config import ENV_PREFIX, BrokerConfig
 from sluice.broker.controlled_shutdown import controlled_shutdown
 from sluice.broker.coordinator_link import CoordinatorLink
-from sluice.broker.epoch_reports import epoch_reports
+from sluice.broker.epoch_reports import DamageReports, epoch_reports, unclean_logs
 from sluice.broker.handlers import RequestHandlers
 from sluice.broker.log.manager import LogManager
 from sluice.broker.service import BrokerService
@@ -109,6 +109,8 @@ async def run(config: BrokerConfig) -> None:
     link_task: asyncio.Task[None] | None = None
     link: CoordinatorLink | None = None
     if config.coordinator:
+        damage = DamageReports(logs)
+        logs.on_damage = damage.found
         link = CoordinatorLink(
             config.coordinator,
             broker_id=config.broker_id,
@@ -119,7 +121,16 @@ async def run(config: BrokerConfig) -> None:
             metadata_version=lambda: service.metadata_version,
             controller_epoch=lambda: service.registry.epochs.controller_epoch,
             epoch_reports=lambda: epoch_reports(service.registry, service.leaders, config.broker_id),
+            unclean_logs=lambda: unclean_logs(logs),
+            damaged=damage.take,
         )
+        # A read may run off the event loop (a worker thread): the event is set on the loop.
+        loop, found = asyncio.get_running_loop(), link.damage_found
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(found.set)
+
+        damage.wake = wake
         link_task = asyncio.create_task(_run_link(link, server, wire), name="coordinator-link")
 
     async def before_ready() -> None:

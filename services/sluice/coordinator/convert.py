@@ -16,6 +16,7 @@ from sluice.coordinator.cluster.model import (
 )
 from sluice.coordinator.cluster.rebuild import MAX_REPORTS, EpochReport
 from sluice.coordinator.cluster.replication import ReplicationSpec
+from sluice.coordinator.cluster.unclean import LogReport
 from sluice.coordinator.groups.lag import LagRow
 from sluice.coordinator.groups.model import (
     AssignedPartition,
@@ -321,4 +322,12 @@ def reports_from_proto(
             tuple(r.isr),
         )
         for r, _ in zip(reports, range(MAX_REPORTS), strict=False)
+    )
+
+
+def log_reports_from_proto(reports: Iterable[coordinator_pb2.PartitionLogReport]) -> tuple[LogReport, ...]:
+    """A registration's ``logs`` or a heartbeat's ``damaged`` (cluster/unclean.py)."""
+    return tuple(
+        LogReport(r.topic, r.topic_id, r.partition, r.last_leader_epoch, r.log_end_offset, r.damaged)
+        for r in reports
     )

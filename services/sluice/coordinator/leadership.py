@@ -21,6 +21,7 @@ from sluice.coordinator.cluster.leadership import (
     shut_down_broker,
 )
 from sluice.coordinator.cluster.replication import PartitionState
+from sluice.coordinator.cluster.unclean import Candidates, LogReport, remove_unfit
 from sluice.coordinator.reassignments import CoordinatorReassignments
 from sluice.coordinator.records import Result
 from sluice.coordinator.topic_acks import wait_for_brokers
@@ -42,6 +43,8 @@ class CoordinatorLeadership(CoordinatorReassignments):
         #: an ISR, until they register again (a new process) or their epoch changes.
         self._shutting: dict[int, int] = {}
         self._rebalance_wake = asyncio.Event()
+        #: Replicas taken out as unfit, with their reported logs: an unclean recovery's pool (in memory).
+        self._candidates = Candidates()
 
     # ---- ISR changes ---------------------------------------------------------------------------------
 
@@ -61,6 +64,7 @@ class CoordinatorLeadership(CoordinatorReassignments):
         result = await self._write(alter, publish)
         if result.change is not None:
             self._isr_changed(result.state)
+            self._candidates.rejoined((proposal.topic, proposal.partition), result.state.isr)
             log.info(
                 "%s/%d: ISR %s at partition epoch %d (proposed by leader %d)",
                 proposal.topic,
@@ -72,6 +76,42 @@ class CoordinatorLeadership(CoordinatorReassignments):
         if result.state.reassigning:
             await self._complete_reassignment(proposal.topic, proposal.partition)
         return result.state
+
+    # ---- unfit replicas: an unclean restart, damage found while leading ------------------------------
+
+    async def replicas_unfit(self, broker_id: int, reports: Collection[LogReport], *, unclean: bool) -> None:
+        """KIP-966 (cluster/unclean.py): after an unclean restart (``unclean``), ``broker_id`` leaves the
+        ISR and ELR of every replicated partition it holds, or, as their last eligible replica, gives way
+        to the longest reported log; after damage found while leading, of the ``reports``' partitions
+        only, and it stays where no other eligible replica exists."""
+        keyed = {(r.topic, r.partition): r for r in reports}
+        only = None if unclean else set(keyed)
+        if not any(
+            broker_id in s.replicas and len(s.replicas) > 1
+            for t in self.cluster.topics.values()
+            for s in t.states
+        ):
+            return  # a new broker (an empty data directory has no marker either): nothing to take it out of
+        why = f"broker {broker_id} " + (
+            "restarted after an unclean shutdown" if unclean else "found damaged batches in its log"
+        )
+        log.warning("%s: out of the in-sync and eligible replicas until it catches up", why)
+
+        async def run() -> None:
+            await self._elect_now(
+                why,
+                lambda now: remove_unfit(
+                    self.cluster, broker_id, keyed, self._candidates, now, only=only, recover=unclean
+                ),
+            )
+
+        term = self._term
+        if term is not None and not term.opened.is_set():
+            # While this term's view is rebuilt, elections wait (rebuilding.py); this one goes first, so
+            # no deferred election (of a broker that expired meanwhile) can pick the unfit broker.
+            term.deferred.insert(0, run)
+        else:
+            await run()
 
     # ---- controlled shutdown -----------------------------------------------------------------------
 

@@ -151,7 +151,7 @@ class CoordinatorMetrics:
 
 
 #: The ``kind`` values of ``sluice_coordinator_leader_elections_total`` (timers.py counts them).
-ELECTION_KINDS = ("clean", "unclean", "offline")
+ELECTION_KINDS = ("clean", "unclean", "offline", "recovery")
 
 _metrics: CoordinatorMetrics | None = None
 _lock = Lock()
@@ -191,7 +191,8 @@ def coordinator_metrics() -> CoordinatorMetrics:
                 leader_elections=Counter(
                     f"{p}_leader_elections",
                     "Partition leader changes after a broker's loss: clean (from the ISR or ELR), unclean "
-                    "(records lost), offline (no leader left)",
+                    "(records lost), offline (no leader left), recovery (every eligible replica restarted "
+                    "unclean: the longest log elected)",
                     ["kind"],
                 ),
                 group_members=Gauge(f"{p}_group_members", "Members of a consumer group", ["group"]),

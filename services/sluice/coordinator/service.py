@@ -30,6 +30,7 @@ from sluice.coordinator.cluster.rebuild import EpochReport
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
 from sluice.coordinator.cluster.sessions import Liveness
 from sluice.coordinator.cluster.state import ClusterState
+from sluice.coordinator.cluster.unclean import LogReport
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
 from sluice.coordinator.groups.deletion import delete_group, deletion_ops, find_group_keys
@@ -176,7 +177,9 @@ class CoordinatorService(CoordinatorTopics):
         incarnation: str,
         rack: str = "",
         controller_epoch: int = 0,
+        unclean: Sequence[LogReport] | None = None,
     ) -> Registration:
+        """``unclean``: the logs of a broker restarted without a clean shutdown (None: clean)."""
         await self._catch_up_epoch(broker_id, controller_epoch)
 
         def committed(reg: Registration) -> None:
@@ -189,6 +192,8 @@ class CoordinatorService(CoordinatorTopics):
         reg = await self._write(
             lambda now: self.cluster.register_broker(broker_id, endpoint, incarnation, now, rack), committed
         )
+        if unclean is not None:  # out of every ISR and ELR before anything can elect it (KIP-966)
+            await self.replicas_unfit(broker_id, unclean, unclean=True)
         await self._elect_offline(f"broker {broker_id} registered")
         return reg
 

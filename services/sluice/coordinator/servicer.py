@@ -22,6 +22,7 @@ from sluice.coordinator.convert import (
     group_summary_to_proto,
     heartbeat_from_proto,
     heartbeat_to_proto,
+    log_reports_from_proto,
     metadata_to_proto,
     replication_spec_from_proto,
     reports_from_proto,
@@ -61,7 +62,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             request.endpoint, request.HasField("endpoint"), f"broker {request.broker_id}"
         )
         reg = await self._service.register_broker(
-            request.broker_id, endpoint, request.incarnation, request.rack, request.controller_epoch
+            request.broker_id,
+            endpoint,
+            request.incarnation,
+            request.rack,
+            request.controller_epoch,
+            log_reports_from_proto(request.logs) if request.unclean_shutdown else None,
         )
         return pb.RegisterBrokerResponse(
             broker_epoch=reg.epoch,
@@ -79,6 +85,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             request.controller_epoch,
             reports_from_proto(request.broker_id, request.epochs_ahead),
         )
+        if request.damaged and result.error is None:
+            await self._service.replicas_unfit(
+                request.broker_id, log_reports_from_proto(request.damaged), unclean=False
+            )
         response = pb.BrokerHeartbeatResponse()
         if result.error is not None:
             response.error.CopyFrom(result.error.to_proto())

@@ -103,11 +103,19 @@ class CoordinatorTimers(CoordinatorRebuild):
                 await asyncio.sleep(ELECTION_RETRY_S)
         else:
             return
-        unclean = set(result.unclean)
+        unclean, recovered = set(result.unclean), set(result.recovered)
         for topic, partition, leader in result.leaders:
             log.warning("%s/%d: %s, leader now %d", topic, partition, why, leader)
             kind = "offline" if leader < 0 else "unclean" if (topic, partition) in unclean else "clean"
+            kind = "recovery" if (topic, partition) in recovered else kind
             self._metrics.leader_elections.labels(kind).inc()
+        for topic, partition in result.recovered:
+            log.error(
+                "%s/%d: UNCLEAN RECOVERY: every eligible replica restarted unclean; elected the longest log "
+                "of those that reported (what no reporting replica kept is lost)",
+                topic,
+                partition,
+            )
         for topic, partition in result.unclean:
             log.error(
                 "%s/%d: UNCLEAN leader election (records missing from the new leader are lost)",

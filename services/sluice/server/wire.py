@@ -39,10 +39,17 @@ from sluice.security.service import ServiceSecurity, lower_keys
 from sluice.security.tls import ServerTLS
 from sluice.server.config import ConnectionSettings
 from sluice.server.limits import connection_settings, set_tcp_keepalive
+from sluice.server.wire_buffer import READ_BUFFER_HELLO, READ_BUFFER_MAX, READ_BUFFER_MIN, next_buffer_size
 from sluice.server.wire_gate import ConnectionGate
 from sluice.v1 import wire_pb2
 
-__all__ = ["WireConnection", "WireListener", "parse_frame"]
+__all__ = [
+    "READ_BUFFER_MAX",
+    "READ_BUFFER_MIN",
+    "WireConnection",
+    "WireListener",
+    "parse_frame",
+]
 
 log = logging.getLogger(__name__)
 
@@ -133,19 +140,6 @@ class WireListener:
         await self.gate.stop()
         for conn in list(self.connections):
             conn.close()
-
-
-#: A connection's receive buffer, as it starts and as it returns to once a burst has passed. Most
-#: connections only ever carry small frames (a push consumer's flow and acks, a fetch request), and
-#: a dispatcher holds one per push consumer: 16 KiB, not 256, is what keeps 1,000 of them cheap
-#: (``docs/dispatcher.md``, "What a consumer costs").
-READ_BUFFER_MIN = 16 * 1024
-#: The receive buffer until the hello is accepted: a hello is a few hundred bytes (a few KB with a
-#: token), and a connection that never says hello must cost little (docs/limits.md).
-READ_BUFFER_HELLO = 2 * 1024
-#: The most one socket read may bring: the buffer grows to it for a large frame, or while reads
-#: fill the buffer (a peer that streams), so a large produce batch takes as few reads as before.
-READ_BUFFER_MAX = 256 * 1024
 
 
 class WireConnection(asyncio.BufferedProtocol):
@@ -342,19 +336,9 @@ class WireConnection(asyncio.BufferedProtocol):
         return len(self._view)
 
     def _size_buffer(self, nbytes: int) -> None:
-        """Size the next read: larger while a large frame is incomplete or the last read filled
-        the buffer (more is waiting), back to the minimum once a small read ended on a frame
-        boundary. A new buffer costs one allocation per change of size, never one per read."""
-        size = len(self._view)
-        missing = self._reader.missing
-        if nbytes == size or missing > size:
-            wanted = min(READ_BUFFER_MAX, max(2 * size, missing))
-        elif size > (low := self.read_buffer_min) and nbytes <= low and not self._reader.buffered:
-            wanted = low
-        else:
-            return
-        if wanted != size:
-            self._view = memoryview(bytearray(wanted))
+        wanted = next_buffer_size(len(self._view), nbytes, self._reader, self.read_buffer_min)
+        if wanted is not None:
+            self._view = memoryview(bytearray(wanted))  # one allocation per change of size
 
     def data_received(self, data: bytes | memoryview) -> None:
         if self.closing:

@@ -74,6 +74,8 @@ class RegisterBrokerRequest(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     RACK_FIELD_NUMBER: _builtins.int
     CONTROLLER_EPOCH_FIELD_NUMBER: _builtins.int
+    UNCLEAN_SHUTDOWN_FIELD_NUMBER: _builtins.int
+    LOGS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     incarnation: _builtins.str
     """Changes on every broker process start; a stale process cannot
@@ -88,8 +90,23 @@ class RegisterBrokerRequest(_message.Message):
     coordinator whose own epoch is lower (its Redis lost the epoch) takes a
     new one above it before it can give this broker orders.
     """
+    unclean_shutdown: _builtins.bool
+    """The broker's data directory had no clean-shutdown marker: it crashed, was
+    killed or lost power, so its logs may lack a tail they had (an unflushed
+    one, or one cut by recovery). The controller takes it out of the ISR and
+    ELR of every replicated partition it holds before it can be elected
+    (KIP-966); it rejoins by catching up. docs/replication.md, "Unclean
+    shutdowns".
+    """
     @_builtins.property
     def endpoint(self) -> Global___Endpoint: ...
+    @_builtins.property
+    def logs(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionLogReport]:
+        """With unclean_shutdown: the log this broker found for each of its
+        partitions (the controller elects the longest when every eligible replica
+        restarted unclean: "unclean recovery").
+        """
+
     def __init__(
         self,
         *,
@@ -98,14 +115,56 @@ class RegisterBrokerRequest(_message.Message):
         incarnation: _builtins.str = ...,
         rack: _builtins.str = ...,
         controller_epoch: _builtins.int = ...,
+        unclean_shutdown: _builtins.bool = ...,
+        logs: _abc.Iterable[Global___PartitionLogReport] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "controller_epoch", b"controller_epoch", "endpoint", b"endpoint", "incarnation", b"incarnation", "rack", b"rack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "controller_epoch", b"controller_epoch", "endpoint", b"endpoint", "incarnation", b"incarnation", "logs", b"logs", "rack", b"rack", "unclean_shutdown", b"unclean_shutdown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RegisterBrokerRequest: _TypeAlias = RegisterBrokerRequest  # noqa: Y015
+
+@_typing.final
+class PartitionLogReport(_message.Message):
+    """One partition's log as a broker found it (at open, or when damage was
+    found while serving it).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LAST_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
+    DAMAGED_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    topic_id: _builtins.str
+    partition: _builtins.int
+    last_leader_epoch: _builtins.int
+    """The newest leader epoch in the log's epoch index (-1: none)."""
+    log_end_offset: _builtins.int
+    damaged: _builtins.bool
+    """The log holds batches that failed verification (corrupt_ranges)."""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        topic_id: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        last_leader_epoch: _builtins.int = ...,
+        log_end_offset: _builtins.int = ...,
+        damaged: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["damaged", b"damaged", "last_leader_epoch", b"last_leader_epoch", "log_end_offset", b"log_end_offset", "partition", b"partition", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionLogReport: _TypeAlias = PartitionLogReport  # noqa: Y015
 
 @_typing.final
 class RegisterBrokerResponse(_message.Message):
@@ -141,6 +200,7 @@ class BrokerHeartbeatRequest(_message.Message):
     METADATA_VERSION_FIELD_NUMBER: _builtins.int
     CONTROLLER_EPOCH_FIELD_NUMBER: _builtins.int
     EPOCHS_AHEAD_FIELD_NUMBER: _builtins.int
+    DAMAGED_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     broker_epoch: _builtins.int
     metadata_version: _builtins.int
@@ -156,6 +216,16 @@ class BrokerHeartbeatRequest(_message.Message):
         heartbeat. docs/replication.md, "Controller state that cannot roll back".
         """
 
+    @_builtins.property
+    def damaged(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionLogReport]:
+        """Partitions found damaged since this broker registered (a read hit a
+        batch that fails its CRC): the controller moves leadership to a healthy
+        ISR member and takes this broker out of the ISR; it then truncates to
+        before the damage and re-fetches as a follower. Sent once (at most every
+        5 s per partition); a lost heartbeat loses them, and the next read of the
+        damaged batch finds and reports it again.
+        """
+
     def __init__(
         self,
         *,
@@ -164,10 +234,11 @@ class BrokerHeartbeatRequest(_message.Message):
         metadata_version: _builtins.int = ...,
         controller_epoch: _builtins.int = ...,
         epochs_ahead: _abc.Iterable[Global___PartitionEpochReport] | None = ...,
+        damaged: _abc.Iterable[Global___PartitionLogReport] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "controller_epoch", b"controller_epoch", "epochs_ahead", b"epochs_ahead", "metadata_version", b"metadata_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "controller_epoch", b"controller_epoch", "damaged", b"damaged", "epochs_ahead", b"epochs_ahead", "metadata_version", b"metadata_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import grpc
 
+from sluice.broker.replica_fetcher import FETCH_MAX_WAIT_MS
 from sluice.client import Client
 from sluice.errors import InvalidReplicationFactor
 from sluice.v1 import broker_pb2 as pb
@@ -345,17 +346,22 @@ def test_a_deposed_leader_truncates_exactly_its_unreplicated_tail_kip_101(tmp_pa
             lambda: all(cluster.segments(f, "div") == cluster.segments(old_id, "div") for f in followers),
             "the followers to hold the committed records",
         )
-        # The followers die; the leader takes acks=1 writes they never get, then dies too.
+        # The followers stop (frozen: a follower killed and restarted would report an unclean shutdown
+        # and leave the ISR, KIP-966, leaving the old leader the last eligible replica); the leader takes
+        # acks=1 writes they never get, then dies.
         for f in followers:
-            cluster.brokers[f].kill()
-            cluster.brokers[f].close()
+            cluster.brokers[f].proc.process.send_signal(signal.SIGSTOP)
+        # A fetch each follower parked before it froze is answered (empty) within its max wait; only
+        # then are the writes below sure to reach neither (a frozen process sends no new fetch). Nothing
+        # to wait on from here: the answer goes to a frozen process.
+        time.sleep(3 * FETCH_MAX_WAIT_MS / 1000)
         for i in range(3):
             assert old.produce("div", 0, make_batch([b"lost-%d" % i]), acks=1).error.code == 0
         assert high_watermark(old, "div") == 10  # never committed: no consumer saw them
         old.kill()
         old.close()
         for f in followers:
-            cluster.start_broker(f)
+            cluster.brokers[f].proc.process.send_signal(signal.SIGCONT)
         until(lambda: cluster.partition("div").broker_id in followers, "a new leader", timeout=30)
         new_id = cluster.partition("div").broker_id
         leader = cluster.brokers[new_id]

@@ -22,6 +22,19 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def fdatasync_path(path: Path) -> None:
+    """fdatasync a closed file by path (fsync applies to the file, whichever descriptor asks); a file
+    deleted meanwhile has nothing left to sync."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
 def replace_durably(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves either the old file or the new one, whole."""
     tmp = path.with_name(path.name + ".tmp")

@@ -150,6 +150,8 @@ class LogManager:
         self.space = DiskSpace(self.data_dir, min_free_bytes)
         #: The last shutdown left no marker: logs opened now verify every batch's CRC.
         self.unclean = self._take_clean_shutdown_marker()
+        #: Called with (topic, partition) when a read finds a damaged batch (read_check.py).
+        self.on_damage: Callable[[str, int], None] | None = None
 
     def _take_clean_shutdown_marker(self) -> bool:
         """Whether the last shutdown was unclean; removes the marker (durably) so that a crash
@@ -196,7 +198,7 @@ class LogManager:
                 over_budget += 1
                 continue
             try:
-                self._logs[key] = self._open_log(path, meta.config)
+                self._logs[key] = self._open_log(path, meta.config, key)
             except (OSError, SluiceError):
                 log.exception("cannot open the log of %s-%d in %s", meta.topic, meta.partition, path)
                 continue
@@ -258,7 +260,7 @@ class LogManager:
             if on_disk != meta:
                 meta.write(path)
                 fsync_dir(self.data_dir)
-            plog = self._open_log(path, meta.config)
+            plog = self._open_log(path, meta.config, key)
         except (OSError, StorageError) as exc:
             # All or nothing: a partition that could not be opened leaves no directory that
             # a restart would take for a created partition.
@@ -273,9 +275,11 @@ class LogManager:
         self._logs[key] = plog
         return plog
 
-    def _open_log(self, path: Path, config: LogConfig | None) -> PartitionLog:
+    def _open_log(self, path: Path, config: LogConfig | None, key: TopicPartition) -> PartitionLog:
         cfg = config or self.default_config
-        return PartitionLog(path, cfg, self._now_ms, self.handles, verify_all=self.unclean, space=self.space)
+        plog = PartitionLog(path, cfg, self._now_ms, self.handles, verify_all=self.unclean, space=self.space)
+        plog.on_damage = lambda: self.on_damage(*key) if self.on_damage is not None else None
+        return plog
 
     def descriptor_budget(self) -> int:
         """How many partition logs this broker can hold open under its soft limit now."""

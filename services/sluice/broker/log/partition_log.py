@@ -18,9 +18,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sluice.broker.log.config import MAX_SEGMENT_BYTES, LogConfig
+from sluice.broker.log.durable import fdatasync_path, fsync_dir
 from sluice.broker.log.epochs import LeaderEpochCache
 from sluice.broker.log.handles import ReadHandles, storage_error
 from sluice.broker.log.producers import PartitionProducers
+from sluice.broker.log.read_check import failed_batches
 from sluice.broker.log.recovery import load_segments
 from sluice.broker.log.results import AppendResult, ReadResult
 from sluice.broker.log.segment import Segment
@@ -43,18 +45,6 @@ log = logging.getLogger(__name__)
 _MAX_RELATIVE_OFFSET = 2**32 - 1
 #: Read handles of a log opened on its own (tests, tools); a broker shares one LRU.
 _PRIVATE_READ_HANDLES = 4
-
-
-def _sync_file(path: Path) -> None:
-    """fdatasync a closed file by path; a file deleted meanwhile has nothing left to sync."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    try:
-        os.fdatasync(fd)
-    finally:
-        os.close(fd)
 
 
 def wall_clock_ms() -> int:
@@ -109,6 +99,8 @@ class PartitionLog(EpochsAndTruncation):
         #: Offset ranges [base, next) of batches that failed their CRC (or other checks) inside
         #: intact framing at an unclean open: this replica's copy is damaged there.
         self.corrupt_ranges: list[tuple[int, int]] = []
+        #: Called when a read finds a damaged batch (the broker reports it to the controller).
+        self.on_damage: Callable[[], None] | None = None
         #: Idempotent producers' last batches (docs/replication.md, "Idempotent producer").
         self.producers = PartitionProducers(self.directory)
         self._load(verify_all)
@@ -338,6 +330,13 @@ class PartitionLog(EpochsAndTruncation):
         it, or this one once it has re-fetched it).
         """
         result = self._read_batches(offset, max_bytes, min_one)
+        failed = failed_batches(result.data) if result.data else ()
+        for found in failed:  # rot found while serving (read_check.py): never served, reported
+            if found not in self.corrupt_ranges:
+                self.corrupt_ranges = sorted([*self.corrupt_ranges, found])
+                log.error("%s: offsets %s fail their CRC: a damaged copy", self.directory, found)
+        if failed and self.on_damage is not None:
+            self.on_damage()
         if self.corrupt_ranges and result.data:
             return self._stop_before_corrupt(offset, result)
         return result
@@ -431,14 +430,10 @@ class PartitionLog(EpochsAndTruncation):
         try:
             os.fdatasync(active_fd)
             while sealed:
-                _sync_file(sealed[0])
+                fdatasync_path(sealed[0])
                 sealed.pop(0)
             if dir_dirty:
-                dir_fd = os.open(self.directory, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
+                fsync_dir(self.directory)
             if epochs is not None:
                 self._write_epochs(*epochs)
                 epochs = None

@@ -20,7 +20,7 @@ from sluice.coordinator.cluster.replication import NO_LEADER, PartitionState
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.records import Record, Result
 
-__all__ = ["ElectionResult", "elect_after_loss", "elect_offline", "election_result"]
+__all__ = ["ElectionResult", "elect_after_loss", "elect_offline", "elect_over", "election_result"]
 
 
 @dataclass(frozen=True)
@@ -31,18 +31,20 @@ class ElectionResult:
     unclean: tuple[tuple[str, int], ...]
     #: Partitions whose state changed (ISR or leader), pushed to their replicas; None: nothing changed.
     change: MetadataChange | None
+    #: Partitions whose leader an unclean recovery chose (the longest log: ``unclean.py``).
+    recovered: tuple[tuple[str, int], ...] = ()
 
 
 def elect_after_loss(cluster: ClusterState, gone: int, now_ms: int) -> Result[ElectionResult]:
     live = cluster.live_brokers(now_ms)
 
-    def decide(record: TopicRecord, state: PartitionState) -> tuple[PartitionState, bool] | None:
+    def decide(record: TopicRecord, p: int, state: PartitionState) -> tuple[PartitionState, bool] | None:
         if len(state.replicas) <= 1 or gone not in state.replicas:
             return None
         election = on_broker_gone(state, gone, live, record.replication)
         return None if election.state == state else (election.state, election.unclean)
 
-    return _elect_over(cluster, decide)
+    return elect_over(cluster, decide)
 
 
 def elect_offline(cluster: ClusterState, now_ms: int) -> Result[ElectionResult]:
@@ -52,7 +54,7 @@ def elect_offline(cluster: ClusterState, now_ms: int) -> Result[ElectionResult]:
     eligible replica was gone leads again as soon as one returns. O(partitions), on those events only."""
     live = set(cluster.live_brokers(now_ms))
 
-    def decide(record: TopicRecord, state: PartitionState) -> tuple[PartitionState, bool] | None:
+    def decide(record: TopicRecord, p: int, state: PartitionState) -> tuple[PartitionState, bool] | None:
         if state.leader != NO_LEADER or len(state.replicas) <= 1:
             return None
         config = record.replication
@@ -71,15 +73,18 @@ def elect_offline(cluster: ClusterState, now_ms: int) -> Result[ElectionResult]:
         )
         return elected, was_unclean
 
-    return _elect_over(cluster, decide)
+    return elect_over(cluster, decide)
 
 
-def _elect_over(
+def elect_over(
     cluster: ClusterState,
-    decide: Callable[[TopicRecord, PartitionState], tuple[PartitionState, bool] | None],
+    decide: Callable[[TopicRecord, int, PartitionState], tuple[PartitionState, bool] | None],
+    *,
+    flags_recovery: bool = False,
 ) -> Result[ElectionResult]:
     """Apply ``decide`` (a partition's new state and whether it was unclean, or None: unchanged) to every
-    partition, and gather the changed records, the pushes and the leader changes into one result."""
+    partition, and gather the changed records, the pushes and the leader changes into one result. With
+    ``flags_recovery`` the flag means an unclean recovery (``ElectionResult.recovered``)."""
     changed_records: list[Record] = []
     assign: dict[int, list[PartitionRef]] = {}
     leaders: list[tuple[str, int, int]] = []
@@ -88,7 +93,7 @@ def _elect_over(
         states = list(record.states)
         touched: list[int] = []
         for p, state in enumerate(states):
-            decided = decide(record, state)
+            decided = decide(record, p, state)
             if decided is None:
                 continue
             states[p], was_unclean = decided
@@ -102,7 +107,10 @@ def _elect_over(
             changed_records.append(updated)
             for broker, refs in updated.refs_by_broker(touched).items():
                 assign.setdefault(broker, []).extend(refs)
-    return election_result(cluster, changed_records, assign, leaders, unclean)
+    result = election_result(cluster, changed_records, assign, leaders, [] if flags_recovery else unclean)
+    if flags_recovery and unclean:
+        return Result(dataclasses.replace(result.response, recovered=tuple(unclean)), result.records)
+    return result
 
 
 def election_result(
