@@ -12,6 +12,7 @@ unary gRPC methods use the converters only: their metrics come from the intercep
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from sluice.broker.requests import (
 )
 from sluice.broker.service import BrokerService
 from sluice.errors import SluiceError
+from sluice.quotas.broker_hooks import fetch_amounts, is_replica, produce_amounts
+from sluice.quotas.throttle import FETCH, QuotaManager, throttle_ms
 from sluice.security.context import RequestContext
 from sluice.server.metrics import MethodRecorder
 from sluice.v1 import broker_pb2, common_pb2
@@ -180,6 +183,7 @@ class AppendedProduce:
     results: list[ProduceResult]
     durable: bool  # the answer waits for wait_durable
     error: SluiceError | None
+    throttle_ms: int = 0  # quotas (docs/quotas.md): carried by the answer
 
 
 class RequestHandlers:
@@ -189,6 +193,8 @@ class RequestHandlers:
         self.service = service
         self._produce_metrics = MethodRecorder("broker", "Produce")
         self.fetch_metrics = MethodRecorder("broker", "Fetch")
+        #: Client quotas (docs/quotas.md); replaced by the broker's quota watcher's manager.
+        self.quotas = QuotaManager()
 
     @property
     def answers_wait_for_fsync(self) -> bool:
@@ -198,13 +204,16 @@ class RequestHandlers:
     def append(self, request: broker_pb2.ProduceRequest, ctx: RequestContext) -> AppendedProduce:
         """Append at once (arrival order is append order); the answer may wait for an fsync."""
         started = time.perf_counter()
+        throttle = throttle_ms(self.quotas.record(ctx, produce_amounts(request)))
         try:
             results, durable = self.service.append(
                 request.acks, request.timeout_ms, produce_items(request), ctx
             )
         except SluiceError as err:
-            return AppendedProduce(request.request_id, request.timeout_ms, started, [], False, err)
-        return AppendedProduce(request.request_id, request.timeout_ms, started, results, durable, None)
+            return AppendedProduce(request.request_id, request.timeout_ms, started, [], False, err, throttle)
+        return AppendedProduce(
+            request.request_id, request.timeout_ms, started, results, durable, None, throttle
+        )
 
     async def wait_durable(self, item: AppendedProduce) -> None:
         if item.durable:
@@ -213,14 +222,21 @@ class RequestHandlers:
     def produce_answer(self, item: AppendedProduce) -> broker_pb2.ProduceResponse:
         if item.error is not None:
             self._produce_metrics.record(item.error.code_name, item.started)
-            return broker_pb2.ProduceResponse(error=item.error.to_proto(), request_id=item.request_id)
+            return broker_pb2.ProduceResponse(
+                error=item.error.to_proto(), request_id=item.request_id, throttle_time_ms=item.throttle_ms
+            )
         self._produce_metrics.record("OK", item.started)
-        return produce_response_to_proto(item.results, item.request_id)
+        answer = produce_response_to_proto(item.results, item.request_id)
+        answer.throttle_time_ms = item.throttle_ms
+        return answer
 
     async def fetch(
         self, request: broker_pb2.FetchRequest, ctx: RequestContext
     ) -> tuple[broker_pb2.FetchResponse, FollowFrom | None]:
         """The answer, and how to follow it when it answers a continuous fetch without error."""
+        metered = not is_replica(request)
+        if metered and (hold := self.quotas.hold_s(ctx, FETCH, request.client_id)) > 0:
+            await asyncio.sleep(hold)  # the caller is throttled: its next fetch waits (KIP-219)
         started = time.perf_counter()
         try:
             outcome = await self.service.fetch(fetch_params_from_proto(request), ctx)
@@ -228,7 +244,12 @@ class RequestHandlers:
             self.fetch_metrics.record(err.code_name, started)
             return broker_pb2.FetchResponse(error=err.to_proto(), request_id=request.request_id), None
         self.fetch_metrics.record("OK", started)
-        return fetch_response_to_proto(outcome, request.request_id), outcome.follow
+        answer = fetch_response_to_proto(outcome, request.request_id)
+        if metered:
+            answer.throttle_time_ms = throttle_ms(
+                self.quotas.record(ctx, fetch_amounts(answer), request.client_id)
+            )
+        return answer, outcome.follow
 
     def follow(
         self,

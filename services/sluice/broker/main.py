@@ -24,6 +24,7 @@ from sluice.broker.log.manager import LogManager
 from sluice.broker.service import BrokerService
 from sluice.broker.servicer import BrokerServicer
 from sluice.broker.wire_server import broker_wire_listener
+from sluice.quotas.watcher import QuotaWatcher
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
@@ -104,6 +105,10 @@ async def run(config: BrokerConfig) -> None:
         metrics_tls=config.tls_metrics,
     )
     security.start()
+    # Client quotas (docs/quotas.md): the coordinator's, kept current by long poll.
+    quota_watcher = QuotaWatcher(config.coordinator, handlers.quotas) if config.coordinator else None
+    if quota_watcher is not None:
+        quota_watcher.start()
     link_task: asyncio.Task[None] | None = None
     link: CoordinatorLink | None = None
     if config.coordinator:
@@ -126,6 +131,9 @@ async def run(config: BrokerConfig) -> None:
         if link is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(link.registered.wait(), REGISTRATION_WAIT_S)
+        if quota_watcher is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(quota_watcher.synced.wait(), REGISTRATION_WAIT_S)
         await security.wait_synced()
 
     shut_down = asyncio.Event()  # on_stop runs twice (serve's hook, then the finally below)
@@ -146,6 +154,8 @@ async def run(config: BrokerConfig) -> None:
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link_task
+        if quota_watcher is not None:
+            await quota_watcher.stop()
         await security.stop()
         await service.stop()
 

@@ -23,6 +23,8 @@ from sluice.broker.handlers import (
 )
 from sluice.broker.requests import EpochQuery, OffsetQuery
 from sluice.broker.service import BrokerService
+from sluice.quotas.broker_hooks import fetch_amounts, is_replica, produce_amounts
+from sluice.quotas.throttle import FETCH, PRODUCE, quotas_hold, throttle_ms
 from sluice.security.context import RequestContext, current
 from sluice.server.wire import MAX_BACKLOG
 from sluice.v1 import broker_pb2, broker_pb2_grpc
@@ -79,14 +81,28 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: object
     ) -> broker_pb2.ProduceResponse:
-        results = await self.service.produce(
-            request.acks, request.timeout_ms, produce_items(request), self.context(context)
-        )
-        return produce_response_to_proto(results, request.request_id)
+        ctx = self.context(context)
+        quotas = self.handlers.quotas
+        await quotas_hold(quotas, ctx, PRODUCE)
+        throttle = throttle_ms(quotas.record(ctx, produce_amounts(request)))
+        results = await self.service.produce(request.acks, request.timeout_ms, produce_items(request), ctx)
+        answer = produce_response_to_proto(results, request.request_id)
+        answer.throttle_time_ms = throttle
+        return answer
 
     async def Fetch(self, request: broker_pb2.FetchRequest, context: object) -> broker_pb2.FetchResponse:
-        outcome = await self.service.fetch(fetch_params_from_proto(request), self.context(context))
-        return fetch_response_to_proto(outcome, request.request_id)
+        ctx = self.context(context)
+        quotas = self.handlers.quotas
+        metered = not is_replica(request)
+        if metered:
+            await quotas_hold(quotas, ctx, FETCH, request.client_id)
+        outcome = await self.service.fetch(fetch_params_from_proto(request), ctx)
+        answer = fetch_response_to_proto(outcome, request.request_id)
+        if metered:
+            answer.throttle_time_ms = throttle_ms(
+                quotas.record(ctx, fetch_amounts(answer), request.client_id)
+            )
+        return answer
 
     async def ProduceStream(
         self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: object
@@ -102,6 +118,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         # Nothing to wait for: answer each request as it is appended, with no task or queue
         # between reading and writing (a stream message's cost is the latency budget here).
         async for request in request_iterator:
+            await quotas_hold(handlers.quotas, ctx, PRODUCE)  # a throttled caller: not read meanwhile
             yield handlers.produce_answer(handlers.append(request, ctx))
 
     async def _produce_pipelined(
@@ -116,6 +133,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         async def read() -> None:
             try:
                 async for request in request_iterator:
+                    await quotas_hold(handlers.quotas, ctx, PRODUCE)
                     await appended.put(handlers.append(request, ctx))
             finally:
                 await appended.put(None)

@@ -45,10 +45,12 @@ from sluice.common.wire import (
     has_records,
     lane_frame_parts,
 )
+from sluice.quotas.gate import ThrottleGate
+from sluice.quotas.throttle import PRODUCE
 from sluice.security.context import ANONYMOUS, WIRE, RequestContext
 from sluice.security.service import ServiceSecurity
 from sluice.security.tls import ServerTLS
-from sluice.server.wire import WireConnection, WireListener, parse_frame
+from sluice.server.wire import MAX_BACKLOG, WireConnection, WireListener, parse_frame
 from sluice.v1 import broker_pb2
 
 __all__ = ["broker_wire_listener"]
@@ -104,6 +106,8 @@ class _BrokerConnection(WireConnection):
         #: Fetch requests queued over all lanes (the backlog, without a walk over the lanes).
         self._queued_fetches = 0
         self._ctx = RequestContext(ANONYMOUS, WIRE)
+        #: A throttled caller's produce frames wait here, the connection muted (docs/quotas.md).
+        self._gate = ThrottleGate(handlers.quotas, self.update_reading)
 
     def opened(self) -> None:
         """The hello was accepted: the context it built (the authenticated principal) is this
@@ -111,9 +115,11 @@ class _BrokerConnection(WireConnection):
         self._ctx = self.ctx
 
     def backlog(self) -> int:
-        return len(self._produces) + self._queued_fetches
+        muted = MAX_BACKLOG if self._gate.muted else 0  # a throttled caller is not read from
+        return len(self._produces) + self._queued_fetches + muted
 
     def lost(self) -> None:
+        self._gate.close()
         if self._produce_task is not None:
             self._produce_task.cancel()
         for lane in self._lanes.values():
@@ -130,7 +136,9 @@ class _BrokerConnection(WireConnection):
 
     def on_frame(self, kind: int, payload: bytes) -> None:
         if kind == FrameType.PRODUCE:
-            self._produce(parse_frame(broker_pb2.ProduceRequest, payload, "produce"))
+            request = parse_frame(broker_pb2.ProduceRequest, payload, "produce")
+            if not self._gate.offer(self._ctx, PRODUCE, lambda: self._produce(request)):
+                self._produce(request)
         elif kind == FrameType.FETCH:
             self._fetch(0, b"", None, parse_frame(broker_pb2.FetchRequest, payload, "fetch"))
         elif kind in (FrameType.FETCH_LANE, FrameType.LANE_CREDIT, FrameType.LANE_END):

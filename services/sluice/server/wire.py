@@ -150,6 +150,8 @@ class WireConnection(asyncio.BufferedProtocol):
         self._greeted = False
         #: The protocol version agreed at the hello.
         self.version = PROTOCOL_VERSION
+        #: The hello's client id (quotas key anonymous callers by it).
+        self.client_id = ""
         self.closing = False
         #: The caller, once the hello is accepted (authenticated): every request's context.
         self.ctx = RequestContext(ANONYMOUS, WIRE)
@@ -317,6 +319,7 @@ class WireConnection(asyncio.BufferedProtocol):
                 f"protocol version {hello.version} is not supported (this server speaks 1)"
             )
         self.version = min(hello.version, self.listener.version)
+        self.client_id = hello.client_id[:256]  # for quotas (docs/quotas.md); bounded, it is echoed
         security = self.listener.security
         if security is None:
             self._greet(ANONYMOUS_CALLER)
@@ -377,7 +380,9 @@ class WireConnection(asyncio.BufferedProtocol):
             self._stream = security.streams.open(
                 who.principal, self.peer, who.expires_at, who.credentials, self.fail
             )
-        self.ctx = RequestContext(who.principal, WIRE, address=self.peer, stream=self._stream)
+        self.ctx = RequestContext(
+            who.principal, WIRE, address=self.peer, stream=self._stream, client_id=self.client_id
+        )
         self._greeted = True
         listener.connections_gauge.inc()
         answer = wire_pb2.WireHelloResponse(version=self.version, max_frame_bytes=listener.max_frame_bytes)

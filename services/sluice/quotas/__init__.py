@@ -1,0 +1,7 @@
+"""Client quotas (docs/quotas.md): byte, request and subscribe rates per principal or client id.
+
+- ``model``: the entities, limits and the snapshot a service decides from, and their protobuf forms;
+- ``throttle``: the per-key rate accounting (GCRA) and KIP-219's throttle (``QuotaManager``);
+- ``gate``: the wire connections' hold on a throttled principal's frames;
+- ``watcher``: a broker's or dispatcher's long poll of the coordinator's quotas.
+"""
