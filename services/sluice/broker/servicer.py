@@ -23,7 +23,7 @@ from sluice.broker.handlers import (
 )
 from sluice.broker.requests import EpochQuery, OffsetQuery
 from sluice.broker.service import BrokerService
-from sluice.quotas.broker_hooks import fetch_amounts, is_replica, produce_amounts
+from sluice.quotas.broker_hooks import fetch_amounts, is_replica, produce_amounts, with_client_id
 from sluice.quotas.throttle import FETCH, PRODUCE, quotas_hold, throttle_ms
 from sluice.security.context import RequestContext, current
 from sluice.server.wire import MAX_BACKLOG
@@ -75,8 +75,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     def context(self, context: object) -> RequestContext:
         """The caller of one call or stream: the context the interceptor built after authenticating
-        it (``sluice.security.context.current``)."""
-        return current()
+        it (``sluice.security.context.current``), with the client id it announces (quotas)."""
+        return with_client_id(current(), context)
 
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: object

@@ -1,0 +1,115 @@
+"""Producers for the quota tests that never wait for a throttle time: they show what the broker
+itself enforces (docs/quotas.md). Each runs for a given time and returns its answers' times."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from sluice.common.wire import HEADER, FrameReader, FrameType
+from sluice.v1 import broker_pb2 as pb
+from sluice.v1 import broker_pb2_grpc, common_pb2, wire_pb2
+
+
+@dataclass
+class Answers:
+    """(monotonic time answered, record bytes, throttle_time_ms) per acknowledged produce."""
+
+    rows: list[tuple[float, int, int]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, answer: pb.ProduceResponse, size: int) -> None:
+        if answer.error.code != common_pb2.NONE or any(p.error.code for p in answer.partitions):
+            self.errors.append(str(answer))
+        self.rows.append((time.monotonic(), size, answer.throttle_time_ms))
+
+    def rate(self, start: float, end: float) -> float:
+        """Bytes per second acknowledged within [start, end]."""
+        return sum(size for at, size, _ in self.rows if start <= at < end) / (end - start)
+
+    @property
+    def throttled(self) -> int:
+        return sum(1 for _, _, ms in self.rows if ms > 0)
+
+
+def produce_request(topic: str, partition: int, batch: bytes, request_id: int) -> pb.ProduceRequest:
+    request = pb.ProduceRequest(acks=1, timeout_ms=30_000, request_id=request_id)
+    request.partitions.add(topic=topic, partition=partition, records=batch)
+    return request
+
+
+def wire_producer(
+    address: str, client_id: str, topic: str, partition: int, batch: bytes, seconds: float, window: int
+) -> Answers:
+    """Pipelines produce frames (``window`` unanswered at most) for ``seconds`` over the wire, reading
+    the answers only to count them: it never waits for a throttle time."""
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    answers = Answers()
+    try:
+        hello = wire_pb2.WireHello(version=1, client_id=client_id).SerializeToString()
+        sock.sendall(HEADER.pack(len(hello) + 1, FrameType.HELLO) + hello)
+        reader = FrameReader()
+        frames: list[tuple[int, bytes]] = []
+
+        def next_frame() -> tuple[int, bytes]:
+            while not frames:
+                data = sock.recv(1 << 20)
+                assert data, "the broker closed the connection"
+                frames.extend((k, bytes(p)) for k, p in reader.feed(data))
+            return frames.pop(0)
+
+        assert next_frame()[0] == FrameType.HELLO
+        slots = threading.Semaphore(window)
+        sent = [0]
+        end = time.monotonic() + seconds
+
+        def send() -> None:
+            while time.monotonic() < end:
+                if not slots.acquire(timeout=1):
+                    continue
+                payload = produce_request(topic, partition, batch, sent[0]).SerializeToString()
+                sock.sendall(HEADER.pack(len(payload) + 1, FrameType.PRODUCE) + payload)
+                sent[0] += 1
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        received = 0
+        give_up = end + 60
+        while (sender.is_alive() or received < sent[0]) and time.monotonic() < give_up:
+            kind, payload = next_frame()
+            assert kind == FrameType.PRODUCE, (kind, payload)
+            answers.add(pb.ProduceResponse.FromString(payload), len(batch))
+            received += 1
+            slots.release()
+        sender.join(10)
+    finally:
+        sock.close()
+    return answers
+
+
+def grpc_producer(
+    address: str, client_id: str, topic: str, partition: int, batch: bytes, seconds: float
+) -> Answers:
+    """A raw ProduceStream that sends as fast as HTTP/2 lets it, ignoring throttle times."""
+    answers = Answers()
+    end = time.monotonic() + seconds
+
+    def requests() -> Iterator[pb.ProduceRequest]:
+        i = 0
+        while time.monotonic() < end:
+            yield produce_request(topic, partition, batch, i)
+            i += 1
+
+    with grpc.insecure_channel(address) as channel:
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        for answer in stub.ProduceStream(
+            requests(), metadata=(("sluice-client-id", client_id),), timeout=120
+        ):
+            answers.add(answer, len(batch))
+    return answers
