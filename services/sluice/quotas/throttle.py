@@ -32,6 +32,7 @@ __all__ = [
     "PRODUCE",
     "SUBSCRIBE",
     "QuotaManager",
+    "admit",
     "quotas_hold",
     "throttle_ms",
 ]
@@ -166,6 +167,19 @@ async def quotas_hold(
     hold = quotas.hold_s(ctx, resources, client_id)
     if hold > 0:
         await asyncio.sleep(hold)
+
+
+async def admit(quotas: QuotaManager, ctx: RequestContext, resource: Resource, amount: float = 1.0) -> None:
+    """Wait until the caller may do one more of ``resource``, then count it (a dispatcher's
+    Subscribe: Pulsar's ``subscribeRatePerConsumer``, enforced by delaying the call). The check and
+    the count happen in one step of the event loop, so concurrent calls cannot all slip through."""
+    # Bounded: each round waits out a hold that concurrent calls of the same caller set meanwhile.
+    for _ in range(100):
+        hold = quotas.hold_s(ctx, (resource,))
+        if hold <= 0:
+            break
+        await asyncio.sleep(hold)
+    quotas.record(ctx, ((resource, amount),))
 
 
 def throttle_ms(seconds: float) -> int:
