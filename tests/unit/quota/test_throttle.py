@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import pytest
 
@@ -132,7 +133,7 @@ async def _gate_holds() -> None:
     loop = asyncio.get_running_loop()
     started = loop.time()
     for i in range(3):
-        assert gate.offer(HOG, PRODUCE, lambda i=i: run(i))
+        assert gate.offer(HOG, PRODUCE, functools.partial(run, i))
     assert gate.muted
     await asyncio.wait_for(ready.wait(), 5)
     while gate.muted:
