@@ -30,6 +30,7 @@ from sluice.broker.requests import (
 from sluice.broker.service import BrokerService
 from sluice.errors import SluiceError
 from sluice.quotas.broker_hooks import fetch_amounts, is_replica, produce_amounts
+from sluice.quotas.follow import FollowThrottle
 from sluice.quotas.throttle import FETCH, QuotaManager, throttle_ms
 from sluice.security.context import RequestContext
 from sluice.server.metrics import MethodRecorder
@@ -263,10 +264,14 @@ class RequestHandlers:
         whether it carries records), counted as one Fetch, as each answer of a served fetch is."""
         record = self.fetch_metrics.record
         answers = FollowAnswers(request_id)
+        quota = FollowThrottle(self.quotas, ctx, plan.replica_id == CONSUMER_REPLICA_ID)
 
         def deliver(outcome: FetchOutcome, started: float) -> None:
             record("OK" if outcome.error is None else outcome.error.code_name, started)
             # ``batches``, not ``records``: the latter joins them, a copy just to test for any.
-            send(answers.encode(outcome), any(part.batches for part in outcome.partitions))
+            size = sum(len(batch) for part in outcome.partitions for batch in part.batches)
+            send(quota.stamp(answers.encode(outcome), size), size > 0)
 
-        return self.service.follow(plan, ctx, deliver, writable)
+        following = self.service.follow(plan, ctx, deliver, lambda: quota.writable(writable))
+        quota.resume = following.resume
+        return following

@@ -113,3 +113,75 @@ def grpc_producer(
         ):
             answers.add(answer, len(batch))
     return answers
+
+
+def fill(address: str, topic: str, partition: int, batch: bytes, count: int) -> None:
+    """Produce ``count`` batches (as an unlimited client), 16 in flight."""
+    answers = wire_producer_count(address, "filler", topic, partition, batch, count)
+    assert not answers.errors, answers.errors[:3]
+
+
+def wire_producer_count(
+    address: str, client_id: str, topic: str, partition: int, batch: bytes, count: int
+) -> Answers:
+    host, _, port = address.rpartition(":")
+    answers = Answers()
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        hello = wire_pb2.WireHello(version=1, client_id=client_id).SerializeToString()
+        sock.sendall(HEADER.pack(len(hello) + 1, FrameType.HELLO) + hello)
+        frames = _frames(sock)
+        assert next(frames)[0] == FrameType.HELLO
+        for i in range(count):
+            payload = produce_request(topic, partition, batch, i).SerializeToString()
+            sock.sendall(HEADER.pack(len(payload) + 1, FrameType.PRODUCE) + payload)
+            if i >= 16:
+                answers.add(pb.ProduceResponse.FromString(next(frames)[1]), len(batch))
+        while len(answers.rows) < count:
+            answers.add(pb.ProduceResponse.FromString(next(frames)[1]), len(batch))
+    return answers
+
+
+def _frames(sock: socket.socket) -> Iterator[tuple[int, bytes]]:
+    reader = FrameReader()
+    while True:
+        data = sock.recv(1 << 20)
+        assert data, "the broker closed the connection"
+        for kind, payload in reader.feed(data):
+            yield kind, bytes(payload)
+
+
+def wire_fetcher(
+    address: str, client_id: str, topic: str, seconds: float, *, continuous: bool, max_bytes: int
+) -> list[tuple[float, int, int]]:
+    """Fetches partition 0 from offset 0 for ``seconds``, never waiting for a throttle time: one
+    continuous fetch, or a new fetch as soon as each answer came. Returns (time, record bytes,
+    throttle_time_ms) per answer."""
+    host, _, port = address.rpartition(":")
+    rows: list[tuple[float, int, int]] = []
+    end = time.monotonic() + seconds
+
+    def request(offset: int) -> bytes:
+        req = pb.FetchRequest(
+            max_wait_ms=500, min_bytes=1, max_bytes=max_bytes, session_epoch=-1, continuous=continuous
+        )
+        req.partitions.add(topic=topic, partition=0, fetch_offset=offset, partition_max_bytes=max_bytes)
+        payload = req.SerializeToString()
+        return HEADER.pack(len(payload) + 1, FrameType.FETCH) + payload
+
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        hello = wire_pb2.WireHello(version=1, client_id=client_id).SerializeToString()
+        sock.sendall(HEADER.pack(len(hello) + 1, FrameType.HELLO) + hello)
+        frames = _frames(sock)
+        assert next(frames)[0] == FrameType.HELLO
+        sock.sendall(request(0))
+        while time.monotonic() < end:
+            kind, payload = next(frames)
+            assert kind == FrameType.FETCH, (kind, payload)
+            answer = pb.FetchResponse.FromString(payload)
+            assert not answer.error.code, answer.error
+            part = answer.partitions[0]
+            assert not part.error.code, part.error
+            rows.append((time.monotonic(), len(part.records), answer.throttle_time_ms))
+            if not continuous:
+                sock.sendall(request(part.next_offset))
+    return rows
