@@ -12,7 +12,6 @@ unary gRPC methods use the converters only: their metrics come from the intercep
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from sluice.broker.service import BrokerService
 from sluice.errors import SluiceError
 from sluice.quotas.broker_hooks import fetch_amounts, is_replica, produce_amounts
 from sluice.quotas.follow import FollowThrottle
-from sluice.quotas.throttle import FETCH, QuotaManager, throttle_ms
+from sluice.quotas.throttle import FETCH, QuotaManager, quotas_hold, throttle_ms
 from sluice.security.context import RequestContext
 from sluice.server.metrics import MethodRecorder
 from sluice.v1 import broker_pb2, common_pb2
@@ -236,8 +235,8 @@ class RequestHandlers:
     ) -> tuple[broker_pb2.FetchResponse, FollowFrom | None]:
         """The answer, and how to follow it when it answers a continuous fetch without error."""
         metered = not is_replica(request)
-        if metered and (hold := self.quotas.hold_s(ctx, FETCH, request.client_id)) > 0:
-            await asyncio.sleep(hold)  # the caller is throttled: its next fetch waits (KIP-219)
+        if metered:  # a throttled caller's next fetch waits (KIP-219)
+            await quotas_hold(self.quotas, ctx, FETCH, request.client_id)
         started = time.perf_counter()
         try:
             outcome = await self.service.fetch(fetch_params_from_proto(request), ctx)

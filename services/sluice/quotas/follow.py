@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 
 from sluice.quotas.model import Resource
-from sluice.quotas.throttle import FETCH, QuotaManager, throttle_ms
+from sluice.quotas.throttle import FETCH, HELD, QuotaManager, throttle_ms
 from sluice.security.context import RequestContext
 from sluice.v1 import broker_pb2
 
@@ -38,6 +38,7 @@ class FollowThrottle:
         hold = self._quotas.hold_s(self._ctx, FETCH)
         if hold > 0:
             if self._timer is None:
+                HELD.inc()
                 self._timer = asyncio.get_running_loop().call_later(hold, self._resume)
             return False
         return inner()

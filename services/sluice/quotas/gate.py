@@ -13,7 +13,7 @@ import collections
 from collections.abc import Callable
 
 from sluice.quotas.model import Resource
-from sluice.quotas.throttle import QuotaManager
+from sluice.quotas.throttle import HELD, QuotaManager
 from sluice.security.context import RequestContext
 
 __all__ = ["ThrottleGate"]
@@ -44,6 +44,7 @@ class ThrottleGate:
                 return False
             self._arm(wait)
         self._held.append((ctx, resources, run))
+        HELD.inc()
         return True
 
     def close(self) -> None:

@@ -63,6 +63,11 @@ METERED = Counter(
     "Amounts counted against quotas (bytes, requests, subscribes), by resource and quota entry",
     ["resource", "entity"],
 )
+HELD = Counter(
+    "sluice_quota_held_requests",
+    "Requests (and followed fetch rounds) a throttled caller sent before its throttle time was over, "
+    "held by the service until it was: a client that honours throttle_time_ms causes none",
+)
 THROTTLE_TIME = Histogram(
     "sluice_quota_throttle_time_seconds",
     "Throttle time of each throttled request, by resource",
@@ -166,6 +171,7 @@ async def quotas_hold(
     """Wait out the caller's throttle, if any (a gRPC handler: its stream is not read meanwhile)."""
     hold = quotas.hold_s(ctx, resources, client_id)
     if hold > 0:
+        HELD.inc()
         await asyncio.sleep(hold)
 
 
@@ -178,6 +184,7 @@ async def admit(quotas: QuotaManager, ctx: RequestContext, resource: Resource, a
         hold = quotas.hold_s(ctx, (resource,))
         if hold <= 0:
             break
+        HELD.inc()
         await asyncio.sleep(hold)
     quotas.record(ctx, ((resource, amount),))
 
