@@ -5,7 +5,12 @@ owner's lock guards it."""
 
 from __future__ import annotations
 
-__all__ = ["ThrottleBackoff"]
+import time
+from typing import Protocol
+
+from sluice.v1 import broker_pb2
+
+__all__ = ["ThrottleBackoff", "throttled_answer"]
 
 
 class ThrottleBackoff:
@@ -32,3 +37,16 @@ class ThrottleBackoff:
         for address in [a for a, until in self._until.items() if until <= now]:
             del self._until[address]
         return min(self._until.values(), default=None)
+
+
+class _BacksOff(Protocol):
+    backoff_until: float
+
+
+def throttled_answer(broker: _BacksOff, answer: broker_pb2.FetchResponse) -> broker_pb2.FetchResponse:
+    """The fetcher's side: a fetch answer with ``throttle_time_ms`` puts the broker's next request
+    off by that long (``backoff_until``, which the fetcher already honours). A followed fetch needs
+    nothing: the broker paces its rounds itself."""
+    if answer.throttle_time_ms > 0:
+        broker.backoff_until = max(broker.backoff_until, time.monotonic() + answer.throttle_time_ms / 1000)
+    return answer
