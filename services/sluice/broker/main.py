@@ -24,7 +24,7 @@ from sluice.broker.log.manager import LogManager
 from sluice.broker.service import BrokerService
 from sluice.broker.servicer import BrokerServicer
 from sluice.broker.wire_server import broker_wire_listener
-from sluice.quotas.watcher import QuotaWatcher
+from sluice.quotas.poller import QuotaPoller
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
@@ -106,9 +106,9 @@ async def run(config: BrokerConfig) -> None:
     )
     security.start()
     # Client quotas (docs/quotas.md): the coordinator's, kept current by long poll.
-    quota_watcher = QuotaWatcher(config.coordinator, handlers.quotas) if config.coordinator else None
-    if quota_watcher is not None:
-        quota_watcher.start()
+    quota_poller = QuotaPoller(config.coordinator, handlers.quotas) if config.coordinator else None
+    if quota_poller is not None:
+        quota_poller.start()
     link_task: asyncio.Task[None] | None = None
     link: CoordinatorLink | None = None
     if config.coordinator:
@@ -131,9 +131,9 @@ async def run(config: BrokerConfig) -> None:
         if link is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(link.registered.wait(), REGISTRATION_WAIT_S)
-        if quota_watcher is not None:
+        if quota_poller is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(quota_watcher.synced.wait(), REGISTRATION_WAIT_S)
+                await asyncio.wait_for(quota_poller.synced.wait(), REGISTRATION_WAIT_S)
         await security.wait_synced()
 
     shut_down = asyncio.Event()  # on_stop runs twice (serve's hook, then the finally below)
@@ -154,8 +154,8 @@ async def run(config: BrokerConfig) -> None:
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link_task
-        if quota_watcher is not None:
-            await quota_watcher.stop()
+        if quota_poller is not None:
+            await quota_poller.stop()
         await security.stop()
         await service.stop()
 

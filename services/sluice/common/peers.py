@@ -259,7 +259,7 @@ class AioPeers:
         return stub
 
     def quotas(self, address: str) -> quota_pb2_grpc.QuotasAsyncStub:
-        """The coordinator's Quotas service (quota snapshots: ``sluice.quotas.watcher``)."""
+        """The coordinator's Quotas service (quota snapshots: ``sluice.quotas.poller``)."""
         stub: quota_pb2_grpc.QuotasAsyncStub = self._stub(address, quota_pb2_grpc.QuotasStub)
         return stub
 

@@ -2,7 +2,7 @@
 
 - ``AlterQuotas`` / ``DeleteQuotas`` / ``DescribeQuotas``: validated (InvalidArgument naming the
   field), stored by ``quota_store.py`` under the coordinator's epoch, audited.
-- ``WatchQuotas``: every broker's and dispatcher's copy (``sluice.quotas.watcher``), as
+- ``WatchQuotas``: every broker's and dispatcher's copy (``sluice.quotas.poller``), as
   ``Acls.WatchSecurity`` (``acl_servicer.py``): a caller at another version gets every quota at once,
   otherwise the call waits on an event every change sets, up to ``max_wait_ms``.
 

@@ -57,7 +57,7 @@ class DispatcherService:
         self.config = config
         #: The authorization seam (``sluice.security.context``): asked once per Subscribe.
         self.authorizer: Authorizer = authorizer or AllowAll()
-        #: Client quotas (the subscribe rate), kept current by main's QuotaWatcher.
+        #: Client quotas (the subscribe rate), kept current by main's QuotaPoller.
         self.quotas = QuotaManager()
         self.metrics = metrics
         self.dispatcher_id = config.resolved_id

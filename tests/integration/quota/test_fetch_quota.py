@@ -4,6 +4,8 @@ fetches, is held to its quota; an unlimited reader is not."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from sluice.quotas.model import Kind, Limits, QuotaKey
@@ -11,6 +13,8 @@ from sluice.quotas.model import Kind, Limits, QuotaKey
 from .conftest import QuotaCluster
 from .producers import fill, wire_fetcher
 from .test_throttle import QUOTA, RUN_S, WINDOW, _batch
+
+log = logging.getLogger(__name__)
 
 
 @pytest.mark.parametrize("continuous", [True, False], ids=["continuous", "requests"])
@@ -28,6 +32,7 @@ def test_a_consumer_over_its_fetch_quota_is_held_to_it(cluster: QuotaCluster, co
     start = rows[0][0] - 0.05
     got = sum(size for at, size, _ in rows if start + WINDOW[0] <= at < start + WINDOW[1])
     rate = got / (WINDOW[1] - WINDOW[0])
+    log.warning("%s fetch: %.0f B/s under a %d B/s quota", mode, rate, QUOTA)
     assert abs(rate - QUOTA) <= 0.10 * QUOTA, f"{mode}: read {rate:.0f} B/s under a {QUOTA} B/s quota"
     assert any(ms > 0 for _, _, ms in rows), "no answer said the reader was throttled"
 

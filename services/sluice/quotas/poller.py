@@ -25,7 +25,7 @@ from sluice.quotas.model import snapshot_from_proto
 from sluice.quotas.throttle import QuotaManager
 from sluice.v1 import quota_pb2
 
-__all__ = ["QuotaWatcher"]
+__all__ = ["QuotaPoller"]
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ RPC_SLACK_S = 5.0
 _LEADER_IS = re.compile(r"leader is (\S+:\d+)")
 
 
-class QuotaWatcher:
+class QuotaPoller:
     """One service's copy of the quotas, applied to ``manager``. Use from one event loop."""
 
     def __init__(
