@@ -44,15 +44,23 @@ def produce_request(topic: str, partition: int, batch: bytes, request_id: int) -
 
 
 def wire_producer(
-    address: str, client_id: str, topic: str, partition: int, batch: bytes, seconds: float, window: int
+    address: str,
+    client_id: str,
+    topic: str,
+    partition: int,
+    batch: bytes,
+    seconds: float,
+    window: int,
+    metadata: dict[str, str] | None = None,
 ) -> Answers:
     """Pipelines produce frames (``window`` unanswered at most) for ``seconds`` over the wire, reading
-    the answers only to count them: it never waits for a throttle time."""
+    the answers only to count them: it never waits for a throttle time. ``metadata``: the hello's
+    credentials."""
     host, _, port = address.rpartition(":")
     sock = socket.create_connection((host, int(port)), timeout=60)
     answers = Answers()
     try:
-        hello = wire_pb2.WireHello(version=1, client_id=client_id).SerializeToString()
+        hello = wire_pb2.WireHello(version=1, client_id=client_id, metadata=metadata).SerializeToString()
         sock.sendall(HEADER.pack(len(hello) + 1, FrameType.HELLO) + hello)
         reader = FrameReader()
         frames: list[tuple[int, bytes]] = []
