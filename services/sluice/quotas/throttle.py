@@ -108,11 +108,14 @@ class QuotaManager:
         if not self.snapshot.quotas:
             return 0.0
         key = key_of(ctx.principal, client_id or ctx.client_id)
+        found = self.snapshot.limits(key)
+        if found is None:  # no quota (any more): whatever debt its meters hold is forgiven
+            return 0.0
         now = self._clock()
         hold = 0.0
         for resource in resources:
             tat = self._tat.get((key, resource))
-            if tat is not None:
+            if tat is not None and found[1].rate(resource) > 0:
                 hold = max(hold, tat - now - self._burst_s)
         return min(hold, MAX_THROTTLE_S)
 

@@ -107,6 +107,20 @@ def test_removing_the_quotas_lifts_every_throttle() -> None:
     assert quotas.hold_s(HOG, PRODUCE) == 0
 
 
+def test_removing_one_quota_lifts_its_throttle_and_keeps_the_others() -> None:
+    clock = Clock()
+    limits = Limits(produce_bytes_per_second=1)
+    quotas = manager({QuotaKey(Kind.CLIENT, "hog"): limits, QuotaKey(Kind.CLIENT, "other"): limits}, clock)
+    quotas.record(HOG, produce(100))
+    quotas.record(OTHER, produce(100))
+    quotas.replace(QuotaSnapshot({QuotaKey(Kind.CLIENT, "other"): limits}, 2))
+    assert quotas.hold_s(HOG, PRODUCE) == 0
+    assert quotas.hold_s(OTHER, PRODUCE) > 0
+    # A resource without a rate any more holds nothing either.
+    quotas.replace(QuotaSnapshot({QuotaKey(Kind.CLIENT, "other"): Limits(fetch_bytes_per_second=1)}, 3))
+    assert quotas.hold_s(OTHER, PRODUCE) == 0
+
+
 def test_throttle_ms_rounds_up() -> None:
     assert throttle_ms(0) == 0
     assert throttle_ms(0.0001) == 1
