@@ -23,7 +23,8 @@ from sluice.broker.handlers import (
 )
 from sluice.broker.requests import EpochQuery, OffsetQuery
 from sluice.broker.service import BrokerService
-from sluice.quotas.broker_hooks import fetch_amounts, is_replica, produce_amounts, with_client_id
+from sluice.quotas.broker_hooks import fetch_amounts, is_replica, produce_amounts
+from sluice.quotas.client_id import with_client_id
 from sluice.quotas.throttle import FETCH, PRODUCE, quotas_hold, throttle_ms
 from sluice.security.context import RequestContext, current
 from sluice.server.wire import MAX_BACKLOG

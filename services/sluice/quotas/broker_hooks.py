@@ -2,28 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-from sluice.quotas.model import MAX_NAME, Resource
-from sluice.security.context import RequestContext
+from sluice.quotas.model import Resource
 from sluice.v1 import broker_pb2
 
-__all__ = ["CLIENT_ID_METADATA", "fetch_amounts", "is_replica", "produce_amounts", "with_client_id"]
-
-#: The gRPC metadata key a client announces its client id with (the wire hello's ``client_id``).
-CLIENT_ID_METADATA = "sluice-client-id"
-
-
-def with_client_id(ctx: RequestContext, grpc_context: object) -> RequestContext:
-    """``ctx`` with the client id a gRPC call announces in its metadata (quotas key anonymous callers
-    by it); ``ctx`` itself when it announces none."""
-    metadata = getattr(grpc_context, "invocation_metadata", None)
-    if metadata is None or ctx.client_id:
-        return ctx
-    for key, value in metadata() or ():
-        if key == CLIENT_ID_METADATA and isinstance(value, str) and value:
-            return dataclasses.replace(ctx, client_id=value[:MAX_NAME])
-    return ctx
+__all__ = ["fetch_amounts", "is_replica", "produce_amounts"]
 
 
 def produce_amounts(request: broker_pb2.ProduceRequest) -> list[tuple[Resource, float]]:
