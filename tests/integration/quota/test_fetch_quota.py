@@ -24,7 +24,7 @@ def test_a_consumer_over_its_fetch_quota_is_held_to_it(cluster: QuotaCluster, co
     cluster.client.admin.create_topic(topic, partitions=1)
     batch = _batch()
     # More than the quota lets out in the run: the reader never catches up with the log end.
-    fill(cluster.wire, topic, 0, batch, count=int(QUOTA * (RUN_S + 4) / len(batch)))
+    fill(cluster.wire, topic, 0, batch, count=int(QUOTA * (RUN_S + 6) / len(batch)))
     reader = f"reader-{mode}"
     cluster.set_quotas({QuotaKey(Kind.CLIENT, reader): Limits(fetch_bytes_per_second=QUOTA)})
 

@@ -10,11 +10,12 @@ import uuid
 
 from sluice import Client
 from sluice.quotas.model import Kind, Limits, QuotaKey
+from sluice.quotas.throttle import BURST_S
 from tests.integration.push.conftest import run_push_cluster
 from tests.push_streams import PushStreams
 
 RATE = 5.0
-COUNT = 15
+COUNT = 20
 
 
 def _quota_version(metrics: str) -> float:
@@ -52,8 +53,8 @@ def test_subscribes_beyond_the_rate_are_delayed_to_it() -> None:
             assert time.monotonic() < deadline, "the dispatcher never got the quota"
             time.sleep(0.05)
         limited = asyncio.run(run("held"))
-        # RATE in the first second's burst, the rest at RATE per second.
-        expected = (COUNT - RATE) / RATE
+        # BURST_S seconds' worth at once, the rest at RATE per second.
+        expected = (COUNT - RATE * BURST_S) / RATE
         assert limited >= 0.9 * expected, f"{COUNT} subscribes took {limited:.2f} s at {RATE}/s"
         assert limited <= expected + 30, f"{COUNT} subscribes took {limited:.2f} s at {RATE}/s"
         assert limited > unlimited

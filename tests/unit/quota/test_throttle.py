@@ -27,7 +27,7 @@ class Clock:
 
 
 def manager(quotas: dict[QuotaKey, Limits], clock: Clock) -> QuotaManager:
-    return QuotaManager(QuotaSnapshot(quotas, 1), clock=clock)
+    return QuotaManager(QuotaSnapshot(quotas, 1), clock=clock, burst_s=1.0)
 
 
 def produce(n: float) -> list[tuple[Resource, float]]:
@@ -68,7 +68,23 @@ def test_a_caller_that_waits_out_each_hold_gets_exactly_its_rate() -> None:
         quotas.record(HOG, produce(65_536))
         sent += 65_536
     rate = sent / (clock.now - start)
-    assert rate == pytest.approx(2_000_000 * (1 + BURST_S / 60), rel=0.02)
+    assert rate == pytest.approx(2_000_000 * (1 + 1.0 / 60), rel=0.02)  # the quota, plus the burst
+
+
+def test_a_caller_held_up_catches_up_within_the_burst() -> None:
+    clock = Clock()
+    quotas = QuotaManager(
+        QuotaSnapshot({QuotaKey(Kind.CLIENT, "hog"): Limits(produce_bytes_per_second=1000)}, 1), clock=clock
+    )
+    for _ in range(50):  # steady at the quota
+        clock.now += quotas.hold_s(HOG, PRODUCE)
+        quotas.record(HOG, produce(100))
+    clock.now += BURST_S  # a stall as long as the burst
+    sent = 0
+    while quotas.hold_s(HOG, PRODUCE) <= 0 and sent < 10_000:
+        quotas.record(HOG, produce(100))
+        sent += 100
+    assert sent == pytest.approx(BURST_S * 1000, abs=100)  # what the stall cost, sent at once
 
 
 def test_a_request_quota_and_a_byte_quota_the_larger_throttle_wins() -> None:
@@ -133,7 +149,7 @@ def test_the_gate_holds_frames_in_order_until_the_hold_passed() -> None:
 
 async def _gate_holds() -> None:
     quotas = QuotaManager(
-        QuotaSnapshot({QuotaKey(Kind.CLIENT, "hog"): Limits(produce_bytes_per_second=1000)}, 1)
+        QuotaSnapshot({QuotaKey(Kind.CLIENT, "hog"): Limits(produce_bytes_per_second=1000)}, 1), burst_s=1.0
     )
     ran: list[int] = []
     ready = asyncio.Event()
@@ -163,7 +179,9 @@ def test_admit_delays_subscribes_to_their_rate() -> None:
 
 
 async def _admit_delays() -> None:
-    quotas = QuotaManager(QuotaSnapshot({QuotaKey(Kind.CLIENT, "hog"): Limits(subscribes_per_second=20)}, 1))
+    quotas = QuotaManager(
+        QuotaSnapshot({QuotaKey(Kind.CLIENT, "hog"): Limits(subscribes_per_second=20)}, 1), burst_s=1.0
+    )
     loop = asyncio.get_running_loop()
     started = loop.time()
     await asyncio.gather(*(admit(quotas, HOG, Resource.SUBSCRIBES) for _ in range(30)))
