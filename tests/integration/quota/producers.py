@@ -75,25 +75,39 @@ def wire_producer(
         assert next_frame()[0] == FrameType.HELLO
         slots = threading.Semaphore(window)
         sent = [0]
+        done = [False]
+        changed = threading.Condition()
         end = time.monotonic() + seconds
 
         def send() -> None:
-            while time.monotonic() < end:
-                if not slots.acquire(timeout=1):
-                    continue
-                payload = produce_request(topic, partition, batch, sent[0]).SerializeToString()
-                sock.sendall(HEADER.pack(len(payload) + 1, FrameType.PRODUCE) + payload)
-                sent[0] += 1
+            try:
+                while time.monotonic() < end:
+                    if not slots.acquire(timeout=1):
+                        continue
+                    payload = produce_request(topic, partition, batch, sent[0]).SerializeToString()
+                    sock.sendall(HEADER.pack(len(payload) + 1, FrameType.PRODUCE) + payload)
+                    with changed:
+                        sent[0] += 1
+                        changed.notify()
+            finally:
+                with changed:
+                    done[0] = True
+                    changed.notify()
 
         sender = threading.Thread(target=send, daemon=True)
         sender.start()
-        received = 0
+        got = [0]  # answers received
         give_up = end + 60
-        while (sender.is_alive() or received < sent[0]) and time.monotonic() < give_up:
+        while time.monotonic() < give_up:
+            # Read only with an answer owed: the sender may stop at any moment.
+            with changed:
+                changed.wait_for(lambda: got[0] < sent[0] or done[0], timeout=give_up - time.monotonic())
+                if got[0] >= sent[0]:
+                    break  # the sender is done and everything is answered
             kind, payload = next_frame()
             assert kind == FrameType.PRODUCE, (kind, payload)
             answers.add(pb.ProduceResponse.FromString(payload), len(batch))
-            received += 1
+            got[0] += 1
             slots.release()
         sender.join(10)
     finally:
