@@ -106,10 +106,12 @@ class QuotaManager:
             self._tat.clear()
 
     def hold_s(self, ctx: RequestContext, resources: Iterable[Resource], client_id: str = "") -> float:
-        """How long the caller's next request of ``resources`` must wait (0: serve it now)."""
+        """How long the caller's next request of ``resources`` must wait (0: serve it now).
+        ``client_id``: what a request names (``FetchRequest.client_id``), used when the connection
+        or call announced none, so a followed fetch's rounds count as its first answer did."""
         if not self.snapshot.quotas:
             return 0.0
-        key = key_of(ctx.principal, client_id or ctx.client_id)
+        key = key_of(ctx.principal, ctx.client_id or client_id)
         found = self.snapshot.limits(key)
         if found is None:  # no quota (any more): whatever debt its meters hold is forgiven
             return 0.0
@@ -127,12 +129,12 @@ class QuotaManager:
         """Count ``amounts`` against the caller's quotas; returns its throttle time in seconds."""
         if not self.snapshot.quotas:
             return 0.0
-        found = self.snapshot.limits(key_of(ctx.principal, client_id or ctx.client_id))
+        found = self.snapshot.limits(key_of(ctx.principal, ctx.client_id or client_id))
         if found is None:
             return 0.0
         governing, limits = found
         # A default quota meters each caller on its own: the caller's key, not the default's.
-        key = key_of(ctx.principal, client_id or ctx.client_id)
+        key = key_of(ctx.principal, ctx.client_id or client_id)
         now = self._clock()
         throttle = 0.0
         for resource, amount in amounts:
