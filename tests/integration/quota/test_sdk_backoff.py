@@ -7,6 +7,8 @@ import threading
 import time
 from datetime import timedelta
 
+import pytest
+
 from sluice import Client
 from sluice.quotas.model import Kind, Limits, QuotaKey
 
@@ -16,10 +18,16 @@ from .test_throttle import QUOTA, RUN_S, WINDOW
 HELD = "sluice_quota_held_requests_total"
 
 
-def test_the_sdk_producer_waits_out_its_throttle_time(cluster: QuotaCluster) -> None:
-    topic = "quota-sdk"
+@pytest.mark.parametrize("transport", ["wire", "grpc"])
+def test_the_sdk_producer_waits_out_its_throttle_time(
+    cluster: QuotaCluster, transport: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if transport == "grpc":  # the SDK's gRPC streams announce the client id in their metadata
+        monkeypatch.setenv("SLUICE_CLIENT_TRANSPORT", "grpc")
+    topic = f"quota-sdk-{transport}"
+    polite = f"polite-{transport}"
     cluster.client.admin.create_topic(topic, partitions=1)
-    cluster.set_quotas({QuotaKey(Kind.CLIENT, "polite"): Limits(produce_bytes_per_second=QUOTA)})
+    cluster.set_quotas({QuotaKey(Kind.CLIENT, polite): Limits(produce_bytes_per_second=QUOTA)})
     value = b"v" * 4096
     acked: list[float] = []
     lock = threading.Lock()
@@ -29,7 +37,7 @@ def test_the_sdk_producer_waits_out_its_throttle_time(cluster: QuotaCluster) -> 
             acked.append(time.monotonic())
 
     held_before = cluster.metric(HELD)
-    with Client(cluster.coordinator.address, client_id="polite") as client:
+    with Client(cluster.coordinator.address, client_id=polite) as client:
         producer = client.producer(
             topic, batch_size=64 * 1024, buffer_memory=2 * 1024 * 1024, linger=timedelta(milliseconds=5)
         )
