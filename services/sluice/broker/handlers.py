@@ -28,6 +28,9 @@ from sluice.broker.requests import (
 )
 from sluice.broker.service import BrokerService
 from sluice.errors import SluiceError
+from sluice.quotas.broker_hooks import fetch_amounts, is_replica, produce_amounts
+from sluice.quotas.follow import FollowThrottle
+from sluice.quotas.throttle import FETCH, QuotaManager, quotas_hold, throttle_ms
 from sluice.security.context import RequestContext
 from sluice.server.metrics import MethodRecorder
 from sluice.v1 import broker_pb2, common_pb2
@@ -185,6 +188,7 @@ class AppendedProduce:
     results: list[ProduceResult]
     durable: bool  # the answer waits for wait_durable
     error: SluiceError | None
+    throttle_ms: int = 0  # quotas (docs/quotas.md): carried by the answer
 
 
 class RequestHandlers:
@@ -194,6 +198,8 @@ class RequestHandlers:
         self.service = service
         self._produce_metrics = MethodRecorder("broker", "Produce")
         self.fetch_metrics = MethodRecorder("broker", "Fetch")
+        #: Client quotas (docs/quotas.md); replaced by the broker's quota watcher's manager.
+        self.quotas = QuotaManager()
 
     @property
     def answers_wait_for_fsync(self) -> bool:
@@ -203,13 +209,16 @@ class RequestHandlers:
     def append(self, request: broker_pb2.ProduceRequest, ctx: RequestContext) -> AppendedProduce:
         """Append at once (arrival order is append order); the answer may wait for an fsync."""
         started = time.perf_counter()
+        throttle = throttle_ms(self.quotas.record(ctx, produce_amounts(request)))
         try:
             results, durable = self.service.append(
                 request.acks, request.timeout_ms, produce_items(request), ctx
             )
         except SluiceError as err:
-            return AppendedProduce(request.request_id, request.timeout_ms, started, [], False, err)
-        return AppendedProduce(request.request_id, request.timeout_ms, started, results, durable, None)
+            return AppendedProduce(request.request_id, request.timeout_ms, started, [], False, err, throttle)
+        return AppendedProduce(
+            request.request_id, request.timeout_ms, started, results, durable, None, throttle
+        )
 
     async def wait_durable(self, item: AppendedProduce) -> None:
         if item.durable:
@@ -218,9 +227,13 @@ class RequestHandlers:
     def produce_answer(self, item: AppendedProduce) -> broker_pb2.ProduceResponse:
         if item.error is not None:
             self._produce_metrics.record(item.error.code_name, item.started)
-            return broker_pb2.ProduceResponse(error=item.error.to_proto(), request_id=item.request_id)
+            return broker_pb2.ProduceResponse(
+                error=item.error.to_proto(), request_id=item.request_id, throttle_time_ms=item.throttle_ms
+            )
         self._produce_metrics.record("OK", item.started)
-        return produce_response_to_proto(item.results, item.request_id)
+        answer = produce_response_to_proto(item.results, item.request_id)
+        answer.throttle_time_ms = item.throttle_ms
+        return answer
 
     async def fetch(
         self, request: broker_pb2.FetchRequest, ctx: RequestContext
@@ -237,6 +250,9 @@ class RequestHandlers:
     ) -> tuple[broker_pb2.FetchResponse, FollowFrom | None, int]:
         """As :meth:`fetch`, with the bytes the answer holds in the fetch memory pool, which
         the caller releases once the answer is written (``docs/memory.md``)."""
+        metered = not is_replica(request)
+        if metered:  # a throttled caller's next fetch waits (KIP-219)
+            await quotas_hold(self.quotas, ctx, FETCH, request.client_id)
         started = time.perf_counter()
         try:
             outcome = await self.service.fetch(fetch_params_from_proto(request), ctx)
@@ -244,7 +260,12 @@ class RequestHandlers:
             self.fetch_metrics.record(err.code_name, started)
             return broker_pb2.FetchResponse(error=err.to_proto(), request_id=request.request_id), None, 0
         self.fetch_metrics.record("OK", started)
-        return fetch_response_to_proto(outcome, request.request_id), outcome.follow, outcome.held_bytes
+        answer = fetch_response_to_proto(outcome, request.request_id)
+        if metered:
+            answer.throttle_time_ms = throttle_ms(
+                self.quotas.record(ctx, fetch_amounts(answer), request.client_id)
+            )
+        return answer, outcome.follow, outcome.held_bytes
 
     def follow(
         self,
@@ -258,10 +279,14 @@ class RequestHandlers:
         whether it carries records), counted as one Fetch, as each answer of a served fetch is."""
         record = self.fetch_metrics.record
         answers = FollowAnswers(request_id)
+        quota = FollowThrottle(self.quotas, ctx, plan.replica_id == CONSUMER_REPLICA_ID)
 
         def deliver(outcome: FetchOutcome, started: float) -> None:
             record("OK" if outcome.error is None else outcome.error.code_name, started)
             # ``batches``, not ``records``: the latter joins them, a copy just to test for any.
-            send(answers.encode(outcome), any(part.batches for part in outcome.partitions))
+            size = sum(len(batch) for part in outcome.partitions for batch in part.batches)
+            send(quota.stamp(answers.encode(outcome), size), size > 0)
 
-        return self.service.follow(plan, ctx, deliver, writable)
+        following = self.service.follow(plan, ctx, deliver, lambda: quota.writable(writable))
+        quota.resume = following.resume
+        return following

@@ -24,6 +24,7 @@ from sluice.broker.log.manager import LogManager
 from sluice.broker.service import BrokerService
 from sluice.broker.servicer import BrokerServicer
 from sluice.broker.wire_server import broker_wire_listener
+from sluice.quotas.poller import QuotaPoller
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
@@ -68,6 +69,34 @@ def parse_config(argv: list[str]) -> BrokerConfig:
     return load(BrokerConfig, ENV_PREFIX, parser.parse_args(argv))
 
 
+def _coordinator_link(config: BrokerConfig, service: BrokerService, logs: LogManager) -> CoordinatorLink:
+    """The broker's link to the controller: registration (with what an unclean restart left), heartbeats
+    (with the epoch reports and the damage reads found, replication.md) and the updates it applies."""
+    damage = DamageReports(logs)
+    logs.on_damage = damage.found
+    link = CoordinatorLink(
+        config.coordinator,
+        broker_id=config.broker_id,
+        host=config.advertised,
+        port=0,  # set once bound
+        rack=config.rack,
+        apply_update=service.update_partitions,
+        metadata_version=lambda: service.metadata_version,
+        controller_epoch=lambda: service.registry.epochs.controller_epoch,
+        epoch_reports=lambda: epoch_reports(service.registry, service.leaders, config.broker_id),
+        unclean_logs=lambda: unclean_logs(logs),
+        damaged=damage.take,
+    )
+    # A read may run off the event loop (a worker thread): the event is set on the loop.
+    loop, found = asyncio.get_running_loop(), link.damage_found
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(found.set)
+
+    damage.wake = wake
+    return link
+
+
 async def run(config: BrokerConfig) -> None:
     """Serve until SIGTERM/SIGINT."""
     tls = service_tls(config)
@@ -106,31 +135,14 @@ async def run(config: BrokerConfig) -> None:
         metrics_tls=config.tls_metrics,
     )
     security.start()
+    # Client quotas (docs/quotas.md): the coordinator's, kept current by long poll.
+    quota_poller = QuotaPoller(config.coordinator, handlers.quotas) if config.coordinator else None
+    if quota_poller is not None:
+        quota_poller.start()
     link_task: asyncio.Task[None] | None = None
     link: CoordinatorLink | None = None
     if config.coordinator:
-        damage = DamageReports(logs)
-        logs.on_damage = damage.found
-        link = CoordinatorLink(
-            config.coordinator,
-            broker_id=config.broker_id,
-            host=config.advertised,
-            port=0,  # set once bound, below
-            rack=config.rack,
-            apply_update=service.update_partitions,
-            metadata_version=lambda: service.metadata_version,
-            controller_epoch=lambda: service.registry.epochs.controller_epoch,
-            epoch_reports=lambda: epoch_reports(service.registry, service.leaders, config.broker_id),
-            unclean_logs=lambda: unclean_logs(logs),
-            damaged=damage.take,
-        )
-        # A read may run off the event loop (a worker thread): the event is set on the loop.
-        loop, found = asyncio.get_running_loop(), link.damage_found
-
-        def wake() -> None:
-            loop.call_soon_threadsafe(found.set)
-
-        damage.wake = wake
+        link = _coordinator_link(config, service, logs)
         link_task = asyncio.create_task(_run_link(link, server, wire), name="coordinator-link")
 
     async def before_ready() -> None:
@@ -139,6 +151,9 @@ async def run(config: BrokerConfig) -> None:
         if link is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(link.registered.wait(), REGISTRATION_WAIT_S)
+        if quota_poller is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(quota_poller.synced.wait(), REGISTRATION_WAIT_S)
         await security.wait_synced()
 
     shut_down = asyncio.Event()  # on_stop runs twice (serve's hook, then the finally below)
@@ -159,6 +174,8 @@ async def run(config: BrokerConfig) -> None:
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link_task
+        if quota_poller is not None:
+            await quota_poller.stop()
         await security.stop()
         await service.stop()
 

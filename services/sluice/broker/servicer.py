@@ -24,6 +24,9 @@ from sluice.broker.handlers import (
 )
 from sluice.broker.requests import EpochQuery, OffsetQuery
 from sluice.broker.service import BrokerService
+from sluice.quotas.broker_hooks import fetch_amounts, is_replica, produce_amounts
+from sluice.quotas.client_id import with_client_id
+from sluice.quotas.throttle import FETCH, PRODUCE, quotas_hold, throttle_ms
 from sluice.security.context import RequestContext, current
 from sluice.server.wire import MAX_BACKLOG
 from sluice.v1 import broker_pb2, broker_pb2_grpc
@@ -74,30 +77,46 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     def context(self, context: object) -> RequestContext:
         """The caller of one call or stream: the context the interceptor built after authenticating
-        it (``sluice.security.context.current``)."""
-        return current()
+        it (``sluice.security.context.current``), with the client id it announces (quotas)."""
+        return with_client_id(current(), context)
 
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: object
     ) -> broker_pb2.ProduceResponse:
+        ctx = self.context(context)
+        quotas = self.handlers.quotas
+        await quotas_hold(quotas, ctx, PRODUCE)  # a throttled caller's next request waits (KIP-219)
+        throttle = throttle_ms(quotas.record(ctx, produce_amounts(request)))
         # The produce memory pool (docs/memory.md): this request holds its bytes until answered.
         pool, held = self.service.memory.produce, produce_bytes(request)
         if not pool.try_take(held):
             await pool.take(held)
         try:
             results = await self.service.produce(
-                request.acks, request.timeout_ms, produce_items(request), self.context(context)
+                request.acks, request.timeout_ms, produce_items(request), ctx
             )
         finally:
             pool.release(held)
-        return produce_response_to_proto(results, request.request_id)
+        answer = produce_response_to_proto(results, request.request_id)
+        answer.throttle_time_ms = throttle
+        return answer
 
     async def Fetch(self, request: broker_pb2.FetchRequest, context: object) -> broker_pb2.FetchResponse:
-        outcome = await self.service.fetch(fetch_params_from_proto(request), self.context(context))
+        ctx = self.context(context)
+        quotas = self.handlers.quotas
+        metered = not is_replica(request)
+        if metered:
+            await quotas_hold(quotas, ctx, FETCH, request.client_id)
+        outcome = await self.service.fetch(fetch_params_from_proto(request), ctx)
         try:
-            return fetch_response_to_proto(outcome, request.request_id)
+            answer = fetch_response_to_proto(outcome, request.request_id)
         finally:
             self.service.memory.fetch.release(outcome.held_bytes)
+        if metered:
+            answer.throttle_time_ms = throttle_ms(
+                quotas.record(ctx, fetch_amounts(answer), request.client_id)
+            )
+        return answer
 
     async def ProduceStream(
         self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], context: object
@@ -114,6 +133,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         # between reading and writing (a stream message's cost is the latency budget here).
         pool = self.service.memory.produce
         async for request in request_iterator:
+            await quotas_hold(handlers.quotas, ctx, PRODUCE)  # a throttled caller: not read meanwhile
             # Not reading on while the pool is full: gRPC's stream flow control then stops the client.
             held = produce_bytes(request)
             if not pool.try_take(held):
@@ -138,6 +158,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         async def read() -> None:
             try:
                 async for request in request_iterator:
+                    await quotas_hold(handlers.quotas, ctx, PRODUCE)
                     held = produce_bytes(request)
                     if not pool.try_take(held):
                         await pool.take(held)

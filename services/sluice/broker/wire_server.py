@@ -45,11 +45,14 @@ from sluice.common.wire import (
     WireProtocolError,
     has_records,
     lane_frame_parts,
+    parse_frame,
 )
+from sluice.quotas.gate import ThrottleGate
+from sluice.quotas.throttle import PRODUCE
 from sluice.security.context import ANONYMOUS, WIRE, RequestContext
 from sluice.security.service import ServiceSecurity
 from sluice.security.tls import ServerTLS
-from sluice.server.wire import WireConnection, WireListener, parse_frame
+from sluice.server.wire import MAX_BACKLOG, WireConnection, WireListener
 from sluice.v1 import broker_pb2
 
 __all__ = ["broker_wire_listener"]
@@ -120,6 +123,8 @@ class _BrokerConnection(WireConnection):
         #: Past the hello: only then does a frame reserve produce memory (before it, the
         #: pre-authentication limits apply, and a stranger must not hold the broker's budget).
         self._greeted_now = False
+        #: A throttled caller's produce frames wait here, the connection muted (docs/quotas.md).
+        self._gate = ThrottleGate(handlers.quotas, self.update_reading)
 
     def opened(self) -> None:
         """The hello was accepted: the context it built (the authenticated principal) is this
@@ -128,13 +133,15 @@ class _BrokerConnection(WireConnection):
         self._greeted_now = True
 
     def backlog(self) -> int:
-        return len(self._produces) + self._queued_fetches
+        muted = MAX_BACKLOG if self._gate.muted else 0  # a throttled caller is not read from
+        return len(self._produces) + self._queued_fetches + muted
 
     def busy(self) -> bool:
         """Not idle while an answer is owed, a lane is served or followed (a follow's answers come
         from the broker: its client may rightly send nothing for as long as it reads), or its reading
-        is held by the memory budget (the broker, not the client, is the one waiting)."""
-        return bool(self._produces or self._lanes or self._queued_fetches or self._frame_wait is not None)
+        is held by the memory budget or muted by a quota's throttle."""
+        held = self._frame_wait is not None or self._gate.muted  # the broker, not the client, waits
+        return bool(self._produces or self._lanes or self._queued_fetches or held)
 
     # ---- memory (docs/memory.md, "Broker") -----------------------------------------------
 
@@ -194,6 +201,7 @@ class _BrokerConnection(WireConnection):
 
     def lost(self) -> None:
         self._release_memory()
+        self._gate.close()
         if self._produce_task is not None:
             self._produce_task.cancel()
         for lane in self._lanes.values():
@@ -213,7 +221,9 @@ class _BrokerConnection(WireConnection):
     def on_frame(self, kind: int, payload: bytes) -> None:
         self._frames += 1
         if kind == FrameType.PRODUCE:
-            self._produce(parse_frame(broker_pb2.ProduceRequest, payload, "produce"))
+            request = parse_frame(broker_pb2.ProduceRequest, payload, "produce")
+            if not self._gate.offer(self._ctx, PRODUCE, lambda: self._produce(request)):
+                self._produce(request)
         elif kind == FrameType.FETCH:
             self._fetch(0, b"", None, parse_frame(broker_pb2.FetchRequest, payload, "fetch"))
         elif kind in (FrameType.FETCH_LANE, FrameType.LANE_CREDIT, FrameType.LANE_END):

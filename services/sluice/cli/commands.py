@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from sluice.cli import acl, consume, group, produce, subscription, topic, track, up, user
+from sluice.cli import acl, consume, group, produce, quota, subscription, topic, track, up, user
 from sluice.cli.connect import (
     DEFAULT_REQUEST_TIMEOUT,
     add_password_file_argument,
@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_parser(sub, common)
     track.add_parser(sub, common)
     acl.add_parser(sub, common)
+    quota.add_parser(sub, common)
     user.add_parser(sub, common, common_base)
     return parser
 

@@ -19,6 +19,7 @@ from sluice.client.push import admin as push_admin
 from sluice.client.push import sub_admin
 from sluice.client.push.admin import SubscriptionInfo
 from sluice.client.push.sub_admin import PeekedMessage, SubscriptionChange
+from sluice.client.quota_admin import QuotaAdmin
 from sluice.client.rpc import call
 from sluice.client.users import UserChange, UserInfo
 from sluice.common.names import MAX_PARTITIONS, validate_topic
@@ -103,7 +104,7 @@ def _positive_or_default(what: str, value: int | None) -> int:
     return value
 
 
-class Admin(AclAdmin):
+class Admin(AclAdmin, QuotaAdmin):
     """``client.admin``: topic, group, subscription, ACL and user operations (ACLs: ``acl_admin.py``;
     users: ``users.py``). Every call raises typed ``sluice.errors``."""
 

@@ -15,10 +15,11 @@ from typing import Any
 from sluice.client.fetch_errors import PartitionErrors
 from sluice.client.fetch_session import PartitionFetchState, SessionRequest
 from sluice.client.fetch_state import PartitionState, RawChunk, TopicPartition, end_of
+from sluice.client.throttles import throttled_answer
 from sluice.errors import error_from_proto
 from sluice.v1 import broker_pb2
 
-__all__ = ["Answers", "Completion", "advance"]
+__all__ = ["Answers", "Completion", "advance", "throttled_answer"]
 
 #: What the connections' threads hand the fetching thread: (broker address, the request
 #: answered, its answer or a SluiceError, whether the request is followed).

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sluice.client.fetch_answer import Answers, Completion, advance
+from sluice.client.fetch_answer import Answers, Completion, advance, throttled_answer
 from sluice.client.fetch_errors import PartitionErrors
 from sluice.client.fetch_session import FetchSession, PartitionFetchState, SessionRequest
 from sluice.client.fetch_state import (
@@ -447,7 +447,7 @@ class Fetcher:
                 raise outcome
             resp: broker_pb2.FetchResponse = outcome
             raise_for_proto(resp.error)
-            return resp
+            return throttled_answer(broker, resp)  # a quota's throttle_time_ms delays the next request
         except (FetchSessionNotFound, InvalidFetchSessionEpoch) as exc:
             log.debug("fetch session with %s reset: %s", broker.address, exc)
             self._end_request(broker)

@@ -69,14 +69,14 @@ class BrokerLinks:
         wire = self._shared(address)
         if wire is not None:
             return wire.produce_link()
-        return RequestStream(self._stub(address).ProduceStream, f"produce-{address}")
+        return RequestStream(self._announced(self._stub(address).ProduceStream), f"produce-{address}")
 
     def fetch(self, address: str) -> BrokerLink:
         """A fetcher's link to ``address`` (a ``FetchLane`` over the wire, which can follow)."""
         wire = self._shared(address)
         if wire is not None:
             return wire.fetch_lane()
-        return RequestStream(self._stub(address).FetchStream, f"fetch-{address}")
+        return RequestStream(self._announced(self._stub(address).FetchStream), f"fetch-{address}")
 
     def connections(self) -> int:
         """Wire connections made so far (open or reopening), one per broker at most."""
@@ -89,6 +89,14 @@ class BrokerLinks:
             conns, self._wire = list(self._wire.values()), {}
         for conn in conns:
             conn.close()
+
+    def _announced(self, method: Any) -> Any:
+        """``method`` called with this client's id in the metadata (``sluice-client-id``): whom the
+        broker's quotas count an anonymous client as, as the wire hello's ``client_id`` does."""
+        if not self._client_id:
+            return method
+        metadata = (("sluice-client-id", self._client_id),)
+        return lambda requests: method(requests, metadata=metadata)
 
     def _shared(self, address: str) -> SharedConnection | None:
         if not use_wire() or self._metadata.current().wire_address(address) is None:

@@ -42,7 +42,13 @@ from sluice.errors import (
     UnknownLeaderEpoch,
     UnknownTopicOrPartition,
 )
-from sluice.v1 import acl_pb2_grpc, broker_pb2_grpc, coordinator_pb2_grpc, offset_store_pb2_grpc
+from sluice.v1 import (
+    acl_pb2_grpc,
+    broker_pb2_grpc,
+    coordinator_pb2_grpc,
+    offset_store_pb2_grpc,
+    quota_pb2_grpc,
+)
 
 __all__ = [
     "MAX_PEERS",
@@ -250,6 +256,11 @@ class AioPeers:
     def acls(self, address: str) -> acl_pb2_grpc.AclsAsyncStub:
         """The coordinator's Acls service (security snapshots: ``sluice.security.watcher``)."""
         stub: acl_pb2_grpc.AclsAsyncStub = self._stub(address, acl_pb2_grpc.AclsStub)
+        return stub
+
+    def quotas(self, address: str) -> quota_pb2_grpc.QuotasAsyncStub:
+        """The coordinator's Quotas service (quota snapshots: ``sluice.quotas.poller``)."""
+        stub: quota_pb2_grpc.QuotasAsyncStub = self._stub(address, quota_pb2_grpc.QuotasStub)
         return stub
 
     def offset_store(self, address: str) -> offset_store_pb2_grpc.OffsetStoreAsyncStub:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
+
+from google.protobuf.message import DecodeError
 
 from sluice.common.rpc import MAX_MESSAGE_BYTES
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, error_from_proto
@@ -36,6 +38,7 @@ __all__ = [
     "frame_parts",
     "has_records",
     "lane_frame_parts",
+    "parse_frame",
     "split_address",
     "wire_listen_port",
     "wire_port_help",
@@ -254,3 +257,11 @@ class FrameReader:
         err = FrameTooLarge(f"frame of {length} bytes: frames hold 1 to {limit} bytes{what}")
         err.first = first
         return err
+
+
+def parse_frame(message_type: Any, payload: bytes, what: str) -> Any:
+    """A frame's protobuf payload; InvalidRequest (ending the connection) when it does not parse."""
+    try:
+        return message_type.FromString(payload)
+    except DecodeError as exc:
+        raise InvalidRequest(f"a {what} frame that is not a valid {message_type.__name__}: {exc}") from exc

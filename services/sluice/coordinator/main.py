@@ -23,6 +23,8 @@ from sluice.coordinator.auth_servicer import AuthService
 from sluice.coordinator.cluster.model import Endpoint
 from sluice.coordinator.config import ENV_PREFIX, CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection, ElectingGrpcServer
+from sluice.coordinator.quota_servicer import QuotaServicer, quota_registrar
+from sluice.coordinator.quota_store import QuotaStore
 from sluice.coordinator.service import CoordinatorService
 from sluice.coordinator.servicer import SERVICE_NAME, registrar
 from sluice.errors import SluiceError
@@ -81,6 +83,7 @@ async def run(config: CoordinatorConfig) -> None:
     acls = AclServicer(
         acl_store, service, user_generations=auth.users.all_generations, principal_of=_principal
     )
+    quotas = QuotaServicer(QuotaStore(redis, config.key_prefix), service, principal_of=_principal)
     # A user's change moves the security version on, so every service's watcher brings the new
     # generations (and ends the sessions of a deleted user or a changed password).
     auth.users.on_change(lambda: _bump_security(acl_store, service, acls))
@@ -88,6 +91,7 @@ async def run(config: CoordinatorConfig) -> None:
     async def stop() -> None:
         await security.stop()
         acls.close()  # answer the waiting security polls now
+        quotas.close()
         if election is not None:
             await election.close()  # resign: a standby takes over without waiting out the lease
         await service.close()
@@ -123,7 +127,7 @@ async def run(config: CoordinatorConfig) -> None:
             election.attach(on_elected=on_elected, on_lost=service.step_down)
         server = ElectingGrpcServer(
             service="coordinator",
-            registrars=[registrar(service), acl_registrar(acls), auth.registrar()],
+            registrars=[registrar(service), acl_registrar(acls), auth.registrar(), quota_registrar(quotas)],
             host=config.host,
             port=config.port,
             metrics_port=config.metrics_port,

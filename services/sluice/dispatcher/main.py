@@ -20,6 +20,7 @@ from sluice.dispatcher.metrics import dispatcher_metrics
 from sluice.dispatcher.service import DispatcherService
 from sluice.dispatcher.servicer import DispatcherServicer, add_to_server
 from sluice.dispatcher.wire_server import dispatcher_wire_listener
+from sluice.quotas.poller import QuotaPoller
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
 from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
@@ -86,6 +87,8 @@ async def run(config: DispatcherConfig) -> None:
         metrics_tls=config.tls_metrics,
     )
     security.start()
+    quota_poller = QuotaPoller(config.coordinator, service.quotas)  # docs/quotas.md
+    quota_poller.start()
     server.service_ref = service
     server.advertised_host = config.advertised
     wire_port = wire_listen_port(config.port, config.wire_port)
@@ -99,6 +102,7 @@ async def run(config: DispatcherConfig) -> None:
             stopped = True
             if server.wire is not None:
                 await server.wire.stop()
+            await quota_poller.stop()
             await security.stop()
             await service.stop()
 

@@ -38,6 +38,8 @@ from sluice.errors import (
     UnknownMessageId,
     UnknownTopicOrPartition,
 )
+from sluice.quotas.model import Resource as QuotaResource
+from sluice.quotas.throttle import QuotaManager, admit
 from sluice.security.context import AllowAll, Authorizer, Operation, RequestContext
 from sluice.security.model import Resource, ResourceType
 
@@ -55,6 +57,8 @@ class DispatcherService:
         self.config = config
         #: The authorization seam (``sluice.security.context``): asked once per Subscribe.
         self.authorizer: Authorizer = authorizer or AllowAll()
+        #: Client quotas (the subscribe rate), kept current by main's QuotaPoller.
+        self.quotas = QuotaManager()
         self.metrics = metrics
         self.dispatcher_id = config.resolved_id
         self.channels = AioPeers()
@@ -115,6 +119,7 @@ class DispatcherService:
         # rights here, before anything is delivered (no confused deputy, docs/security.md).
         self.authorizer.authorize(ctx, Operation.READ, Resource(ResourceType.TOPIC, req.topic))
         self.authorizer.authorize(ctx, Operation.READ, Resource(ResourceType.SUBSCRIPTION, req.subscription))
+        await admit(self.quotas, ctx, QuotaResource.SUBSCRIBES)  # the subscribe-rate quota (docs/quotas.md)
         try:
             await asyncio.wait_for(self.link.registered.wait(), 10)
         except TimeoutError:

@@ -23,15 +23,16 @@ from typing import Any, Protocol
 import grpc
 from grpc import aio
 
+from sluice.common.wire import parse_frame
 from sluice.dispatcher import convert
 from sluice.dispatcher.convert import ack_ranges, by_partition, subscribe_from_proto
 from sluice.dispatcher.events import EventStream, Outgoing
 from sluice.dispatcher.service import DispatcherService
 from sluice.errors import ProtocolViolation, SluiceError
+from sluice.quotas.client_id import with_client_id
 from sluice.security.audit import audit_current
 from sluice.security.context import RequestContext, current
 from sluice.server.metrics import count_internal_error
-from sluice.server.wire import parse_frame
 from sluice.v1 import dispatcher_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,9 @@ class DispatcherServicer:
     def context(context: PeerContext) -> RequestContext:
         """The core's view of a gRPC caller: the context the interceptor built after authenticating
         it (``sluice.security.context.current``). The wire protocol's is built per connection, at the
-        hello (``sluice.server.wire``), and given to :meth:`consume_into`."""
-        return current()
+        hello (``sluice.server.wire``), and given to :meth:`consume_into`. With the client id the call
+        announces (``sluice-client-id``: the subscribe-rate quota counts anonymous callers by it)."""
+        return with_client_id(current(), context)
 
     async def Consume(self, request_iterator: object, context: PeerContext) -> None:
         """The gRPC Consume stream, on gRPC's reader/writer API rather than as an async generator:

@@ -16,12 +16,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-from sluice.common.wire import FrameType, WireProtocolError
+from sluice.common.wire import FrameType, WireProtocolError, parse_frame
 from sluice.dispatcher.events import Outgoing
 from sluice.dispatcher.servicer import DispatcherServicer
 from sluice.security.service import ServiceSecurity
 from sluice.security.tls import ServerTLS
-from sluice.server.wire import WireConnection, WireListener, parse_frame
+from sluice.server.wire import WireConnection, WireListener
 from sluice.v1 import dispatcher_pb2 as pb
 
 __all__ = ["dispatcher_wire_listener"]

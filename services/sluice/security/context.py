@@ -70,6 +70,9 @@ class RequestContext:
     #: None for a unary call. What a check allows on it is remembered there, so an ACL change or the
     #: end of its credentials can end it.
     stream: Any = None
+    #: What the client calls itself (the wire hello's ``client_id``): whom a quota counts an
+    #: anonymous caller as (docs/quotas.md). "" when unknown.
+    client_id: str = ""
 
 
 class Authorizer(Protocol):

@@ -177,6 +177,12 @@ GUARDS: dict[str, Guard] = {
     "/sluice.v1.Acls/DeleteAcls": cluster(Operation.ALTER),
     "/sluice.v1.Acls/DescribeAcls": cluster(D),
     "/sluice.v1.Acls/WatchSecurity": cluster(),
+    # ---- coordinator: client quotas (the Quotas service, docs/quotas.md). WatchQuotas is the
+    # services' own long poll.
+    "/sluice.v1.Quotas/AlterQuotas": cluster(Operation.ALTER),
+    "/sluice.v1.Quotas/DeleteQuotas": cluster(Operation.ALTER),
+    "/sluice.v1.Quotas/DescribeQuotas": cluster(D),
+    "/sluice.v1.Quotas/WatchQuotas": cluster(),
     # ---- coordinator: users (the Auth service). The SCRAM login is how a client gets credentials.
     "/sluice.v1.Auth/Authenticate": OPEN,
     "/sluice.v1.Auth/UpsertUser": cluster(Operation.ALTER),

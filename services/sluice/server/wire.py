@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
-from google.protobuf.message import DecodeError
 from prometheus_client import Gauge
 
 from sluice.common.wire import (
@@ -28,6 +27,7 @@ from sluice.common.wire import (
     FrameType,
     WireProtocolError,
     frame_parts,
+    parse_frame,
 )
 from sluice.errors import AuthenticationError, InvalidRequest, SluiceError
 from sluice.security.audit import audit_unauthenticated
@@ -43,13 +43,7 @@ from sluice.server.wire_buffer import READ_BUFFER_HELLO, READ_BUFFER_MAX, READ_B
 from sluice.server.wire_gate import ConnectionGate
 from sluice.v1 import wire_pb2
 
-__all__ = [
-    "READ_BUFFER_MAX",
-    "READ_BUFFER_MIN",
-    "WireConnection",
-    "WireListener",
-    "parse_frame",
-]
+__all__ = ["READ_BUFFER_MAX", "READ_BUFFER_MIN", "WireConnection", "WireListener"]
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +165,8 @@ class WireConnection(asyncio.BufferedProtocol):
         self._greeted = False
         #: The protocol version agreed at the hello.
         self.version = PROTOCOL_VERSION
+        #: The hello's client id (quotas key anonymous callers by it).
+        self.client_id = ""
         self.closing = False
         #: The caller, once the hello is accepted (authenticated): every request's context.
         self.ctx = RequestContext(ANONYMOUS, WIRE)
@@ -421,6 +417,7 @@ class WireConnection(asyncio.BufferedProtocol):
                 f"protocol version {hello.version} is not supported (this server speaks 1)"
             )
         self.version = min(hello.version, self.listener.version)
+        self.client_id = hello.client_id[:256]  # for quotas (docs/quotas.md); bounded, it is echoed
         security = self.listener.security
         if security is None:
             self._greet(ANONYMOUS_CALLER)
@@ -481,7 +478,9 @@ class WireConnection(asyncio.BufferedProtocol):
             self._stream = security.streams.open(
                 who.principal, self.peer, who.expires_at, who.credentials, self.fail
             )
-        self.ctx = RequestContext(who.principal, WIRE, address=self.peer, stream=self._stream)
+        self.ctx = RequestContext(
+            who.principal, WIRE, address=self.peer, stream=self._stream, client_id=self.client_id
+        )
         self._greeted = True
         if len(self._view) < self.read_buffer_min:
             # Authenticated: the buffer a service's connections read into (the hello's was smaller).
@@ -490,11 +489,3 @@ class WireConnection(asyncio.BufferedProtocol):
         answer = wire_pb2.WireHelloResponse(version=self.version, max_frame_bytes=listener.max_frame_bytes)
         self.write(FrameType.HELLO, answer.SerializeToString())
         self.opened()
-
-
-def parse_frame(message_type: Any, payload: bytes, what: str) -> Any:
-    """A frame's protobuf payload; InvalidRequest (ending the connection) when it does not parse."""
-    try:
-        return message_type.FromString(payload)
-    except DecodeError as exc:
-        raise InvalidRequest(f"a {what} frame that is not a valid {message_type.__name__}: {exc}") from exc

@@ -85,7 +85,14 @@ class ProduceResponse(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    THROTTLE_TIME_MS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
+    throttle_time_ms: _builtins.int
+    """Client quotas (docs/quotas.md, KIP-219): how long the broker holds this principal's next
+    requests to bring it back under its quota (0: not throttled). The answer is not an error; a
+    client should wait this long before its next request to this broker (the broker delays it
+    anyway).
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProducePartitionResponse]: ...
     @_builtins.property
@@ -100,10 +107,11 @@ class ProduceResponse(_message.Message):
         partitions: _abc.Iterable[Global___ProducePartitionResponse] | None = ...,
         error: _common_pb2.Error | None = ...,
         request_id: _builtins.int = ...,
+        throttle_time_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "partitions", b"partitions", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "partitions", b"partitions", "request_id", b"request_id", "throttle_time_ms", b"throttle_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -274,8 +282,11 @@ class FetchResponse(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    THROTTLE_TIME_MS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.int
     request_id: _builtins.int
+    throttle_time_ms: _builtins.int
+    """As ProduceResponse.throttle_time_ms (docs/quotas.md)."""
     @_builtins.property
     def error(self) -> _common_pb2.Error: ...
     @_builtins.property
@@ -287,10 +298,11 @@ class FetchResponse(_message.Message):
         session_id: _builtins.int = ...,
         partitions: _abc.Iterable[Global___FetchPartitionResponse] | None = ...,
         request_id: _builtins.int = ...,
+        throttle_time_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "partitions", b"partitions", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "partitions", b"partitions", "request_id", b"request_id", "session_id", b"session_id", "throttle_time_ms", b"throttle_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -30,10 +30,11 @@ from sluice.v1 import (
     coordinator_pb2,
     dispatcher_pb2,
     offset_store_pb2,
+    quota_pb2,
 )
 from tests.integration.fuzz.messages import message_strategy, raw_request
 
-MODULES = (broker_pb2, coordinator_pb2, offset_store_pb2, dispatcher_pb2, acl_pb2, auth_pb2)
+MODULES = (broker_pb2, coordinator_pb2, offset_store_pb2, dispatcher_pb2, acl_pb2, auth_pb2, quota_pb2)
 
 #: The process that serves each gRPC service (Acls and Auth ride on the coordinator).
 SERVED_BY = {
@@ -43,6 +44,7 @@ SERVED_BY = {
     "sluice.v1.Dispatcher": "dispatcher",
     "sluice.v1.Acls": "coordinator",
     "sluice.v1.Auth": "coordinator",
+    "sluice.v1.Quotas": "coordinator",
 }
 #: RPCs whose fuzzed calls may break the cluster for the calls after them (a broker told to drop its
 #: partitions, or to shut down; a topic of the fixture deleted). They run after every other one.
@@ -56,6 +58,7 @@ LAST = frozenset(
         "/sluice.v1.Coordinator/RegisterDispatcher",
         "/sluice.v1.Coordinator/AlterPartition",
         "/sluice.v1.Coordinator/ReassignPartitions",
+        "/sluice.v1.Quotas/AlterQuotas",  # a quota set could throttle the calls after it
     }
 )
 #: A unary call's answer must come within this; a stream is read this long, then cancelled.
@@ -63,7 +66,7 @@ UNARY_TIMEOUT = 10.0
 STREAM_WINDOW = 1.5
 #: Long polls: a call may wait by design (WatchSecurity up to a minute), so it is given this long and a
 #: deadline passing is an outcome ("WAITING"), not a failure.
-LONG_POLLS = {"/sluice.v1.Acls/WatchSecurity": 1.0}
+LONG_POLLS = {"/sluice.v1.Acls/WatchSecurity": 1.0, "/sluice.v1.Quotas/WatchQuotas": 1.0}
 #: Statuses that never carry a typed error: a handler that raised something unexpected.
 UNTYPED = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 

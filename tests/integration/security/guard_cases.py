@@ -38,6 +38,8 @@ from sluice.v1 import (
     dispatcher_pb2_grpc,
     offset_store_pb2,
     offset_store_pb2_grpc,
+    quota_pb2,
+    quota_pb2_grpc,
 )
 
 Metadata = tuple[tuple[str, str], ...]
@@ -309,6 +311,14 @@ def consume(ch: grpc.Channel, md: Metadata, name: str) -> int:
 def _a(method: str, request: Any) -> Call:
     def call(ch: grpc.Channel, md: Metadata, name: str) -> int:
         stub = acl_pb2_grpc.AclsStub(ch)
+        return _code(_unary(lambda: getattr(stub, method)(request, metadata=md, timeout=TIMEOUT)))
+
+    return call
+
+
+def _q(method: str, request: Any) -> Call:
+    def call(ch: grpc.Channel, md: Metadata, name: str) -> int:
+        stub = quota_pb2_grpc.QuotasStub(ch)
         return _code(_unary(lambda: getattr(stub, method)(request, metadata=md, timeout=TIMEOUT)))
 
     return call
@@ -599,6 +609,40 @@ CASES: dict[str, Case] = {
         "coordinator",
         _CLUSTER_ACTION,
         _a("WatchSecurity", acl_pb2.WatchSecurityRequest(known_version=0, max_wait_ms=0)),
+    ),
+    # client quotas (the coordinator)
+    "/sluice.v1.Quotas/AlterQuotas": Case(
+        "coordinator",
+        ((Operation.ALTER, CLUSTER),),
+        _q(
+            "AlterQuotas",
+            quota_pb2.AlterQuotasRequest(
+                quotas=[
+                    quota_pb2.Quota(
+                        entity=quota_pb2.QuotaEntity(kind="client", name="guarded"),
+                        limits=quota_pb2.QuotaLimits(requests_per_second=1e9),
+                    )
+                ]
+            ),
+        ),
+    ),
+    "/sluice.v1.Quotas/DeleteQuotas": Case(
+        "coordinator",
+        ((Operation.ALTER, CLUSTER),),
+        _q(
+            "DeleteQuotas",
+            quota_pb2.DeleteQuotasRequest(
+                entities=[quota_pb2.QuotaEntity(kind="client", name="nobody-at-all")]
+            ),
+        ),
+    ),
+    "/sluice.v1.Quotas/DescribeQuotas": Case(
+        "coordinator", ((D, CLUSTER),), _q("DescribeQuotas", quota_pb2.DescribeQuotasRequest())
+    ),
+    "/sluice.v1.Quotas/WatchQuotas": Case(
+        "coordinator",
+        _CLUSTER_ACTION,
+        _q("WatchQuotas", quota_pb2.WatchQuotasRequest(known_version=0, max_wait_ms=0)),
     ),
     "/sluice.v1.Auth/Authenticate": Case("coordinator", (), authenticate),
     "/sluice.v1.Auth/UpsertUser": Case(

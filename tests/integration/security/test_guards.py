@@ -37,6 +37,7 @@ from sluice.v1 import (
     dispatcher_pb2,
     dispatcher_pb2_grpc,
     offset_store_pb2,
+    quota_pb2,
 )
 
 from .guard_cases import CASES, Case, Need
@@ -44,7 +45,16 @@ from .secure_cluster import SecureCluster, run_secure_cluster
 
 UNAUTHENTICATED, PERMISSION_DENIED = 19, 100
 REFUSED = {UNAUTHENTICATED, PERMISSION_DENIED}
-MODULES = (broker_pb2, coordinator_pb2, offset_store_pb2, dispatcher_pb2, acl_pb2, auth_pb2, health_pb2)
+MODULES = (
+    broker_pb2,
+    coordinator_pb2,
+    offset_store_pb2,
+    dispatcher_pb2,
+    acl_pb2,
+    auth_pb2,
+    health_pb2,
+    quota_pb2,
+)
 
 
 def descriptor_methods() -> set[str]:

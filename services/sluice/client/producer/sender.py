@@ -41,6 +41,7 @@ from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
 from sluice.client.producer.config import ProducerConfig
 from sluice.client.producer.idempotence import Idempotence
+from sluice.client.throttles import ThrottleWindows
 from sluice.common.peers import Peers
 from sluice.errors import (
     BrokerNotAvailable,
@@ -120,6 +121,8 @@ class Sender:
         self._backoff_max = config.retry_backoff_max.total_seconds()
         self._requests_in_flight: dict[str, int] = {}
         self._epoch_retry_at = 0.0
+        #: Brokers whose last answer said we are throttled (KIP-219): nothing goes to them until then.
+        self._throttle = ThrottleWindows()
         self._streams: dict[str, _Stream] = {}
         #: The loop has ended: answers arriving now belong to batches already failed.
         self._stopped = False
@@ -190,6 +193,8 @@ class Sender:
                     expiry = self._acc.next_expiry()
                     if expiry is not None:
                         next_at = expiry if next_at is None else min(next_at, expiry)
+                    if (unthrottled := self._throttle.next_end(now)) is not None:
+                        next_at = unthrottled if next_at is None else min(next_at, unthrottled)
                     self._cond.wait(None if next_at is None else max(next_at - now, 0.0))
                 if stop:
                     self._stopped = True
@@ -221,10 +226,13 @@ class Sender:
         if self._idem is not None and self._idem.needs_new_epoch:
             return []  # nothing goes out under the old epoch once a gap was seen
         by_broker: dict[str, list[int]] = {}
+        now = self._clock()
         for p in ready:
             address = self._leaders[p]
             if address is None:
                 self._need_metadata = True
+            elif self._throttle.blocked(address, now):
+                continue  # it said we are over our quota: wait out its throttle time
             elif self._requests_in_flight.get(address, 0) < self._cfg.max_in_flight:
                 by_broker.setdefault(address, []).append(p)
         sends = []
@@ -317,6 +325,7 @@ class Sender:
                 or acc.flushing
                 or acc.closing
                 or acc.waiting_for_space
+                or self._throttle.next_end(now) is not None  # the loop's timer ends the wait
             ):
                 self._cond.notify_all()
         for batch, base_offset, append_time, error in done:
@@ -336,6 +345,7 @@ class Sender:
             if isinstance(outcome, SluiceError):
                 raise outcome
             resp: broker_pb2.ProduceResponse = outcome
+            self._throttle.throttled(address, resp.throttle_time_ms, now)
             raise_for_proto(resp.error)  # the broker refused the whole request
         except SluiceError as exc:
             if isinstance(exc, BrokerNotAvailable):
