@@ -91,6 +91,17 @@ class DispatcherConfig(SecuritySettings):
             "recomputed (one ListOffsets per topic)"
         },
     )
+    memory_budget_bytes: int = field(
+        default=128 * MiB,
+        metadata={
+            "help": "bytes all subscriptions together may hold (read ahead, unacked, to redeliver); "
+            "reading from brokers pauses at the limit (docs/memory.md); 0: no limit"
+        },
+    )
+    subscription_memory_bytes: int = field(
+        default=0,
+        metadata={"help": "bytes one subscription may hold; 0: a quarter of memory_budget_bytes"},
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
 
     def __post_init__(self) -> None:
@@ -112,6 +123,8 @@ class DispatcherConfig(SecuritySettings):
                 raise InvalidArgument(f"{name} must not be negative")
         if self.max_unacked < 0 or self.max_redeliver < 0:
             raise InvalidArgument("max_unacked and max_redeliver must be >= 0")
+        if self.memory_budget_bytes < 0 or self.subscription_memory_bytes < 0:
+            raise InvalidArgument("memory_budget_bytes and subscription_memory_bytes must be >= 0")
         if self.read_ahead_bytes <= 0 or self.fetch_max_bytes <= 0:
             raise InvalidArgument("read_ahead_bytes and fetch_max_bytes must be positive")
 
