@@ -71,14 +71,16 @@ def test_every_way_out_gives_the_bytes_back() -> None:
     s.sub.flow(c, 1000, 0)
     s.sub.tick(10_000)  # the nack delay ends: redelivered
     s.ack_all()
-    assert s.sub.memory.used == 0 and budget.used == 0
+    assert s.sub.memory.used == 0
+    assert budget.used == 0
     # A consumer leaving returns its messages: still held, for the next consumer.
     s.produce(10)
     s.sub.remove_consumer(c, 0)
     assert s.sub.memory.used > 0
     # Closing the subscription (unload) gives everything back.
     s.sub.close()
-    assert budget.used == 0 and not budget.accounts
+    assert budget.used == 0
+    assert not budget.accounts
 
 
 def test_dead_letters_and_detached_partitions_give_their_bytes_back() -> None:
@@ -106,11 +108,14 @@ def test_a_subscription_stops_reading_at_its_own_limit_and_resumes_on_acks() -> 
     assert s.sub.memory.may_read()
     s.produce(100)  # never acknowledged
     assert not s.sub.memory.may_read()
-    assert budget.paused_total == 1 and s.sub.memory in budget.paused
+    assert budget.paused_total == 1
+    assert s.sub.memory in budget.paused
     assert not s.sub.memory.may_read()  # still paused: counted once
     assert budget.paused_total == 1
     s.ack_all()
-    assert resumed == [1] and s.sub.memory.may_read() and not budget.paused
+    assert resumed == [1]
+    assert s.sub.memory.may_read()
+    assert not budget.paused
 
 
 def test_at_the_total_limit_only_subscriptions_over_their_fair_share_stop() -> None:
@@ -142,7 +147,8 @@ def test_no_limit_never_pauses() -> None:
     s = _Sub(budget.account())
     s.join(1 << 20)
     s.produce(5000)
-    assert s.sub.memory.may_read() and budget.used > 0
+    assert s.sub.memory.may_read()
+    assert budget.used > 0
 
 
 def test_the_count_covers_what_python_holds_for_messages_in_flight() -> None:
@@ -165,5 +171,4 @@ def test_the_count_covers_what_python_holds_for_messages_in_flight() -> None:
     assert sum(len(m) for m in c.inflight.values()) == n
     counted = s.sub.memory.used
     # Counted within -10% / +60% of what Python really allocated for them (batch bytes included).
-    print("per message: held", held / n, "counted", counted / n)
     assert held * 0.9 <= counted <= held * 1.6, (held / n, counted / n)
