@@ -228,7 +228,14 @@ class PartitionState:
         self.cursor.ack_sorted(sorted(m.offset for m in gone))
 
     def release_all(self) -> None:
-        """The partition is no longer served: everything it held goes back to the budget."""
+        """The partition is no longer served: its messages are dropped (they stay in the log) and
+        their bytes go back to the budget."""
+        self.pending = NO_PENDING
+        self.pending_bytes = 0
+        self.replay.clear()
+        self.replay_heap.clear()
+        self.delayed.clear()
+        self.dead.clear()
         n, self.held_bytes = self.held_bytes, 0
         self.account.credit(n)
 

@@ -105,12 +105,12 @@ class Subscription:
         return self._finish(now_ms)
 
     def close(self) -> None:
-        """Unload: what is still in flight counts as returned (``PartitionCursor.settle``), so the
-        cursors the service persists next are exact."""
+        """Unload: what is in flight counts as returned (``PartitionCursor.settle``): cursors stay exact."""
         if self.state != SubscriptionState.CLOSED:
             self.transition(SubscriptionState.CLOSED)
             for ps in self.partitions.values():
                 ps.cursor.settle(sorted(ps.inflight))
+                ps.release_all()  # its messages go now, not when a gc pass finds the runtime's cycles
             self.memory.release_all()
 
     def cursors_saved(self, now_ms: int) -> Effects:
