@@ -52,9 +52,9 @@ def budget_cluster() -> Iterator[Cluster]:
         yield c
 
 
-def subscribe(cluster: Cluster, name: str, permits: int) -> StreamClient:
+def subscribe(cluster: Cluster, name: str, permits: int, topic: str = TOPIC) -> StreamClient:
     s = cluster.consumer(
-        TOPIC,
+        topic,
         name,
         type=pb.SUBSCRIPTION_TYPE_SHARED,
         initial_position=pb.INITIAL_POSITION_EARLIEST,
@@ -91,13 +91,13 @@ def drain(s: StreamClient, n: int, ack: bool, timeout: float = 60) -> int:
     return got
 
 
-def polite_rate(cluster: Cluster, name: str) -> float:
+def polite_rate(cluster: Cluster, name: str, n: int = POLITE, topic: str = TOPIC) -> float:
     """Records/s a fresh subscription reads (and acknowledges) from the start of the backlog."""
-    s = subscribe(cluster, name, 1 << 20)
+    s = subscribe(cluster, name, 1 << 20, topic)
     t0 = time.monotonic()
-    got = drain(s, POLITE, ack=True)
+    got = drain(s, n, ack=True, timeout=max(60, n / 1000))
     elapsed = time.monotonic() - t0
-    assert got >= POLITE, f"{name} received {got} of {POLITE} records"
+    assert got >= n, f"{name} received {got} of {n} records"
     s.close()
     return got / elapsed
 
