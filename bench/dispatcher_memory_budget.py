@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,8 @@ def main() -> None:
         t0 = time.monotonic()
         value = b"v" * args.record
         for _ in range(records // per_batch):
-            c.produce(TOPIC, 0, [value] * per_batch)
+            # Stamped now: the broker's age retention (7 days) would delete records stamped in 1970.
+            c.produce(TOPIC, 0, [value] * per_batch, timestamp=int(time.time() * 1000))
         print(f"produced {args.backlog_mib} MiB ({records} records) in {time.monotonic() - t0:.1f} s")
         alone = [polite_rate(c, f"alone-{i}", polite_n, TOPIC) for i in range(args.runs)]
         baseline = rss(c)
@@ -65,7 +67,13 @@ def main() -> None:
         )
         during = []
         for i in range(args.runs):
-            during.append(polite_rate(c, f"with-{i}", polite_n, TOPIC))
+            try:
+                during.append(polite_rate(c, f"with-{i}", polite_n, TOPIC))
+            except AssertionError:
+                print(c.describe(TOPIC, f"with-{i}"))
+                text = urllib.request.urlopen(f"http://{c.dispatcher.metrics}/metrics", timeout=10).read()
+                print("\n".join(x for x in text.decode().splitlines() if "memory" in x and x[0] != "#"))
+                raise
             peak = max(peak, rss(c))
         hostile.close()
         peak = max(peak, rss(c))

@@ -170,7 +170,7 @@ class SubscriptionRuntime:
     def within_budget(self) -> bool:
         """Whether records may be offered at all: over its memory budget (``budget.py``) the feed leaves
         it behind, and reads again from its position once memory is freed."""
-        return self.machine.memory.may_read()
+        return not self.closing and self.machine.memory.may_read()
 
     def _memory_freed(self) -> None:
         """Its budget account may read again (called inside an ack or a release): kick its feeds soon,
