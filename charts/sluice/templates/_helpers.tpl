@@ -189,6 +189,10 @@ loader: the URL holds a password, so it stays out of the pod spec and out of the
   valueFrom:
     fieldRef:
       fieldPath: status.podIP
+{{- with .Values.mallocArenaMax }}
+- name: MALLOC_ARENA_MAX
+  value: {{ . | quote }}
+{{- end }}
 {{- end }}
 
 {{/* The listen flags every Sluice service takes. */}}

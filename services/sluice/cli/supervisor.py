@@ -35,6 +35,7 @@ from types import FrameType
 from typing import BinaryIO
 
 from sluice.cli.errors import CliError
+from sluice.common.memory import ARENA_MAX
 
 # What runtime.serve() prints once a service listens (see sluice.server.runtime).
 SERVICE_READY = re.compile(
@@ -158,12 +159,16 @@ class Child:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         log.write(f"==== {stamp} sluice up starts: {' '.join(self.argv)}\n".encode())
         log.flush()
+        # Few malloc arenas: freed memory is reused and trimmed instead of pinned per thread
+        # (docs/memory.md); an explicit MALLOC_ARENA_MAX in the environment wins.
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("MALLOC_ARENA_MAX", str(ARENA_MAX))
         self.process = subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=self.env,
+            env=env,
             process_group=0,
         )
         self._pump_thread = threading.Thread(

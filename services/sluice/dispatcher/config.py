@@ -92,6 +92,17 @@ class DispatcherConfig(SecuritySettings, ConnectionSettings):
             "recomputed (one ListOffsets per topic)"
         },
     )
+    memory_budget_bytes: int = field(
+        default=128 * MiB,
+        metadata={
+            "help": "bytes all subscriptions together may hold (read ahead, unacked, to redeliver); "
+            "reading from brokers pauses at the limit (docs/memory.md); 0: no limit"
+        },
+    )
+    subscription_memory_bytes: int = field(
+        default=0,
+        metadata={"help": "bytes one subscription may hold; 0: a quarter of memory_budget_bytes"},
+    )
     log_level: str = field(default="INFO", metadata={"help": "DEBUG, INFO, WARNING or ERROR"})
     # Cardinality limits (docs/limits.md, "Cardinality and rate of change"); 0: no limit.
     max_subscriptions: int = field(
@@ -127,6 +138,8 @@ class DispatcherConfig(SecuritySettings, ConnectionSettings):
             raise InvalidArgument("max_unacked and max_redeliver must be >= 0")
         if self.max_subscriptions < 0 or self.max_consumers_per_subscription < 0:
             raise InvalidArgument("max_subscriptions and max_consumers_per_subscription must be >= 0")
+        if self.memory_budget_bytes < 0 or self.subscription_memory_bytes < 0:
+            raise InvalidArgument("memory_budget_bytes and subscription_memory_bytes must be >= 0")
         if self.read_ahead_bytes <= 0 or self.fetch_max_bytes <= 0:
             raise InvalidArgument("read_ahead_bytes and fetch_max_bytes must be positive")
 

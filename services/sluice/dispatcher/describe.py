@@ -142,6 +142,7 @@ class SubscriptionViews:
                     self.backlog(rt),
                     sum(1 for ps in list(rt.machine.partitions.values()) if rt.durable and ps.cursor.dirty),
                     (wall_ms() if consumers else rt.last_active_ms) / 1000,
+                    rt.machine.memory.used,
                 )
             )
         for key, entry in list(self._book.idle.items()):

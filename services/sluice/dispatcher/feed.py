@@ -59,8 +59,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["FeedTarget", "PartitionFeed"]
 
-#: Seconds a fetch may take beyond its max_wait before the broker is considered hung; ``stop`` cancels the
-#: feed task up to STOP_ATTEMPTS times, STOP_WAIT_S apart.
+#: Seconds a fetch may take past max_wait before its broker counts as hung; stop() tries STOP_ATTEMPTS times.
 FETCH_GRACE, STOP_WAIT_S, STOP_ATTEMPTS = 10.0, 1.0, 5
 
 #: A failed fetch is retried after the peer layer's backoff, from 50 ms (not its 100 ms: a feed is on the
@@ -80,6 +79,7 @@ class FeedTarget(Protocol):
 
     def read_position(self, partition: int) -> int | None: ...
     def wants(self, partition: int) -> bool: ...
+    def within_budget(self) -> bool: ...  # False: offer it nothing (``budget.py``)
     def offer(self, partition: int, messages: list[Message], start: int, next_offset: int) -> None: ...
     def skip_to(self, partition: int, position: int) -> None: ...
 
@@ -496,5 +496,5 @@ class PartitionFeed:
         messages = messages_of(batch_views(part.records), self.partition, offset) if part.records else []
         for t in self._targets():
             pos = t.read_position(self.partition)
-            if pos is not None and offset <= pos < next_offset:
+            if pos is not None and offset <= pos < next_offset and t.within_budget():
                 t.offer(self.partition, messages, offset, next_offset)

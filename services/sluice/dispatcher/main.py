@@ -14,6 +14,7 @@ import logging
 
 from grpc import aio
 
+from sluice.common.memory import tune_allocator
 from sluice.common.wire import wire_listen_port
 from sluice.dispatcher.config import ENV_PREFIX, DispatcherConfig
 from sluice.dispatcher.metrics import dispatcher_metrics
@@ -113,6 +114,7 @@ async def run(config: DispatcherConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_allocator()  # before any thread: docs/memory.md, "Dispatcher"
     return service_main("dispatcher", argv, parse_config, run)
 
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from threading import Lock
 
 from prometheus_client import REGISTRY, Counter
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from sluice.dispatcher.budget import MemoryBudget
 
 __all__ = ["DispatcherMetrics", "GaugeRow", "dispatcher_metrics"]
 
@@ -32,13 +34,17 @@ class GaugeRow:
     dirty_cursors: int
     #: Unix time: now while consumers are connected, else when the last one left (0: unknown).
     last_active: float = 0.0
+    #: Bytes it holds against the memory budget (``budget.py``).
+    memory: int = 0
 
 
 class _StateCollector(Collector):
     def __init__(self) -> None:
         self.source: Callable[[], list[GaugeRow]] | None = None
+        #: The dispatcher's memory budget (``budget.py``): read at scrape time, like the rows.
+        self.budget: MemoryBudget | None = None
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         rows: list[GaugeRow] = []
         if self.source is not None:
             for _ in range(3):  # the event loop may change the state while this thread reads it
@@ -66,11 +72,38 @@ class _StateCollector(Collector):
                 "Unix time the subscription last had a consumer (now while it has one)",
                 labels=labels,
             ),
+            "memory": GaugeMetricFamily(
+                f"{P}_subscription_memory_bytes",
+                "Bytes the subscription holds against the memory budget (read ahead, unacked, to redeliver)",
+                labels=labels,
+            ),
         }
         for r in rows:
             for name, fam in fams.items():
                 fam.add_metric([r.topic, r.subscription], getattr(r, name))
         yield from fams.values()
+        yield from self._budget()
+
+    def _budget(self) -> Iterator[Metric]:
+        b = self.budget
+        if b is None:
+            return
+        yield GaugeMetricFamily(
+            f"{P}_memory_budget_used_bytes", "Bytes all subscriptions hold against the budget", value=b.used
+        )
+        yield GaugeMetricFamily(
+            f"{P}_memory_budget_limit_bytes", "The memory budget (0: no limit)", value=b.limit
+        )
+        yield GaugeMetricFamily(
+            f"{P}_memory_budget_paused_subscriptions",
+            "Subscriptions not reading from brokers because of the memory budget",
+            value=len(b.paused),
+        )
+        yield CounterMetricFamily(
+            f"{P}_memory_budget_read_pauses",
+            "Times a subscription stopped reading from brokers because of the memory budget",
+            value=b.paused_total,
+        )
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())

@@ -16,11 +16,17 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import repeat
 
+from sluice.dispatcher.budget import HELD_OVERHEAD, MemoryBudget, SubscriptionMemory
 from sluice.dispatcher.consumer import Consumer
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.messages import Message
 
-__all__ = ["PartitionState"]
+__all__ = ["PartitionState", "unbudgeted"]
+
+
+def unbudgeted() -> SubscriptionMemory:
+    """An account of a budget without limit (tests, tools): charges are counted, nothing pauses."""
+    return MemoryBudget(0).account()
 
 
 class _NoPending(deque[Message]):
@@ -46,12 +52,14 @@ class PartitionState:
     """One partition of a subscription. Caller: ``Subscription`` and ``selectors``."""
 
     __slots__ = (
+        "account",
         "active",
         "awaiting_save",
         "cursor",
         "dead",
         "delayed",
         "delivery_seq",
+        "held_bytes",
         "inflight",
         "partition",
         "pending",
@@ -61,8 +69,14 @@ class PartitionState:
         "replay_heap",
     )
 
-    def __init__(self, cursor: PartitionCursor, read_position: int) -> None:
+    def __init__(
+        self, cursor: PartitionCursor, read_position: int, account: SubscriptionMemory | None = None
+    ) -> None:
         self.partition = cursor.partition
+        #: The subscription's memory account (``budget.py``), charged with ``held_bytes``.
+        self.account = account if account is not None else unbudgeted()
+        #: Budget bytes of every message this partition holds, in any state (``budget.py``).
+        self.held_bytes = 0
         self.cursor = cursor
         self.read_position = read_position
         #: ``NO_PENDING`` while nothing is read ahead (see ``_NoPending``).
@@ -161,6 +175,7 @@ class PartitionState:
         added = 0
         if self.pending is NO_PENDING:
             self.pending = deque()
+        before = len(self.pending)
         append = self.pending.append
         for m in messages:
             o = m.offset
@@ -182,9 +197,47 @@ class PartitionState:
         if next_offset > expected:
             skip.append((expected, next_offset))
         self.pending_bytes += added
+        if added:
+            self.charge(added + (len(self.pending) - before) * HELD_OVERHEAD)
         self.read_position = next_offset
         for s, e in skip:
             cursor.ack_range(s, e)
+
+    # ---- memory (``budget.py``) ------------------------------------------------------------------------
+
+    def charge(self, n: int) -> None:
+        self.held_bytes += n
+        self.account.charge(n)
+
+    def credit_messages(self, msgs: Iterable[Message]) -> None:
+        """These messages left for good (acknowledged, dead-lettered): give their bytes back."""
+        n = 0
+        k = 0
+        for m in msgs:
+            n += m.size
+            k += 1
+        if k:
+            n += k * HELD_OVERHEAD
+            self.held_bytes -= n
+            self.account.credit(n)
+
+    def dead_lettered(self, offsets: Iterable[int]) -> None:
+        """The DLQ producer stored these messages: acknowledge them."""
+        gone = [m for o in offsets if (m := self.dead.pop(o, None)) is not None]
+        self.credit_messages(gone)
+        self.cursor.ack_sorted(sorted(m.offset for m in gone))
+
+    def release_all(self) -> None:
+        """The partition is no longer served: its messages are dropped (they stay in the log) and
+        their bytes go back to the budget."""
+        self.pending = NO_PENDING
+        self.pending_bytes = 0
+        self.replay.clear()
+        self.replay_heap.clear()
+        self.delayed.clear()
+        self.dead.clear()
+        n, self.held_bytes = self.held_bytes, 0
+        self.account.credit(n)
 
     # ---- acknowledgements (caller: ``Subscription.ack``) --------------------------------------------
 
@@ -212,13 +265,14 @@ class PartitionState:
             # The common case (every id is in flight at this consumer): bulk C-level dict work
             # instead of a Python loop per id.
             deque(map(pinf.pop, unique), 0)
-            deque(map(cinf.pop, unique), 0)
+            self.credit_messages(map(cinf.pop, unique))
             done = sorted(unique)
             if self.delivery_seq:
                 deque(map(self.delivery_seq.pop, done, repeat(None)), 0)
             self.cursor.ack_sorted(done)
             return len(done)
         done = []
+        freed: list[Message] = []
         released = 0
         for o in unique:
             owner = pinf.get(o)
@@ -228,15 +282,19 @@ class PartitionState:
                 m = cinf.pop(o)
                 if release is not None:
                     release(consumer, m)
+                freed.append(m)
                 done.append(o)
                 released += 1
             elif owner is None:
-                if self.replay.pop(o, None) is not None or self.delayed.pop(o, None) is not None:
+                back = self.replay.pop(o, None) or self.delayed.pop(o, None)
+                if back is not None:
+                    freed.append(back)
                     done.append(o)
                 elif not (o < self.read_position and self.cursor.is_acked(o)):
                     bad.append((self.partition, o))
             else:
                 bad.append((self.partition, o))
+        self.credit_messages(freed)
         if done:
             if self.delivery_seq:
                 for o in done:

@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Protocol
 
+from sluice.dispatcher.budget import MemoryBudget
 from sluice.dispatcher.consumer import Consumer
 from sluice.dispatcher.dlq import DeadLetterSink
 from sluice.dispatcher.messages import Message, compact
@@ -112,6 +113,9 @@ class RuntimeHost(Protocol):
     @property
     def dlq(self) -> DeadLetterSink: ...
 
+    @property
+    def budget(self) -> MemoryBudget: ...
+
     def now_ms(self) -> int: ...
 
     def flush_soon(self) -> None: ...
@@ -124,7 +128,8 @@ class SubscriptionRuntime:
 
     def __init__(self, service: RuntimeHost, topic: str, name: str, settings: SubscriptionSettings) -> None:
         self.service = service
-        self.machine = Subscription(topic, name, settings)
+        self._resume_soon: asyncio.Handle | None = None
+        self.machine = Subscription(topic, name, settings, service.budget.account(self._memory_freed))
         self.topic = topic
         self.name = name
         #: The topic incarnation this subscription serves (Metadata's topic_id when it was loaded). Its
@@ -160,7 +165,23 @@ class SubscriptionRuntime:
         return self.machine.read_position(partition)
 
     def wants(self, partition: int) -> bool:
-        return not self.closing and self.machine.wants(partition)
+        return not self.closing and self.machine.wants(partition) and self.machine.memory.may_read()
+
+    def within_budget(self) -> bool:
+        """Whether records may be offered at all: over its memory budget (``budget.py``) the feed leaves
+        it behind, and reads again from its position once memory is freed."""
+        return not self.closing and self.machine.memory.may_read()
+
+    def _memory_freed(self) -> None:
+        """Its budget account may read again (called inside an ack or a release): kick its feeds soon,
+        outside the state machine's call."""
+        if self._resume_soon is None and not self.closing:
+            self._resume_soon = asyncio.get_running_loop().call_soon(self._resume)
+
+    def _resume(self) -> None:
+        self._resume_soon = None
+        if not self.closing:
+            self.service.kick_feeds(self)
 
     def offer(self, partition: int, messages: list[Message], start: int, next_offset: int) -> None:
         self.apply(self.machine.offer(partition, messages, next_offset, self.service.now_ms()))
@@ -274,6 +295,9 @@ class SubscriptionRuntime:
     async def shutdown(self) -> None:
         """Stop timers and background work (the service flushes cursors and detaches feeds)."""
         self.closing = True
+        if self._resume_soon is not None:
+            self._resume_soon.cancel()
+            self._resume_soon = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -15,6 +15,7 @@ import logging
 
 from sluice.common.memory import trim_loop
 from sluice.common.peers import AioPeers
+from sluice.dispatcher.budget import MemoryBudget
 from sluice.dispatcher.cluster import ClusterView, CoordinatorLink
 from sluice.dispatcher.config import DispatcherConfig
 from sluice.dispatcher.consumer import ConsumerSpec
@@ -69,6 +70,8 @@ class DispatcherService:
             config.metadata_refresh_interval.total_seconds(),
             self._on_view,
         )
+        #: What subscriptions may hold, in bytes (``budget.py``): reading pauses at the limit.
+        self.budget = MemoryBudget(config.memory_budget_bytes, config.subscription_memory_bytes)
         self.store = CursorStore(self.channels.offset_store)
         self.dlq = DeadLetterSink(self.link, self.channels)
         self.book = SubscriptionBook(self)
@@ -82,6 +85,7 @@ class DispatcherService:
         self._loop = asyncio.get_running_loop()
         self.views = SubscriptionViews(self, self.book)
         metrics.state.source = self.views.gauge_rows
+        metrics.state.budget = self.budget
 
     def now_ms(self) -> int:
         return int(self._loop.time() * 1000)

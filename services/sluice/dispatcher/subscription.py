@@ -8,7 +8,7 @@ letters) for the service layer to carry out. Who gets which message is decided b
 - per partition (:class:`~sluice.dispatcher.partition_state.PartitionState`): the cursor, the read
   position in the log, and the messages by state (pending, replay, inflight, delayed, dead);
 - per consumer (:class:`~sluice.dispatcher.consumer.Consumer`): permits, unacked, blocked;
-- one timer heap for nack delays and ack timeouts.
+- one timer heap for nack delays and ack timeouts; one account in the memory budget (``budget.py``).
 
 Redelivery counts live in the cursor, so they are persisted with it and survive a restart: a message
 read again from the log after a crash carries the count it had, plus one if it may have been
@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from itertools import repeat
 
 from sluice.dispatcher import selectors
+from sluice.dispatcher.budget import SubscriptionMemory
 from sluice.dispatcher.consumer import Consumer, ConsumerSpec, ConsumerState, check_join
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.keyshared import AutoSplitRanges, StickyRanges
@@ -36,7 +37,7 @@ from sluice.dispatcher.model import (
     SubscriptionState,
     SubscriptionType,
 )
-from sluice.dispatcher.partition_state import PartitionState
+from sluice.dispatcher.partition_state import PartitionState, unbudgeted
 from sluice.dispatcher.timers import TimerHeap
 from sluice.errors import InvalidRequest
 
@@ -44,15 +45,17 @@ __all__ = ["Subscription"]
 
 # Timer items: ("nack", partition, offset) or ("ack", consumer, partition, offsets, delivery_seq).
 TimerItem = tuple[object, ...]
+Account = SubscriptionMemory | None
 
 
 class Subscription:
     """One (topic, subscription) on this dispatcher."""
 
-    def __init__(self, topic: str, name: str, settings: SubscriptionSettings) -> None:
+    def __init__(self, topic: str, name: str, settings: SubscriptionSettings, memory: Account = None) -> None:
         self.topic = topic
         self.name = name
         self.settings = settings
+        self.memory = memory or unbudgeted()
         self.state = SubscriptionState.LOADING
         self.partitions: dict[int, PartitionState] = {}
         self.consumers: dict[str, Consumer] = {}
@@ -78,7 +81,8 @@ class Subscription:
 
     def attach_partition(self, cursor: PartitionCursor, read_position: int) -> None:
         """Serve a partition from ``read_position`` (the cursor says what below it is acked)."""
-        self.partitions[cursor.partition] = PartitionState(cursor, max(read_position, cursor.mark_delete))
+        position = max(read_position, cursor.mark_delete)
+        self.partitions[cursor.partition] = PartitionState(cursor, position, self.memory)
 
     def activate(self, now_ms: int) -> Effects:
         self.transition(SubscriptionState.ACTIVE)
@@ -88,6 +92,7 @@ class Subscription:
         """Stop serving a partition (it moved to another dispatcher): forget its in-flight messages."""
         ps = self.partitions.pop(partition, None)
         if ps is not None:
+            ps.release_all()
             for c in self.consumers.values():
                 gone = c.inflight.pop(partition, None)
                 if gone:
@@ -100,12 +105,13 @@ class Subscription:
         return self._finish(now_ms)
 
     def close(self) -> None:
-        """Unload: what is still in flight counts as returned (``PartitionCursor.settle``), so the
-        cursors the service persists next are exact."""
+        """Unload: what is in flight counts as returned (``PartitionCursor.settle``): cursors stay exact."""
         if self.state != SubscriptionState.CLOSED:
             self.transition(SubscriptionState.CLOSED)
             for ps in self.partitions.values():
                 ps.cursor.settle(sorted(ps.inflight))
+                ps.release_all()  # its messages go now, not when a gc pass finds the runtime's cycles
+            self.memory.release_all()
 
     def cursors_saved(self, now_ms: int) -> Effects:
         """The service persisted cursors of this subscription: gates opened, counts are stored."""
@@ -327,8 +333,7 @@ class Subscription:
         """The DLQ producer stored these messages: acknowledge them."""
         ps = self.partitions.get(partition)
         if ps is not None:
-            done = sorted(o for o in offsets if ps.dead.pop(o, None) is not None)
-            ps.cursor.ack_sorted(done)
+            ps.dead_lettered(offsets)
         return self._finish(now_ms)
 
     # ---- reading -------------------------------------------------------------------------------------
@@ -338,7 +343,7 @@ class Subscription:
         return None if ps is None else ps.read_position
 
     def wants(self, partition: int) -> bool:
-        """Whether the feed should read more for this partition (read-ahead not full)."""
+        """Whether the feed should read more here (read-ahead not full; the runtime adds the budget)."""
         ps = self.partitions.get(partition)
         return (
             ps is not None

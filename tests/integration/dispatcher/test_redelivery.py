@@ -17,7 +17,8 @@ EARLIEST = pb.INITIAL_POSITION_EARLIEST
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    with run_cluster("--cursor-flush-interval", "50ms") as c:
+    # No memory budget: a test below holds 1,000,000 messages unacknowledged on purpose (~330 MB).
+    with run_cluster("--cursor-flush-interval", "50ms", "--memory-budget-bytes", "0") as c:
         yield c
 
 
