@@ -21,7 +21,10 @@ import queue
 import threading
 from collections.abc import Callable
 
-__all__ = ["ClientMemory"]
+__all__ = ["NEAR_LIMIT", "ClientMemory"]
+
+#: The share of ``memory_limit`` from which receive windows shrink (Pulsar's PIP-74 uses 75 %).
+NEAR_LIMIT = 0.75
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,11 @@ class ClientMemory:
                     callback()
                 except Exception:  # a closed consumer's wake-up: nothing to resume
                     log.debug("memory_limit wake-up failed", exc_info=True)
+
+    def near_limit(self) -> bool:
+        """Whether the Client holds at least ``NEAR_LIMIT`` of its limit: push consumers' windows
+        stop growing and shrink (``push/flow.py``). A read without the lock: a hint, not a count."""
+        return self.limit > 0 and self.used >= NEAR_LIMIT * self.limit
 
     def full(self, who: object, wake: Callable[[], None]) -> bool:
         """Whether the limit is reached; if so ``wake`` is called once it no longer is."""

@@ -39,6 +39,7 @@ from sluice.security.service import ServiceSecurity, lower_keys
 from sluice.security.tls import ServerTLS
 from sluice.server.config import ConnectionSettings
 from sluice.server.limits import connection_settings, set_tcp_keepalive
+from sluice.server.metrics import count_internal_error
 from sluice.server.wire_buffer import READ_BUFFER_HELLO, READ_BUFFER_MAX, READ_BUFFER_MIN, next_buffer_size
 from sluice.server.wire_gate import ConnectionGate
 from sluice.v1 import wire_pb2
@@ -356,6 +357,11 @@ class WireConnection(asyncio.BufferedProtocol):
         except SluiceError as err:
             self._count_failure(err)
             self.fail(err)
+            return
+        except Exception:  # a bug, not bad input: counted (docs/limits.md, "Typed errors"), logged once
+            count_internal_error(self.listener.service, "wire")
+            log.exception("wire connection from %s: internal error", self.peer)
+            self.fail(SluiceError("internal error"))
             return
         self.update_reading()
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from sluice import Client
+from sluice.client.push.flow import INITIAL_WINDOW
 from tests.integration.push.conftest import PushCluster, run_push_cluster
 
 KiB = 1024
@@ -108,32 +109,35 @@ def test_consumers_of_one_client_hold_at_most_its_memory_limit(cluster: PushClus
 
 
 def test_a_push_consumer_grants_no_permits_while_the_client_is_at_its_limit(cluster: PushCluster) -> None:
-    """Two push consumers of one Client: while the second's queue holds the Client's limit, the
-    first takes past its refill threshold and grants nothing; once the second is drained, the
-    first's refill goes out (woken on the memory's own thread) and the rest of its messages come."""
+    """Two push consumers of one Client with auto-scaled windows (PIP-74): while the second's unread
+    queue holds the Client's limit, its window does not grow past where it started, and the first,
+    having taken its own first window, grants nothing; once the second is drained, the first's refill
+    goes out (woken on the memory's own thread) and the rest of its messages come."""
     tag = uuid.uuid4().hex[:6]
     topics = [f"mem-pa-{tag}", f"mem-pb-{tag}"]
     queue, records = 32, 96
     with Client(cluster.bootstrap, request_timeout=10) as admin_client:
         for t in topics:
             admin_client.admin.create_topic(t, partitions=1)
-    with Client(cluster.bootstrap, request_timeout=10, memory_limit=128 * KiB) as client:
+    with Client(cluster.bootstrap, request_timeout=10, memory_limit=48 * KiB) as client:
         first, second = (
             client.push_consumer(t, f"s-{tag}", "shared", receiver_queue_size=queue) for t in topics
         )
         expected = {t: _produce_n(client, t, records) for t in topics}
         deadline = time.monotonic() + 20
-        while second.stats().flow.queued < queue and time.monotonic() < deadline:
+        while second.stats().flow.queued < INITIAL_WINDOW and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert second.stats().flow.queued == queue  # 32 x 8 KiB: twice the limit
+        time.sleep(0.5)  # room for a wrong grant to land
+        # Its first window only (8 x 8 KiB, over the 48 KiB limit), never its whole share of 32.
+        assert second.stats().flow.queued == INITIAL_WINDOW
         got: dict[str, list[bytes]] = {t: [] for t in topics}
-        for _ in range(queue // 2 + 4):  # past the threshold (half the queue)
+        for _ in range(INITIAL_WINDOW):
             msg = first.receive(timeout=20)
             got[topics[0]].append(msg.value)
             first.ack(msg)
         granted = first.stats().flow.permits_granted
         time.sleep(0.5)
-        assert first.stats().flow.permits_granted == granted == queue, "granted while at the limit"
+        assert first.stats().flow.permits_granted == granted == INITIAL_WINDOW, "granted while at the limit"
         assert client.memory.stops > 0
         # The application reads both now (the limit is the Client's: one consumer's queue can
         # hold the room another needs, so each must be read for the other to go on).
@@ -146,7 +150,7 @@ def test_a_push_consumer_grants_no_permits_while_the_client_is_at_its_limit(clus
                     continue
                 got[t].append(msg.value)
                 pc.ack(msg)
-        assert first.stats().flow.permits_granted > queue
+        assert first.stats().flow.permits_granted > INITIAL_WINDOW
         for t in topics:
             assert len(got[t]) == records
             assert set(got[t]) == expected[t]

@@ -16,6 +16,14 @@ Per stream (one per dispatcher that serves some of the topic's partitions):
 While a stream is subscribed and not paused, ``outstanding + queued + taken == share``:
 the consumer never holds more than its share, the dispatcher never sends more.
 
+Auto-scaled window (``autoscale``, on when the Client has a ``memory_limit``; Pulsar's PIP-74 with
+``autoScaledReceiverQueueSizeEnabled``): each stream may only have ``window`` permits out or
+queued (``outstanding + queued <= window <= share``); what its share allows beyond the window stays
+in ``taken``, granted as the window grows. The window starts at ``INITIAL_WINDOW``, doubles whenever
+the application empties the stream's queue while the Client is below ``near_limit``, and halves on
+each delivery while it is above: receiver queues shrink as the Client's memory fills, instead of
+each holding its whole share at the limit (docs/memory.md, "SDK").
+
 Zero-queue (``receiver_queue_size == 0``): there is at most ONE outstanding permit
 across all streams, granted only while someone waits for a message and nothing is
 queued, so the consumer never holds more than one message. The permit goes to the
@@ -39,6 +47,9 @@ __all__ = ["FlowControl", "FlowStats", "Grant", "StreamFlow"]
 Grant = tuple[Hashable, int]
 #: Zero-queue: most grants an idle stream is skipped for before it is tried again.
 MAX_IDLE_SKIPS = 64
+#: Auto-scaled window: where a stream's window starts (Pulsar starts at 1; a few messages more let
+#: the first round trip fill a batch, and the doubling reaches a share of 1,000 in 7 steps).
+INITIAL_WINDOW = 8
 
 
 @dataclass(slots=True)
@@ -47,6 +58,8 @@ class StreamFlow:
 
     share: int = 0
     threshold: int = 1
+    #: Auto-scaled window: permits this stream may have out or queued (== share when not scaled).
+    window: int = 0
     #: Zero-queue: grants this stream is still skipped for, and the current skip level.
     idle_skips: int = 0
     idle_level: int = 0
@@ -78,7 +91,9 @@ class FlowStats:
 class FlowControl:
     """Caller: PushConsumer, under its lock. Affects: nothing but these counters."""
 
-    def __init__(self, receiver_queue_size: int, streams: Iterable[Hashable] = ()) -> None:
+    def __init__(
+        self, receiver_queue_size: int, streams: Iterable[Hashable] = (), autoscale: bool = False
+    ) -> None:
         if receiver_queue_size < 0:
             raise ValueError("receiver_queue_size must be >= 0")
         self.queue_size = receiver_queue_size
@@ -87,6 +102,10 @@ class FlowControl:
         self.paused = False
         #: The Client's memory_limit is reached (``client/memory.py``): grants wait, as paused.
         self.held = False
+        #: Auto-scaled windows (the module docstring); ``near_limit``: the Client's memory is close
+        #: to its limit (windows halve, never grow). Set by the consumer.
+        self.autoscale = autoscale
+        self.near_limit = False
         self.streams: dict[Hashable, StreamFlow] = {}
         #: Zero-queue: the stream holding the one outstanding permit, if any.
         self.holder: Hashable | None = None
@@ -112,7 +131,8 @@ class FlowControl:
             share = 0
             if not self.zero_queue:
                 share = max(1, self.queue_size // n + (1 if i < self.queue_size % n else 0))
-            self.streams[key] = StreamFlow(share=share, threshold=max(1, share // 2))
+            window = min(share, INITIAL_WINDOW) if self.autoscale else share
+            self.streams[key] = StreamFlow(share=share, threshold=max(1, share // 2), window=window)
 
     # ---- stream events -------------------------------------------------------------
 
@@ -123,10 +143,10 @@ class FlowControl:
         s.outstanding = s.queued = s.taken = 0
         if self.zero_queue:
             return []
+        s.taken = s.share  # granted now, or on resume() / unhold(), within the window
         if self.paused or self.held:
-            s.taken = s.share  # granted on resume() / unhold()
             return []
-        return [self._grant(key, s, s.share)]
+        return self._grant_owed(key, s)
 
     def on_disconnected(self, key: Hashable) -> int:
         """The stream broke. Its queued messages are dropped by the caller (the dispatcher
@@ -152,6 +172,8 @@ class FlowControl:
             s.outstanding -= n
         s.queued += n
         s.idle_skips = s.idle_level = 0
+        if self.autoscale and self.near_limit:
+            s.window = max(1, s.window // 2)  # the Client's memory fills: this queue shrinks
         self.delivered += n
         if self.zero_queue and self.holder == key and s.outstanding == 0:
             self.holder = None
@@ -165,9 +187,10 @@ class FlowControl:
         if self.zero_queue:
             return []
         s.taken += 1
-        if s.taken >= s.threshold and s.subscribed and not self.paused and not self.held:
-            n, s.taken = s.taken, 0
-            return [self._grant(key, s, n)]
+        if self.autoscale and s.queued == 0 and not self.near_limit:
+            s.window = min(s.share, 2 * s.window)  # the application keeps up: a larger window
+        if s.subscribed and not self.paused and not self.held:
+            return self._grant_owed(key, s, self._threshold(s))
         return []
 
     def want_one(self, waiting: bool) -> list[Grant]:
@@ -226,9 +249,8 @@ class FlowControl:
             return []
         grants = []
         for key, s in self.streams.items():
-            if s.subscribed and s.taken >= s.threshold:
-                n, s.taken = s.taken, 0
-                grants.append(self._grant(key, s, n))
+            if s.subscribed:
+                grants += self._grant_owed(key, s, self._threshold(s))
         return grants
 
     # ---- reading ----------------------------------------------------------------------
@@ -257,6 +279,20 @@ class FlowControl:
         )
 
     # ---- internals ----------------------------------------------------------------------
+
+    @staticmethod
+    def _threshold(s: StreamFlow) -> int:
+        """Permits worth one Flow: half the share, or of a smaller window (Pulsar's refill threshold)."""
+        return min(s.threshold, max(1, s.window // 2))
+
+    def _grant_owed(self, key: Hashable, s: StreamFlow, at_least: int = 1) -> list[Grant]:
+        """Grant what the stream is owed (``taken``) as far as its window allows, if that is at least
+        ``at_least`` (one Flow per refill threshold, not one per message)."""
+        n = min(s.taken, s.window - s.outstanding - s.queued)
+        if n < at_least:
+            return []
+        s.taken -= n
+        return [self._grant(key, s, n)]
 
     def _grant(self, key: Hashable, s: StreamFlow, n: int) -> Grant:
         s.outstanding += n

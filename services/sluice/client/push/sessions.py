@@ -75,7 +75,7 @@ class PushSessions:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._queue: deque[Message] = deque()
-        self._flow = FlowControl(config.receiver_queue_size)
+        self._flow = FlowControl(config.receiver_queue_size, autoscale=self._memory.limit > 0)
         self._streams: dict[Hashable, ConsumeStream] = {}
         self._plan: dict[str, tuple[int, ...]] = {}
         self._waiting = 0
@@ -232,6 +232,7 @@ class PushSessions:
             self._queued_bytes += nbytes
             self._memory.add(nbytes)
             self._flow.held = self._memory.full(self, self._memory_room)
+            self._flow.near_limit = self._memory.near_limit()
             self._handoff_delay = self._handoff_base
             if self._waiting:
                 self._cond.notify(len(msgs))
