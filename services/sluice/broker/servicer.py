@@ -131,18 +131,23 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return
         # Nothing to wait for: answer each request as it is appended, with no task or queue
         # between reading and writing (a stream message's cost is the latency budget here).
-        pool = self.service.memory.produce
         async for request in request_iterator:
-            await quotas_hold(handlers.quotas, ctx, PRODUCE)  # a throttled caller: not read meanwhile
-            # Not reading on while the pool is full: gRPC's stream flow control then stops the client.
-            held = produce_bytes(request)
-            if not pool.try_take(held):
-                await pool.take(held)
-            try:
-                item = handlers.append(request, ctx)
-            finally:
-                pool.release(held)  # appended: the request's bytes are no longer held
-            yield handlers.produce_answer(item)
+            yield handlers.produce_answer(await self._append_stream_request(request, ctx))
+
+    async def _append_stream_request(
+        self, request: broker_pb2.ProduceRequest, ctx: RequestContext
+    ) -> AppendedProduce:
+        """Append one ProduceStream message. The stream is not read on meanwhile while its caller is
+        throttled (a quota, KIP-219) or the produce memory pool is full (docs/memory.md): gRPC's
+        stream flow control then stops the client. The request's bytes are held until appended."""
+        await quotas_hold(self.handlers.quotas, ctx, PRODUCE)
+        pool, held = self.service.memory.produce, produce_bytes(request)
+        if not pool.try_take(held):
+            await pool.take(held)
+        try:
+            return self.handlers.append(request, ctx)
+        finally:
+            pool.release(held)
 
     async def _produce_pipelined(
         self, request_iterator: AsyncIterator[broker_pb2.ProduceRequest], ctx: RequestContext
@@ -153,20 +158,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         # Bounded: a client pipelining without limit waits here, not in the broker's memory.
         appended: asyncio.Queue[AppendedProduce | None] = asyncio.Queue(MAX_BACKLOG)
 
-        pool = self.service.memory.produce
-
         async def read() -> None:
             try:
                 async for request in request_iterator:
-                    await quotas_hold(handlers.quotas, ctx, PRODUCE)
-                    held = produce_bytes(request)
-                    if not pool.try_take(held):
-                        await pool.take(held)
-                    try:
-                        item = handlers.append(request, ctx)
-                    finally:
-                        pool.release(held)
-                    await appended.put(item)
+                    await appended.put(await self._append_stream_request(request, ctx))
             finally:
                 await appended.put(None)
 
