@@ -10,14 +10,23 @@ A filtered fetch reads whole raw batches from the log and walks their headers:
 Every batch walked, kept or skipped, moves the position forward: that position becomes the
 partition's ``next_offset``, so a consumer whose filter matched nothing still advances.
 
+An SQL92 filter (``sql``, docs/filters.md) walks the same way: a batch whose header summary proves
+no record can match is skipped from its tag table alone (``may_match``); otherwise each record's
+headers are decoded and the compiled filter keeps or drops it, and the batch is cut to the kept
+records (``BatchView.cut``, the dispatcher's cut: offsets and ``last_offset_delta`` unchanged).
+
 Pure: no I/O, no clock. Caller: ``sluice.broker.fetch``.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
-from sluice.codec.batch import filter_batch, iter_headers, read_tags
+from sluice.codec.batch import BatchHeader, BatchView, decode_headers, filter_batch, iter_headers, read_tags
+from sluice.codec.batch.layout import malformed_is_corrupt
+from sluice.codec.batch.summary import find_summary
+from sluice.codec.sql_filter import SqlFilter
 
 
 @dataclass(slots=True)
@@ -40,6 +49,7 @@ def filter_chunk(
     tags: frozenset[str],
     limit: int,
     min_one: bool,
+    sql: SqlFilter | None = None,
 ) -> FilteredChunk:
     """Keep the records of ``data`` whose tag is in ``tags``, within ``limit`` output bytes.
 
@@ -51,6 +61,8 @@ def filter_chunk(
     ``tags={"b"}``, position 0 and room for everything: the first batch is skipped from its
     header, the second is kept as is, the third is rebuilt with its ``b`` records only, and
     ``next_offset`` is 30.
+
+    With ``sql`` set, records are kept by that filter instead and ``tags`` is ignored.
     """
     out = FilteredChunk(next_offset=position)
     for pos, header in iter_headers(data):
@@ -60,7 +72,11 @@ def filter_chunk(
             continue
         batch_tags = read_tags(data, pos, header)
         kept: bytes | None = None
-        if not tags.isdisjoint(batch_tags):
+        if sql is not None:
+            summary = find_summary(batch_tags)
+            if summary is None or sql.may_match(summary):
+                kept = sql_filter_batch(data, pos, header, sql)
+        elif not tags.isdisjoint(batch_tags):
             kept = filter_batch(data, pos, header, tags)
         if kept is not None:
             if out.out_bytes + len(kept) > limit and not (min_one and out.out_bytes == 0):
@@ -70,3 +86,29 @@ def filter_chunk(
             out.out_bytes += len(kept)
         out.next_offset = end
     return out
+
+
+def sql_filter_batch(data: bytes, pos: int, header: BatchHeader, sql: SqlFilter) -> bytes | None:
+    """The batch at ``pos`` cut to the records ``sql`` matches (the batch itself when all do);
+    None when none does. A malformed batch: CorruptBatch."""
+    with malformed_is_corrupt(header.base_offset):
+        view = BatchView(data, pos, header)
+        n = header.record_count
+        empty = sql.matches_empty
+        matches = sql.matches
+        mv = memoryview(data)
+        keep = [
+            matches(decode_headers(mv[a:b])) if a != b else empty
+            for a, b in itertools.pairwise(view.starts()[2])
+        ]
+        runs: list[tuple[int, int]] = []
+        start = -1
+        for i, k in enumerate(keep):
+            if k and start < 0:
+                start = i
+            elif not k and start >= 0:
+                runs.append((start, i))
+                start = -1
+        if start >= 0:
+            runs.append((start, n))
+        return view.cut(runs) if runs else None
