@@ -23,10 +23,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from sluice.codec.batch import BatchHeader, BatchView, decode_headers, filter_batch, iter_headers, read_tags
+from sluice.codec.batch import BatchHeader, BatchView, filter_batch, iter_headers, read_tags
 from sluice.codec.batch.layout import malformed_is_corrupt
 from sluice.codec.batch.summary import find_summary
-from sluice.codec.sql_filter import SqlFilter
+from sluice.codec.sql_filter import SqlFilter, raw_headers
 
 
 @dataclass(slots=True)
@@ -95,10 +95,9 @@ def sql_filter_batch(data: bytes, pos: int, header: BatchHeader, sql: SqlFilter)
         view = BatchView(data, pos, header)
         n = header.record_count
         empty = sql.matches_empty
-        matches = sql.matches
-        mv = memoryview(data)
+        matches = sql.matches_raw
         keep = [
-            matches(decode_headers(mv[a:b])) if a != b else empty
+            matches(raw_headers(data, a, b)) if a != b else empty
             for a, b in itertools.pairwise(view.starts()[2])
         ]
         runs: list[tuple[int, int]] = []

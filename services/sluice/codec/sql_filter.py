@@ -31,9 +31,11 @@ The same tree also yields ``may_match(summary)``: whether a batch whose header s
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -100,6 +102,8 @@ class SqlFilter:
     names: frozenset[str]
     #: The answer for a record without headers (computed once: such records are common).
     matches_empty: bool
+    #: ``matches`` over headers keyed by name bytes (``raw_headers``: the broker's fast path).
+    matches_raw: Callable[[dict[bytes, bytes]], bool]
 
 
 def _where(expression: str, line: int, column: int) -> str:
@@ -265,11 +269,12 @@ class _Compiler:
         c = self.const(frozenset(values))
         return f"({subject} in {c})" if pos else f"({subject} is not None and {subject} not in {c})"
 
-    def function(self, tree: Tree[Token]) -> Callable[[Headers], bool]:
+    def function(self, tree: Tree[Token], raw: bool = False) -> Callable[[Any], bool]:
+        """The filter as one function of a header dict (``raw``: keyed by name bytes)."""
         body = self.gen(tree, True)
         lines = ["def _f(h):"]
         for name, i in self.names.items():
-            lines.append(f"    v{i} = h.get({self.const(name)})")
+            lines.append(f"    v{i} = h.get({self.const(name.encode() if raw else name)})")
             if i in self.numeric_names:
                 lines.append(f"    x{i} = None if v{i} is None else _num(v{i})")
         lines.append(f"    return {body}")
@@ -332,4 +337,31 @@ def compile_sql(expression: str) -> SqlFilter:
     tree = _parse(text)
     comp = _Compiler(text)
     fn = comp.function(tree)
-    return SqlFilter(text, fn, _may(tree, True), frozenset(comp.names), bool(fn({})))
+    return SqlFilter(
+        text, fn, _may(tree, True), frozenset(comp.names), bool(fn({})), _Compiler(text).function(tree, True)
+    )
+
+
+_U16 = struct.Struct("<H").unpack_from
+_U32 = struct.Struct("<I").unpack_from
+
+
+def raw_headers(buf: bytes, p: int, end: int) -> dict[bytes, bytes]:
+    """A record's headers blob ``buf[p:end]`` as {name bytes: value}, for ``matches_raw``.
+
+    The broker's per-record cost on a filtered fetch: about 3x cheaper than ``decode_headers`` (no
+    name decoding, no memoryview copies, no checks: the broker validated the blob when it was
+    produced; a malformed one raises and the caller reports CorruptBatch).
+    """
+    (count,) = _U16(buf, p)
+    p += 2
+    out: dict[bytes, bytes] = {}
+    for _ in range(count):
+        (n,) = _U16(buf, p)
+        q = p + 2 + n
+        (m,) = _U32(buf, q)
+        out[buf[p + 2 : q]] = buf[q + 4 : q + 4 + m]
+        p = q + 4 + m
+    if p != end:
+        raise ValueError("record headers do not fill their blob")
+    return out
