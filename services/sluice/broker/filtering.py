@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from sluice.codec.batch import BatchHeader, BatchView, filter_batch, iter_headers, read_tags
 from sluice.codec.batch.layout import malformed_is_corrupt
 from sluice.codec.batch.summary import find_summary
+from sluice.codec.header_columns import header_columns
 from sluice.codec.sql_filter import SqlFilter, raw_headers
 
 
@@ -94,12 +95,16 @@ def sql_filter_batch(data: bytes, pos: int, header: BatchHeader, sql: SqlFilter)
     with malformed_is_corrupt(header.base_offset):
         view = BatchView(data, pos, header)
         n = header.record_count
-        empty = sql.matches_empty
-        matches = sql.matches_raw
-        keep = [
-            matches(raw_headers(data, a, b)) if a != b else empty
-            for a, b in itertools.pairwise(view.starts()[2])
-        ]
+        starts = view.starts()[2]
+        columns = header_columns(data, starts, sql.columns) if sql.columns else None
+        keep: list[bool]
+        if columns is not None:
+            keep = list(map(sql.matches_values, *columns))
+        else:
+            empty = sql.matches_empty
+            matches = sql.matches_raw
+            pairs = itertools.pairwise(starts)
+            keep = [matches(raw_headers(data, a, b)) if a != b else empty for a, b in pairs]
         runs: list[tuple[int, int]] = []
         start = -1
         for i, k in enumerate(keep):

@@ -35,7 +35,6 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
@@ -104,6 +103,10 @@ class SqlFilter:
     matches_empty: bool
     #: ``matches`` over headers keyed by name bytes (``raw_headers``: the broker's fast path).
     matches_raw: Callable[[dict[bytes, bytes]], bool]
+    #: The header names ``matches_values`` takes, in its argument order.
+    columns: tuple[str, ...]
+    #: ``matches`` of the values of ``columns`` (None: missing), for column-wise evaluation.
+    matches_values: Callable[..., bool]
 
 
 def _where(expression: str, line: int, column: int) -> str:
@@ -269,12 +272,17 @@ class _Compiler:
         c = self.const(frozenset(values))
         return f"({subject} in {c})" if pos else f"({subject} is not None and {subject} not in {c})"
 
-    def function(self, tree: Tree[Token], raw: bool = False) -> Callable[[Any], bool]:
-        """The filter as one function of a header dict (``raw``: keyed by name bytes)."""
+    def function(self, tree: Tree[Token], raw: bool = False, positional: bool = False) -> Callable[..., bool]:
+        """The filter as one function of a header dict (``raw``: keyed by name bytes), or with
+        ``positional`` of the header values themselves, one argument per name (``names`` order)."""
         body = self.gen(tree, True)
-        lines = ["def _f(h):"]
+        if positional:
+            lines = [f"def _f({', '.join(f'v{i}' for i in self.names.values())}):"]
+        else:
+            lines = ["def _f(h):"]
         for name, i in self.names.items():
-            lines.append(f"    v{i} = h.get({self.const(name.encode() if raw else name)})")
+            if not positional:
+                lines.append(f"    v{i} = h.get({self.const(name.encode() if raw else name)})")
             if i in self.numeric_names:
                 lines.append(f"    x{i} = None if v{i} is None else _num(v{i})")
         lines.append(f"    return {body}")
@@ -337,8 +345,17 @@ def compile_sql(expression: str) -> SqlFilter:
     tree = _parse(text)
     comp = _Compiler(text)
     fn = comp.function(tree)
+    by_position = _Compiler(text)
+    positional = by_position.function(tree, positional=True)
     return SqlFilter(
-        text, fn, _may(tree, True), frozenset(comp.names), bool(fn({})), _Compiler(text).function(tree, True)
+        text,
+        fn,
+        _may(tree, True),
+        frozenset(comp.names),
+        bool(fn({})),
+        _Compiler(text).function(tree, raw=True),
+        tuple(by_position.names),
+        positional,
     )
 
 
