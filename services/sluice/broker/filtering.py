@@ -13,7 +13,7 @@ partition's ``next_offset``, so a consumer whose filter matched nothing still ad
 An SQL92 filter (``sql``, docs/filters.md) walks the same way: a batch whose header summary proves
 no record can match is skipped from its tag table alone (``may_match``); otherwise each record's
 headers are decoded and the compiled filter keeps or drops it, and the batch is cut to the kept
-records (``BatchView.cut``, the dispatcher's cut: offsets and ``last_offset_delta`` unchanged).
+records (``_cut``, as the dispatcher's ``BatchView.cut``: offsets and ``last_offset_delta`` unchanged).
 
 Pure: no I/O, no clock. Caller: ``sluice.broker.fetch``.
 """
@@ -23,10 +23,20 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from sluice.codec.batch import BatchHeader, BatchView, filter_batch, iter_headers, read_tags
-from sluice.codec.batch.layout import malformed_is_corrupt
+import numpy as np
+
+from sluice.codec.batch import (
+    HEADER_SIZE,
+    BatchHeader,
+    Columns,
+    columns,
+    filter_batch,
+    iter_headers,
+    read_tags,
+)
+from sluice.codec.batch.layout import assemble, malformed_is_corrupt
 from sluice.codec.batch.summary import find_summary
-from sluice.codec.header_columns import header_columns
+from sluice.codec.header_columns import Int64s, header_columns
 from sluice.codec.sql_filter import SqlFilter, raw_headers
 
 
@@ -93,26 +103,96 @@ def sql_filter_batch(data: bytes, pos: int, header: BatchHeader, sql: SqlFilter)
     """The batch at ``pos`` cut to the records ``sql`` matches (the batch itself when all do);
     None when none does. A malformed batch: CorruptBatch."""
     with malformed_is_corrupt(header.base_offset):
-        view = BatchView(data, pos, header)
-        n = header.record_count
-        starts = view.starts()[2]
-        columns = header_columns(data, starts, sql.columns) if sql.columns else None
+        c = columns(data, pos, header)
+        starts = _data_starts(c)
+        hs = starts[2]
+        cols = header_columns(data, hs, sql.columns) if sql.columns else None
         keep: list[bool]
-        if columns is not None:
-            keep = list(map(sql.matches_values, *columns))
+        if cols is not None:
+            keep = _evaluate_columns(sql, cols)
         else:
             empty = sql.matches_empty
             matches = sql.matches_raw
-            pairs = itertools.pairwise(starts)
+            pairs = itertools.pairwise(hs.tolist())
             keep = [matches(raw_headers(data, a, b)) if a != b else empty for a, b in pairs]
-        runs: list[tuple[int, int]] = []
-        start = -1
-        for i, k in enumerate(keep):
-            if k and start < 0:
-                start = i
-            elif not k and start >= 0:
-                runs.append((start, i))
-                start = -1
-        if start >= 0:
-            runs.append((start, n))
-        return view.cut(runs) if runs else None
+        kept = np.flatnonzero(np.array(keep, dtype=bool))
+        if not len(kept):
+            return None
+        if len(kept) == header.record_count:
+            return data[pos : pos + header.length]
+        return _cut(data, pos, header, starts, kept)
+
+
+def _data_starts(c: Columns) -> tuple[Int64s, Int64s, Int64s]:
+    """Where each record's key, value and headers start (plus one past the end), by numpy sums."""
+    keys = np.maximum(np.frombuffer(c.key_lengths, dtype=np.int32), 0).astype(np.int64)
+    lengths = [keys]
+    for col in (c.value_lengths, c.headers_lengths):
+        lengths.append(np.frombuffer(col, dtype=np.int32).astype(np.int64))
+    out: list[Int64s] = []
+    at = c.data_start
+    for ln in lengths:
+        s = np.empty(len(ln) + 1, dtype=np.int64)
+        s[0] = at
+        np.cumsum(ln, out=s[1:])
+        s[1:] += at
+        at = int(s[-1])
+        out.append(s)
+    return out[0], out[1], out[2]
+
+
+#: The per-record columns: byte width and numpy type, in layout order.
+_COLUMNS = (("<i4", 4), ("<i8", 8), ("<i4", 4), ("<i4", 4), ("<i4", 4), ("<u2", 2))
+
+
+def _cut(data: bytes, pos: int, h: BatchHeader, starts: tuple[Int64s, Int64s, Int64s], kept: Int64s) -> bytes:
+    """The batch keeping only the records ``kept`` (sorted indexes), as ``BatchView.cut`` does: base
+    offset, offset deltas, timestamps, ``last_offset_delta`` and tag table kept, so every record keeps
+    its offset. Gathered by numpy: a scattered 10 % of a batch is hundreds of runs, and slicing each
+    run of each column in Python cost more than the filter itself."""
+    n = h.record_count
+    start = pos + HEADER_SIZE
+    parts: list[bytes] = [data[start : start + h.tag_table_length]]
+    col = start + h.tag_table_length
+    for dtype, width in _COLUMNS:
+        parts.append(np.frombuffer(data, dtype=dtype, count=n, offset=col)[kept].tobytes())
+        col += width * n
+    arr = np.frombuffer(data, dtype=np.uint8)
+    for s in starts:
+        begins = s[:-1][kept]
+        lengths = (s[1:] - s[:-1])[kept]
+        total = int(lengths.sum())
+        if total:
+            firsts = np.cumsum(lengths) - lengths  # where each record's bytes go in the output
+            index = np.repeat(begins - firsts, lengths) + np.arange(total, dtype=np.int64)
+            parts.append(arr[index].tobytes())
+    return assemble(
+        len(kept),
+        h.last_offset_delta,
+        h.base_timestamp,
+        h.max_timestamp,
+        h.tag_table_length,
+        b"".join(parts),
+        base_offset=h.base_offset,
+        append_time_ms=h.append_time_ms,
+        leader_epoch=h.partition_leader_epoch,
+        producer=(h.producer_id, h.producer_epoch, h.base_sequence),
+    )
+
+
+def _evaluate_columns(sql: SqlFilter, columns: list[list[bytes | None]]) -> list[bool]:
+    """The filter over value columns, once per distinct row when rows repeat (a region, a priority:
+    the filter is then a C-level dict lookup per record instead of a call)."""
+    if len(columns) == 1:
+        values = columns[0]
+        distinct = set(values)
+        if len(distinct) * 4 > len(values):
+            return list(map(sql.matches_values, values))
+        by_value = {v: sql.matches_values(v) for v in distinct}
+        return list(map(by_value.__getitem__, values))
+    rows = list(zip(*columns, strict=True))
+    distinct_rows = set(rows)
+    if len(distinct_rows) * 4 > len(rows):
+        return list(map(sql.matches_values, *columns))
+    by_row = {r: sql.matches_values(*r) for r in distinct_rows}
+    return list(map(by_row.__getitem__, rows))

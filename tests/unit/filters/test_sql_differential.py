@@ -249,4 +249,5 @@ def test_uniform_batches_are_read_column_wise() -> None:
     for b in blobs:
         starts.append(starts[-1] + len(b))
     cols = header_columns(b"".join(blobs), starts, ["b", "a", "q"])
+    assert cols is not None
     assert cols == [[b"x"] * 100, [str(i).encode() for i in range(100)], [None] * 100]
