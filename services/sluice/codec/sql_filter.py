@@ -44,8 +44,9 @@ from sluice.codec.batch.summary import HeaderSummary, number_key, numeric, strin
 from sluice.errors import InvalidFilter
 
 #: Limits on an expression (to be wired to the broker's filter-expression limits in config: the
-#: "limits" work adds them; these are the defaults it should take over).
-MAX_SQL_LENGTH = 4096
+#: "limits" work adds them; these are the defaults it should take over). The length leaves room for
+#: the ``%SQL92%`` prefix within the 4096 characters the offset store accepts for a filter.
+MAX_SQL_LENGTH = 4000
 MAX_SQL_DEPTH = 32
 MAX_IN_LIST = 1024
 
