@@ -85,16 +85,18 @@ def _walk(buf: bytes, bounds: Int64s) -> dict[str, tuple[Int64s, Int64s]] | None
     found: dict[str, tuple[Int64s, Int64s]] = {}
     p = s + 2
     for _ in range(k):
-        name_len = _u16(arr, p)
-        length = int(name_len[0])
-        if not (name_len == length).all() or not (p + 2 + length + 4 <= e).all():
+        if not (p + 2 <= e).all():
             return None
-        first = int(p[0]) + 2
-        name = buf[first : first + length]
-        if length:
-            at = p[:, None] + 2 + np.arange(length, dtype=np.int64)
-            if not (arr[at] == np.frombuffer(name, dtype=np.uint8)).all():
-                return None
+        first = int(p[0])
+        length = buf[first] | buf[first + 1] << 8
+        if not (p + 2 + length + 4 <= e).all():
+            return None
+        # The name's length and bytes as the first record has them, checked in every record at once.
+        head = buf[first : first + 2 + length]
+        at = p[:, None] + np.arange(2 + length, dtype=np.int64)
+        if not (arr[at] == np.frombuffer(head, dtype=np.uint8)).all():
+            return None
+        name = head[2:]
         q = p + 2 + length
         value_len = _u32(arr, q)
         found[name.decode(errors="replace")] = (q + 4, value_len)
