@@ -14,8 +14,9 @@ decoded, as an application gets them), one per filter:
 
 Saved (medians over the rounds): wall seconds, broker CPU seconds and records delivered per filter,
 and the two ratios the issue asks for: the selective fetch's rate of matching records over the
-unfiltered fetch's record rate (target >= 0.5), and the nothing-matching fetch's cost over the
-unfiltered one's (target <= 0.2), both in wall time and in broker CPU.
+unfiltered fetch's record rate (target >= 0.5; in wall time, and per CPU second of broker and client
+together, which a loaded shared machine disturbs far less), and the nothing-matching fetch's cost
+over the unfiltered one's (target <= 0.2), in wall time and in broker CPU.
 """
 
 from __future__ import annotations
@@ -63,13 +64,23 @@ def fetch_all(bootstrap: str, n: int, sql: str | None, broker_pid: int) -> dict[
     with Client(bootstrap) as client:
         fetcher = client.fetcher({(TOPIC, 0): 0}, filters=filters, max_wait_ms=100)
         got = 0
-        cpu0, wall0 = cpu_seconds(broker_pid), time.perf_counter()
+        cpu0, wall0, client0 = cpu_seconds(broker_pid), time.perf_counter(), time.process_time()
         while fetcher.positions()[(TOPIC, 0)] < n:
             got += len(fetcher.fetch(0.01))
         wall = time.perf_counter() - wall0
+        client_cpu = time.process_time() - client0
         cpu = cpu_seconds(broker_pid) - cpu0
         fetcher.close()
-    return {"wall_s": wall, "broker_cpu_s": cpu, "records": got, "records_per_s": got / wall}
+    return {
+        "wall_s": wall,
+        "broker_cpu_s": cpu,
+        "client_cpu_s": client_cpu,
+        "records": got,
+        "records_per_s": got / wall,
+        # Records per CPU second of broker + client together: what the rate would be on an idle
+        # machine with the two pipelined, and far steadier than wall time on a shared one.
+        "records_per_cpu_s": got / max(cpu + client_cpu, 1e-3),
+    }
 
 
 def main() -> None:
@@ -95,6 +106,9 @@ def main() -> None:
         "produce_s": round(produce_s, 2),
         **{name: {k: round(v, 4) for k, v in m.items()} for name, m in med.items()},
         "selective_rate_over_unfiltered": round(med["selective"]["records_per_s"] / base["records_per_s"], 3),
+        "selective_cpu_rate_over_unfiltered": round(
+            med["selective"]["records_per_cpu_s"] / base["records_per_cpu_s"], 3
+        ),
         "nothing_wall_over_unfiltered": round(med["nothing"]["wall_s"] / base["wall_s"], 3),
         "nothing_broker_cpu_over_unfiltered": round(med["nothing"]["broker_cpu_s"] / base_cpu, 3),
         "nothing_unpruned_wall_over_unfiltered": round(med["nothing_unpruned"]["wall_s"] / base["wall_s"], 3),
