@@ -24,6 +24,7 @@ import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from sluice.codec.batch import (
     HEADER_SIZE,
@@ -36,7 +37,7 @@ from sluice.codec.batch import (
 )
 from sluice.codec.batch.layout import assemble, malformed_is_corrupt
 from sluice.codec.batch.summary import find_summary
-from sluice.codec.header_columns import Int64s, header_columns
+from sluice.codec.header_columns import Column, Int64s, header_columns
 from sluice.codec.sql_filter import SqlFilter, raw_headers
 
 
@@ -107,7 +108,7 @@ def sql_filter_batch(data: bytes, pos: int, header: BatchHeader, sql: SqlFilter)
         starts = _data_starts(c)
         hs = starts[2]
         cols = header_columns(data, hs, sql.columns) if sql.columns else None
-        keep: list[bool]
+        keep: BoolArray | list[bool]
         if cols is not None:
             keep = _evaluate_columns(sql, cols)
         else:
@@ -140,6 +141,8 @@ def _data_starts(c: Columns) -> tuple[Int64s, Int64s, Int64s]:
         out.append(s)
     return out[0], out[1], out[2]
 
+
+BoolArray = npt.NDArray[np.bool_]
 
 #: The per-record columns: byte width and numpy type, in layout order.
 _COLUMNS = (("<i4", 4), ("<i8", 8), ("<i4", 4), ("<i4", 4), ("<i4", 4), ("<u2", 2))
@@ -180,19 +183,18 @@ def _cut(data: bytes, pos: int, h: BatchHeader, starts: tuple[Int64s, Int64s, In
     )
 
 
-def _evaluate_columns(sql: SqlFilter, columns: list[list[bytes | None]]) -> list[bool]:
-    """The filter over value columns, once per distinct row when rows repeat (a region, a priority:
-    the filter is then a C-level dict lookup per record instead of a call)."""
+def _evaluate_columns(sql: SqlFilter, columns: list[Column]) -> BoolArray:
+    """The filter once per distinct row of header values, spread to the records by numpy: no Python
+    step per record when the values repeat (a region, a priority)."""
     if len(columns) == 1:
-        values = columns[0]
-        distinct = set(values)
-        if len(distinct) * 4 > len(values):
-            return list(map(sql.matches_values, values))
-        by_value = {v: sql.matches_values(v) for v in distinct}
-        return list(map(by_value.__getitem__, values))
-    rows = list(zip(*columns, strict=True))
-    distinct_rows = set(rows)
-    if len(distinct_rows) * 4 > len(rows):
-        return list(map(sql.matches_values, *columns))
-    by_row = {r: sql.matches_values(*r) for r in distinct_rows}
-    return list(map(by_row.__getitem__, rows))
+        col = columns[0]
+        answers = [sql.matches_values(v) for v in col.values]
+        return np.array(answers, dtype=bool)[col.codes]
+    combined = columns[0].codes
+    for col in columns[1:]:
+        # Re-coded after each step, so the combined codes stay below n * distinct values.
+        combined = np.unique(combined * len(col.values) + col.codes, return_inverse=True)[1].reshape(-1)
+    _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
+    picks = [[col.values[c] for c in col.codes[first].tolist()] for col in columns]
+    answers = list(map(sql.matches_values, *picks))
+    return np.array(answers, dtype=bool)[inverse.reshape(-1)]
