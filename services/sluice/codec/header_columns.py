@@ -15,6 +15,7 @@ record's walk must end exactly at its blob's end; anything else falls back.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +72,7 @@ def header_columns(buf: bytes, starts: Sequence[int] | Int64s, wanted: Sequence[
     n = len(starts) - 1
     if n < MIN_RECORDS:
         return None
-    found = _walk(buf, np.asarray(starts, dtype=np.int64))
+    found = _walk(buf, np.asarray(starts, dtype=np.int64), frozenset(wanted))
     if found is None:
         return None
     out: list[Column] = []
@@ -100,19 +101,26 @@ def _column(buf: bytes, begins: Int64s, lengths: Int64s) -> Column:
     return Column(inverse.reshape(-1).astype(np.int64), values)
 
 
-def _walk(buf: bytes, bounds: Int64s) -> dict[str, tuple[Int64s, Int64s]] | None:
-    """{name: (value starts, value lengths)} over every record at once; None if not uniform."""
+def _walk(buf: bytes, bounds: Int64s, wanted: frozenset[str]) -> dict[str, tuple[Int64s, Int64s]] | None:
+    """{name: (value starts, value lengths)} over every record at once; None if not uniform.
+
+    The walk stops after the last header ``wanted`` needs (the headers after it cannot move it), once
+    it has made sure no record repeats a wanted name later on: a repeated name's last value is the
+    record's value (``decode_headers`` keeps the last), so a repeat sends the batch back to the full
+    walk. "No repeat" is proven by counting, over all the batch's header blobs, the places where the
+    name's encoding (length, then bytes) occurs (overlaps included): exactly one per record, the one
+    the walk checked, leaves no room for another."""
     s, e = bounds[:-1], bounds[1:]
-    if not (e - s >= 2).all():  # a record without headers: not uniform
-        return None
     arr = np.frombuffer(buf, dtype=np.uint8)
-    count = _u16(arr, s)
-    k = int(count[0])
-    if not (count == k).all():
+    # A record without headers, or with another header count: not uniform.
+    count = _u16(arr, s) if (e - s >= 2).all() else np.zeros(0, dtype=np.int64)
+    k = int(count[0]) if len(count) else -1
+    if k < 0 or not (count == k).all():
         return None
     found: dict[str, tuple[Int64s, Int64s]] = {}
+    heads: dict[str, bytes] = {}
     p = s + 2
-    for _ in range(k):
+    for walked in range(1, k + 1):
         first = int(p[0])
         if first + 2 > int(e[0]):
             return None
@@ -124,11 +132,29 @@ def _walk(buf: bytes, bounds: Int64s) -> dict[str, tuple[Int64s, Int64s]] | None
         at = p[:, None] + np.arange(2 + length, dtype=np.int64)
         if not (arr[at] == np.frombuffer(head, dtype=np.uint8)).all():
             return None
-        name = head[2:]
+        name = head[2:].decode(errors="replace")
         q = p + 2 + length
         value_len = _u32(arr, q)
-        found[name.decode(errors="replace")] = (q + 4, value_len)
+        found[name] = (q + 4, value_len)
+        heads[name] = head
         # No bounds check here: the next header's (or the final) check covers the new positions
         # before anything is read at them.
         p = q + 4 + value_len
+        if walked < k and wanted <= found.keys():
+            if not (p <= e).all() or not _no_repeats(buf, bounds, [heads[w] for w in wanted], len(s)):
+                return None  # the record-by-record read decides
+            return found
     return found if (p == e).all() else None
+
+
+def _no_repeats(buf: bytes, bounds: Int64s, heads: list[bytes], n: int) -> bool:
+    a, b = int(bounds[0]), int(bounds[-1])
+    for h in heads:
+        if any(h[:i] == h[-i:] for i in range(1, len(h))):
+            # Occurrences of a self-overlapping encoding can overlap: count every start position.
+            found = len(re.findall(b"(?=" + re.escape(h) + b")", buf[a:b]))
+        else:
+            found = buf.count(h, a, b)  # cannot overlap: the plain (C) count is exact
+        if found != n:
+            return False
+    return True

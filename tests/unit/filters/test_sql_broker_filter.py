@@ -94,3 +94,45 @@ def test_limit_and_min_one_hold_for_sql() -> None:
     out = filter_chunk(data, 0, frozenset(), one + 10, False, compile_sql("region = 'us'"))
     assert out.stopped_on_limit
     assert out.next_offset == 10
+
+
+def _raw_blob(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """A headers blob as a raw client could write it (the SDK encodes a dict: no repeated names)."""
+    import struct
+
+    out = [struct.pack("<H", len(pairs))]
+    for name, value in pairs:
+        out += [struct.pack("<H", len(name)), name, struct.pack("<I", len(value)), value]
+    return b"".join(out)
+
+
+def test_the_column_walk_stops_early_only_when_no_record_repeats_a_wanted_name() -> None:
+    """The walk stops after the last header the filter reads; a record repeating that name later
+    (its last value counts, as ``decode_headers`` says), or a value that merely contains the name's
+    encoding, makes it fall back: the answer is always the record-by-record one."""
+    from sluice.codec.header_columns import header_columns
+    from sluice.codec.sql_filter import raw_headers
+
+    def check(blobs: list[bytes]) -> tuple[list[bytes | None], bool]:
+        starts = [0]
+        for b in blobs:
+            starts.append(starts[-1] + len(b))
+        buf = b"".join(blobs)
+        cols = header_columns(buf, starts, ["a"])
+        expected = [raw_headers(buf, starts[i], starts[i + 1]).get(b"a") for i in range(len(blobs))]
+        if cols is not None:
+            assert cols[0].per_record() == expected
+        return expected, cols is not None
+
+    plain = [_raw_blob([(b"a", b"1"), (b"b", str(i).encode())]) for i in range(40)]
+    assert check(plain) == ([b"1"] * 40, True)  # read column-wise, stopping after "a"
+    repeated = list(plain)
+    repeated[7] = _raw_blob([(b"a", b"1"), (b"a", b"2")])
+    values, columnar = check(repeated)
+    assert values[7] == b"2"
+    assert not columnar
+    lookalike = list(plain)
+    lookalike[3] = _raw_blob([(b"a", b"1"), (b"b", b"\x01\x00a")])
+    values, columnar = check(lookalike)
+    assert values[3] == b"1"
+    assert not columnar
