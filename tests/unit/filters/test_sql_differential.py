@@ -15,9 +15,11 @@ from sluice.codec.batch.summary import build_summary, find_summary
 from sluice.codec.sql_filter import compile_sql, raw_headers
 
 NAMES = ["a", "b", "c"]
-STRINGS = ["x", "y", "it's", "", "5", "05", "-1.5"]
-NUMBERS = [0, 1, 5, -2, 2.5, 100, 1e3]
+STRINGS = ["x", "y", "it's", "", "5", "05", "-1.5", "a-long-value"]
+NUMBERS = [0, 1, 5, -2, 2.5, 100, 1e3, 100000000]
+# Short values (<= 7 bytes: deduplicated in numpy by the broker) and long ones (sliced per record).
 VALUES = [b"x", b"y", b"it's", b"", b"5", b"05", b"5.0", b"-1.5", b"2.5", b"1000", b"abc", b"1e3", b" 5"]
+VALUES += [b"x\x00", b"a-long-value", b"100000000", b"0000000005", b"x\x00\x00\x00\x00\x00\x00\x00"]
 
 
 # ---- the reference: an AST, its SQL text, and a tree walk over None/True/False -------------------
