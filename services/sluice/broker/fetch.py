@@ -24,6 +24,7 @@ from typing import Protocol
 
 from sluice.broker.filtering import filter_chunk
 from sluice.codec.filter import parse_filter
+from sluice.codec.sql_filter import SqlFilter
 from sluice.errors import InvalidArgument, OffsetOutOfRange, SluiceError, StorageError
 
 TopicPartitionKey = tuple[str, int]
@@ -128,6 +129,8 @@ class PartitionRead:
     log: ReadableLog | None
     #: None: every record matches (no filter, or ``*``).
     tags: frozenset[str] | None = None
+    #: An SQL92 filter (docs/filters.md); ``tags`` is then None.
+    sql: SqlFilter | None = None
     error: SluiceError | None = None
     #: The partition's ``next_offset`` so far: after everything returned or skipped.
     position: int = 0
@@ -182,7 +185,8 @@ def prepare_partition(spec: PartitionSpec, log: ReadableLog | None, caps: FetchC
             raise InvalidArgument(
                 f"partition_max_bytes {spec.partition_max_bytes} exceeds the broker's cap of {caps.max_bytes}"
             )
-        part.tags = parse_filter(spec.filter).tags
+        flt = parse_filter(spec.filter)
+        part.tags, part.sql = flt.tags, flt.sql
         if spec.fetch_offset < 0:
             raise OffsetOutOfRange(f"fetch offset {spec.fetch_offset} is negative")
     except SluiceError as err:
@@ -235,10 +239,10 @@ class FetchRead:
             if part.error is not None or part.full or part.log is None:
                 continue
             try:
-                if part.tags is None:
+                if part.tags is None and part.sql is None:
                     self._read_plain(part, part.log)
                 else:
-                    self._read_filtered(part, part.log, part.tags)
+                    self._read_filtered(part, part.log, part.tags or frozenset())
             except SluiceError as err:
                 part.fail(err)
             except OSError as exc:
@@ -302,7 +306,7 @@ class FetchRead:
             if not raw.data:
                 return
             before = part.position
-            result = filter_chunk(raw.data, part.position, tags, max(limit, 0), min_one)
+            result = filter_chunk(raw.data, part.position, tags, max(limit, 0), min_one, part.sql)
             for batch in result.batches:
                 part.batches.append(batch)
             part.out_bytes += result.out_bytes

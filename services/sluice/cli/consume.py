@@ -23,7 +23,7 @@ from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
 from sluice.cli.output import Printer, positive_float
 from sluice.cli.positions import Start, check_not_future, parse_start
-from sluice.codec.filter import parse_filter
+from sluice.codec.filter import parse_filter, sql_expression
 
 if TYPE_CHECKING:
     from sluice.client.client import Client
@@ -55,6 +55,11 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "a committed offset",
     )
     p.add_argument("--filter", metavar="EXPR", help="tag filter: '*', 'tagA' or 'tagA || tagB'")
+    p.add_argument(
+        "--filter-sql",
+        metavar="SQL",
+        help="SQL92 property filter on record headers, e.g. \"region = 'eu' AND prio > 5\" (docs/filters.md)",
+    )
     p.add_argument("--max", "-n", type=_positive, metavar="N", help="stop after N records")
     p.add_argument("--format", "-f", choices=("value", "json"), default="value", help="output format")
     p.add_argument(
@@ -83,6 +88,10 @@ def _positive(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.group is not None and args.subscription is not None:
         raise UsageError("--group and --subscription cannot be used together")
+    if getattr(args, "filter_sql", None) is not None:
+        if args.filter is not None:
+            raise UsageError("--filter and --filter-sql cannot be used together")
+        args.filter = sql_expression(args.filter_sql)
     # Parse locally first: a bad expression is reported before any connection.
     if args.filter is not None:
         parse_filter(args.filter)

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sluice.cli.connect import connect
-from sluice.codec.batch import Record
+from sluice.codec.batch import Headers, Record
 from sluice.codec.filter import parse_filter
 from sluice.errors import OffsetOutOfRange
 
@@ -95,16 +95,18 @@ def track_state(
     committed: int | None,
     handover_offset: int | None = None,
     inherited_filter: str = "",
+    headers: Headers | None = None,
 ) -> str:
-    """The state of the record at ``offset`` (with ``tag``) on one track. Pure."""
+    """The state of the record at ``offset`` (with ``tag`` and ``headers``, which an SQL92 filter
+    reads) on one track. Pure."""
     if filter_expr is None:
         return NOT_ONLINE
     if committed is None or offset >= committed:
         return NOT_CONSUME_YET
-    if not parse_filter(filter_expr).matches(tag):
+    if not parse_filter(filter_expr).matches(tag, headers):
         return CONSUMED_BUT_FILTERED
     if handover_offset is not None and offset < handover_offset:
-        if inherited_filter and parse_filter(inherited_filter).matches(tag):
+        if inherited_filter and parse_filter(inherited_filter).matches(tag, headers):
             return CONSUMED_BEFORE_HANDOVER
         return SKIPPED_AT_HANDOVER
     return CONSUMED
@@ -145,7 +147,9 @@ def track(
             states.append(TrackState(name, None, committed, NOT_ONLINE))
             continue
         started = b.handover_offsets.get(partition) if b.source_track else None
-        state = track_state(offset, record.tag, b.filter, committed, started, b.inherited_filter)
+        state = track_state(
+            offset, record.tag, b.filter, committed, started, b.inherited_filter, record.headers
+        )
         states.append(TrackState(name, b.filter, committed, state, b.members, b.inherited_filter, started))
     return record, states
 

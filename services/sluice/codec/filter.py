@@ -1,4 +1,10 @@
-"""Tag filter expressions: ``*`` (or empty) matches everything, ``a || b`` a set of tags.
+"""Filter expressions: tags (``*`` or empty matches everything, ``a || b`` a set of tags) or SQL92.
+
+An SQL92 property filter travels as the same string, prefixed ``%SQL92%`` (``sql_expression``;
+docs/filters.md): every place a filter already goes (fetch requests, group subscriptions and their
+offset tracks, push subscriptions, message track) carries it unchanged, and the prefix, which no
+tag can contain (``%`` is outside the tag alphabet), keeps a tag filter and an SQL filter of the
+same text apart, also as offset-track identities.
 
 Unlike RocketMQ, which filters by tag hash on the broker and again by string on
 the client, Sluice filters exactly on the broker, so there is one parser and it
@@ -11,7 +17,12 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from sluice.codec.batch.layout import Headers
+from sluice.codec.sql_filter import SqlFilter, compile_sql
 from sluice.errors import InvalidFilter, LimitExceeded, echo
+
+#: The prefix marking an SQL92 filter expression.
+SQL_PREFIX = "%SQL92%"
 
 _TAG = re.compile(r"[A-Za-z0-9._:/-]{1,255}")
 
@@ -26,16 +37,20 @@ MAX_FILTER_TAGS = 256
 
 @dataclass(frozen=True, slots=True)
 class TagFilter:
-    """A parsed filter. ``tags`` is None when everything matches."""
+    """A parsed filter. ``tags`` is None when no tag filter applies; ``sql`` is set for an SQL92
+    filter (then ``tags`` is None). Everything matches when both are None."""
 
     expression: str
     tags: frozenset[str] | None
+    sql: SqlFilter | None = None
 
     @property
     def matches_all(self) -> bool:
-        return self.tags is None
+        return self.tags is None and self.sql is None
 
-    def matches(self, tag: str | None) -> bool:
+    def matches(self, tag: str | None, headers: Headers | None = None) -> bool:
+        if self.sql is not None:
+            return self.sql.matches(headers) if headers else self.sql.matches_empty
         return self.tags is None or (tag is not None and tag in self.tags)
 
 
@@ -57,6 +72,9 @@ def parse_filter(expression: str) -> TagFilter:
 @lru_cache(maxsize=4096)
 def _parse(expression: str) -> TagFilter:
     expr = expression.strip()
+    if expr.startswith(SQL_PREFIX):
+        sql = compile_sql(expr[len(SQL_PREFIX) :])
+        return TagFilter(sql_expression(sql.expression), None, sql)
     if expr in ("", "*"):
         return MATCH_ALL
     parts = [p.strip() for p in expr.split("||")]
@@ -76,3 +94,8 @@ def _parse(expression: str) -> TagFilter:
                 "(tags use [A-Za-z0-9._:/-]; combine them with '||', or use '*')"
             )
     return TagFilter(" || ".join(sorted(set(parts))), frozenset(parts))
+
+
+def sql_expression(sql: str) -> str:
+    """The filter expression of the SQL92 filter ``sql`` (``sql_expression("a > 1")``)."""
+    return f"{SQL_PREFIX} {sql.strip()}"

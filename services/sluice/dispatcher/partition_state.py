@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import repeat
 
+from sluice.codec.sql_filter import SqlFilter
 from sluice.dispatcher.budget import HELD_OVERHEAD, MemoryBudget, SubscriptionMemory
 from sluice.dispatcher.consumer import Consumer
 from sluice.dispatcher.cursor import PartitionCursor
@@ -160,12 +161,18 @@ class PartitionState:
 
     # ---- reading (caller: ``Subscription.offer``) ---------------------------------------------------
 
-    def take_read(self, messages: list[Message], next_offset: int, tags: frozenset[str] | None) -> None:
+    def take_read(
+        self,
+        messages: list[Message],
+        next_offset: int,
+        tags: frozenset[str] | None,
+        sql: SqlFilter | None = None,
+    ) -> None:
         """Records read from the log, in offset order, covering ``[first fetched, next_offset)``, with
         ``next_offset`` past the read position. Offsets below the read position are skipped (another
         subscription asked for them); acked ones (a restarted cursor with holes) are skipped;
-        filtered-out records (a tag not in ``tags``) and offsets missing from the log count as
-        acknowledged."""
+        filtered-out records (a tag not in ``tags``, or headers ``sql`` does not match) and offsets
+        missing from the log count as acknowledged."""
         pos = self.read_position
         cursor = self.cursor
         acked = cursor.acked
@@ -186,7 +193,9 @@ class PartitionState:
             expected = o + 1
             if o < md or (acked and o in acked):
                 continue
-            if tags is not None and m.tag not in tags:
+            if (tags is not None and m.tag not in tags) or (
+                sql is not None and not sql.matches(m.view.headers(m.index))
+            ):
                 if skip and skip[-1][1] == o:
                     skip[-1] = (skip[-1][0], o + 1)
                 else:

@@ -360,7 +360,7 @@ class Subscription:
         """
         ps = self.partitions.get(partition)
         if ps is not None and next_offset > ps.read_position:
-            ps.take_read(messages, next_offset, self.settings.filter.tags)
+            ps.take_read(messages, next_offset, self.settings.filter.tags, self.settings.filter.sql)
         return self._finish(now_ms)
 
     def skip_to(self, partition: int, position: int, now_ms: int) -> Effects:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.codec.filter import parse_filter
+from sluice.codec.filter import parse_filter, sql_expression
 from sluice.common.client_security import TLSConfig
 from sluice.common.names import validate_group, validate_topic
 from sluice.errors import InvalidArgument
@@ -28,6 +28,7 @@ KNOWN = {
     "startingoffsets",
     "endingoffsets",
     "filter",
+    "filtertype",
     "maxrecordsperpartition",
     "maxrecordspertrigger",
     "failondataloss",
@@ -173,6 +174,12 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
     if ending == EARLIEST:
         raise InvalidArgument("option endingOffsets cannot be 'earliest'")
     flt = opts.get("filter", "*")
+    # filterType: "tag" (the default) or "sql" (an SQL92 property filter, docs/filters.md).
+    filter_type = opts.get("filtertype", "tag").lower()
+    if filter_type not in ("tag", "sql"):
+        raise InvalidArgument(f"option filterType must be 'tag' or 'sql', got {filter_type!r}")
+    if filter_type == "sql":
+        flt = sql_expression(flt)
     parse_filter(flt)
     group = opts.get("committogroup")
     if group is not None:

@@ -1,13 +1,13 @@
-"""The tag filter parser under any text: a TagFilter or InvalidFilter, nothing else, and a parsed
-filter means exactly the tags it was given (``codec/filter.py``)."""
+"""The filter parsers under any text: a filter or a typed refusal, nothing else; a parsed tag filter
+means exactly the tags it was given (``codec/filter.py``, ``codec/sql_filter.py``)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.codec.filter import MATCH_ALL, parse_filter
-from sluice.errors import InvalidFilter
+from sluice.codec.filter import MATCH_ALL, parse_filter, sql_expression
+from sluice.errors import InvalidFilter, LimitExceeded
 
 TAG_ALPHABET = st.sampled_from("abcXYZ019._:/-")
 tag_st = st.text(TAG_ALPHABET, min_size=1, max_size=12)
@@ -52,3 +52,22 @@ def test_an_empty_part_is_refused(tags: list[str], noise: str) -> None:
     except InvalidFilter:
         return
     raise AssertionError("a trailing '||' with nothing after it was accepted")
+
+
+SQL_WORDS = st.sampled_from(
+    ["a", "b", "=", "<>", "<", ">=", "BETWEEN", "AND", "OR", "NOT", "IN", "(", ")", ",", "IS", "NULL"]
+    + ["TRUE", "FALSE", "'x'", "'", "1", "-2.5", "1e309", "9" * 40, "%SQL92%", "\x00", "é"]
+)
+
+
+@given(st.lists(SQL_WORDS, max_size=40), st.text(max_size=20))
+def test_any_sql_text_compiles_or_is_refused_typed(words: list[str], noise: str) -> None:
+    """SQL92 filters (``codec/sql_filter.py``) under near-grammatical and random text: a compiled filter
+    that evaluates any headers without raising, or a typed refusal."""
+    try:
+        parsed = parse_filter(sql_expression(" ".join(words) + noise))
+    except (InvalidFilter, LimitExceeded):
+        return
+    assert parsed.sql is not None
+    for headers in ({}, {"a": b"1"}, {"a": b"x", "b": b"2.5"}, {"a": b"\xff", "b": b""}):
+        parsed.matches(None, headers)

@@ -17,6 +17,7 @@ from sluice.codec.batch.layout import (
     dense_offset_deltas,
     encode_headers,
 )
+from sluice.codec.batch.summary import build_summary
 
 
 class BatchBuilder:
@@ -32,6 +33,7 @@ class BatchBuilder:
         "_headers_lens",
         "_key_lens",
         "_keys",
+        "_pairs",
         "_t0",
         "_tag_idx",
         "_tags",
@@ -56,6 +58,8 @@ class BatchBuilder:
         self._keys: list[bytes] = []
         self._values: list[bytes] = []
         self._headers: list[bytes] = []
+        #: Every distinct (header name, value) pair, for the batch's header summary (``summary``).
+        self._pairs: set[tuple[str, bytes]] = set()
         #: Estimated encoded size in bytes, for batch.size limits.
         self.size = HEADER_SIZE + 2
 
@@ -90,6 +94,7 @@ class BatchBuilder:
         hl = self._headers_lens
         if headers:
             raw = encode_headers(headers)
+            self._pairs.update(headers.items())
             self._headers.append(raw)
             if hl is None:
                 hl = self._headers_lens = [0] * index
@@ -124,6 +129,10 @@ class BatchBuilder:
         low = min(self._ts)
         base_ts = self._t0 + low
         tags = list(self._tags)
+        # The header summary rides as a last, reserved tag-table entry no record points to.
+        summary = build_summary(self._pairs) if self._pairs else None
+        if summary is not None:
+            tags.append(summary)
         tag_table = [U16.pack(len(tags))]
         for t in tags:
             raw = t.encode()

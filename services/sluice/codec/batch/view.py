@@ -23,6 +23,7 @@ from sluice.codec.batch.layout import (
     read_tags,
 )
 from sluice.codec.batch.records import Record
+from sluice.codec.batch.summary import is_summary
 from sluice.errors import CorruptBatch
 
 
@@ -43,7 +44,10 @@ def _filter_batch(buf: bytes, pos: int, h: BatchHeader, keep_tags: frozenset[str
     keep_idx = {i for i, t in enumerate(tags) if t in keep_tags}
     if not keep_idx:
         return None
-    if len(keep_idx) == len(tags) and NO_TAG not in columns(buf, pos, h).tag_indexes:
+    # The header summary entry (``summary``) is no record's tag: a batch whose every record is kept
+    # is still passed through byte for byte.
+    record_tags = len(tags) - sum(map(is_summary, tags))
+    if len(keep_idx) == record_tags and NO_TAG not in columns(buf, pos, h).tag_indexes:
         return bytes(buf[pos : pos + h.length])
     c = columns(buf, pos, h)
     sel_od: list[int] = []
