@@ -479,3 +479,27 @@ class ReassignmentInProgress(SluiceError):
 
     code = common_pb2.REASSIGNMENT_IN_PROGRESS
     grpc_status = "FAILED_PRECONDITION"
+
+
+class DelayTooLong(SluiceError, ValueError):
+    """A delayed send's due time lies beyond the maximum delay (``ProducerConfig.max_delay``, default 7
+    days; docs/delayed-delivery.md). The message names the limit."""
+
+    code = common_pb2.DELAY_TOO_LONG
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class DelayBeyondRetention(SluiceError, ValueError):
+    """A delayed send's delay is longer than the target topic's retention (or the schedule topic's): the
+    record would expire before, or as soon as, it is delivered. The message names the retention."""
+
+    code = common_pb2.DELAY_BEYOND_RETENTION
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class DelayedDeliveryUnavailable(SluiceError):
+    """Delayed delivery is not set up: the schedule topic ``__sluice_schedule`` does not exist (a
+    ``sluice scheduler`` creates it when it starts)."""
+
+    code = common_pb2.DELAYED_DELIVERY_UNAVAILABLE
+    grpc_status = "FAILED_PRECONDITION"

@@ -16,6 +16,7 @@ SERVICES = {
     "coordinator": "sluice.coordinator.main",
     "offset-store": "sluice.offsetstore.main",
     "dispatcher": "sluice.dispatcher.main",
+    "scheduler": "sluice.broker.schedule.main",
 }
 
 
