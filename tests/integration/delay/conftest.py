@@ -58,9 +58,14 @@ class DelayCluster:
     def kill_scheduler(self) -> None:
         self.scheduler.kill()
 
-    def restart_scheduler(self) -> None:
+    def restart_scheduler(self, drop: tuple[str, ...] = ()) -> None:
+        """Start the scheduler again (``drop``: flags, with their value, to leave out this time)."""
         self.scheduler.terminate()
-        self.scheduler = restart(self.scheduler, timeout=60)
+        args = list(self.scheduler.args)
+        for flag in drop:
+            i = args.index(flag)
+            del args[i : i + 2]
+        self.scheduler = start_service("scheduler", *args, timeout=60)
 
     def kill_broker(self) -> None:
         self.broker.kill()

@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bucket", type=_ms, default=10_000, help="time bucket width (default 10s)")
     p.add_argument("--preload", type=_ms, default=2_000, help="read a bucket this long before it starts")
     p.add_argument("--clock-offset-file", type=Path, default=None, help="tests: ms added to the wall clock")
+    p.add_argument("--crash-after-deliveries", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         client = Client(args.coordinator)
         ensure_topic(client, args)
-        settings = SchedulerSettings(bucket_ms=args.bucket, preload_ms=args.preload)
+        settings = SchedulerSettings(
+            bucket_ms=args.bucket, preload_ms=args.preload, crash_after=args.crash_after_deliveries
+        )
         scheduler = Scheduler(client, args.data_dir, settings, offset_clock(args.clock_offset_file))
         scheduler.start()
     except SluiceError as exc:

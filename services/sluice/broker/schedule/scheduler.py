@@ -54,6 +54,9 @@ class SchedulerSettings:
     checkpoint_interval: float = 0.2
     #: How long one delivery batch may take before it counts as failed (then recovered).
     send_timeout: float = 60.0
+    #: Tests only: exit (as kill -9 would) once this many records were appended to their topics and
+    #: before their done marks: the window the recovery marks exist for. 0: never.
+    crash_after: int = 0
 
 
 class Scheduler:
@@ -192,6 +195,9 @@ class Scheduler:
                     log.warning("schedule: delivering %d records failed (%s): recovering", len(batch), exc)
                     self._after_failure(batch)
                     continue
+                if self._settings.crash_after and self.delivered + len(batch) >= self._settings.crash_after:
+                    log.warning("schedule: --crash-after-deliveries reached: exiting before the done marks")
+                    os._exit(137)
                 self._done(batch)
                 self.delivered += len(batch)
                 self.max_late_ms = max(self.max_late_ms, self._clock() - batch[0].due)
