@@ -482,24 +482,18 @@ class ReassignmentInProgress(SluiceError):
 
 
 class DelayTooLong(SluiceError, ValueError):
-    """A delayed send's due time lies beyond the maximum delay (``ProducerConfig.max_delay``, default 7
-    days; docs/delayed-delivery.md). The message names the limit."""
+    """A delayed send beyond the maximum delay (docs/delayed-delivery.md); the message names it."""
 
-    code = common_pb2.DELAY_TOO_LONG
-    grpc_status = "INVALID_ARGUMENT"
+    code, grpc_status = common_pb2.DELAY_TOO_LONG, "INVALID_ARGUMENT"
 
 
 class DelayBeyondRetention(SluiceError, ValueError):
-    """A delayed send's delay is longer than the target topic's retention (or the schedule topic's): the
-    record would expire before, or as soon as, it is delivered. The message names the retention."""
+    """A delay longer than the target's (or the schedule topic's) retention; the message names it."""
 
-    code = common_pb2.DELAY_BEYOND_RETENTION
-    grpc_status = "INVALID_ARGUMENT"
+    code, grpc_status = common_pb2.DELAY_BEYOND_RETENTION, "INVALID_ARGUMENT"
 
 
 class DelayedDeliveryUnavailable(SluiceError):
-    """Delayed delivery is not set up: the schedule topic ``__sluice_schedule`` does not exist (a
-    ``sluice scheduler`` creates it when it starts)."""
+    """No schedule topic ``__sluice_schedule``: start ``sluice scheduler``, which creates it."""
 
-    code = common_pb2.DELAYED_DELIVERY_UNAVAILABLE
-    grpc_status = "FAILED_PRECONDITION"
+    code, grpc_status = common_pb2.DELAYED_DELIVERY_UNAVAILABLE, "FAILED_PRECONDITION"

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +86,29 @@ def test_typed_refusals(delay_cluster: DelayCluster) -> None:
         producer.send(b"ok", deliver_after=timedelta(milliseconds=10)).result(10)
     arrivals = collect(client, short, 1, 2, timeout=3)
     assert [a.record.value for a in arrivals] == [b"ok"]
+
+
+def _sluice(cluster: DelayCluster, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "sluice", "--bootstrap", cluster.coordinator.address, *args],
+        input=stdin,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3] / "services")},
+        check=False,
+    )
+
+
+def test_cli_produce_deliver_after(delay_cluster: DelayCluster) -> None:
+    client = delay_cluster.client()
+    topic = delay_cluster.topic(1)
+    sent_ms = time.time_ns() // 1_000_000
+    done = _sluice(delay_cluster, "produce", topic, "--deliver-after", "2s", "-q", stdin=b"a\nb\nc\n")
+    assert done.returncode == 0, done.stderr.decode()
+    arrivals = collect(client, topic, 1, 3, timeout=20)
+    assert [a.record.value for a in arrivals] == [b"a", b"b", b"c"]
+    assert all(a.received_ms >= a.due >= sent_ms + 2000 for a in arrivals)
+    refused = _sluice(delay_cluster, "produce", topic, "--deliver-after", "8d", stdin=b"x\n")
+    assert refused.returncode == 1
+    assert "maximum delay of 604800 s" in refused.stderr.decode()
+    assert "Traceback" not in refused.stderr.decode()

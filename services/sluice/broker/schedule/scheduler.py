@@ -216,10 +216,10 @@ class Scheduler:
         with self._store_lock:
             self._store.sync_done()
         self._deliverer.checkpoint()
-        with self._cond:
-            finished = self._timeline.finished(self._clock(), self._durable_read)
-        with self._store_lock:
-            for bucket in finished:
+        # One step under both locks (timeline, then store: the only place they nest): a bucket the
+        # timeline forgot must be gone from disk before a late record could make the reader load it again.
+        with self._cond, self._store_lock:
+            for bucket in self._timeline.finished(self._clock(), self._durable_read):
                 self._store.delete(bucket)
 
     def _after_failure(self, batch: list[Entry]) -> None:
