@@ -40,29 +40,48 @@ class Timeline:
         return len(self._loaded)
 
     def advance(self, now_ms: int) -> None:
-        """Read in every bucket on disk that starts within ``preload_ms`` of now."""
+        """Read in every bucket on disk that starts within ``preload_ms`` of now (all in one step)."""
+        for bucket in self.plan(now_ms):
+            self.install(bucket, *self.store.load(bucket))
+        self.planned(now_ms)
+
+    def plan(self, now_ms: int) -> list[int]:
+        """The buckets to read in now. The caller reads them (``store.load``, outside its lock: a bucket
+        of 100,000 records takes a while to decode, and due records must not wait for it), installs
+        them, then calls ``planned``."""
         upto = self.store.bucket_of(now_ms + self.preload_ms)
         if self._upto is not None and upto <= self._upto:
-            return
+            return []
+        out = []
         for bucket in list(self.store.ids):
             if bucket > upto:
                 break
             if bucket not in self._loaded:
-                self._load(bucket)
-        self._upto = upto
+                out.append(bucket)
+        return out
 
-    def _load(self, bucket: int) -> _Loaded:
-        entries, done = self.store.load(bucket)
+    def planned(self, now_ms: int) -> None:
+        upto = self.store.bucket_of(now_ms + self.preload_ms)
+        if self._upto is None or upto > self._upto:
+            self._upto = upto
+
+    def install(self, bucket: int, entries: list[Entry], done: set[tuple[int, int]]) -> None:
+        if bucket in self._loaded:
+            return
         st = _Loaded(done | {(e.sp, e.so) for e in entries}, len(entries))
-        for e in entries:
-            heapq.heappush(self.heap, e)
-            if e.so > st.top.get(e.sp, -1):
-                st.top[e.sp] = e.so
-        for sp, so in done:
+        for sp, so in [*done, *((e.sp, e.so) for e in entries)]:
             if so > st.top.get(sp, -1):
                 st.top[sp] = so
+        if len(entries) > len(self.heap) // 8:
+            self.heap.extend(entries)
+            heapq.heapify(self.heap)
+        else:
+            for e in entries:
+                heapq.heappush(self.heap, e)
         self._loaded[bucket] = st
-        return st
+
+    def _load(self, bucket: int) -> None:
+        self.install(bucket, *self.store.load(bucket))
 
     def add(self, entries: list[Entry]) -> bool:
         """New records, already appended to their bucket files: those in a loaded (near) bucket join the
