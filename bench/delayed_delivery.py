@@ -19,7 +19,7 @@ import random
 import sys
 import tempfile
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -64,7 +64,10 @@ def _pct(values: list[int], q: float) -> int:
     return s[min(len(s) - 1, int(len(s) * q))]
 
 
-def run_timed(cluster: DelayCluster, name: str, delays_ms: list[int], timeout: float) -> dict[str, Any]:
+def run_timed(
+    cluster: DelayCluster, name: str, delays_ms: list[int], timeout: float, absolute: bool
+) -> dict[str, Any]:
+    """``absolute``: each delay counts from the start of the run (``deliver_at``), not from its send."""
     client = cluster.client()
     topic = cluster.topic(PARTITIONS)
     ctx = mp.get_context("spawn")
@@ -78,9 +81,12 @@ def run_timed(cluster: DelayCluster, name: str, delays_ms: list[int], timeout: f
     sent_ms = time.time_ns() // 1_000_000
     with client.producer(topic, linger="5ms") as producer:
         for i, d in enumerate(delays_ms):
-            producer.send(
-                i.to_bytes(4, "big"), key=(i % 64).to_bytes(1, "big"), deliver_after=timedelta(milliseconds=d)
-            )
+            key = (i % 64).to_bytes(1, "big")
+            if absolute:
+                when = datetime.fromtimestamp((sent_ms + d) / 1000, UTC)
+                producer.send(i.to_bytes(4, "big"), key=key, deliver_at=when)
+            else:
+                producer.send(i.to_bytes(4, "big"), key=key, deliver_after=timedelta(milliseconds=d))
         producer.flush(120)
     acked_ms = time.time_ns() // 1_000_000
     pairs, received, distinct, early = out.get(timeout=timeout + 60)
@@ -178,12 +184,13 @@ def main() -> None:
                 if case == "spread":
                     rng = random.Random(60)
                     delays = [rng.randrange(60_000) for _ in range(args.records)]
-                    results.append(run_timed(cluster, "spread 0-60 s", delays, 180))
+                    results.append(run_timed(cluster, "spread 0-60 s", delays, 180, absolute=False))
                 elif case == "rate":
                     n = args.records
-                    # Sent in the first seconds, due evenly over 10 s starting 15 s out: 10,000 due/s.
+                    # Sent in the first seconds, due evenly over 10 s starting 15 s out: 10,000 due/s
+                    # (absolute due times: the send's own duration does not stretch them).
                     delays = [15_000 + i * 10_000 // n for i in range(n)]
-                    results.append(run_timed(cluster, f"{n // 10} due/s", delays, 120))
+                    results.append(run_timed(cluster, f"{n // 10} due/s", delays, 120, absolute=True))
                 else:
                     results.append(run_pending(cluster, args.pending))
             finally:
