@@ -64,7 +64,7 @@ def test_bucket_load_deduplicates_and_subtracts_done(tmp_path: Path) -> None:
     store.append([entry(NOW + 5, 1)])  # read again after a crash before the checkpoint
     store.mark_done({store.bucket_of(NOW): [(0, 2)]})
     store.sync()
-    store.sync_done()
+    store.fsync_done(store.take_done_dirty())
     loaded, done = store.load(store.bucket_of(NOW))
     assert [(e.due, e.so) for e in loaded] == [(NOW + 1, 3), (NOW + 5, 1)]
     assert done == {(0, 2)}

@@ -144,8 +144,13 @@ class BucketStore:
                 os.close(fd)
             self._done_dirty.add(bucket)
 
-    def sync_done(self) -> None:
-        for bucket in self._done_dirty:
+    def take_done_dirty(self) -> set[int]:
+        """The buckets whose done files were written since the last call (to ``fsync_done``)."""
+        dirty, self._done_dirty = self._done_dirty, set()
+        return dirty
+
+    def fsync_done(self, buckets: set[int]) -> None:
+        for bucket in buckets:
             try:
                 fd = os.open(self._path(bucket, "done"), os.O_RDONLY)
             except FileNotFoundError:
@@ -154,9 +159,8 @@ class BucketStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        if self._done_dirty:
+        if buckets:
             self._sync_dir()
-        self._done_dirty.clear()
 
     def delete(self, bucket: int) -> None:
         fd = self._fds.pop(bucket, None)
@@ -171,7 +175,7 @@ class BucketStore:
 
     def close(self) -> None:
         self.sync()
-        self.sync_done()
+        self.fsync_done(self.take_done_dirty())
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -56,6 +57,11 @@ class Deliverer:
         self._producers: dict[str, Producer] = {}
         #: Durable: target partition -> offset our not-yet-durably-done deliveries cannot precede.
         self._marks: dict[Target, int] = self._load()
+        #: In memory: the checkpoint generation in which each mark was last used (``end_checkpoint``).
+        self._used: dict[Target, int] = dict.fromkeys(self._marks, 0)
+        self._generation = 0
+        #: The marks file is written by the delivery loop (a new mark) and the checkpoint (clearing).
+        self._marks_lock = threading.Lock()
         #: In memory: target partition -> the end after our last acknowledged record there.
         self._ends: dict[Target, int] = {}
 
@@ -66,7 +72,7 @@ class Deliverer:
             return {}
         return {(str(t), int(p)): int(o) for t, p, o in doc}
 
-    def _save(self) -> None:
+    def _save(self) -> None:  # _marks_lock held
         tmp = self._path.with_suffix(".tmp")
         with open(tmp, "w") as f:
             json.dump([[t, p, o] for (t, p), o in self._marks.items()], f)
@@ -79,15 +85,23 @@ class Deliverer:
     def deliver(self, batch: list[Entry], timeout: float) -> None:
         """Append ``batch`` to the target partitions, in order. Raises SluiceError when a record's
         outcome is unknown or failed: then ``reset`` and ``recover`` decide what was delivered."""
-        new = {(e.topic, e.tp) for e in batch} - self._marks.keys()
+        targets = {(e.topic, e.tp) for e in batch}
+        with self._marks_lock:  # atomic with end_checkpoint's look at the marks
+            new = targets - self._marks.keys()
+            for target in targets - new:
+                self._used[target] = self._generation
         if new:
+            ends = {}
             for target in new:
                 end = self._ends.get(target)
                 if end is None:
                     topic, tp = target
                     end = self._client.list_offsets(topic, "latest", [tp])[tp]
-                self._marks[target] = end
-            self._save()
+                ends[target] = end
+            with self._marks_lock:
+                self._marks.update(ends)
+                self._used.update(dict.fromkeys(ends, self._generation))
+                self._save()
         futures = []
         for e in batch:
             headers = dict(e.headers)
@@ -104,11 +118,20 @@ class Deliverer:
             if end > self._ends.get((e.topic, e.tp), -1):
                 self._ends[(e.topic, e.tp)] = end
 
-    def checkpoint(self) -> None:
-        """The caller made every done mark so far durable: no delivery needs a recovery scan now."""
-        if self._marks:
-            self._marks.clear()
-            self._save()
+    def begin_checkpoint(self) -> int:
+        """Called with no batch in flight: the deliveries so far are those of this generation and before."""
+        generation = self._generation
+        self._generation += 1
+        return generation
+
+    def end_checkpoint(self, generation: int) -> None:
+        """The done marks of every delivery up to ``generation`` are durable: their marks can go."""
+        with self._marks_lock:
+            old = [t for t in self._marks if self._used.get(t, 0) <= generation]
+            if old:
+                for t in old:
+                    del self._marks[t]
+                self._save()
 
     def _producer(self, topic: str) -> Producer:
         p = self._producers.get(topic)

@@ -81,6 +81,9 @@ class Scheduler:
         #: Guards the bucket files' handles (the reader appends and syncs; the delivery side marks done
         #: and deletes), apart from the timeline's lock so an fsync never holds up a due record.
         self._store_lock = threading.Lock()
+        #: Held by the delivery loop from a batch's send to its done marks: the delivery checkpoint takes
+        #: it to see no batch half done.
+        self._batch_lock = threading.Lock()
         self._stop = threading.Event()
         self._checkpoint = data_dir / "checkpoint.json"
         self._read: dict[int, int] = self._load_checkpoint()
@@ -111,7 +114,11 @@ class Scheduler:
         self._recover_marks()
         with self._lock:
             self._timeline.advance(self._clock())
-        for name, target in (("schedule-read", self._read_loop), ("schedule-deliver", self._deliver_loop)):
+        for name, target in (
+            ("schedule-read", self._read_loop),
+            ("schedule-deliver", self._deliver_loop),
+            ("schedule-checkpoint", self._checkpoint_loop),
+        ):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -122,10 +129,10 @@ class Scheduler:
             self._cond.notify_all()
         for t in self._threads:
             t.join(30)
+        self._checkpoint_delivery()
         with self._store_lock:
             self._store.close()
         self._save_checkpoint()
-        self._deliverer.checkpoint()
         self._deliverer.close(5.0)
 
     def pending_in_memory(self) -> int:
@@ -197,7 +204,6 @@ class Scheduler:
     # ---- delivering ---------------------------------------------------------------------------------
 
     def _deliver_loop(self) -> None:
-        last_checkpoint = time.monotonic()
         while not self._stop.is_set():
             with self._cond:
                 now = self._clock()
@@ -207,7 +213,8 @@ class Scheduler:
                     wait = 0.05 if due is None else min(0.05, (due - now) / 1000)
                     if wait > 0:
                         self._cond.wait(wait)
-            if batch:
+                    continue
+            with self._batch_lock:
                 try:
                     self._deliverer.deliver(batch, self._settings.send_timeout)
                 except SluiceError as exc:
@@ -218,26 +225,32 @@ class Scheduler:
                     log.warning("schedule: --crash-after-deliveries reached: exiting before the done marks")
                     os._exit(137)
                 self._done(batch)
-                self.delivered += len(batch)
-                self.max_late_ms = max(self.max_late_ms, self._clock() - batch[0].due)
-            if time.monotonic() - last_checkpoint >= self._settings.checkpoint_interval:
-                last_checkpoint = time.monotonic()
-                self._checkpoint_delivery()
+            self.delivered += len(batch)
+            self.max_late_ms = max(self.max_late_ms, self._clock() - batch[0].due)
 
     def _done(self, batch: list[Entry]) -> None:
+        """Done marks for a delivered batch (``_batch_lock`` held): written, not fsynced (the checkpoint
+        thread does that, so no fsync ever holds up a due record; until then the recovery marks cover
+        the batch)."""
         with self._cond:
             done = self._timeline.delivered(batch)
-        with self._store_lock:
-            self._store.mark_done(done)
+        self._store.mark_done(done)
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(self._settings.checkpoint_interval):
+            self._checkpoint_delivery()
 
     def _checkpoint_delivery(self) -> None:
-        """Done marks durable, then the recovery marks cleared; then delete the buckets that are over."""
-        with self._store_lock:
-            self._store.sync_done()
-        self._deliverer.checkpoint()
-        # One step under both locks (timeline, then store: the only place they nest): a bucket the
+        """Done marks durable, then the recovery marks they cover cleared; then delete the buckets that
+        are over. Only the first step waits for the delivery loop (for the batch in flight, if any)."""
+        with self._batch_lock:
+            generation = self._deliverer.begin_checkpoint()
+            dirty = self._store.take_done_dirty()
+        self._store.fsync_done(dirty)
+        self._deliverer.end_checkpoint(generation)
+        # One step under both locks (store, then timeline: the only place they nest): a bucket the
         # timeline forgot must be gone from disk before a late record could make the reader load it again.
-        with self._cond, self._store_lock:
+        with self._store_lock, self._cond:
             for bucket in self._timeline.finished(self._clock(), self._durable_read):
                 self._store.delete(bucket)
 
@@ -269,5 +282,4 @@ class Scheduler:
         for sp, so, due in self._recover():
             by_bucket.setdefault(self._store.bucket_of(due), []).append((sp, so))
         self._store.mark_done(by_bucket)
-        self._store.sync_done()
-        self._deliverer.checkpoint()
+        self._checkpoint_delivery()
