@@ -93,3 +93,26 @@ def test_timeline_keeps_only_near_buckets_in_memory(tmp_path: Path) -> None:
     store.delete(store.bucket_of(NOW))
     tl.advance(NOW + 3_600_000)
     assert len(tl.heap) == 100
+
+
+def test_far_records_wait_in_coarse_buckets_and_split_when_near(tmp_path: Path) -> None:
+    store = BucketStore(tmp_path, 1000)
+    day = 86_400_000
+    far = [entry(NOW + day + i * 60_000, i) for i in range(600)]  # ten hours of records, a day ahead
+    store.append(far, now_ms=NOW)
+    store.sync()
+    assert store.ids == []
+    assert len(store.coarse_ids) in (10, 11)  # hour-wide: a few files for days of records
+    assert store.split_due(NOW) == 0
+    # A day later the first coarse buckets come within the horizon and become fine ones.
+    moved = store.split_due(NOW + day)
+    assert 0 < moved < 600
+    assert len(store.ids) == moved
+    # A crash after the fine files were written and before the coarse one went: duplicates, loaded once.
+    again = BucketStore(tmp_path, 1000)
+    again.append(far[:5])
+    loaded, _ = again.load(again.bucket_of(far[0].due))
+    assert [e.so for e in loaded] == [0]
+    assert again.split_due(NOW + 40 * day) == 600 - moved
+    assert len(again.ids) == 600
+    assert again.coarse_ids == []

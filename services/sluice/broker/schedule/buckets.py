@@ -22,7 +22,12 @@ __all__ = ["BucketStore"]
 
 _DONE = struct.Struct("<iq")
 #: Append handles kept open (each bucket written recently); the rest are reopened when written again.
-_OPEN_FILES = 64
+_OPEN_FILES = 256
+#: Records due further ahead than this go to hour-wide *coarse* buckets (``c<id>.log``), split into the
+#: fine ones when they come within it: a hierarchical timing wheel of two levels, so indexing records
+#: spread over days writes to a few hundred files, not tens of thousands.
+COARSE_MS = 3_600_000
+HORIZON_MS = 2 * COARSE_MS
 
 
 class BucketStore:
@@ -30,13 +35,16 @@ class BucketStore:
         self.dir = directory
         self.width_ms = width_ms
         directory.mkdir(parents=True, exist_ok=True)
-        ids = {int(p.stem[1:]) for p in directory.glob("b*.log")}
-        #: Bucket ids with a file, sorted.
-        self.ids: list[int] = sorted(ids)
-        self._fds: OrderedDict[int, int] = OrderedDict()
-        self._dirty: set[int] = set()
-        #: Buckets whose torn tail (if any) was cut off in this process (done before the first append).
-        self._checked: set[int] = set()
+        #: Fine bucket ids with a file, sorted; coarse ones likewise.
+        self.ids: list[int] = sorted(int(p.stem[1:]) for p in directory.glob("b*.log"))
+        self.coarse_ids: list[int] = sorted(int(p.stem[1:]) for p in directory.glob("c*.log"))
+        #: Open append handles by file name (``b<id>``, ``c<id>``), least recently used first.
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._dirty: set[str] = set()
+        #: Written since the last sync, then closed to make room: fsynced by path at the next sync.
+        self._dirty_closed: set[str] = set()
+        #: Files whose torn tail (if any) was cut off in this process (done before the first append).
+        self._checked: set[str] = set()
         self._done_dirty: set[int] = set()
 
     def bucket_of(self, due_ms: int) -> int:
@@ -48,26 +56,27 @@ class BucketStore:
     def _path(self, bucket: int, suffix: str = "log") -> Path:
         return self.dir / f"b{bucket}.{suffix}"
 
-    def _fd(self, bucket: int) -> int:
-        fd = self._fds.get(bucket)
+    def _fd(self, name: str) -> int:
+        fd = self._fds.get(name)
         if fd is not None:
-            self._fds.move_to_end(bucket)
+            self._fds.move_to_end(name)
             return fd
-        path = self._path(bucket)
-        if bucket not in self._checked:
+        path = self.dir / f"{name}.log"
+        if name not in self._checked:
             self._cut_torn_tail(path)
-            self._checked.add(bucket)
+            self._checked.add(name)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if len(self._fds) >= _OPEN_FILES:
             old, old_fd = self._fds.popitem(last=False)
             if old in self._dirty:
-                os.fsync(old_fd)
                 self._dirty.discard(old)
+                self._dirty_closed.add(old)
             os.close(old_fd)
-        self._fds[bucket] = fd
-        i = bisect.bisect_left(self.ids, bucket)
-        if i == len(self.ids) or self.ids[i] != bucket:
-            self.ids.insert(i, bucket)
+        self._fds[name] = fd
+        ids, key = (self.ids, int(name[1:])) if name[0] == "b" else (self.coarse_ids, int(name[1:]))
+        i = bisect.bisect_left(ids, key)
+        if i == len(ids) or ids[i] != key:
+            ids.insert(i, key)
         return fd
 
     @staticmethod
@@ -82,21 +91,59 @@ class BucketStore:
         if valid < len(data):
             os.truncate(path, valid)
 
-    def append(self, entries: Iterable[Entry]) -> None:
-        """Write entries to their buckets (durable after ``sync``)."""
-        by_bucket: dict[int, list[bytes]] = {}
+    def append(self, entries: Iterable[Entry], now_ms: int | None = None) -> None:
+        """Write entries to their buckets (durable after ``sync``): a fine one, or a coarse one for a
+        record due beyond the horizon from ``now_ms`` (None: fine only)."""
+        far = None if now_ms is None else now_ms + HORIZON_MS
+        by_file: dict[str, list[bytes]] = {}
         for e in entries:
-            by_bucket.setdefault(e.due // self.width_ms, []).append(encode_frame(e))
-        for bucket, frames in by_bucket.items():
-            os.write(self._fd(bucket), b"".join(frames))
-            self._dirty.add(bucket)
+            coarse = far is not None and e.due >= far
+            name = f"c{e.due // COARSE_MS}" if coarse else f"b{e.due // self.width_ms}"
+            by_file.setdefault(name, []).append(encode_frame(e))
+        for name, frames in by_file.items():
+            os.write(self._fd(name), b"".join(frames))
+            self._dirty.add(name)
+
+    def split_due(self, now_ms: int) -> int:
+        """Split the coarse buckets that start within the horizon into fine ones: fine files written and
+        fsynced before the coarse file goes, so a crash in between only leaves duplicates, which loading
+        removes. Returns the records moved."""
+        moved = 0
+        while self.coarse_ids and self.coarse_ids[0] * COARSE_MS <= now_ms + HORIZON_MS:
+            coarse = self.coarse_ids[0]
+            name = f"c{coarse}"
+            fd = self._fds.pop(name, None)
+            if fd is not None:
+                os.close(fd)
+            self._dirty.discard(name)
+            self._dirty_closed.discard(name)
+            path = self.dir / f"{name}.log"
+            try:
+                entries, _ = decode_frames(path.read_bytes())
+            except FileNotFoundError:
+                entries = []
+            self.append(entries)
+            self.sync()
+            path.unlink(missing_ok=True)
+            self._sync_dir()
+            del self.coarse_ids[0]
+            moved += len(entries)
+        return moved
 
     def sync(self) -> None:
-        for bucket in self._dirty:
-            fd = self._fds.get(bucket)
-            if fd is not None:
+        for name in self._dirty:
+            os.fsync(self._fds[name])
+        for name in self._dirty_closed:
+            try:
+                fd = os.open(self.dir / f"{name}.log", os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
                 os.fsync(fd)
+            finally:
+                os.close(fd)
         self._dirty.clear()
+        self._dirty_closed.clear()
         self._sync_dir()
 
     def _sync_dir(self) -> None:
@@ -163,10 +210,12 @@ class BucketStore:
             self._sync_dir()
 
     def delete(self, bucket: int) -> None:
-        fd = self._fds.pop(bucket, None)
+        name = f"b{bucket}"
+        fd = self._fds.pop(name, None)
         if fd is not None:
             os.close(fd)
-        self._dirty.discard(bucket)
+        self._dirty.discard(name)
+        self._dirty_closed.discard(name)
         for suffix in ("log", "done"):
             self._path(bucket, suffix).unlink(missing_ok=True)
         i = bisect.bisect_left(self.ids, bucket)

@@ -53,6 +53,9 @@ class SchedulerSettings:
     batch_limit: int = 2_000
     #: How often the read positions are made durable.
     checkpoint_interval: float = 0.2
+    #: How often the reader makes the bucket files durable and saves its positions (a crash re-reads
+    #: at most this much of the schedule topic; records spread over days touch a few hundred files).
+    read_checkpoint_interval: float = 1.0
     #: How long one delivery batch may take before it counts as failed (then recovered).
     send_timeout: float = 60.0
     #: Tests only: exit (as kill -9 would) once this many records were appended to their topics and
@@ -112,6 +115,7 @@ class Scheduler:
 
     def start(self) -> None:
         self._recover_marks()
+        self._store.split_due(self._clock())
         with self._lock:
             self._timeline.advance(self._clock())
         for name, target in (
@@ -167,14 +171,14 @@ class Scheduler:
                         entries.append(e)
                 if entries:
                     with self._store_lock:
-                        self._store.append(entries)
+                        self._store.append(entries, self._clock())
                     with self._cond:
                         if self._timeline.add(entries):
                             self._cond.notify_all()
                 for r in records:
                     self._read[r.partition] = max(self._read.get(r.partition, 0), r.offset + 1)
                 self._preload()
-                if time.monotonic() - last_sync >= self._settings.checkpoint_interval:
+                if time.monotonic() - last_sync >= self._settings.read_checkpoint_interval:
                     # Buckets durable first, then the positions past them.
                     with self._store_lock:
                         self._store.sync()
@@ -187,6 +191,8 @@ class Scheduler:
         """Read the buckets about to start into memory: here, on the reader's thread, so the delivery
         loop never stops to decode a bucket; the lock is held only to merge it into the heap."""
         now = self._clock()
+        with self._store_lock:
+            self._store.split_due(now)
         with self._cond:
             plan = self._timeline.plan(now)
         for bucket in plan:
