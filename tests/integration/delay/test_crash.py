@@ -84,6 +84,8 @@ def test_broker_and_scheduler_kill9_lose_none_duplicate_none_early_none(delay_cl
     assert len(values) == RECORDS, f"{len(values) - RECORDS} duplicate deliveries"
     early = [a for a in collector.arrivals if a.received_ms < a.due]
     assert not early, f"{len(early)} delivered early"
+    # Keyless delayed records spread over the partitions (runs of 256), as keyless immediate ones do.
+    assert {a.record.partition for a in collector.arrivals} == set(range(PARTITIONS))
 
 
 @pytest.mark.scheduler_args("--crash-after-deliveries", "500")

@@ -10,6 +10,7 @@ docs/delayed-delivery.md says why and what every reader sees.
 
 from __future__ import annotations
 
+import itertools
 import time
 import zlib
 from collections.abc import Callable
@@ -46,6 +47,7 @@ TARGET_HEADER = "sluice-target"
 TARGET_PARTITION_HEADER = "sluice-target-partition"
 #: On a delivered record: its schedule coordinates ``"partition:offset"`` (what deduplicates it).
 SCHEDULE_HEADER = "sluice-schedule"
+_KEYLESS_RUN = 256
 _RESERVED = (DUE_HEADER, TARGET_HEADER, TARGET_PARTITION_HEADER, SCHEDULE_HEADER)
 
 
@@ -108,11 +110,15 @@ class DelayedSender:
     def __init__(
         self,
         topic: str,
+        partitions: int,
         config: ProducerConfig,
         make: Callable[[str], ScheduleProducer],
         retention_ms: Callable[[str], int],
     ) -> None:
         self._topic = topic
+        self._partitions = partitions
+        #: Keyless delayed records: this many in a row to one partition, then the next one.
+        self._spread = itertools.count()
         self._config = config
         #: ``make(topic)``: a Producer with the owner's config, links and client id.
         self._make = make
@@ -126,7 +132,7 @@ class DelayedSender:
         key: bytes | None,
         tag: str | None,
         headers: Headers | None,
-        partition: int,
+        partition: int | None,
         timestamp: int | None,
         deliver_at: datetime | None,
         deliver_after: timedelta | None,
@@ -141,6 +147,8 @@ class DelayedSender:
                 raise InvalidArgument(f"header {name!r} is reserved for delayed delivery")
         wrapped[DUE_HEADER] = str(due).encode()
         wrapped[TARGET_HEADER] = self._topic.encode()
+        if partition is None:
+            partition = next(self._spread) // _KEYLESS_RUN % self._partitions
         wrapped[TARGET_PARTITION_HEADER] = str(partition).encode()
         where = schedule_partition(self._topic, partition, inner.partitions)
         return inner.send(value, key=key, tag=tag, headers=wrapped, partition=where, timestamp=timestamp)

@@ -115,6 +115,7 @@ class Producer:
         self._metadata = metadata
         self._delayed = DelayedSender(
             topic,
+            self._partitions,
             config,
             lambda name: Producer(
                 name, config, channels, metadata, clock=clock, links=self._links, client_id=client_id
@@ -179,9 +180,10 @@ class Producer:
                     f"topic {self.topic!r} has no partition {partition!r} (it has {self._partitions})"
                 )
         if deliver_at is not None or deliver_after is not None:
-            return self._delayed.send(
-                value, key, tag, headers, partition, timestamp, deliver_at, deliver_after
-            )
+            # A keyless delayed record spreads over the partitions itself: the sticky partition moves
+            # only when an immediate batch closes.
+            target = None if sticky else partition
+            return self._delayed.send(value, key, tag, headers, target, timestamp, deliver_at, deliver_after)
         if timestamp is None:
             timestamp = _time_ns() // 1_000_000
         elif timestamp.__class__ is not int or timestamp < 0:
