@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         scheduler = Scheduler(client, args.data_dir, settings, offset_clock(args.clock_offset_file))
         scheduler.start()
-    except SluiceError as exc:
+    except (SluiceError, OSError) as exc:  # an unreachable cluster, an unwritable data directory
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"SLUICE_READY service=scheduler address={args.coordinator} metrics=-", flush=True)
