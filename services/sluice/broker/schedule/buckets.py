@@ -126,6 +126,7 @@ class BucketStore:
             self.sync()
             path.unlink(missing_ok=True)
             self._sync_dir()
+            self._checked.discard(name)
             del self.coarse_ids[0]
             moved += len(entries)
         return moved
@@ -216,6 +217,7 @@ class BucketStore:
             os.close(fd)
         self._dirty.discard(name)
         self._dirty_closed.discard(name)
+        self._checked.discard(name)
         for suffix in ("log", "done"):
             self._path(bucket, suffix).unlink(missing_ok=True)
         i = bisect.bisect_left(self.ids, bucket)
