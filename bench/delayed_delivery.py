@@ -152,7 +152,7 @@ def run_pending(cluster: DelayCluster, total: int) -> dict[str, Any]:
             indexed_at = time.monotonic() - start
             break
         time.sleep(1.0)
-    buckets = len(list((cluster.data_dir / "scheduler" / "buckets").glob("b*.log")))
+    buckets = len(list((cluster.data_dir / "scheduler" / "buckets").glob("*.log")))
     return {
         "case": "pending",
         "records": total,
@@ -172,6 +172,9 @@ def main() -> None:
     p.add_argument("--records", type=int, default=100_000)
     p.add_argument("--pending", type=int, default=10_000_000)
     p.add_argument("--by-second", action="store_true", help="lateness per second of due time")
+    p.add_argument(
+        "--scheduler-args", nargs="*", default=[], help="more `sluice scheduler` flags (e.g. --bucket 2s)"
+    )
     args = p.parse_args()
     results = []
     for case in args.cases:
@@ -179,7 +182,7 @@ def main() -> None:
             run_redis(appendonly=True) as redis,
             tempfile.TemporaryDirectory(prefix="sluice-delay-bench-") as d,
         ):
-            cluster = start_delay_cluster(redis, Path(d), ("--partitions", "8"))
+            cluster = start_delay_cluster(redis, Path(d), ("--partitions", "8", *args.scheduler_args))
             try:
                 if case == "spread":
                     rng = random.Random(60)

@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--partitions", type=int, default=4, help="schedule topic partitions (when creating it)")
     p.add_argument("--replication-factor", type=int, default=None)
     p.add_argument("--max-delay", type=_ms, default=7 * _DAY_MS, help="longest delay (default 7d)")
-    p.add_argument("--bucket", type=_ms, default=10_000, help="time bucket width (default 10s)")
+    p.add_argument("--bucket", type=_ms, default=10_000, help="fine time bucket width (default 10s)")
     p.add_argument("--preload", type=_ms, default=2_000, help="read a bucket this long before it starts")
     p.add_argument("--clock-offset-file", type=Path, default=None, help="tests: ms added to the wall clock")
     p.add_argument("--crash-after-deliveries", type=int, default=0, help=argparse.SUPPRESS)
