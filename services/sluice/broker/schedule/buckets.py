@@ -13,7 +13,7 @@ import bisect
 import os
 import struct
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from sluice.broker.schedule.entry import Entry, decode_frames, encode_frame
@@ -154,14 +154,16 @@ class BucketStore:
         finally:
             os.close(dfd)
 
-    def load(self, bucket: int) -> tuple[list[Entry], set[tuple[int, int]]]:
+    def load(
+        self, bucket: int, pause: Callable[[], None] | None = None
+    ) -> tuple[list[Entry], set[tuple[int, int]]]:
         """A bucket's records not yet delivered (deduplicated, in delivery order), and the coordinates
-        of those delivered."""
+        of those delivered. ``pause``: see ``decode_frames``."""
         try:
             data = self._path(bucket).read_bytes()
         except FileNotFoundError:
             data = b""
-        entries, _ = decode_frames(data)
+        entries, _ = decode_frames(data, pause)
         done = self.done_of(bucket)
         seen = set(done)
         out = []

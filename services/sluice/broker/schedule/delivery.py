@@ -118,6 +118,15 @@ class Deliverer:
             if end > self._ends.get((e.topic, e.tp), -1):
                 self._ends[(e.topic, e.tp)] = end
 
+    def prepare(self, targets: set[Target]) -> None:
+        """Before records for ``targets`` are due (called as their bucket is read in): open the topics'
+        producers (an InitProducerId round trip each) and learn the partitions' ends, so the first due
+        batch does not pay for them."""
+        for topic in {t for t, _ in targets}:
+            self._producer(topic)
+        for topic, tp in targets - self._ends.keys():
+            self._ends[(topic, tp)] = self._client.list_offsets(topic, "latest", [tp])[tp]
+
     def begin_checkpoint(self) -> int:
         """Called with no batch in flight: the deliveries so far are those of this generation and before."""
         generation = self._generation

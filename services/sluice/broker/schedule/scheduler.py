@@ -63,6 +63,10 @@ class SchedulerSettings:
     crash_after: int = 0
 
 
+def _yield_gil() -> None:
+    time.sleep(0)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -196,7 +200,14 @@ class Scheduler:
         with self._cond:
             plan = self._timeline.plan(now)
         for bucket in plan:
-            entries, done = self._store.load(bucket)
+            entries, done = self._store.load(bucket, _yield_gil)
+            targets = {(e.topic, e.tp) for e in entries}
+            if targets:
+                try:
+                    with self._batch_lock:
+                        self._deliverer.prepare(targets)
+                except SluiceError as exc:  # the delivery loop meets it again, and recovers
+                    log.warning("schedule: preparing deliveries failed (%s)", exc)
             with self._cond:
                 self._timeline.install(bucket, entries, done)
                 self._cond.notify_all()
