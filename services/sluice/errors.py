@@ -437,3 +437,27 @@ class ThrottlingQuotaExceeded(SluiceError):
     code = common_pb2.THROTTLING_QUOTA_EXCEEDED
     retriable = True
     grpc_status = "RESOURCE_EXHAUSTED"
+
+
+# ---- Delayed delivery (docs/delayed-delivery.md) -------------------------------------
+
+
+class DelayTooLong(SluiceError, ValueError):
+    """A delayed send beyond the maximum delay (docs/delayed-delivery.md); the message names it."""
+
+    code = common_pb2.DELAY_TOO_LONG
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class DelayBeyondRetention(SluiceError, ValueError):
+    """A delay longer than the target's (or the schedule topic's) retention; the message names it."""
+
+    code = common_pb2.DELAY_BEYOND_RETENTION
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class DelayedDeliveryUnavailable(SluiceError):
+    """No schedule topic ``__sluice_schedule``: start ``sluice scheduler``, which creates it."""
+
+    code = common_pb2.DELAYED_DELIVERY_UNAVAILABLE
+    grpc_status = "FAILED_PRECONDITION"

@@ -22,6 +22,8 @@ def _option_rows() -> dict[str, str]:
 def _spelled(value: object) -> str:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
+        if seconds >= 86400 and seconds % 86400 == 0:
+            return f"{int(seconds // 86400)}d"
         return f"{int(seconds * 1000)}ms" if seconds < 1 else f"{int(seconds)}s"
     if isinstance(value, int) and value >= 1024 * 1024 and value % (1024 * 1024) == 0:
         return f"{value // (1024 * 1024)}MiB"

@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     if args[:2] == ["broker", "verify"]:  # an offline tool on a broker's data, not the broker service
         verify = importlib.import_module("sluice.cli.broker_verify")
         return int(verify.main(args[2:]))
+    if args[:1] == ["scheduler"]:  # delayed delivery (docs/delayed-delivery.md); no config class yet
+        scheduler = importlib.import_module("sluice.broker.schedule.main")
+        return int(scheduler.main(args[1:]))
     if args and args[0] in SERVICES:
         module = importlib.import_module(SERVICES[args[0]])
         return int(module.main(args[1:]))

@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import deque
+from datetime import datetime, timedelta
 from typing import Any, BinaryIO, Protocol
 
 from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
 from sluice.cli.output import collect_pairs, key_value
+from sluice.common.units import parse_duration
 from sluice.errors import SluiceError
 
 # How often (in lines) the reading loop looks at finished sends: often enough to
@@ -45,7 +47,37 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--partition", "-p", type=int, help="send every message to this partition")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary line on stderr")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument(
+        "--deliver-after",
+        type=_duration,
+        metavar="DURATION",
+        help="deliver every message this long from now (e.g. 30s, 2h; docs/delayed-delivery.md)",
+    )
+    when.add_argument(
+        "--deliver-at",
+        type=_instant,
+        metavar="TIME",
+        help="deliver every message at this ISO 8601 time with a zone (2030-01-01T09:00:00+00:00)",
+    )
     p.set_defaults(run=run, parser=p)
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        return parse_duration(text)
+    except SluiceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _instant(text: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"give a time zone (e.g. +00:00 or Z): {text!r}")
+    return when
 
 
 class SendFuture(Protocol):
@@ -111,6 +143,10 @@ def produce(args: argparse.Namespace, stdin: BinaryIO, headers: dict[str, bytes]
     fixed_key = args.key.encode() if args.key is not None else None
     separator = args.key_separator.encode() if args.key_separator is not None else None
     extra: dict[str, Any] = {} if args.partition is None else {"partition": args.partition}
+    if getattr(args, "deliver_after", None) is not None:
+        extra["deliver_after"] = args.deliver_after
+    if getattr(args, "deliver_at", None) is not None:
+        extra["deliver_at"] = args.deliver_at
     tracker = DeliveryTracker()
     with connect(args) as client:
         producer = client.producer(args.topic)

@@ -162,6 +162,18 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     removed: the server ended it. Retriable: reconnect with fresh credentials (the SDK's token source
     gives a fresh token; a user that was removed then gets UNAUTHENTICATED).
     """
+    DELAY_TOO_LONG: _ErrorCode.ValueType  # 110
+    """Delayed delivery (docs/delayed-delivery.md), 110-114. A send's deliver_at/deliver_after lies
+    further ahead than the maximum delay (default 7 days); the message names the limit.
+    """
+    DELAY_BEYOND_RETENTION: _ErrorCode.ValueType  # 111
+    """A send's delay is longer than the target topic's retention (or the schedule topic's): the record
+    would expire before or as soon as it is delivered. The message names the retention.
+    """
+    DELAYED_DELIVERY_UNAVAILABLE: _ErrorCode.ValueType  # 112
+    """Delayed delivery is not set up: the schedule topic (`__sluice_schedule`) does not exist. Start a
+    scheduler (`sluice scheduler`), which creates it.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -306,6 +318,18 @@ CREDENTIALS_EXPIRED: ErrorCode.ValueType  # 101
 """The credentials a stream or connection opened with expired, or its user changed password or was
 removed: the server ended it. Retriable: reconnect with fresh credentials (the SDK's token source
 gives a fresh token; a user that was removed then gets UNAUTHENTICATED).
+"""
+DELAY_TOO_LONG: ErrorCode.ValueType  # 110
+"""Delayed delivery (docs/delayed-delivery.md), 110-114. A send's deliver_at/deliver_after lies
+further ahead than the maximum delay (default 7 days); the message names the limit.
+"""
+DELAY_BEYOND_RETENTION: ErrorCode.ValueType  # 111
+"""A send's delay is longer than the target topic's retention (or the schedule topic's): the record
+would expire before or as soon as it is delivered. The message names the retention.
+"""
+DELAYED_DELIVERY_UNAVAILABLE: ErrorCode.ValueType  # 112
+"""Delayed delivery is not set up: the schedule topic (`__sluice_schedule`) does not exist. Start a
+scheduler (`sluice scheduler`), which creates it.
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 

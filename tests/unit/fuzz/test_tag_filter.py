@@ -55,8 +55,10 @@ def test_an_empty_part_is_refused(tags: list[str], noise: str) -> None:
 
 
 SQL_WORDS = st.sampled_from(
-    ["a", "b", "=", "<>", "<", ">=", "BETWEEN", "AND", "OR", "NOT", "IN", "(", ")", ",", "IS", "NULL"]
-    + ["TRUE", "FALSE", "'x'", "'", "1", "-2.5", "1e309", "9" * 40, "%SQL92%", "\x00", "é"]
+    [
+        *("a", "b", "=", "<>", "<", ">=", "BETWEEN", "AND", "OR", "NOT", "IN", "(", ")", ",", "IS", "NULL"),
+        *("TRUE", "FALSE", "'x'", "'", "1", "-2.5", "1e309", "9" * 40, "%SQL92%", "\x00", "é"),
+    ]
 )
 
 

@@ -94,6 +94,10 @@ class ProducerConfig:
     sticky partition that changes whenever its batch is closed. ``round_robin``: keyless
     records rotate through the partitions one by one (keyed records still hash)."""
 
+    max_delay: timedelta = timedelta(days=7)
+    """The longest ``deliver_after`` (or ``deliver_at`` ahead of now) a delayed send accepts; a longer
+    one raises DelayTooLong (docs/delayed-delivery.md)."""
+
     def __post_init__(self) -> None:
         if cast("object", self.acks) == "all":
             object.__setattr__(self, "acks", -1)
@@ -116,7 +120,13 @@ class ProducerConfig:
             )
         if self.retries < 0:
             raise InvalidArgument(f"retries must be >= 0, got {self.retries}")
-        for name in ("retry_backoff", "retry_backoff_max", "delivery_timeout", "request_timeout"):
+        for name in (
+            "retry_backoff",
+            "retry_backoff_max",
+            "delivery_timeout",
+            "request_timeout",
+            "max_delay",
+        ):
             if getattr(self, name) <= timedelta(0):
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_block < timedelta(0):

@@ -13,12 +13,14 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from types import TracebackType
 
 from sluice.client.links import BrokerLinks
 from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
 from sluice.client.producer.config import ProducerConfig
+from sluice.client.producer.delay import DelayedSender
 from sluice.client.producer.futures import FutureRecordMetadata
 from sluice.client.producer.idempotence import Idempotence, init_producer_id
 from sluice.client.producer.partitioner import make_partitioner
@@ -109,6 +111,20 @@ class Producer:
             client_id=client_id,
         )
         self._sender.start()
+        #: Sends with deliver_at/deliver_after go through the schedule topic (made at the first one).
+        self._metadata = metadata
+        self._delayed = DelayedSender(
+            topic,
+            self._partitions,
+            config,
+            lambda name: Producer(
+                name, config, channels, metadata, clock=clock, links=self._links, client_id=client_id
+            ),
+            self._retention_ms,
+        )
+
+    def _retention_ms(self, topic: str) -> int:
+        return self._metadata.get([topic]).topic(topic).config.get("retention_ms", 0)
 
     @property
     def partitions(self) -> int:
@@ -123,8 +139,17 @@ class Producer:
         headers: Headers | None = None,
         partition: int | None = None,
         timestamp: int | None = None,
+        *,
+        deliver_at: datetime | None = None,
+        deliver_after: timedelta | None = None,
     ) -> FutureRecordMetadata:
         """Queue one record; returns a future of its :class:`RecordMetadata`.
+
+        With ``deliver_at`` (a timezone-aware datetime) or ``deliver_after`` (a timedelta) the record
+        is delivered to its partition when due (docs/delayed-delivery.md): until then it waits in the
+        schedule topic, and the future's metadata is its place there. A due time in the past is
+        delivered at once; one beyond ``config.max_delay`` raises DelayTooLong, one beyond the topic's
+        retention DelayBeyondRetention.
 
         The partition is ``partition`` if given, else ``zlib.crc32(key) % partitions`` for
         a keyed record, else the sticky partition. ``timestamp`` defaults to now (ms).
@@ -154,6 +179,11 @@ class Producer:
                 raise UnknownTopicOrPartition(
                     f"topic {self.topic!r} has no partition {partition!r} (it has {self._partitions})"
                 )
+        if deliver_at is not None or deliver_after is not None:
+            # A keyless delayed record spreads over the partitions itself: the sticky partition moves
+            # only when an immediate batch closes.
+            target = None if sticky else partition
+            return self._delayed.send(value, key, tag, headers, target, timestamp, deliver_at, deliver_after)
         if timestamp is None:
             timestamp = _time_ns() // 1_000_000
         elif timestamp.__class__ is not int or timestamp < 0:
@@ -258,10 +288,12 @@ class Producer:
         """
         with self._cond:
             self._acc.flushing += 1
+            delayed = self._delayed
             results = [b.result for b in self._acc.batches()]
             self._cond.notify_all()
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
+            delayed.flush(timeout)
             for r in results:
                 remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                 if not r.wait(remaining):
@@ -277,6 +309,7 @@ class Producer:
         failed by ``delivery_timeout``). Records still pending after the timeout fail
         with SluiceError. Idempotent.
         """
+        self._delayed.close(timeout)
         with self._cond:
             self._closed = True
             self._acc.closing = True

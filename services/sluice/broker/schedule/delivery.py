@@ -1,0 +1,192 @@
+"""Appending due records to their real topics exactly once, across crashes: recovery marks.
+
+Every delivered record carries its schedule coordinates (``sluice-schedule: partition:offset``) and its
+due time. The scheduler marks delivered records in the buckets' done files without an fsync per batch,
+and keeps, durably, *recovery marks*: for each target partition it delivered to since the done files were
+last made durable, an offset its records cannot land before (the end an earlier acknowledgement gave, or
+the partition's high watermark when first met). A mark is written (fsynced) before the first record goes
+to a partition not marked yet; every ``checkpoint`` the done files are fsynced and the marks cleared.
+
+After a crash (or a send whose outcome is unknown), ``recover`` reads each marked partition from its mark
+to its end and returns every coordinate found there: those records were delivered whatever the done files
+say, so they are never sent again, and the others are. A crash between the append and the progress
+checkpoint therefore never duplicates, and this does not depend on a producer id (which dies with the
+process) or on brokers keeping producer state; it costs one fsync per second and a scan of at most about a
+second of each marked partition at recovery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+from sluice.broker.schedule.entry import Entry
+from sluice.client import Client, Producer, ProducerConfig
+from sluice.client.producer.delay import DUE_HEADER, SCHEDULE_HEADER
+from sluice.errors import SluiceError
+
+__all__ = ["Deliverer"]
+
+log = logging.getLogger(__name__)
+
+Target = tuple[str, int]
+#: (schedule partition, schedule offset, due ms) of a delivered record.
+Found = tuple[int, int, int]
+
+
+def _found(headers: dict[str, bytes] | None) -> Found | None:
+    if not headers:
+        return None
+    try:
+        sp, so = headers[SCHEDULE_HEADER].split(b":")
+        return int(sp), int(so), int(headers[DUE_HEADER])
+    except (KeyError, ValueError):
+        return None
+
+
+class Deliverer:
+    def __init__(self, client: Client, data_dir: Path, config: ProducerConfig) -> None:
+        self._client = client
+        self._path = data_dir / "marks.json"
+        self._config = config
+        self._producers: dict[str, Producer] = {}
+        #: Durable: target partition -> offset our not-yet-durably-done deliveries cannot precede.
+        self._marks: dict[Target, int] = self._load()
+        #: In memory: the checkpoint generation in which each mark was last used (``end_checkpoint``).
+        self._used: dict[Target, int] = dict.fromkeys(self._marks, 0)
+        self._generation = 0
+        #: The marks file is written by the delivery loop (a new mark) and the checkpoint (clearing).
+        self._marks_lock = threading.Lock()
+        #: In memory: target partition -> the end after our last acknowledged record there.
+        self._ends: dict[Target, int] = {}
+
+    def _load(self) -> dict[Target, int]:
+        try:
+            doc = json.loads(self._path.read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return {(str(t), int(p)): int(o) for t, p, o in doc}
+
+    def _save(self) -> None:  # _marks_lock held
+        tmp = self._path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump([[t, p, o] for (t, p), o in self._marks.items()], f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._path)
+
+    # ---- sending ---------------------------------------------------------------------------------
+
+    def deliver(self, batch: list[Entry], timeout: float) -> None:
+        """Append ``batch`` to the target partitions, in order. Raises SluiceError when a record's
+        outcome is unknown or failed: then ``reset`` and ``recover`` decide what was delivered."""
+        targets = {(e.topic, e.tp) for e in batch}
+        with self._marks_lock:  # atomic with end_checkpoint's look at the marks
+            new = targets - self._marks.keys()
+            for target in targets - new:
+                self._used[target] = self._generation
+        if new:
+            ends = {}
+            for target in new:
+                end = self._ends.get(target)
+                if end is None:
+                    topic, tp = target
+                    end = self._client.list_offsets(topic, "latest", [tp])[tp]
+                ends[target] = end
+            with self._marks_lock:
+                self._marks.update(ends)
+                self._used.update(dict.fromkeys(ends, self._generation))
+                self._save()
+        futures = []
+        for e in batch:
+            headers = dict(e.headers)
+            headers[SCHEDULE_HEADER] = f"{e.sp}:{e.so}".encode()
+            futures.append(
+                self._producer(e.topic).send(
+                    e.value, key=e.key, tag=e.tag, headers=headers, partition=e.tp, timestamp=e.timestamp
+                )
+            )
+        for topic in {e.topic for e in batch}:
+            self._producers[topic].flush(timeout)
+        for e, f in zip(batch, futures, strict=True):
+            end = f.result(0).offset + 1
+            if end > self._ends.get((e.topic, e.tp), -1):
+                self._ends[(e.topic, e.tp)] = end
+
+    def prepare(self, targets: set[Target]) -> None:
+        """Before records for ``targets`` are due (called as their bucket is read in): open the topics'
+        producers (an InitProducerId round trip each) and learn the partitions' ends, so the first due
+        batch does not pay for them."""
+        for topic in {t for t, _ in targets}:
+            self._producer(topic)
+        for topic, tp in targets - self._ends.keys():
+            self._ends[(topic, tp)] = self._client.list_offsets(topic, "latest", [tp])[tp]
+
+    def begin_checkpoint(self) -> int:
+        """Called with no batch in flight: the deliveries so far are those of this generation and before."""
+        generation = self._generation
+        self._generation += 1
+        return generation
+
+    def end_checkpoint(self, generation: int) -> None:
+        """The done marks of every delivery up to ``generation`` are durable: their marks can go."""
+        with self._marks_lock:
+            old = [t for t in self._marks if self._used.get(t, 0) <= generation]
+            if old:
+                for t in old:
+                    del self._marks[t]
+                self._save()
+
+    def _producer(self, topic: str) -> Producer:
+        p = self._producers.get(topic)
+        if p is None:
+            p = self._producers[topic] = self._client.producer(topic, config=self._config)
+        return p
+
+    def reset(self) -> None:
+        """After a failure: drop the producers (their state is unknown) and the ends they reported."""
+        for p in self._producers.values():
+            with contextlib.suppress(SluiceError):
+                p.close(1.0)
+        self._producers.clear()
+        self._ends.clear()
+
+    # ---- recovery --------------------------------------------------------------------------------
+
+    def recover(self, timeout: float) -> list[Found]:
+        """Every delivered record found in the marked partitions from their marks on. Raises SluiceError
+        while the cluster cannot answer (the caller retries)."""
+        found: list[Found] = []
+        for (topic, tp), start in sorted(self._marks.items()):
+            found += self._scan(topic, tp, start, timeout)
+        if self._marks:
+            log.info("schedule: recovery found %d delivered records after the marks", len(found))
+        return found
+
+    def _scan(self, topic: str, tp: int, start: int, timeout: float) -> list[Found]:
+        end = self._client.list_offsets(topic, "latest", [tp])[tp]
+        found: list[Found] = []
+        deadline = time.monotonic() + timeout
+        with self._client.fetcher({(topic, tp): start}, auto_offset_reset="earliest") as fetcher:
+            position = start
+            while position < end:
+                if time.monotonic() > deadline:
+                    raise SluiceError(f"schedule recovery: reading {topic}[{tp}] from {start} timed out")
+                for r in fetcher.fetch(1.0):
+                    position = max(position, r.offset + 1)
+                    hit = _found(r.headers)
+                    if hit is not None:
+                        found.append(hit)
+                position = max(position, fetcher.positions().get((topic, tp), position))
+        self._ends[(topic, tp)] = max(end, self._ends.get((topic, tp), 0))
+        return found
+
+    def close(self, timeout: float) -> None:
+        for p in self._producers.values():
+            p.close(timeout)
+        self._producers.clear()

@@ -1,0 +1,302 @@
+"""The scheduler: reads the schedule topic into time buckets and appends each record to its topic when due.
+
+Two threads share one lock. The reader follows every partition of ``__sluice_schedule`` from the read
+checkpoint, appends each record to its bucket file (``buckets.py``; near ones also join the in-memory
+heap, ``timeline.py``) and, every ``checkpoint_interval``, fsyncs the buckets and then saves the read
+positions. The delivery loop sleeps until the first record is due (or a new earlier one arrives), sends
+the due batch through the intent log (``delivery.py``) and marks it done. docs/delayed-delivery.md.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from sluice.broker.schedule.buckets import BucketStore
+from sluice.broker.schedule.delivery import Deliverer
+from sluice.broker.schedule.entry import Entry, entry_of
+from sluice.broker.schedule.timeline import Timeline
+from sluice.client import Client, ProducerConfig
+from sluice.client.producer.delay import SCHEDULE_TOPIC
+from sluice.errors import SluiceError
+
+__all__ = ["Scheduler", "SchedulerSettings"]
+
+log = logging.getLogger(__name__)
+
+#: The delivery producers: acks=all (a delivered record is stored like any), idempotent (a retry inside
+#: one process neither duplicates nor reorders), a short linger (a due batch goes out at once).
+_DELIVERY_CONFIG = ProducerConfig(
+    acks=-1,
+    linger=timedelta(milliseconds=1),
+    enable_idempotence=True,
+    request_timeout=timedelta(seconds=10),
+    delivery_timeout=timedelta(seconds=30),
+)
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    #: Width of a time bucket (one file each).
+    bucket_ms: int = 10_000
+    #: How long before a bucket starts it is read into memory.
+    preload_ms: int = 2_000
+    #: At most this many records per delivery batch.
+    batch_limit: int = 2_000
+    #: How often the read positions are made durable.
+    checkpoint_interval: float = 0.2
+    #: How often the reader makes the bucket files durable and saves its positions (a crash re-reads
+    #: at most this much of the schedule topic; records spread over days touch a few hundred files).
+    read_checkpoint_interval: float = 1.0
+    #: How long one delivery batch may take before it counts as failed (then recovered).
+    send_timeout: float = 60.0
+    #: Tests only: exit (as kill -9 would) once this many records were appended to their topics and
+    #: before their done marks: the window the recovery marks exist for. 0: never.
+    crash_after: int = 0
+
+
+def _yield_gil() -> None:
+    time.sleep(0)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        client: Client,
+        data_dir: Path,
+        settings: SchedulerSettings,
+        clock: Callable[[], int],
+    ) -> None:
+        self._client = client
+        self._dir = data_dir
+        self._settings = settings
+        self._clock = clock
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._store = BucketStore(data_dir / "buckets", settings.bucket_ms)
+        self._timeline = Timeline(self._store, settings.preload_ms)
+        self._deliverer = Deliverer(client, data_dir, _DELIVERY_CONFIG)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        #: Guards the bucket files' handles (the reader appends and syncs; the delivery side marks done
+        #: and deletes), apart from the timeline's lock so an fsync never holds up a due record.
+        self._store_lock = threading.Lock()
+        #: Held by the delivery loop from a batch's send to its done marks: the delivery checkpoint takes
+        #: it to see no batch half done.
+        self._batch_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._checkpoint = data_dir / "checkpoint.json"
+        self._read: dict[int, int] = self._load_checkpoint()
+        self._durable_read = dict(self._read)
+        self._threads: list[threading.Thread] = []
+        #: Delivered records and the worst batch lateness (ms), for the log line.
+        self.delivered = 0
+        self.max_late_ms = 0
+
+    def _load_checkpoint(self) -> dict[int, int]:
+        try:
+            doc = json.loads(self._checkpoint.read_text())
+        except FileNotFoundError:
+            return {}
+        return {int(p): int(o) for p, o in doc["read"].items()}
+
+    def _save_checkpoint(self) -> None:
+        tmp = self._checkpoint.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"read": {str(p): o for p, o in self._read.items()}}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._checkpoint)
+
+    # ---- life ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._recover_marks()
+        self._store.split_due(self._clock())
+        with self._lock:
+            self._timeline.advance(self._clock())
+        for name, target in (
+            ("schedule-read", self._read_loop),
+            ("schedule-deliver", self._deliver_loop),
+            ("schedule-checkpoint", self._checkpoint_loop),
+        ):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(30)
+        self._checkpoint_delivery()
+        with self._store_lock:
+            self._store.close()
+        self._save_checkpoint()
+        self._deliverer.close(5.0)
+
+    def pending_in_memory(self) -> int:
+        return len(self._timeline.heap)
+
+    # ---- reading the schedule topic --------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._follow()
+            except SluiceError as exc:
+                log.warning("schedule: reading %s failed (%s); retrying", SCHEDULE_TOPIC, exc)
+                self._stop.wait(0.5)
+
+    def _follow(self) -> None:
+        md = self._client.metadata([SCHEDULE_TOPIC], refresh=True)
+        partitions = len(md.topic(SCHEDULE_TOPIC).partitions)
+        positions = {(SCHEDULE_TOPIC, p): self._read.get(p, 0) for p in range(partitions)}
+        last_sync = time.monotonic()
+        with self._client.fetcher(positions, auto_offset_reset="earliest", max_wait_ms=100) as fetcher:
+            while not self._stop.is_set():
+                records = fetcher.fetch()
+                entries: list[Entry] = []
+                for r in records:
+                    e = entry_of(r)
+                    if e is None:
+                        log.warning(
+                            "schedule: %s[%d]@%d has no envelope: skipped", r.topic, r.partition, r.offset
+                        )
+                    else:
+                        entries.append(e)
+                if entries:
+                    with self._store_lock:
+                        self._store.append(entries, self._clock())
+                    with self._cond:
+                        if self._timeline.add(entries):
+                            self._cond.notify_all()
+                for r in records:
+                    self._read[r.partition] = max(self._read.get(r.partition, 0), r.offset + 1)
+                self._preload()
+                if time.monotonic() - last_sync >= self._settings.read_checkpoint_interval:
+                    # Buckets durable first, then the positions past them.
+                    with self._store_lock:
+                        self._store.sync()
+                    self._save_checkpoint()
+                    with self._cond:
+                        self._durable_read = dict(self._read)
+                    last_sync = time.monotonic()
+
+    def _preload(self) -> None:
+        """Read the buckets about to start into memory: here, on the reader's thread, so the delivery
+        loop never stops to decode a bucket; the lock is held only to merge it into the heap."""
+        now = self._clock()
+        with self._store_lock:
+            self._store.split_due(now)
+        with self._cond:
+            plan = self._timeline.plan(now)
+        for bucket in plan:
+            entries, done = self._store.load(bucket, _yield_gil)
+            targets = {(e.topic, e.tp) for e in entries}
+            if targets:
+                try:
+                    with self._batch_lock:
+                        self._deliverer.prepare(targets)
+                except SluiceError as exc:  # the delivery loop meets it again, and recovers
+                    log.warning("schedule: preparing deliveries failed (%s)", exc)
+            with self._cond:
+                self._timeline.install(bucket, entries, done)
+                self._cond.notify_all()
+        if plan:
+            # The loaded records live until due: keep the cyclic GC from walking them again and again
+            # (a full collection over a few 100,000 of them stalls delivery for 100 ms and more).
+            gc.freeze()
+        with self._cond:
+            self._timeline.planned(now)
+
+    # ---- delivering ---------------------------------------------------------------------------------
+
+    def _deliver_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                now = self._clock()
+                batch = self._timeline.pop_due(now, self._settings.batch_limit)
+                if not batch:
+                    due = self._timeline.next_due()
+                    wait = 0.05 if due is None else min(0.05, (due - now) / 1000)
+                    if wait > 0:
+                        self._cond.wait(wait)
+                    continue
+            with self._batch_lock:
+                try:
+                    self._deliverer.deliver(batch, self._settings.send_timeout)
+                except SluiceError as exc:
+                    log.warning("schedule: delivering %d records failed (%s): recovering", len(batch), exc)
+                    self._after_failure(batch)
+                    continue
+                if self._settings.crash_after and self.delivered + len(batch) >= self._settings.crash_after:
+                    log.warning("schedule: --crash-after-deliveries reached: exiting before the done marks")
+                    os._exit(137)
+                self._done(batch)
+            self.delivered += len(batch)
+            self.max_late_ms = max(self.max_late_ms, self._clock() - batch[0].due)
+
+    def _done(self, batch: list[Entry]) -> None:
+        """Done marks for a delivered batch (``_batch_lock`` held): written, not fsynced (the checkpoint
+        thread does that, so no fsync ever holds up a due record; until then the recovery marks cover
+        the batch)."""
+        with self._cond:
+            done = self._timeline.delivered(batch)
+        self._store.mark_done(done)
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(self._settings.checkpoint_interval):
+            self._checkpoint_delivery()
+
+    def _checkpoint_delivery(self) -> None:
+        """Done marks durable, then the recovery marks they cover cleared; then delete the buckets that
+        are over. Only the first step waits for the delivery loop (for the batch in flight, if any)."""
+        with self._batch_lock:
+            generation = self._deliverer.begin_checkpoint()
+            dirty = self._store.take_done_dirty()
+        self._store.fsync_done(dirty)
+        self._deliverer.end_checkpoint(generation)
+        # One step under both locks (store, then timeline: the only place they nest): a bucket the
+        # timeline forgot must be gone from disk before a late record could make the reader load it again.
+        with self._store_lock, self._cond:
+            for bucket in self._timeline.finished(self._clock(), self._durable_read):
+                self._store.delete(bucket)
+
+    def _after_failure(self, batch: list[Entry]) -> None:
+        """A batch whose outcome is unknown: find which records reached their partitions, mark them done
+        and send the rest again (in order: they go back into the heap)."""
+        self._deliverer.reset()
+        # A request the failed producer still had on the wire may land late: let it, before looking.
+        self._stop.wait(_DELIVERY_CONFIG.request_timeout.total_seconds())
+        found = {(sp, so) for sp, so, _ in self._recover()}
+        delivered = [e for e in batch if (e.sp, e.so) in found]
+        if delivered:
+            self._done(delivered)
+        with self._cond:
+            self._timeline.requeue([e for e in batch if (e.sp, e.so) not in found])
+
+    def _recover(self) -> list[tuple[int, int, int]]:
+        while True:
+            try:
+                return self._deliverer.recover(self._settings.send_timeout)
+            except SluiceError as exc:
+                log.warning("schedule: recovery waits for the cluster (%s)", exc)
+                time.sleep(0.5)
+
+    def _recover_marks(self) -> None:
+        """At start: what a crash left between a delivery and its durable done mark. Those records are
+        marked done before any bucket is loaded, so they are never sent again."""
+        by_bucket: dict[int, list[tuple[int, int]]] = {}
+        for sp, so, due in self._recover():
+            by_bucket.setdefault(self._store.bucket_of(due), []).append((sp, so))
+        self._store.mark_done(by_bucket)
+        self._checkpoint_delivery()
