@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from sluice.server.metrics import sluice_version
 from tests.metrics.alerts import declared_names, signals
 from tests.metrics.alerts import rules as alert_rules
 from tests.metrics.dashboards import (
@@ -283,3 +284,13 @@ def test_every_alert_expression_evaluates_against_the_scrape(stack: Stack, obser
             if not observed.prometheus.query(measured):
                 failures.append(f"{where}: no data for {measured!r}")
     assert not failures, "\n".join(failures)
+
+
+def test_every_service_reports_its_build(observed: Observed) -> None:
+    """sluice_build_info{service, version, python} = 1 from each of the four processes, with the installed
+    version (what the Resources dashboard's version panels and the upgrade notes count)."""
+    series = observed.prometheus.query(f'sluice_build_info{{namespace="{NAMESPACE}"}}')
+    assert {s["metric"]["job"]: s["metric"]["service"] for s in series} == {s: s for s in SERVICES}
+    assert {s["metric"]["version"] for s in series} == {sluice_version()}
+    assert sluice_version() != "unknown"
+    assert all(s["value"][1] == "1" for s in series)
