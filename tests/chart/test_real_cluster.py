@@ -4,6 +4,10 @@ init containers, sidecars and volumes; every manifest valid under kubernetes-val
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,3 +71,55 @@ def test_defaults_add_nothing_but_the_zone_spread() -> None:
 def test_external_access_needs_a_domain() -> None:
     err = render_error(sets=["components.broker.externalAccess.enabled=true"])
     assert "domain" in err
+
+
+NODE_PORT = [
+    "components.broker.externalAccess.enabled=true",
+    "components.broker.externalAccess.type=NodePort",
+    "components.broker.externalAccess.nodePorts.grpc=31700",
+    "components.broker.externalAccess.nodePorts.wire=31800",
+]
+
+
+def _kubernetes_expand(text: str, env: dict[str, str]) -> str:
+    """What the kubelet does to a command or argument: `$(VAR)` becomes the value, `$$` a literal `$`."""
+    return re.sub(r"\$\$|\$\((\w+)\)", lambda m: "$" if m.group(0) == "$$" else env[m.group(1)], text)
+
+
+def test_node_port_access_advertises_each_brokers_own_node_ports(tmp_path: Path) -> None:
+    """Each broker's Service gets node ports base + ordinal, and the pod's command (run here by a real
+    /bin/sh, with a stand-in `sluice` that prints its arguments) advertises exactly those."""
+    manifests = render(sets=NODE_PORT)
+    assert validate_manifests({"node-port": manifests}) == []
+    services = [s for s in find(manifests, "Service") if s["metadata"]["name"].endswith("-external")]
+    for i, svc in enumerate(services):
+        assert svc["spec"]["type"] == "NodePort"
+        assert {p["name"]: p["nodePort"] for p in svc["spec"]["ports"]} == {
+            "grpc": 31700 + i,
+            "wire": 31800 + i,
+        }
+    container = one(manifests, "StatefulSet", "sluice-broker")["spec"]["template"]["spec"]["containers"][0]
+    assert "--advertised-host=$(HOST_IP)" in container["args"]
+    assert any(e["name"] == "HOST_IP" for e in container["env"])
+    fake = tmp_path / "sluice"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    env = {
+        "SLUICE_POD_INDEX": "2",
+        "HOST_IP": "10.0.0.7",
+        "POD_NAME": "sluice-broker-2",
+        "POD_NAMESPACE": "ns",
+    }
+    argv = [_kubernetes_expand(a, env) for a in [*container["command"], *container["args"]]]
+    out = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+    ).stdout.splitlines()
+    assert out[0] == "broker"
+    assert {"--advertised-host=10.0.0.7", "--advertised-port=31702", "--advertised-wire-port=31802"} <= set(
+        out
+    )
