@@ -8,7 +8,10 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 
+from sluice.broker.config import BrokerConfig
+from sluice.errors import InvalidArgument
 from sluice.v1 import coordinator_pb2 as cpb
 from sluice.v1 import coordinator_pb2_grpc
 from tests.harness import run_redis, run_service
@@ -56,3 +59,8 @@ def test_without_them_the_bound_ports_are_registered(tmp_path: Path) -> None:
             endpoint = _registered(stub).endpoint
             assert endpoint.port == int(broker.proc.address.rsplit(":", 1)[1])
             assert endpoint.wire_port == int(broker.wire_address.rsplit(":", 1)[1])
+
+
+def test_an_advertised_port_out_of_range_is_a_typed_error() -> None:
+    with pytest.raises(InvalidArgument, match="advertised_wire_port must be a port"):
+        BrokerConfig(advertised_wire_port=70000)
