@@ -123,3 +123,16 @@ def test_node_port_access_advertises_each_brokers_own_node_ports(tmp_path: Path)
     assert {"--advertised-host=10.0.0.7", "--advertised-port=31702", "--advertised-wire-port=31802"} <= set(
         out
     )
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("components.broker.externalAccess.type=ClusterIP", "type"),
+        ("components.broker.zoneSpread=always", "zoneSpread"),
+        ("components.dispatcher.extraVolumeMounts[0].name=x", "mountPath"),
+        ("components.coordinator.priorityClassName[0]=x", "priorityClassName"),
+    ],
+)
+def test_the_schema_rejects_malformed_values(setting: str, complaint: str) -> None:
+    assert complaint in render_error(sets=[setting])
