@@ -252,7 +252,7 @@ def test_lag_is_attributed_to_members(observed: Observed) -> None:
 
 
 # Alerts whose measured series exist only once the trouble they watch for has happened (an internal error,
-# a Redis failure: tests/metrics/test_redis_alert_real.py, a throttled principal, a memory budget paused, an
+# a Redis failure: tests/metrics/test_alerts_real_events.py, a throttled principal, a memory budget paused, an
 # unclean election): against the healthy workload their signals are empty. promtool unit-tests them
 # (tests/chart/test_operations_alerts.py); here they must run and read only declared metrics.
 EVENT_ONLY = {
