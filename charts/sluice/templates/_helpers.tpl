@@ -215,6 +215,9 @@ imagePullSecrets:
 securityContext:
   {{- toYaml $c.podSecurityContext | nindent 2 }}
 terminationGracePeriodSeconds: {{ $c.terminationGracePeriodSeconds }}
+{{- with (dig "priorityClassName" "" $c) }}
+priorityClassName: {{ . | quote }}
+{{- end }}
 {{- with $c.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -246,9 +249,18 @@ affinity:
               {{- include "sluice.selectorLabels" . | nindent 14 }}
     {{- end }}
 {{- end }}
-{{- with $c.topologySpreadConstraints }}
+{{- if $c.topologySpreadConstraints }}
 topologySpreadConstraints:
-  {{- toYaml . | nindent 2 }}
+  {{- toYaml $c.topologySpreadConstraints | nindent 2 }}
+{{- else if has (dig "zoneSpread" "none" $c) (list "soft" "hard") }}
+{{- /* Replicas spread across zones survive a zone's loss; soft still schedules in a one-zone cluster. */}}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: topology.kubernetes.io/zone
+    whenUnsatisfiable: {{ if eq $c.zoneSpread "hard" }}DoNotSchedule{{ else }}ScheduleAnyway{{ end }}
+    labelSelector:
+      matchLabels:
+        {{- include "sluice.selectorLabels" . | nindent 8 }}
 {{- end }}
 {{- end }}
 
@@ -682,4 +694,43 @@ user the Sluice services log in as.
       key: redis-password
 - name: SLUICE_REDIS_ACL_RULES
   value: {{ .ctx.Values.components.redis.auth.aclRules | quote }}
+{{- end }}
+
+{{/*
+What a user adds to a Sluice pod (values components.<c>.initContainers, extraContainers, extraVolumes,
+extraVolumeMounts): Kubernetes objects as given, appended after the chart's own, so a sidecar or a mounted
+CA bundle needs no fork of the chart.
+*/}}
+{{- define "sluice.initContainers" -}}
+{{- $c := index .ctx.Values.components (include "sluice.valuesKey" .) -}}
+{{- with (dig "initContainers" list $c) }}
+initContainers:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.extraContainers" -}}
+{{- $c := index .ctx.Values.components (include "sluice.valuesKey" .) -}}
+{{- with (dig "extraContainers" list $c) }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.extraVolumeMounts" -}}
+{{- $c := index .ctx.Values.components (include "sluice.valuesKey" .) -}}
+{{- with (dig "extraVolumeMounts" list $c) }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.extraVolumes" -}}
+{{- $c := index .ctx.Values.components (include "sluice.valuesKey" .) -}}
+{{- with (dig "extraVolumes" list $c) }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The name of broker <index>'s external Service (values components.broker.externalAccess). */}}
+{{- define "sluice.brokerExternalName" -}}
+{{- printf "%s-%d-external" (include "sluice.componentName" (dict "ctx" .ctx "component" "broker")) .index }}
 {{- end }}

@@ -39,6 +39,14 @@ class BrokerConfig(SecuritySettings, ConnectionSettings):
         default="", metadata={"help": "host clients should connect to (default: --host)"}
     )
     metrics_port: int = field(default=9601, metadata={"help": "Prometheus /metrics port; 0 picks a free one"})
+    # Behind a NodePort or a port-mapping load balancer the port clients reach differs from the bound one
+    # (the chart's external access, docs/kubernetes.md): the broker registers these instead.
+    advertised_port: int = field(
+        default=0, metadata={"help": "gRPC port clients should connect to (0: the bound --port)"}
+    )
+    advertised_wire_port: int = field(
+        default=0, metadata={"help": "wire port clients should connect to (0: the bound wire port)"}
+    )
     data_dir: Path = field(
         default=Path("sluice-data/broker"), metadata={"help": "directory of the partition logs"}
     )
@@ -179,6 +187,9 @@ class BrokerConfig(SecuritySettings, ConnectionSettings):
             raise InvalidArgument(f"descriptor_reserve must be >= 0, got {self.descriptor_reserve}")
         if self.storage_min_free_bytes < 0:
             raise InvalidArgument(f"storage_min_free_bytes must be >= 0, got {self.storage_min_free_bytes}")
+        for name in ("advertised_port", "advertised_wire_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise InvalidArgument(f"{name} must be a port (0..65535), got {getattr(self, name)}")
         if len(self.rack) > 128 or any(c.isspace() or not c.isprintable() for c in self.rack):
             raise InvalidArgument(f"--rack {self.rack[:128]!r}: at most 128 printable characters, no spaces")
         self.log_defaults()  # validates the log settings

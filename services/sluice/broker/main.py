@@ -143,7 +143,7 @@ async def run(config: BrokerConfig) -> None:
     link: CoordinatorLink | None = None
     if config.coordinator:
         link = _coordinator_link(config, service, logs)
-        link_task = asyncio.create_task(_run_link(link, server, wire), name="coordinator-link")
+        link_task = asyncio.create_task(_run_link(link, server, wire, config), name="coordinator-link")
 
     async def before_ready() -> None:
         # Announce readiness once registered, so a topic can be created right away;
@@ -185,10 +185,12 @@ async def run(config: BrokerConfig) -> None:
         await on_stop()  # idempotent; covers a failed start
 
 
-async def _run_link(link: CoordinatorLink, server: _BrokerGrpcServer, wire: WireListener | None) -> None:
+async def _run_link(
+    link: CoordinatorLink, server: _BrokerGrpcServer, wire: WireListener | None, config: BrokerConfig
+) -> None:
     await server.started.wait()
-    link.port = server.bound_port
-    link.wire_port = wire.bound_port if wire is not None else 0
+    link.port = config.advertised_port or server.bound_port
+    link.wire_port = (config.advertised_wire_port or wire.bound_port) if wire is not None else 0
     await link.run()
 
 

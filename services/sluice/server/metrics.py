@@ -6,11 +6,13 @@ several services in one process do not register a name twice.
 
 from __future__ import annotations
 
+import platform
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from threading import Lock
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 # Latency buckets from 100 us to 30 s: long-poll fetches sit near max_wait.
 LATENCY_BUCKETS = (
@@ -52,6 +54,28 @@ INTERNAL_ERRORS = Counter(
     "Requests that failed with an internal error (a bug, not bad input), by service and method",
     ["service", "method"],
 )
+
+
+#: 1, labelled with what runs: the dashboards show versions per pod (a rolling upgrade half done is two
+#: versions), and ``count by (version)`` finds a straggler. Set once per service at start.
+BUILD_INFO = Gauge(
+    "sluice_build_info",
+    "Always 1; the labels say which Sluice version (and Python) this service runs",
+    ["service", "version", "python"],
+)
+
+
+def sluice_version() -> str:
+    """The installed distribution's version ("unknown" when run from a tree that was never installed)."""
+    try:
+        return metadata.version("sluice")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def set_build_info(service: str) -> None:
+    """Export ``sluice_build_info{service, version, python} 1`` for ``service``."""
+    BUILD_INFO.labels(service, sluice_version(), platform.python_version()).set(1)
 
 
 def count_internal_error(service: str, method: str) -> None:

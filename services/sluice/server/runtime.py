@@ -46,6 +46,7 @@ from sluice.server.limits import (
     register_grpc_connections,
     set_connection_settings,
 )
+from sluice.server.metrics import set_build_info
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,7 @@ class GrpcServer:
         await server.start()
         self._server = server
         register_grpc_connections(self.service)
+        set_build_info(self.service)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self.metrics_port is not None:
             http_tls = self.tls if self.metrics_tls else None
