@@ -44,6 +44,7 @@ from sluice.errors import (
     InvalidArgument,
     OffsetOutOfRange,
     ReconsumeRefused,
+    SluiceError,
 )
 
 __all__ = ["CommitCallback", "Consumer", "ConsumerStats"]
@@ -94,6 +95,8 @@ class Consumer(ConsumerEngine):
                     self._restart_vanished(error)
                     raise error
                 records = self._collect(limit)
+                if records and self._retry is not None:
+                    records = self._retry.skip_retried(records, self._state)
                 if records:
                     return records
                 now = time.monotonic()
@@ -193,11 +196,13 @@ class Consumer(ConsumerEngine):
         with self._lock:
             if tp not in self._state.parts:
                 return outcome  # revoked meanwhile: its next owner finds the retry and skips the source
+        # A refused commit is not the application's error: the retry is written, and whoever reads the
+        # original next skips it (skip_retried). Loss of membership reaches it through on_lost.
         if self._state.in_flight_min:
             self.done(record)
-            self.commit_async()
+            self.commit_async(callback=_log_refusal)
         else:
-            self.commit_async({tp: record.offset + 1})
+            self.commit_async({tp: record.offset + 1}, callback=_log_refusal)
         return outcome
 
     # ---- rebalances (application thread, from poll) --------------------------------------------------
@@ -384,6 +389,11 @@ class Consumer(ConsumerEngine):
     def __repr__(self) -> str:
         m = self._member
         return f"<Consumer group={self.group!r} member={m.member_id!r} epoch={m.member_epoch}>"
+
+
+def _log_refusal(offsets: dict[TopicPartition, int], error: SluiceError | None) -> None:
+    if error is not None:
+        log.info("commit after reconsume_later refused (%s): the next reader skips the retried record", error)
 
 
 def _positive(name: str, value: int) -> int:

@@ -17,6 +17,7 @@ here would carry ``deliver_after`` and the hold would go: see docs/retry.md.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -46,6 +47,8 @@ from sluice.retry.levels import (
 )
 
 __all__ = ["Retrier", "RetryOutcome", "RetryPorts"]
+
+log = logging.getLogger("sluice.consumer.retry")
 
 TopicPartition = tuple[str, int]
 _L = PartitionLifecycle
@@ -117,6 +120,8 @@ class Retrier:
         self.holds: dict[TopicPartition, int] = {}
         #: Fault injection for the crash tests: called after the retry write, before the commit.
         self.after_write: Callable[[], None] | None = None
+        #: Partitions checked against the targets since they were assigned (skip_retried).
+        self._checked: set[TopicPartition] = set()
 
     # ---- holding records that are not due (poll's collect, on the consumer's lock) ----------------
 
@@ -168,6 +173,45 @@ class Retrier:
             return wait
         nearest = min(self.holds.values()) / 1000.0 - time.time()
         return max(min(wait, nearest), 0.001)
+
+    # ---- skipping records that were retried already -----------------------------------------
+
+    def skip_retried(self, records: list[Record], state: SubscriptionState) -> list[Record]:
+        """``records`` without those a retry or dead letter was written for already.
+
+        That happens after a crash (or a lost membership) between the retry write and the commit of
+        the original: the original comes again, to this member or another, while its retry is on its
+        way. A newly assigned partition makes the retry and DLQ topics be read up to their end first;
+        a record is looked up only when its offset is at most the highest source offset seen for its
+        partition, so the usual record costs one dict lookup per chunk.
+        """
+        assigned = state.parts.keys()
+        self._checked.intersection_update(assigned)
+        fresh = {(r.topic, r.partition) for r in records} - self._checked
+        if fresh:
+            for tp in self._targets():
+                self._index.catch_up(tp)
+            self._checked.update(fresh)
+        top = self._index.max_source
+        if not top:
+            return records
+        out: list[Record] = []
+        for r in records:
+            limit = top.get((r.topic, r.partition))
+            if (
+                limit is not None
+                and r.offset <= limit
+                and self._index.seen(source_key(r.topic, r.partition, r.offset))
+            ):
+                log.info("%s[%d] offset %d: retried already (skipped)", r.topic, r.partition, r.offset)
+                if state.in_flight_min:
+                    state.done((r.topic, r.partition), r.offset)
+                continue
+            out.append(r)
+        return out
+
+    def _targets(self) -> list[TopicPartition]:
+        return [(self.topic, p) for p in range(self._ports.partitions(self.topic))] + [(self.dlq, 0)]
 
     # ---- reconsume_later ------------------------------------------------------------------------
 

@@ -60,6 +60,10 @@ class SourceIndex:
         self._timeout = timeout
         self._seen: dict[TopicPartition, dict[str, None]] = {}
         self._pos: dict[TopicPartition, int] = {}
+        #: The highest source offset per source partition over every key seen: a record above it was
+        #: never retried, so most records need no lookup at all.
+        self.max_source: dict[TopicPartition, int] = {}
+        self._all: dict[str, None] = {}
 
     def contains(self, tp: TopicPartition, key: str) -> bool:
         """Whether ``tp`` holds a record whose source is ``key`` (reads what was appended since)."""
@@ -71,6 +75,19 @@ class SourceIndex:
         keys[key] = None
         if len(keys) > MAX_KEYS:
             del keys[next(iter(keys))]
+        self._all[key] = None
+        if len(self._all) > MAX_KEYS:
+            del self._all[next(iter(self._all))]
+        topic, _, rest = key.rpartition("/")
+        topic, _, partition = topic.rpartition("/")
+        if rest.isdigit() and partition.isdigit():
+            src = (topic, int(partition))
+            if int(rest) > self.max_source.get(src, -1):
+                self.max_source[src] = int(rest)
+
+    def seen(self, key: str) -> bool:
+        """Whether any partition read so far holds ``key`` (no reading)."""
+        return key in self._all
 
     def catch_up(self, tp: TopicPartition) -> None:
         topic, partition = tp
