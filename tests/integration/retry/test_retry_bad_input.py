@@ -90,3 +90,30 @@ def test_explicit_delay_overrides_the_level(cluster: RetryCluster) -> None:
     _first(consumer)
     assert time.time() - failed <= 0.1 + 0.3
     consumer.close()
+
+
+def test_in_flight_min_mode_marks_the_record_done_and_commits_past_it(cluster: RetryCluster) -> None:
+    """commit_mode="in-flight-min": reconsume_later is the record's done(); the partition commits past it
+    while the retry comes back from the retry topic."""
+    topic, group = cluster.topic(1, "rm"), cluster.group()
+    client = cluster.client()
+    with client.producer(topic) as p:
+        p.send(b"a")
+        p.send(b"b").result(10)
+    consumer = client.consumer(group, [topic], commit_mode="in-flight-min", retry_delay_levels=LEVELS, **CFG)
+    got: list[Record] = []
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += consumer.poll(0.1)
+    a, b = got
+    consumer.reconsume_later(a)
+    with pytest.raises(RecordNotOwned, match="not in flight"):
+        consumer.reconsume_later(a)  # done already
+    consumer.done(b)
+    again = _first(consumer)
+    assert again.value == b"a"
+    assert again.topic == retry_topic(group)
+    consumer.done(again)
+    consumer.commit()
+    assert consumer.committed([(topic, 0)]) == {(topic, 0): 2}
+    consumer.close()
