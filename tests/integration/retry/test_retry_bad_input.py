@@ -10,7 +10,7 @@ import pytest
 from sluice.client.consumer import Consumer
 from sluice.codec.batch import Record
 from sluice.errors import DelayLevelOutOfRange, InvalidArgument, ReconsumeRefused, RecordNotOwned
-from sluice.retry.levels import retry_topic
+from sluice.retry.levels import dlq_topic, retry_topic
 from tests.integration.retry.conftest import CFG, RetryCluster, read_all
 
 LEVELS = "100ms 200ms 300ms 400ms"
@@ -31,6 +31,10 @@ def test_bad_input_is_refused_and_writes_nothing(cluster: RetryCluster) -> None:
     with client.producer(topic) as p:
         p.send(b"a").result(10)
     consumer = client.consumer(group, [topic], retry_delay_levels=LEVELS, **CFG)
+    # Ordinary topics, visible to every tool: one retry partition per level, one DLQ partition.
+    topics = {t.name: len(t.partitions) for t in client.admin.list_topics()}
+    assert topics[retry_topic(group)] == 4
+    assert topics[dlq_topic(group)] == 1
     record = _first(consumer)
     with pytest.raises(DelayLevelOutOfRange, match=r"levels are 1\.\.4"):
         consumer.reconsume_later(record, delay_level=5)

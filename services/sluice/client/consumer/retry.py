@@ -121,7 +121,7 @@ class Retrier:
         #: Fault injection for the crash tests: called after the retry write, before the commit.
         self.after_write: Callable[[], None] | None = None
         #: Partitions checked against the targets since they were assigned (skip_retried).
-        self._checked: set[TopicPartition] = set()
+        self._checked: dict[TopicPartition, PartitionState] = {}
 
     # ---- holding records that are not due (poll's collect, on the consumer's lock) ----------------
 
@@ -185,13 +185,23 @@ class Retrier:
         a record is looked up only when its offset is at most the highest source offset seen for its
         partition, so the usual record costs one dict lookup per chunk.
         """
-        assigned = state.parts.keys()
-        self._checked.intersection_update(assigned)
-        fresh = {(r.topic, r.partition) for r in records} - self._checked
+        parts = state.parts
+        # By PartitionState identity: a partition revoked and assigned again between two polls is a
+        # new PartitionState, so it is checked again (another member may have held it meanwhile).
+        fresh = {
+            tp
+            for tp in {(r.topic, r.partition) for r in records}
+            if self._checked.get(tp) is not parts.get(tp)
+        }
         if fresh:
             for tp in self._targets():
                 self._index.catch_up(tp)
-            self._checked.update(fresh)
+            for tp in fresh:
+                part = parts.get(tp)
+                if part is not None:
+                    self._checked[tp] = part
+            for tp in [tp for tp in self._checked if tp not in parts]:
+                del self._checked[tp]
         top = self._index.max_source
         if not top:
             return records
