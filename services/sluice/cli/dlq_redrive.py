@@ -97,6 +97,8 @@ class Redriver:
         if options.rate < 0 or options.cap < 1 or options.batch < 1:
             raise InvalidArgument("--rate must be >= 0, --cap and the batch size >= 1")
         self.filter = parse_filter(options.tag_filter)
+        if options.rate > 0:  # a batch is at most a second of the rate: no bursts of 500 at 10/s
+            options.batch = min(options.batch, max(1, int(options.rate)))
         self.report = report
         self.progress = RedriveProgress()
         self._crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)

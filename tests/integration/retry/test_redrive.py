@@ -149,3 +149,22 @@ def test_redrive_bad_input_and_dry_run(cluster: RetryCluster) -> None:
     code, out, err = _run(cluster, "purge", "--group", group, "--yes")
     assert code == 0, err
     assert client.list_offsets(dlq_topic(group), "latest") == {0: 0}
+
+
+def test_redrive_filter_and_rate(cluster: RetryCluster) -> None:
+    topic, group = cluster.topic(1, "df"), cluster.group()
+    client = cluster.client()
+    client.consumer(group, [topic], retry_delay_levels="100ms 200ms 300ms", **CFG).close()
+    with client.producer(dlq_topic(group)) as p:
+        for i, tag in enumerate(["a", "b", None, "a"]):
+            p.send(f"v{i}".encode(), tag=tag, headers={H_TOPIC: topic.encode(), H_OFFSET: str(i).encode()})
+        p.flush()
+    code, out, _ = _run(cluster, "redrive", "--group", group, "--filter", "a", "--dry-run")
+    assert code == 0
+    assert "would redrive 2 of 4" in out
+    started = time.monotonic()
+    code, out, err = _run(cluster, "redrive", "--group", group, "--filter", "a", "--rate", "1/s")
+    assert code == 0, err
+    assert time.monotonic() - started >= 1.5, "2 records at 1/s take at least 2 s"
+    assert "filtered 2" in err
+    assert [r.value for r in read_all(client, retry_topic(group), partitions=3)] == [b"v0", b"v3"]
