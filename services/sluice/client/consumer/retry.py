@@ -244,9 +244,8 @@ class Retrier:
                 )
         elif not part.committed <= record.offset < part.position:
             raise RecordNotOwned(
-                f"{record.topic}[{record.partition}] offset {record.offset} was not handed out by poll() or is "
-                "committed already "
-                f"(handed out: {max(part.committed, 0)}..{part.position - 1})"
+                f"{record.topic}[{record.partition}] offset {record.offset} was not handed out by poll() "
+                f"or is committed already (handed out: {max(part.committed, 0)}..{part.position - 1})"
             )
 
     def target(
