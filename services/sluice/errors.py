@@ -461,3 +461,35 @@ class DelayedDeliveryUnavailable(SluiceError):
 
     code = common_pb2.DELAYED_DELIVERY_UNAVAILABLE
     grpc_status = "FAILED_PRECONDITION"
+
+
+# ---- Retry and dead letters of pull groups (docs/retry.md) ------------------------
+
+
+class ReconsumeRefused(SluiceError):
+    """``reconsume_later()`` on a consumer made with ``orderly=True``: a retry breaks the partition's
+    order, so an ordered consumer retries in place (RocketMQ's orderly consumers do the same)."""
+
+    code = common_pb2.RECONSUME_REFUSED
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class RecordNotOwned(SluiceError):
+    """The record's partition is not assigned to this consumer, or poll() did not hand the record out."""
+
+    code = common_pb2.RECORD_NOT_OWNED
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class DelayLevelOutOfRange(SluiceError, ValueError):
+    """A delay level outside 1..N; the message names the range and the group's levels."""
+
+    code = common_pb2.DELAY_LEVEL_OUT_OF_RANGE
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class NotADlqTopic(SluiceError, ValueError):
+    """A DLQ operation named a topic that is not a dead-letter topic (``DLQ.<group>``)."""
+
+    code = common_pb2.NOT_A_DLQ_TOPIC
+    grpc_status = "INVALID_ARGUMENT"

@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from sluice.cli import acl, consume, group, produce, quota, subscription, topic, track, up, user
+from sluice.cli import acl, consume, dlq, group, produce, quota, subscription, topic, track, up, user
 from sluice.cli.connect import (
     DEFAULT_REQUEST_TIMEOUT,
     add_password_file_argument,
@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_parser(sub, common)
     subscription.add_parser(sub, common)
     group.add_parser(sub, common)
+    dlq.add_parser(sub, common)
     track.add_parser(sub, common)
     acl.add_parser(sub, common)
     quota.add_parser(sub, common)

@@ -40,6 +40,7 @@ from sluice.client.producer import Producer, ProducerConfig
 from sluice.client.push import PushConsumer, PushConsumerConfig
 from sluice.client.push.admin import SubscriptionInfo, describe_subscription, list_subscriptions
 from sluice.client.push.config import SUBSCRIPTION_TYPES
+from sluice.client.retry_setup import make_retrier, retry_subscription
 from sluice.common.client_security import ClientSecurity, TLSConfig
 from sluice.common.client_tls import tls_from_env
 from sluice.common.names import validate_group, validate_topic
@@ -309,11 +310,14 @@ class Client:
         # Without a config of its own, the consumer's RPCs wait as long as the client's.
         base = config or ConsumerConfig(request_timeout=timedelta(seconds=self.request_timeout))
         cfg = base.replace(**overrides) if overrides else base
+        subscription = subscription_of(subscribe)
+        if cfg.retry:  # docs/retry.md: the group's retry and DLQ topics, and the retry subscription
+            subscription = retry_subscription(self, group, cfg, subscription)
         consumer = Consumer(
             self._channels,
             self._metadata,
             group,
-            subscription_of(subscribe),
+            subscription,
             cfg,
             self.client_id,
             on_close=self._forget_consumer,
@@ -322,6 +326,8 @@ class Client:
             fetch_driver=self._fetch_driver,
             memory=self.memory,
         )
+        if cfg.retry:
+            consumer._retry = make_retrier(self, group, cfg, cfg.request_timeout.total_seconds())
         with self._lock:
             self._consumers.add(consumer)
         return consumer

@@ -174,6 +174,19 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """Delayed delivery is not set up: the schedule topic (`__sluice_schedule`) does not exist. Start a
     scheduler (`sluice scheduler`), which creates it.
     """
+    RECONSUME_REFUSED: _ErrorCode.ValueType  # 115
+    """Retry and dead letters of pull groups (docs/retry.md), 115-119.
+    reconsume_later() on a consumer that asked for ordered processing (`orderly=True`): a retry
+    would break the partition's order, so such consumers retry in place instead.
+    """
+    RECORD_NOT_OWNED: _ErrorCode.ValueType  # 116
+    """reconsume_later() (or done/redrive) names a record this consumer does not hold: its partition is not
+    assigned here, or the record was not handed out by poll() (or is already finished).
+    """
+    DELAY_LEVEL_OUT_OF_RANGE: _ErrorCode.ValueType  # 117
+    """A delay level outside 1..N (N: the group's configured levels); the message gives the range."""
+    NOT_A_DLQ_TOPIC: _ErrorCode.ValueType  # 118
+    """`sluice dlq` was pointed at a topic that is not a dead-letter topic (DLQ.<group>)."""
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Wire error codes. One registry on each side maps a code to a typed error
@@ -331,6 +344,19 @@ DELAYED_DELIVERY_UNAVAILABLE: ErrorCode.ValueType  # 112
 """Delayed delivery is not set up: the schedule topic (`__sluice_schedule`) does not exist. Start a
 scheduler (`sluice scheduler`), which creates it.
 """
+RECONSUME_REFUSED: ErrorCode.ValueType  # 115
+"""Retry and dead letters of pull groups (docs/retry.md), 115-119.
+reconsume_later() on a consumer that asked for ordered processing (`orderly=True`): a retry
+would break the partition's order, so such consumers retry in place instead.
+"""
+RECORD_NOT_OWNED: ErrorCode.ValueType  # 116
+"""reconsume_later() (or done/redrive) names a record this consumer does not hold: its partition is not
+assigned here, or the record was not handed out by poll() (or is already finished).
+"""
+DELAY_LEVEL_OUT_OF_RANGE: ErrorCode.ValueType  # 117
+"""A delay level outside 1..N (N: the group's configured levels); the message gives the range."""
+NOT_A_DLQ_TOPIC: ErrorCode.ValueType  # 118
+"""`sluice dlq` was pointed at a topic that is not a dead-letter topic (DLQ.<group>)."""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

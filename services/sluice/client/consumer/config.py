@@ -28,6 +28,7 @@ from sluice.codec.filter import parse_filter
 from sluice.common.names import validate_topic
 from sluice.common.settings import convert_setting
 from sluice.errors import InvalidArgument, SluiceError
+from sluice.retry.levels import DEFAULT_DELAY_LEVELS, DEFAULT_MAX_RECONSUME_TIMES, parse_levels
 
 __all__ = [
     "AUTO_OFFSET_RESETS",
@@ -154,6 +155,26 @@ class ConsumerConfig:
     check_crcs: bool = True
     """Verify each fetched batch's CRC32C before decoding it."""
 
+    retry: bool = False
+    """Retry for this group (docs/retry.md): create ``RETRY.<group>`` and ``DLQ.<group>`` when missing,
+    subscribe to the retry topic, hand retried records out when due, and allow
+    ``reconsume_later(record)``. Off by default: it adds two topics and a subscription."""
+
+    retry_delay_levels: str = DEFAULT_DELAY_LEVELS
+    """The delay levels (RocketMQ's ``messageDelayLevel``), level 1 first; the first retry waits at
+    level 3 and each further retry one level more. All members of a group should agree."""
+
+    max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES
+    """Retries before a record goes to ``DLQ.<group>`` (the next reconsume_later sends it there)."""
+
+    retry_dedup_window: timedelta = timedelta(minutes=10)
+    """How far back the retry and DLQ topics are read to skip a retry written by a process that
+    crashed before committing the original (docs/retry.md, "No duplicate from a crash")."""
+
+    orderly: bool = False
+    """Ordered processing: ``reconsume_later`` is refused (ReconsumeRefused), since a retry reorders
+    the partition; retry in place instead."""
+
     on_assign: PartitionsCallback | None = None
     """Called in ``poll()`` with partitions newly assigned, once their positions are known."""
 
@@ -191,6 +212,7 @@ class ConsumerConfig:
             raise InvalidArgument(
                 f"message_model must be one of {', '.join(MESSAGE_MODELS)}, got {self.message_model!r}"
             )
+        _check_retry(self)
         if self.auto_commit_interval <= timedelta(0):
             raise InvalidArgument(f"auto_commit_interval must be positive, got {self.auto_commit_interval}")
         for name in ("session_timeout", "rebalance_timeout"):
@@ -292,6 +314,16 @@ def _hints() -> dict[str, Any]:
 
 def _convert(name: str, tp: Any, raw: Any) -> Any:
     return raw if name in _CALLBACKS else convert_setting("consumer", name, tp, raw)
+
+
+def _check_retry(cfg: ConsumerConfig) -> None:
+    parse_levels(cfg.retry_delay_levels)
+    if not 1 <= cfg.max_reconsume_times <= 1000:
+        raise InvalidArgument(
+            f"max_reconsume_times must be between 1 and 1000, got {cfg.max_reconsume_times}"
+        )
+    if cfg.retry_dedup_window <= timedelta(0):
+        raise InvalidArgument(f"retry_dedup_window must be positive, got {cfg.retry_dedup_window}")
 
 
 def _check_types(cfg: ConsumerConfig) -> None:

@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from operator import attrgetter
 from types import TracebackType
 
@@ -36,11 +37,14 @@ from sluice.client.consumer.async_commits import CommitStats, Waiter
 from sluice.client.consumer.config import CommitCallback
 from sluice.client.consumer.engine import ConsumerEngine, check_tp
 from sluice.client.consumer.membership import MemberState
+from sluice.client.consumer.retry import RetryOutcome, resume_due
 from sluice.client.consumer.state import PartitionLifecycle
 from sluice.codec.batch import Record
 from sluice.errors import (
     InvalidArgument,
     OffsetOutOfRange,
+    ReconsumeRefused,
+    SluiceError,
 )
 
 __all__ = ["CommitCallback", "Consumer", "ConsumerStats"]
@@ -81,6 +85,8 @@ class Consumer(ConsumerEngine):
         with self._lock:
             self._state.returned_done()  # poll mode: the previous poll's records are processed
         while True:
+            if self._retry is not None:
+                resume_due(self._retry, self.paused, self.resume)
             self._reconcile()
             self._maybe_auto_commit()
             with self._lock:
@@ -89,6 +95,8 @@ class Consumer(ConsumerEngine):
                     self._restart_vanished(error)
                     raise error
                 records = self._collect(limit)
+                if records and self._retry is not None:
+                    records = self._retry.skip_retried(records, self._state)
                 if records:
                     return records
                 now = time.monotonic()
@@ -100,6 +108,8 @@ class Consumer(ConsumerEngine):
                 wait = remaining
                 if self.config.enable_auto_commit:
                     wait = min(wait, max(self._next_auto_commit - now, 0.001))
+                if self._retry is not None:
+                    wait = self._retry.wait_bound(wait)
                 self._ready.wait(wait)
 
     def done(self, record: Record) -> None:
@@ -133,6 +143,12 @@ class Consumer(ConsumerEngine):
                 state.skipped_to(part, chunk.next_offset, chunk.tp not in returned)
                 continue
             room = limit - len(out)
+            if self._retry is not None and chunk.tp[0] == self._retry.topic:
+                due = self._retry.hold_not_due(state, self._prefetch, chunk, part, room)
+                if due is not None:  # the partition waits for its head's due time
+                    out += due
+                    returned.add(chunk.tp)
+                    continue
             if left <= room:
                 taken = recs if chunk.start == 0 else recs[chunk.start :]
                 position = chunk.next_offset
@@ -148,6 +164,46 @@ class Consumer(ConsumerEngine):
                 self._offsets.leader_epochs[chunk.tp] = chunk.leader_epoch
             returned.add(chunk.tp)
         return out
+
+    # ---- retry (docs/retry.md) -------------------------------------------------------------------
+
+    def reconsume_later(
+        self, record: Record, delay_level: int | None = None, delay: timedelta | None = None
+    ) -> RetryOutcome:
+        """Consume ``record`` again later: send it to the group's retry topic ``RETRY.<group>`` (due
+        after the next delay level, or ``delay_level`` / ``delay``), or past ``max_reconsume_times`` to
+        ``DLQ.<group>``, then mark it processed and commit asynchronously so its partition moves on.
+        A crash in between does not write it twice (the target is checked for its source coordinates).
+
+        Raises ReconsumeRefused for an ``orderly`` consumer, RecordNotOwned for a record poll() did not
+        hand out here (or already done), DelayLevelOutOfRange, InvalidArgument without ``retry=True``.
+        """
+        self._check_open()
+        if self.config.orderly:
+            raise ReconsumeRefused(
+                f"group {self.group!r}: this consumer asked for ordered processing (orderly=True); a retry "
+                "would reorder its partition: retry in place (process the record again) instead"
+            )
+        retrier = self._retry
+        if retrier is None:
+            raise InvalidArgument(
+                f"group {self.group!r}: reconsume_later needs client.consumer(..., retry=True)"
+            )
+        with self._lock:
+            retrier.check_owned(self._state, record)
+        outcome = retrier.send(record, delay_level, delay)
+        tp = (record.topic, record.partition)
+        with self._lock:
+            if tp not in self._state.parts:
+                return outcome  # revoked meanwhile: its next owner finds the retry and skips the source
+        # A refused commit is not the application's error: the retry is written, and whoever reads the
+        # original next skips it (skip_retried). Loss of membership reaches it through on_lost.
+        if self._state.in_flight_min:
+            self.done(record)
+            self.commit_async(callback=_log_refusal)
+        else:
+            self.commit_async({tp: record.offset + 1}, callback=_log_refusal)
+        return outcome
 
     # ---- rebalances (application thread, from poll) --------------------------------------------------
 
@@ -315,6 +371,8 @@ class Consumer(ConsumerEngine):
                 raise callback_error
         finally:
             self._shutdown(leave=True)
+            if self._retry is not None:
+                self._retry.close()
 
     @property
     def closed(self) -> bool:
@@ -331,6 +389,11 @@ class Consumer(ConsumerEngine):
     def __repr__(self) -> str:
         m = self._member
         return f"<Consumer group={self.group!r} member={m.member_id!r} epoch={m.member_epoch}>"
+
+
+def _log_refusal(offsets: dict[TopicPartition, int], error: SluiceError | None) -> None:
+    if error is not None:
+        log.info("commit after reconsume_later refused (%s): the next reader skips the retried record", error)
 
 
 def _positive(name: str, value: int) -> int:

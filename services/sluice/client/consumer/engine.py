@@ -24,6 +24,7 @@ from sluice.client.consumer.group_driver import GroupDriver
 from sluice.client.consumer.member import GroupMember
 from sluice.client.consumer.membership import Event, Fatal, Lost, MemberState, NewTarget
 from sluice.client.consumer.prefetch import Prefetcher
+from sluice.client.consumer.retry import Retrier
 from sluice.client.consumer.state import Assignment, PartitionLifecycle, PartitionState, SubscriptionState
 from sluice.client.fetcher import Fetcher
 from sluice.client.links import BrokerLinks
@@ -77,6 +78,8 @@ class ConsumerEngine:
         self._settled = False
         self._closed = False
         self._timeout = config.request_timeout.total_seconds()
+        #: ``retry=True``: the retry side (set by ``client.consumer``, which has the producer; docs/retry.md).
+        self._retry: Retrier | None = None
         fetcher = Fetcher(
             channels,
             metadata,

@@ -94,6 +94,9 @@ class InFlight:
     def min(self) -> int | None:
         return self._order[0] if self._order else None
 
+    def __contains__(self, offset: object) -> bool:
+        return offset in self._pending
+
     def __len__(self) -> int:
         return len(self._pending)
 
