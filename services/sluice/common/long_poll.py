@@ -23,6 +23,7 @@ import re
 import grpc
 
 from sluice.common.backoff import Backoff
+from sluice.common.log_limit import RateLimitedWarning
 from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc
 from sluice.errors import NotCoordinator, SluiceError
@@ -61,6 +62,8 @@ class CoordinatorLongPoll:
         #: Where the next poll goes: the configured address, or the leader a standby named.
         self.target = coordinator_address
         self._task: asyncio.Task[None] | None = None
+        #: An outage of the coordinator (or of its Redis) costs a few lines, not one per retry.
+        self._warning = RateLimitedWarning(log, f"{self.what} from the coordinator")
 
     async def poll_once(self, peers: AioPeers) -> bool:
         """One Watch call to ``self.target``; applies what came. Returns whether anything did."""
@@ -96,6 +99,7 @@ class CoordinatorLongPoll:
                     await self.poll_once(peers)
                     backoff.reset()
                     redirected = False
+                    self._warning.succeeded()
                     continue
                 except grpc.RpcError as exc:
                     error: SluiceError = error_from_rpc(exc)
@@ -109,9 +113,8 @@ class CoordinatorLongPoll:
                     continue
                 self.target = leader.group(1) if leader is not None else self.coordinator_address
                 redirected = False
-                delay = backoff.next()
-                log.warning("%s from %s: %s; retrying in %.1fs", self.what, self.target, error, delay)
-                await asyncio.sleep(delay)
+                self._warning.failed(f"polling {self.target}", error)
+                await asyncio.sleep(backoff.next())
         finally:
             if self._peers is None:
                 await peers.close()
