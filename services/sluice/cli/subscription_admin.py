@@ -57,9 +57,7 @@ def add_actions(actions: Any, common: argparse.ArgumentParser) -> None:
     parked = _action(actions, common, "parked", "list the Key_Shared keys parked after repeated failures")
     parked.set_defaults(run=run_parked)
     unpark = _action(actions, common, "unpark", "release a parked key: its messages go again, counted from 0")
-    unpark.add_argument(
-        "key", metavar="KEY", help="the key (UTF-8; prefix hex: for raw bytes, e.g. hex:00ff)"
-    )
+    unpark.add_argument("key", metavar="KEY", help="the key (UTF-8, or hex:00ff for raw bytes)")
     unpark.set_defaults(run=run_unpark)
 
 
