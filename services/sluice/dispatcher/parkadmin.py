@@ -50,7 +50,7 @@ class ParkedKeysAdmin:
         wall = wall_ms()
         out = []
         for pk in sorted(machine.parking.keys.values(), key=lambda k: k.since_ms):
-            p, o = pk.head
+            p, o = pk.head if pk.head is not None else (-1, -1)  # probing: no head yet
             ps = machine.partitions.get(p)
             count = ps.cursor.redelivery_count(o) if ps is not None else 0
             out.append(

@@ -15,7 +15,8 @@ prior art: a failing message blocks its own group, never the queue.
   waiting message of the key go to the DLQ in order (once no message of its hash is in flight any
   more, so nothing of the key overtakes them); with the hold policy (``park_hold``) the head waits
   too, and the key stays parked until an operator unparks it (``unpark``: counts start again) or it
-  passes the cap.
+  passes the cap. After the DLQ the key stays parked and *probes*: its next message is the new head,
+  tried alone; acknowledged, the key is released; failing, the cycle repeats.
 - **Cap.** A key with more than ``park_max_messages`` waiting goes to the DLQ whatever the policy, so a
   parked key costs bounded memory (and is charged to the subscription's memory budget like any held
   message) rather than stalling everything.
@@ -38,7 +39,10 @@ from sluice.dispatcher.messages import Message
 from sluice.dispatcher.model import Effects, SubscriptionSettings, SubscriptionType
 from sluice.dispatcher.partition_state import PartitionState
 
-__all__ = ["ParkState", "ParkedKey", "Parking", "key_of"]
+__all__ = ["PROBE_IDLE_MS", "ParkState", "ParkedKey", "Parking", "key_of"]
+
+#: A probing key (it went to the DLQ) with no message for this long is forgotten.
+PROBE_IDLE_MS = 10_000
 
 
 def key_of(m: Message) -> bytes:
@@ -64,13 +68,17 @@ class ParkedKey:
     key: bytes
     key_hash: int
     since_ms: int
-    #: (partition, offset) of the failing message.
-    head: tuple[int, int]
+    #: (partition, offset) of the failing message; None while probing (below).
+    head: tuple[int, int] | None
     #: Waiting messages in (partition, offset) order (the head too once it stopped being retried).
     waiting: list[Message] = field(default_factory=list)
     state: ParkState = ParkState.PARKED
     #: Past the cap: give up at the next chance whatever the policy.
     evict: bool = False
+    #: When the key last went to the DLQ (0: never). It then stays parked and *probes*: its next
+    #: message becomes the new head and is tried alone while the later ones wait, so a key that keeps
+    #: failing costs one delivery per attempt of a head, not a burst of every message it has.
+    probing_since: int = 0
 
 
 class Parkable(Protocol):
@@ -85,10 +93,13 @@ class Parkable(Protocol):
 class Parking:
     """The parked keys of one subscription. Caller: ``Subscription`` and ``selectors``."""
 
-    __slots__ = ("cap", "keys", "waiting_total")
+    __slots__ = ("cap", "hashes", "keys", "waiting_total")
 
     def __init__(self, cap: int = 10_000) -> None:
         self.keys: dict[bytes, ParkedKey] = {}
+        #: The key hashes of ``keys``: a message whose (cached) hash is not here is not parked, so
+        #: the other keys pay one set probe, not a key decode (``take``).
+        self.hashes: dict[int, int] = {}
         self.cap = cap
         #: Messages waiting over every key (a gauge).
         self.waiting_total = 0
@@ -96,6 +107,19 @@ class Parking:
     @staticmethod
     def enabled(settings: SubscriptionSettings) -> bool:
         return settings.park_after > 0 and settings.type == SubscriptionType.KEY_SHARED
+
+    def _new(self, pk: ParkedKey) -> ParkedKey:
+        self.keys[pk.key] = pk
+        self.hashes[pk.key_hash] = self.hashes.get(pk.key_hash, 0) + 1
+        return pk
+
+    def _forget(self, pk: ParkedKey) -> None:
+        del self.keys[pk.key]
+        n = self.hashes[pk.key_hash] - 1
+        if n:
+            self.hashes[pk.key_hash] = n
+        else:
+            del self.hashes[pk.key_hash]
 
     def _add(self, pk: ParkedKey, m: Message) -> None:
         w = pk.waiting
@@ -110,8 +134,13 @@ class Parking:
     def take(self, m: Message) -> bool:
         """A message about to be dispatched (selectors): if its key is parked and it is not the head,
         it waits here. Only called while some key is parked."""
+        if m.key_hash not in self.hashes:
+            return False
         pk = self.keys.get(key_of(m))
         if pk is None or pk.head == _pos(m):
+            return False
+        if pk.head is None and not pk.waiting and pk.state == ParkState.PARKED:
+            pk.head = _pos(m)  # probing: the next message of the key is tried, alone
             return False
         self._add(pk, m)
         return True
@@ -124,7 +153,7 @@ class Parking:
         exhausted = bool(limit) and count > limit
         if pk is None:
             if count >= sub.settings.park_after and not exhausted:
-                self.keys[key] = ParkedKey(key, m.key_hash, now_ms, _pos(m))
+                self._new(ParkedKey(key, m.key_hash, now_ms, _pos(m)))
             return False
         if pk.head != _pos(m):
             self._add(pk, m)
@@ -135,11 +164,15 @@ class Parking:
         pk.state = ParkState.HELD if sub.settings.park_hold and not pk.evict else ParkState.DLQ
         return True
 
-    def settle(self, sub: Parkable) -> None:
-        """Release keys whose head was acknowledged; send given-up keys to the DLQ. Called before each
-        dispatch pass while some key is parked (a handful of keys: cheap)."""
+    def settle(self, sub: Parkable, now_ms: int) -> None:
+        """Release keys whose head was acknowledged; send given-up keys to the DLQ; start probing keys'
+        next heads. Called before each dispatch pass while some key is parked (a handful: cheap)."""
         for key, pk in list(self.keys.items()):
+            if pk.state == ParkState.PARKED and pk.head is None:
+                self._probe(sub, pk, now_ms)
+                continue
             if pk.state == ParkState.PARKED:
+                assert pk.head is not None
                 p, o = pk.head
                 ps = sub.partitions.get(p)
                 if ps is None or ps.cursor.is_acked(o):
@@ -154,23 +187,42 @@ class Parking:
             elif pk.evict:
                 pk.state = ParkState.DLQ
             if pk.state == ParkState.DLQ and not sub.hash_held.get(pk.key_hash):
-                self._dead_letter(sub, pk)
+                self._dead_letter(sub, pk, now_ms)
 
-    def _dead_letter(self, sub: Parkable, pk: ParkedKey) -> None:
-        del self.keys[pk.key]
+    def _probe(self, sub: Parkable, pk: ParkedKey, now_ms: int) -> None:
+        """A probing key: the lowest waiting message (one that came back from a consumer after the
+        key went to the DLQ) becomes the head; a key with nothing more for ``PROBE_IDLE_MS`` is
+        forgotten (its next failure parks it again)."""
+        if pk.waiting:
+            m = pk.waiting.pop(0)
+            self.waiting_total -= 1
+            pk.head = _pos(m)
+            ps = sub.partitions.get(m.partition)
+            if ps is not None:
+                ps.add_replay(m)
+        elif now_ms - pk.probing_since >= PROBE_IDLE_MS:
+            self._forget(pk)
+
+    def _dead_letter(self, sub: Parkable, pk: ParkedKey, now_ms: int) -> None:
         self.waiting_total -= len(pk.waiting)
         for m in pk.waiting:
             ps = sub.partitions.get(m.partition)
             if ps is not None:
                 ps.dead[m.offset] = m
                 sub.fx.dead_letters.append((m, ps.cursor.redelivery_count(m.offset)))
+        pk.waiting = []
+        pk.head = None
+        pk.state = ParkState.PARKED
+        pk.evict = False
+        pk.probing_since = now_ms
 
     def release(self, sub: Parkable, key: bytes, fresh: bool) -> ParkedKey | None:
         """Unpark ``key``: its waiting messages go back for redelivery, in order. ``fresh`` (an
         operator's unpark): their redelivery counts start again from 0."""
-        pk = self.keys.pop(key, None)
+        pk = self.keys.get(key)
         if pk is None:
             return None
+        self._forget(pk)
         self.waiting_total -= len(pk.waiting)
         for m in pk.waiting:
             ps = sub.partitions.get(m.partition)
@@ -188,7 +240,7 @@ class Parking:
         key = key_of(m)
         pk = self.keys.get(key)
         if pk is None:
-            pk = self.keys[key] = ParkedKey(key, m.key_hash, now_ms, _pos(m), state=ParkState.HELD)
+            pk = self._new(ParkedKey(key, m.key_hash, now_ms, _pos(m), state=ParkState.HELD))
         self._add(pk, m)
 
     def drop_partition(self, sub: Parkable, partition: int) -> None:
@@ -198,7 +250,7 @@ class Parking:
             kept = [m for m in pk.waiting if m.partition != partition]
             self.waiting_total -= len(pk.waiting) - len(kept)
             pk.waiting = kept
-            if pk.head[0] == partition:
+            if pk.head is not None and pk.head[0] == partition:
                 self.release(sub, key, fresh=False)
 
     def messages(self) -> Iterator[Message]:

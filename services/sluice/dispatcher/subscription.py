@@ -469,7 +469,7 @@ class Subscription:
     def _finish(self, now_ms: int) -> Effects:
         """Dispatch what can go now, then hand the accumulated effects over."""
         if self.parking.keys:
-            self.parking.settle(self)
+            self.parking.settle(self, now_ms)
         if self.state == SubscriptionState.ACTIVE and self.consumers:
             selectors.dispatch(self, now_ms)
         fx, self.fx = self.fx, Effects()

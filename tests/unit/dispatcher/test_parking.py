@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from sluice.dispatcher.model import SubscriptionType
-from sluice.dispatcher.parking import ParkState
+from sluice.dispatcher.parking import PROBE_IDLE_MS, ParkState
 from tests.unit.dispatcher.context import Ctx
 
 T = SubscriptionType
@@ -65,7 +65,9 @@ def test_poison_key_parks_others_flow_and_dlq_is_in_order() -> None:
     poison = [o for o, k in enumerate(keys_for(2000, 7)) if k == POISON]
     dead = [o for _, o, _ in ctx.dead]
     assert dead == poison  # every poison message, once, in order
-    assert not ctx.sub.parking.keys and ctx.sub.parking.waiting_total == 0
+    assert ctx.sub.parking.waiting_total == 0
+    ctx.advance(PROBE_IDLE_MS)  # a probing key with nothing more to try is forgotten
+    assert not ctx.sub.parking.keys
     assert all(n >= 0 for _, _, n in ctx.dead)
 
 
@@ -133,7 +135,14 @@ def test_key_past_the_cap_goes_to_the_dlq_in_order() -> None:
     rest = ctx.produce(0, 10, keys=[POISON] * 10)
     ctx.flow("a", 1)  # a dispatch pass settles the key past its cap
     assert [o for _, o, _ in ctx.dead] == first + rest
+    pk = ctx.sub.parking.keys[POISON]  # the key probes: its next message is tried alone
+    assert pk.head is None
+    assert not pk.waiting
+    nxt = ctx.produce(0, 3, keys=[POISON, POISON, b"x"])
+    assert [o for _, o, _ in ctx.take("a")] == [nxt[0], nxt[2]]
+    assert not ctx.ack("a", [(0, nxt[0])])  # it succeeds: the key is released
     assert not ctx.sub.parking.keys
+    assert [o for _, o, _ in ctx.take("a")] == [nxt[1]]
 
 
 def test_consumers_leaving_return_parked_keys_messages_to_the_parking() -> None:
