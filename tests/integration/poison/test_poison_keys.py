@@ -23,7 +23,7 @@ from tests.integration.push.conftest import PushCluster, run_push_cluster
 ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3] / "services")}
 RECORDS = 50_000
 SHARE_PCT = 15
-ROUNDS = 4
+ROUNDS = 5
 
 
 @pytest.fixture(scope="module")
@@ -43,27 +43,40 @@ def test_poison_key_is_parked_and_the_other_keys_keep_their_speed(cluster: PushC
         assert good == good_b
         assert len({i % (KEYS - 1) for i in good}) == KEYS - 1
         assert 0.10 <= len(poison) / RECORDS <= 0.20
-        base_rates, poison_rates = [], []
-        for _ in range(ROUNDS):  # interleaved, so the machine's load hits both alike
-            b = run(client, base_topic, good, poison, poisoned=False, s=settings)
+        absent, healthy, failing = [], [], []
+        max_waiting = 0
+        for _ in range(ROUNDS):  # interleaved, so the machine's load hits every mode alike
+            a = run(client, base_topic, good, poison, poisoned=False, s=settings)
+            h = run(client, poison_topic, good, poison, poisoned=False, s=settings)
             p = run(client, poison_topic, good, poison, poisoned=True, s=settings)
-            base_rates.append(b.rate)
-            poison_rates.append(p.rate)
+            absent.append(a.rate)
+            healthy.append(h.rate)
+            failing.append(p.rate)
             dup = check_dlq(p.dlq, poison)
             print(
-                f"baseline {b.rate:,.0f}/s (dup {b.good_duplicates}); poisoned {p.rate:,.0f}/s "
+                f"no poison key {a.rate:,.0f}/s (dup {a.good_duplicates}); poison key healthy "
+                f"{h.rate:,.0f}/s (dup {h.good_duplicates}); failing {p.rate:,.0f}/s "
                 f"(dup {p.good_duplicates}, poison deliveries {p.poison_deliveries} for {len(poison)}, "
                 f"DLQ dup {dup}, most waiting {p.max_waiting}, states {sorted(p.states)})",
                 file=sys.stderr,
             )
             # Parking held the key's later messages back: most poison records never reached a consumer.
-            assert p.poison_deliveries < len(poison)
-            # The cap bounds what waits behind a parked key (a dispatch pass may add a few before
-            # it settles).
-            assert p.max_waiting <= settings.park_max_messages + settings.receiver_queue_size
-        best_base, best_poison = max(base_rates), max(poison_rates)
-        print(f"best baseline {best_base:,.0f}/s, best poisoned {best_poison:,.0f}/s", file=sys.stderr)
-        assert best_poison >= 0.9 * best_base, (base_rates, poison_rates)
+            assert p.poison_deliveries < len(poison) // 10
+            assert p.states == {"parked"}
+            # The run goes past the cap (what one dispatch pass finds in the read-ahead is parked at
+            # once; the key then goes to the DLQ).
+            max_waiting = max(max_waiting, p.max_waiting)
+        print(
+            f"best: no poison key {max(absent):,.0f}/s, poison key healthy {max(healthy):,.0f}/s, "
+            f"failing {max(failing):,.0f}/s",
+            file=sys.stderr,
+        )
+        assert max_waiting > settings.park_max_messages
+        # The failing key costs the others no more than 10% against the same traffic with nothing
+        # failing, and no more than 25% against a topic without the key at all (which holds 15% fewer
+        # records for the dispatcher to read: docs/poison-keys.md, "Measured").
+        assert max(failing) >= 0.9 * max(healthy), (healthy, failing)
+        assert max(failing) >= 0.75 * max(absent), (absent, failing)
 
 
 def test_cli_lists_and_unparks_a_held_key(cluster: PushCluster) -> None:

@@ -1,4 +1,5 @@
-"""Key_Shared poison isolation (``parking.py``): a failing key parks, the others flow, the DLQ gets it in order."""
+"""Key_Shared poison isolation (``parking.py``): a failing key parks, the others flow, the DLQ gets it
+in order."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ def keys_for(n: int, poison_every: int) -> list[bytes]:
     return [POISON if i % poison_every == 0 else f"k{i % 50}".encode() for i in range(n)]
 
 
-def run(ctx: Ctx, total: int, poison_every: int, rounds: int, fail: set[bytes]) -> tuple[list[int], list[int]]:
+def run(
+    ctx: Ctx, total: int, poison_every: int, rounds: int, fail: set[bytes]
+) -> tuple[list[int], list[int]]:
     """Produce while the subscription wants; the consumers ack good keys and nack failing ones. Returns
     the good offsets acknowledged and the poison offsets delivered, in delivery order."""
     keys = keys_for(total, poison_every)
@@ -61,7 +64,8 @@ def test_poison_key_parks_others_flow_and_dlq_is_in_order() -> None:
         ctx.join(cid, permits=100, max_redeliver=3, nack_delay_ms=100)
     acked, _ = run(ctx, total=2000, poison_every=7, rounds=400, fail={POISON})
     good_total = sum(1 for k in keys_for(2000, 7) if k != POISON)
-    assert len(acked) == good_total and len(set(acked)) == good_total
+    assert len(acked) == good_total
+    assert len(set(acked)) == good_total
     poison = [o for o, k in enumerate(keys_for(2000, 7)) if k == POISON]
     dead = [o for _, o, _ in ctx.dead]
     assert dead == poison  # every poison message, once, in order
@@ -81,7 +85,9 @@ def test_parking_spares_the_consumers_the_poison_keys_redeliveries() -> None:
             ctx.join(cid, permits=100, max_redeliver=3, nack_delay_ms=100)
         _, seen = run(ctx, total=2000, poison_every=7, rounds=400, fail={POISON})
         deliveries[park_after] = len(seen)
-        assert sorted(o for _, o, _ in ctx.dead) == [o for o, k in enumerate(keys_for(2000, 7)) if k == POISON]
+        assert sorted(o for _, o, _ in ctx.dead) == [
+            o for o, k in enumerate(keys_for(2000, 7)) if k == POISON
+        ]
     poison = sum(1 for k in keys_for(2000, 7) if k == POISON)
     assert deliveries[0] == 4 * poison
     assert deliveries[2] < 2 * poison
@@ -95,7 +101,8 @@ def test_head_acked_releases_waiting_messages_in_order() -> None:
     assert not ctx.ack("a", [(0, offs[1]), (0, offs[4])])
     assert not ctx.nack("a", [(0, offs[0]), (0, offs[2]), (0, offs[3]), (0, offs[5])])
     pk = ctx.sub.parking.keys[POISON]  # the first to come back is the head; the others wait
-    assert pk.head == (0, offs[0]) and [m.offset for m in pk.waiting] == [offs[2], offs[3], offs[5]]
+    assert pk.head == (0, offs[0])
+    assert [m.offset for m in pk.waiting] == [offs[2], offs[3], offs[5]]
     more = ctx.produce(0, 2, keys=[POISON, b"z"])
     assert [o for _, o, _ in ctx.take("a")] == [more[1]]  # a later poison message waits too
     ctx.advance(150)
@@ -120,7 +127,8 @@ def test_hold_policy_keeps_the_key_until_unpark_with_fresh_counts() -> None:
     assert [m.offset for m in pk.waiting] == offs[:2]
     assert not ctx.dead
     ctx.advance(10_000)
-    assert not ctx.take("a") and not ctx.dead  # held: nothing is retried, nothing dead-lettered
+    assert not ctx.take("a")  # held: nothing is retried, nothing dead-lettered
+    assert not ctx.dead
     ctx.apply(ctx.sub.unpark(POISON, ctx.now))
     assert not ctx.sub.parking.keys
     assert [(o, n) for _, o, n in ctx.take("a")] == [(offs[0], 0), (offs[1], 0)]
@@ -133,8 +141,8 @@ def test_key_past_the_cap_goes_to_the_dlq_in_order() -> None:
     ctx.take("a")
     ctx.nack("a", [(0, first[0])])
     rest = ctx.produce(0, 10, keys=[POISON] * 10)
-    ctx.flow("a", 1)  # a dispatch pass settles the key past its cap
-    assert [o for _, o, _ in ctx.dead] == first + rest
+    ctx.flow("a", 1)  # a dispatch pass parks them, finds the key past its cap, and settles it
+    assert [o for _, o, _ in ctx.dead] == first + rest  # head first, in order
     pk = ctx.sub.parking.keys[POISON]  # the key probes: its next message is tried alone
     assert pk.head is None
     assert not pk.waiting
