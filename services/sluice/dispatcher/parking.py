@@ -247,6 +247,13 @@ class Parking:
             pk = self._new(ParkedKey(key, m.key_hash, now_ms, _pos(m), state=ParkState.HELD))
         self._add(pk, m)
 
+    def holds(self, m: Message) -> bool:
+        """Whether ``m``'s key is held (it must not overtake the held messages)."""
+        if m.key_hash not in self.hashes:
+            return False
+        pk = self.keys.get(key_of(m))
+        return pk is not None and pk.state == ParkState.HELD
+
     def drop_partition(self, sub: Parkable, partition: int) -> None:
         """The partition is no longer served: forget its waiting messages (they stay in the log); a
         key whose head was there is released (its other messages go back)."""

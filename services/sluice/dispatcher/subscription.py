@@ -415,8 +415,8 @@ class Subscription:
             # Read again after a restart with a count already past the limit: straight to the DLQ.
             keep, kept_counts = [], []
             for m, n in zip(msgs, counts, strict=True):
-                if n > limit and self.parking_on and self.settings.park_hold:
-                    self.parking.hold(self, m, now_ms)
+                if self.parking_on and self.settings.park_hold and (n > limit or self.parking.holds(m)):
+                    self.parking.hold(self, m, now_ms)  # and what follows of its key in this batch
                 elif n > limit:
                     ps.dead[m.offset] = m
                     self.fx.dead_letters.append((m, n))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.model import SubscriptionType
 from sluice.dispatcher.parking import PROBE_IDLE_MS, ParkState
 from tests.unit.dispatcher.context import Ctx
@@ -164,3 +165,18 @@ def test_consumers_leaving_return_parked_keys_messages_to_the_parking() -> None:
     ctx.join("b", permits=1000, max_redeliver=5, nack_delay_ms=100)
     ctx.advance(150)
     assert [o for _, o, _ in ctx.take("b")] == [offs[0]]
+
+
+def test_a_restart_keeps_a_held_key_held() -> None:
+    """After a restart the cursor brings back the head's persisted count: past max_redeliver under the
+    hold policy it is held again at once (not dead-lettered), and the key's later messages behind it."""
+    cursor = PartitionCursor(0, redeliveries={0: 3})
+    ctx = Ctx(T.KEY_SHARED, cursors={0: cursor})
+    ctx.settings = dataclasses.replace(ctx.settings, park_after=1, park_hold=True)
+    ctx.join("a", permits=100, max_redeliver=2, nack_delay_ms=10)
+    offs = ctx.produce(0, 4, keys=[POISON, POISON, b"x", POISON])
+    assert [o for _, o, _ in ctx.take("a")] == [offs[2]]
+    assert not ctx.dead
+    pk = ctx.sub.parking.keys[POISON]
+    assert pk.state == ParkState.HELD
+    assert [m.offset for m in pk.waiting] == [offs[0], offs[1], offs[3]]
