@@ -109,6 +109,8 @@ def consumer_spec(req: SubscribeRequest, cfg: DispatcherConfig) -> tuple[Consume
     if any(p < 0 for p in req.partitions):
         raise InvalidArgument(f"partitions must be >= 0, got {list(req.partitions)}")
     kind = SubscriptionType(req.type)
+    if (req.park_after or req.park_hold) and kind != SubscriptionType.KEY_SHARED:
+        raise InvalidArgument(f"park_after and park_hold need a key_shared subscription, not {kind.label}")
     sticky = kind == SubscriptionType.KEY_SHARED and req.sticky
     settings = SubscriptionSettings(
         type=kind,

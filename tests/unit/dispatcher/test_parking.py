@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from sluice.dispatcher.config import DispatcherConfig
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.model import SubscriptionType
 from sluice.dispatcher.parking import PROBE_IDLE_MS, ParkState
+from sluice.dispatcher.requests import SubscribeRequest, consumer_spec
+from sluice.errors import InvalidArgument
 from tests.unit.dispatcher.context import Ctx
 
 T = SubscriptionType
@@ -180,3 +185,26 @@ def test_a_restart_keeps_a_held_key_held() -> None:
     pk = ctx.sub.parking.keys[POISON]
     assert pk.state == ParkState.HELD
     assert [m.offset for m in pk.waiting] == [offs[0], offs[1], offs[3]]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "text"),
+    [
+        ({"type": int(T.SHARED), "park_after": 2}, "need a key_shared subscription"),
+        ({"type": int(T.KEY_SHARED), "park_after": -1}, "park_after must be >= 0"),
+        (
+            {"type": int(T.KEY_SHARED), "park_after": 1, "park_max_messages": -5},
+            "park_max_messages must be >= 0",
+        ),
+    ],
+)
+def test_bad_park_settings_are_refused(overrides: dict[str, int], text: str) -> None:
+    req = SubscribeRequest(topic="t", subscription="s", **overrides)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=text):
+        consumer_spec(req, DispatcherConfig(coordinator="127.0.0.1:1"))
+
+
+def test_park_settings_reach_the_subscription() -> None:
+    req = SubscribeRequest(topic="t", subscription="s", type=int(T.KEY_SHARED), park_after=2, park_hold=True)
+    _, settings = consumer_spec(req, DispatcherConfig(coordinator="127.0.0.1:1"))
+    assert (settings.park_after, settings.park_hold, settings.park_max_messages) == (2, True, 10_000)
