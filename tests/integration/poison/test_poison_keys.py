@@ -148,3 +148,44 @@ def test_cli_lists_and_unparks_a_held_key(cluster: PushCluster) -> None:
             )
             assert missing.returncode != 0
             assert "not parked" in missing.stderr
+
+
+def test_a_dispatcher_restart_keeps_a_held_key(cluster: PushCluster) -> None:
+    """The head's redelivery count is persisted with the cursor: after a restart of the dispatcher the
+    head, past max_redeliver, is held again at once (not dead-lettered), its key's later records behind
+    it, and unpark sends them all in order, counted from 0."""
+    topic = f"restart-{uuid.uuid4().hex[:6]}"
+    with Client(cluster.bootstrap, request_timeout=10) as client:
+        client.admin.create_topic(topic, partitions=1)
+        with client.producer(topic, linger="1ms") as producer:
+            for i in range(6):
+                producer.send(str(i).encode(), key=POISON if i % 2 == 0 else b"ok")
+            producer.flush()
+        settings = {"nack_delay": "50ms", "max_redeliver": 1, "park_after": 1, "park_hold": True}
+        with client.push_consumer(
+            topic, "held", "key_shared", consumer_id="c1", initial_position="earliest", **settings
+        ) as pc:
+            deadline = time.monotonic() + 30
+            while not any(k.state == "held" for k in client.admin.list_parked_keys(topic, "held")):
+                assert time.monotonic() < deadline, "the key was never held"
+                try:
+                    m = pc.receive(timeout=0.2)
+                except TimeoutError:
+                    continue
+                (pc.nack if m.key == POISON else pc.ack)(m)
+        cluster.restart_dispatcher(kill=False)  # SIGTERM: cursors are flushed on the way out
+        with client.push_consumer(
+            topic, "held", "key_shared", consumer_id="c2", initial_position="earliest", **settings
+        ) as pc:
+            deadline = time.monotonic() + 30
+            while True:
+                keys = client.admin.list_parked_keys(topic, "held")
+                if keys and keys[0].state == "held" and keys[0].waiting == 2:
+                    break
+                assert time.monotonic() < deadline, f"not held again after the restart: {keys}"
+                time.sleep(0.05)
+            # The DLQ got nothing: the head was held, not dead-lettered.
+            assert not any(t.name == f"{topic}.held.DLQ" for t in client.admin.list_topics())
+            assert client.admin.unpark_key(topic, "held", POISON) == 3
+            got = [pc.receive(timeout=10) for _ in range(3)]
+            assert [(int(m.value), m.redelivery_count) for m in got] == [(0, 0), (2, 0), (4, 0)]
