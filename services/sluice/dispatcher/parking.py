@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sluice.dispatcher.consumer import Consumer
 from sluice.dispatcher.messages import Message
 from sluice.dispatcher.model import Effects, SubscriptionSettings, SubscriptionType
 from sluice.dispatcher.partition_state import PartitionState
@@ -87,6 +88,7 @@ class Parkable(Protocol):
     settings: SubscriptionSettings
     partitions: dict[int, PartitionState]
     hash_held: dict[int, int]
+    hash_holder: dict[int, Consumer]
     fx: Effects
 
 
@@ -137,7 +139,7 @@ class Parking:
 
         Past the cap a message is still taken (the key is then flagged to go to the DLQ): it was
         read already, so it costs no more memory here than in the read-ahead, and leaving it there
-        would fill the read-ahead and stall every key (measured: the good keys fell to a third)."""
+        would fill the read-ahead and stall every key (measured: the good keys at half their speed)."""
         if m.key_hash not in self.hashes:
             return False
         pk = self.keys.get(key_of(m))
@@ -190,8 +192,21 @@ class Parking:
                     pk.state = ParkState.DLQ
             elif pk.evict:
                 pk.state = ParkState.DLQ
-            if pk.state == ParkState.DLQ and not sub.hash_held.get(pk.key_hash):
+            if pk.state == ParkState.DLQ and not self._in_flight(sub, pk):
                 self._dead_letter(sub, pk, now_ms)
+
+    @staticmethod
+    def _in_flight(sub: Parkable, pk: ParkedKey) -> bool:
+        """Whether a message of the key is still at a consumer (it would overtake the DLQ'd ones). The
+        hash's holder is scanned only when the hash is held at all, so a busy key sharing the hash
+        does not keep the parked one from the DLQ."""
+        holder = sub.hash_holder.get(pk.key_hash) if sub.hash_held.get(pk.key_hash) else None
+        if holder is None:
+            return False
+        h, key = pk.key_hash, pk.key
+        return any(
+            m.key_hash == h and key_of(m) == key for msgs in holder.inflight.values() for m in msgs.values()
+        )
 
     def _probe(self, sub: Parkable, pk: ParkedKey, now_ms: int) -> None:
         """A probing key: the lowest waiting message (one that came back from a consumer after the

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,7 +162,12 @@ def test_a_dispatcher_restart_keeps_a_held_key(cluster: PushCluster) -> None:
             for i in range(6):
                 producer.send(str(i).encode(), key=POISON if i % 2 == 0 else b"ok")
             producer.flush()
-        settings = {"nack_delay": "50ms", "max_redeliver": 1, "park_after": 1, "park_hold": True}
+        settings: dict[str, Any] = {
+            "nack_delay": "50ms",
+            "max_redeliver": 1,
+            "park_after": 1,
+            "park_hold": True,
+        }
         with client.push_consumer(
             topic, "held", "key_shared", consumer_id="c1", initial_position="earliest", **settings
         ) as pc:

@@ -9,6 +9,7 @@ import pytest
 
 from sluice.dispatcher.config import DispatcherConfig
 from sluice.dispatcher.cursor import PartitionCursor
+from sluice.dispatcher.keyshared import key_hash
 from sluice.dispatcher.model import SubscriptionType
 from sluice.dispatcher.parking import PROBE_IDLE_MS, ParkState
 from sluice.dispatcher.requests import SubscribeRequest, consumer_spec
@@ -208,3 +209,15 @@ def test_park_settings_reach_the_subscription() -> None:
     req = SubscribeRequest(topic="t", subscription="s", type=int(T.KEY_SHARED), park_after=2, park_hold=True)
     _, settings = consumer_spec(req, DispatcherConfig(coordinator="127.0.0.1:1"))
     assert (settings.park_after, settings.park_hold, settings.park_max_messages) == (2, True, 10_000)
+
+
+def test_a_busy_key_sharing_the_hash_does_not_keep_the_parked_key_from_the_dlq() -> None:
+    twin = next(k for i in range(1_000_000) if key_hash(k := f"twin-{i}".encode()) == key_hash(POISON))
+    ctx = make(park_after=1, cap=3)
+    ctx.join("a", permits=1000, max_redeliver=100, nack_delay_ms=1000)
+    first = ctx.produce(0, 2, keys=[POISON, twin])
+    ctx.take("a")
+    ctx.nack("a", [(0, first[0])])  # parked; the twin stays in flight (never acknowledged)
+    rest = ctx.produce(0, 5, keys=[POISON] * 5)
+    ctx.flow("a", 1)
+    assert [o for _, o, _ in ctx.dead] == [first[0], *rest]
