@@ -12,7 +12,7 @@ prior art: a failing message blocks its own group, never the queue.
 - **Release.** The head is acknowledged: the key's waiting messages go back, in order, before any
   later message of the key (they are redeliveries, and redeliveries go first).
 - **Giving up.** The head comes back past ``max_redeliver``: with the DLQ policy the head and every
-  waiting message of the key go to the DLQ in order (once no message of its hash is in flight any
+  waiting message of the key go to the DLQ in order (once no message of the key is in flight any
   more, so nothing of the key overtakes them); with the hold policy (``park_hold``) the head waits
   too, and the key stays parked until an operator unparks it (``unpark``: counts start again) or it
   passes the cap. After the DLQ the key stays parked and *probes*: its next message is the new head,
@@ -60,7 +60,7 @@ class ParkState(enum.Enum):
     PARKED = "parked"
     #: The head is past max_redeliver under the hold policy: everything waits for an operator.
     HELD = "held"
-    #: To the DLQ, head first, as soon as nothing of the key's hash is in flight.
+    #: To the DLQ, head first, as soon as no message of the key is in flight.
     DLQ = "dlq"
 
 
