@@ -18,8 +18,8 @@ prior art: a failing message blocks its own group, never the queue.
   passes the cap. After the DLQ the key stays parked and *probes*: its next message is the new head,
   tried alone; acknowledged, the key is released; failing, the cycle repeats.
 - **Cap.** A key with more than ``park_max_messages`` waiting goes to the DLQ whatever the policy, so a
-  parked key costs bounded memory (and is charged to the subscription's memory budget like any held
-  message) rather than stalling everything.
+  parked key costs bounded memory (the cap plus what one dispatch pass found in the read-ahead, all
+  charged to the subscription's memory budget like any held message) rather than stalling everything.
 
 Where parked messages live: in the log, which already holds them durably, and here. They are not
 acknowledged, so the cursor's mark-delete stays at the oldest parked message while its acknowledged
