@@ -86,7 +86,9 @@ class _StateCollector(Collector):
                 f"{P}_parked_keys", "Key_Shared keys parked after repeated failures", labels=labels
             ),
             "parked_messages": GaugeMetricFamily(
-                f"{P}_parked_messages", "Messages waiting behind the heads of parked keys", labels=labels
+                f"{P}_parked_messages",
+                "Messages of parked keys held back (held heads included)",
+                labels=labels,
             ),
             "parked_age": GaugeMetricFamily(
                 f"{P}_parked_oldest_age_seconds",

@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -128,6 +129,18 @@ def test_cli_lists_and_unparks_a_held_key(cluster: PushCluster) -> None:
                 keys = client.admin.list_parked_keys(topic, "held")
                 if keys and keys[0].state == "held" and len(ok) == 5:
                     break
+            metrics = urllib.request.urlopen(
+                f"http://{cluster.dispatcher.metrics}/metrics", timeout=10
+            ).read()
+            labels = f'subscription="held",topic="{topic}"'
+            gauges = {
+                line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+                for line in metrics.decode().splitlines()
+                if line.startswith("sluice_dispatcher_parked") and labels in line
+            }
+            assert gauges["sluice_dispatcher_parked_keys"] == 1
+            assert gauges["sluice_dispatcher_parked_messages"] == 5  # the held head and the four behind it
+            assert gauges["sluice_dispatcher_parked_oldest_age_seconds"] > 0
             cli = [sys.executable, "-m", "sluice", "--bootstrap", cluster.bootstrap, "subscription"]
             shown = subprocess.run(
                 [*cli, "parked", topic, "held"],
