@@ -37,7 +37,7 @@ PRINT_BATCH = 500
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     sub = subparsers.add_parser(
         "subscription",
-        help="push subscriptions: list, describe, reset, skip, delete, peek",
+        help="push subscriptions: list, describe, reset, skip, delete, peek, parked, unpark",
         parents=[common],
     )
     actions = sub.add_subparsers(dest="action", metavar="ACTION", required=True)

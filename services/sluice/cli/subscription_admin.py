@@ -1,4 +1,5 @@
-"""``sluice subscription reset|skip|delete|peek``: changing push subscriptions, and looking ahead.
+"""``sluice subscription reset|skip|delete|peek|parked|unpark``: changing push subscriptions, looking ahead,
+and the keys parked by Key_Shared poison isolation (docs/poison-keys.md).
 
 Same shape as ``subscription describe TOPIC SUBSCRIPTION`` (a subscription belongs to its topic), and
 the same ``--format text|json``. Changes refuse (``SUBSCRIPTION_IN_USE``) while consumers are connected;
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.cli.connect import connect
 from sluice.cli.output import bytes_to_json
+from sluice.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from sluice.client.push.sub_admin import PeekedMessage, SubscriptionChange
@@ -51,6 +53,12 @@ def add_actions(actions: Any, common: argparse.ArgumentParser) -> None:
     peek = _action(actions, common, "peek", "show the next messages without consuming or moving anything")
     peek.add_argument("-n", "--count", type=int, default=1, metavar="N", help="how many (default 1)")
     peek.set_defaults(run=run_peek)
+
+    parked = _action(actions, common, "parked", "list the Key_Shared keys parked after repeated failures")
+    parked.set_defaults(run=run_parked)
+    unpark = _action(actions, common, "unpark", "release a parked key: its messages go again, counted from 0")
+    unpark.add_argument("key", metavar="KEY", help="the key (UTF-8, or hex:00ff for raw bytes)")
+    unpark.set_defaults(run=run_unpark)
 
 
 def _action(actions: Any, common: argparse.ArgumentParser, name: str, text: str) -> argparse.ArgumentParser:
@@ -151,4 +159,55 @@ def run_peek(args: argparse.Namespace) -> int:
         value = bytes_to_json(m.value)
         shown = value if isinstance(value, str) else json.dumps(value)
         print(f"{m.partition}/{m.offset}  {when}  redeliveries={m.redelivery_count}  {shown}")
+    return 0
+
+
+def parse_key(text: str) -> bytes:
+    """``hex:...`` for raw bytes, else the UTF-8 text."""
+    if text.startswith("hex:"):
+        try:
+            return bytes.fromhex(text[4:])
+        except ValueError:
+            raise InvalidArgument(f"KEY {text!r}: not hexadecimal after 'hex:'") from None
+    return text.encode()
+
+
+def run_parked(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        keys = client.admin.list_parked_keys(args.topic, args.subscription)
+    now = datetime.now(UTC)
+    if args.format == "json":
+        doc = [
+            {
+                "key": bytes_to_json(k.key),
+                "state": k.state,
+                "since": k.since.isoformat(timespec="milliseconds"),
+                "age_seconds": round((now - k.since).total_seconds(), 3),
+                "head": {"partition": k.head_partition, "offset": k.head_offset},
+                "head_redelivery_count": k.head_redelivery_count,
+                "waiting": k.waiting,
+                "dispatcher": k.dispatcher_id,
+            }
+            for k in keys
+        ]
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return 0
+    if not keys:
+        print(f"No parked key in {args.topic}/{args.subscription}.")
+    for k in keys:
+        shown = bytes_to_json(k.key)
+        age = (now - k.since).total_seconds()
+        print(
+            f"{shown if isinstance(shown, str) else json.dumps(shown)}  {k.state}  age={age:.1f}s  "
+            f"head={k.head_partition}/{k.head_offset} (redeliveries={k.head_redelivery_count})  "
+            f"waiting={k.waiting}"
+        )
+    return 0
+
+
+def run_unpark(args: argparse.Namespace) -> int:
+    key = parse_key(args.key)
+    with connect(args) as client:
+        released = client.admin.unpark_key(args.topic, args.subscription, key)
+    print(f"Unparked {args.key!r} in {args.topic}/{args.subscription}: {released} message(s) go again.")
     return 0

@@ -465,6 +465,18 @@ class Admin(AclAdmin, QuotaAdmin):
             self._channels, self._metadata, topic, subscription, count, timeout=self._timeout
         )
 
+    def list_parked_keys(self, topic: str, subscription: str) -> list[sub_admin.ParkedKeyInfo]:
+        """Key_Shared keys parked after repeated failures (docs/poison-keys.md), oldest first."""
+        return sub_admin.list_parked_keys(
+            self._channels, self._metadata, topic, subscription, timeout=self._timeout
+        )
+
+    def unpark_key(self, topic: str, subscription: str, key: bytes) -> int:
+        """Release a parked key: its messages go again, counted from 0. Returns how many."""
+        return sub_admin.unpark_key(
+            self._channels, self._metadata, topic, subscription, key, timeout=self._timeout
+        )
+
     # ---- users (SCRAM; docs/security.md) ---------------------------------------------------------------
 
     def upsert_user(self, name: str, password: str, iterations: int = DEFAULT_ITERATIONS) -> UserChange:

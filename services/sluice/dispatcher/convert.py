@@ -16,6 +16,7 @@ from sluice.dispatcher.answers import (
     SubscriptionDescription,
     SubscriptionSummary,
 )
+from sluice.dispatcher.parkadmin import ParkedKeyInfo
 from sluice.dispatcher.requests import DeleteRequest, PeekRequest, ResetRequest, SkipRequest, SubscribeRequest
 from sluice.v1 import dispatcher_pb2 as pb
 
@@ -26,6 +27,7 @@ __all__ = [
     "delete_to_proto",
     "describe_to_proto",
     "list_to_proto",
+    "parked_to_proto",
     "peek_from_proto",
     "peek_to_proto",
     "reset_from_proto",
@@ -57,6 +59,27 @@ def subscribe_from_proto(req: pb.Subscribe) -> SubscribeRequest:
         max_redeliver=req.max_redeliver,
         partitions=tuple(req.partitions),
         record_batches=req.record_batches,
+        park_after=req.park_after,
+        park_hold=req.park_hold,
+        park_max_messages=req.park_max_messages,
+    )
+
+
+def parked_to_proto(keys: list[ParkedKeyInfo]) -> pb.ListParkedKeysResponse:
+    return pb.ListParkedKeysResponse(
+        keys=[
+            pb.ParkedKey(
+                key=k.key,
+                state=k.state,
+                since_ms=k.since_ms,
+                head_partition=k.head_partition,
+                head_offset=k.head_offset,
+                head_redelivery_count=k.head_redelivery_count,
+                waiting=k.waiting,
+                dispatcher_id=k.dispatcher_id,
+            )
+            for k in keys
+        ]
     )
 
 

@@ -131,6 +131,8 @@ class SubscriptionViews:
         loaded = dict(service.runtimes)
         for rt in loaded.values():
             consumers = list(rt.machine.consumers.values())
+            parking = rt.machine.parking
+            oldest = parking.oldest_ms()
             rows.append(
                 GaugeRow(
                     rt.topic,
@@ -143,6 +145,9 @@ class SubscriptionViews:
                     sum(1 for ps in list(rt.machine.partitions.values()) if rt.durable and ps.cursor.dirty),
                     (wall_ms() if consumers else rt.last_active_ms) / 1000,
                     rt.machine.memory.used,
+                    len(parking.keys),
+                    parking.waiting_total,
+                    0.0 if oldest is None else max(self._service.now_ms() - oldest, 0) / 1000,
                 )
             )
         for key, entry in list(self._book.idle.items()):

@@ -36,6 +36,11 @@ class GaugeRow:
     last_active: float = 0.0
     #: Bytes it holds against the memory budget (``budget.py``).
     memory: int = 0
+    #: Key_Shared poison isolation (``parking.py``): parked keys, their waiting messages, and the age
+    #: in seconds of the oldest parking (0: none).
+    parked_keys: int = 0
+    parked_messages: int = 0
+    parked_age: float = 0.0
 
 
 class _StateCollector(Collector):
@@ -75,6 +80,19 @@ class _StateCollector(Collector):
             "memory": GaugeMetricFamily(
                 f"{P}_subscription_memory_bytes",
                 "Bytes the subscription holds against the memory budget (read ahead, unacked, to redeliver)",
+                labels=labels,
+            ),
+            "parked_keys": GaugeMetricFamily(
+                f"{P}_parked_keys", "Key_Shared keys parked after repeated failures", labels=labels
+            ),
+            "parked_messages": GaugeMetricFamily(
+                f"{P}_parked_messages",
+                "Messages of parked keys held back (held heads included)",
+                labels=labels,
+            ),
+            "parked_age": GaugeMetricFamily(
+                f"{P}_parked_oldest_age_seconds",
+                "Age of the subscription's oldest parked key (0: none parked)",
                 labels=labels,
             ),
         }

@@ -50,6 +50,13 @@ class SubscriptionSettings:
     sticky: bool = False
     #: Bytes of read-but-undispatched messages held per partition before the feed pauses.
     read_ahead_bytes: int = 4 * 1024 * 1024
+    #: Key_Shared poison isolation (``parking.py``): park a key once one of its messages came back this
+    #: many times (0: off); with ``park_hold`` a key whose head is past ``max_redeliver`` stays parked
+    #: for an operator instead of going to the DLQ; past ``park_max_messages`` parked messages it
+    #: goes to the DLQ whatever the policy.
+    park_after: int = 0
+    park_hold: bool = False
+    park_max_messages: int = 10_000
 
     def mismatch(self, other: SubscriptionSettings) -> str | None:
         """Why ``other`` cannot join a subscription with these settings, or None."""

@@ -37,6 +37,16 @@ __all__ = [
 #: A consumer holds at most max_unacked messages, so a longer ack range cannot be valid; refusing it
 #: keeps a malformed range from making the dispatcher expand billions of offsets.
 MAX_ACK_RANGE = 10_000_000
+#: A parked key's waiting messages before it goes to the DLQ whatever the policy (``parking.py``).
+DEFAULT_PARK_MAX_MESSAGES = 10_000
+_LIMITS = (
+    "max_unacked",
+    "ack_timeout_ms",
+    "nack_delay_ms",
+    "max_redeliver",
+    "park_after",
+    "park_max_messages",
+)
 _TYPES = frozenset(t.value for t in SubscriptionType)
 
 
@@ -71,6 +81,10 @@ class SubscribeRequest:
     max_redeliver: int = 0
     partitions: tuple[int, ...] = ()
     record_batches: bool = False
+    #: Key_Shared poison isolation (``parking.py``); 0: off / the default cap.
+    park_after: int = 0
+    park_hold: bool = False
+    park_max_messages: int = 0
 
 
 def consumer_spec(req: SubscribeRequest, cfg: DispatcherConfig) -> tuple[ConsumerSpec, SubscriptionSettings]:
@@ -79,7 +93,15 @@ def consumer_spec(req: SubscribeRequest, cfg: DispatcherConfig) -> tuple[Consume
     validate_group(req.subscription, "subscription")
     if req.type not in _TYPES:
         raise InvalidArgument(f"unknown subscription type {req.type}")
-    for name in ("max_unacked", "ack_timeout_ms", "nack_delay_ms", "max_redeliver"):
+    limits = (
+        "max_unacked",
+        "ack_timeout_ms",
+        "nack_delay_ms",
+        "max_redeliver",
+        "park_after",
+        "park_max_messages",
+    )
+    for name in limits:
         if getattr(req, name) < 0:
             raise InvalidArgument(
                 f"{name} must be >= 0 (0: the dispatcher default), got {getattr(req, name)}"
@@ -87,6 +109,8 @@ def consumer_spec(req: SubscribeRequest, cfg: DispatcherConfig) -> tuple[Consume
     if any(p < 0 for p in req.partitions):
         raise InvalidArgument(f"partitions must be >= 0, got {list(req.partitions)}")
     kind = SubscriptionType(req.type)
+    if (req.park_after or req.park_hold) and kind != SubscriptionType.KEY_SHARED:
+        raise InvalidArgument(f"park_after and park_hold need a key_shared subscription, not {kind.label}")
     sticky = kind == SubscriptionType.KEY_SHARED and req.sticky
     settings = SubscriptionSettings(
         type=kind,
@@ -94,6 +118,9 @@ def consumer_spec(req: SubscribeRequest, cfg: DispatcherConfig) -> tuple[Consume
         filter=parse_filter(req.filter),
         sticky=sticky,
         read_ahead_bytes=cfg.read_ahead_bytes,
+        park_after=req.park_after,
+        park_hold=req.park_hold,
+        park_max_messages=req.park_max_messages or DEFAULT_PARK_MAX_MESSAGES,
     )
     spec = ConsumerSpec(
         consumer_id=req.consumer_id or uuid.uuid4().hex,

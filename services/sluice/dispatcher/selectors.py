@@ -23,6 +23,7 @@ from typing import Protocol
 from sluice.dispatcher.consumer import Consumer
 from sluice.dispatcher.messages import Message
 from sluice.dispatcher.model import SubscriptionSettings, SubscriptionType
+from sluice.dispatcher.parking import Parking
 from sluice.dispatcher.partition_state import PartitionState
 
 __all__ = ["SHARED_BATCH", "Dispatchable", "dispatch"]
@@ -42,6 +43,8 @@ class Dispatchable(Protocol):
     #: Key_Shared: the owner of each key hash, and the consumer still holding a hash's messages.
     owner_table: list[Consumer | None]
     hash_holder: dict[int, Consumer]
+    #: Key_Shared poison isolation: later messages of a parked key wait there (``parking.py``).
+    parking: Parking
 
     def deliver(self, c: Consumer, ps: PartitionState, msgs: list[Message], now_ms: int) -> None: ...
 
@@ -129,7 +132,7 @@ def _key_shared(sub: Dispatchable, now_ms: int) -> None:
         return
     # Hashes with a message waiting out its nack delay wait too: nothing may overtake it.
     blocked: set[int] = {m.key_hash for ps in sub.partitions.values() for m in ps.delayed.values()}
-    run = _KeySharedPass(table, sub.hash_holder, caps, blocked)
+    run = _KeySharedPass(table, sub.hash_holder, caps, blocked, sub.parking if sub.parking.keys else None)
     for ps in _rotated(sub):
         out: dict[Consumer, list[Message]] = {}
         if ps.replay:
@@ -147,7 +150,7 @@ class _KeySharedPass:
     and the hashes that must wait (``blocked``: once a message of a hash waits, every later one of
     that hash waits too, in every partition)."""
 
-    __slots__ = ("blocked", "caps", "holder", "table")
+    __slots__ = ("blocked", "caps", "holder", "parking", "table")
 
     def __init__(
         self,
@@ -155,11 +158,14 @@ class _KeySharedPass:
         holder: dict[int, Consumer],
         caps: dict[Consumer, int],
         blocked: set[int],
+        parking: Parking | None,
     ) -> None:
         self.table = table
         self.holder = holder
         self.caps = caps
         self.blocked = blocked
+        #: Set only while some key is parked: then each message's key is looked up (one dict probe).
+        self.parking = parking
 
     def eligible(self, m: Message, p: int) -> Consumer | None:
         """The consumer ``m`` (of partition ``p``) goes to now, or None (its hash then waits)."""
@@ -179,9 +185,12 @@ class _KeySharedPass:
 
     def take_replay(self, ps: PartitionState, out: dict[Consumer, list[Message]]) -> None:
         """Redeliveries first, in offset order."""
-        replay, caps, p = ps.replay, self.caps, ps.partition
+        replay, caps, p, parking = ps.replay, self.caps, ps.partition, self.parking
         for o in sorted(replay):
             m = replay[o]
+            if parking is not None and parking.take(m):
+                del replay[o]
+                continue
             c = self.eligible(m, p)
             if c is not None:
                 del replay[o]
@@ -196,12 +205,17 @@ class _KeySharedPass:
         taken_bytes = 0
         pending = ps.pending
         gate = ps.cursor.gate
+        parking = self.parking
+        parked_bytes = 0
         for i, m in enumerate(pending):
             if m.offset >= gate:
                 # Beyond the persisted delivered-up-to mark: wait for the flush it asks for.
                 ps.cursor.stall(m.offset)
                 kept.extend(islice(pending, i, None))
                 break
+            if parking is not None and parking.take(m):
+                parked_bytes += m.size  # off the read-ahead: it no longer holds the feed back
+                continue
             c = self.eligible(m, p)
             if c is None:
                 kept.append(m)
@@ -213,4 +227,4 @@ class _KeySharedPass:
                 kept.extend(islice(pending, i + 1, None))
                 break
         ps.pending = kept
-        ps.pending_bytes -= taken_bytes
+        ps.pending_bytes -= taken_bytes + parked_bytes

@@ -26,6 +26,7 @@ from sluice.dispatcher.dlq import DeadLetterSink
 from sluice.dispatcher.feedset import FeedSet
 from sluice.dispatcher.metrics import DispatcherMetrics
 from sluice.dispatcher.model import SubscriptionSettings
+from sluice.dispatcher.parkadmin import ParkedKeysAdmin
 from sluice.dispatcher.registry import SubscriptionBook, check_room, wall_ms
 from sluice.dispatcher.requests import InitialPosition, SubscribeRequest, ack_offsets, consumer_spec
 from sluice.dispatcher.runtime import ConsumerStream, SubscriptionRuntime
@@ -84,6 +85,7 @@ class DispatcherService:
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
         self.views = SubscriptionViews(self, self.book)
+        self.parked = ParkedKeysAdmin(self)
         metrics.state.source = self.views.gauge_rows
         metrics.state.budget = self.budget
 

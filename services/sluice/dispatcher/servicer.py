@@ -219,6 +219,19 @@ class DispatcherServicer:
         done = await self._service.admin.peek(self.context(context), convert.peek_from_proto(request))
         return convert.peek_to_proto(done)
 
+    async def ListParkedKeys(
+        self, request: pb.ListParkedKeysRequest, context: Context
+    ) -> pb.ListParkedKeysResponse:
+        keys = self._service.parked.list(self.context(context), request.topic, request.subscription)
+        return convert.parked_to_proto(keys)
+
+    async def UnparkKey(self, request: pb.UnparkKeyRequest, context: Context) -> pb.UnparkKeyResponse:
+        found, released = self._service.parked.unpark(
+            self.context(context), request.topic, request.subscription, request.key
+        )
+        audit_current("subscription.unpark", {"topic": request.topic, "subscription": request.subscription})
+        return pb.UnparkKeyResponse(found=found, released=released)
+
 
 def _serialize_event(item: bytes | pb.DispatcherEvent) -> bytes:
     return item if isinstance(item, bytes) else item.SerializeToString()
@@ -248,7 +261,14 @@ def add_to_server(servicer: DispatcherServicer, server: aio.Server) -> None:
                 request_deserializer=getattr(pb, f"{name}Request").FromString,
                 response_serializer=getattr(pb, f"{name}Response").SerializeToString,
             )
-            for name in ("ResetSubscription", "SkipSubscription", "DeleteSubscription", "PeekSubscription")
+            for name in (
+                "ResetSubscription",
+                "SkipSubscription",
+                "DeleteSubscription",
+                "PeekSubscription",
+                "ListParkedKeys",
+                "UnparkKey",
+            )
         },
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("sluice.v1.Dispatcher", handlers),))

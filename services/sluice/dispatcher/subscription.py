@@ -1,21 +1,16 @@
 """The subscription state machine: one (topic, subscription) on the partitions this dispatcher serves.
 
 Pure: no I/O and no clock. Every public method takes ``now_ms``, changes state and returns
-:class:`~sluice.dispatcher.model.Effects` (deliveries per consumer, active-consumer changes, dead
-letters) for the service layer to carry out. Who gets which message is decided by the type, in
-``selectors.py``; this module owns the bookkeeping every type shares:
+:class:`~sluice.dispatcher.model.Effects` for the service layer to carry out. Who gets which message
+is decided by the type, in ``selectors.py``; this module owns the shared bookkeeping: per partition
+(``partition_state.py``: cursor, read position, messages by state), per consumer (``consumer.py``:
+permits, unacked, blocked), one timer heap, one memory account (``budget.py``), and the parked keys
+of Key_Shared poison isolation (``parking.py``).
 
-- per partition (:class:`~sluice.dispatcher.partition_state.PartitionState`): the cursor, the read
-  position in the log, and the messages by state (pending, replay, inflight, delayed, dead);
-- per consumer (:class:`~sluice.dispatcher.consumer.Consumer`): permits, unacked, blocked;
-- one timer heap for nack delays and ack timeouts; one account in the memory budget (``budget.py``).
-
-Redelivery counts live in the cursor, so they are persisted with it and survive a restart: a message
-read again from the log after a crash carries the count it had, plus one if it may have been
-delivered before the crash. For that, a durable cursor gates deliveries (``cursor.py``): new messages
-go out only below its persisted delivered-up-to mark, and a message whose count was raised goes out
-again only once that count is persisted (until then it waits in ``delayed``, listed in
-``awaiting_save``).
+Redelivery counts live in the cursor, so they survive a restart (plus one for a message that may have
+been delivered before a crash). For that, a durable cursor gates deliveries (``cursor.py``): new
+messages go out only below its persisted delivered-up-to mark, and a message whose count was raised
+goes out again only once that count is persisted (until then it waits in ``delayed``).
 """
 
 from __future__ import annotations
@@ -24,19 +19,14 @@ import itertools
 from collections.abc import Iterable, Iterator
 from itertools import repeat
 
-from sluice.dispatcher import selectors
+from sluice.dispatcher import model, selectors
 from sluice.dispatcher.budget import SubscriptionMemory
 from sluice.dispatcher.consumer import Consumer, ConsumerSpec, ConsumerState, check_join
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.keyshared import AutoSplitRanges, StickyRanges
 from sluice.dispatcher.messages import Message
-from sluice.dispatcher.model import (
-    SUBSCRIPTION_TRANSITIONS,
-    Effects,
-    SubscriptionSettings,
-    SubscriptionState,
-    SubscriptionType,
-)
+from sluice.dispatcher.model import Effects, SubscriptionSettings, SubscriptionState, SubscriptionType
+from sluice.dispatcher.parking import Parking
 from sluice.dispatcher.partition_state import PartitionState, unbudgeted
 from sluice.dispatcher.timers import TimerHeap
 from sluice.errors import InvalidRequest
@@ -71,12 +61,17 @@ class Subscription:
         self.owner_table: list[Consumer | None] = []
         self.hash_holder: dict[int, Consumer] = {}
         self.hash_held: dict[int, int] = {}
+        #: Key_Shared poison isolation (``parking.py``); ``parking_on`` when the settings enable it.
+        self.parking = Parking(settings.park_max_messages)
+        self.parking_on = Parking.enabled(settings)
         self.fx = Effects()
 
     # ---- lifecycle ----------------------------------------------------------------------------------
 
     def transition(self, to: SubscriptionState) -> None:
-        assert to in SUBSCRIPTION_TRANSITIONS.get(self.state, set()), f"subscription {self.state} -> {to}"
+        assert to in model.SUBSCRIPTION_TRANSITIONS.get(self.state, set()), (
+            f"subscription {self.state} -> {to}"
+        )
         self.state = to
 
     def attach_partition(self, cursor: PartitionCursor, read_position: int) -> None:
@@ -89,10 +84,11 @@ class Subscription:
         return self._finish(now_ms)
 
     def detach_partition(self, partition: int, now_ms: int) -> Effects:
-        """Stop serving a partition (it moved to another dispatcher): forget its in-flight messages."""
+        """Stop serving a partition (moved to another dispatcher): forget its in-flight and parked."""
         ps = self.partitions.pop(partition, None)
         if ps is not None:
             ps.release_all()
+            self.parking.drop_partition(self, partition)
             for c in self.consumers.values():
                 gone = c.inflight.pop(partition, None)
                 if gone:
@@ -189,6 +185,8 @@ class Subscription:
         self.settings = settings
         self.ranges = StickyRanges() if settings.sticky else AutoSplitRanges()
         self.owner_table = []
+        self.parking = Parking(settings.park_max_messages)
+        self.parking_on = Parking.enabled(settings)
 
     def _rebuild_owner_table(self) -> None:
         by_id = self.consumers
@@ -245,14 +243,10 @@ class Subscription:
     def ack(
         self, consumer: Consumer, by_partition: dict[int, list[int]], cumulative: bool, now_ms: int
     ) -> tuple[Effects, list[tuple[int, int]]]:
-        """Acknowledge; returns the effects and the ids that were unknown or another consumer's.
-
-        Individually: an id is accepted if it is in flight at this consumer, waiting for redelivery
-        (it came back from a consumer and was not resent yet) or already acknowledged (a repeat,
-        ignored). Cumulatively (Exclusive/Failover only): the id itself must be accepted; then every
-        message of that partition up to it that this consumer holds, or that waits for redelivery,
-        is acknowledged.
-        """
+        """Acknowledge; returns the effects and the ids unknown or another consumer's. An id is accepted
+        in flight at this consumer, waiting for redelivery, or already acknowledged (ignored).
+        Cumulatively (Exclusive/Failover): the id must be accepted; then everything of its partition up
+        to it that this consumer holds or that waits for redelivery is acknowledged."""
         if cumulative and self.settings.type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
             raise InvalidRequest(
                 f"cumulative acknowledgement is not allowed on a {self.settings.type.label} subscription: "
@@ -320,6 +314,8 @@ class Subscription:
         count = ps.cursor.bump_redelivery(m.offset) if bump else ps.cursor.redelivery_count(m.offset)
         limit = c.spec.max_redeliver
         self.fx.redelivered += 1
+        if self.parking_on and self.parking.on_return(self, m, count, limit, now_ms):
+            return
         if limit and count > limit:
             ps.dead[m.offset] = m
             self.fx.dead_letters.append((m, count))
@@ -328,6 +324,11 @@ class Subscription:
             self.timers.push(now_ms + delay_ms, ("nack", ps.partition, m.offset))
         else:
             ps.add_replay(m)
+
+    def unpark(self, key: bytes, now_ms: int) -> Effects:
+        """An operator released a parked key: its messages go again, counted from 0."""
+        self.parking.release(self, key, fresh=True)
+        return self._finish(now_ms)
 
     def dead_lettered(self, partition: int, offsets: Iterable[int], now_ms: int) -> Effects:
         """The DLQ producer stored these messages: acknowledge them."""
@@ -352,12 +353,8 @@ class Subscription:
         )
 
     def offer(self, partition: int, messages: list[Message], next_offset: int, now_ms: int) -> Effects:
-        """Records read from the log, in offset order, covering ``[first fetched, next_offset)``.
-
-        Offsets below the read position are skipped (another subscription asked for them); acked ones
-        (a restarted cursor with holes) are skipped; filtered-out records and offsets missing from the
-        log count as acknowledged.
-        """
+        """Records read from the log, in offset order, covering ``[first fetched, next_offset)``
+        (``PartitionState.take_read``: what is skipped, what counts as acknowledged)."""
         ps = self.partitions.get(partition)
         if ps is not None and next_offset > ps.read_position:
             ps.take_read(messages, next_offset, self.settings.filter.tags, self.settings.filter.sql)
@@ -370,8 +367,6 @@ class Subscription:
             ps.cursor.skip_to(position)
             ps.read_position = position
         return self._finish(now_ms)
-
-    # ---- time ----------------------------------------------------------------------------------------
 
     def next_deadline(self) -> int | None:
         return self.timers.next_due()
@@ -420,7 +415,9 @@ class Subscription:
             # Read again after a restart with a count already past the limit: straight to the DLQ.
             keep, kept_counts = [], []
             for m, n in zip(msgs, counts, strict=True):
-                if n > limit:
+                if self.parking_on and self.settings.park_hold and (n > limit or self.parking.holds(m)):
+                    self.parking.hold(self, m, now_ms)  # and what follows of its key in this batch
+                elif n > limit:
                     ps.dead[m.offset] = m
                     self.fx.dead_letters.append((m, n))
                 else:
@@ -471,6 +468,8 @@ class Subscription:
 
     def _finish(self, now_ms: int) -> Effects:
         """Dispatch what can go now, then hand the accumulated effects over."""
+        if self.parking.keys:
+            self.parking.settle(self, now_ms)
         if self.state == SubscriptionState.ACTIVE and self.consumers:
             selectors.dispatch(self, now_ms)
         fx, self.fx = self.fx, Effects()
@@ -498,3 +497,4 @@ class Subscription:
             yield from ps.replay.values()
             yield from ps.delayed.values()
             yield from ps.dead.values()
+        yield from self.parking.messages()

@@ -171,6 +171,8 @@ GUARDS: dict[str, Guard] = {
     "/sluice.v1.Dispatcher/SkipSubscription": core(check(Operation.ALTER, SUB, _cluster)),
     "/sluice.v1.Dispatcher/DeleteSubscription": core(check(Operation.DELETE, SUB, _cluster)),
     "/sluice.v1.Dispatcher/PeekSubscription": core(check(R, SUB, _cluster), check(R, TOPIC, _cluster)),
+    "/sluice.v1.Dispatcher/ListParkedKeys": core(check(D, SUB, _cluster), check(D, TOPIC, _cluster)),
+    "/sluice.v1.Dispatcher/UnparkKey": core(check(Operation.ALTER, SUB, _cluster)),
     # ---- coordinator: ACLs (the Acls service). WatchSecurity hands out every ACL and user name:
     # only the services' own watchers call it.
     "/sluice.v1.Acls/CreateAcls": cluster(Operation.ALTER),

@@ -118,6 +118,9 @@ class Subscribe(_message.Message):
     MAX_REDELIVER_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
     RECORD_BATCHES_FIELD_NUMBER: _builtins.int
+    PARK_AFTER_FIELD_NUMBER: _builtins.int
+    PARK_HOLD_FIELD_NUMBER: _builtins.int
+    PARK_MAX_MESSAGES_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscription: _builtins.str
     type: Global___SubscriptionType.ValueType
@@ -138,6 +141,14 @@ class Subscribe(_message.Message):
     The consumer decodes the codec's record batches: the dispatcher sends MessageBatch.batches
     (log batches forwarded as the broker stored them) instead of one PushedMessage per record.
     """
+    park_after: _builtins.int
+    """Key_Shared poison isolation (docs/poison-keys.md), subscription-wide, taken from the first
+    consumer like the type: park a key once one of its messages came back park_after times (0: off);
+    park_hold keeps a key whose head is past max_redeliver parked for an operator instead of sending
+    it to the DLQ; park_max_messages caps a parked key's waiting messages (0: the dispatcher default).
+    """
+    park_hold: _builtins.bool
+    park_max_messages: _builtins.int
     @_builtins.property
     def key_shared_policy(self) -> Global___KeySharedPolicy: ...
     @_builtins.property
@@ -164,10 +175,13 @@ class Subscribe(_message.Message):
         max_redeliver: _builtins.int = ...,
         partitions: _abc.Iterable[_builtins.int] | None = ...,
         record_batches: _builtins.bool = ...,
+        park_after: _builtins.int = ...,
+        park_hold: _builtins.bool = ...,
+        park_max_messages: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key_shared_policy", b"key_shared_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_timeout_ms", b"ack_timeout_ms", "consumer_id", b"consumer_id", "consumer_name", b"consumer_name", "durable", b"durable", "filter", b"filter", "initial_offset", b"initial_offset", "initial_position", b"initial_position", "key_shared_policy", b"key_shared_policy", "max_redeliver", b"max_redeliver", "max_unacked", b"max_unacked", "nack_delay_ms", b"nack_delay_ms", "partitions", b"partitions", "priority", b"priority", "record_batches", b"record_batches", "subscription", b"subscription", "topic", b"topic", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_timeout_ms", b"ack_timeout_ms", "consumer_id", b"consumer_id", "consumer_name", b"consumer_name", "durable", b"durable", "filter", b"filter", "initial_offset", b"initial_offset", "initial_position", b"initial_position", "key_shared_policy", b"key_shared_policy", "max_redeliver", b"max_redeliver", "max_unacked", b"max_unacked", "nack_delay_ms", b"nack_delay_ms", "park_after", b"park_after", "park_hold", b"park_hold", "park_max_messages", b"park_max_messages", "partitions", b"partitions", "priority", b"priority", "record_batches", b"record_batches", "subscription", b"subscription", "topic", b"topic", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -933,3 +947,135 @@ class PeekSubscriptionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PeekSubscriptionResponse: _TypeAlias = PeekSubscriptionResponse  # noqa: Y015
+
+@_typing.final
+class ListParkedKeysRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscription: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListParkedKeysRequest: _TypeAlias = ListParkedKeysRequest  # noqa: Y015
+
+@_typing.final
+class ParkedKey(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    SINCE_MS_FIELD_NUMBER: _builtins.int
+    HEAD_PARTITION_FIELD_NUMBER: _builtins.int
+    HEAD_OFFSET_FIELD_NUMBER: _builtins.int
+    HEAD_REDELIVERY_COUNT_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    DISPATCHER_ID_FIELD_NUMBER: _builtins.int
+    key: _builtins.bytes
+    state: _builtins.str
+    """"parked" (its head is retried), "held" (waits for an operator), "dlq" (on its way to the DLQ)."""
+    since_ms: _builtins.int
+    head_partition: _builtins.int
+    head_offset: _builtins.int
+    head_redelivery_count: _builtins.int
+    waiting: _builtins.int
+    """Messages of the key waiting behind the head."""
+    dispatcher_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        key: _builtins.bytes = ...,
+        state: _builtins.str = ...,
+        since_ms: _builtins.int = ...,
+        head_partition: _builtins.int = ...,
+        head_offset: _builtins.int = ...,
+        head_redelivery_count: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        dispatcher_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispatcher_id", b"dispatcher_id", "head_offset", b"head_offset", "head_partition", b"head_partition", "head_redelivery_count", b"head_redelivery_count", "key", b"key", "since_ms", b"since_ms", "state", b"state", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ParkedKey: _TypeAlias = ParkedKey  # noqa: Y015
+
+@_typing.final
+class ListParkedKeysResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___ParkedKey]: ...
+    def __init__(
+        self,
+        *,
+        keys: _abc.Iterable[Global___ParkedKey] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListParkedKeysResponse: _TypeAlias = ListParkedKeysResponse  # noqa: Y015
+
+@_typing.final
+class UnparkKeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    subscription: _builtins.str
+    key: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+        key: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnparkKeyRequest: _TypeAlias = UnparkKeyRequest  # noqa: Y015
+
+@_typing.final
+class UnparkKeyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    RELEASED_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    """The key was parked here; its waiting messages go again, counted from 0."""
+    released: _builtins.int
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+        released: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "released", b"released"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnparkKeyResponse: _TypeAlias = UnparkKeyResponse  # noqa: Y015

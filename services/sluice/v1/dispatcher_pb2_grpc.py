@@ -70,6 +70,16 @@ class DispatcherStub:
                 request_serializer=sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionResponse.FromString,
                 _registered_method=True)
+        self.ListParkedKeys = channel.unary_unary(
+                '/sluice.v1.Dispatcher/ListParkedKeys',
+                request_serializer=sluice_dot_v1_dot_dispatcher__pb2.ListParkedKeysRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_dispatcher__pb2.ListParkedKeysResponse.FromString,
+                _registered_method=True)
+        self.UnparkKey = channel.unary_unary(
+                '/sluice.v1.Dispatcher/UnparkKey',
+                request_serializer=sluice_dot_v1_dot_dispatcher__pb2.UnparkKeyRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_dispatcher__pb2.UnparkKeyResponse.FromString,
+                _registered_method=True)
 
 
 class DispatcherServicer:
@@ -120,6 +130,19 @@ class DispatcherServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListParkedKeys(self, request, context):
+        """Key_Shared poison isolation (docs/poison-keys.md): the parked keys, and an operator's release.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnparkKey(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DispatcherServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +180,16 @@ def add_DispatcherServicer_to_server(servicer, server):
                     servicer.PeekSubscription,
                     request_deserializer=sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionResponse.SerializeToString,
+            ),
+            'ListParkedKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListParkedKeys,
+                    request_deserializer=sluice_dot_v1_dot_dispatcher__pb2.ListParkedKeysRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_dispatcher__pb2.ListParkedKeysResponse.SerializeToString,
+            ),
+            'UnparkKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnparkKey,
+                    request_deserializer=sluice_dot_v1_dot_dispatcher__pb2.UnparkKeyRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_dispatcher__pb2.UnparkKeyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,6 +382,60 @@ class Dispatcher:
             '/sluice.v1.Dispatcher/PeekSubscription',
             sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionRequest.SerializeToString,
             sluice_dot_v1_dot_dispatcher__pb2.PeekSubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListParkedKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Dispatcher/ListParkedKeys',
+            sluice_dot_v1_dot_dispatcher__pb2.ListParkedKeysRequest.SerializeToString,
+            sluice_dot_v1_dot_dispatcher__pb2.ListParkedKeysResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnparkKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Dispatcher/UnparkKey',
+            sluice_dot_v1_dot_dispatcher__pb2.UnparkKeyRequest.SerializeToString,
+            sluice_dot_v1_dot_dispatcher__pb2.UnparkKeyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,9 @@ class DispatcherStub:
     SkipSubscription: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.SkipSubscriptionRequest, _dispatcher_pb2.SkipSubscriptionResponse]
     DeleteSubscription: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.DeleteSubscriptionRequest, _dispatcher_pb2.DeleteSubscriptionResponse]
     PeekSubscription: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.PeekSubscriptionRequest, _dispatcher_pb2.PeekSubscriptionResponse]
+    ListParkedKeys: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.ListParkedKeysRequest, _dispatcher_pb2.ListParkedKeysResponse]
+    """Key_Shared poison isolation (docs/poison-keys.md): the parked keys, and an operator's release."""
+    UnparkKey: _grpc.UnaryUnaryMultiCallable[_dispatcher_pb2.UnparkKeyRequest, _dispatcher_pb2.UnparkKeyResponse]
 
 @_typing.type_check_only
 class DispatcherAsyncStub(DispatcherStub):
@@ -59,6 +62,9 @@ class DispatcherAsyncStub(DispatcherStub):
     SkipSubscription: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.SkipSubscriptionRequest, _dispatcher_pb2.SkipSubscriptionResponse]  # type: ignore[assignment]
     DeleteSubscription: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.DeleteSubscriptionRequest, _dispatcher_pb2.DeleteSubscriptionResponse]  # type: ignore[assignment]
     PeekSubscription: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.PeekSubscriptionRequest, _dispatcher_pb2.PeekSubscriptionResponse]  # type: ignore[assignment]
+    ListParkedKeys: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.ListParkedKeysRequest, _dispatcher_pb2.ListParkedKeysResponse]  # type: ignore[assignment]
+    """Key_Shared poison isolation (docs/poison-keys.md): the parked keys, and an operator's release."""
+    UnparkKey: _aio.UnaryUnaryMultiCallable[_dispatcher_pb2.UnparkKeyRequest, _dispatcher_pb2.UnparkKeyResponse]  # type: ignore[assignment]
 
 class DispatcherServicer(metaclass=_abc_1.ABCMeta):
     """Push consumption: one bidirectional stream per consumer."""
@@ -114,5 +120,20 @@ class DispatcherServicer(metaclass=_abc_1.ABCMeta):
         request: _dispatcher_pb2.PeekSubscriptionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dispatcher_pb2.PeekSubscriptionResponse, _abc.Awaitable[_dispatcher_pb2.PeekSubscriptionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListParkedKeys(
+        self,
+        request: _dispatcher_pb2.ListParkedKeysRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.ListParkedKeysResponse, _abc.Awaitable[_dispatcher_pb2.ListParkedKeysResponse]]:
+        """Key_Shared poison isolation (docs/poison-keys.md): the parked keys, and an operator's release."""
+
+    @_abc_1.abstractmethod
+    def UnparkKey(
+        self,
+        request: _dispatcher_pb2.UnparkKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dispatcher_pb2.UnparkKeyResponse, _abc.Awaitable[_dispatcher_pb2.UnparkKeyResponse]]: ...
 
 def add_DispatcherServicer_to_server(servicer: DispatcherServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -591,6 +591,22 @@ CASES: dict[str, Case] = {
             lambda n: dispatcher_pb2.PeekSubscriptionRequest(topic="guarded", subscription=n, count=1),
         ),
     ),
+    "/sluice.v1.Dispatcher/ListParkedKeys": Case(
+        "dispatcher",
+        ((D, SUB), (D, TOPIC)),
+        _d(
+            "ListParkedKeys",
+            lambda n: dispatcher_pb2.ListParkedKeysRequest(topic="guarded", subscription=n),
+        ),
+    ),
+    "/sluice.v1.Dispatcher/UnparkKey": Case(
+        "dispatcher",
+        ((Operation.ALTER, SUB),),
+        _d(
+            "UnparkKey",
+            lambda n: dispatcher_pb2.UnparkKeyRequest(topic="guarded", subscription=n, key=b"k"),
+        ),
+    ),
     # ACLs and users (the coordinator)
     "/sluice.v1.Acls/CreateAcls": Case(
         "coordinator",

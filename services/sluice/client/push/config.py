@@ -167,6 +167,19 @@ class PushConsumerConfig:
     """After this many redeliveries a message goes to ``<topic>.<subscription>.DLQ`` and is
     acked (see :func:`dlq_topic`). 0: the dispatcher's default (no DLQ)."""
 
+    park_after: int = 0
+    """Key_Shared poison isolation (docs/poison-keys.md): once a message came back this many times
+    its key is parked: only it is retried, the key's later messages wait, every other key flows.
+    Subscription-wide (the first consumer's). 0: off."""
+
+    park_hold: bool = False
+    """With ``park_after``: a key whose head is past ``max_redeliver`` stays parked for an operator
+    (``sluice subscription unpark``) instead of going to the DLQ."""
+
+    park_max_messages: int = 0
+    """With ``park_after``: a parked key with more waiting messages goes to the DLQ whatever the
+    policy. 0: the dispatcher's default (10,000)."""
+
     message_listener: MessageListener | None = None
     """``listener(consumer, message)``, run on one listener thread instead of ``receive()``.
     It should ack or nack; an exception it raises is logged and the message is nacked."""
@@ -248,6 +261,9 @@ class PushConsumerConfig:
             partitions=list(partitions),
             # Log batches as the broker stored them, decoded here (docs/push-consumer.md).
             record_batches=True,
+            park_after=self.park_after,
+            park_hold=self.park_hold,
+            park_max_messages=self.park_max_messages,
         )
         if self.key_shared_policy is not None:
             sub.key_shared_policy.CopyFrom(self.key_shared_policy.to_proto())
@@ -263,7 +279,7 @@ _DURATIONS = (
     "subscribe_timeout",
     "zero_queue_handoff",
 )
-_INTS = ("receiver_queue_size", "priority", "max_unacked", "max_redeliver")
+_INTS = ("receiver_queue_size", "priority", "max_unacked", "max_redeliver", "park_after", "park_max_messages")
 _INT32_MAX = 2**31 - 1
 
 

@@ -21,14 +21,17 @@ from sluice.v1 import dispatcher_pb2 as pb
 from sluice.v1 import dispatcher_pb2_grpc, offset_store_pb2
 
 __all__ = [
+    "ParkedKeyInfo",
     "PartitionChange",
     "PeekedMessage",
     "SubscriptionChange",
     "delete_subscription",
+    "list_parked_keys",
     "peek_subscription",
     "reset_subscription",
     "reset_target",
     "skip_subscription",
+    "unpark_key",
 ]
 
 R = TypeVar("R")
@@ -284,3 +287,64 @@ def peek_subscription(
         for m in a.messages
     ]
     return sorted(found, key=lambda m: (m.timestamp, m.partition, m.offset))[:count]
+
+
+@dataclass(frozen=True)
+class ParkedKeyInfo:
+    """A Key_Shared key parked after repeated failures (docs/poison-keys.md)."""
+
+    key: bytes
+    state: str
+    since: datetime
+    head_partition: int
+    head_offset: int
+    head_redelivery_count: int
+    waiting: int
+    dispatcher_id: str
+
+
+def list_parked_keys(
+    channels: Peers, metadata: MetadataCache, topic: str, subscription: str, *, timeout: float = 10.0
+) -> list[ParkedKeyInfo]:
+    """The parked keys of a subscription, over every dispatcher serving the topic, oldest first."""
+    request = pb.ListParkedKeysRequest(topic=topic, subscription=subscription)
+    answers = _each_dispatcher(
+        channels, metadata, topic, subscription, lambda stub: call(stub.ListParkedKeys, request, timeout)
+    )
+    keys = [
+        ParkedKeyInfo(
+            key=k.key,
+            state=k.state,
+            since=datetime.fromtimestamp(k.since_ms / 1000, UTC),
+            head_partition=k.head_partition,
+            head_offset=k.head_offset,
+            head_redelivery_count=k.head_redelivery_count,
+            waiting=k.waiting,
+            dispatcher_id=k.dispatcher_id,
+        )
+        for a in answers
+        for k in a.keys
+    ]
+    return sorted(keys, key=lambda k: k.since)
+
+
+def unpark_key(
+    channels: Peers,
+    metadata: MetadataCache,
+    topic: str,
+    subscription: str,
+    key: bytes,
+    *,
+    timeout: float = 10.0,
+) -> int:
+    """Release a parked key (its messages go again, counted from 0); returns how many were released.
+    Raises InvalidArgument if no dispatcher had the key parked."""
+    request = pb.UnparkKeyRequest(topic=topic, subscription=subscription, key=key)
+    answers = _each_dispatcher(
+        channels, metadata, topic, subscription, lambda stub: call(stub.UnparkKey, request, timeout)
+    )
+    if not any(a.found for a in answers):
+        raise InvalidArgument(
+            f"key {key!r} is not parked in subscription {subscription!r} of topic {topic!r}"
+        )
+    return sum(a.released for a in answers)

@@ -1,0 +1,287 @@
+"""Per-key poison isolation under Key_Shared: a key whose message keeps failing is *parked*.
+
+Pure, like the state machine it belongs to (``subscription.py``). SQS FIFO message groups are the
+prior art: a failing message blocks its own group, never the queue.
+
+- **Parking.** When a message comes back for the ``park_after``-th time (nack, ack timeout, its
+  consumer leaving), its key is parked and that message becomes the key's *head*. The head keeps being
+  retried as before (nack delay, redelivery count); every *later* message of the key is taken out of
+  the read-ahead and the redelivery queue and waits here, in (partition, offset) order. So the
+  read-ahead never fills with one key's messages (Pulsar's Key_Shared stalls that way,
+  apache/pulsar#21579) and every other key flows at full speed.
+- **Release.** The head is acknowledged: the key's waiting messages go back, in order, before any
+  later message of the key (they are redeliveries, and redeliveries go first).
+- **Giving up.** The head comes back past ``max_redeliver``: with the DLQ policy the head and every
+  waiting message of the key go to the DLQ in order (once no message of the key is in flight any
+  more, so nothing of the key overtakes them); with the hold policy (``park_hold``) the head waits
+  too, and the key stays parked until an operator unparks it (``unpark``: counts start again) or it
+  passes the cap. After the DLQ the key stays parked and *probes*: its next message is the new head,
+  tried alone; acknowledged, the key is released; failing, the cycle repeats.
+- **Cap.** A key with more than ``park_max_messages`` waiting goes to the DLQ whatever the policy, so a
+  parked key costs bounded memory (the cap plus what one dispatch pass found in the read-ahead, all
+  charged to the subscription's memory budget like any held message) rather than stalling everything.
+
+Where parked messages live: in the log, which already holds them durably, and here. They are not
+acknowledged, so the cursor's mark-delete stays at the oldest parked message while its acknowledged
+ranges move on (16 bytes a hole: bounded by the cap); a restart reads them again, and the head's
+persisted redelivery count parks the key again at its next return (``docs/poison-keys.md``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sluice.dispatcher.consumer import Consumer
+from sluice.dispatcher.messages import Message
+from sluice.dispatcher.model import Effects, SubscriptionSettings, SubscriptionType
+from sluice.dispatcher.partition_state import PartitionState
+
+__all__ = ["PROBE_IDLE_MS", "ParkState", "ParkedKey", "Parking", "key_of"]
+
+#: A probing key (it went to the DLQ) with no message for this long is forgotten.
+PROBE_IDLE_MS = 10_000
+
+
+def key_of(m: Message) -> bytes:
+    """The message's key (keyless messages share the empty key, as they share one hash)."""
+    return m.view.key(m.index) or b""
+
+
+def _pos(m: Message) -> tuple[int, int]:
+    return (m.partition, m.offset)
+
+
+class ParkState(enum.Enum):
+    #: The head is retried; later messages wait.
+    PARKED = "parked"
+    #: The head is past max_redeliver under the hold policy: everything waits for an operator.
+    HELD = "held"
+    #: To the DLQ, head first, as soon as no message of the key is in flight.
+    DLQ = "dlq"
+
+
+@dataclass(slots=True)
+class ParkedKey:
+    key: bytes
+    key_hash: int
+    since_ms: int
+    #: (partition, offset) of the failing message; None while probing (below).
+    head: tuple[int, int] | None
+    #: Waiting messages in (partition, offset) order (the head too once it stopped being retried).
+    waiting: list[Message] = field(default_factory=list)
+    state: ParkState = ParkState.PARKED
+    #: Past the cap: give up at the next chance whatever the policy.
+    evict: bool = False
+    #: When the key last went to the DLQ (0: never). It then stays parked and *probes*: its next
+    #: message becomes the new head and is tried alone while the later ones wait, so a key that keeps
+    #: failing costs one delivery per attempt of a head, not a burst of every message it has.
+    probing_since: int = 0
+
+
+class Parkable(Protocol):
+    """What parking reads and changes of a subscription (``Subscription`` is one)."""
+
+    settings: SubscriptionSettings
+    partitions: dict[int, PartitionState]
+    hash_held: dict[int, int]
+    hash_holder: dict[int, Consumer]
+    fx: Effects
+
+
+class Parking:
+    """The parked keys of one subscription. Caller: ``Subscription`` and ``selectors``."""
+
+    __slots__ = ("cap", "hashes", "keys", "waiting_total")
+
+    def __init__(self, cap: int = 10_000) -> None:
+        self.keys: dict[bytes, ParkedKey] = {}
+        #: The key hashes of ``keys``: a message whose (cached) hash is not here is not parked, so
+        #: the other keys pay one set probe, not a key decode (``take``).
+        self.hashes: dict[int, int] = {}
+        self.cap = cap
+        #: Messages waiting over every key (a gauge).
+        self.waiting_total = 0
+
+    @staticmethod
+    def enabled(settings: SubscriptionSettings) -> bool:
+        return settings.park_after > 0 and settings.type == SubscriptionType.KEY_SHARED
+
+    def _new(self, pk: ParkedKey) -> ParkedKey:
+        self.keys[pk.key] = pk
+        self.hashes[pk.key_hash] = self.hashes.get(pk.key_hash, 0) + 1
+        return pk
+
+    def _forget(self, pk: ParkedKey) -> None:
+        del self.keys[pk.key]
+        n = self.hashes[pk.key_hash] - 1
+        if n:
+            self.hashes[pk.key_hash] = n
+        else:
+            del self.hashes[pk.key_hash]
+
+    def _add(self, pk: ParkedKey, m: Message) -> None:
+        w = pk.waiting
+        at = bisect.bisect_left(w, _pos(m), key=_pos)
+        if at < len(w) and _pos(w[at]) == _pos(m):
+            return
+        w.insert(at, m)
+        self.waiting_total += 1
+        if len(w) > self.cap:
+            pk.evict = True
+
+    def take(self, m: Message) -> bool:
+        """A message about to be dispatched (selectors): if its key is parked and it is not the head,
+        it waits here (True). Only called while some key is parked.
+
+        Past the cap a message is still taken (the key is then flagged to go to the DLQ): it was
+        read already, so it costs no more memory here than in the read-ahead, and leaving it there
+        would fill the read-ahead and stall every key (measured: the good keys at half their speed)."""
+        if m.key_hash not in self.hashes:
+            return False
+        pk = self.keys.get(key_of(m))
+        if pk is None or pk.head == _pos(m):
+            return False
+        if pk.head is None and not pk.waiting and pk.state == ParkState.PARKED:
+            pk.head = _pos(m)  # probing: the next message of the key is tried, alone
+            return False
+        self._add(pk, m)
+        return True
+
+    def on_return(self, sub: Parkable, m: Message, count: int, limit: int, now_ms: int) -> bool:
+        """A message came back unacknowledged with ``count``: park its key, or keep it waiting, or
+        give up on the key. True if parking took the message (the caller does nothing more)."""
+        key = key_of(m)
+        pk = self.keys.get(key)
+        exhausted = bool(limit) and count > limit
+        if pk is None:
+            if count >= sub.settings.park_after and not exhausted:
+                self._new(ParkedKey(key, m.key_hash, now_ms, _pos(m)))
+            return False
+        if pk.head != _pos(m):
+            self._add(pk, m)
+            return True
+        if not (exhausted or pk.evict):
+            return False
+        self._add(pk, m)
+        pk.state = ParkState.HELD if sub.settings.park_hold and not pk.evict else ParkState.DLQ
+        return True
+
+    def settle(self, sub: Parkable, now_ms: int) -> None:
+        """Release keys whose head was acknowledged; send given-up keys to the DLQ; start probing keys'
+        next heads. Called before each dispatch pass while some key is parked (a handful: cheap)."""
+        for key, pk in list(self.keys.items()):
+            if pk.state == ParkState.PARKED and pk.head is None:
+                self._probe(sub, pk, now_ms)
+                continue
+            if pk.state == ParkState.PARKED:
+                assert pk.head is not None
+                p, o = pk.head
+                ps = sub.partitions.get(p)
+                if ps is None or ps.cursor.is_acked(o):
+                    self.release(sub, key, fresh=False)
+                    continue
+                if pk.evict:
+                    head = ps.delayed.pop(o, None) or ps.replay.pop(o, None)
+                    if head is None:
+                        continue  # in flight: given up at its return
+                    self._add(pk, head)
+                    pk.state = ParkState.DLQ
+            elif pk.evict:
+                pk.state = ParkState.DLQ
+            if pk.state == ParkState.DLQ and not self._in_flight(sub, pk):
+                self._dead_letter(sub, pk, now_ms)
+
+    @staticmethod
+    def _in_flight(sub: Parkable, pk: ParkedKey) -> bool:
+        """Whether a message of the key is still at a consumer (it would overtake the DLQ'd ones). The
+        hash's holder is scanned only when the hash is held at all, so a busy key sharing the hash
+        does not keep the parked one from the DLQ."""
+        holder = sub.hash_holder.get(pk.key_hash) if sub.hash_held.get(pk.key_hash) else None
+        if holder is None:
+            return False
+        h, key = pk.key_hash, pk.key
+        return any(
+            m.key_hash == h and key_of(m) == key for msgs in holder.inflight.values() for m in msgs.values()
+        )
+
+    def _probe(self, sub: Parkable, pk: ParkedKey, now_ms: int) -> None:
+        """A probing key: the lowest waiting message (one that came back from a consumer after the
+        key went to the DLQ) becomes the head; a key with nothing more for ``PROBE_IDLE_MS`` is
+        forgotten (its next failure parks it again)."""
+        if pk.waiting:
+            m = pk.waiting.pop(0)
+            self.waiting_total -= 1
+            pk.head = _pos(m)
+            ps = sub.partitions.get(m.partition)
+            if ps is not None:
+                ps.add_replay(m)
+        elif now_ms - pk.probing_since >= PROBE_IDLE_MS:
+            self._forget(pk)
+
+    def _dead_letter(self, sub: Parkable, pk: ParkedKey, now_ms: int) -> None:
+        self.waiting_total -= len(pk.waiting)
+        for m in pk.waiting:
+            ps = sub.partitions.get(m.partition)
+            if ps is not None:
+                ps.dead[m.offset] = m
+                sub.fx.dead_letters.append((m, ps.cursor.redelivery_count(m.offset)))
+        pk.waiting = []
+        pk.head = None
+        pk.state = ParkState.PARKED
+        pk.evict = False
+        pk.probing_since = now_ms
+
+    def release(self, sub: Parkable, key: bytes, fresh: bool) -> ParkedKey | None:
+        """Unpark ``key``: its waiting messages go back for redelivery, in order. ``fresh`` (an
+        operator's unpark): their redelivery counts start again from 0."""
+        pk = self.keys.get(key)
+        if pk is None:
+            return None
+        self._forget(pk)
+        self.waiting_total -= len(pk.waiting)
+        for m in pk.waiting:
+            ps = sub.partitions.get(m.partition)
+            if ps is None:
+                continue
+            if fresh and ps.cursor.redelivery_count(m.offset):
+                ps.cursor.redeliveries[m.offset] = 0
+                ps.cursor.version += 1
+            ps.add_replay(m)
+        return pk
+
+    def hold(self, sub: Parkable, m: Message, now_ms: int) -> None:
+        """Read again after a restart with a count already past the limit, under the hold policy: the
+        message waits for an operator (instead of going straight to the DLQ)."""
+        key = key_of(m)
+        pk = self.keys.get(key)
+        if pk is None:
+            pk = self._new(ParkedKey(key, m.key_hash, now_ms, _pos(m), state=ParkState.HELD))
+        self._add(pk, m)
+
+    def holds(self, m: Message) -> bool:
+        """Whether ``m``'s key is held (it must not overtake the held messages)."""
+        if m.key_hash not in self.hashes:
+            return False
+        pk = self.keys.get(key_of(m))
+        return pk is not None and pk.state == ParkState.HELD
+
+    def drop_partition(self, sub: Parkable, partition: int) -> None:
+        """The partition is no longer served: forget its waiting messages (they stay in the log); a
+        key whose head was there is released (its other messages go back)."""
+        for key, pk in list(self.keys.items()):
+            kept = [m for m in pk.waiting if m.partition != partition]
+            self.waiting_total -= len(pk.waiting) - len(kept)
+            pk.waiting = kept
+            if pk.head is not None and pk.head[0] == partition:
+                self.release(sub, key, fresh=False)
+
+    def messages(self) -> Iterator[Message]:
+        for pk in self.keys.values():
+            yield from pk.waiting
+
+    def oldest_ms(self) -> int | None:
+        return min((pk.since_ms for pk in self.keys.values()), default=None)
