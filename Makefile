@@ -15,7 +15,7 @@ help:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark]'
+	$(PY) -m pip install -q -e '.[server,dev,spark]'
 	touch $@
 
 ## deps: the Python environment (.venv) with the project and its dev/test tools
