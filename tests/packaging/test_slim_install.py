@@ -11,6 +11,7 @@ The venv is made once per session (about a minute with pip's cache, longer on a 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -82,6 +83,18 @@ def slim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return py
 
 
+#: The SDK's own unit tests (client, codec, consumer, push, errors, wire frames): none imports a
+#: service, so they run on the slim install, at the floors.
+SDK_UNIT_TESTS = [
+    "tests/unit/client",
+    "tests/unit/codec",
+    "tests/unit/consumer",
+    "tests/unit/push",
+    "tests/unit/test_errors.py",
+    "tests/unit/test_wire_frames.py",
+]
+
+
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     stack = start_up(tmp_path_factory.mktemp("slim-up") / "data")
@@ -132,6 +145,31 @@ def test_the_sdk_of_a_slim_install_works_against_sluice_up(slim: Path, up: Up) -
     )
     assert listed.returncode == 0, listed.stderr
     assert "slim-" in listed.stdout
+
+
+def test_the_sdk_unit_tests_pass_on_the_slim_install_at_the_floors(slim: Path) -> None:
+    # The test tools only (pytest's and hypothesis' dependencies are no server package); the suite's
+    # conftest puts services/ first on sys.path, so the code is this checkout's and the libraries
+    # (grpcio, protobuf at the floors) are the slim venv's.
+    tools = ["pytest", "pytest-timeout", "hypothesis"]
+    subprocess.run(
+        [str(slim), "-m", "pip", "install", "-q", "--disable-pip-version-check", *tools],
+        check=True,
+        timeout=600,
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    result = subprocess.run(
+        [str(slim), "-m", "pytest", "-q", "-p", "no:cacheprovider", *SDK_UNIT_TESTS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout
+    assert not SERVER_ONLY & set(installed(slim))
 
 
 @pytest.mark.parametrize(
