@@ -1,8 +1,8 @@
 """``pip install sluice`` into a fresh venv, at the lowest protobuf and grpcio the generated code
 accepts (issue 18, "Packaging"): it pulls neither kubernetes, redis nor prometheus-client (nor the
 other server-only packages); its SDK works against a real ``sluice up`` (started from the full
-install); and its ``sluice up`` and service sub-commands say to install ``sluice[server]`` instead
-of failing with a traceback.
+install), and so do the SDK's unit tests; its ``sluice up`` and service sub-commands say to install
+``sluice[server]`` instead of failing with a traceback.
 
 The newest versions the ranges allow are what ``make test`` installs for everything else.
 The venv is made once per session (about a minute with pip's cache, longer on a cold one).
