@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/.tools/bin:$(PATH)
 
-.PHONY: all help deps tools protos check-protos module-map guard-table lint typecheck test unit integration bench up clean
+.PHONY: all help deps tools protos check-protos module-map guard-table lint typecheck test unit integration packaging bench up clean
 
 all: test
 
@@ -15,7 +15,7 @@ help:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark]'
+	$(PY) -m pip install -q -e '.[server,dev,spark]'
 	touch $@
 
 ## deps: the Python environment (.venv) with the project and its dev/test tools
@@ -61,6 +61,10 @@ unit: $(VENV)/.installed
 ## integration: the tests against real processes and a private Redis
 integration: deps
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration tests/chaos tests/metrics tests/chart tests/deploy
+
+## packaging: `pip install sluice` into a fresh venv at the lowest protobuf/grpcio, its SDK against `sluice up` (also in `test`)
+packaging: deps
+	$(PY) -m pytest -q -p no:cacheprovider tests/packaging
 
 ## bench: the data-plane benchmarks (produce, fetch, group and push consume, latency); results in bench/results
 bench: $(VENV)/.installed

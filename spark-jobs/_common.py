@@ -26,6 +26,9 @@ def session(app: str, master: str | None = None) -> SparkSession:
         path = os.pathsep.join(filter(None, [str(_SERVICES), os.environ.get("PYTHONPATH", "")]))
         os.environ["PYTHONPATH"] = path
         builder = builder.config("spark.executorEnv.PYTHONPATH", path)
+    # Spark starts its Python workers with PYSPARK_PYTHON, else `python3` from PATH, which outside an
+    # activated venv is the system's (no pyspark, no sluice): default to this very interpreter.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = builder.config("spark.sql.session.timeZone", "UTC").config("spark.ui.enabled", "false")
     spark = builder.getOrCreate()
     register(spark)

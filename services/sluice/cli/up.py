@@ -39,17 +39,22 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import sluice
 from sluice.cli.errors import CliError
 from sluice.cli.output import positive_float
+from sluice.cli.server_extra import require_server
 from sluice.cli.supervisor import SERVICE_READY, Child, RestartPolicy, Supervisor
 from sluice.cli.up_auth import LocalAuth
-from sluice.cli.up_tls import LocalTLS
 from sluice.common.client_security import TLSConfig
 from sluice.common.wire import WIRE_PORT_OFFSET
-from sluice.server.limits import OpenFilesLimit, raise_open_files_limit
+
+if TYPE_CHECKING:
+    # sluice.server (prometheus-client) and the TLS helpers (cryptography) are the `server` extra's:
+    # imported when `sluice up` runs, after require_server, so `pip install sluice` can load the CLI.
+    from sluice.cli.up_tls import LocalTLS
+    from sluice.server.limits import OpenFilesLimit
 
 REDIS_READY = re.compile(r"Ready to accept connections")
 DEFAULT_PORT = 7600
@@ -295,7 +300,11 @@ class Stack:
         self.open_files: OpenFilesLimit | None = None
         hosts = [self.connect_host, *([args.host] if args.host not in WILDCARD_HOSTS else [])]
         #: ``--tls``: the CA and certificates in DIR/tls.
-        self.tls = LocalTLS(self.data_dir, hosts) if getattr(args, "tls", False) else None
+        self.tls: LocalTLS | None = None
+        if getattr(args, "tls", False):
+            from sluice.cli.up_tls import LocalTLS
+
+            self.tls = LocalTLS(self.data_dir, hosts)
         #: ``--auth``: the cluster token and the admin's password in DIR.
         self.auth = LocalAuth(self.data_dir) if getattr(args, "auth", False) else None
 
@@ -434,6 +443,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    require_server("sluice up")
+    from sluice.server.limits import raise_open_files_limit
+
     for name in ("coordinator", "broker"):
         if not service_available(name):
             raise CliError("NOT_AVAILABLE", f"this installation has no {name} ({SERVICE_MODULES[name]})")

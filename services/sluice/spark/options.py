@@ -47,6 +47,11 @@ KNOWN = {
     "tokenfile",
     "username",
     "password",
+    # Kafka-source options (docs/spark.md, "Options").
+    "startingtimestamp",
+    "startingoffsetsbytimestamp",
+    "minpartitions",
+    "includeheaders",
 }
 
 
@@ -67,6 +72,14 @@ class SourceOptions:
     token_file: str | None = None
     username: str | None = None
     password: str | None = None
+    #: startingTimestamp (ms): every partition starts at its first record at or after it.
+    starting_timestamp: int | None = None
+    #: startingOffsetsByTimestamp: "topic/partition" -> ms; wins over startingTimestamp/Offsets.
+    starting_by_timestamp: dict[str, int] | None = None
+    #: minPartitions: at least this many Spark partitions, large ranges split in proportion.
+    min_partitions: int | None = None
+    #: includeHeaders: the ``headers`` column (Kafka's default: off).
+    include_headers: bool = False
 
     def client_kwargs(self) -> dict[str, Any]:
         """The security arguments of every ``Client`` the source makes, on the driver and executors."""
@@ -124,6 +137,34 @@ def _offsets(name: str, raw: str | None, default: str, topics: tuple[str, ...]) 
             if off < -2:
                 raise InvalidArgument(f"option {name}: offset {off} for {topic}/{part} is negative")
             out[tp_key(topic, int(part))] = off  # -2 earliest, -1 latest, like Kafka
+    return out
+
+
+def _timestamps(raw: str | None, topics: tuple[str, ...]) -> dict[str, int] | None:
+    """startingOffsetsByTimestamp: ``{"topic": {"0": 1700000000000}}`` -> {"topic/0": ms}."""
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(
+            f'option startingOffsetsByTimestamp: not JSON like {{"topic": {{"0": 1700000000000}}}}: {exc.msg}'
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("option startingOffsetsByTimestamp: the JSON must be an object of topics")
+    out: dict[str, int] = {}
+    for topic, parts in data.items():
+        if topic not in topics or not isinstance(parts, dict):
+            raise InvalidArgument(
+                f"option startingOffsetsByTimestamp: {topic!r} must be a subscribed topic mapping "
+                "partitions to timestamps (ms)"
+            )
+        for part, ts in parts.items():
+            if not str(part).isdigit() or not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
+                raise InvalidArgument(
+                    f"option startingOffsetsByTimestamp: {topic}/{part} -> {ts!r} is not partition -> ms"
+                )
+            out[tp_key(topic, int(part))] = ts
     return out
 
 
@@ -185,6 +226,7 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
     if group is not None:
         validate_group(group)
     timeout_ms = _positive("requestTimeoutMs", opts.get("requesttimeoutms")) or 30_000
+    creds = _credentials(opts)
     return SourceOptions(
         bootstrap=bootstrap,
         topics=topics,
@@ -197,8 +239,28 @@ def parse_options(options: Mapping[str, str], streaming: bool) -> SourceOptions:
         commit_to_group=group,
         request_timeout_s=timeout_ms / 1000,
         tls=_tls(opts),
-        **_credentials(opts),
+        token=creds["token"],
+        token_file=creds["token_file"],
+        username=creds["username"],
+        password=creds["password"],
+        starting_timestamp=_millis_option(opts.get("startingtimestamp")),
+        starting_by_timestamp=_timestamps(opts.get("startingoffsetsbytimestamp"), topics),
+        min_partitions=_positive("minPartitions", opts.get("minpartitions")),
+        include_headers=_bool("includeHeaders", opts.get("includeheaders"), False),
     )
+
+
+def _millis_option(raw: str | None) -> int | None:
+    """startingTimestamp: milliseconds since the epoch, or None."""
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"option startingTimestamp: {raw!r} is not milliseconds") from None
+    if value < 0:
+        raise InvalidArgument(f"option startingTimestamp: must be >= 0, got {value}")
+    return value
 
 
 def _credentials(opts: Mapping[str, str]) -> dict[str, str | None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -34,6 +35,27 @@ def split(r: OffsetRange, max_records: int | None) -> list[OffsetRange]:
         OffsetRange(r.topic, r.partition, s, min(s + max_records, r.end))
         for s in range(r.start, r.end, max_records)
     ]
+
+
+def split_min_partitions(ranges: list[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:
+    """At least ``min_partitions`` pieces when there are that many records: each range gets a share
+    of ``min_partitions`` in proportion to its size, rounded *up* (Kafka's source rounds to nearest,
+    so its count is only approximately the minimum), and is cut into that many near-equal pieces.
+    Small ranges are never merged (a Spark partition reads one topic-partition).
+
+    >>> [(x.start, x.end) for x in split_min_partitions([OffsetRange("t", 0, 0, 10)], 3)]
+    [(0, 3), (3, 6), (6, 10)]
+    """
+    live = [r for r in ranges if r.size > 0]
+    total = sum(r.size for r in live)
+    if min_partitions is None or len(live) >= min_partitions or total == 0:
+        return live
+    out: list[OffsetRange] = []
+    for r in live:
+        parts = min(r.size, -(-r.size * min_partitions // total))  # ceil, >= 1 as size > 0
+        bounds = [r.start + r.size * i // parts for i in range(parts + 1)]
+        out += [OffsetRange(r.topic, r.partition, a, b) for a, b in itertools.pairwise(bounds)]
+    return out
 
 
 def limit_offsets(

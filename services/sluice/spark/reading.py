@@ -20,22 +20,34 @@ from sluice.spark.planning import OffsetRange
 
 log = logging.getLogger(__name__)
 
-SCHEMA_DDL = (
-    "topic string, partition int, offset long, key binary, value binary, tag string, "
-    "headers map<string,binary>, timestamp timestamp"
-)
-ARROW_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("tag", pa.string()),
-        ("headers", pa.map_(pa.string(), pa.binary())),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-    ]
-)
+#: Spark's Kafka source's columns, in its order and types (KafkaRecordToRowConverter.kafkaSchema:
+#: key, value, topic, partition, offset, timestamp, timestampType, and with includeHeaders,
+#: headers as array<struct<key:string,value:binary>>), then Sluice's own ``tag``. timestampType is
+#: always 0 (CreateTime): Sluice keeps the producer's timestamp (docs/spark.md, "Schema").
+_HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+_FIELDS = [
+    ("key", pa.binary(), "binary"),
+    ("value", pa.binary(), "binary"),
+    ("topic", pa.string(), "string"),
+    ("partition", pa.int32(), "int"),
+    ("offset", pa.int64(), "long"),
+    ("timestamp", pa.timestamp("us", tz="UTC"), "timestamp"),
+    ("timestampType", pa.int32(), "int"),
+    ("headers", _HEADERS_TYPE, "array<struct<key:string,value:binary>>"),
+    ("tag", pa.string(), "string"),
+]
+CREATE_TIME = 0
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    return pa.schema([(n, t) for n, t, _ in _FIELDS if include_headers or n != "headers"])
+
+
+def schema_ddl(include_headers: bool) -> str:
+    return ", ".join(f"`{n}` {d}" for n, _, d in _FIELDS if include_headers or n != "headers")
+
+
+SCHEMA_DDL = schema_ddl(include_headers=True)
 
 
 class Planner:
@@ -110,6 +122,32 @@ class Planner:
                 )
         return out
 
+    def resolve_start(self) -> dict[str, int]:
+        """Where a query starts: startingOffsetsByTimestamp, else startingTimestamp, else
+        startingOffsets (Kafka's precedence). A timestamp resolves per partition to the first
+        offset whose record timestamp is >= it; with no such record, to the high watermark (the
+        next record written). Partitions startingOffsetsByTimestamp does not name start as
+        startingOffsets says."""
+        o = self.options
+        if o.starting_by_timestamp is not None:
+            out = self.resolve(o.starting)
+            unknown = set(o.starting_by_timestamp) - set(out)
+            if unknown:
+                raise InvalidArgument(
+                    f"timestamps given for unknown partitions: {', '.join(sorted(unknown))}"
+                )
+            for key, ts in o.starting_by_timestamp.items():
+                topic, p = parse_tp_key(key)
+                out[key] = self.client.list_offsets(topic, ts, partitions=[p])[p]
+            return out
+        if o.starting_timestamp is not None:
+            return {
+                tp_key(topic, p): off
+                for topic in self.check_topics()
+                for p, off in self.client.list_offsets(topic, o.starting_timestamp).items()
+            }
+        return self.resolve(o.starting)
+
     def with_new_partitions(self, start: dict[str, int], latest: dict[str, int]) -> dict[str, int]:
         """Partitions added to a topic while the query runs are read from their earliest offset."""
         added = [k for k in latest if k not in start]
@@ -144,7 +182,7 @@ class Planner:
             self.client.admin.set_group_offsets(group, topic, offsets)
 
 
-def arrow_batches(chunk: RawChunk, end: int) -> Iterator[pa.RecordBatch]:
+def arrow_batches(chunk: RawChunk, end: int, include_headers: bool = True) -> Iterator[pa.RecordBatch]:
     """Arrow record batches for the records of ``chunk`` in [chunk.start, end).
 
     One broker batch becomes one Arrow batch with whole-column operations: the
@@ -164,20 +202,23 @@ def arrow_batches(chunk: RawChunk, end: int) -> Iterator[pa.RecordBatch]:
         offsets = h.base_offset + np.frombuffer(c.offset_deltas, dtype=np.int32).astype(np.int64)
         klen = np.frombuffer(c.key_lengths, dtype=np.int32)
         has_key = klen >= 0
-        columns_ = [
-            pa.repeat(pa.scalar(chunk.topic, pa.string()), n),
-            pa.repeat(pa.scalar(chunk.partition, pa.int32()), n),
-            pa.array(offsets, pa.int64()),
-            _binary(mv[kp:vp], np.where(has_key, klen, 0), None if has_key.all() else has_key),
-            _binary(mv[vp:hp], np.frombuffer(c.value_lengths, dtype=np.int32), None),
-            _tags(tags, np.frombuffer(c.tag_indexes, dtype=np.uint16)),
-            _headers(mv[hp:dend], np.frombuffer(c.headers_lengths, dtype=np.int32)),
-            pa.array(
+        cols = {
+            "key": _binary(mv[kp:vp], np.where(has_key, klen, 0), None if has_key.all() else has_key),
+            "value": _binary(mv[vp:hp], np.frombuffer(c.value_lengths, dtype=np.int32), None),
+            "topic": pa.repeat(pa.scalar(chunk.topic, pa.string()), n),
+            "partition": pa.repeat(pa.scalar(chunk.partition, pa.int32()), n),
+            "offset": pa.array(offsets, pa.int64()),
+            "timestamp": pa.array(
                 (h.base_timestamp + np.frombuffer(c.timestamp_deltas, dtype=np.int64)) * 1000,
                 pa.timestamp("us", tz="UTC"),
             ),
-        ]
-        batch = pa.RecordBatch.from_arrays(columns_, schema=ARROW_SCHEMA)
+            "timestampType": pa.repeat(pa.scalar(CREATE_TIME, pa.int32()), n),
+            "tag": _tags(tags, np.frombuffer(c.tag_indexes, dtype=np.uint16)),
+        }
+        if include_headers:
+            cols["headers"] = _headers(mv[hp:dend], np.frombuffer(c.headers_lengths, dtype=np.int32))
+        schema = arrow_schema(include_headers)
+        batch = pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
         keep = (offsets >= chunk.start) & (offsets < end)
         yield batch if keep.all() else batch.filter(pa.array(keep))
 
@@ -200,21 +241,22 @@ def _tags(tags: tuple[str, ...], indexes: npt.NDArray[np.uint16]) -> pa.Array:
     return pa.DictionaryArray.from_arrays(codes, pa.array(tags, pa.string())).cast(pa.string())
 
 
-_HEADERS_TYPE = pa.map_(pa.string(), pa.binary())
 #: Bytes asked per fetch by an executor reading its offset range.
 READ_CHUNK_BYTES = 16 * 1024 * 1024
 
 
 def _headers(data: memoryview, lengths: npt.NDArray[np.int32]) -> pa.Array:
     n = len(lengths)
-    if not lengths.any():  # the common case: no record has headers, all maps are empty
-        return pa.MapArray.from_arrays(
-            pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), pa.array([], pa.binary())
-        ).cast(_HEADERS_TYPE)
-    rows: list[list[tuple[str, bytes]]] = []
+    if not lengths.any():  # the common case: no record has headers, all lists are empty
+        empty = pa.StructArray.from_arrays(
+            [pa.array([], pa.string()), pa.array([], pa.binary())], names=["key", "value"]
+        )
+        return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), empty).cast(_HEADERS_TYPE)
+    rows: list[list[dict[str, object]]] = []
     p = 0
     for length in lengths.tolist():
-        rows.append(list(decode_headers(data[p : p + length]).items()) if length else [])
+        pairs = decode_headers(data[p : p + length]).items() if length else ()
+        rows.append([{"key": k, "value": v} for k, v in pairs])
         p += length
     return pa.array(rows, _HEADERS_TYPE)
 
@@ -249,6 +291,6 @@ def read_range(r: OffsetRange, options: SourceOptions) -> Iterator[pa.RecordBatc
                         f"{r.topic}/{r.partition} stopped at {position} before the planned end {r.end}"
                     )
                 for chunk in chunks:
-                    yield from arrow_batches(chunk, r.end)
+                    yield from arrow_batches(chunk, r.end, options.include_headers)
         finally:
             fetcher.close()

@@ -11,7 +11,14 @@ import logging
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -20,9 +27,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from sluice.spark.options import SourceOptions, parse_options
-from sluice.spark.planning import OffsetRange, limit_offsets, split
-from sluice.spark.reading import SCHEMA_DDL, Planner, read_range
+from sluice.spark.options import SourceOptions, _bool, parse_options
+from sluice.spark.planning import OffsetRange, limit_offsets, split, split_min_partitions
+from sluice.spark.reading import Planner, read_range, schema_ddl
+from sluice.spark.sink import SluiceBatchWriter, SluiceStreamWriter, parse_sink_options
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +50,20 @@ class SluiceDataSource(DataSource):
         return "sluice"
 
     def schema(self) -> str:
-        return SCHEMA_DDL
+        # Kafka's columns; ``headers`` only with includeHeaders=true, as in Kafka's source.
+        return schema_ddl(_bool("includeHeaders", self.options.get("includeheaders"), False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return SluiceBatchReader(parse_options(self.options, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return SluiceStreamReader(parse_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return SluiceBatchWriter(parse_sink_options(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return SluiceStreamWriter(parse_sink_options(self.options), schema)
 
 
 class SluiceBatchReader(DataSourceReader):
@@ -57,13 +72,18 @@ class SluiceBatchReader(DataSourceReader):
         # Resolve at construction so bad topics or an unreachable bootstrap fail
         # while Spark plans the query, not inside a task.
         with Planner(options) as planner:
-            start = planner.resolve(options.starting)
+            start = planner.resolve_start()
             end = planner.resolve(options.ending, at_least=start)
-        self.ranges = [
-            piece
-            for key in sorted(end)
-            for piece in split(planner.range(key, start[key], end[key]), options.max_records_per_partition)
-        ]
+        self.ranges = split_min_partitions(
+            [
+                piece
+                for key in sorted(end)
+                for piece in split(
+                    planner.range(key, start[key], end[key]), options.max_records_per_partition
+                )
+            ],
+            options.min_partitions,
+        )
 
     def partitions(self) -> Sequence[InputPartition]:
         return [RangePartition(r, self.options) for r in self.ranges]
@@ -84,7 +104,7 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, int]:
         with Planner(self.options) as planner:
-            return planner.resolve(self.options.starting)
+            return planner.resolve_start()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_records_per_trigger is not None:
@@ -116,7 +136,9 @@ class SluiceStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for key in sorted(end):
                 first = planner.checked_start(key, start.get(key), end[key])
                 ranges += split(planner.range(key, first, end[key]), self.options.max_records_per_partition)
-        return [RangePartition(r, self.options) for r in ranges]
+        return [
+            RangePartition(r, self.options) for r in split_min_partitions(ranges, self.options.min_partitions)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)

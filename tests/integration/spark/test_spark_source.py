@@ -45,20 +45,21 @@ def _read(spark: Any, stack: Stack, topic: str, **options: str) -> Any:
 def test_batch_read_returns_exactly_the_produced_records(spark: Any, stack: Stack, client: Client) -> None:
     topic = _topic(client)
     sent = _produce(client, topic, 400)
-    df = _read(spark, stack, topic)
+    df = _read(spark, stack, topic, includeHeaders="true")
     rows = df.collect()
     assert len(rows) == 400
     assert sorted((r.value, r.tag) for r in rows) == sorted(sent)
     assert {r.partition for r in rows} == {0, 1, 2, 3}
-    assert all(r.headers["i"] == r.value[1:] for r in rows)
+    assert all([(h.key, h.value) for h in r.headers] == [("i", r.value[1:])] for r in rows)
+    assert {r.timestampType for r in rows} == {0}
     # Offsets are dense per partition and keys stay on one partition.
     by_part: dict[int, list[int]] = {}
     for r in rows:
         by_part.setdefault(r.partition, []).append(r.offset)
     assert all(sorted(v) == list(range(len(v))) for v in by_part.values())
     assert df.schema.simpleString() == (
-        "struct<topic:string,partition:int,offset:bigint,key:binary,value:binary,tag:string,"
-        "headers:map<string,binary>,timestamp:timestamp>"
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,timestamp:timestamp,"
+        "timestampType:int,headers:array<struct<key:string,value:binary>>,tag:string>"
     )
 
 
