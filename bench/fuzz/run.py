@@ -38,6 +38,10 @@ def _offline(examples: int) -> tuple[int, int]:
     command += ["--hypothesis-show-statistics"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     print(done.stdout[-4000:])
+    # The statistics fill the tail: print every failure's own lines too (its exception and input).
+    failures = [line for line in done.stdout.splitlines() if line.startswith(("E ", "FAILED"))]
+    if failures:
+        print("\n".join(failures[:200]))
     # Hypothesis's statistics: "- 200 passing, 0 failing, and 42 invalid test cases" per phase.
     cases = sum(int(n) for n in re.findall(r"(\d+) passing, \d+ failing", done.stdout))
     return done.returncode, cases

@@ -71,8 +71,9 @@ def load(
     if config_file is not None:
         try:
             data = tomllib.loads(Path(config_file).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidArgument(f"cannot read config file {config_file}: {exc}") from exc
+        except (OSError, tomllib.TOMLDecodeError, ValueError, UnicodeDecodeError) as exc:
+            # ValueError: a path with a NUL byte (found by tests/unit/fuzz); UnicodeDecodeError: not text.
+            raise InvalidArgument(f"cannot read config file {str(config_file)[:200]!r}: {exc}") from None
         unknown = set(data) - names
         if unknown:
             raise InvalidArgument(f"unknown settings in {config_file}: {', '.join(sorted(unknown))}")

@@ -15,12 +15,12 @@ import contextlib
 from hypothesis import given
 
 from sluice.codec import batch as b
-from sluice.errors import BatchTooLarge, CorruptBatch, UnsupportedVersion
+from sluice.errors import BatchTooLarge, CorruptBatch, LimitExceeded, UnsupportedVersion
 from tests.unit.fuzz.strategies import RecordTuple, broken_batch, records_st
 
 LIMIT = 1 << 20
 #: What a reader may raise for bad bytes: the typed errors, nothing else.
-TYPED = (CorruptBatch, BatchTooLarge, UnsupportedVersion)
+TYPED = (CorruptBatch, BatchTooLarge, UnsupportedVersion, LimitExceeded)
 
 
 @given(broken_batch())

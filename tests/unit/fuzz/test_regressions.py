@@ -39,3 +39,11 @@ def test_a_malformed_batch_read_without_validation_is_corrupt_not_a_key_error() 
 def test_an_out_of_range_duration_is_a_typed_error() -> None:
     with pytest.raises(InvalidArgument, match="out of range"):
         parse_duration("99999999999999999999")
+
+
+def test_a_config_path_with_a_nul_byte_is_a_typed_error() -> None:
+    """``sluice offset-store --config $'\\x00'`` printed a ValueError traceback (found by bench/fuzz)."""
+    from sluice.offsetstore.main import parse_config
+
+    with pytest.raises(InvalidArgument, match="cannot read config file"):
+        parse_config(["--config", "\x00"])
