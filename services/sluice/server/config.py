@@ -115,7 +115,15 @@ class ConnectionSettings:
         default=2_000,
         metadata={
             "help": "open wire connections from one client address (Kafka max.connections.per.ip); "
-            "gRPC: not enforced (grpcio has no hook), its total is"
+            "gRPC: grpcio has no connection hook, so grpc_max_rpcs_per_address bounds one address there"
+        },
+    )
+    grpc_max_rpcs_per_address: int = field(
+        default=4_096,
+        metadata={
+            "help": "RPCs (calls and open streams) one client address may run at once on the gRPC server, "
+            "over all its connections: as many as one connection may (grpc_max_concurrent_streams), so "
+            "opening more connections gains an address nothing; past it a call fails with LIMIT_EXCEEDED"
         },
     )
     connections_max_idle: timedelta = field(
@@ -200,6 +208,7 @@ class ConnectionSettings:
             "max_hello_bytes": self.max_hello_bytes,
             "grpc_max_concurrent_streams": self.grpc_max_concurrent_streams,
             "grpc_max_concurrent_rpcs": self.grpc_max_concurrent_rpcs,
+            "grpc_max_rpcs_per_address": self.grpc_max_rpcs_per_address,
             "grpc_max_metadata_bytes": self.grpc_max_metadata_bytes,
         }
         for name, value in counts.items():

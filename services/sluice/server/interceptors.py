@@ -15,18 +15,25 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
 from grpc import aio
 
 from sluice.common.rpc import ERROR_CODE_KEY
-from sluice.errors import MAX_ERROR_MESSAGE_BYTES, SluiceError, Unauthenticated, bounded_message
+from sluice.errors import (
+    MAX_ERROR_MESSAGE_BYTES,
+    LimitExceeded,
+    SluiceError,
+    Unauthenticated,
+    bounded_message,
+)
 from sluice.security.live_streams import LiveStream
 from sluice.security.service import ServiceSecurity
 from sluice.server.call_security import MethodSecurity, StreamEnd
 from sluice.server.decoding import RequestDecoder
+from sluice.server.limits import connection_settings
 from sluice.server.metrics import MethodRecorder, count_internal_error
 
 log = logging.getLogger(__name__)
@@ -62,6 +69,48 @@ def _method_name(full: str) -> str:
     return full.rsplit("/", 1)[-1]
 
 
+def _peer_host(peer: str) -> str:
+    """The client address of a gRPC peer string (``ipv4:10.0.0.7:51234``, ``ipv6:[::1]:5000``)."""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rsplit(":", 1)[0]
+    return peer  # unix sockets and the like: the whole string is the address
+
+
+class AddressCalls:
+    """RPCs running per client address, capped (``grpc_max_rpcs_per_address``).
+
+    grpcio tells Python nothing about connections, so Kafka's ``max.connections.per.ip`` cannot be
+    enforced on a gRPC port as it is on the wire ports. What an address can make the server hold is its
+    calls and streams, so those are counted instead, over all its connections: with the cap equal to
+    one connection's stream cap, more connections gain an address nothing (docs/limits.md)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._running: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def admitted(self, context: aio.ServicerContext[Any, Any]) -> Iterator[None]:
+        host = _peer_host(context.peer())
+        running = self._running.get(host, 0)
+        if running >= self.limit:
+            raise LimitExceeded(
+                f"{running} RPCs already run from {host[:64]}, the limit grpc_max_rpcs_per_address="
+                f"{self.limit}",
+                limit="grpc_max_rpcs_per_address",
+                value=self.limit,
+            )
+        self._running[host] = running + 1
+        try:
+            yield
+        finally:
+            left = self._running[host] - 1
+            if left:
+                self._running[host] = left
+            else:
+                del self._running[host]  # bounded by the addresses with a call running
+
+
 class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
     """Wraps every handler of one service with auth, metrics and error mapping.
 
@@ -76,6 +125,7 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
         #: what it did before security existed.
         self._security = security if security is not None and security.active else None
         self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        self._calls = AddressCalls(connection_settings().grpc_max_rpcs_per_address)
 
     async def intercept_service(
         self,
@@ -99,6 +149,7 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
         # Registered below with a pass-through deserializer: undecodable bytes become a typed error in
         # the handler (decoding.py), not grpcio's UNKNOWN.
         decoder = RequestDecoder(method, handler.request_deserializer)
+        admitted = self._calls.admitted
 
         if handler.unary_unary is not None:
             # grpc-stubs types handlers with the sync context; under grpc.aio they are coroutines.
@@ -107,11 +158,12 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
             async def unary_unary(raw: Any, context: aio.ServicerContext[Any, Any]) -> Any:
                 started = time.perf_counter()
                 try:
-                    who = await guard.authenticate(context) if guard is not None else None
-                    request = decoder.decode(raw)
-                    if guard is not None and who is not None:
-                        guard.begin_call(who, context, request)
-                    response = await inner_uu(request, context)
+                    with admitted(context):
+                        who = await guard.authenticate(context) if guard is not None else None
+                        request = decoder.decode(raw)
+                        if guard is not None and who is not None:
+                            guard.begin_call(who, context, request)
+                        response = await inner_uu(request, context)
                 except SluiceError as err:
                     record(err.code_name, started)
                     await _abort(context, err)
@@ -138,7 +190,7 @@ class ServiceInterceptor(aio.ServerInterceptor):  # type: ignore[type-arg]
 
         if handler.stream_stream is not None:
             stream_stream = _stream_stream(
-                (service, full), method, handler.stream_stream, guard, record, decoder
+                (service, full), method, handler.stream_stream, guard, record, decoder, admitted
             )
             return grpc.stream_stream_rpc_method_handler(
                 stream_stream,
@@ -156,6 +208,7 @@ async def _stream_outcome(
     guard: MethodSecurity | None,
     record: Callable[[str, float], None],
     context: aio.ServicerContext[Any, Any],
+    admitted: Callable[[aio.ServicerContext[Any, Any]], contextlib.AbstractContextManager[None]],
 ) -> AsyncIterator[LiveStream | None]:
     """Authenticate and track the stream, then record how it ended (and abort with a typed
     error, also when it was ended from outside: expiry, a right revoked)."""
@@ -164,11 +217,12 @@ async def _stream_outcome(
     end = StreamEnd()
     stream: LiveStream | None = None
     try:
-        if guard is not None:
-            who = await guard.authenticate(context)
-            if who is not None:
-                stream = guard.begin_stream(who, context, end)
-        yield stream
+        with admitted(context):
+            if guard is not None:
+                who = await guard.authenticate(context)
+                if who is not None:
+                    stream = guard.begin_stream(who, context, end)
+            yield stream
     except SluiceError as err:
         record(err.code_name, started)
         await _abort(context, err)
@@ -199,12 +253,13 @@ def _stream_stream(
     guard: MethodSecurity | None,
     record: Callable[[str, float], None],
     decoder: RequestDecoder,
+    admitted: Callable[[aio.ServicerContext[Any, Any]], contextlib.AbstractContextManager[None]],
 ) -> Any:
     """The wrapped stream-stream handler: an async generator for a generator handler, a coroutine
     for one on gRPC's reader/writer API."""
 
     def outcome(context: aio.ServicerContext[Any, Any]) -> Any:
-        return _stream_outcome(where, method, guard, record, context)
+        return _stream_outcome(where, method, guard, record, context, admitted)
 
     def requests_of(request_iterator: AsyncIterator[Any]) -> AsyncIterator[Any]:
         decoded = decoder.stream(request_iterator)

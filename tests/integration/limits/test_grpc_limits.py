@@ -14,7 +14,8 @@ import pytest
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sluice.common.rpc import CHANNEL_OPTIONS
+from sluice.common.rpc import CHANNEL_OPTIONS, answered_error
+from sluice.v1 import broker_pb2, broker_pb2_grpc
 from tests.harness import ServiceProcess
 from tests.integration.limits.conftest import metric, rss_bytes, wait_for
 from tests.integration.limits.raw_h2 import ENHANCE_YOUR_CALM, RawH2
@@ -188,3 +189,45 @@ def test_a_client_flooding_pings_is_sent_away(launch: Launch) -> None:
         assert _healthy(broker) < 5
     finally:
         client.close()
+
+
+def test_one_address_is_capped_over_all_its_connections(launch: Launch) -> None:
+    """grpc_max_rpcs_per_address (grpcio has no connection hook, so an address's calls and streams are
+    counted over all its connections): 5 streams held on 5 connections leave no room for a sixth call
+    from the same address, typed LIMIT_EXCEEDED; ending one lets calls in again."""
+    broker = launch("broker", "--grpc-max-rpcs-per-address", "5")
+    own = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))  # a connection per channel
+
+    async def call_once(channel: aio.Channel) -> tuple[grpc.StatusCode, str]:
+        """One unary call: its status, and the Sluice error code its trailer carries ("" if none)."""
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        try:
+            await stub.ListOffsets(broker_pb2.ListOffsetsRequest(), timeout=5)
+        except aio.AioRpcError as exc:
+            typed = answered_error(exc)
+            return exc.code(), typed.code_name if typed is not None else ""
+        return grpc.StatusCode.OK, ""
+
+    async def until(channel: aio.Channel, wanted: grpc.StatusCode) -> str:
+        deadline = time.monotonic() + 20
+        while (answer := await call_once(channel))[0] != wanted:
+            assert time.monotonic() < deadline, f"still {answer}, waiting for {wanted}"
+            await asyncio.sleep(0.1)
+        return answer[1]
+
+    async def run() -> None:
+        channels = [aio.insecure_channel(broker.address, options=own) for _ in range(6)]
+        try:
+            # Held open with nothing sent (grpc.aio's stream calls take their requests by write()).
+            streams = [broker_pb2_grpc.BrokerStub(c).ProduceStream() for c in channels[:5]]  # type: ignore[call-arg]
+            refused = await until(channels[5], grpc.StatusCode.RESOURCE_EXHAUSTED)  # all five run
+            assert refused == "LIMIT_EXCEEDED"
+            streams[0].cancel()
+            await until(channels[5], grpc.StatusCode.OK)
+            for stream in streams:
+                stream.cancel()
+        finally:
+            for channel in channels:
+                await channel.close(None)
+
+    asyncio.run(run())
