@@ -37,7 +37,6 @@ import re
 import shutil
 import socket
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -47,8 +46,15 @@ from sluice.cli.output import positive_float
 from sluice.cli.server_extra import require_server
 from sluice.cli.supervisor import SERVICE_READY, Child, RestartPolicy, Supervisor
 from sluice.cli.up_auth import LocalAuth
+from sluice.cli.up_ports import (
+    DEFAULT_PORT,
+    MAX_BROKERS,
+    Ports,
+    broker_ports,
+    check_port_collisions,
+    plan_ports,
+)
 from sluice.common.client_security import TLSConfig
-from sluice.common.wire import WIRE_PORT_OFFSET
 
 if TYPE_CHECKING:
     # sluice.server (prometheus-client) and the TLS helpers (cryptography) are the `server` extra's:
@@ -57,10 +63,6 @@ if TYPE_CHECKING:
     from sluice.server.limits import OpenFilesLimit
 
 REDIS_READY = re.compile(r"Ready to accept connections")
-DEFAULT_PORT = 7600
-METRICS_OFFSET = 2000
-# Port offsets from --port / --metrics-port, fixed per service whatever the start order.
-PORT_OFFSETS = {"coordinator": 0, "broker": 1, "offset-store": 2, "dispatcher": 3}
 SERVICE_MODULES = {
     "coordinator": "sluice.coordinator.main",
     "broker": "sluice.broker.main",
@@ -68,9 +70,6 @@ SERVICE_MODULES = {
     "dispatcher": "sluice.dispatcher.main",
 }
 OPTIONAL_SERVICES = ("offset-store", "dispatcher")
-#: Local brokers beyond this are a mistake on a development machine (each is a process and its fsyncs);
-#: and broker 8's gRPC port (--port + 11) would be broker 0's wire port (its gRPC port + 10).
-MAX_BROKERS = 7
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
@@ -163,51 +162,6 @@ def _broker_count(text: str) -> int:
     if not 1 <= value <= MAX_BROKERS:
         raise argparse.ArgumentTypeError(f"--brokers must be between 1 and {MAX_BROKERS}, got {value}")
     return value
-
-
-@dataclass(frozen=True)
-class Ports:
-    port: int
-    metrics: int
-
-
-def plan_ports(base: int, metrics_base: int | None) -> dict[str, Ports]:
-    """Every service's (port, metrics port); base 0 means ephemeral everywhere."""
-    if metrics_base is None:
-        metrics_base = base + METRICS_OFFSET if base else 0
-    if base and base + max(PORT_OFFSETS.values()) + MAX_BROKERS > 65535:
-        raise CliError("INVALID_ARGUMENT", f"--port {base} leaves no room for the services after it")
-    return {
-        name: Ports(base + off if base else 0, metrics_base + off if metrics_base else 0)
-        for name, off in PORT_OFFSETS.items()
-    }
-
-
-def check_port_collisions(plan: dict[str, Ports], brokers: int) -> None:
-    """Refuse a plan in which a metrics port lands on a gRPC or wire port (``--metrics-port 7610``
-    would take broker 0's wire port and fail its start with a bind error, far from the cause)."""
-    listeners = [*plan.values(), *(broker_ports(plan, i) for i in range(1, brokers))]
-    grpc = {p.port for p in listeners if p.port}
-    wire = {port + WIRE_PORT_OFFSET for port in grpc}
-    metrics = {p.metrics for p in listeners if p.metrics}
-    clash = sorted(metrics & (grpc | wire))
-    if clash:
-        raise CliError(
-            "INVALID_ARGUMENT",
-            f"metrics port {clash[0]} is also a gRPC or wire port of this cluster (gRPC ports "
-            f"{min(grpc)}-{max(grpc)}, wire ports {min(wire)}-{max(wire)}): choose --metrics-port "
-            "outside them",
-        )
-
-
-def broker_ports(plan: dict[str, Ports], index: int) -> Ports:
-    """Broker ``index``'s ports: broker 0 has the ``broker`` slot; the others follow the dispatcher's
-    (``+4``, ``+5``, ...), so adding brokers moves no other service's port."""
-    if index == 0:
-        return plan["broker"]
-    base = plan["broker"]
-    offset = max(PORT_OFFSETS.values()) - PORT_OFFSETS["broker"] + index
-    return Ports(base.port + offset if base.port else 0, base.metrics + offset if base.metrics else 0)
 
 
 def broker_names(count: int) -> list[str]:
@@ -406,7 +360,36 @@ class Stack:
         if service_available("dispatcher"):
             # A fixed id: durable subscriptions are routed to it across restarts.
             dispatcher_args = ["--dispatcher-id", "dispatcher-0", "--coordinator", coordinator, *advertised]
-            return self.start_service("dispatcher", dispatcher_args)
+            if not self.start_service("dispatcher", dispatcher_args):
+                return False
+        return self.start_scheduler(coordinator)
+
+    def start_scheduler(self, coordinator: str) -> bool:
+        """The delayed-delivery scheduler (docs/delayed-delivery.md): a client of the cluster, so it
+        connects as the services do, with the cluster token and the CA (from its environment)."""
+        env = dict(self.env)
+        if self.auth is not None:
+            env["SLUICE_TOKEN"] = self.auth.cluster_token
+        if self.tls is not None:
+            env["SLUICE_TLS_CA"] = str(self.tls.ca)
+        data = self.data_dir / "scheduler"
+        argv = [
+            sys.executable,
+            "-m",
+            "sluice",
+            "scheduler",
+            "--coordinator",
+            coordinator,
+            "--data-dir",
+            str(data),
+        ]
+        child = Child(
+            "scheduler", argv, self.logs / "scheduler.log", SERVICE_READY, self.sup.waker,
+            echo=self.args.verbose, env=env,
+        )  # fmt: skip
+        if self.sup.start(child, self.args.start_timeout) is None:
+            return False
+        self.summary.append(f"  {'scheduler':<14}{'(delayed delivery)':<22}{'':<48}pid {child.pid}")
         return True
 
     def print_banner(self, out: TextIO) -> None:

@@ -5,6 +5,7 @@ already taken ends ``sluice up`` with the typed error and no traceback in any lo
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -102,3 +103,24 @@ def test_up_with_its_coordinator_port_taken_fails_typed_without_a_traceback(tmp_
     assert "Traceback" not in result.stderr
     for log in (data / "logs").glob("*.log"):
         assert "Traceback" not in log.read_text(), log.name
+
+
+def test_up_runs_the_scheduler_so_a_delayed_send_arrives_when_due(up: Up) -> None:
+    """`sluice up` starts the delayed-delivery scheduler with the rest (docs/delayed-delivery.md): a
+    record sent with --deliver-after is not readable before it is due, and is once it is."""
+    assert "scheduler" in "\n".join(up.stdout)
+    assert cli(up.bootstrap, "topic", "create", "later", "--partitions", "1").returncode == 0
+    sent = time.time()
+    command = [sys.executable, "-m", "sluice", "--bootstrap", up.bootstrap, "produce", "later"]
+    produced = subprocess.run(
+        [*command, "--deliver-after", "2s"],
+        input="due\n", capture_output=True, text=True, timeout=60, env=_env(), cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    got = cli(up.bootstrap, "consume", "later", "--from", "earliest", "--max", "1", "--format", "json")
+    assert got.returncode == 0, got.stderr
+    # The consume follows the topic from the start: it can only return once the record was appended.
+    assert time.time() >= sent + 2, "the record was readable before it was due"
+    record = json.loads(got.stdout)
+    assert record["value"] == "due"
+    assert int(record["headers"]["sluice-deliver-at"]) >= sent * 1000 + 2000 - 50
