@@ -11,7 +11,7 @@ from sluice.cli import commands
 from sluice.cli.errors import UsageError
 from sluice.cli.positions import Start
 from sluice.cli.topic import parse_topic_config
-from sluice.cli.up import Ports, plan_ports
+from sluice.cli.up_ports import Ports, plan_ports
 
 
 def parse(*argv: str) -> argparse.Namespace:
