@@ -15,7 +15,7 @@ from sluice.broker.log.space import DEFAULT_MIN_FREE_BYTES
 from sluice.common.wire import wire_listen_port, wire_port_help
 from sluice.errors import InvalidArgument
 from sluice.security.settings import SecuritySettings
-from sluice.server.config import ConnectionSettings
+from sluice.server.config import ConnectionSettings, FilterSettings
 
 ENV_PREFIX = "SLUICE_BROKER_"
 MiB = 1024 * 1024
@@ -26,7 +26,7 @@ def _ms(value: timedelta) -> int:
 
 
 @dataclass(frozen=True)
-class BrokerConfig(SecuritySettings, ConnectionSettings):
+class BrokerConfig(SecuritySettings, ConnectionSettings, FilterSettings):
     """One broker process."""
 
     broker_id: int = field(default=0, metadata={"help": "this broker's id in the cluster (>= 0)"})

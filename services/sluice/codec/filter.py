@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from sluice.codec.batch.layout import Headers
+from sluice.codec.filter_limits import filter_limits
 from sluice.codec.sql_filter import SqlFilter, compile_sql
 from sluice.errors import InvalidFilter, LimitExceeded, echo
 
@@ -26,13 +27,10 @@ SQL_PREFIX = "%SQL92%"
 
 _TAG = re.compile(r"[A-Za-z0-9._:/-]{1,255}")
 
-#: The longest filter expression accepted, in characters: 64 tags of 60 characters fit. Checked before
-#: anything else, and before the parse cache: 4,096 cached 1 MB expressions would hold 4 GB.
-MAX_FILTER_LENGTH = 4096
-#: The most tags one filter names. A tag filter has no nesting (``a || b || c``), so its depth is 1
-#: and its size is its tag count; RocketMQ bounds neither, and a broker tests each fetched tag against
-#: the set (a hash lookup), so the bound is about memory and the cache, not CPU.
-MAX_FILTER_TAGS = 256
+# The limits (length, tag count, SQL depth and IN list) are ``codec/filter_limits``'s, configurable per
+# service. A tag filter has no nesting (``a || b || c``): its size is its tag count; RocketMQ bounds
+# neither, and a broker tests each fetched tag against the set (a hash lookup), so the bound is about
+# memory and the cache, not CPU. The length is checked before anything else, and before the parse cache.
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +57,13 @@ MATCH_ALL = TagFilter("*", None)
 
 def parse_filter(expression: str) -> TagFilter:
     """Parse a filter expression; raises InvalidFilter with the reason, LimitExceeded over a limit."""
-    if len(expression) > MAX_FILTER_LENGTH:
+    limit = filter_limits().max_length
+    if len(expression) > limit:
         raise LimitExceeded(
-            f"filter expression of {len(expression)} characters exceeds the limit of {MAX_FILTER_LENGTH} "
+            f"filter expression of {len(expression)} characters exceeds the limit of {limit} "
             f"characters (max_filter_length): {echo(expression)}",
             limit="max_filter_length",
-            value=MAX_FILTER_LENGTH,
+            value=limit,
         )
     return _parse(expression)
 
@@ -78,12 +77,13 @@ def _parse(expression: str) -> TagFilter:
     if expr in ("", "*"):
         return MATCH_ALL
     parts = [p.strip() for p in expr.split("||")]
-    if len(parts) > MAX_FILTER_TAGS:
+    max_tags = filter_limits().max_tags
+    if len(parts) > max_tags:
         raise LimitExceeded(
-            f"filter names {len(parts)} tags, over the limit of {MAX_FILTER_TAGS} (max_filter_tags): "
+            f"filter names {len(parts)} tags, over the limit of {max_tags} (max_filter_tags): "
             f"{echo(expression)}",
             limit="max_filter_tags",
-            value=MAX_FILTER_TAGS,
+            value=max_tags,
         )
     for p in parts:
         if p == "*":

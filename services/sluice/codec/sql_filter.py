@@ -41,14 +41,11 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from sluice.codec.batch.layout import Headers
 from sluice.codec.batch.summary import HeaderSummary, number_key, numeric, string_key
+from sluice.codec.filter_limits import filter_limits
 from sluice.errors import InvalidFilter
 
-#: Limits on an expression (to be wired to the broker's filter-expression limits in config: the
-#: "limits" work adds them; these are the defaults it should take over). The length leaves room for
-#: the ``%SQL92%`` prefix within the 4096 characters the offset store accepts for a filter.
-MAX_SQL_LENGTH = 4000
-MAX_SQL_DEPTH = 32
-MAX_IN_LIST = 1024
+# The limits on an expression (length, depth, IN list) are ``codec/filter_limits``'s, configurable per
+# service; the length is the whole filter's, ``%SQL92%`` prefix included (``codec/filter.py``).
 
 _GRAMMAR = r"""
 ?start: expr
@@ -124,10 +121,12 @@ def _fail(expression: str, what: str, token: Token | None = None) -> InvalidFilt
 
 
 def _parse(expression: str) -> Tree[Token]:
-    if len(expression) > MAX_SQL_LENGTH:
+    max_length = filter_limits().max_length
+    if len(expression) > max_length:
         raise InvalidFilter(
-            f"SQL92 filter of {len(expression)} characters exceeds the limit of {MAX_SQL_LENGTH}",
-            limit=MAX_SQL_LENGTH,
+            f"SQL92 filter of {len(expression)} characters exceeds the limit of {max_length} "
+            "(max_filter_length)",
+            limit=max_length,
         )
     if not expression.strip():
         raise InvalidFilter("empty SQL92 filter (use TRUE to match everything)")
@@ -155,14 +154,16 @@ def _parse(expression: str) -> Tree[Token]:
 
 
 def _check_depth(expression: str, tree: Tree[Token]) -> None:
-    """Nesting beyond ``MAX_SQL_DEPTH`` is refused (iteratively: the check must not recurse)."""
+    """Nesting beyond ``max_depth`` is refused (iteratively: the check must not recurse)."""
+    max_depth = filter_limits().max_depth
     stack: list[tuple[Tree[Token], int]] = [(tree, 1)]
     while stack:
         node, depth = stack.pop()
-        if depth > MAX_SQL_DEPTH:
+        if depth > max_depth:
             raise InvalidFilter(
-                f"SQL92 filter {expression[:80]!r} nests deeper than the limit of {MAX_SQL_DEPTH}",
-                limit=MAX_SQL_DEPTH,
+                f"SQL92 filter {expression[:80]!r} nests deeper than the limit of {max_depth} "
+                "(max_filter_depth)",
+                limit=max_depth,
             )
         stack.extend((c, depth + 1) for c in node.children if isinstance(c, Tree))
 
@@ -206,8 +207,11 @@ class _Compiler:
         if len(kinds) > 1:
             tok = next(t for v, t in values if isinstance(v, bytes) != isinstance(values[0][0], bytes))
             raise _fail(self.expression, "a list mixes strings and numbers", tok)
-        if len(values) > MAX_IN_LIST:
-            raise InvalidFilter(f"IN list of {len(values)} values exceeds the limit of {MAX_IN_LIST}")
+        max_in_list = filter_limits().max_in_list
+        if len(values) > max_in_list:
+            raise InvalidFilter(
+                f"IN list of {len(values)} values exceeds the limit of {max_in_list} (max_filter_in_list)"
+            )
         return [v for v, _ in values], kinds == {False}
 
     # ---- code: gen(node, True) is TRUE when the node is TRUE; gen(node, False) when it is FALSE --

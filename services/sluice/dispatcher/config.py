@@ -10,7 +10,7 @@ from datetime import timedelta
 from sluice.common.wire import wire_listen_port, wire_port_help
 from sluice.errors import InvalidArgument
 from sluice.security.settings import SecuritySettings
-from sluice.server.config import ConnectionSettings
+from sluice.server.config import ConnectionSettings, FilterSettings
 
 ENV_PREFIX = "SLUICE_DISPATCHER_"
 MiB = 1024 * 1024
@@ -22,7 +22,7 @@ def ms(value: timedelta) -> int:
 
 
 @dataclass(frozen=True)
-class DispatcherConfig(SecuritySettings, ConnectionSettings):
+class DispatcherConfig(SecuritySettings, ConnectionSettings, FilterSettings):
     """One dispatcher process."""
 
     dispatcher_id: str = field(

@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sluice.codec.filter_limits import FilterLimits
 from sluice.common.settings import convert_setting
 from sluice.common.units import parse_duration, parse_size
 from sluice.errors import InvalidArgument
@@ -230,3 +231,32 @@ class ConnectionSettings:
         for name, span in durations.items():
             if span <= timedelta(0):
                 raise InvalidArgument(f"{name} must be positive, got {span.total_seconds():g}s")
+
+
+@dataclass(frozen=True)
+class FilterSettings:
+    """The limits on filter expressions (tag and SQL92) of the services that parse them: the broker and
+    the dispatcher (``codec/filter_limits.py``). A mixin, as ``ConnectionSettings`` is."""
+
+    max_filter_length: int = field(
+        default=4096,
+        metadata={"help": "the longest filter expression, in characters (an SQL92 one with its prefix)"},
+    )
+    max_filter_tags: int = field(default=256, metadata={"help": "the most tags one tag filter names"})
+    max_filter_depth: int = field(
+        default=32, metadata={"help": "the deepest nesting of an SQL92 filter (parentheses, NOT, AND/OR)"}
+    )
+    max_filter_in_list: int = field(default=1024, metadata={"help": "the most values of one SQL92 IN list"})
+
+    def filter_limits(self) -> FilterLimits:
+        """The limits as the parsers take them; InvalidArgument for a limit below 1."""
+        limits = {
+            "max_filter_length": self.max_filter_length,
+            "max_filter_tags": self.max_filter_tags,
+            "max_filter_depth": self.max_filter_depth,
+            "max_filter_in_list": self.max_filter_in_list,
+        }
+        for name, value in limits.items():
+            if value < 1:
+                raise InvalidArgument(f"{name} must be >= 1, got {value}")
+        return FilterLimits(*limits.values())

@@ -30,13 +30,14 @@ from wsgiref.simple_server import WSGIServer
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from sluice.codec.filter_limits import set_filter_limits
 from sluice.common.client_security import set_process_security
 from sluice.errors import InvalidArgument, SluiceError
 from sluice.security.service import ServiceSecurity
 from sluice.security.settings import SecuritySettings
 from sluice.security.setup import service_security
 from sluice.security.tls import ServerTLS, server_tls
-from sluice.server.config import ConnectionSettings
+from sluice.server.config import ConnectionSettings, FilterSettings
 from sluice.server.http import start_http
 from sluice.server.interceptors import ServiceInterceptor
 from sluice.server.limits import (
@@ -152,8 +153,11 @@ def service_tls(settings: SecuritySettings) -> ServerTLS | None:
     """The first thing a service's ``run`` does (before it makes any peer channel): sets how this
     process calls the other services (``set_process_security``: its CA, its certificate for mTLS,
     the cluster token), makes the config's connection limits those of every listener it starts
-    (``sluice.server.limits``), and returns the TLS of its own listeners (None: plaintext)."""
+    (``sluice.server.limits``) and its filter limits those of every parse (``codec/filter_limits``), and
+    returns the TLS of its own listeners (None: plaintext)."""
     set_connection_settings(settings)
+    if isinstance(settings, FilterSettings):
+        set_filter_limits(settings.filter_limits())  # before any filter is parsed (and cached)
     set_process_security(service_security(settings))
     return server_tls(settings)
 

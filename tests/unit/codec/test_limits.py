@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.codec.batch import HeaderLimits, encode_records, validate_batch
-from sluice.codec.filter import MAX_FILTER_TAGS, parse_filter
+from sluice.codec.filter import parse_filter
+from sluice.codec.filter_limits import FilterLimits
 from sluice.errors import (
     ECHO_LIMIT,
     MAX_ERROR_MESSAGE_BYTES,
@@ -17,6 +18,8 @@ from sluice.errors import (
     bounded_message,
     echo,
 )
+
+MAX_FILTER_TAGS = FilterLimits().max_tags
 
 MAX = 1 << 24
 

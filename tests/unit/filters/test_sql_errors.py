@@ -7,8 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.codec.filter import SQL_PREFIX, parse_filter, sql_expression
-from sluice.codec.sql_filter import MAX_SQL_DEPTH, MAX_SQL_LENGTH, compile_sql
+from sluice.codec.filter_limits import FilterLimits
+from sluice.codec.sql_filter import compile_sql
 from sluice.errors import InvalidFilter
+
+MAX_SQL_LENGTH = FilterLimits().max_length
+MAX_SQL_DEPTH = FilterLimits().max_depth
 
 
 @pytest.mark.parametrize(
