@@ -23,6 +23,7 @@ from sluice.client import Client
 from sluice.client.producer.delay import SCHEDULE_TOPIC
 from sluice.common.units import parse_duration
 from sluice.errors import SluiceError, TopicAlreadyExists
+from sluice.server.limits import raise_open_files_limit
 
 __all__ = ["main"]
 
@@ -85,6 +86,7 @@ def ensure_topic(client: Client, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    raise_open_files_limit()  # as every Sluice process does: its bucket files and connections
     args = parse_args(argv)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
