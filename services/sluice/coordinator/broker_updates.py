@@ -128,7 +128,21 @@ class BrokerNotifier:
         link = self._links.get(broker_id)
         if link is not None:
             link.known_version = reported_version
+            self._resend_removals(link)
         self._settle_awaiting(broker_id, reported_version)
+
+    def _resend_removals(self, link: _PushQueue) -> None:
+        """Removals that failed to reach the broker ride on its next update; when none is coming (a
+        drained broker is assigned nothing more), the heartbeat that shows it is back sends them in a
+        full update of their own, so its data of the moved partitions is deleted."""
+        if not link.unsent_removals or link.queue or link.worker is not None or self._closed:
+            return
+        full = self._full_update(link.broker_id)
+        done: asyncio.Future[PushOutcome] = asyncio.get_running_loop().create_future()
+        link.queue.append(_Pending(UNKNOWN_VERSION, full, done))
+        link.worker = asyncio.get_running_loop().create_task(
+            self._drain(link.broker_id), name=f"push-broker-{link.broker_id}"
+        )
 
     def _settle_awaiting(self, broker_id: int, applied_version: int) -> None:
         """Acknowledge the unanswered pushes the broker has applied by now (its version only grows and every

@@ -128,3 +128,39 @@ async def _scenario() -> None:
 
 def test_pushes_keep_a_contract_following_broker_consistent() -> None:
     asyncio.run(_scenario())
+
+
+async def _lost_removal_scenario() -> None:
+    peer = ContractBroker()
+    server = aio.server()
+    broker_pb2_grpc.add_BrokerServicer_to_server(peer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ctx = ClusterContext()
+    notifier = BrokerNotifier(ctx.state.broker_assignment, timeout_s=2.0)
+    try:
+        reg = ctx.register_broker(1, port=port)
+        notifier.registered(1, Endpoint("127.0.0.1", port), known_version=0)
+        assert reg.change is not None
+        await asyncio.gather(*notifier.submit(reg.change, [1]).values())
+        await asyncio.gather(*notifier.submit(ctx.create_topic("a", 2).change, [1]).values())
+        # The removal's push is lost, and no other change for this broker follows (as after a drain).
+        peer.fail_next = 1
+        outcomes = await asyncio.gather(*notifier.submit(ctx.delete_topic("a").change, [1]).values())
+        assert outcomes[0] is not None
+        assert not peer.removed
+        # Its next heartbeat sends the removals on their own.
+        notifier.observed(1, peer.version)
+        for _ in range(100):
+            if peer.removed:
+                break
+            await asyncio.sleep(0.05)
+        assert {(t, p) for t, p, _ in peer.removed} == {("a", 0), ("a", 1)}
+        assert (peer.version, peer.partitions) == (ctx.state.metadata_version, expected(ctx, 1))
+    finally:
+        await notifier.close()
+        await server.stop(None)
+
+
+def test_a_lost_removal_is_sent_at_the_brokers_next_heartbeat_when_no_update_follows() -> None:
+    asyncio.run(_lost_removal_scenario())
