@@ -1,13 +1,14 @@
 """Undecodable requests and oversize error messages at the server's edge (sluice.server.decoding,
-sluice.server.interceptors.bounded_details): found by the RPC fuzz suite (tests/integration/fuzz)."""
+sluice.errors.bounded_message): found by the RPC fuzz suite (tests/integration/fuzz)."""
 
 from __future__ import annotations
 
 import pytest
 
+from sluice.errors import MAX_ERROR_MESSAGE_BYTES as MAX_DETAILS_BYTES
 from sluice.errors import InvalidArgument
+from sluice.errors import bounded_message as bounded_details
 from sluice.server.decoding import RequestDecoder
-from sluice.server.interceptors import MAX_DETAILS_BYTES, bounded_details
 from sluice.v1 import coordinator_pb2
 
 

@@ -23,7 +23,6 @@ from grpc import aio
 
 from sluice.common.rpc import ERROR_CODE_KEY
 from sluice.errors import (
-    MAX_ERROR_MESSAGE_BYTES,
     LimitExceeded,
     SluiceError,
     Unauthenticated,
@@ -43,15 +42,6 @@ def _status_for(err: SluiceError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, err.grpc_status, grpc.StatusCode.UNKNOWN)
 
 
-#: Kept for its importers: the limit now lives in sluice.errors.
-MAX_DETAILS_BYTES = MAX_ERROR_MESSAGE_BYTES
-
-
-def bounded_details(message: str) -> str:
-    """``message`` cut for a status's details (``errors.bounded_message``), so the status arrives."""
-    return bounded_message(message)
-
-
 #: Trailing metadata of a refusal that says how long to wait (THROTTLING_QUOTA_EXCEEDED): milliseconds.
 THROTTLE_TIME_KEY = "sluice-throttle-time-ms"
 
@@ -62,7 +52,7 @@ async def _abort(context: aio.ServicerContext[Any, Any], err: SluiceError) -> No
     if isinstance(throttle_ms, int):
         trailer.append((THROTTLE_TIME_KEY, str(throttle_ms)))
     context.set_trailing_metadata(tuple(trailer))
-    await context.abort(_status_for(err), bounded_details(err.message))
+    await context.abort(_status_for(err), bounded_message(err.message))  # the status must arrive
 
 
 def _method_name(full: str) -> str:
