@@ -67,10 +67,12 @@ def decode_records(
     out: list[Record] = []
     mv = memoryview(buf)
     for pos, h in iter_headers(buf):
-        if h.next_offset <= start_offset:
-            continue
+        # The CRC first: a skip decided from a damaged last_offset_delta would drop a batch silently.
+        # Only a fetch's first batch is ever skipped, so this costs one more CRC pass at most.
         if verify_crc and crc32c(mv[pos + CRC_START : pos + h.length]) != h.crc:
             raise CorruptBatch(f"batch at offset {h.base_offset} failed its CRC check")
+        if h.next_offset <= start_offset:
+            continue
         with malformed_is_corrupt(h.base_offset):
             out += _batch_records(buf, pos, h, topic, partition, start_offset)
     return out
