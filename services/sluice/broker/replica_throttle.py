@@ -11,34 +11,19 @@ is catching up, and so a leader serving many moving partitions pays nothing per 
 
 from __future__ import annotations
 
+from sluice.common.rate import TokenBucket
+
 __all__ = ["Throttle"]
 
 
-class Throttle:
-    """A token bucket of ``rate`` bytes/s holding at most one second's worth (the burst)."""
+class Throttle(TokenBucket):
+    """The token bucket of ``common/rate.py`` in bytes: ``rate`` bytes/s, one second's worth of burst."""
 
-    __slots__ = ("_at", "_tokens", "rate")
+    __slots__ = ()
 
     def __init__(self, rate: int, now: float) -> None:
-        self.rate = rate
-        self._tokens = float(rate)
-        self._at = now
-
-    def _refill(self, now: float) -> None:
-        if now > self._at:
-            self._tokens = min(float(self.rate), self._tokens + (now - self._at) * self.rate)
-            self._at = now
+        super().__init__(rate, rate, now)
 
     def allowance(self, now: float) -> int:
         """The bytes the next fetch may ask for (0: none now)."""
-        self._refill(now)
-        return max(0, int(self._tokens))
-
-    def spend(self, size: int, now: float) -> None:
-        self._refill(now)
-        self._tokens -= size
-
-    def wait_s(self, now: float) -> float:
-        """How long until the bucket holds a byte again."""
-        self._refill(now)
-        return 0.0 if self._tokens >= 1 else (1 - self._tokens) / self.rate
+        return max(0, int(self.tokens(now)))

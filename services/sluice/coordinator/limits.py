@@ -8,17 +8,17 @@ the write sees, so two concurrent creations cannot both slip under a limit.
 ``PartitionMutationQuota`` is Kafka's controller mutation quota (KIP-599): a token bucket per principal,
 counted in partitions created or deleted, that may go into debt by one request (a request for 1,000
 partitions is not refused for ever by a bucket of 100), and answers THROTTLING_QUOTA_EXCEEDED with the time
-until the debt is paid while it is in debt. It is kept small and self-contained so that it can join the
-per-principal byte and request quotas later (docs/limits.md, "Cardinality and rate of change").
+until the debt is paid while it is in debt. Its bucket is the one of ``common/rate.py``, as the
+per-principal byte and request quotas' (docs/limits.md, "Cardinality and rate of change").
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sluice.common.names import MAX_PARTITIONS
+from sluice.common.rate import BucketMap
 from sluice.errors import LimitExceeded, ThrottlingQuotaExceeded
 from sluice.security.context import current
 
@@ -115,28 +115,20 @@ class PartitionMutationQuota:
     def __init__(self, per_second: float, burst: int, max_principals: int = MAX_TRACKED_PRINCIPALS) -> None:
         self.per_second = per_second
         self.burst = float(burst)
-        self._max = max_principals
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # who -> (tokens, at ms)
+        self._buckets: BucketMap[str] | None = (
+            BucketMap(per_second, float(burst), max_principals) if per_second > 0 else None
+        )
 
     @property
     def enabled(self) -> bool:
-        return self.per_second > 0
-
-    def _tokens(self, who: str, now_ms: float) -> float:
-        tokens, at = self._buckets.pop(who, (self.burst, now_ms))
-        return min(self.burst, tokens + max(0.0, now_ms - at) * self.per_second / 1000)
-
-    def _keep(self, who: str, tokens: float, now_ms: float) -> None:
-        self._buckets[who] = (tokens, now_ms)
-        while len(self._buckets) > self._max:
-            self._buckets.popitem(last=False)
+        return self._buckets is not None
 
     def throttle_ms(self, who: str | None, now_ms: float) -> int:
         """How long ``who`` must wait before its next mutation is admitted; 0: now (None: not limited)."""
-        if not self.enabled or who is None:
+        if self._buckets is None or who is None:
             return 0
-        tokens = self._tokens(who, now_ms)
-        self._keep(who, tokens, now_ms)
+        tokens = self._buckets.get(who, now_ms / 1000).tokens(now_ms / 1000)
+        # Admitted while any token is left (KIP-599), so the wait is until the debt is paid, plus 1 ms.
         return 0 if tokens > 0 else int(-tokens * 1000 / self.per_second) + 1
 
     def check(self, who: str | None, now_ms: float, what: str, unit: str = "partitions") -> None:
@@ -151,5 +143,5 @@ class PartitionMutationQuota:
 
     def record(self, who: str | None, partitions: int, now_ms: float) -> None:
         """``who`` mutated ``partitions`` partitions (the bucket may go into debt)."""
-        if self.enabled and who is not None and partitions > 0:
-            self._keep(who, self._tokens(who, now_ms) - partitions, now_ms)
+        if self._buckets is not None and who is not None and partitions > 0:
+            self._buckets.get(who, now_ms / 1000).spend(partitions, now_ms / 1000)

@@ -18,13 +18,13 @@ clients are forgotten beyond :data:`MAX_TRACKED_CLIENTS`; a forgotten client sta
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sluice.common.names import validate_client_id
+from sluice.common.rate import BucketMap
 from sluice.errors import InvalidArgument, NotCoordinator, StorageError, Throttled, echo
 
 BLOCK_SIZE = 1000
@@ -98,26 +98,19 @@ class ProducerIdQuota:
         if per_minute <= 0:
             raise ValueError("per_minute must be positive")
         self.per_minute = per_minute
-        self._max_clients = max_clients
-        self._buckets: OrderedDict[str, tuple[float, int]] = OrderedDict()  # client -> (tokens, at ms)
+        self._buckets: BucketMap[str] = BucketMap(per_minute / 60, float(per_minute), max_clients)
 
     def admit(self, client_id: str, now_ms: int) -> None:
         """Take one token for ``client_id``, or raise ``Throttled`` saying how long to wait."""
-        tokens, at = self._buckets.pop(client_id, (float(self.per_minute), now_ms))
-        tokens = min(float(self.per_minute), tokens + (now_ms - at) * self.per_minute / 60_000)
-        if tokens < 1:
-            self._remember(client_id, tokens, now_ms)
-            wait_ms = int((1 - tokens) * 60_000 / self.per_minute) + 1
+        bucket = self._buckets.get(client_id, now_ms / 1000)
+        wait_s = bucket.wait_s(now_ms / 1000)
+        if wait_s > 0:
             raise Throttled(
                 f"client {echo(client_id)} asked for more than {self.per_minute} new producer ids a minute: "
-                f"retry in {wait_ms} ms (reuse one producer per process rather than one per task)"
+                f"retry in {int(wait_s * 1000) + 1} ms "
+                "(reuse one producer per process rather than one per task)"
             )
-        self._remember(client_id, tokens - 1, now_ms)
-
-    def _remember(self, client_id: str, tokens: float, now_ms: int) -> None:
-        self._buckets[client_id] = (tokens, now_ms)
-        while len(self._buckets) > self._max_clients:
-            self._buckets.popitem(last=False)
+        bucket.spend(1, now_ms / 1000)
 
 
 async def init_producer_id(

@@ -1,10 +1,9 @@
 """Kafka's throttle model (KIP-219) over a per-key rate meter: how long a caller must wait.
 
-Each metered key (an entity a quota governs) and resource has a GCRA meter (the "generic cell rate
-algorithm" of ATM networks, a token bucket kept as one number): its theoretical arrival time ``tat``
-moves on by ``amount / rate`` for every amount recorded, and never lags ``now``. A caller whose
-``tat`` runs more than ``burst_s`` ahead of ``now`` is over its quota by exactly ``tat - now -
-burst_s`` seconds of its rate: that is its throttle time. Kafka reaches the same figure from sampled
+Each metered key (an entity a quota governs) and resource has a token bucket (``common/rate.py``)
+holding ``burst_s`` seconds of its rate; every amount recorded is spent from it, into debt if need
+be. A caller whose bucket is in debt is over its quota by exactly ``debt / rate`` seconds: that is
+its throttle time. Kafka reaches the same figure from sampled
 windows (``(observed - quota) / quota * window``); the meter gives it exactly, in O(1) per request,
 whatever the request sizes.
 
@@ -22,6 +21,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import Counter, Histogram
 
+from sluice.common.rate import TokenBucket
 from sluice.quotas.model import Limits, QuotaKey, QuotaSnapshot, Resource, key_of
 from sluice.security.context import RequestContext
 
@@ -45,7 +45,7 @@ BURST_S = 2.0
 #: The longest one throttle lasts (and the most debt a meter keeps): one huge request does not shut
 #: its caller out for hours, and a quota raised later takes effect within this.
 MAX_THROTTLE_S = 30.0
-#: Meters kept before idle ones (``tat`` in the past: equal to a fresh one) are dropped.
+#: Meters kept before idle ones (full: equal to a fresh one) are dropped.
 PRUNE_AT = 10_000
 
 #: The resources a produce, a fetch and a subscribe are metered (and held) by.
@@ -91,8 +91,8 @@ class QuotaManager:
         self.snapshot = snapshot or QuotaSnapshot()
         self._clock = clock
         self._burst_s = burst_s
-        #: (governed key, resource) -> theoretical arrival time.
-        self._tat: dict[tuple[QuotaKey, Resource], float] = {}
+        #: (governed key, resource) -> its meter.
+        self._buckets: dict[tuple[QuotaKey, Resource], TokenBucket] = {}
 
     @property
     def enabled(self) -> bool:
@@ -103,7 +103,7 @@ class QuotaManager:
         already run up (at most MAX_THROTTLE_S of it)."""
         self.snapshot = snapshot
         if not snapshot.quotas:
-            self._tat.clear()
+            self._buckets.clear()
 
     def hold_s(self, ctx: RequestContext, resources: Iterable[Resource], client_id: str = "") -> float:
         """How long the caller's next request of ``resources`` must wait (0: serve it now).
@@ -118,9 +118,9 @@ class QuotaManager:
         now = self._clock()
         hold = 0.0
         for resource in resources:
-            tat = self._tat.get((key, resource))
-            if tat is not None and found[1].rate(resource) > 0:
-                hold = max(hold, tat - now - self._burst_s)
+            bucket = self._buckets.get((key, resource))
+            if bucket is not None and found[1].rate(resource) > 0:
+                hold = max(hold, bucket.wait_s(now, need=0.0))
         return min(hold, MAX_THROTTLE_S)
 
     def record(
@@ -156,20 +156,23 @@ class QuotaManager:
         entity = str(governing)
         METERED.labels(resource.value, entity).inc(amount)
         slot = (key, resource)
-        tat = max(self._tat.get(slot, now), now) + amount / rate
+        bucket = self._buckets.get(slot)
+        if bucket is None:
+            if len(self._buckets) >= PRUNE_AT:
+                self._prune(now)
+            bucket = self._buckets[slot] = TokenBucket(rate, rate * self._burst_s, now)
+        elif bucket.rate != rate:
+            bucket.retune(rate, rate * self._burst_s, now)
         # Debt beyond the longest throttle is forgiven (see MAX_THROTTLE_S).
-        tat = min(tat, now + self._burst_s + MAX_THROTTLE_S)
-        if slot not in self._tat and len(self._tat) >= PRUNE_AT:
-            self._prune(now)
-        self._tat[slot] = tat
-        throttle = max(0.0, tat - now - self._burst_s)
+        left = bucket.spend(amount, now, floor=-rate * MAX_THROTTLE_S)
+        throttle = max(0.0, -left / rate)
         if throttle > 0:
             THROTTLE_SECONDS.labels(resource.value, entity).inc(throttle)
             THROTTLE_TIME.labels(resource.value).observe(throttle)
         return throttle
 
     def _prune(self, now: float) -> None:
-        self._tat = {slot: tat for slot, tat in self._tat.items() if tat > now}
+        self._buckets = {slot: b for slot, b in self._buckets.items() if not b.is_full(now)}
 
 
 async def quotas_hold(

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sluice.common.rate import BucketMap
 from sluice.errors import InvalidArgument, Throttled
 
 __all__ = ["FailureLimiter", "LimiterSettings", "client_host"]
@@ -39,36 +39,24 @@ class LimiterSettings:
 
 
 class _Buckets:
-    """key -> (tokens, last refill time), LRU-bounded. The owner holds the lock."""
+    """A :class:`BucketMap` of failures: a failure takes a token (never below none), a success gives it
+    back, and a key without a bucket has never failed. The owner holds the lock."""
 
     def __init__(self, capacity: int, window_s: float, max_entries: int) -> None:
-        self.capacity = float(capacity)
-        self.rate = capacity / window_s
-        self.max_entries = max_entries
-        self.entries: OrderedDict[str, tuple[float, float]] = OrderedDict()
-
-    def tokens(self, key: str, now: float) -> float:
-        entry = self.entries.get(key)
-        if entry is None:
-            return self.capacity
-        tokens, at = entry
-        return min(self.capacity, tokens + (now - at) * self.rate)
+        self.map: BucketMap[str] = BucketMap(capacity / window_s, float(capacity), max_entries)
 
     def take(self, key: str, now: float) -> None:
-        left = max(0.0, self.tokens(key, now) - 1.0)
-        self.entries[key] = (left, now)
-        self.entries.move_to_end(key)
-        while len(self.entries) > self.max_entries:
-            self.entries.popitem(last=False)
+        self.map.get(key, now).spend(1.0, now, floor=0.0)
 
     def give_back(self, key: str, now: float) -> None:
-        entry = self.entries.get(key)
-        if entry is not None:
-            self.entries[key] = (min(self.capacity, self.tokens(key, now) + 1.0), now)
+        bucket = self.map.find(key)
+        if bucket is not None:
+            bucket.give_back(1.0, now)
 
     def wait_s(self, key: str, now: float) -> float:
         """How long until ``key`` may try again (0: now)."""
-        return max(0.0, (1.0 - self.tokens(key, now)) / self.rate)
+        bucket = self.map.find(key)
+        return 0.0 if bucket is None else bucket.wait_s(now)
 
 
 class FailureLimiter:
@@ -130,7 +118,7 @@ class FailureLimiter:
     def tracked(self) -> tuple[int, int]:
         """(addresses, users) with a bucket in memory (for tests and metrics)."""
         with self._lock:
-            return len(self._addresses.entries), len(self._users.entries)
+            return len(self._addresses.map), len(self._users.map)
 
 
 def client_host(peer: str) -> str:
