@@ -493,3 +493,15 @@ class NotADlqTopic(SluiceError, ValueError):
 
     code = common_pb2.NOT_A_DLQ_TOPIC
     grpc_status = "INVALID_ARGUMENT"
+
+
+# ---- Serializers of the SDK (docs/serializers.md), defined in errors_serde -------------------
+
+from sluice.errors_serde import (  # noqa: E402  (re-exported; defined apart to keep this module small)
+    DeserializationError,
+    SerdeExtraMissing,
+    SerializationError,
+    UnknownSchema,
+)
+
+__all__ += ["DeserializationError", "SerdeExtraMissing", "SerializationError", "UnknownSchema"]
