@@ -110,6 +110,12 @@ class ProducerConfig:
     value_serializer: SerializerSpec = None
     """Turns ``send()``'s ``value`` into bytes, like ``key_serializer``. None: values are bytes."""
 
+    tracing: bool = False
+    """OpenTelemetry (the ``otel`` extra, docs/tracing.md): each ``send()`` opens a PRODUCER span that ends
+    when the record is acknowledged or fails, and its context travels in the record's headers (W3C
+    ``traceparent`` / ``tracestate``) for consumers' ``process_span``. Without OpenTelemetry installed,
+    making the producer raises SerdeExtraMissing."""
+
     def __post_init__(self) -> None:
         if cast("object", self.acks) == "all":
             object.__setattr__(self, "acks", -1)

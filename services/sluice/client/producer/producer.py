@@ -37,6 +37,7 @@ from sluice.errors import (
     UnknownTopicOrPartition,
 )
 from sluice.serde.records import RecordSerializer
+from sluice.serde.tracing import SendTracer
 
 __all__ = ["Producer"]
 
@@ -90,6 +91,9 @@ class Producer:
         self._on_close = on_close
         #: key_serializer / value_serializer (docs/serializers.md); None: send() takes bytes.
         self._serialize = RecordSerializer.of(config.key_serializer, config.value_serializer)
+        self._tracer = SendTracer(topic) if config.tracing else None
+        if self._tracer is not None:  # docs/tracing.md: send() inside a span; the plain path stays untouched
+            self.send = self._send_traced  # type: ignore[method-assign]
         leaders = [md.leader_address(topic, p) for p in range(self._partitions)]
         #: The client's links (one shared connection per broker); a producer made without one
         #: owns its own.
@@ -118,7 +122,7 @@ class Producer:
         #: Sends with deliver_at/deliver_after go through the schedule topic (made at the first one).
         self._metadata = metadata
         # Its inner producer sends what send() serialized already: bytes, so no serializers of its own.
-        raw_config = config.replace(key_serializer=None, value_serializer=None)
+        raw_config = config.replace(key_serializer=None, value_serializer=None, tracing=False)
         self._delayed = DelayedSender(
             topic,
             self._partitions,
@@ -218,6 +222,33 @@ class Producer:
         future._result = batch.result
         future._index = index
         future._timestamp = timestamp
+        return future
+
+    def _send_traced(
+        self,
+        value: Any,
+        key: Any = None,
+        tag: str | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        *,
+        deliver_at: datetime | None = None,
+        deliver_after: timedelta | None = None,
+    ) -> FutureRecordMetadata:
+        """send() with ``tracing=True``: the same, inside a PRODUCER span whose context the headers carry."""
+        assert self._tracer is not None
+        future: FutureRecordMetadata = self._tracer.send(
+            Producer.send.__get__(self),
+            value,
+            key,
+            headers,
+            tag=tag,
+            partition=partition,
+            timestamp=timestamp,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
+        )
         return future
 
     def _coerce(self, value: object, key: object) -> tuple[bytes, object]:
