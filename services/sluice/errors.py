@@ -10,12 +10,17 @@ from sluice.error_base import SluiceError, error_for_code, error_from_proto, rai
 
 # The one truncation of echoed inputs and of whole messages (issue 16), re-exported.
 from sluice.error_text import ECHO_LIMIT, MAX_ERROR_MESSAGE_BYTES, bounded_message, echo
+from sluice.errors_serde import DeserializationError, SerdeExtraMissing, SerializationError, UnknownSchema
 from sluice.v1 import common_pb2
 
 __all__ = [
     "ECHO_LIMIT",
     "MAX_ERROR_MESSAGE_BYTES",
+    "DeserializationError",
+    "SerdeExtraMissing",
+    "SerializationError",
     "SluiceError",
+    "UnknownSchema",
     "bounded_message",
     "echo",
     "error_for_code",
@@ -493,15 +498,3 @@ class NotADlqTopic(SluiceError, ValueError):
 
     code = common_pb2.NOT_A_DLQ_TOPIC
     grpc_status = "INVALID_ARGUMENT"
-
-
-# ---- Serializers of the SDK (docs/serializers.md), defined in errors_serde -------------------
-
-from sluice.errors_serde import (  # noqa: E402  (re-exported; defined apart to keep this module small)
-    DeserializationError,
-    SerdeExtraMissing,
-    SerializationError,
-    UnknownSchema,
-)
-
-__all__ += ["DeserializationError", "SerdeExtraMissing", "SerializationError", "UnknownSchema"]
