@@ -156,6 +156,13 @@ class RecordDeserializer:
             return 1, []
         return 0, []
 
+    def raise_failed(self) -> None:
+        """Raise (once) the failure of the record the last hand-out took alone: every consumer loop
+        (``poll()``, and any other that hands out through ``_collect``) calls it right after."""
+        failed, self.failed = self.failed, None
+        if failed is not None:
+            raise failed
+
     def handed(self, converted: list[Record], count: int) -> list[Record]:
         """The first ``count`` of a plan's records, when something else (a retry topic's due time)
         took only ``count``; a failing record not taken is not raised."""

@@ -78,6 +78,40 @@ def test_group_consumer_raises_each_bad_record_once_and_loses_nothing(
         assert consumer.poll(timeout=0.2) == []
 
 
+def test_in_flight_min_a_bad_record_is_done_like_any_other(
+    client: Client, new_topic: Callable[..., str]
+) -> None:
+    """commit_mode="in-flight-min": the bad record holds the commit back until the application says it
+    is handled (``done(err.record)``); then the commit covers it."""
+    topic = new_topic()
+    n, poison = 6, {2}
+    _produce_mixed(client, topic, n, poison)
+    records: list[Any] = []
+    bad: list[DeserializationError] = []
+    with client.consumer(
+        f"g-{uuid.uuid4().hex[:8]}",
+        topic,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        commit_mode="in-flight-min",
+        value_deserializer="json",
+    ) as consumer:
+        deadline = time.monotonic() + 20
+        while len(records) + len(bad) < n and time.monotonic() < deadline:
+            try:
+                records += consumer.poll(timeout=0.5)
+            except DeserializationError as exc:
+                bad.append(exc)
+        assert [r.offset for r in records] == [0, 1, 3, 4, 5]
+        assert [e.offset for e in bad] == [2]
+        for r in records:
+            consumer.done(r)
+        assert consumer.commit() == {(topic, 0): 2}  # held at the bad record, not yet handled
+        assert bad[0].record is not None
+        consumer.done(bad[0].record)  # type: ignore[arg-type]
+        assert consumer.commit() == {(topic, 0): n}
+
+
 def test_a_serializer_failure_queues_nothing_and_the_producer_goes_on(
     client: Client, new_topic: Callable[..., str]
 ) -> None:

@@ -96,10 +96,8 @@ class Consumer(ConsumerEngine):
                     self._restart_vanished(error)
                     raise error
                 records = self._collect(limit)
-                failed = self._deserialize.failed if self._deserialize is not None else None
-                if failed is not None:
-                    self._deserialize.failed = None  # type: ignore[union-attr]
-                    raise failed
+                if self._deserialize is not None:
+                    self._deserialize.raise_failed()  # a record handed out alone by _collect
                 if records and self._retry is not None:
                     records = self._retry.skip_retried(records, self._state)
                 if records:
