@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span
 
-__all__ = ["INSTRUMENTATION", "SendTracer", "extract_context", "process_span"]
+__all__ = ["INSTRUMENTATION", "SendTracer", "extract_context", "inject_context", "process_span"]
 
 #: The instrumentation scope name of Sluice's spans.
 INSTRUMENTATION = "sluice"
@@ -74,6 +74,15 @@ _SETTER = _HeaderSetter()
 _GETTER = _HeaderGetter()
 
 
+def inject_context(headers: Mapping[str, bytes] | None, context: Context | None = None) -> dict[str, bytes]:
+    """A copy of ``headers`` with ``context`` (default: the current one) written in by the configured
+    propagators (W3C ``traceparent`` / ``tracestate`` by default)."""
+    propagate, _ = _otel()
+    carrier = dict(headers) if headers else {}
+    propagate.inject(carrier, context=context, setter=_SETTER)
+    return carrier
+
+
 def extract_context(headers: Mapping[str, bytes] | None) -> Context:
     """The trace context a producer wrote into ``headers`` (an empty context when there is none)."""
     propagate, _ = _otel()
@@ -105,7 +114,7 @@ class SendTracer:
     """The producer's side: one PRODUCER span per send, its context injected into the headers."""
 
     def __init__(self, topic: str) -> None:
-        self._propagate, self._trace = _otel()
+        _, self._trace = _otel()
         self._tracer = self._trace.get_tracer(INSTRUMENTATION)
         self._topic = topic
 
@@ -122,8 +131,7 @@ class SendTracer:
                 "messaging.destination.name": self._topic,
             },
         )
-        carrier = dict(headers) if headers else {}  # the caller's dict is not written to
-        self._propagate.inject(carrier, context=trace.set_span_in_context(span), setter=_SETTER)
+        carrier = inject_context(headers, trace.set_span_in_context(span))  # a copy: the caller's is kept
         try:
             future = send(value, key, headers=carrier, **kw)
         except BaseException as exc:
