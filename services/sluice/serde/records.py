@@ -31,7 +31,9 @@ class DeserializedRecord(Record):
 
 def raw_record(record: Record) -> Record:
     """The record as stored: ``record.raw`` for a deserialized one, else ``record`` itself."""
-    return record.raw if isinstance(record, DeserializedRecord) else record
+    # getattr: a copy made with _replace() is a DeserializedRecord without ``raw``; it is what it holds.
+    raw: Record = getattr(record, "raw", record)
+    return raw
 
 
 class RecordSerializer:
