@@ -108,18 +108,21 @@ class RecordDeserializer:
 
     def one(self, r: Record) -> DeserializedRecord:
         """``r`` deserialized; raises DeserializationError carrying ``r``."""
+        # Inlined (not self.key / self.value): this runs once per consumed record.
+        key = r.key
+        if key is not None and self._key is not None:
+            try:
+                key = self._key(key)
+            except Exception as exc:
+                raise _failure(exc, r, is_key=True) from exc
+        value = r.value
+        if self._value is not None:
+            try:
+                value = self._value(value)
+            except Exception as exc:
+                raise _failure(exc, r, is_key=False) from exc
         out: DeserializedRecord = _new(
-            DeserializedRecord,
-            (
-                r.topic,
-                r.partition,
-                r.offset,
-                self.key(r.key, r),
-                self.value(r.value, r),
-                r.tag,
-                r.headers,
-                r.timestamp,
-            ),
+            DeserializedRecord, (r.topic, r.partition, r.offset, key, value, r.tag, r.headers, r.timestamp)
         )
         out.raw = r
         return out
@@ -178,13 +181,15 @@ def _deserialize(fn: Deserializer, raw: bytes, record: Any, *, is_key: bool) -> 
     try:
         return fn(raw)
     except Exception as exc:
-        if callable(record):
-            record = record()
-        what = "key" if is_key else "value"
-        where = f"{record.topic}[{record.partition}]@{record.offset}"
-        raise DeserializationError(
-            f"{where}: the {what} deserializer failed ({type(exc).__name__}: {exc}); "
-            "the raw record is on the error's .record",
-            record=record,
-            is_key=is_key,
-        ) from exc
+        raise _failure(exc, record() if callable(record) else record, is_key=is_key) from exc
+
+
+def _failure(exc: Exception, record: Any, *, is_key: bool) -> DeserializationError:
+    what = "key" if is_key else "value"
+    where = f"{record.topic}[{record.partition}]@{record.offset}"
+    return DeserializationError(
+        f"{where}: the {what} deserializer failed ({type(exc).__name__}: {exc}); "
+        "the raw record is on the error's .record",
+        record=record,
+        is_key=is_key,
+    )
