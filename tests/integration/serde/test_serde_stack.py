@@ -7,11 +7,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from sluice import Client
+from sluice.client.producer.delay import SCHEDULE_TOPIC
 from sluice.client.push import Message
 from sluice.errors import DeserializationError, SerializationError
 from sluice.serde.avro import AvroDeserializer, AvroSerializer, SchemaRegistry
@@ -110,6 +112,19 @@ def test_in_flight_min_a_bad_record_is_done_like_any_other(
         assert bad[0].record is not None
         consumer.done(bad[0].record)  # type: ignore[arg-type]
         assert consumer.commit() == {(topic, 0): n}
+
+
+def test_a_delayed_send_is_serialized_once(client: Client, new_topic: Callable[..., str]) -> None:
+    """A delayed record waits in the schedule topic as the bytes the serializer made: the schedule's own
+    producer does not serialize them again."""
+    topic = new_topic()
+    client.admin.create_topic(SCHEDULE_TOPIC, partitions=1)  # what `sluice scheduler` creates
+    with client.producer(topic, value_serializer="json", key_serializer="str") as producer:
+        meta = producer.send({"a": 1}, key="k", deliver_after=timedelta(hours=1)).result(10)
+    assert meta.topic != topic  # its place in the schedule topic
+    with client.fetcher({(meta.topic, meta.partition): meta.offset}) as f:
+        records = f.fetch(timeout=5.0)
+    assert [(r.key, r.value) for r in records[:1]] == [(b"k", b'{"a":1}')]
 
 
 def test_a_serializer_failure_queues_nothing_and_the_producer_goes_on(
