@@ -119,6 +119,21 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     it stops soon, and back in the ISR it would hold up acks=all writes. Retriable: the leader
     proposes again from the pushed state.
     """
+    SERIALIZATION_FAILED: _ErrorCode.ValueType  # 81
+    """Serializers of the SDK (docs/serializers.md), 81-84. Raised in the client only, never on the wire;
+    codes so that they are typed like every other error. A producer's key or value serializer failed
+    (a value of the wrong type, a value the schema does not accept): send() raised, nothing was queued.
+    """
+    DESERIALIZATION_FAILED: _ErrorCode.ValueType  # 82
+    """A consumer's key or value deserializer failed on a record: the error carries the raw record
+    (topic, partition, offset, key, value, headers); the consumer goes on after it.
+    """
+    SERDE_EXTRA_MISSING: _ErrorCode.ValueType  # 83
+    """A built-in serializer needs a library that is not installed; the message names the extra
+    (`pip install 'sluice[avro]'`).
+    """
+    UNKNOWN_SCHEMA: _ErrorCode.ValueType  # 84
+    """An Avro record names a schema id that the given schema lookup does not know."""
     OFFSET_NOT_AVAILABLE: _ErrorCode.ValueType  # 90
     """Consumers across a failover (KIP-320, docs/replication.md). An offset above the new leader's
     high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets
@@ -289,6 +304,21 @@ INELIGIBLE_REPLICA: ErrorCode.ValueType  # 80
 it stops soon, and back in the ISR it would hold up acks=all writes. Retriable: the leader
 proposes again from the pushed state.
 """
+SERIALIZATION_FAILED: ErrorCode.ValueType  # 81
+"""Serializers of the SDK (docs/serializers.md), 81-84. Raised in the client only, never on the wire;
+codes so that they are typed like every other error. A producer's key or value serializer failed
+(a value of the wrong type, a value the schema does not accept): send() raised, nothing was queued.
+"""
+DESERIALIZATION_FAILED: ErrorCode.ValueType  # 82
+"""A consumer's key or value deserializer failed on a record: the error carries the raw record
+(topic, partition, offset, key, value, headers); the consumer goes on after it.
+"""
+SERDE_EXTRA_MISSING: ErrorCode.ValueType  # 83
+"""A built-in serializer needs a library that is not installed; the message names the extra
+(`pip install 'sluice[avro]'`).
+"""
+UNKNOWN_SCHEMA: ErrorCode.ValueType  # 84
+"""An Avro record names a schema id that the given schema lookup does not know."""
 OFFSET_NOT_AVAILABLE: ErrorCode.ValueType  # 90
 """Consumers across a failover (KIP-320, docs/replication.md). An offset above the new leader's
 high watermark but within its log (a consumer that saw the old leader's higher HW), or ListOffsets

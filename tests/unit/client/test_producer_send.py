@@ -71,9 +71,9 @@ def test_records_share_their_batch_result(producer: Producer) -> None:
 
 def test_bad_arguments(producer: Producer) -> None:
     with pytest.raises(InvalidArgument, match="value must be bytes"):
-        producer.send("text")  # type: ignore[arg-type]
+        producer.send("text")
     with pytest.raises(InvalidArgument, match="key must be bytes"):
-        producer.send(b"v", key=5)  # type: ignore[arg-type]
+        producer.send(b"v", key=5)
     with pytest.raises(InvalidArgument, match="invalid tag"):
         producer.send(b"v", tag="a || b")
     with pytest.raises(InvalidArgument, match="invalid tag"):

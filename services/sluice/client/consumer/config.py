@@ -29,6 +29,7 @@ from sluice.common.names import validate_topic
 from sluice.common.settings import convert_setting
 from sluice.errors import InvalidArgument, SluiceError
 from sluice.retry.levels import DEFAULT_DELAY_LEVELS, DEFAULT_MAX_RECONSUME_TIMES, parse_levels
+from sluice.serde.builtin import DeserializerSpec, resolve_deserializer
 
 __all__ = [
     "AUTO_OFFSET_RESETS",
@@ -57,6 +58,8 @@ ENV_PREFIX = "SLUICE_CONSUMER_"
 # Room for the protobuf envelope of a fetch response.
 _RESPONSE_OVERHEAD = 1024 * 1024
 _CALLBACKS = ("on_assign", "on_revoke", "on_lost", "listener", "on_commit")
+# A callable or a built-in's name (docs/serializers.md): checked by resolving, never converted.
+_DESERIALIZERS = ("key_deserializer", "value_deserializer")
 # The coordinator's accepted range for client-chosen timeouts.
 _MIN_TIMEOUT = timedelta(milliseconds=100)
 _MAX_TIMEOUT = timedelta(minutes=30)
@@ -196,6 +199,15 @@ class ConsumerConfig:
     ``commit_async()`` called without a callback, and of ``close()``'s final commit. Runs on
     the application's thread, inside ``poll()`` / ``commit()`` / ``commit_async()`` / ``close()``."""
 
+    key_deserializer: DeserializerSpec = None
+    """Turns each record's key into an object: a callable ``bytes -> obj`` or a built-in's name
+    (``"str"``, ``"json"``, ``"bytes"``); an Avro or Protobuf deserializer object (docs/serializers.md).
+    A key of None stays None. A record it fails on is raised as DeserializationError by ``poll()``,
+    carrying the raw record; the next ``poll()`` goes on after it. None: keys are bytes."""
+
+    value_deserializer: DeserializerSpec = None
+    """Turns each record's value into an object, like ``key_deserializer``. None: values are bytes."""
+
     # A flat list of independent setting checks: one `if` per setting, no decision to split.
     def __post_init__(self) -> None:  # noqa: C901, PLR0912
         _check_types(self)
@@ -313,7 +325,9 @@ def _hints() -> dict[str, Any]:
 
 
 def _convert(name: str, tp: Any, raw: Any) -> Any:
-    return raw if name in _CALLBACKS else convert_setting("consumer", name, tp, raw)
+    if name in _CALLBACKS or name in _DESERIALIZERS:
+        return raw
+    return convert_setting("consumer", name, tp, raw)
 
 
 def _check_retry(cfg: ConsumerConfig) -> None:
@@ -329,6 +343,9 @@ def _check_retry(cfg: ConsumerConfig) -> None:
 def _check_types(cfg: ConsumerConfig) -> None:
     for name, tp in _hints().items():
         if name in _CALLBACKS:
+            continue
+        if name in _DESERIALIZERS:
+            resolve_deserializer(getattr(cfg, name), name)  # InvalidArgument for an unknown name or type
             continue
         value = getattr(cfg, name)
         if tp in (int, bool) and isinstance(value, bool) != (tp is bool):

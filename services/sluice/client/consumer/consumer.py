@@ -76,7 +76,8 @@ class Consumer(ConsumerEngine):
         callbacks of finished asynchronous commits. Raises the typed error of a refused
         membership, of a failed fetch, of a failed ``commit_async()`` that had no callback, or
         OffsetOutOfRange for a partition without a position under ``auto_offset_reset="none"``
-        (``seek()`` it).
+        (``seek()`` it). With deserializers, a record they fail on is raised alone as
+        DeserializationError carrying the raw record; the next poll goes on after it.
         """
         self._check_open()
         self._report_commits()
@@ -95,6 +96,8 @@ class Consumer(ConsumerEngine):
                     self._restart_vanished(error)
                     raise error
                 records = self._collect(limit)
+                if self._deserialize is not None:
+                    self._deserialize.raise_failed()  # a record handed out alone by _collect
                 if records and self._retry is not None:
                     records = self._retry.skip_retried(records, self._state)
                 if records:
@@ -143,10 +146,16 @@ class Consumer(ConsumerEngine):
                 state.skipped_to(part, chunk.next_offset, chunk.tp not in returned)
                 continue
             room = limit - len(out)
+            converted = None
+            if self._deserialize is not None:
+                room, converted = self._deserialize.plan(recs, chunk.start, min(room, left), first=not out)
+                if room == 0:  # the chunk's next record fails: the next poll() raises it alone
+                    self._prefetch.push_front(chunk)
+                    break
             if self._retry is not None and chunk.tp[0] == self._retry.topic:
                 due = self._retry.hold_not_due(state, self._prefetch, chunk, part, room)
                 if due is not None:  # the partition waits for its head's due time
-                    out += due
+                    out += due if converted is None else self._deserialize.handed(converted, len(due))  # type: ignore[union-attr]
                     returned.add(chunk.tp)
                     continue
             if left <= room:
@@ -158,11 +167,13 @@ class Consumer(ConsumerEngine):
                 chunk.taken_now = room
                 position = taken[-1].offset + 1
                 self._prefetch.push_front(chunk)
-            out += taken
+            out += taken if converted is None else converted
             state.handed_out(part, map(_OFFSET, taken) if track_offsets else (), position)
             if chunk.leader_epoch >= 0:
                 self._offsets.leader_epochs[chunk.tp] = chunk.leader_epoch
             returned.add(chunk.tp)
+            if converted is not None and self._deserialize.failed is not None:  # type: ignore[union-attr]
+                break  # handed out alone: poll() raises it
         return out
 
     # ---- retry (docs/retry.md) -------------------------------------------------------------------

@@ -39,6 +39,7 @@ from sluice.errors import (
     UnknownTopicId,
     UnknownTopicOrPartition,
 )
+from sluice.serde.records import RecordDeserializer
 
 __all__ = ["ConsumerEngine", "TopicPartition", "check_tp"]
 
@@ -68,6 +69,8 @@ class ConsumerEngine:
         self.group = group
         self.subscription = dict(subscription)
         self.config = config
+        #: key_deserializer / value_deserializer (docs/serializers.md), applied as poll() hands records out.
+        self._deserialize = RecordDeserializer.of(config.key_deserializer, config.value_deserializer)
         self._on_close = on_close
         self._lock = threading.RLock()
         self._ready = threading.Condition(self._lock)

@@ -45,6 +45,7 @@ from sluice.retry.levels import (
     retry_topic,
     source_key,
 )
+from sluice.serde.records import raw_record
 
 __all__ = ["Retrier", "RetryOutcome", "RetryPorts"]
 
@@ -276,6 +277,7 @@ class Retrier:
 
     def send(self, record: Record, delay_level: int | None, delay: timedelta | None) -> RetryOutcome:
         """Write the retry (or dead letter) of ``record`` unless its target holds it already."""
+        record = raw_record(record)  # the bytes as stored, not what a deserializer made of them
         topic, partition, level, due, count = self.target(record, delay_level, delay)
         key = source_key(record.topic, record.partition, record.offset)
         tp = (topic, partition)

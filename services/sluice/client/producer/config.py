@@ -21,12 +21,15 @@ from typing import Any, cast
 from sluice.client.rpc import MAX_MESSAGE_BYTES
 from sluice.common.settings import convert_setting
 from sluice.errors import InvalidArgument
+from sluice.serde.builtin import SerializerSpec, resolve_serializer
 
 __all__ = ["PARTITIONERS", "ProducerConfig"]
 
 #: Partitioner names accepted by ``ProducerConfig.partitioner``.
 PARTITIONERS = ("default", "round_robin")
 ENV_PREFIX = "SLUICE_PRODUCER_"
+# Callables (or a built-in's name): neither type-checked by isinstance nor converted from strings.
+_SERIALIZERS = ("key_serializer", "value_serializer")
 # Room for the protobuf envelope around the batches of one request.
 _REQUEST_OVERHEAD = 64 * 1024
 
@@ -97,6 +100,21 @@ class ProducerConfig:
     max_delay: timedelta = timedelta(days=7)
     """The longest ``deliver_after`` (or ``deliver_at`` ahead of now) a delayed send accepts; a longer
     one raises DelayTooLong (docs/delayed-delivery.md)."""
+
+    key_serializer: SerializerSpec = None
+    """Turns ``send()``'s ``key`` into bytes: a callable ``obj -> bytes`` or a built-in's name (``"str"``,
+    ``"json"``, ``"bytes"``); an Avro or Protobuf serializer object (docs/serializers.md). A key of None
+    stays None. A failure raises SerializationError from ``send()``; nothing is queued. None: keys are
+    bytes."""
+
+    value_serializer: SerializerSpec = None
+    """Turns ``send()``'s ``value`` into bytes, like ``key_serializer``. None: values are bytes."""
+
+    tracing: bool = False
+    """OpenTelemetry (the ``otel`` extra, docs/tracing.md): each ``send()`` opens a PRODUCER span that ends
+    when the record is acknowledged or fails, and its context travels in the record's headers (W3C
+    ``traceparent`` / ``tracestate``) for consumers' ``process_span``. Without OpenTelemetry installed,
+    making the producer raises SerdeExtraMissing."""
 
     def __post_init__(self) -> None:
         if cast("object", self.acks) == "all":
@@ -190,11 +208,16 @@ def _hints() -> dict[str, Any]:
 def _convert(name: str, tp: Any, raw: Any) -> Any:
     if name == "acks" and isinstance(raw, str) and raw.strip().lower() == "all":
         return -1
+    if name in _SERIALIZERS:
+        return raw
     return convert_setting("producer", name, tp, raw)
 
 
 def _check_types(cfg: ProducerConfig) -> None:
     for name, tp in _hints().items():
+        if name in _SERIALIZERS:
+            resolve_serializer(getattr(cfg, name), name)  # InvalidArgument for an unknown name or type
+            continue
         value = getattr(cfg, name)
         if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise InvalidArgument(f"producer setting {name} must be an int, got {value!r}")

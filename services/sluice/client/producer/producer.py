@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
+from typing import Any
 
 from sluice.client.links import BrokerLinks
 from sluice.client.metadata import MetadataCache
@@ -35,6 +36,8 @@ from sluice.errors import (
     SluiceError,
     UnknownTopicOrPartition,
 )
+from sluice.serde.records import RecordSerializer
+from sluice.serde.tracing import SendTracer
 
 __all__ = ["Producer"]
 
@@ -86,6 +89,11 @@ class Producer:
         self._closed = False
         self._tags: set[str] = set()
         self._on_close = on_close
+        #: key_serializer / value_serializer (docs/serializers.md); None: send() takes bytes.
+        self._serialize = RecordSerializer.of(config.key_serializer, config.value_serializer)
+        self._tracer = SendTracer(topic) if config.tracing else None
+        if self._tracer is not None:  # docs/tracing.md: send() inside a span; the plain path stays untouched
+            self.send = self._send_traced  # type: ignore[method-assign]
         leaders = [md.leader_address(topic, p) for p in range(self._partitions)]
         #: The client's links (one shared connection per broker); a producer made without one
         #: owns its own.
@@ -113,12 +121,14 @@ class Producer:
         self._sender.start()
         #: Sends with deliver_at/deliver_after go through the schedule topic (made at the first one).
         self._metadata = metadata
+        # Its inner producer sends what send() serialized already: bytes, so no serializers of its own.
+        raw_config = config.replace(key_serializer=None, value_serializer=None, tracing=False)
         self._delayed = DelayedSender(
             topic,
             self._partitions,
             config,
             lambda name: Producer(
-                name, config, channels, metadata, clock=clock, links=self._links, client_id=client_id
+                name, raw_config, channels, metadata, clock=clock, links=self._links, client_id=client_id
             ),
             self._retention_ms,
         )
@@ -133,8 +143,8 @@ class Producer:
 
     def send(
         self,
-        value: bytes | bytearray | memoryview,
-        key: bytes | bytearray | memoryview | None = None,
+        value: bytes | bytearray | memoryview | Any,
+        key: bytes | bytearray | memoryview | Any | None = None,
         tag: str | None = None,
         headers: Headers | None = None,
         partition: int | None = None,
@@ -155,10 +165,11 @@ class Producer:
         a keyed record, else the sticky partition. ``timestamp`` defaults to now (ms).
         Blocks only when ``buffer_memory`` is exhausted (raising RequestTimedOut after
         ``max_block``). Raises BatchTooLarge for a record over ``max_request_size`` and
-        InvalidArgument for bad arguments.
+        InvalidArgument for bad arguments. With ``key_serializer`` / ``value_serializer`` the key and value
+        are objects the serializers turn into bytes (SerializationError when they fail).
         """
-        if value.__class__ is not bytes:
-            value = _as_bytes(value, "value")
+        if value.__class__ is not bytes or self._serialize is not None:
+            value, key = self._coerce(value, key)
         size = COLUMN_BYTES + len(value)
         if key is not None:
             if key.__class__ is not bytes:
@@ -212,6 +223,40 @@ class Producer:
         future._index = index
         future._timestamp = timestamp
         return future
+
+    def _send_traced(
+        self,
+        value: Any,
+        key: Any = None,
+        tag: str | None = None,
+        headers: Headers | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        *,
+        deliver_at: datetime | None = None,
+        deliver_after: timedelta | None = None,
+    ) -> FutureRecordMetadata:
+        """send() with ``tracing=True``: the same, inside a PRODUCER span whose context the headers carry."""
+        assert self._tracer is not None
+        future: FutureRecordMetadata = self._tracer.send(
+            Producer.send.__get__(self),
+            value,
+            key,
+            headers,
+            tag=tag,
+            partition=partition,
+            timestamp=timestamp,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
+        )
+        return future
+
+    def _coerce(self, value: object, key: object) -> tuple[bytes, object]:
+        """send()'s slow path for the value: serializers (which may change the key too), or a
+        bytearray/memoryview to copy."""
+        if self._serialize is not None:
+            value, key = self._serialize(value, key)
+        return (value if value.__class__ is bytes else _as_bytes(value, "value")), key
 
     def _new_batch(self, partition: int, size: int, sticky: bool) -> ProducerBatch:
         """The slow path of send(): the open batch is full or missing (lock held)."""

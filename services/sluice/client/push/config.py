@@ -23,6 +23,7 @@ from sluice.client.push.stats import PushConsumerStats
 from sluice.codec.filter import parse_filter
 from sluice.common.settings import convert_setting
 from sluice.errors import InvalidArgument
+from sluice.serde.builtin import DeserializerSpec, resolve_deserializer
 from sluice.v1 import dispatcher_pb2
 
 __all__ = [
@@ -202,6 +203,15 @@ class PushConsumerConfig:
     consumer_id: str = field(default="")
     """The id resubscriptions reuse (idempotent on the dispatcher). Default: random."""
 
+    key_deserializer: DeserializerSpec = None
+    """Turns each message's ``key`` into an object: a callable ``bytes -> obj`` or a built-in's name
+    (``"str"``, ``"json"``, ``"bytes"``); an Avro or Protobuf deserializer object (docs/serializers.md).
+    Deserialized on first access; a failure raises DeserializationError (carrying the raw record) from
+    ``message.key``, and the message can still be acked or nacked. ``message.raw_key`` is the bytes."""
+
+    value_deserializer: DeserializerSpec = None
+    """Turns each message's ``value`` into an object, like ``key_deserializer`` (``message.raw_value``)."""
+
     def __post_init__(self) -> None:
         _check(self)
 
@@ -335,5 +345,7 @@ def _check(cfg: PushConsumerConfig) -> None:  # noqa: C901, PLR0912
         parse_filter(cfg.filter)  # raises InvalidFilter for a bad expression, before any I/O
     if cfg.key_shared_policy is not None and not isinstance(cfg.key_shared_policy, KeySharedPolicy):
         raise InvalidArgument(f"key_shared_policy must be a KeySharedPolicy, got {cfg.key_shared_policy!r}")
+    for name in ("key_deserializer", "value_deserializer"):
+        resolve_deserializer(getattr(cfg, name), name)  # InvalidArgument for an unknown name or type
     if cfg.message_listener is not None and not callable(cfg.message_listener):
         raise InvalidArgument("message_listener must be callable(consumer, message)")

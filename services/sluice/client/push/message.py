@@ -124,9 +124,16 @@ class PushedMessageView(Message):
         return self._pm.timestamp
 
 
-def messages_of(batch: dispatcher_pb2.MessageBatch, topic: str, session: object) -> list[Message]:
+def messages_of(
+    batch: dispatcher_pb2.MessageBatch,
+    topic: str,
+    session: object,
+    kinds: tuple[type[Message], type[PushedMessageView]] | None = None,
+) -> list[Message]:
     """The messages of one ``MessageBatch``, in order: its record batches (CRC-checked, indexed once
-    per batch) and any ``PushedMessage``s."""
+    per batch) and any ``PushedMessage``s. ``kinds``: the classes to make them of (a consumer with
+    deserializers, ``serde_message.message_kinds``), else Message and PushedMessageView."""
+    plain, pushed = (Message, PushedMessageView) if kinds is None else kinds
     out: list[Message] = []
     for entry in batch.batches:
         p = entry.partition
@@ -138,7 +145,7 @@ def messages_of(batch: dispatcher_pb2.MessageBatch, topic: str, session: object)
             # map() with repeat(): about half the cost of a list comprehension calling the class.
             c = counts[k : k + n] if counts else repeat(0)
             k += n
-            out += map(Message, repeat(topic), repeat(p), offsets, repeat(session), repeat(v), range(n), c)
+            out += map(plain, repeat(topic), repeat(p), offsets, repeat(session), repeat(v), range(n), c)
     if batch.messages:
-        out += [PushedMessageView(topic, pm, session) for pm in batch.messages]
+        out += [pushed(topic, pm, session) for pm in batch.messages]
     return out

@@ -30,6 +30,7 @@ from sluice.client.push.config import PushConsumerConfig
 from sluice.client.push.flow import FlowControl, Grant
 from sluice.client.push.message import Message, messages_of
 from sluice.client.push.nacks import NackScheduler
+from sluice.client.push.serde_message import message_kinds
 from sluice.client.push.stream import ConsumeCall, ConsumeStream, Session
 from sluice.client.push.wire_call import WireConsumeCall
 from sluice.common.backoff import Backoff
@@ -67,6 +68,8 @@ class PushSessions:
         self.type = type_
         self.config = config
         self._listener = config.message_listener
+        #: Message classes that deserialize (docs/serializers.md); None: plain messages.
+        self._kinds = message_kinds(config.key_deserializer, config.value_deserializer)
         self.consumer_id = config.consumer_id or uuid.uuid4().hex
         self.consumer_name = config.consumer_name or client_id
         self._channels = channels
@@ -220,7 +223,7 @@ class PushSessions:
             self._cond.notify_all()  # the constructor waits for this
 
     def on_messages(self, session: Session, batch: pb.MessageBatch) -> None:
-        msgs = messages_of(batch, batch.topic or self.topic, session)
+        msgs = messages_of(batch, batch.topic or self.topic, session, self._kinds)
         if not msgs:
             return
         with self._lock:
