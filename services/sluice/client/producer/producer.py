@@ -131,6 +131,11 @@ class Producer:
         """The topic's partition count (fixed for the producer's life)."""
         return self._partitions
 
+    def may_block(self) -> bool:
+        """Whether ``send()`` may block now (``buffer_memory`` is in use): sluice.aio then sends from a
+        worker thread instead of blocking its event loop."""
+        return self._acc.held() >= self.config.buffer_memory
+
     def send(
         self,
         value: bytes | bytearray | memoryview,
