@@ -1,5 +1,5 @@
-"""One whole Sluice (redis, coordinator, broker, offset store, dispatcher) per test module for the asyncio
-SDK's suite; each test makes its own topics and groups. Group heartbeats are 200 ms (the coordinator's
+"""One whole Sluice (redis, coordinator, broker, offset store, dispatcher) shared by the asyncio SDK's suite
+(package scope: starting one takes seconds); each test makes its own topics and groups. Group heartbeats are 200 ms (the coordinator's
 default for this stack) so joins and rebalances take fractions of a second."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def name(prefix: str) -> str:
     return f"{prefix}-{os.getpid()}-{next(_names)}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def stack() -> Iterator[Stack]:
     with (
         run_redis() as redis,
