@@ -1,6 +1,6 @@
-"""One whole Sluice (redis, coordinator, broker, offset store, dispatcher) shared by the asyncio SDK's suite
-(package scope: starting one takes seconds); each test makes its own topics and groups. Group heartbeats are 200 ms (the coordinator's
-default for this stack) so joins and rebalances take fractions of a second."""
+"""One whole Sluice (redis, coordinator, broker, offset store, dispatcher) shared by the asyncio SDK's
+suite (package scope: starting one takes seconds); each test makes its own topics and groups. Group
+heartbeats are 200 ms (the coordinator's setting for this stack), so joins take fractions of a second."""
 
 from __future__ import annotations
 
@@ -47,7 +47,10 @@ class Stack:
         return name
 
     def produce(self, topic: str, n: int, start: int = 0) -> None:
-        with Client(self.bootstrap, request_timeout=10) as c, c.producer(topic, partitioner="round_robin") as p:
+        with (
+            Client(self.bootstrap, request_timeout=10) as c,
+            c.producer(topic, partitioner="round_robin") as p,
+        ):
             for i in range(start, start + n):
                 p.send(f"v{i}".encode())
 

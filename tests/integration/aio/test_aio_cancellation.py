@@ -41,7 +41,8 @@ def test_cancelled_getmany_and_getone_lose_no_record(stack: Stack) -> None:
             deadline = time.monotonic() + 60
             while sum(seen.values()) < N and time.monotonic() < deadline:
                 if rng.random() < 0.5:
-                    call = consumer.getmany(timeout_ms=rng.choice((0, 5, 50)), max_records=rng.randint(1, 200))
+                    wait_ms, most = rng.choice((0, 5, 50)), rng.randint(1, 200)
+                    call = consumer.getmany(timeout_ms=wait_ms, max_records=most)
                 else:
                     call = consumer.getone()
                 task = asyncio.ensure_future(call)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-
 import pytest
 
 from sluice import aio
@@ -18,9 +17,9 @@ from tests.integration.aio.conftest import FAST, Stack, name
 TopicPartition = tuple[str, int]
 
 
-async def take(consumer: aio.Consumer, n: int, timeout: float = 15.0) -> list[Record]:
+async def take(consumer: aio.Consumer, n: int, within: float = 15.0) -> list[Record]:
     got: list[Record] = []
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while len(got) < n:
         assert time.monotonic() < deadline, f"timed out with {len(got)} of {n} records"
         for records in (await consumer.getmany(timeout_ms=200)).values():
@@ -85,23 +84,25 @@ def test_async_for_commit_async_and_getone(stack: Stack) -> None:
         outcomes.append((offsets, error))
 
     async def main() -> None:
-        async with aio.Client(stack.bootstrap, request_timeout=10) as client:
-            async with client.consumer(
+        async with (
+            aio.Client(stack.bootstrap, request_timeout=10) as client,
+            client.consumer(
                 group, topic, auto_offset_reset="earliest", enable_auto_commit=False, **FAST
-            ) as consumer:
-                first = await consumer.getone()
-                seen = [first]
-                async for record in consumer:
-                    seen.append(record)
-                    if len(seen) == 20:
-                        break
-                assert values(seen) == list(range(20))
-                # The loop stopped at the 20th record: it is the last one handed out, so it counts as
-                # processed by the next commit, and nothing beyond it was taken.
-                await consumer.commit_async(callback=on_commit)
-                await consumer.commit()  # waits for the async commit first (and runs its callback)
-                assert outcomes == [({(topic, 0): 10, (topic, 1): 10}, None)]
-                assert await consumer.committed() == {(topic, 0): 10, (topic, 1): 10}
+            ) as consumer,
+        ):
+            first = await consumer.getone()
+            seen = [first]
+            async for record in consumer:
+                seen.append(record)
+                if len(seen) == 20:
+                    break
+            assert values(seen) == list(range(20))
+            # The loop stopped at the 20th record: it is the last one handed out, so it counts as
+            # processed by the next commit, and nothing beyond it was taken.
+            await consumer.commit_async(callback=on_commit)
+            await consumer.commit()  # waits for the async commit first (and runs its callback)
+            assert outcomes == [({(topic, 0): 10, (topic, 1): 10}, None)]
+            assert await consumer.committed() == {(topic, 0): 10, (topic, 1): 10}
 
     asyncio.run(main())
 
@@ -113,26 +114,31 @@ def test_seek_pause_resume_and_offset_lookups(stack: Stack) -> None:
     group = name("g")
 
     async def main() -> None:
-        async with aio.Client(stack.bootstrap, request_timeout=10) as client:
-            async with client.consumer(group, [topic], auto_offset_reset="latest", **FAST) as consumer:
-                await consumer.poll(0.5)
-                tps = sorted(consumer.assignment())
-                assert await consumer.end_offsets(tps) == {tp: 5 for tp in tps}
-                assert await consumer.beginning_offsets(tps) == {tp: 0 for tp in tps}
-                assert await consumer.offsets_for_times({tp: before for tp in tps}) == {tp: 0 for tp in tps}
-                await consumer.seek_to_beginning()
-                assert values(await take(consumer, 10)) == list(range(10))
-                consumer.seek((topic, 1), 3)
-                consumer.pause([(topic, 0)])
-                assert consumer.paused() == {(topic, 0)}
-                again = await take(consumer, 2)
-                assert {(r.partition, r.offset) for r in again} == {(1, 3), (1, 4)}
-                assert await consumer.getmany(timeout_ms=300) == {}  # partition 0 is paused, 1 at its end
-                consumer.resume([(topic, 0)])
-                await consumer.seek_to_end((topic, 1))
-                assert consumer.position((topic, 1)) == 5
-                with pytest.raises(InvalidArgument):
-                    consumer.seek((topic, 9), 0)
+        async with (
+            aio.Client(stack.bootstrap, request_timeout=10) as client,
+            client.consumer(group, [topic], auto_offset_reset="latest", **FAST) as consumer,
+        ):
+            deadline = time.monotonic() + 15
+            while len(consumer.assignment()) < 2:  # joined: poll applies the assignment
+                assert time.monotonic() < deadline
+                await consumer.poll(0.1)
+            tps = sorted(consumer.assignment())
+            assert await consumer.end_offsets(tps) == {tp: 5 for tp in tps}
+            assert await consumer.beginning_offsets(tps) == {tp: 0 for tp in tps}
+            assert await consumer.offsets_for_times({tp: before for tp in tps}) == {tp: 0 for tp in tps}
+            await consumer.seek_to_beginning()
+            assert values(await take(consumer, 10)) == list(range(10))
+            consumer.seek((topic, 1), 3)
+            consumer.pause([(topic, 0)])
+            assert consumer.paused() == {(topic, 0)}
+            again = await take(consumer, 2)
+            assert {(r.partition, r.offset) for r in again} == {(1, 3), (1, 4)}
+            assert await consumer.getmany(timeout_ms=300) == {}  # partition 0 is paused, 1 at its end
+            consumer.resume([(topic, 0)])
+            await consumer.seek_to_end((topic, 1))
+            assert consumer.position((topic, 1)) == 5
+            with pytest.raises(InvalidArgument):
+                consumer.seek((topic, 9), 0)
 
     asyncio.run(main())
 
@@ -176,5 +182,3 @@ def test_close_ends_an_async_for_waiting_in_another_task(stack: Stack) -> None:
             assert seen == []
 
     asyncio.run(main())
-
-

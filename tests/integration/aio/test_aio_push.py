@@ -19,26 +19,28 @@ def test_async_for_with_acks_and_a_nack_redelivered(stack: Stack) -> None:
     stack.produce(topic, 20)
 
     async def main() -> None:
-        async with aio.Client(stack.bootstrap, request_timeout=10) as client:
-            async with client.push_consumer(
+        async with (
+            aio.Client(stack.bootstrap, request_timeout=10) as client,
+            client.push_consumer(
                 topic, name("s"), "shared", initial_position="earliest", nack_delay="100ms"
-            ) as pc:
-                got: list[Message] = []
-                nacked = False
-                async for msg in pc:
-                    if msg.value == b"v7" and not nacked:
-                        pc.nack(msg)  # comes again after nack_delay
-                        nacked = True
-                        continue
-                    pc.ack(msg)
-                    got.append(msg)
-                    if len(got) == 20:
-                        break
-                assert sorted(int(m.value[1:]) for m in got) == list(range(20))
-                assert next(m for m in got if m.value == b"v7").redelivery_count == 1
-                with pytest.raises(RequestTimedOut):
-                    await pc.receive(timeout=0.3)
-                assert pc.stats().acked == 20
+            ) as pc,
+        ):
+            got: list[Message] = []
+            nacked = False
+            async for msg in pc:
+                if msg.value == b"v7" and not nacked:
+                    pc.nack(msg)  # comes again after nack_delay
+                    nacked = True
+                    continue
+                pc.ack(msg)
+                got.append(msg)
+                if len(got) == 20:
+                    break
+            assert sorted(int(m.value[1:]) for m in got) == list(range(20))
+            assert next(m for m in got if m.value == b"v7").redelivery_count == 1
+            with pytest.raises(RequestTimedOut):
+                await pc.receive(timeout=0.3)
+            assert pc.stats().acked == 20
 
     asyncio.run(main())
 

@@ -32,8 +32,18 @@ def request(url: str, body: object | None = None) -> tuple[int, object]:
 def test_the_example_app_produces_on_post_and_consumes_in_the_background(stack: Stack) -> None:
     topic, group = name("orders"), name("order-service")
     proc = subprocess.Popen(
-        [sys.executable, str(APP), "--bootstrap", stack.bootstrap, "--port", "0", "--topic", topic]
-        + ["--group", group],
+        [
+            sys.executable,
+            str(APP),
+            "--bootstrap",
+            stack.bootstrap,
+            "--port",
+            "0",
+            "--topic",
+            topic,
+            "--group",
+            group,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -50,7 +60,7 @@ def test_the_example_app_produces_on_post_and_consumes_in_the_background(stack: 
         assert request(f"{base}/orders", {"amount": 1})[0] == 400
         deadline = time.monotonic() + 20
         while True:
-            status, done = request(f"{base}/orders/processed")
+            _status, done = request(f"{base}/orders/processed")
             if isinstance(done, list) and len(done) >= 5:
                 break
             assert time.monotonic() < deadline, done

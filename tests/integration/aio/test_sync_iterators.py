@@ -18,7 +18,9 @@ def test_for_record_in_consumer_commits_what_it_reached_and_stops_on_close(stack
     stack.produce(topic, 10)
     group = name("g")
     with Client(stack.bootstrap, request_timeout=10) as client:
-        consumer = client.consumer(group, [topic], auto_offset_reset="earliest", enable_auto_commit=False, **FAST)
+        consumer = client.consumer(
+            group, [topic], auto_offset_reset="earliest", enable_auto_commit=False, **FAST
+        )
         seen: list[Record] = []
         for record in consumer:
             seen.append(record)
