@@ -3,8 +3,8 @@
 One stack (coordinator, broker, offset store, dispatcher); records of 100 B on 4 partitions. Measured in
 this one process, one after the other:
 
-* produce: the sync ``send()`` then ``flush()``, against ``await producer.enqueue()`` then awaiting every
-  future (each completion is posted to the loop, in bursts: LoopBridge);
+* produce: the sync ``send()`` then ``flush()``, against ``await producer.enqueue()`` then ``flush()``,
+  and against keeping every future and awaiting them all (``asyncio.gather``);
 * sequential sends: ``send().result()`` against ``await producer.send()``, one record in flight;
 * group consume: the sync ``poll()`` loop and ``for record in consumer``, against ``getmany()`` and
   ``async for`` (one record per step), each a fresh group reading the whole topic.
@@ -34,11 +34,17 @@ def sync_produce(bootstrap: str, topic: str, n: int) -> float:
         return n / (time.perf_counter() - started)
 
 
-async def aio_produce(bootstrap: str, topic: str, n: int) -> float:
+async def aio_produce(bootstrap: str, topic: str, n: int, gather: bool) -> float:
+    """``gather``: keep every record's future and await them all; else drop them and ``flush()``."""
     async with aio.Client(bootstrap) as client, client.producer(topic, linger="5ms") as p:
         started = time.perf_counter()
-        futures = [await p.enqueue(VALUE, key=str(i % 1000).encode()) for i in range(n)]
-        await asyncio.gather(*futures)
+        if gather:
+            futures = [await p.enqueue(VALUE, key=str(i % 1000).encode()) for i in range(n)]
+            await asyncio.gather(*futures)
+        else:
+            for i in range(n):
+                await p.enqueue(VALUE, key=str(i % 1000).encode())
+            await p.flush()
         return n / (time.perf_counter() - started)
 
 
@@ -106,11 +112,12 @@ def main() -> None:
             for t in ("bench", "bench-mixed"):
                 admin.admin.create_topic(t, partitions=4)
         out["produce_sync_rec_s"] = round(sync_produce(s.bootstrap, "bench", n))
-        out["produce_aio_rec_s"] = round(asyncio.run(aio_produce(s.bootstrap, "bench", n)))
+        out["produce_aio_flush_rec_s"] = round(asyncio.run(aio_produce(s.bootstrap, "bench", n, False)))
+        out["produce_aio_gather_rec_s"] = round(asyncio.run(aio_produce(s.bootstrap, "bench", n, True)))
         seq = args.sequential
         out["send_wait_sync_us"] = round(sync_sequential(s.bootstrap, "bench-mixed", seq), 1)
         out["send_wait_aio_us"] = round(asyncio.run(aio_sequential(s.bootstrap, "bench-mixed", seq)), 1)
-        total = 2 * n  # both produce runs wrote to "bench"
+        total = 3 * n  # the three produce runs wrote to "bench"
         out["consume_poll_sync_rec_s"] = round(sync_consume(s.bootstrap, "bench", total, "g-a", False))
         out["consume_iter_sync_rec_s"] = round(sync_consume(s.bootstrap, "bench", total, "g-b", True))
         out["consume_getmany_aio_rec_s"] = round(

@@ -95,21 +95,22 @@ class Producer:
     ) -> asyncio.Future[RecordMetadata]:
         """Queue one record and return the future of its metadata without waiting for the broker
         (aiokafka's ``send``): batches fill up while the caller goes on."""
-        send = functools.partial(
-            self._sync.send,
-            value,
-            key,
-            tag,
-            headers,
-            partition,
-            timestamp,
-            deliver_at=deliver_at,
-            deliver_after=deliver_after,
-        )
-        if deliver_at is not None or deliver_after is not None or self._sync.may_block():
-            done = await self._bridge.loop.run_in_executor(None, send)
+        sync = self._sync
+        if deliver_at is None and deliver_after is None and not sync.may_block():
+            done = sync.send(value, key, tag, headers, partition, timestamp)  # appends to a batch: no wait
         else:
-            done = send()
+            send = functools.partial(
+                sync.send,
+                value,
+                key,
+                tag,
+                headers,
+                partition,
+                timestamp,
+                deliver_at=deliver_at,
+                deliver_after=deliver_after,
+            )
+            done = await self._bridge.loop.run_in_executor(None, send)
         return self._future_of(done)
 
     def _future_of(self, sent: FutureRecordMetadata) -> asyncio.Future[RecordMetadata]:

@@ -124,10 +124,10 @@ def test_every_python_snippet_runs_as_written(up: Up, tmp_path: Path) -> None:
     assert sorted(v for *_, v in audit) == values  # and so did the push subscription, acking each
 
     lines = run_python(async_block, up.bootstrap, tmp_path / "quickstart_async.py")
-    billing = [line.split(maxsplit=3)[3] for line in lines if line.startswith("billing")]
-    audit = [line.split(maxsplit=3)[3] for line in lines if line.startswith("audit")]
-    assert sorted(billing) == sorted([*values, "b'payment-async'"])  # a new group reads the topic
-    assert sorted(audit) == sorted([*values, "b'payment-async'"])
+    billed = [line.split(maxsplit=3)[3] for line in lines if line.startswith("billing")]
+    audited = [line.split(maxsplit=3)[3] for line in lines if line.startswith("audit")]
+    assert sorted(billed) == sorted([*values, "b'payment-async'"])  # a new group reads the topic
+    assert sorted(audited) == sorted([*values, "b'payment-async'"])
     with Client(up.bootstrap, request_timeout=10) as client:
         assert sum(client.admin.group_offsets("billing").values()) == 4  # committed
         assert sum(client.admin.group_offsets("billing-async").values()) == 5

@@ -134,7 +134,11 @@ class Producer:
     def may_block(self) -> bool:
         """Whether ``send()`` may block now (``buffer_memory`` is in use): sluice.aio then sends from a
         worker thread instead of blocking its event loop."""
-        return self._acc.held() >= self.config.buffer_memory
+        acc = self._acc
+        limit = self.config.buffer_memory
+        if acc.buffered + self._partitions * self._batch_size < limit:
+            return False  # even with every partition's batch open: no walk over the open batches
+        return acc.held() >= limit
 
     def send(
         self,
