@@ -182,3 +182,53 @@ def test_close_ends_an_async_for_waiting_in_another_task(stack: Stack) -> None:
             assert seen == []
 
     asyncio.run(main())
+
+
+def test_a_rebalance_between_two_members_calls_async_callbacks_and_loses_nothing(stack: Stack) -> None:
+    topic = stack.topic(4)
+    stack.produce(topic, 40)
+    group = name("g")
+    calls: list[tuple[str, str, list[TopicPartition]]] = []
+
+    def listener(member: str) -> object:
+        class Listener:
+            async def on_assign(self, parts: list[TopicPartition]) -> None:
+                calls.append((member, "assign", parts))
+
+            async def on_revoke(self, parts: list[TopicPartition]) -> None:
+                await asyncio.sleep(0.01)  # the partitions are released only after this returns
+                calls.append((member, "revoke", parts))
+
+        return Listener()
+
+    async def main() -> list[Record]:
+        async with aio.Client(stack.bootstrap, request_timeout=10) as client:
+            a = await client.consumer(
+                group,
+                [topic],
+                auto_offset_reset="earliest",
+                listener=listener("a"),
+                max_poll_records=5,
+                **FAST,
+            )
+            got = await take(a, 10)  # a holds all four partitions and has read some
+            b = await client.consumer(
+                group, [topic], auto_offset_reset="earliest", listener=listener("b"), **FAST
+            )
+            deadline = time.monotonic() + 20
+            while len(got) < 40:
+                assert time.monotonic() < deadline, len(got)
+                for c in (a, b):
+                    for records in (await c.getmany(timeout_ms=100, max_records=5)).values():
+                        got += records
+            await a.close()
+            await b.close()
+            return got
+
+    got = asyncio.run(main())
+    assert values(got) == list(range(40))  # each record once: revoked partitions were committed first
+    revoked = [parts for member, what, parts in calls if (member, what) == ("a", "revoke")]
+    b_assigned = [parts for member, what, parts in calls if (member, what) == ("b", "assign")]
+    assert revoked
+    assert b_assigned
+    assert set(revoked[0]) == set(b_assigned[0])  # what a gave up is what b got
