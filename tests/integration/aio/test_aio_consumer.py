@@ -12,6 +12,7 @@ import pytest
 from sluice import aio
 from sluice.codec.batch import Record
 from sluice.errors import InvalidArgument, SluiceError, UnknownTopicOrPartition
+from sluice.retry.levels import retry_info, retry_topic
 from tests.integration.aio.conftest import FAST, Stack, name
 
 TopicPartition = tuple[str, int]
@@ -232,3 +233,33 @@ def test_a_rebalance_between_two_members_calls_async_callbacks_and_loses_nothing
     assert revoked
     assert b_assigned
     assert set(revoked[0]) == set(b_assigned[0])  # what a gave up is what b got
+
+
+def test_reconsume_later_brings_the_record_back(stack: Stack) -> None:
+    topic = stack.topic(2)
+    group = name("g")
+
+    async def main() -> None:
+        async with aio.Client(stack.bootstrap, request_timeout=10) as client:
+            async with client.producer(topic) as producer:
+                await producer.send(b"fails-once", key=b"k")
+            async with client.consumer(
+                group,
+                [topic],
+                auto_offset_reset="earliest",
+                retry=True,
+                retry_delay_levels=" ".join(["50ms"] * 18),
+                **FAST,
+            ) as consumer:
+                first = await asyncio.wait_for(consumer.getone(), 20)
+                assert first.value == b"fails-once"
+                outcome = await consumer.reconsume_later(first)
+                assert outcome.topic == retry_topic(group)
+                again = await asyncio.wait_for(consumer.getone(), 20)  # from the retry topic, when due
+                assert (again.topic, again.value) == (retry_topic(group), b"fails-once")
+                info = retry_info(again.headers)
+                assert info is not None
+                assert (info.topic, info.partition, info.offset, info.count) == (topic, first.partition, 0, 1)
+                await consumer.commit()
+
+    asyncio.run(main())

@@ -110,6 +110,8 @@ class Consumer(ConsumerEngine):
         if self._retry is not None:
             resume_due(self._retry, self.paused, self.resume)
         self._reconcile()
+        if self._retry is not None:
+            self._retry.check_assigned(self._state, self._lock)
         self._maybe_auto_commit()
 
     def _poll_light(self) -> None:
@@ -121,6 +123,10 @@ class Consumer(ConsumerEngine):
 
     def _poll_may_block(self) -> bool:
         """Whether ``_poll_started``/``_poll_prepare`` may block or call application callbacks now."""
+        if self._retry is not None:
+            with self._lock:
+                if self._retry.unchecked(self._state):
+                    return True
         return bool(
             self._events
             or not self._settled
