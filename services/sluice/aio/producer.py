@@ -97,16 +97,19 @@ class Producer:
         (aiokafka's ``send``): batches fill up while the caller goes on."""
         sync = self._sync
         if deliver_at is None and deliver_after is None and not sync.may_block():
-            done = sync.send(value, key, tag, headers, partition, timestamp)  # appends to a batch: no wait
+            # By keyword: the sync send()'s parameters may grow (serializers, compression) in any order.
+            done = sync.send(
+                value, key=key, tag=tag, headers=headers, partition=partition, timestamp=timestamp
+            )
         else:
             send = functools.partial(
                 sync.send,
                 value,
-                key,
-                tag,
-                headers,
-                partition,
-                timestamp,
+                key=key,
+                tag=tag,
+                headers=headers,
+                partition=partition,
+                timestamp=timestamp,
                 deliver_at=deliver_at,
                 deliver_after=deliver_after,
             )
