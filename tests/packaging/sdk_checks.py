@@ -90,6 +90,33 @@ def admin_lists_topics(client: Client, topic: str) -> None:
     assert topic in {t.name for t in client.admin.list_topics()}
 
 
+@check
+def asyncio_client(client: Client, topic: str) -> None:
+    """sluice.aio on the slim install: send, group consume with a commit, push consume with acks."""
+    import asyncio
+
+    from sluice import aio
+
+    async def run() -> None:
+        async with aio.Client(client.bootstrap, request_timeout=60) as ac:
+            async with ac.producer(topic) as producer:
+                meta = await producer.send(b"aio", partition=0)
+            async with ac.consumer(f"g-{uuid.uuid4().hex[:8]}", topic, auto_offset_reset="earliest") as c:
+                got = 0
+                async for _ in c:
+                    got += 1
+                    if got == 21:
+                        break
+                assert sum((await c.commit()).values()) == 21
+            sub = f"s-{uuid.uuid4().hex[:8]}"
+            async with ac.push_consumer(topic, sub, "shared", initial_position="earliest") as pc:
+                msg = await pc.receive(timeout=60)
+                pc.ack(msg)
+        assert meta.topic == topic
+
+    asyncio.run(asyncio.wait_for(run(), 180))
+
+
 def main(bootstrap: str) -> int:
     topic = f"slim-{uuid.uuid4().hex[:8]}"
     with Client(bootstrap, request_timeout=60) as client:

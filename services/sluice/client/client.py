@@ -307,9 +307,7 @@ class Client:
         """
         self._check_open()
         validate_group(group)
-        # Without a config of its own, the consumer's RPCs wait as long as the client's.
-        base = config or ConsumerConfig(request_timeout=timedelta(seconds=self.request_timeout))
-        cfg = base.replace(**overrides) if overrides else base
+        cfg = self.consumer_config(config, overrides)
         subscription = subscription_of(subscribe)
         if cfg.retry:  # docs/retry.md: the group's retry and DLQ topics, and the retry subscription
             subscription = retry_subscription(self, group, cfg, subscription)
@@ -331,6 +329,12 @@ class Client:
         with self._lock:
             self._consumers.add(consumer)
         return consumer
+
+    def consumer_config(self, config: ConsumerConfig | None, overrides: Mapping[str, Any]) -> ConsumerConfig:
+        """The configuration ``consumer(config=config, **overrides)`` uses (sluice.aio builds the same)."""
+        # Without a config of its own, the consumer's RPCs wait as long as the client's.
+        base = config or ConsumerConfig(request_timeout=timedelta(seconds=self.request_timeout))
+        return base.replace(**overrides) if overrides else base
 
     # ---- lifecycle ----------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The README's quickstart runs as written against a real ``sluice up`` (so it cannot rot): the shell
-block line by line through bash, with the venv's ``sluice`` on PATH as its first line asks, and the Python
-block as a script. Only the bootstrap address differs (``SLUICE_BOOTSTRAP``; the Python block's literal
-default address is replaced by the stack's)."""
+block line by line through bash, with the venv's ``sluice`` on PATH as its first line asks, and every
+``python`` block of the README as a script, in order (a later one may use what an earlier one made). Only
+the bootstrap address differs (``SLUICE_BOOTSTRAP``; the Python blocks' literal default address is
+replaced by the stack's)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice import Client
 from tests.harness import ROOT, _env
 from tests.integration.cli.test_cli_system import Up, start_up
 
@@ -22,7 +24,7 @@ README = ROOT / "README.md"
 
 
 def quickstart_blocks() -> tuple[str, str]:
-    """The quickstart's ``sh`` block and the ``python`` block after it."""
+    """The quickstart's ``sh`` block and the first ``python`` block after it."""
     text = README.read_text()
     section = text[text.index("## Five-minute quickstart") :]
     shell = re.search(r"```sh\n(.*?)```", section, re.S)
@@ -30,6 +32,11 @@ def quickstart_blocks() -> tuple[str, str]:
     assert shell is not None
     assert python is not None
     return shell.group(1), python.group(1)
+
+
+def python_blocks() -> list[str]:
+    """Every ``python`` block of the README, in order."""
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
 def commands(block: str) -> list[str]:
@@ -88,16 +95,39 @@ def test_the_shell_quickstart_runs_as_written(up: Up, tmp_path: Path) -> None:
     assert [r["value"] for r in followed] == ["first", "second", "third"]  # tagA only
 
 
-def test_the_python_quickstart_runs_as_written(up: Up, tmp_path: Path) -> None:
-    _, python = quickstart_blocks()
-    assert '"127.0.0.1:7600"' in python
-    script = tmp_path / "quickstart.py"
-    script.write_text(python.replace('"127.0.0.1:7600"', repr(up.bootstrap)))
+def run_python(block: str, bootstrap: str, path: Path) -> list[str]:
+    """Run one README block as a script against ``bootstrap``; its stdout lines."""
+    assert '"127.0.0.1:7600"' in block
+    path.write_text(block.replace('"127.0.0.1:7600"', repr(bootstrap)))
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=_env(), check=False
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=120, env=_env(), check=False
     )
     assert result.returncode == 0, result.stderr
-    first, second = result.stdout.splitlines()[:2]
-    assert first.split()[1] == "0"  # partition, offset 0 of a new topic
-    assert second.split()[0] == "0"
-    assert "b'v'" in second
+    return result.stdout.splitlines()
+
+
+def test_every_python_snippet_runs_as_written(up: Up, tmp_path: Path) -> None:
+    blocks = python_blocks()
+    assert len(blocks) == 2, "a new README python block: give it its checks here"
+    sync_block, async_block = blocks
+    assert sync_block == quickstart_blocks()[1]
+
+    lines = run_python(sync_block, up.bootstrap, tmp_path / "quickstart.py")
+    sent, billing, audit = (
+        [line.split(maxsplit=3) for line in lines if line.startswith(word)]
+        for word in ("sent", "billing", "audit")
+    )
+    assert len(sent) == 1
+    assert sent[0][2] == "0"  # the refund: offset 0 of its partition in a new topic
+    values = ["b'payment-0'", "b'payment-1'", "b'payment-2'", "b'refund'"]
+    assert sorted(v for *_, v in billing) == values  # the group read all four records
+    assert sorted(v for *_, v in audit) == values  # and so did the push subscription, acking each
+
+    lines = run_python(async_block, up.bootstrap, tmp_path / "quickstart_async.py")
+    billed = [line.split(maxsplit=3)[3] for line in lines if line.startswith("billing")]
+    audited = [line.split(maxsplit=3)[3] for line in lines if line.startswith("audit")]
+    assert sorted(billed) == sorted([*values, "b'payment-async'"])  # a new group reads the topic
+    assert sorted(audited) == sorted([*values, "b'payment-async'"])
+    with Client(up.bootstrap, request_timeout=10) as client:
+        assert sum(client.admin.group_offsets("billing").values()) == 4  # committed
+        assert sum(client.admin.group_offsets("billing-async").values()) == 5

@@ -44,10 +44,11 @@ __all__ = [
 ]
 
 TopicPartition = tuple[str, int]
-#: Called with the partitions concerned, sorted.
-PartitionsCallback = Callable[[list[TopicPartition]], None]
+#: Called with the partitions concerned, sorted. The result is ignored (``object``: sluice.aio also
+#: takes ``async def`` callbacks, whose coroutine it runs on its loop).
+PartitionsCallback = Callable[[list[TopicPartition]], object]
 #: ``callback(offsets, error)``: the offsets a commit carried and its first error (None: all stored).
-CommitCallback = Callable[[dict[TopicPartition, int], SluiceError | None], None]
+CommitCallback = Callable[[dict[TopicPartition, int], SluiceError | None], object]
 
 AUTO_OFFSET_RESETS = ("latest", "earliest", "none")
 COMMIT_MODES = ("poll", "in-flight-min")

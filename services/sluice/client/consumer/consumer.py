@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from operator import attrgetter
@@ -54,6 +54,8 @@ log = logging.getLogger("sluice.consumer")
 TopicPartition = tuple[str, int]
 _OFFSET = attrgetter("offset")
 _L = PartitionLifecycle
+#: How long one wait of ``for record in consumer`` lasts before it checks whether the consumer closed.
+_ITER_WAIT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,40 +82,103 @@ class Consumer(ConsumerEngine):
         DeserializationError carrying the raw record; the next poll goes on after it.
         """
         self._check_open()
-        self._report_commits()
         limit = self.config.max_poll_records if max_records is None else _positive("max_records", max_records)
         deadline = time.monotonic() + max(float(timeout), 0.0)
-        with self._lock:
-            self._state.returned_done()  # poll mode: the previous poll's records are processed
+        self._poll_started()
         while True:
-            if self._retry is not None:
-                resume_due(self._retry, self.paused, self.resume)
-            self._reconcile()
-            self._maybe_auto_commit()
+            self._poll_prepare()
             with self._lock:
-                error = self._prefetch.take_error()
-                if error is not None:
-                    self._restart_vanished(error)
-                    raise error
-                records = self._collect(limit)
-                if self._deserialize is not None:
-                    self._deserialize.raise_failed()  # a record handed out alone by _collect
-                if records and self._retry is not None:
-                    records = self._retry.skip_retried(records, self._state)
-                if records:
+                records, wait = self._poll_take(limit, deadline)
+                if records or wait is None:
                     return records
-                now = time.monotonic()
-                remaining = deadline - now
-                if remaining <= 0:
-                    return records
-                if self._events or self._revocations_ready():
-                    continue
-                wait = remaining
-                if self.config.enable_auto_commit:
-                    wait = min(wait, max(self._next_auto_commit - now, 0.001))
-                if self._retry is not None:
-                    wait = self._retry.wait_bound(wait)
-                self._ready.wait(wait)
+                if wait > 0:
+                    self._ready.wait(wait)
+
+    # poll() in three steps, so sluice.aio runs the same ones (docs/asyncio.md): the blocking step
+    # (rebalance work, callbacks) in a worker thread, taking records on the event loop's thread with
+    # no await between taking and returning them, and the wait on an asyncio future.
+
+    def _poll_started(self) -> None:
+        """What a poll() does once at its start: report finished commits, and (poll mode) count the
+        previous poll's records as processed."""
+        self._report_commits()
+        with self._lock:
+            self._state.returned_done()
+
+    def _poll_prepare(self) -> None:
+        """The part of a poll pass that may block: retry resumes, rebalance work and its callbacks,
+        the auto-commit. Returns at once when nothing changed (``_poll_may_block()`` is False)."""
+        if self._retry is not None:
+            resume_due(self._retry, self.paused, self.resume)
+        self._reconcile()
+        if self._retry is not None:
+            self._retry.check_assigned(self._state, self._lock)
+        self._maybe_auto_commit()
+
+    def _poll_light(self) -> None:
+        """``_poll_prepare`` when ``_poll_may_block()`` is False: only what never blocks (sluice.aio
+        runs it on the event loop's thread; rebalance work that arrives meanwhile waits a pass)."""
+        if self._retry is not None:
+            resume_due(self._retry, self.paused, self.resume)
+        self._maybe_auto_commit()
+
+    def _poll_may_block(self) -> bool:
+        """Whether ``_poll_started``/``_poll_prepare`` may block or call application callbacks now."""
+        if self._retry is not None:
+            with self._lock:
+                if self._retry.unchecked(self._state):
+                    return True
+        return bool(
+            self._events
+            or not self._settled
+            or self._fatal is not None
+            or self._async.has_outcomes
+            or self._commit_error is not None
+        )
+
+    def _poll_take(self, limit: int, deadline: float) -> tuple[list[Record], float | None]:
+        """Under the lock: raise a fetch error, else take up to ``limit`` records. Returns them and
+        how long to wait before the next pass (0: go again now; None: the deadline passed, or the
+        consumer closed)."""
+        error = self._prefetch.take_error()
+        if error is not None:
+            self._restart_vanished(error)
+            raise error
+        records = self._collect(limit)
+        if self._deserialize is not None:
+            self._deserialize.raise_failed()  # a record handed out alone by _collect
+        if records and self._retry is not None:
+            records = self._retry.skip_retried(records, self._state)
+        if records:
+            return records, 0.0
+        now = time.monotonic()
+        remaining = deadline - now
+        if remaining <= 0 or self._closed:
+            return records, None
+        if self._events or self._revocations_ready():
+            return records, 0.0
+        wait = remaining
+        if self.config.enable_auto_commit:
+            wait = min(wait, max(self._next_auto_commit - now, 0.001))
+        if self._retry is not None:
+            wait = self._retry.wait_bound(wait)
+        return records, wait
+
+    def __iter__(self) -> Iterator[Record]:
+        """``for record in consumer``: records one at a time as they arrive, until the consumer is
+        closed (by ``close()`` from another thread, or ``break`` then ``close()``).
+
+        Each record is taken by its own ``poll(max_records=1)`` (from the prefetch buffer, no round
+        trip), so in ``poll`` commit mode a ``commit()`` inside the loop covers exactly the records
+        handed out before the current one plus it, never ones the loop has not reached.
+        """
+        while not self._closed:
+            try:
+                yield from self.poll(timeout=_ITER_WAIT, max_records=1)
+            except SluiceError:
+                if self._closed:
+                    return
+                raise
 
     def done(self, record: Record) -> None:
         """``commit_mode="in-flight-min"``: ``record`` is processed. Any thread may call it."""
@@ -366,6 +431,8 @@ class Consumer(ConsumerEngine):
         if self._closed:
             return
         self._closed = True
+        with self._lock:
+            self._ready.notify_all()  # a poll() or iterator waiting in another thread (or task) returns
         wait = self._timeout if timeout is None else max(float(timeout), 0.0)
         try:
             self._async.close(wait)

@@ -30,6 +30,7 @@ from sluice.client.fetcher import Fetcher
 from sluice.client.links import BrokerLinks
 from sluice.client.memory import ClientMemory
 from sluice.client.metadata import MetadataCache
+from sluice.client.wakers import WakeableCondition
 from sluice.common.peers import Peers
 from sluice.errors import (
     InvalidArgument,
@@ -73,7 +74,8 @@ class ConsumerEngine:
         self._deserialize = RecordDeserializer.of(config.key_deserializer, config.value_deserializer)
         self._on_close = on_close
         self._lock = threading.RLock()
-        self._ready = threading.Condition(self._lock)
+        #: Notified when poll() has something to do; sluice.aio waits on it through a waker.
+        self._ready = WakeableCondition(self._lock)
         self._state = SubscriptionState(in_flight_min=config.commit_mode == "in-flight-min")
         self._events: list[Event] = []
         self._fatal: SluiceError | None = None

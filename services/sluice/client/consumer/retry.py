@@ -221,6 +221,26 @@ class Retrier:
             out.append(r)
         return out
 
+    def unchecked(self, state: SubscriptionState) -> bool:
+        """Whether a held partition was assigned since it was last checked against the targets
+        (the caller holds the consumer's lock)."""
+        return any(self._checked.get(tp) is not part for tp, part in state.parts.items())
+
+    def check_assigned(self, state: SubscriptionState, lock: threading.RLock) -> None:
+        """Read the retry and DLQ topics up to their end for partitions assigned since their last
+        check, before any of their records is taken: poll's prepare step does it, outside the lock
+        (sluice.aio runs that step in a worker thread), so ``skip_retried`` finds them checked."""
+        with lock:
+            fresh = {tp: part for tp, part in state.parts.items() if self._checked.get(tp) is not part}
+        if not fresh:
+            return
+        for tp in self._targets():
+            self._index.catch_up(tp)
+        with lock:
+            for tp, part in fresh.items():
+                if state.parts.get(tp) is part:
+                    self._checked[tp] = part
+
     def _targets(self) -> list[TopicPartition]:
         return [(self.topic, p) for p in range(self._ports.partitions(self.topic))] + [(self.dlq, 0)]
 

@@ -146,6 +146,12 @@ class FutureRecordMetadata:
             raise RequestTimedOut(f"record not acknowledged within {timeout} s (it may still be delivered)")
         return r.error
 
+    @property
+    def batch(self) -> BatchResult:
+        """The outcome shared by every record of this record's batch (sluice.aio waits on it once per
+        batch rather than once per record)."""
+        return self._result
+
     def add_done_callback(self, fn: Callable[[FutureRecordMetadata], Any]) -> None:
         """Call ``fn(future)`` once the record is acknowledged or failed (at once if it is).
 

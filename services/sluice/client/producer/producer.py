@@ -141,6 +141,15 @@ class Producer:
         """The topic's partition count (fixed for the producer's life)."""
         return self._partitions
 
+    def may_block(self) -> bool:
+        """Whether ``send()`` may block now (``buffer_memory`` is in use): sluice.aio then sends from a
+        worker thread instead of blocking its event loop."""
+        acc = self._acc
+        limit = self.config.buffer_memory
+        if acc.buffered + self._partitions * self._batch_size < limit:
+            return False  # even with every partition's batch open: no walk over the open batches
+        return acc.held() >= limit
+
     def send(
         self,
         value: bytes | bytearray | memoryview | Any,

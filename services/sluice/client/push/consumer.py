@@ -24,7 +24,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -119,6 +119,22 @@ class PushConsumer(PushSessions):
                     self._waiting -= 1
                     if waiter in self._async_waiters:
                         self._async_waiters.remove(waiter)
+
+    def __iter__(self) -> Iterator[Message]:
+        """``for msg in push_consumer``: messages as they arrive, until the consumer is closed (by
+        ``close()`` from another thread, or ``break`` then ``close()``). Ack each one as usual.
+
+        Raises the subscription's typed error if it fails; InvalidArgument with a message_listener.
+        """
+        if self._listener is not None:
+            raise InvalidArgument("this consumer has a message_listener: messages go to it, not to a loop")
+        while True:
+            msg = self._take(None, stop_when_closed=True)
+            if msg is None:
+                if self._fatal is not None and not self._closed:
+                    raise self._fatal
+                return
+            yield msg
 
     def _take(self, timeout: float | None, stop_when_closed: bool = False) -> Message | None:
         deadline = None if timeout is None else time.monotonic() + timeout
