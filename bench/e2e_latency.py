@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import re
 import struct
 import time
+import urllib.request
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from typing import Any
 
 from _stack import cpu_seconds, save, stack
 from sluice import Client
+from sluice.client import stages
 
 PARTITIONS = 4
 # A record: the send time (perf_counter, 8 bytes), 1 if it belongs to the warm-up, padding to 100 bytes.
@@ -48,7 +51,39 @@ def consume(bootstrap: str, total: int, warmup: int, ready: Event, out: Queue[An
                     latencies.append(time.perf_counter() - sent)
         cpu = time.process_time() - cpu
         fetcher.close()
-    out.put((latencies, fetches, cpu))
+    out.put((latencies, fetches, cpu, stages.snapshot()))
+
+
+def stage_figures(who: str, snap: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        f"{who}_{n}": {q: round(snap[n][f"{q}_s"] * 1000, 3) for q in ("p50", "p99", "p999")}
+        | {"n": snap[n]["count"]}
+        for n in names
+    }
+
+
+def scrape_histograms(address: str) -> dict[str, Any]:
+    """The broker's stage, GC-pause and loop-lag histograms: count and p50/p99/p99.9 bucket bounds (ms)."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    series: dict[str, list[tuple[float, float]]] = {}
+    names = "sluice_broker_stage_seconds|sluice_gc_pause_seconds|sluice_event_loop_lag_seconds"
+    for name, labels, value in re.findall(rf"^({names})_bucket[{{](.*?)[}}] (\S+)$", text, re.M):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        le = float(pairs.pop("le"))
+        pairs.pop("service", None)
+        key = "_".join([name.removeprefix("sluice_").removesuffix("_seconds"), *pairs.values()])
+        series.setdefault(key, []).append((le, float(value)))
+    out: dict[str, Any] = {}
+    for key, buckets in series.items():
+        buckets.sort()
+        total = buckets[-1][1]
+        if total:
+            out[key] = {"n": int(total)} | {
+                q: round(next(le for le, c in buckets if c >= total * p) * 1000, 3)
+                for q, p in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
+            }
+    return out
 
 
 def main() -> None:
@@ -90,7 +125,8 @@ def main() -> None:
                 future.add_done_callback(acked)
             next_at += interval
         producer.flush()
-        latencies, fetches, consumer_cpu = out.get(timeout=120)
+        latencies, fetches, consumer_cpu, consumer_stages = out.get(timeout=120)
+        broker_stages = scrape_histograms(s.broker.metrics)
         broker_cpu = cpu_seconds(s.broker.process.pid) - broker_cpu
         producer_cpu = time.process_time() - producer_cpu
         consumer.join(30)
@@ -108,6 +144,7 @@ def main() -> None:
             "warmup_records": warmup,
             "p50_ms": pct(latencies, 0.5),
             "p99_ms": pct(latencies, 0.99),
+            "p999_ms": pct(latencies, 0.999),
             "max_ms": pct(latencies, 1.0),
             "ack_p50_ms": pct(acks, 0.5),
             "ack_p99_ms": pct(acks, 0.99),
@@ -116,6 +153,12 @@ def main() -> None:
             "broker_cpu_us_per_record": round(broker_cpu / max(len(latencies), 1) * 1e6, 1),
             "producer_cpu_us_per_record": round(producer_cpu / max(len(latencies), 1) * 1e6, 1),
             "consumer_cpu_us_per_record": round(consumer_cpu / max(len(latencies), 1) * 1e6, 1),
+            # Where the time goes, stage by stage (docs/latency.md): bucket upper bounds in ms.
+            "stages_ms": {
+                **{f"broker_{k}": v for k, v in broker_stages.items()},
+                **stage_figures("producer", stages.snapshot(), ("producer_queue", "producer_ack")),
+                **stage_figures("consumer", consumer_stages, ("fetch_handoff", "fetch_decode")),
+            },
         },
     )
 
