@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from sluice import Client
 from sluice.client import stages
+from sluice.codec.batch import Record
 
 from .conftest import Cluster
 
@@ -33,7 +34,7 @@ def test_a_produced_and_followed_record_feeds_every_stage(
         assert fetcher.fetch() == []  # the fetch is followed on the broker from now on
         producer = client.producer(topic, linger=0)
         producer.send(b"v").result(10)
-        got = []
+        got: list[Record] = []
         deadline = time.monotonic() + 10
         while not got and time.monotonic() < deadline:
             got = fetcher.fetch()
