@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import re
 import struct
 import time
@@ -40,9 +41,11 @@ def consume(bootstrap: str, total: int, warmup: int, ready: Event, out: Queue[An
         ready.set()
         seen = 0
         cpu = 0.0
+        switches = 0
         while seen < total:
             if seen >= warmup and not cpu:
                 cpu = time.process_time()
+                switches = context_switches(os.getpid())
             fetches += 1
             for r in fetcher.fetch():
                 seen += 1
@@ -50,8 +53,21 @@ def consume(bootstrap: str, total: int, warmup: int, ready: Event, out: Queue[An
                 if not warmup:
                     latencies.append(time.perf_counter() - sent)
         cpu = time.process_time() - cpu
+        switches = context_switches(os.getpid()) - switches
         fetcher.close()
-    out.put((latencies, fetches, cpu, stages.snapshot()))
+    out.put((latencies, fetches, cpu, stages.snapshot(), switches))
+
+
+def context_switches(pid: int) -> int:
+    """Voluntary and involuntary context switches of every thread of ``pid`` so far (Linux /proc)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                total += sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+    return total
 
 
 def stage_figures(who: str, snap: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -106,12 +122,15 @@ def main() -> None:
         producer = client.producer("latency", linger=0)
         acks: list[float] = []  # send -> acknowledged, the producer's share of the latency
         broker_cpu = producer_cpu = 0.0
+        broker_switches = producer_switches = 0
         interval = 1.0 / args.rate
         next_at = time.perf_counter()
         for i in range(total):
             if i == warmup:
                 broker_cpu = cpu_seconds(s.broker.process.pid)
                 producer_cpu = time.process_time()
+                broker_switches = context_switches(s.broker.process.pid)
+                producer_switches = context_switches(os.getpid())
             now = time.perf_counter()
             if now < next_at:
                 time.sleep(next_at - now)
@@ -125,10 +144,12 @@ def main() -> None:
                 future.add_done_callback(acked)
             next_at += interval
         producer.flush()
-        latencies, fetches, consumer_cpu, consumer_stages = out.get(timeout=120)
+        latencies, fetches, consumer_cpu, consumer_stages, consumer_switches = out.get(timeout=120)
         broker_stages = scrape_histograms(s.broker.metrics)
         broker_cpu = cpu_seconds(s.broker.process.pid) - broker_cpu
         producer_cpu = time.process_time() - producer_cpu
+        broker_switches = context_switches(s.broker.process.pid) - broker_switches
+        producer_switches = context_switches(os.getpid()) - producer_switches
         consumer.join(30)
         producer.close()
 
@@ -153,6 +174,11 @@ def main() -> None:
             "broker_cpu_us_per_record": round(broker_cpu / max(len(latencies), 1) * 1e6, 1),
             "producer_cpu_us_per_record": round(producer_cpu / max(len(latencies), 1) * 1e6, 1),
             "consumer_cpu_us_per_record": round(consumer_cpu / max(len(latencies), 1) * 1e6, 1),
+            # Context switches (every thread, voluntary + not) per record: the wake-ups a record costs,
+            # a structural figure that load changes far less than the latencies.
+            "broker_switches_per_record": round(broker_switches / max(len(latencies), 1), 2),
+            "producer_switches_per_record": round(producer_switches / max(len(latencies), 1), 2),
+            "consumer_switches_per_record": round(consumer_switches / max(len(latencies), 1), 2),
             # Where the time goes, stage by stage (docs/latency.md): bucket upper bounds in ms.
             "stages_ms": {
                 **{f"broker_{k}": v for k, v in broker_stages.items()},
