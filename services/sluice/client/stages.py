@@ -18,12 +18,10 @@ application that serves Prometheus metrics exports them with :func:`register_pro
 
 from __future__ import annotations
 
-import bisect
-import contextlib
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
+
+from sluice.common.stage_histogram import StageHistogram, histogram_family
 
 __all__ = ["BUCKETS", "STAGES", "StageHistogram", "register_prometheus", "snapshot", "stage"]
 
@@ -32,53 +30,7 @@ BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5
 STAGES = ("producer_queue", "producer_ack", "fetch_handoff", "fetch_decode")
 
 
-class StageHistogram:
-    """Counts per bucket, a count and a sum; thread-safe."""
-
-    __slots__ = ("_counts", "_lock", "count", "sum")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = [0] * (len(BUCKETS) + 1)
-        self.count = 0
-        self.sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        i = bisect.bisect_left(BUCKETS, seconds)
-        with self._lock:
-            self._counts[i] += 1
-            self.count += 1
-            self.sum += seconds
-
-    @contextlib.contextmanager
-    def timed(self) -> Iterator[None]:
-        """Observe how long the ``with`` block took."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.observe(time.perf_counter() - started)
-
-    def buckets(self) -> list[int]:
-        """Counts per bucket (not cumulative), the last one above ``BUCKETS[-1]``."""
-        with self._lock:
-            return list(self._counts)
-
-    def quantile(self, q: float) -> float:
-        """The upper bound of the bucket holding quantile ``q`` (0 when empty; inf past the last)."""
-        counts = self.buckets()
-        total = sum(counts)
-        if not total:
-            return 0.0
-        rank, seen = q * total, 0
-        for i, n in enumerate(counts):
-            seen += n
-            if seen >= rank and n:
-                return BUCKETS[i] if i < len(BUCKETS) else float("inf")
-        return float("inf")
-
-
-_stages = {name: StageHistogram() for name in STAGES}
+_stages = {name: StageHistogram(BUCKETS) for name in STAGES}
 
 
 def stage(name: str) -> StageHistogram:
@@ -105,19 +57,11 @@ def register_prometheus(registry: Any = None) -> None:
     """Export the stages as ``sluice_client_stage_seconds{stage}`` through ``prometheus_client`` (which
     the application installs; ``registry`` defaults to its global one)."""
     from prometheus_client import REGISTRY
-    from prometheus_client.core import HistogramMetricFamily
 
     class _Collector:
-        def collect(self) -> Iterator[HistogramMetricFamily]:
-            family = HistogramMetricFamily(
-                "sluice_client_stage_seconds", "Time spent in one stage of the Sluice SDK", labels=["stage"]
+        def collect(self) -> Iterator[Any]:
+            yield histogram_family(
+                "sluice_client_stage_seconds", "Time spent in one stage of the Sluice SDK", "stage", _stages
             )
-            for name, h in _stages.items():
-                cumulative, running = [], 0
-                for bound, n in zip([*map(str, BUCKETS), "+Inf"], h.buckets(), strict=True):
-                    running += n
-                    cumulative.append((bound, running))
-                family.add_metric([name], cumulative, h.sum)
-            yield family
 
     (registry if registry is not None else REGISTRY).register(_Collector())

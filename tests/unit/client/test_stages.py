@@ -14,7 +14,7 @@ from sluice.client.stages import BUCKETS, STAGES, StageHistogram
 
 
 def test_quantiles_are_bucket_upper_bounds() -> None:
-    h = StageHistogram()
+    h = StageHistogram(BUCKETS)
     assert h.quantile(0.99) == 0.0  # empty
     for _ in range(990):
         h.observe(0.0002)  # <= 250 us
@@ -31,7 +31,7 @@ def test_quantiles_are_bucket_upper_bounds() -> None:
 
 @given(st.lists(st.floats(min_value=0, max_value=20, allow_nan=False), min_size=1, max_size=200))
 def test_every_observation_lands_in_the_first_bucket_that_holds_it(values: list[float]) -> None:
-    h = StageHistogram()
+    h = StageHistogram(BUCKETS)
     for v in values:
         h.observe(v)
     counts = h.buckets()
@@ -43,7 +43,7 @@ def test_every_observation_lands_in_the_first_bucket_that_holds_it(values: list[
 
 
 def test_timed_observes_the_block() -> None:
-    h = StageHistogram()
+    h = StageHistogram(BUCKETS)
     with h.timed():
         pass
     assert h.count == 1
