@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
+import re
 import struct
 import time
+import urllib.request
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from typing import Any
 
 from _stack import cpu_seconds, save, stack
 from sluice import Client
+from sluice.client import stages
 
 PARTITIONS = 4
 # A record: the send time (perf_counter, 8 bytes), 1 if it belongs to the warm-up, padding to 100 bytes.
@@ -37,9 +41,11 @@ def consume(bootstrap: str, total: int, warmup: int, ready: Event, out: Queue[An
         ready.set()
         seen = 0
         cpu = 0.0
+        switches = 0
         while seen < total:
             if seen >= warmup and not cpu:
                 cpu = time.process_time()
+                switches = context_switches(os.getpid())
             fetches += 1
             for r in fetcher.fetch():
                 seen += 1
@@ -47,8 +53,53 @@ def consume(bootstrap: str, total: int, warmup: int, ready: Event, out: Queue[An
                 if not warmup:
                     latencies.append(time.perf_counter() - sent)
         cpu = time.process_time() - cpu
+        switches = context_switches(os.getpid()) - switches
         fetcher.close()
-    out.put((latencies, fetches, cpu))
+    out.put((latencies, fetches, cpu, stages.snapshot(), switches))
+
+
+def context_switches(pid: int) -> int:
+    """Voluntary and involuntary context switches of every thread of ``pid`` so far (Linux /proc)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                total += sum(int(line.split()[1]) for line in f if "ctxt_switches:" in line)
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+    return total
+
+
+def stage_figures(who: str, snap: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        f"{who}_{n}": {q: round(snap[n][f"{q}_s"] * 1000, 3) for q in ("p50", "p99", "p999")}
+        | {"n": snap[n]["count"]}
+        for n in names
+    }
+
+
+def scrape_histograms(address: str) -> dict[str, Any]:
+    """The broker's stage, GC-pause and loop-lag histograms: count and p50/p99/p99.9 bucket bounds (ms)."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    series: dict[str, list[tuple[float, float]]] = {}
+    names = "sluice_broker_stage_seconds|sluice_gc_pause_seconds|sluice_event_loop_lag_seconds"
+    for name, labels, value in re.findall(rf"^({names})_bucket[{{](.*?)[}}] (\S+)$", text, re.M):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        le = float(pairs.pop("le"))
+        pairs.pop("service", None)
+        key = "_".join([name.removeprefix("sluice_").removesuffix("_seconds"), *pairs.values()])
+        series.setdefault(key, []).append((le, float(value)))
+    out: dict[str, Any] = {}
+    for key, buckets in series.items():
+        buckets.sort()
+        total = buckets[-1][1]
+        if total:
+            out[key] = {"n": int(total)} | {
+                q: round(next(le for le, c in buckets if c >= total * p) * 1000, 3)
+                for q, p in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
+            }
+    return out
 
 
 def main() -> None:
@@ -71,12 +122,15 @@ def main() -> None:
         producer = client.producer("latency", linger=0)
         acks: list[float] = []  # send -> acknowledged, the producer's share of the latency
         broker_cpu = producer_cpu = 0.0
+        broker_switches = producer_switches = 0
         interval = 1.0 / args.rate
         next_at = time.perf_counter()
         for i in range(total):
             if i == warmup:
                 broker_cpu = cpu_seconds(s.broker.process.pid)
                 producer_cpu = time.process_time()
+                broker_switches = context_switches(s.broker.process.pid)
+                producer_switches = context_switches(os.getpid())
             now = time.perf_counter()
             if now < next_at:
                 time.sleep(next_at - now)
@@ -90,9 +144,12 @@ def main() -> None:
                 future.add_done_callback(acked)
             next_at += interval
         producer.flush()
-        latencies, fetches, consumer_cpu = out.get(timeout=120)
+        latencies, fetches, consumer_cpu, consumer_stages, consumer_switches = out.get(timeout=120)
+        broker_stages = scrape_histograms(s.broker.metrics)
         broker_cpu = cpu_seconds(s.broker.process.pid) - broker_cpu
         producer_cpu = time.process_time() - producer_cpu
+        broker_switches = context_switches(s.broker.process.pid) - broker_switches
+        producer_switches = context_switches(os.getpid()) - producer_switches
         consumer.join(30)
         producer.close()
 
@@ -108,6 +165,7 @@ def main() -> None:
             "warmup_records": warmup,
             "p50_ms": pct(latencies, 0.5),
             "p99_ms": pct(latencies, 0.99),
+            "p999_ms": pct(latencies, 0.999),
             "max_ms": pct(latencies, 1.0),
             "ack_p50_ms": pct(acks, 0.5),
             "ack_p99_ms": pct(acks, 0.99),
@@ -116,6 +174,17 @@ def main() -> None:
             "broker_cpu_us_per_record": round(broker_cpu / max(len(latencies), 1) * 1e6, 1),
             "producer_cpu_us_per_record": round(producer_cpu / max(len(latencies), 1) * 1e6, 1),
             "consumer_cpu_us_per_record": round(consumer_cpu / max(len(latencies), 1) * 1e6, 1),
+            # Context switches (every thread, voluntary + not) per record: the wake-ups a record costs,
+            # a structural figure that load changes far less than the latencies.
+            "broker_switches_per_record": round(broker_switches / max(len(latencies), 1), 2),
+            "producer_switches_per_record": round(producer_switches / max(len(latencies), 1), 2),
+            "consumer_switches_per_record": round(consumer_switches / max(len(latencies), 1), 2),
+            # Where the time goes, stage by stage (docs/latency.md): bucket upper bounds in ms.
+            "stages_ms": {
+                **{f"broker_{k}": v for k, v in broker_stages.items()},
+                **stage_figures("producer", stages.snapshot(), ("producer_queue", "producer_ack")),
+                **stage_figures("consumer", consumer_stages, ("fetch_handoff", "fetch_decode")),
+            },
         },
     )
 

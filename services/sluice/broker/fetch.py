@@ -22,7 +22,6 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sluice.broker.filtering import filter_chunk
 from sluice.codec.filter import parse_filter
 from sluice.codec.sql_filter import SqlFilter
 from sluice.errors import InvalidArgument, OffsetOutOfRange, SluiceError, StorageError
@@ -306,6 +305,10 @@ class FetchRead:
             if not raw.data:
                 return
             before = part.position
+            # Imported on the first filtered read: filtering needs numpy (~16 MB of RSS), which a
+            # broker whose consumers never filter never loads (docs/latency.md, "Memory").
+            from sluice.broker.filtering import filter_chunk
+
             result = filter_chunk(raw.data, part.position, tags, max(limit, 0), min_one, part.sql)
             for batch in result.batches:
                 part.batches.append(batch)

@@ -39,6 +39,7 @@ from sluice.broker.fetch import FetchLimits, FetchRead, PartitionRead, Partition
 from sluice.broker.longpoll import ParkedRead, StandingWatch
 from sluice.broker.requests import FetchOutcome, FollowFrom
 from sluice.broker.sessions import FetchSession
+from sluice.broker.stages import FOLLOW_ANSWER
 from sluice.errors import SluiceError
 from sluice.security.context import RequestContext
 
@@ -144,12 +145,14 @@ class ContinuousFetch:
         self._answer(read)
 
     def _answer(self, read: FetchRead) -> None:
+        ready = time.perf_counter()
         parts = self._core.finish_read(read)
         delta = self._answered
         news = self._session.select(parts, incremental=delta)
         self._session.advance(parts)
         self._answered = True
         self._deliver(FetchOutcome(0, news, delta=delta), self._started)
+        FOLLOW_ANSWER.observe(time.perf_counter() - ready)
         if any(part.error is not None for part in news):
             self.stop()
             return

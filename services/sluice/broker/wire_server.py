@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 
+from sluice.broker import stages
 from sluice.broker.follow import ContinuousFetch
 from sluice.broker.handlers import AppendedProduce, RequestHandlers
 from sluice.broker.memory import Reservation
@@ -296,11 +298,14 @@ class _BrokerConnection(WireConnection):
             self._fetch_unsent += len(payload)
 
     def _produce(self, request: broker_pb2.ProduceRequest) -> None:
+        started = time.perf_counter()
         item = self._handlers.append(request, self._ctx)
         if not item.durable and not self._produces:
             # flush=interval/never, or an error: the answer goes out inside this callback.
             self.write(FrameType.PRODUCE, self._handlers.produce_answer(item).SerializeToString())
+            stages.PRODUCE.observe(time.perf_counter() - started)
             return
+        stages.PRODUCE.observe(time.perf_counter() - started)
         self._produces.append(item)
         if self._produce_task is None:
             self._produce_task = asyncio.get_running_loop().create_task(self._answer_produces())

@@ -9,12 +9,14 @@ answer, because the broker reads on from there by itself.
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sluice.client.fetch_errors import PartitionErrors
 from sluice.client.fetch_session import PartitionFetchState, SessionRequest
 from sluice.client.fetch_state import PartitionState, RawChunk, TopicPartition, end_of
+from sluice.client.stages import stage
 from sluice.client.throttles import throttled_answer
 from sluice.errors import error_from_proto
 from sluice.v1 import broker_pb2
@@ -24,6 +26,8 @@ __all__ = ["Answers", "Completion", "advance", "throttled_answer"]
 #: What the connections' threads hand the fetching thread: (broker address, the request
 #: answered, its answer or a SluiceError, whether the request is followed).
 Completion = tuple[str, SessionRequest, Any, bool]
+
+_HANDOFF = stage("fetch_handoff")
 
 
 class Answers:
@@ -36,12 +40,13 @@ class Answers:
     """
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        #: (when it arrived, perf_counter; the answer): the hand-off is a stage (client/stages.py).
+        self._queue: queue.SimpleQueue[tuple[float, Completion]] = queue.SimpleQueue()
         self._held: Completion | None = None
         self.on_arrival: Callable[[], None] | None = None
 
     def put(self, item: Completion) -> None:
-        self._queue.put(item)
+        self._queue.put((time.perf_counter(), item))
         notify = self.on_arrival
         if notify is not None:
             notify()
@@ -55,7 +60,7 @@ class Answers:
         if item is not None:
             return item
         try:
-            return self._queue.get(timeout=timeout)
+            return _taken(self._queue.get(timeout=timeout))
         except queue.Empty:
             return None
 
@@ -67,11 +72,16 @@ class Answers:
         return self.take(0) if self._held is not None else _get_nowait(self._queue)
 
 
-def _get_nowait(q: queue.SimpleQueue[Completion]) -> Completion | None:
+def _get_nowait(q: queue.SimpleQueue[tuple[float, Completion]]) -> Completion | None:
     try:
-        return q.get_nowait()
+        return _taken(q.get_nowait())
     except queue.Empty:
         return None
+
+
+def _taken(entry: tuple[float, Completion]) -> Completion:
+    _HANDOFF.observe(time.perf_counter() - entry[0])
+    return entry[1]
 
 
 def advance(

@@ -18,6 +18,7 @@ from sluice.client.fetch_session import FetchSession, PartitionFetchState, Sessi
 from sluice.client.links import BrokerLink
 from sluice.client.metadata import ClusterMetadata
 from sluice.client.rpc import MAX_MESSAGE_BYTES
+from sluice.client.stages import stage
 from sluice.codec.batch import iter_headers
 from sluice.common.names import validate_topic
 from sluice.errors import InvalidArgument, OffsetOutOfRange, SluiceError, UnknownTopicOrPartition
@@ -34,6 +35,7 @@ __all__ = [
     "check_limits",
     "check_offset",
     "check_tp",
+    "decoding",
     "earliest",
     "end_of",
     "fetch_request",
@@ -200,6 +202,14 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+@contextlib.contextmanager
+def decoding() -> Iterator[None]:
+    """Decode a fetch's batches: the GC paused (``gc_paused``), and the time taken observed as the
+    ``fetch_decode`` stage (client/stages.py), once per fetch."""
+    with gc_paused(), stage("fetch_decode").timed():
+        yield
 
 
 def earliest(current: float | None, candidate: float) -> float:

@@ -52,9 +52,9 @@ from sluice.client.fetch_state import (
     check_limits,
     check_offset,
     check_tp,
+    decoding,
     earliest,
     fetch_request,
-    gc_paused,
     place,
 )
 from sluice.client.fetch_validate import PositionValidator
@@ -172,7 +172,7 @@ class Fetcher:
         chunks = self.fetch_raw(timeout)
         if chunks:
             check = self._check_crcs
-            with gc_paused():
+            with decoding():
                 for c in chunks:
                     records += decode_records(c.data, c.topic, c.partition, c.start, check)
         return records

@@ -25,8 +25,6 @@ from typing import Any
 
 from grpc import aio
 from redis.asyncio import Redis
-from scramp import ScramException, ScramMechanism
-from scramp.utils import ServerError
 
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.users import LoginRecord, UserStore
@@ -73,11 +71,18 @@ class _Exchange:
     """One login's SCRAM server. Hides from scramp whether the user exists."""
 
     def __init__(self, name: str, credential: ScramCredential) -> None:
+        # scramp (and the asn1crypto it imports, ~2.5 MB of RSS) loads at the first login, not in
+        # every coordinator (docs/latency.md, "Memory").
+        from scramp import ScramMechanism
+
         self.name = name
         self._credential = credential
         self.server = ScramMechanism(MECHANISM).make_server(self._auth)
 
     def _auth(self, username: str) -> tuple[bytes, bytes, bytes, int]:
+        from scramp import ScramException
+        from scramp.utils import ServerError
+
         c = self._credential
         if username != self.name:  # SASLprep changed it: not the name whose credential was read
             raise ScramException("user name mismatch", ServerError.OTHER_ERROR)
@@ -171,6 +176,9 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         # Before any work: a throttled attempt costs nothing more. Counted as failed until it succeeds.
         auth.limiter.begin(address, name)
         record = await self._record(name)
+        from scramp import ScramException
+        from scramp.utils import ServerError
+
         exchange = _Exchange(
             name or "", record.credential if record is not None else auth.fake_credential(name or "")
         )

@@ -28,9 +28,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
 from sluice.errors import InvalidArgument
 
 __all__ = ["PREFIX", "SessionClaims", "SessionTokens", "derive_key", "is_session_token", "read_cluster_token"]
@@ -65,6 +62,11 @@ def derive_key(secret: bytes, purpose: bytes) -> bytes:
     purposes are independent, and every service holding the token derives the same ones."""
     if not secret:
         raise InvalidArgument("the cluster token is empty")
+    # Imported here: cryptography's native module is ~10 MB of RSS, which a service without
+    # authentication (the default of `sluice up`) never needs (docs/latency.md, "Memory").
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=purpose).derive(secret)
 
 

@@ -18,10 +18,8 @@ from sluice.errors import InvalidArgument
 from sluice.security.acl import AclAuthorizer
 from sluice.security.audit import audit_denied
 from sluice.security.authenticate import ServerAuthenticator, SessionVerifier
-from sluice.security.cert_principal import PrincipalMapper
 from sluice.security.context import AllowAll, Authorizer, set_process_authorizer
 from sluice.security.enforce import ServiceAuthorizer
-from sluice.security.jwt_auth import JwtVerifier
 from sluice.security.model import Operation, Principal, Resource
 from sluice.security.service import ServiceSecurity
 from sluice.security.session_tokens import SessionTokens, read_cluster_token
@@ -57,7 +55,13 @@ def build(
             )
         sessions = SessionTokens.from_cluster_token(cluster_token)
     acls = AclAuthorizer.from_settings(settings)
-    jwt = JwtVerifier.from_settings(settings) if "jwt" in mechanisms else None
+    # JWT and client-certificate principals are imported only when configured: they load
+    # cryptography's native module (~10 MB of RSS per process; docs/latency.md, "Memory").
+    jwt = None
+    if "jwt" in mechanisms:
+        from sluice.security.jwt_auth import JwtVerifier
+
+        jwt = JwtVerifier.from_settings(settings)
 
     def generations() -> Mapping[str, int]:  # the watcher comes after the authenticator
         return security.user_generations()
@@ -73,7 +77,11 @@ def build(
     authorizer: Authorizer = (
         ServiceAuthorizer(acls, functools.partial(_audit, service)) if acls.enabled else AllowAll()
     )
-    mapper = PrincipalMapper(settings.tls_principal_rules) if "mtls" in mechanisms else None
+    mapper = None
+    if "mtls" in mechanisms:
+        from sluice.security.cert_principal import PrincipalMapper
+
+        mapper = PrincipalMapper(settings.tls_principal_rules)
     security = ServiceSecurity(
         service,
         authenticator,

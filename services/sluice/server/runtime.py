@@ -48,6 +48,7 @@ from sluice.server.limits import (
     set_connection_settings,
 )
 from sluice.server.metrics import set_build_info
+from sluice.server.pauses import tune_gc, watch_pauses
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +186,8 @@ async def serve(
     # indexes) lives as long as the process: move it out of the collector's reach, so a
     # full collection scans only what requests allocate and its pause stays short.
     gc.freeze()
+    tune_gc()
+    watch_pauses(server.service)
     print(server.ready_line(), flush=True)
     log.info("%s serving on %s", server.service, server.address)
     await stop_requested.wait()

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from sluice.client.consumer.fetch_driver import FetchDriver
-from sluice.client.fetch_state import gc_paused
+from sluice.client.fetch_state import decoding
 from sluice.client.fetcher import Fetcher, RawChunk
 from sluice.client.memory import ClientMemory
 from sluice.codec.batch import Record, decode_records
@@ -256,7 +256,7 @@ def decode_runs(
 ) -> list[tuple[TopicPartition, list[Record]]]:
     """Decode each raw run of a partition still fetched (one per partition and response)."""
     runs: list[tuple[TopicPartition, list[Record]]] = []
-    with gc_paused():  # the Fetcher's: Records hold no cycles, collections would double decoding
+    with decoding():  # the Fetcher's: Records hold no cycles, collections would double decoding
         for raw in raws:
             tp = (raw.topic, raw.partition)
             if tp not in epochs:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,7 @@ from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
 from sluice.client.producer.config import ProducerConfig
 from sluice.client.producer.idempotence import Idempotence
+from sluice.client.stages import stage
 from sluice.client.throttles import ThrottleWindows
 from sluice.common.peers import Peers
 from sluice.errors import (
@@ -61,6 +63,9 @@ from sluice.v1 import broker_pb2
 __all__ = ["Sender"]
 
 log = logging.getLogger("sluice.producer")
+
+_QUEUE = stage("producer_queue")
+_ACK = stage("producer_ack")
 
 # Errors after which the partition's broker may have changed: ask the coordinator.
 _ROUTING_ERRORS = (NotLeader, UnknownTopicOrPartition, BrokerNotAvailable, RequestTimedOut)
@@ -278,10 +283,16 @@ class Sender:
         except SluiceError as exc:
             self._on_done(address, batches, exc)
             return
+        # Once per request (a batch of records): how long its oldest batch waited, then the round trip.
+        _QUEUE.observe(max(self._clock() - min(b.created for b in batches), 0.0))
+        sent = time.perf_counter()
+
+        def done(outcome: Any) -> None:
+            _ACK.observe(time.perf_counter() - sent)
+            self._on_done(address, batches, outcome)
+
         # A little more than the broker's own timeout, so its answer wins the race.
-        stream.send(
-            request, self._request_timeout + 5.0, lambda outcome: self._on_done(address, batches, outcome)
-        )
+        stream.send(request, self._request_timeout + 5.0, done)
 
     def _stream(self, address: str) -> _Stream | SluiceError:
         """The link to ``address`` (lock held; the connection itself opens on first use)."""
