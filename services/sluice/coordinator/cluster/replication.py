@@ -133,6 +133,9 @@ class PartitionState:
     removing: tuple[int, ...] = ()
     #: The reassignment's replication throttle, bytes/s per added replica (0: none).
     throttle: int = 0
+    #: The replica list in its order before the reassignment in progress started: what a cancel goes back
+    #: to (``replicas`` minus ``adding`` holds the same brokers, but the target's order first).
+    original: tuple[int, ...] = ()
 
     @property
     def target(self) -> tuple[int, ...]:
@@ -177,6 +180,8 @@ class PartitionState:
             out["adding"] = list(self.adding)
             out["removing"] = list(self.removing)
             out["throttle"] = self.throttle
+            if self.original:
+                out["original"] = list(self.original)
         return out
 
     @classmethod
@@ -191,4 +196,5 @@ class PartitionState:
             tuple(int(b) for b in data.get("adding", ())),
             tuple(int(b) for b in data.get("removing", ())),
             int(data.get("throttle", 0)),
+            tuple(int(b) for b in data.get("original", ())),
         )

@@ -137,13 +137,14 @@ def _next(
     *,
     new_epoch: bool = False,
 ) -> PartitionState:
-    return PartitionState(
-        state.replicas,
-        leader,
-        state.leader_epoch + (1 if new_epoch or leader != state.leader else 0),
-        state.partition_epoch + 1,
-        isr,
-        elr,
+    # replace(), not a new state: a reassignment in progress survives it.
+    return dataclasses.replace(
+        state,
+        leader=leader,
+        leader_epoch=state.leader_epoch + (1 if new_epoch or leader != state.leader else 0),
+        partition_epoch=state.partition_epoch + 1,
+        isr=isr,
+        elr=elr,
     )
 
 
