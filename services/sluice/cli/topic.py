@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from sluice.cli import reassign
+from sluice.cli import reassign, recover
 from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
 from sluice.cli.output import collect_pairs, key_value
@@ -107,6 +107,7 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     _add_format(elect)
     elect.set_defaults(run=run_elect_leaders, parser=elect)
     reassign.add_parser(actions, common)
+    recover.add_parser(actions, common)
 
     delete = actions.add_parser("delete", help="delete a topic and its data", parents=[common])
     delete.add_argument("name", metavar="NAME")

@@ -234,6 +234,28 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             topics=[topic_to_proto(self._service.describe_topic(t)) for t in topics]
         )
 
+    async def RecoverPartition(
+        self, request: pb.RecoverPartitionRequest, context: Context
+    ) -> pb.RecoverPartitionResponse:
+        plan = await self._service.recover_partition(
+            request.topic, request.partition, dry_run=request.dry_run
+        )
+        return pb.RecoverPartitionResponse(
+            leader=plan.leader,
+            leader_epoch=plan.leader_epoch,
+            candidates=[
+                pb.RecoveryCandidate(
+                    broker_id=c.broker,
+                    last_leader_epoch=c.last_leader_epoch,
+                    log_end_offset=c.log_end_offset,
+                    damaged=c.damaged,
+                )
+                for c in plan.candidates
+            ],
+            missing=list(plan.missing),
+            recovered=not request.dry_run,
+        )
+
     # ---- consumer groups ---------------------------------------------------------------------------
 
     async def Heartbeat(
