@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 from coordinator_context import SETTINGS, ClusterContext
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sluice.coordinator.cluster.elections import elect_after_loss
 from sluice.coordinator.cluster.isr import IsrProposal, alter_partition
@@ -137,3 +139,40 @@ def test_a_cancel_that_would_drop_every_in_sync_replica_is_refused() -> None:
     assert old not in s.isr
     with pytest.raises(InvalidArgument):
         cancel_reassignments(ctx.state, [("t", 0)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    brokers=st.integers(1, 6),
+    factor=st.integers(1, 4),
+    partitions=st.integers(1, 6),
+    new_factor=st.integers(-2, 8),
+    min_isr=st.integers(0, 4),
+)
+def test_any_factor_change_is_refused_typed_or_keeps_leaders_and_spreads(
+    brokers: int, factor: int, partitions: int, new_factor: int, min_isr: int
+) -> None:
+    if factor > brokers:
+        return
+    ctx = _cluster(brokers=brokers, factor=factor, partitions=partitions)
+    before = ctx.state.topics["t"].states
+    try:
+        result = ctx.apply(
+            change_replication_factor(ctx.state, "t", new_factor, min_isr, None, 0, ctx.now_ms)
+        )
+    except (InvalidArgument, InvalidReplicationFactor):
+        assert not 1 <= new_factor <= brokers or min_isr > new_factor or min_isr > max(new_factor, factor)
+        assert ctx.state.topics["t"].states == before
+        return
+    record = ctx.state.topics["t"]
+    assert record.replication.factor == new_factor
+    for p, state in enumerate(record.states):
+        assert len(set(state.replicas)) == len(state.replicas) == new_factor
+        assert state.leader == before[p].leader
+        assert all(0 <= b < brokers for b in state.replicas)
+        if new_factor <= factor:
+            assert not state.reassigning  # a shrink completes at once
+            assert set(state.replicas) <= set(before[p].replicas)
+        else:
+            assert state.replicas[:factor] == before[p].replicas
+    assert (result.change is not None) or new_factor == factor
