@@ -113,6 +113,17 @@ class BrokerConfig(SecuritySettings, ConnectionSettings, FilterSettings):
             "in-sync set (docs/replication.md)"
         },
     )
+    scrub_rate: int = field(
+        default=4 * MiB,
+        metadata={
+            "help": "bytes/s the background scrub re-verifies sealed segments' CRCs at (0: off; "
+            'docs/replication.md, "The scrub")'
+        },
+    )
+    scrub_interval: timedelta = field(
+        default=timedelta(hours=24),
+        metadata={"help": "how often the scrub starts a full pass again (new segments: within 10 s)"},
+    )
     max_wait: timedelta = field(
         default=timedelta(seconds=30),
         metadata={"help": "cap on a fetch's max_wait_ms (beyond: INVALID_ARGUMENT)"},
@@ -183,6 +194,8 @@ class BrokerConfig(SecuritySettings, ConnectionSettings, FilterSettings):
             raise InvalidArgument(f"segment_read_handles must be >= 1, got {self.segment_read_handles}")
         if self.produce_memory_bytes < 0 or self.fetch_memory_bytes < 0:
             raise InvalidArgument("produce_memory_bytes and fetch_memory_bytes must be >= 0 (0: unlimited)")
+        if self.scrub_rate < 0 or self.scrub_interval <= timedelta(0):
+            raise InvalidArgument("scrub_rate must be >= 0 (0: off) and scrub_interval positive")
         if self.descriptor_reserve < 0:
             raise InvalidArgument(f"descriptor_reserve must be >= 0, got {self.descriptor_reserve}")
         if self.storage_min_free_bytes < 0:

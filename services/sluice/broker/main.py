@@ -21,6 +21,7 @@ from sluice.broker.coordinator_link import CoordinatorLink
 from sluice.broker.epoch_reports import DamageReports, epoch_reports, unclean_logs
 from sluice.broker.handlers import RequestHandlers
 from sluice.broker.log.manager import LogManager
+from sluice.broker.scrub import Scrubber
 from sluice.broker.service import BrokerService
 from sluice.broker.servicer import BrokerServicer
 from sluice.broker.wire_server import broker_wire_listener
@@ -144,6 +145,7 @@ async def run(config: BrokerConfig) -> None:
     if config.coordinator:
         link = _coordinator_link(config, service, logs)
         link_task = asyncio.create_task(_run_link(link, server, wire, config), name="coordinator-link")
+    scrub_task = _start_scrub(config, service, logs)
 
     async def before_ready() -> None:
         # Announce readiness once registered, so a topic can be created right away;
@@ -170,6 +172,8 @@ async def run(config: BrokerConfig) -> None:
             )
         if wire is not None:
             await wire.stop()
+        if scrub_task is not None:
+            scrub_task.cancel()
         if link_task is not None:
             link_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -183,6 +187,21 @@ async def run(config: BrokerConfig) -> None:
         await serve(server, on_stop=on_stop, before_ready=before_ready)
     finally:
         await on_stop()  # idempotent; covers a failed start
+
+
+def _start_scrub(config: BrokerConfig, service: BrokerService, logs: LogManager) -> asyncio.Task[None] | None:
+    """The background scrub of sealed segments (scrub.py); None when ``--scrub-rate 0``."""
+    if config.scrub_rate <= 0:
+        return None
+    metrics = service.metrics
+    scrubber = Scrubber(
+        logs,
+        config.scrub_rate,
+        config.scrub_interval.total_seconds(),
+        on_bytes=metrics.scrub_bytes.inc,
+        on_damage=metrics.scrub_damaged.inc,
+    )
+    return asyncio.create_task(scrubber.run(), name="scrub")
 
 
 async def _run_link(

@@ -241,6 +241,13 @@ class BrokerMetrics:
             "The largest lag (leader log end minus follower log end, in offsets) of a follower of a "
             "partition this broker leads",
         )
+        self.scrub_bytes = Counter(
+            "sluice_broker_scrub_bytes", "Sealed-segment bytes the background scrub re-verified"
+        )
+        self.scrub_damaged = Counter(
+            "sluice_broker_scrub_damaged_batches",
+            "Batches the background scrub found failing their CRC (reported to the controller as damaged)",
+        )
         self.log_stats = LogStats()
         REGISTRY.register(_LogCollector(self.log_stats))
         self.handle_stats = HandleStats()

@@ -135,6 +135,8 @@ class LeaderFetcher:
                 current is None
                 or current.log is not plog
                 or current.assignment.leader_epoch != item.leader_epoch
+                # Damage found since (a read or the scrub): truncate below it and fetch it again.
+                or bool(plog.corrupt_ranges)
             ):
                 self.partitions[key] = Followed(item, plog)
             else:

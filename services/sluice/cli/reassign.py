@@ -3,7 +3,9 @@
 One of: ``TOPIC --partition P --replicas 3,1,2`` (one partition), ``--plan FILE`` (many; the JSON of
 ``--dry-run``), ``--rebalance`` (spread every topic's replicas and preferred leaders over the live brokers:
 after adding a broker), ``--drain BROKER`` (move every replica off a broker: before removing it), or
-``--status`` (the reassignments in progress). ``--dry-run`` prints the plan instead of starting it.
+``--status`` (the reassignments in progress), or ``--cancel`` (back to the original replicas: of
+``TOPIC --partition P``, every moving partition of ``TOPIC``, or every one). ``--dry-run`` prints the plan
+instead of starting it.
 docs/replication.md, "Reassignment".
 """
 
@@ -41,6 +43,11 @@ def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
     reassign.add_argument("--drain", type=int, metavar="BROKER", help="move every replica off BROKER")
     reassign.add_argument("--status", action="store_true", help="show the reassignments in progress")
     reassign.add_argument(
+        "--cancel",
+        action="store_true",
+        help="cancel reassignments in progress (of TOPIC [-p P]; default all): back to the original replicas",
+    )
+    reassign.add_argument(
         "--throttle",
         default="0",
         metavar="RATE",
@@ -52,9 +59,18 @@ def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_reassign(args: argparse.Namespace) -> int:
-    modes = [bool(args.replicas), args.plan is not None, args.rebalance, args.drain is not None, args.status]
+    modes = [
+        bool(args.replicas),
+        args.plan is not None,
+        args.rebalance,
+        args.drain is not None,
+        args.status,
+        args.cancel,
+    ]
     if sum(modes) != 1:
-        raise UsageError("give exactly one of --replicas, --plan, --rebalance, --drain or --status")
+        raise UsageError("give exactly one of --replicas, --plan, --rebalance, --drain, --status or --cancel")
+    if args.cancel:
+        return _cancel(args)
     throttle = parse_size(args.throttle)
     # A plan given whole is checked before connecting: a usage error never waits for a cluster.
     given = _given_plan(args)
@@ -96,6 +112,29 @@ def _given_plan(args: argparse.Namespace) -> Plan | None:
     if args.plan is not None:
         return parse_plan(args.plan.read_text(encoding="utf-8"))
     return None
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        moving = [
+            (t.name, p.partition)
+            for t in client.admin.list_topics()
+            for p in t.partitions
+            if (p.adding_replicas or p.removing_replicas)
+            and (not args.name or t.name == args.name)
+            and (args.partition is None or p.partition == args.partition)
+        ]
+        if args.name and args.partition is not None and not moving:
+            moving = [(args.name, args.partition)]  # the coordinator says why it is not moving
+        if moving:
+            client.admin.cancel_reassignments(moving)
+    if args.format == "json":
+        _print_json({"cancelled": [{"topic": t, "partition": p} for t, p in moving]})
+    elif not moving:
+        print("No reassignment in progress.")
+    else:
+        print(f"Cancelled {len(moving)} reassignment(s): " + ", ".join(f"{t}/{p}" for t, p in moving))
+    return 0
 
 
 def _status(topics: list[Any], fmt: str) -> int:

@@ -8,10 +8,11 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from sluice.cli import reassign
+from sluice.cli import reassign, recover
 from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
 from sluice.cli.output import collect_pairs, key_value
+from sluice.common.units import parse_size
 from sluice.errors import SluiceError
 from sluice.v1 import broker_pb2
 
@@ -84,6 +85,16 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         choices=("on", "off"),
         help="let an out-of-sync replica lead when no in-sync one is left (loses data)",
     )
+    alter.add_argument(
+        "--replication-factor",
+        "-r",
+        type=int,
+        metavar="N",
+        help="reassign every partition to N replicas (added ones catch up, then the list shrinks)",
+    )
+    alter.add_argument(
+        "--throttle", default="0", metavar="RATE", help="bytes/s each added replica may fetch (e.g. 10MiB)"
+    )
     _add_format(alter)
     alter.set_defaults(run=run_alter, parser=alter)
 
@@ -96,6 +107,7 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     _add_format(elect)
     elect.set_defaults(run=run_elect_leaders, parser=elect)
     reassign.add_parser(actions, common)
+    recover.add_parser(actions, common)
 
     delete = actions.add_parser("delete", help="delete a topic and its data", parents=[common])
     delete.add_argument("name", metavar="NAME")
@@ -182,11 +194,17 @@ def run_create(args: argparse.Namespace) -> int:
 
 
 def run_alter(args: argparse.Namespace) -> int:
-    replication = args.min_insync_replicas is not None or args.unclean_leader_election is not None
+    replication = (
+        args.min_insync_replicas is not None
+        or args.unclean_leader_election is not None
+        or args.replication_factor is not None
+    )
     if args.partitions is None and not replication:
         raise UsageError(
-            "nothing to alter: give --partitions, --min-insync-replicas or --unclean-leader-election"
+            "nothing to alter: give --partitions, --replication-factor, --min-insync-replicas or "
+            "--unclean-leader-election"
         )
+    throttle = parse_size(args.throttle)
     with connect(args) as client:
         if args.partitions is not None:
             info = client.admin.add_partitions(args.name, args.partitions)
@@ -194,14 +212,19 @@ def run_alter(args: argparse.Namespace) -> int:
         if replication:
             unclean = None if args.unclean_leader_election is None else args.unclean_leader_election == "on"
             info = client.admin.alter_topic(
-                args.name, min_insync_replicas=args.min_insync_replicas, unclean_leader_election=unclean
+                args.name,
+                min_insync_replicas=args.min_insync_replicas,
+                unclean_leader_election=unclean,
+                replication_factor=args.replication_factor,
+                throttle_bytes_per_second=throttle,
             )
             _warn(info.unacknowledged)
     if args.format == "json":
         _print_json(topic_to_dict(info))
     else:
         print(
-            f"Topic {info.name} now has {len(info.partitions)} partition(s), min in-sync replicas "
+            f"Topic {info.name} now has {len(info.partitions)} partition(s), replication factor "
+            f"{info.replication_factor}, min in-sync replicas "
             f"{info.min_insync_replicas}, unclean leader election "
             f"{'on' if info.unclean_leader_election else 'off'}."
         )

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sluice.client import users
+from sluice.client import reassign_admin, users
 from sluice.client.acl_admin import AclAdmin
 from sluice.client.consumer import group_admin, offset_reset
 from sluice.client.consumer.group_admin import GroupConfigInfo, GroupDescription, GroupSummary
@@ -20,6 +20,7 @@ from sluice.client.push import sub_admin
 from sluice.client.push.admin import SubscriptionInfo
 from sluice.client.push.sub_admin import PeekedMessage, SubscriptionChange
 from sluice.client.quota_admin import QuotaAdmin
+from sluice.client.reassign_admin import Recovery
 from sluice.client.rpc import call
 from sluice.client.users import UserChange, UserInfo
 from sluice.common.names import MAX_PARTITIONS, validate_topic
@@ -183,13 +184,21 @@ class Admin(AclAdmin, QuotaAdmin):
         *,
         min_insync_replicas: int | None = None,
         unclean_leader_election: bool | None = None,
+        replication_factor: int | None = None,
+        throttle_bytes_per_second: int = 0,
     ) -> TopicInfo:
-        """Change a topic's replication settings (None: unchanged); its replicas are told. Raises
-        UnknownTopicOrPartition, InvalidArgument (min in-sync replicas above the replication factor), and
-        BrokerUpdateFailed as ``create_topic`` does (a retry of the same call completes it)."""
+        """Change a topic's replication settings (None: unchanged); its replicas are told. A new
+        ``replication_factor`` reassigns every partition to that many replicas (added ones catch up at
+        ``throttle_bytes_per_second`` each; follow with ``describe_topic``). Raises
+        UnknownTopicOrPartition, InvalidArgument (min in-sync replicas above the factor),
+        InvalidReplicationFactor (above the live brokers), ReassignmentInProgress, and BrokerUpdateFailed
+        as ``create_topic`` does (a retry of the same call completes it)."""
         validate_topic(name)
         request = coordinator_pb2.AlterTopicRequest(
-            name=name, min_insync_replicas=_positive_or_default("min_insync_replicas", min_insync_replicas)
+            name=name,
+            min_insync_replicas=_positive_or_default("min_insync_replicas", min_insync_replicas),
+            replication_factor=_positive_or_default("replication_factor", replication_factor),
+            throttle_bytes_per_second=throttle_bytes_per_second,
         )
         if unclean_leader_election is not None:
             if not isinstance(unclean_leader_election, bool):
@@ -262,26 +271,22 @@ class Admin(AclAdmin, QuotaAdmin):
         fetching at most ``throttle_bytes_per_second``, 0: unthrottled), and once all are in sync the
         replica list becomes the target and the replicas left out are deleted. Returns at once with the
         started states: progress shows in ``describe_topic`` (``adding_replicas``, ``removing_replicas``).
-
         All or none. Raises UnknownTopicOrPartition, InvalidArgument, InvalidReplicationFactor (a target
         of another size), BrokerNotAvailable (a target broker not live) and ReassignmentInProgress.
         docs/replication.md, "Reassignment"."""
-        if isinstance(throttle_bytes_per_second, bool) or not isinstance(throttle_bytes_per_second, int):
-            raise InvalidArgument(
-                f"throttle_bytes_per_second must be an integer, got {throttle_bytes_per_second!r}"
-            )
-        request = coordinator_pb2.ReassignPartitionsRequest(
-            throttle_bytes_per_second=throttle_bytes_per_second
+        return reassign_admin.reassign_partitions(
+            self._metadata, plan, throttle_bytes_per_second, self._timeout
         )
-        for (topic, partition), replicas in plan.items():
-            validate_topic(topic)
-            request.reassignments.add(topic=topic, partition=partition, replicas=list(replicas))
-        try:
-            resp = call(self._metadata.coordinator_stub().ReassignPartitions, request, self._timeout)
-        finally:
-            for topic, _ in plan:
-                self._metadata.invalidate(topic)
-        return [TopicInfo.from_proto(t) for t in resp.topics]
+
+    def cancel_reassignments(self, partitions: Sequence[tuple[str, int]]) -> list[TopicInfo]:
+        """Cancel the reassignments in progress of ``partitions`` (all or none): each goes back to its
+        original replicas, the added ones deleted (InvalidArgument: none in progress, none in sync)."""
+        return reassign_admin.cancel_reassignments(self._metadata, partitions, self._timeout)
+
+    def recover_partition(self, topic: str, partition: int, *, dry_run: bool = False) -> Recovery:
+        """Elect the most complete live replica of an offline partition whose last eligible replicas are
+        gone (data loss: ``Recovery.missing``); ``dry_run``: only say who would. replication.md."""
+        return reassign_admin.recover_partition(self._metadata, topic, partition, dry_run, self._timeout)
 
     # ---- consumer groups ------------------------------------------------------------------------
 

@@ -20,8 +20,9 @@ from sluice.coordinator.cluster.leadership import (
     imbalanced_brokers,
     shut_down_broker,
 )
+from sluice.coordinator.cluster.recovery import RecoveryPlan, plan_recovery, recover_partition
 from sluice.coordinator.cluster.replication import PartitionState
-from sluice.coordinator.cluster.unclean import Candidates, LogReport, remove_unfit
+from sluice.coordinator.cluster.unclean import LogReport, remove_unfit
 from sluice.coordinator.reassignments import CoordinatorReassignments
 from sluice.coordinator.records import Result
 from sluice.coordinator.topic_acks import wait_for_brokers
@@ -43,8 +44,6 @@ class CoordinatorLeadership(CoordinatorReassignments):
         #: an ISR, until they register again (a new process) or their epoch changes.
         self._shutting: dict[int, int] = {}
         self._rebalance_wake = asyncio.Event()
-        #: Replicas taken out as unfit, with their reported logs: an unclean recovery's pool (in memory).
-        self._candidates = Candidates()
 
     # ---- ISR changes ---------------------------------------------------------------------------------
 
@@ -64,7 +63,6 @@ class CoordinatorLeadership(CoordinatorReassignments):
         result = await self._write(alter, publish)
         if result.change is not None:
             self._isr_changed(result.state)
-            self._candidates.rejoined((proposal.topic, proposal.partition), result.state.isr)
             log.info(
                 "%s/%d: ISR %s at partition epoch %d (proposed by leader %d)",
                 proposal.topic,
@@ -100,9 +98,7 @@ class CoordinatorLeadership(CoordinatorReassignments):
         async def run() -> None:
             await self._elect_now(
                 why,
-                lambda now: remove_unfit(
-                    self.cluster, broker_id, keyed, self._candidates, now, only=only, recover=unclean
-                ),
+                lambda now: remove_unfit(self.cluster, broker_id, keyed, now, only=only, recover=unclean),
             )
 
         term = self._term
@@ -112,6 +108,37 @@ class CoordinatorLeadership(CoordinatorReassignments):
             term.deferred.insert(0, run)
         else:
             await run()
+
+    # ---- operator recovery -------------------------------------------------------------------------
+
+    async def recover_partition(self, topic: str, partition: int, *, dry_run: bool) -> RecoveryPlan:
+        """``sluice topic recover`` (cluster/recovery.py): elect the most complete live replica of an
+        offline partition whose last eligible replicas are gone; ``dry_run`` only plans. Answers once
+        the replicas applied it (bounded)."""
+        self._check_leader()
+        if dry_run:
+            return plan_recovery(self.cluster, topic, partition, self._clock.now_ms())
+        acks: dict[int, asyncio.Future[PushOutcome]] = {}
+
+        def publish(res: tuple[RecoveryPlan, ElectionResult]) -> None:
+            acks.update(self._publish(res[1].change))
+
+        plan, election = await self._write(
+            lambda now: recover_partition(self.cluster, topic, partition, now), publish
+        )
+        log.error(
+            "%s/%d: OPERATOR RECOVERY: eligible replica(s) %s declared gone; elected broker %d at leader "
+            "epoch %d (what they held beyond its log is lost)",
+            topic,
+            partition,
+            list(plan.missing),
+            plan.leader,
+            plan.leader_epoch,
+        )
+        self._metrics.leader_elections.labels("recovery").inc()
+        if election.change is not None:
+            await wait_for_brokers(acks, self._ack_wait_s(1), election.change.affected)
+        return plan
 
     # ---- controlled shutdown -----------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from sluice.coordinator.cluster.reassign import (
     Reassignment,
     ReassignResult,
+    cancel_reassignments,
     complete_reassignment,
     completed,
     reassigning,
@@ -68,6 +69,28 @@ class CoordinatorReassignments(CoordinatorTimers):
                 list(state.adding),
                 list(state.removing),
                 state.throttle,
+            )
+        return result.states
+
+    async def cancel_reassignments(
+        self, keys: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], PartitionState]:
+        """Cancel the reassignments in progress of ``keys`` (all or none): each partition goes back to its
+        original replicas, the added ones are removed. Answers the partitions' new states."""
+        self._check_leader()
+
+        def publish(res: ReassignResult) -> None:
+            self._publish(res.change)
+
+        result = await self._write(lambda _now: cancel_reassignments(self.cluster, keys), publish)
+        for (topic, partition), state in result.states.items():
+            log.info(
+                "%s/%d: reassignment cancelled: replicas %s again, leader %d at leader epoch %d",
+                topic,
+                partition,
+                list(state.replicas),
+                state.leader,
+                state.leader_epoch,
             )
         return result.states
 

@@ -133,7 +133,13 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
 
     async def AlterTopic(self, request: pb.AlterTopicRequest, context: Context) -> pb.AlterTopicResponse:
         unclean = request.unclean_leader_election if request.HasField("unclean_leader_election") else None
-        topic, unacked = await self._service.alter_topic(request.name, request.min_insync_replicas, unclean)
+        topic, unacked = await self._service.alter_topic(
+            request.name,
+            request.min_insync_replicas,
+            unclean,
+            request.replication_factor,
+            request.throttle_bytes_per_second,
+        )
         return pb.AlterTopicResponse(
             topic=topic_to_proto(topic), unacknowledged=[e.to_proto() for e in unacked]
         )
@@ -219,10 +225,35 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: pb.ReassignPartitionsRequest, context: Context
     ) -> pb.ReassignPartitionsResponse:
         wanted = [Reassignment(r.topic, r.partition, tuple(r.replicas)) for r in request.reassignments]
-        await self._service.reassign_partitions(wanted, request.throttle_bytes_per_second)
+        if request.cancel:
+            await self._service.cancel_reassignments([(r.topic, r.partition) for r in wanted])
+        else:
+            await self._service.reassign_partitions(wanted, request.throttle_bytes_per_second)
         topics = sorted({r.topic for r in wanted})
         return pb.ReassignPartitionsResponse(
             topics=[topic_to_proto(self._service.describe_topic(t)) for t in topics]
+        )
+
+    async def RecoverPartition(
+        self, request: pb.RecoverPartitionRequest, context: Context
+    ) -> pb.RecoverPartitionResponse:
+        plan = await self._service.recover_partition(
+            request.topic, request.partition, dry_run=request.dry_run
+        )
+        return pb.RecoverPartitionResponse(
+            leader=plan.leader,
+            leader_epoch=plan.leader_epoch,
+            candidates=[
+                pb.RecoveryCandidate(
+                    broker_id=c.broker,
+                    last_leader_epoch=c.last_leader_epoch,
+                    log_end_offset=c.log_end_offset,
+                    damaged=c.damaged,
+                )
+                for c in plan.candidates
+            ],
+            missing=list(plan.missing),
+            recovered=not request.dry_run,
         )
 
     # ---- consumer groups ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import uuid
 from sluice.coordinator.broker_updates import PushOutcome
 from sluice.coordinator.cluster.model import CreateTopicResult, DeleteTopicResult, TopicConfig, TopicView
 from sluice.coordinator.cluster.replication import DEFAULT_SPEC, ReplicationSpec
+from sluice.coordinator.cluster.replication_factor import change_replication_factor
 from sluice.coordinator.cluster.repush import repush_removals, repush_topic
 from sluice.coordinator.groups.tracks import topic_deleted
 from sluice.coordinator.leadership import CoordinatorLeadership
@@ -141,25 +142,53 @@ class CoordinatorTopics(CoordinatorLeadership):
         return result.topic, await self._settle_create(f"add partitions to {name}", result, acks)
 
     async def alter_topic(
-        self, name: str, min_insync_replicas: int, unclean_leader_election: bool | None
+        self,
+        name: str,
+        min_insync_replicas: int,
+        unclean_leader_election: bool | None,
+        replication_factor: int = 0,
+        throttle: int = 0,
     ) -> tuple[TopicView, tuple[SluiceError, ...]]:
         """Change a topic's replication settings and wait (bounded) for its replicas to be told; a retry
-        of the same call pushes it again (every alter is a new version)."""
+        of the same call pushes it again (every alter is a new version). A ``replication_factor`` (0:
+        unchanged) starts a reassignment of every partition not at that factor (cluster/replication_factor.py)
+        and answers once started, like ReassignPartitions."""
         acks: dict[int, asyncio.Future[PushOutcome]] = {}
-        result = await self._write(
-            lambda now: self.cluster.alter_topic(name, min_insync_replicas, unclean_leader_election, now),
-            lambda res: acks.update(self._publish(res.change)),
-        )
-        replication = result.topic.replication
+        if replication_factor:
+            self._check_leader()
+            started = await self._write(
+                lambda now: change_replication_factor(
+                    self.cluster,
+                    name,
+                    replication_factor,
+                    min_insync_replicas,
+                    unclean_leader_election,
+                    throttle,
+                    now,
+                ),
+                lambda res: acks.update(self._publish(res.change)),
+            )
+            change = started.change
+            topic = self.cluster.describe_topic(name, self._clock.now_ms())
+        else:
+            result = await self._write(
+                lambda now: self.cluster.alter_topic(name, min_insync_replicas, unclean_leader_election, now),
+                lambda res: acks.update(self._publish(res.change)),
+            )
+            change, topic = result.change, result.topic
+        replication = topic.replication
         log.info(
-            "topic %s altered: min in-sync replicas %d, unclean leader election %s",
+            "topic %s altered: replication factor %d, min in-sync replicas %d, unclean leader election %s",
             name,
+            replication.factor,
             replication.min_insync_replicas,
             replication.unclean_leader_election,
         )
-        wait_s = self._ack_wait_s(len(result.topic.partitions))
-        failures = await wait_for_brokers(acks, wait_s, result.change.affected)
-        return result.topic, settle(failures, f"alter topic {name}")
+        if change is None:
+            return topic, ()
+        wait_s = self._ack_wait_s(len(topic.partitions))
+        failures = await wait_for_brokers(acks, wait_s, change.affected)
+        return topic, settle(failures, f"alter topic {name}")
 
     async def _settle_create(
         self, what: str, result: CreateTopicResult, acks: dict[int, asyncio.Future[PushOutcome]]

@@ -138,6 +138,7 @@ GUARDS: dict[str, Guard] = {
     "/sluice.v1.Coordinator/InitProducerId": core(check(W, TOPIC, _cluster)),
     "/sluice.v1.Coordinator/ElectLeaders": cluster(Operation.ALTER),
     "/sluice.v1.Coordinator/ReassignPartitions": cluster(Operation.ALTER),
+    "/sluice.v1.Coordinator/RecoverPartition": cluster(Operation.ALTER),
     # ---- coordinator: groups --------------------------------------------------------------------
     "/sluice.v1.Coordinator/Heartbeat": request(check(R, GROUP, _one("group"))),
     "/sluice.v1.Coordinator/ConsumerGroupStream": request(check(R, GROUP, _heartbeat_group)),

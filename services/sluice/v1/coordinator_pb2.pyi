@@ -528,21 +528,34 @@ class AlterTopicRequest(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     MIN_INSYNC_REPLICAS_FIELD_NUMBER: _builtins.int
     UNCLEAN_LEADER_ELECTION_FIELD_NUMBER: _builtins.int
+    REPLICATION_FACTOR_FIELD_NUMBER: _builtins.int
+    THROTTLE_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     min_insync_replicas: _builtins.int
     """0: unchanged. Above the topic's replication factor: INVALID_ARGUMENT."""
     unclean_leader_election: _builtins.bool
     """Absent: unchanged."""
+    replication_factor: _builtins.int
+    """0: unchanged. Otherwise every partition goes to this many replicas through a
+    reassignment (docs/replication.md, "Changing the replication factor"): replicas
+    are added as followers and the list shrinks once they are in sync; shrinking
+    drops out-of-sync replicas first, never the leader. Above the live brokers:
+    INVALID_REPLICATION_FACTOR; a partition being reassigned: REASSIGNMENT_IN_PROGRESS.
+    """
+    throttle_bytes_per_second: _builtins.int
+    """The bytes/s each added replica may fetch while catching up (0: unthrottled)."""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         min_insync_replicas: _builtins.int = ...,
         unclean_leader_election: _builtins.bool | None = ...,
+        replication_factor: _builtins.int = ...,
+        throttle_bytes_per_second: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_unclean_leader_election", b"_unclean_leader_election", "unclean_leader_election", b"unclean_leader_election"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_unclean_leader_election", b"_unclean_leader_election", "min_insync_replicas", b"min_insync_replicas", "name", b"name", "unclean_leader_election", b"unclean_leader_election"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_unclean_leader_election", b"_unclean_leader_election", "min_insync_replicas", b"min_insync_replicas", "name", b"name", "replication_factor", b"replication_factor", "throttle_bytes_per_second", b"throttle_bytes_per_second", "unclean_leader_election", b"unclean_leader_election"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__unclean_leader_election: _TypeAlias = _typing.Literal["unclean_leader_election"]  # noqa: Y015
     _WhichOneofArgType__unclean_leader_election: _TypeAlias = _typing.Literal["_unclean_leader_election", b"_unclean_leader_election"]  # noqa: Y015
@@ -1128,8 +1141,14 @@ class ReassignPartitionsRequest(_message.Message):
 
     REASSIGNMENTS_FIELD_NUMBER: _builtins.int
     THROTTLE_BYTES_PER_SECOND_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
     throttle_bytes_per_second: _builtins.int
     """The bytes/s the new replicas of these partitions may fetch each (0: unthrottled)."""
+    cancel: _builtins.bool
+    """Cancel the named partitions' reassignments in progress instead (their `replicas`
+    are ignored): each goes back to its original replicas, the added ones are removed
+    (their data deleted). docs/replication.md, "Cancelling a reassignment".
+    """
     @_builtins.property
     def reassignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionReassignment]: ...
     def __init__(
@@ -1137,14 +1156,113 @@ class ReassignPartitionsRequest(_message.Message):
         *,
         reassignments: _abc.Iterable[Global___PartitionReassignment] | None = ...,
         throttle_bytes_per_second: _builtins.int = ...,
+        cancel: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reassignments", b"reassignments", "throttle_bytes_per_second", b"throttle_bytes_per_second"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "reassignments", b"reassignments", "throttle_bytes_per_second", b"throttle_bytes_per_second"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReassignPartitionsRequest: _TypeAlias = ReassignPartitionsRequest  # noqa: Y015
+
+@_typing.final
+class RecoverPartitionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    dry_run: _builtins.bool
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecoverPartitionRequest: _TypeAlias = RecoverPartitionRequest  # noqa: Y015
+
+@_typing.final
+class RecoveryCandidate(_message.Message):
+    """One replica's log as the controller last heard of it (an unclean registration's
+    report), for an operator recovery.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    LAST_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
+    DAMAGED_FIELD_NUMBER: _builtins.int
+    broker_id: _builtins.int
+    last_leader_epoch: _builtins.int
+    log_end_offset: _builtins.int
+    damaged: _builtins.bool
+    def __init__(
+        self,
+        *,
+        broker_id: _builtins.int = ...,
+        last_leader_epoch: _builtins.int = ...,
+        log_end_offset: _builtins.int = ...,
+        damaged: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "damaged", b"damaged", "last_leader_epoch", b"last_leader_epoch", "log_end_offset", b"log_end_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecoveryCandidate: _TypeAlias = RecoveryCandidate  # noqa: Y015
+
+@_typing.final
+class RecoverPartitionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEADER_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    CANDIDATES_FIELD_NUMBER: _builtins.int
+    MISSING_FIELD_NUMBER: _builtins.int
+    RECOVERED_FIELD_NUMBER: _builtins.int
+    leader: _builtins.int
+    """The replica elected (or, with dry_run, the one that would be)."""
+    leader_epoch: _builtins.int
+    recovered: _builtins.bool
+    """False with dry_run."""
+    @_builtins.property
+    def candidates(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecoveryCandidate]:
+        """Every live replica with a known log, the chosen one first."""
+
+    @_builtins.property
+    def missing(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The last eligible replicas (ISR / ELR) that are not back: what they held beyond
+        the chosen log is lost, acknowledged records included.
+        """
+
+    def __init__(
+        self,
+        *,
+        leader: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        candidates: _abc.Iterable[Global___RecoveryCandidate] | None = ...,
+        missing: _abc.Iterable[_builtins.int] | None = ...,
+        recovered: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "leader", b"leader", "leader_epoch", b"leader_epoch", "missing", b"missing", "recovered", b"recovered"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecoverPartitionResponse: _TypeAlias = RecoverPartitionResponse  # noqa: Y015
 
 @_typing.final
 class ReassignPartitionsResponse(_message.Message):

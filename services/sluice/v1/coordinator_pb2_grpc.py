@@ -111,6 +111,11 @@ class CoordinatorStub:
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsResponse.FromString,
                 _registered_method=True)
+        self.RecoverPartition = channel.unary_unary(
+                '/sluice.v1.Coordinator/RecoverPartition',
+                request_serializer=sluice_dot_v1_dot_coordinator__pb2.RecoverPartitionRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_coordinator__pb2.RecoverPartitionResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/sluice.v1.Coordinator/Heartbeat',
                 request_serializer=sluice_dot_v1_dot_coordinator__pb2.GroupHeartbeatRequest.SerializeToString,
@@ -266,6 +271,16 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecoverPartition(self, request, context):
+        """An operator's recovery of an offline partition whose last eligible replicas never
+        returned (docs/replication.md, "Operator recovery"): the most complete log among its
+        live replicas becomes leader and sole in-sync replica at the next leader epoch. With
+        dry_run nothing changes: the answer says who would lead and what may be lost.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Heartbeat(self, request, context):
         """Consumer groups (server-side assignment, KIP-848 style).
         """
@@ -394,6 +409,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReassignPartitions,
                     request_deserializer=sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsResponse.SerializeToString,
+            ),
+            'RecoverPartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecoverPartition,
+                    request_deserializer=sluice_dot_v1_dot_coordinator__pb2.RecoverPartitionRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_coordinator__pb2.RecoverPartitionResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -838,6 +858,33 @@ class Coordinator:
             '/sluice.v1.Coordinator/ReassignPartitions',
             sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsRequest.SerializeToString,
             sluice_dot_v1_dot_coordinator__pb2.ReassignPartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecoverPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Coordinator/RecoverPartition',
+            sluice_dot_v1_dot_coordinator__pb2.RecoverPartitionRequest.SerializeToString,
+            sluice_dot_v1_dot_coordinator__pb2.RecoverPartitionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -80,6 +80,12 @@ class CoordinatorStub:
     list becomes the target and the replicas left out are removed (their data deleted). Answers once
     the reassignments have started; progress shows in DescribeTopic (adding/removing replicas).
     """
+    RecoverPartition: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.RecoverPartitionRequest, _coordinator_pb2.RecoverPartitionResponse]
+    """An operator's recovery of an offline partition whose last eligible replicas never
+    returned (docs/replication.md, "Operator recovery"): the most complete log among its
+    live replicas becomes leader and sole in-sync replica at the next leader epoch. With
+    dry_run nothing changes: the answer says who would lead and what may be lost.
+    """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]
     """Consumer groups (server-side assignment, KIP-848 style)."""
     ConsumerGroupStream: _grpc.StreamStreamMultiCallable[_coordinator_pb2.GroupStreamRequest, _coordinator_pb2.GroupStreamResponse]
@@ -150,6 +156,12 @@ class CoordinatorAsyncStub(CoordinatorStub):
     the new replicas are added as followers, and once every one of them is in the ISR the replica
     list becomes the target and the replicas left out are removed (their data deleted). Answers once
     the reassignments have started; progress shows in DescribeTopic (adding/removing replicas).
+    """
+    RecoverPartition: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.RecoverPartitionRequest, _coordinator_pb2.RecoverPartitionResponse]  # type: ignore[assignment]
+    """An operator's recovery of an offline partition whose last eligible replicas never
+    returned (docs/replication.md, "Operator recovery"): the most complete log among its
+    live replicas becomes leader and sole in-sync replica at the next leader epoch. With
+    dry_run nothing changes: the answer says who would lead and what may be lost.
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_coordinator_pb2.GroupHeartbeatRequest, _coordinator_pb2.GroupHeartbeatResponse]  # type: ignore[assignment]
     """Consumer groups (server-side assignment, KIP-848 style)."""
@@ -308,6 +320,18 @@ class CoordinatorServicer(metaclass=_abc_1.ABCMeta):
         the new replicas are added as followers, and once every one of them is in the ISR the replica
         list becomes the target and the replicas left out are removed (their data deleted). Answers once
         the reassignments have started; progress shows in DescribeTopic (adding/removing replicas).
+        """
+
+    @_abc_1.abstractmethod
+    def RecoverPartition(
+        self,
+        request: _coordinator_pb2.RecoverPartitionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_coordinator_pb2.RecoverPartitionResponse, _abc.Awaitable[_coordinator_pb2.RecoverPartitionResponse]]:
+        """An operator's recovery of an offline partition whose last eligible replicas never
+        returned (docs/replication.md, "Operator recovery"): the most complete log among its
+        live replicas becomes leader and sole in-sync replica at the next leader epoch. With
+        dry_run nothing changes: the answer says who would lead and what may be lost.
         """
 
     @_abc_1.abstractmethod

@@ -5,15 +5,21 @@ damage found while leading moves leadership to a healthy ISR member."""
 
 from __future__ import annotations
 
+import pytest
 from coordinator_context import SETTINGS, ClusterContext
 
+from sluice.coordinator.cluster.elections import elect_after_loss
+from sluice.coordinator.cluster.isr import IsrProposal, alter_partition
+from sluice.coordinator.cluster.recovery import plan_recovery, recover_partition
 from sluice.coordinator.cluster.replication import (
     NO_LEADER,
     PartitionState,
     ReplicationConfig,
     ReplicationSpec,
 )
-from sluice.coordinator.cluster.unclean import Candidates, LogReport, longest_log, on_unfit, remove_unfit
+from sluice.coordinator.cluster.unclean import LogReport, longest_log, on_unfit, remove_unfit
+from sluice.coordinator.state import CoordinatorState
+from sluice.errors import InvalidArgument
 
 CONFIG = ReplicationConfig(3, 2)
 
@@ -72,22 +78,22 @@ def test_every_replica_restarting_unclean_elects_the_longest_log_once_the_last_r
     for b in range(3):
         ctx.register_broker(b)
     ctx.create_topic("t", 1, spec=ReplicationSpec(3, 2))
-    candidates = Candidates()
     lengths = {0: 300, 1: 200, 2: 250}  # the old leader (0) is longest
     for b in (0, 1, 2):  # each restarts unclean, in turn; none of their sessions expired
         result = ctx.apply(
-            remove_unfit(
-                ctx.state, b, {("t", 0): _report(0, lengths[b])}, candidates, ctx.now_ms, recover=True
-            )
+            remove_unfit(ctx.state, b, {("t", 0): _report(0, lengths[b])}, ctx.now_ms, recover=True)
         )
         state = ctx.state.topics["t"].states[0]
         if b < 2:
             assert b not in state.isr
             assert b != state.leader
             assert result.recovered == ()
+            assert [r.broker for r in state.pool] == list(range(b + 1))
+            # Persisted: a new controller term (state recovered from the store) still has the reports.
+            assert ctx.recover().topics["t"].states[0].pool == state.pool
     assert result.recovered == (("t", 0),)
     assert (state.leader, state.isr, state.elr) == (0, (0,), ())
-    assert candidates.by_partition == {}  # the pool is spent
+    assert state.pool == ()  # the pool is spent
     assert ctx.recover().topics["t"].states[0] == state  # persisted
 
 
@@ -98,3 +104,59 @@ def test_a_recovery_that_keeps_the_same_leader_still_starts_a_new_leader_epoch()
         None,
     )
     assert (new.leader, new.leader_epoch, recovered) == (2, 6, True)
+
+
+def test_the_pool_survives_a_new_controller_term_and_an_isr_rejoin_drops_the_entry() -> None:
+    ctx = ClusterContext(SETTINGS)
+    for b in range(3):
+        ctx.register_broker(b)
+    ctx.create_topic("t", 1, spec=ReplicationSpec(3, 2))
+    ctx.apply(remove_unfit(ctx.state, 0, {("t", 0): _report(0, 300)}, ctx.now_ms, recover=True))
+    ctx.apply(remove_unfit(ctx.state, 1, {("t", 0): _report(0, 200)}, ctx.now_ms, recover=True))
+    # A new term: the state rebuilt from the store (the brokers heartbeat to it as they did before).
+    fresh = CoordinatorState(settings=ctx.state.settings)
+    fresh.replay_all([ctx.root.codec.decode(f, v) for f, v in ctx.store.items()])
+    ctx.root, ctx.state = fresh, fresh.cluster
+    for b in range(3):
+        ctx.heartbeat(b, ctx.state.brokers[b].broker_epoch, ctx.state.metadata_version)
+    result = ctx.apply(remove_unfit(ctx.state, 2, {("t", 0): _report(0, 100)}, ctx.now_ms, recover=True))
+    state = ctx.state.topics["t"].states[0]
+    assert result.recovered == (("t", 0),)
+    assert state.leader == 0, "the longest log, reported to the previous term"
+
+    ctx.apply(remove_unfit(ctx.state, 1, {("t", 0): _report(0, 200)}, ctx.now_ms, recover=True))
+    assert [r.broker for r in ctx.state.topics["t"].states[0].pool] == [1]
+    s = ctx.state.topics["t"].states[0]
+    ctx.apply(
+        alter_partition(ctx.state, IsrProposal("t", 0, s.leader, s.leader_epoch, s.partition_epoch, (0, 1)))
+    )
+    assert ctx.state.topics["t"].states[0].pool == ()
+
+
+def test_an_operator_recovery_elects_the_longest_returned_log_and_names_the_gone() -> None:
+    ctx = ClusterContext(SETTINGS)
+    for b in range(3):
+        ctx.register_broker(b)
+    ctx.create_topic("t", 1, spec=ReplicationSpec(3, 2))
+    with pytest.raises(InvalidArgument):  # led: not offline
+        plan_recovery(ctx.state, "t", 0, ctx.now_ms)
+    ctx.apply(remove_unfit(ctx.state, 1, {("t", 0): _report(0, 200)}, ctx.now_ms, recover=True))
+    ctx.apply(remove_unfit(ctx.state, 2, {("t", 0): _report(0, 250)}, ctx.now_ms, recover=True))
+    # Broker 0, the last eligible, never returns: its session expires, the partition goes offline.
+    for _ in range(6):
+        ctx.advance(1_000)
+        for b in (1, 2):
+            ctx.heartbeat(b, ctx.state.brokers[b].broker_epoch, ctx.state.metadata_version)
+    ctx.apply(elect_after_loss(ctx.state, 0, ctx.now_ms))
+    before = ctx.state.topics["t"].states[0]
+    assert before.leader == NO_LEADER
+    plan = plan_recovery(ctx.state, "t", 0, ctx.now_ms)
+    assert (plan.leader, plan.missing) == (2, (0,))
+    assert [c.broker for c in plan.candidates] == [2, 1]
+    assert ctx.state.topics["t"].states[0] == before  # a plan changes nothing
+    ctx.apply(recover_partition(ctx.state, "t", 0, ctx.now_ms))
+    after = ctx.recover().topics["t"].states[0]
+    assert (after.leader, after.isr, after.elr, after.pool) == (2, (2,), (), ())
+    assert after.leader_epoch == before.leader_epoch + 1
+    with pytest.raises(InvalidArgument):
+        plan_recovery(ctx.state, "t", 0, ctx.now_ms)

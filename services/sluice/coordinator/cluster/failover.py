@@ -20,6 +20,7 @@ The rules (Kafka's, with KIP-966's eligible leader replicas):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -63,14 +64,15 @@ def on_broker_gone(
             elr = ()  # the new ISR can move the HW again: the others may miss what it commits
     if (leader, isr, elr) == (state.leader, state.isr, state.elr):
         return Election(state)
+    # replace(), not a new state: a reassignment in progress (adding, removing, original) survives it.
     return Election(
-        PartitionState(
-            state.replicas,
-            leader,
-            state.leader_epoch + (1 if leader != state.leader else 0),
-            state.partition_epoch + 1,
-            isr,
-            elr,
+        dataclasses.replace(
+            state,
+            leader=leader,
+            leader_epoch=state.leader_epoch + (1 if leader != state.leader else 0),
+            partition_epoch=state.partition_epoch + 1,
+            isr=isr,
+            elr=elr,
         ),
         unclean,
     )

@@ -75,7 +75,11 @@ def alter_partition(cluster: ClusterState, proposal: IsrProposal) -> Result[Alte
     else:
         left = [r for r in current.isr if r not in isr]
         elr = tuple(r for r in current.replicas if r not in isr and (r in current.elr or r in left))
-    new_state = dataclasses.replace(current, isr=isr, elr=elr, partition_epoch=current.partition_epoch + 1)
+    # ISR members hold everything committed again: their unclean-restart reports no longer describe them.
+    pool = tuple(r for r in current.pool if r.broker not in isr)
+    new_state = dataclasses.replace(
+        current, isr=isr, elr=elr, pool=pool, partition_epoch=current.partition_epoch + 1
+    )
     states = list(record.states)
     states[proposal.partition] = new_state
     updated = dataclasses.replace(record, states=tuple(states))

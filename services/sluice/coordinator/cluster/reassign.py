@@ -39,9 +39,12 @@ __all__ = [
     "MAX_REASSIGNMENTS",
     "ReassignResult",
     "Reassignment",
+    "cancel_reassignments",
     "complete_reassignment",
     "completed",
+    "reverted_state",
     "start_reassignments",
+    "started_state",
 ]
 
 #: Partitions one request may reassign: a plan for a whole cluster is split by the CLI into requests of
@@ -85,7 +88,9 @@ def start_reassignments(
         record = records.get(item.topic) or cluster.topics.get(item.topic)
         if record is None or not 0 <= item.partition < record.partitions:
             raise UnknownTopicOrPartition(f"unknown topic or partition {item.topic}/{item.partition}")
-        new_state = _started(record, item, live, throttle)
+        new_state = started_state(
+            record.states[item.partition], item, live, throttle, record.replication.factor
+        )
         if new_state is None:
             continue
         records[item.topic] = _with_state(record, item.partition, new_state)
@@ -93,9 +98,12 @@ def start_reassignments(
     return _step(cluster, records, states, removed={})
 
 
-def _started(record: TopicRecord, item: Reassignment, live: set[int], throttle: int) -> PartitionState | None:
+def started_state(
+    current: PartitionState, item: Reassignment, live: set[int], throttle: int, factor: int
+) -> PartitionState | None:
+    """``current`` with the reassignment ``item`` started (or completed, when nothing is to be copied);
+    None: the target is the replica list already. ``factor``: the topic's replication factor."""
     where = f"{item.topic}/{item.partition}"
-    current = record.states[item.partition]
     if current.reassigning:
         raise ReassignmentInProgress(
             f"{where} is being reassigned already (adding {list(current.adding)}, removing "
@@ -104,10 +112,9 @@ def _started(record: TopicRecord, item: Reassignment, live: set[int], throttle: 
     target = tuple(item.replicas)
     if len(set(target)) != len(target):
         raise InvalidArgument(f"{where}: the target replicas {list(target)} are not distinct")
-    if len(target) != record.replication.factor:
+    if len(target) != factor:
         raise InvalidReplicationFactor(
-            f"{where}: {len(target)} target replicas for a topic of replication factor "
-            f"{record.replication.factor}"
+            f"{where}: {len(target)} target replicas for a topic of replication factor {factor}"
         )
     added = tuple(b for b in target if b not in current.replicas)
     dead = [b for b in added if b not in live]
@@ -122,6 +129,7 @@ def _started(record: TopicRecord, item: Reassignment, live: set[int], throttle: 
         adding=added,
         removing=removing,
         throttle=throttle if added else 0,
+        original=current.replicas,
         partition_epoch=current.partition_epoch + 1,
     )
     # A pure reorder (nothing to copy) completes at once: only the preferred leader changed.
@@ -149,6 +157,7 @@ def completed(state: PartitionState) -> PartitionState | None:
         adding=(),
         removing=(),
         throttle=0,
+        original=(),
         leader_epoch=state.leader_epoch + (leader != state.leader),
         partition_epoch=state.partition_epoch + 1,
     )
@@ -166,6 +175,80 @@ def complete_reassignment(cluster: ClusterState, topic: str, partition: int) -> 
     updated = _with_state(record, partition, done)
     removed = {b: (updated.ref(partition),) for b in before.removing}
     return _step(cluster, {topic: updated}, {(topic, partition): done}, removed)
+
+
+def cancel_reassignments(cluster: ClusterState, keys: Sequence[tuple[str, int]]) -> Result[ReassignResult]:
+    """Cancel the reassignments in progress of ``keys`` (all or none): each partition goes back to its
+    original replicas (in their original order), the added ones are removed (their logs deleted).
+
+    Nothing acknowledged is lost: the original replicas that are in the ISR hold every committed record,
+    and the leader is one of them (it moves, with a leader-epoch bump, only if an election had picked an
+    added replica). Refused when no original replica is in the ISR: the added ones hold the only complete
+    copies then, and the reassignment must complete instead."""
+    if not keys or len(keys) > MAX_REASSIGNMENTS:
+        raise InvalidArgument(f"a cancel names 1-{MAX_REASSIGNMENTS} partitions, got {len(keys)}")
+    if len(set(keys)) != len(keys):
+        raise InvalidArgument("a cancel names a partition twice")
+    records: dict[str, TopicRecord] = {}
+    states: dict[tuple[str, int], PartitionState] = {}
+    removed: dict[int, list[PartitionRef]] = {}
+    for topic, partition in keys:
+        record = records.get(topic) or cluster.topics.get(topic)
+        if record is None or not 0 <= partition < record.partitions:
+            raise UnknownTopicOrPartition(f"unknown topic or partition {topic}/{partition}")
+        state = record.states[partition]
+        if not state.reassigning:
+            raise InvalidArgument(f"{topic}/{partition} has no reassignment in progress to cancel")
+        reverted = reverted_state(state, f"{topic}/{partition}")
+        record = _with_state(record, partition, reverted)
+        records[topic] = record
+        states[(topic, partition)] = reverted
+        for b in state.adding:
+            removed.setdefault(b, []).append(record.ref(partition))
+    records = {name: _settled_factor(r) for name, r in records.items()}
+    return _step(cluster, records, states, {b: tuple(refs) for b, refs in removed.items()})
+
+
+def reverted_state(state: PartitionState, where: str) -> PartitionState:
+    """``state`` back on its original replicas (:func:`cancel_reassignments`)."""
+    original = state.original or tuple(r for r in state.replicas if r not in state.adding)
+    isr = tuple(r for r in original if r in state.isr)
+    if not isr:
+        raise InvalidArgument(
+            f"{where}: none of the original replicas {list(original)} is in sync (ISR {list(state.isr)}): "
+            "cancelling would drop every complete copy; let the reassignment complete"
+        )
+    leader = state.leader if state.leader in original else isr[0]
+    return dataclasses.replace(
+        state,
+        replicas=original,
+        leader=leader,
+        isr=isr,
+        elr=tuple(r for r in state.elr if r in original),
+        adding=(),
+        removing=(),
+        throttle=0,
+        original=(),
+        leader_epoch=state.leader_epoch + (leader != state.leader),
+        partition_epoch=state.partition_epoch + 1,
+    )
+
+
+def _settled_factor(record: TopicRecord) -> TopicRecord:
+    """After a cancel: when every partition holds the same number of replicas again and it is not the
+    topic's factor (a factor change was cancelled everywhere), the factor is that number again (min ISR
+    capped by it). A partly completed factor change keeps the new factor: run it again to finish."""
+    counts = {len(s.replicas) for s in record.states if not s.reassigning}
+    if len(counts) != 1 or any(s.reassigning for s in record.states):
+        return record
+    (factor,) = counts
+    config = record.replication
+    if factor == config.factor:
+        return record
+    replication = dataclasses.replace(
+        config, factor=factor, min_insync_replicas=min(config.min_insync_replicas, factor)
+    )
+    return dataclasses.replace(record, replication=replication)
 
 
 def _with_state(record: TopicRecord, partition: int, state: PartitionState) -> TopicRecord:

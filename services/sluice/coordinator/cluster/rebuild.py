@@ -83,13 +83,18 @@ def _rebuilt(state: PartitionState, report: EpochReport, min_isr: int) -> Partit
     leader = report.leader if report.leader in replicas else state.leader
     isr = tuple(b for b in report.isr if b in replicas) or tuple(b for b in state.isr if b in replicas)
     elr = () if len(isr) >= min_isr else tuple(b for b in state.elr if b in replicas and b not in isr)
-    return PartitionState(
-        replicas,
-        leader,
-        max(state.leader_epoch, report.leader_epoch) + 1,
-        max(state.partition_epoch, report.partition_epoch) + 1,
-        isr,
-        elr,
+    same = replicas == state.replicas
+    # The recovery pool is kept (its reports are still what those brokers found at their restart); a
+    # reassignment in progress too, unless the replicas differ from the stored ones.
+    return dataclasses.replace(
+        state if same else PartitionState(replicas, leader),
+        replicas=replicas,
+        leader=leader,
+        leader_epoch=max(state.leader_epoch, report.leader_epoch) + 1,
+        partition_epoch=max(state.partition_epoch, report.partition_epoch) + 1,
+        isr=isr,
+        elr=elr,
+        pool=tuple(r for r in state.pool if r.broker in replicas and r.broker not in isr),
     )
 
 

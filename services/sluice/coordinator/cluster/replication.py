@@ -18,6 +18,7 @@ __all__ = [
     "NO_LEADER",
     "UNREPLICATED",
     "PartitionState",
+    "ReplicaLog",
     "ReplicationConfig",
     "ReplicationSpec",
     "altered",
@@ -112,6 +113,28 @@ DEFAULT_SPEC = ReplicationSpec()
 
 
 @dataclass(frozen=True)
+class ReplicaLog:
+    """A replica's log as it reported it at an unclean restart: one entry of a partition's unclean-recovery
+    pool (KIP-966's LastKnownElr, with the log lengths; docs/replication.md, "Unclean shutdowns")."""
+
+    broker: int
+    last_leader_epoch: int
+    log_end_offset: int
+    damaged: bool = False
+
+    @property
+    def length(self) -> tuple[int, int]:
+        return (self.last_leader_epoch, self.log_end_offset)
+
+    def to_list(self) -> list[int]:
+        return [self.broker, self.last_leader_epoch, self.log_end_offset, int(self.damaged)]
+
+    @classmethod
+    def from_list(cls, data: Sequence[Any]) -> ReplicaLog:
+        return cls(int(data[0]), int(data[1]), int(data[2]), bool(data[3]))
+
+
+@dataclass(frozen=True)
 class PartitionState:
     """One partition as the controller keeps it (docs/replication.md, "Controller state").
 
@@ -133,6 +156,13 @@ class PartitionState:
     removing: tuple[int, ...] = ()
     #: The reassignment's replication throttle, bytes/s per added replica (0: none).
     throttle: int = 0
+    #: The replica list in its order before the reassignment in progress started: what a cancel goes back
+    #: to (``replicas`` minus ``adding`` holds the same brokers, but the target's order first).
+    original: tuple[int, ...] = ()
+    #: The unclean-recovery pool: replicas taken out of the ISR / ELR after an unclean restart, with the
+    #: log each reported, until they rejoin the ISR or a recovery elects one. Persisted with the state so
+    #: a new controller term still knows the earlier reports (KIP-966's LastKnownElr).
+    pool: tuple[ReplicaLog, ...] = ()
 
     @property
     def target(self) -> tuple[int, ...]:
@@ -159,6 +189,7 @@ class PartitionState:
             and self.isr == self.replicas
             and not self.elr
             and not self.reassigning
+            and not self.pool
             and self.leader_epoch == 0
             and self.partition_epoch == 0
         )
@@ -177,6 +208,10 @@ class PartitionState:
             out["adding"] = list(self.adding)
             out["removing"] = list(self.removing)
             out["throttle"] = self.throttle
+            if self.original:
+                out["original"] = list(self.original)
+        if self.pool:  # only while it holds reports, like the reassignment's fields
+            out["pool"] = [r.to_list() for r in self.pool]
         return out
 
     @classmethod
@@ -191,4 +226,6 @@ class PartitionState:
             tuple(int(b) for b in data.get("adding", ())),
             tuple(int(b) for b in data.get("removing", ())),
             int(data.get("throttle", 0)),
+            tuple(int(b) for b in data.get("original", ())),
+            tuple(ReplicaLog.from_list(r) for r in data.get("pool", ())),
         )

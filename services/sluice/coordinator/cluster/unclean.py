@@ -14,8 +14,9 @@ and damaged replicas"):
   and the broker cannot tell a ``kill -9`` (page cache kept) from a power loss (page cache gone).
 - If taking it out would leave the partition no eligible replica (it is the last ISR / ELR member: every
   other was taken out the same way, or never returned), the controller instead elects the *longest log*
-  among it and the live replicas taken out earlier for the same reason (their log reports are kept in
-  memory, :class:`Candidates`): the highest ``(last leader epoch, log end offset)``. Every replica's log
+  among it and the live replicas taken out earlier for the same reason (their log reports are persisted
+  with the partition's state, ``PartitionState.pool``, KIP-966's LastKnownElr, so a new controller term
+  still has them): the highest ``(last leader epoch, log end offset)``. Every replica's log
   is a prefix of the log of the leader of its last epoch, so the longest log of the newest epoch holds
   what any other holds; under ``flush=always`` every acknowledged record was fsynced by
   ``min_insync_replicas`` replicas (the leader among them), so it holds every acknowledged record. What
@@ -29,16 +30,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sluice.coordinator.cluster.elections import ElectionResult, elect_over
 from sluice.coordinator.cluster.failover import elect_leader
 from sluice.coordinator.cluster.records import TopicRecord
-from sluice.coordinator.cluster.replication import NO_LEADER, PartitionState, ReplicationConfig
+from sluice.coordinator.cluster.replication import NO_LEADER, PartitionState, ReplicaLog, ReplicationConfig
 from sluice.coordinator.cluster.state import ClusterState
 from sluice.coordinator.records import Result
 
-__all__ = ["Candidates", "LogReport", "longest_log", "on_unfit", "remove_unfit"]
+__all__ = ["LogReport", "Logged", "longest_log", "on_unfit", "remove_unfit"]
 
 PartitionKey = tuple[str, int]
 
@@ -58,33 +59,16 @@ class LogReport:
     def length(self) -> tuple[int, int]:
         return (self.last_leader_epoch, self.log_end_offset)
 
-
-@dataclass
-class Candidates:
-    """Replicas taken out of a partition's ISR / ELR as unfit, with the log each reported: the pool of an
-    unclean recovery. In memory only: a new controller term starts empty (a last eligible replica that
-    registers unclean then is elected alone; stated in the doc)."""
-
-    by_partition: dict[PartitionKey, dict[int, LogReport]] = field(default_factory=dict)
-
-    def add(self, key: PartitionKey, broker: int, report: LogReport | None) -> None:
-        if report is not None:
-            self.by_partition.setdefault(key, {})[broker] = report
-
-    def of(self, key: PartitionKey) -> dict[int, LogReport]:
-        return self.by_partition.get(key, {})
-
-    def rejoined(self, key: PartitionKey, isr: Collection[int]) -> None:
-        """ISR members hold everything committed again: their old reports no longer describe them."""
-        pool = self.by_partition.get(key)
-        if pool:
-            for b in isr:
-                pool.pop(b, None)
-            if not pool:
-                del self.by_partition[key]
+    def of(self, broker: int) -> ReplicaLog:
+        """This report as ``broker``'s entry of a partition's recovery pool."""
+        return ReplicaLog(broker, self.last_leader_epoch, self.log_end_offset, self.damaged)
 
 
-def longest_log(pool: Mapping[int, LogReport], preference: tuple[int, ...]) -> int:
+#: A replica's log as the pool holds it, or as a registration just reported it.
+Logged = ReplicaLog | LogReport
+
+
+def longest_log(pool: Mapping[int, Logged], preference: tuple[int, ...]) -> int:
     """The replica of ``pool`` with the longest log: highest (last leader epoch, log end offset); undamaged
     ones first; a tie goes to the earlier replica in preference order. ``pool`` must not be empty."""
     healthy = {b: r for b, r in pool.items() if not r.damaged}
@@ -96,7 +80,7 @@ def longest_log(pool: Mapping[int, LogReport], preference: tuple[int, ...]) -> i
 def on_unfit(
     state: PartitionState,
     broker: int,
-    pool: Mapping[int, LogReport],
+    pool: Mapping[int, Logged],
     live: Collection[int],
     config: ReplicationConfig,
     *,
@@ -137,13 +121,14 @@ def _next(
     *,
     new_epoch: bool = False,
 ) -> PartitionState:
-    return PartitionState(
-        state.replicas,
-        leader,
-        state.leader_epoch + (1 if new_epoch or leader != state.leader else 0),
-        state.partition_epoch + 1,
-        isr,
-        elr,
+    # replace(), not a new state: a reassignment in progress survives it.
+    return dataclasses.replace(
+        state,
+        leader=leader,
+        leader_epoch=state.leader_epoch + (1 if new_epoch or leader != state.leader else 0),
+        partition_epoch=state.partition_epoch + 1,
+        isr=isr,
+        elr=elr,
     )
 
 
@@ -151,15 +136,14 @@ def remove_unfit(
     cluster: ClusterState,
     broker: int,
     reports: Mapping[PartitionKey, LogReport],
-    candidates: Candidates,
     now_ms: int,
     *,
     only: Collection[PartitionKey] | None = None,
     recover: bool,
 ) -> Result[ElectionResult]:
     """:func:`on_unfit` over the replicated partitions ``broker`` holds (``only``: just these), one
-    persisted result like every election (``elections.elect_over``). ``candidates`` is updated as the
-    decisions are made: call it inside the write that persists them (a refused write plans again)."""
+    persisted result like every election (``elections.elect_over``). The recovery pool is read from and
+    written to the partitions' states (``PartitionState.pool``), in the same write as the decisions."""
     live = set(cluster.live_brokers(now_ms))
     wanted = None if only is None else set(only)
 
@@ -172,16 +156,24 @@ def remove_unfit(
         report = reports.get(key)
         if report is not None and report.topic_id and report.topic_id != record.topic_id:
             report = None  # a log of an older incarnation of the topic: not a copy of this one
-        pool = dict(candidates.of(key))
-        if report is not None:
-            pool[broker] = report
+        mine = None if report is None else report.of(broker)
+        pool: dict[int, Logged] = {r.broker: r for r in state.pool}
+        if mine is not None:
+            pool[broker] = mine
         decided = on_unfit(state, broker, pool, live, record.replication, recover=recover)
         if decided is not None and decided[1]:
-            candidates.by_partition.pop(key, None)  # recovered: the pool is spent
-        elif recover:
-            # Out of the ISR and ELR already or not, its log is a candidate of a later recovery: the
-            # longest log may be on a replica whose session expired before the others' did.
-            candidates.add(key, broker, report)
-        return decided
+            return dataclasses.replace(decided[0], pool=()), True  # recovered: the pool is spent
+        if not recover or mine is None:
+            return decided
+        # Out of the ISR and ELR already or not, its log is a candidate of a later recovery: the longest
+        # log may be on a replica whose session expired before the others' did.
+        base = state if decided is None else decided[0]
+        kept = tuple(r for r in base.pool if r.broker != broker)
+        new_pool = tuple(sorted((*kept, mine), key=lambda r: r.broker))
+        if new_pool == base.pool:
+            return decided
+        if decided is None:
+            return dataclasses.replace(state, pool=new_pool, partition_epoch=state.partition_epoch + 1), False
+        return dataclasses.replace(decided[0], pool=new_pool), decided[1]
 
     return elect_over(cluster, decide, flags_recovery=True)
