@@ -10,12 +10,14 @@ from sluice.error_base import SluiceError, error_for_code, error_from_proto, rai
 
 # The one truncation of echoed inputs and of whole messages (issue 16), re-exported.
 from sluice.error_text import ECHO_LIMIT, MAX_ERROR_MESSAGE_BYTES, bounded_message, echo
+from sluice.errors_compression import UnsupportedCompression
 from sluice.v1 import common_pb2
 
 __all__ = [
     "ECHO_LIMIT",
     "MAX_ERROR_MESSAGE_BYTES",
     "SluiceError",
+    "UnsupportedCompression",
     "bounded_message",
     "echo",
     "error_for_code",
