@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from _stack import cpu_seconds, save, stack
-
 from sluice.broker.filtering import filter_chunk
 from sluice.codec.batch import BatchBuilder, decode_records, stamp, validate_batch
 from sluice.codec.batch.compression import CODECS, is_available
@@ -77,7 +76,8 @@ def order_events(n: int, seed: int = 7) -> list[Rec]:
         }
         value = json.dumps(event, separators=(",", ":")).encode()
         headers = {"region": f"r{rng.randrange(10)}".encode(), "status": status.encode()}
-        out.append((value, event["order_id"].encode().ljust(16, b"_"), f"order.{status}", headers, t0 + i * 3))
+        key = event["order_id"].encode().ljust(16, b"_")
+        out.append((value, key, f"order.{status}", headers, t0 + i * 3))
     return out
 
 
@@ -140,7 +140,8 @@ def codec_part(records: list[Rec], rounds: int) -> dict[str, Any]:
             t = time.perf_counter()
             none_kept = filter_chunk(log, 0, frozenset(), 1 << 40, True, nothing)
             nothing_s = time.perf_counter() - t
-            assert not none_kept.batches and kept.next_offset == n
+            assert not none_kept.batches
+            assert kept.next_offset == n
             runs.append(
                 {
                     "stored_bytes": stored,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 
+from sluice.codec.batch.compression import NONE, compress
 from sluice.codec.batch.layout import (
     COLUMN_BYTES,
     HEADER_SIZE,
@@ -17,7 +18,6 @@ from sluice.codec.batch.layout import (
     dense_offset_deltas,
     encode_headers,
 )
-from sluice.codec.batch.compression import NONE, compress
 from sluice.codec.batch.summary import build_summary
 
 
@@ -40,8 +40,8 @@ class BatchBuilder:
         "_tags",
         "_ts",
         "_value_lens",
-        "codec",
         "_values",
+        "codec",
         "size",
     )
 

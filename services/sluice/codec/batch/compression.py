@@ -22,10 +22,10 @@ import importlib
 import struct
 import threading
 import zlib
-
-import crc32c as _crc32c
 from collections.abc import Callable
 from typing import Any
+
+import crc32c as _crc32c
 
 from sluice.codec.batch.layout import (
     COLUMN_BYTES,
@@ -142,7 +142,9 @@ def check_codec(h: BatchHeader) -> int:
     """The codec of a batch's attributes; UnsupportedCompression for bits that name none."""
     codec = h.attributes & CODEC_MASK
     if h.attributes & ~CODEC_MASK or codec not in NAMES:
-        raise UnsupportedCompression(f"batch at offset {h.base_offset}: unsupported attributes {h.attributes}")
+        raise UnsupportedCompression(
+            f"batch at offset {h.base_offset}: unsupported attributes {h.attributes}"
+        )
     return codec
 
 

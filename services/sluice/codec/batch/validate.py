@@ -64,9 +64,7 @@ def validate_batch(
         # acknowledged, is a poison pill for ever (docs/compression.md, "Validation on produce").
         size = inflated_size(buf, pos, h)
         if size > max_batch_bytes:  # the limit bounds a batch as consumers hold it, so its plain size
-            raise BatchTooLarge(
-                f"batch inflates to {size} bytes, over the limit of {max_batch_bytes} bytes"
-            )
+            raise BatchTooLarge(f"batch inflates to {size} bytes, over the limit of {max_batch_bytes} bytes")
         plain, plain_header = inflate(buf, pos, h, limit=min(max_batch_bytes, MAX_INFLATED_BYTES))
         _check_content(plain, 0, plain_header, plain_header.length, require_dense, headers)
         return h
