@@ -84,7 +84,7 @@ def test_a_gzip_bomb_on_produce_is_refused_without_inflating(
 def test_a_batch_claiming_compression_it_does_not_have_is_refused_typed() -> None:
     """Compressed batches are inflated only within their declared size (docs/compression.md; the bombs
     themselves: tests/unit/codec/test_compression.py): a plain body under a codec's bits is a corrupt
-    frame, and bits that name no codec are UNSUPPORTED_COMPRESSION, before the CRC is even checked."""
+    frame, and bits that name no codec are UNSUPPORTED_COMPRESSION."""
     from sluice.codec.batch import CRC_AT, CRC_START, crc32c, validate_batch
 
     batch = bytearray(encode_records([(b"v", None, None, None, 1)]))

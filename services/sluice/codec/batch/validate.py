@@ -138,10 +138,11 @@ def _check_frame(buf: bytes | memoryview, pos: int, h: BatchHeader, max_batch_by
     end = pos + h.length
     if end > len(buf):
         raise CorruptBatch(f"batch claims {h.length} bytes but only {len(buf) - pos} remain")
-    if h.attributes:
-        check_codec(h)  # before the CRC: unknown bits are UNSUPPORTED_COMPRESSION whatever the bytes
     if crc32c(memoryview(buf)[pos + CRC_START : end]) != h.crc:
         raise CorruptBatch("batch CRC32C mismatch")
+    if h.attributes:
+        # After the CRC (the attributes are inside it): a flipped bit is damage, not an unknown codec.
+        check_codec(h)
     n = h.record_count
     if not 0 < n <= MAX_RECORDS_PER_BATCH:
         raise CorruptBatch(f"record count {n} is out of range")
