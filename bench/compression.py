@@ -76,7 +76,7 @@ def order_events(n: int, seed: int = 7) -> list[Rec]:
         }
         value = json.dumps(event, separators=(",", ":")).encode()
         headers = {"region": f"r{rng.randrange(10)}".encode(), "status": status.encode()}
-        key = event["order_id"].encode().ljust(16, b"_")
+        key = f"ORD-{1_000_000 + i}".encode().ljust(16, b"_")
         out.append((value, key, f"order.{status}", headers, t0 + i * 3))
     return out
 

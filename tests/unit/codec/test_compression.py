@@ -236,7 +236,7 @@ def _streamed_bomb(codec: int, inflated: int) -> bytes:
     if codec == cz.ZSTD:  # no content size in the frame: the reader only has the batch's declared size
         z = zstandard.ZstdCompressor(level=1, write_content_size=False).compressobj()
         return b"".join([z.compress(chunk) for _ in range(inflated >> 20)] + [z.flush()])
-    return lz4.block.compress(bytes(inflated), store_size=False)  # lz4's block API has no streaming
+    return bytes(lz4.block.compress(bytes(inflated), store_size=False))  # lz4's block API has no streaming
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=[cz.NAMES[c] for c in CODECS])

@@ -91,6 +91,7 @@ def _zstd_compressor() -> Any:
 
 def compress(codec: int, section: bytes) -> bytes:
     """``inflated_length`` and the codec's frame of ``section`` (a batch's columns and data)."""
+    frame: bytes
     if codec == ZSTD:
         frame = _zstd_compressor().compress(section)
     elif codec == LZ4:
