@@ -270,8 +270,11 @@ def test_the_producer_setting_names_the_codec_and_the_missing_library(
     with pytest.raises(InvalidArgument, match="unknown compression 'snappy'"):
         ProducerConfig(compression="snappy")
     # lz4 is an extra: an SDK-only install without it is told which one (the import fails as it would).
+    lz4_batch = b.encode_records([(b"v", None, None, None, 1)], codec=cz.LZ4)
     monkeypatch.setitem(sys.modules, "lz4.block", None)
     with pytest.raises(UnsupportedCompression, match=r"pip install 'sluice\[lz4\]'"):
         ProducerConfig(compression="lz4")
+    with pytest.raises(UnsupportedCompression, match=r"pip install 'sluice\[lz4\]'"):  # and a consumer
+        b.decode_records(lz4_batch, "t", 0)
     raw = stamped(b.encode_records([(b"v", None, None, None, 1)], codec=cz.GZIP))
     assert b.decode_records(raw, "t", 0)[0].value == b"v"  # the standard library's gzip needs nothing

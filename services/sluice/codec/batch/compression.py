@@ -35,7 +35,7 @@ from sluice.codec.batch.layout import (
     BatchHeader,
     read_header,
 )
-from sluice.errors import CorruptBatch, InvalidArgument, UnsupportedCompression
+from sluice.errors import CorruptBatch, InvalidArgument, SluiceError, UnsupportedCompression
 
 #: Codec ids in the low three bits of ``attributes``; the other five bits are reserved (must be 0).
 NONE, GZIP, LZ4, ZSTD = 0, 1, 2, 3
@@ -186,7 +186,7 @@ def inflate(
         raise CorruptBatch(f"compressed batch at offset {h.base_offset} declares too few inflated bytes")
     try:
         section = _INFLATERS[codec](mv[at + _SIZE.size : end], size)
-    except CorruptBatch:
+    except SluiceError:  # ours: a size mismatch (CorruptBatch), a missing library (UnsupportedCompression)
         raise
     except Exception as exc:  # each library's own error type (ZstdError, LZ4BlockError, zlib.error)
         raise CorruptBatch(
