@@ -171,6 +171,8 @@ def inflate(
     corrupt frame, a frame inflating to more or less than declared (CorruptBatch).
     """
     codec = check_codec(h)
+    if codec in _MODULES:
+        _library(codec)  # first: a reader without the library is told which to install, whatever the bytes
     at = pos + HEADER_SIZE + h.tag_table_length
     end = pos + h.length
     if end > len(buf):
