@@ -93,5 +93,6 @@ def test_a_batch_claiming_compression_it_does_not_have_is_refused_typed() -> Non
     with pytest.raises(CorruptBatch, match=r"compressed batch at offset 0 declares|gzip payload"):
         validate_batch(bytes(batch), 0, 1 << 24)
     batch[29] = 0x40
+    batch[CRC_AT : CRC_AT + 4] = crc32c(bytes(batch[CRC_START:])).to_bytes(4, "little")
     with pytest.raises(UnsupportedCompression, match="unsupported attributes 64"):
         validate_batch(bytes(batch), 0, 1 << 24)
