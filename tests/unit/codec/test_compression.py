@@ -249,5 +249,5 @@ def test_the_producer_setting_names_the_codec_and_the_missing_library(
         ProducerConfig(compression="lz4")
     with pytest.raises(UnsupportedCompression, match=r"pip install 'sluice\[lz4\]'"):  # and a consumer
         b.decode_records(bytes(raw), "t", 0)
-    raw = stamped(b.encode_records([(b"v", None, None, None, 1)], codec=cz.GZIP))
-    assert b.decode_records(raw, "t", 0)[0].value == b"v"  # the standard library's gzip needs nothing
+    gzipped = stamped(b.encode_records([(b"v", None, None, None, 1)], codec=cz.GZIP))
+    assert b.decode_records(gzipped, "t", 0)[0].value == b"v"  # the standard library's gzip needs nothing
