@@ -10,17 +10,35 @@ from sluice.error_base import SluiceError, error_for_code, error_from_proto, rai
 
 # The one truncation of echoed inputs and of whole messages (issue 16), re-exported.
 from sluice.error_text import ECHO_LIMIT, MAX_ERROR_MESSAGE_BYTES, bounded_message, echo
+from sluice.errors_compression import UnsupportedCompression
+from sluice.errors_messaging import (
+    DelayBeyondRetention,
+    DelayedDeliveryUnavailable,
+    DelayLevelOutOfRange,
+    DelayTooLong,
+    NotADlqTopic,
+    ReconsumeRefused,
+    RecordNotOwned,
+)
 from sluice.errors_serde import DeserializationError, SerdeExtraMissing, SerializationError, UnknownSchema
 from sluice.v1 import common_pb2
 
 __all__ = [
     "ECHO_LIMIT",
     "MAX_ERROR_MESSAGE_BYTES",
+    "DelayBeyondRetention",
+    "DelayLevelOutOfRange",
+    "DelayTooLong",
+    "DelayedDeliveryUnavailable",
     "DeserializationError",
+    "NotADlqTopic",
+    "ReconsumeRefused",
+    "RecordNotOwned",
     "SerdeExtraMissing",
     "SerializationError",
     "SluiceError",
     "UnknownSchema",
+    "UnsupportedCompression",
     "bounded_message",
     "echo",
     "error_for_code",
@@ -442,59 +460,3 @@ class ThrottlingQuotaExceeded(SluiceError):
     code = common_pb2.THROTTLING_QUOTA_EXCEEDED
     retriable = True
     grpc_status = "RESOURCE_EXHAUSTED"
-
-
-# ---- Delayed delivery (docs/delayed-delivery.md) -------------------------------------
-
-
-class DelayTooLong(SluiceError, ValueError):
-    """A delayed send beyond the maximum delay (docs/delayed-delivery.md); the message names it."""
-
-    code = common_pb2.DELAY_TOO_LONG
-    grpc_status = "INVALID_ARGUMENT"
-
-
-class DelayBeyondRetention(SluiceError, ValueError):
-    """A delay longer than the target's (or the schedule topic's) retention; the message names it."""
-
-    code = common_pb2.DELAY_BEYOND_RETENTION
-    grpc_status = "INVALID_ARGUMENT"
-
-
-class DelayedDeliveryUnavailable(SluiceError):
-    """No schedule topic ``__sluice_schedule``: start ``sluice scheduler``, which creates it."""
-
-    code = common_pb2.DELAYED_DELIVERY_UNAVAILABLE
-    grpc_status = "FAILED_PRECONDITION"
-
-
-# ---- Retry and dead letters of pull groups (docs/retry.md) ------------------------
-
-
-class ReconsumeRefused(SluiceError):
-    """``reconsume_later()`` on a consumer made with ``orderly=True``: a retry breaks the partition's
-    order, so an ordered consumer retries in place (RocketMQ's orderly consumers do the same)."""
-
-    code = common_pb2.RECONSUME_REFUSED
-    grpc_status = "FAILED_PRECONDITION"
-
-
-class RecordNotOwned(SluiceError):
-    """The record's partition is not assigned to this consumer, or poll() did not hand the record out."""
-
-    code = common_pb2.RECORD_NOT_OWNED
-    grpc_status = "FAILED_PRECONDITION"
-
-
-class DelayLevelOutOfRange(SluiceError, ValueError):
-    """A delay level outside 1..N; the message names the range and the group's levels."""
-
-    code = common_pb2.DELAY_LEVEL_OUT_OF_RANGE
-    grpc_status = "INVALID_ARGUMENT"
-
-
-class NotADlqTopic(SluiceError, ValueError):
-    """A DLQ operation named a topic that is not a dead-letter topic (``DLQ.<group>``)."""
-
-    code = common_pb2.NOT_A_DLQ_TOPIC
-    grpc_status = "INVALID_ARGUMENT"

@@ -21,7 +21,9 @@ Pure: no I/O, no clock. Caller: ``sluice.broker.fetch``.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -33,12 +35,17 @@ from sluice.codec.batch import (
     columns,
     filter_batch,
     iter_headers,
+    read_header,
     read_tags,
 )
+from sluice.codec.batch.compression import plain_batch
 from sluice.codec.batch.layout import assemble, malformed_is_corrupt
 from sluice.codec.batch.summary import find_summary
 from sluice.codec.header_columns import Column, Int64s, header_columns
 from sluice.codec.sql_filter import SqlFilter, raw_headers
+
+#: What a filter is given: a tag set or a compiled SQL filter.
+_F = TypeVar("_F", frozenset[str], SqlFilter)
 
 
 @dataclass(slots=True)
@@ -87,9 +94,9 @@ def filter_chunk(
         if sql is not None:
             summary = find_summary(batch_tags)
             if summary is None or sql.may_match(summary):
-                kept = sql_filter_batch(data, pos, header, sql)
+                kept = _compressed_aware(sql_filter_batch, data, pos, header, sql)
         elif not tags.isdisjoint(batch_tags):
-            kept = filter_batch(data, pos, header, tags)
+            kept = _compressed_aware(filter_batch, data, pos, header, tags)
         if kept is not None:
             if out.out_bytes + len(kept) > limit and not (min_one and out.out_bytes == 0):
                 out.stopped_on_limit = True
@@ -98,6 +105,29 @@ def filter_chunk(
             out.out_bytes += len(kept)
         out.next_offset = end
     return out
+
+
+def _compressed_aware(
+    cut: Callable[[bytes, int, BatchHeader, _F], bytes | None],
+    data: bytes,
+    pos: int,
+    header: BatchHeader,
+    spec: _F,
+) -> bytes | None:
+    """``cut`` (a tag or SQL filter) applied to the batch at ``pos``, compressed or not.
+
+    A compressed batch reaches here only when its readable tag table or header summary could not rule
+    it out, and is then inflated (bounded, ``compression.inflate``) and filtered as a plain batch. When
+    every record is kept the stored compressed bytes are returned as they are; a batch cut to some of
+    its records is returned plain (the broker never compresses: docs/compression.md, "Filtering").
+    """
+    if not header.attributes:
+        return cut(data, pos, header, spec)
+    plain, ppos, ph = plain_batch(data, pos, header)
+    kept = cut(plain, ppos, ph, spec)
+    if kept is not None and read_header(kept).record_count == header.record_count:
+        return data[pos : pos + header.length]
+    return kept
 
 
 def sql_filter_batch(data: bytes, pos: int, header: BatchHeader, sql: SqlFilter) -> bytes | None:

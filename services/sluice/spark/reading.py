@@ -14,6 +14,7 @@ import pyarrow as pa
 from sluice.client.client import Client
 from sluice.client.fetcher import RawChunk
 from sluice.codec.batch import NO_TAG, columns, decode_headers, iter_headers, read_tags
+from sluice.codec.batch.compression import plain_batch
 from sluice.errors import InvalidArgument, OffsetOutOfRange, UnknownTopicOrPartition
 from sluice.spark.options import EARLIEST, LATEST, OffsetSpec, SourceOptions, parse_tp_key, tp_key
 from sluice.spark.planning import OffsetRange
@@ -190,11 +191,12 @@ def arrow_batches(chunk: RawChunk, end: int, include_headers: bool = True) -> It
     are stored contiguously), offsets and timestamps are vector arithmetic on
     the batch's columns. Only a batch carrying record headers is walked per record.
     """
-    buf = chunk.data
-    mv = memoryview(buf)
-    for pos, h in iter_headers(buf):
-        if h.next_offset <= chunk.start or h.base_offset >= end:
+    for raw_pos, raw_h in iter_headers(chunk.data):
+        if raw_h.next_offset <= chunk.start or raw_h.base_offset >= end:
             continue
+        # A compressed batch is read as the plain batch it inflates to; the columns are views of that.
+        buf, pos, h = plain_batch(chunk.data, raw_pos, raw_h)
+        mv = memoryview(buf)
         tags = read_tags(buf, pos, h)
         c = columns(buf, pos, h)
         kp, vp, hp, dend = c.regions()

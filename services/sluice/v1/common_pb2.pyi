@@ -92,6 +92,11 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """
     THROTTLED: _ErrorCode.ValueType  # 74
     """A rate limit: the message says what was limited and how long to wait. Retriable after that wait."""
+    UNSUPPORTED_COMPRESSION: _ErrorCode.ValueType  # 75
+    """Batch compression (docs/compression.md). A batch's attribute bits name no codec this side reads, a
+    producer asks for an unknown codec, or the codec's library is not installed (the message names the
+    extra to install). Not retriable.
+    """
     INVALID_REPLICATION_FACTOR: _ErrorCode.ValueType  # 61
     """Replication, the controller side (issue 14, docs/replication.md).
     A topic asks for more replicas than there are live brokers (or fewer than 1): never placed
@@ -277,6 +282,11 @@ WAIT guard; later: the in-sync set of a partition under acks=all). Retriable.
 """
 THROTTLED: ErrorCode.ValueType  # 74
 """A rate limit: the message says what was limited and how long to wait. Retriable after that wait."""
+UNSUPPORTED_COMPRESSION: ErrorCode.ValueType  # 75
+"""Batch compression (docs/compression.md). A batch's attribute bits name no codec this side reads, a
+producer asks for an unknown codec, or the codec's library is not installed (the message names the
+extra to install). Not retriable.
+"""
 INVALID_REPLICATION_FACTOR: ErrorCode.ValueType  # 61
 """Replication, the controller side (issue 14, docs/replication.md).
 A topic asks for more replicas than there are live brokers (or fewer than 1): never placed

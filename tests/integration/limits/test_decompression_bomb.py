@@ -1,8 +1,9 @@
 """Decompression bombs: a gzip-compressed gRPC message of zeros, far larger than the broker's 64 MiB
 message limit once inflated, costs the broker no memory (docs/limits.md, "Decompression").
 
-Record batches are never compressed (attributes must be 0: CORRUPT_BATCH otherwise, tests/unit/codec), so
-gRPC's own message compression is the one place a service inflates client bytes. gRPC inflates up to
+Record batches are inflated only within their declared size and the batch limit (docs/compression.md,
+tests/unit/codec/test_compression.py); gRPC's own message compression is the other place a service could
+inflate client bytes. gRPC inflates up to
 ``max_receive_message_length`` before refusing (measured: +70 MB peak for one 256 MiB bomb at a 64 MiB
 limit, per concurrent stream); the services enable only the identity algorithm, which refuses the message
 before inflating anything. bench/limits/decompression_bomb.py sends a 1 GiB one.
@@ -21,7 +22,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.codec.batch import encode_records
-from sluice.errors import CorruptBatch
+from sluice.errors import CorruptBatch, UnsupportedCompression
 from tests.harness import ServiceProcess, run_redis, start_service
 
 #: Zeros inflated: twice the broker's message limit, so a server that inflates would have to fill it.
@@ -80,12 +81,18 @@ def test_a_gzip_bomb_on_produce_is_refused_without_inflating(
     assert "Traceback" not in broker.log()
 
 
-def test_a_batch_claiming_compression_is_a_corrupt_batch() -> None:
-    """The batch format has no compressed form: attributes != 0 is refused, never inflated."""
+def test_a_batch_claiming_compression_it_does_not_have_is_refused_typed() -> None:
+    """Compressed batches are inflated only within their declared size (docs/compression.md; the bombs
+    themselves: tests/unit/codec/test_compression.py): a plain body under a codec's bits is a corrupt
+    frame, and bits that name no codec are UNSUPPORTED_COMPRESSION."""
     from sluice.codec.batch import CRC_AT, CRC_START, crc32c, validate_batch
 
     batch = bytearray(encode_records([(b"v", None, None, None, 1)]))
-    batch[29] = 1  # attributes: "compressed"
+    batch[29] = 1  # attributes: gzip
     batch[CRC_AT : CRC_AT + 4] = crc32c(bytes(batch[CRC_START:])).to_bytes(4, "little")
-    with pytest.raises(CorruptBatch, match="unsupported batch attributes 1"):
+    with pytest.raises(CorruptBatch, match=r"compressed batch at offset 0 declares|gzip payload"):
+        validate_batch(bytes(batch), 0, 1 << 24)
+    batch[29] = 0x40
+    batch[CRC_AT : CRC_AT + 4] = crc32c(bytes(batch[CRC_START:])).to_bytes(4, "little")
+    with pytest.raises(UnsupportedCompression, match="unsupported attributes 64"):
         validate_batch(bytes(batch), 0, 1 << 24)

@@ -15,12 +15,18 @@ import contextlib
 from hypothesis import given
 
 from sluice.codec import batch as b
-from sluice.errors import BatchTooLarge, CorruptBatch, LimitExceeded, UnsupportedVersion
+from sluice.errors import (
+    BatchTooLarge,
+    CorruptBatch,
+    LimitExceeded,
+    UnsupportedCompression,
+    UnsupportedVersion,
+)
 from tests.unit.fuzz.strategies import RecordTuple, broken_batch, records_st
 
 LIMIT = 1 << 20
 #: What a reader may raise for bad bytes: the typed errors, nothing else.
-TYPED = (CorruptBatch, BatchTooLarge, UnsupportedVersion, LimitExceeded)
+TYPED = (CorruptBatch, BatchTooLarge, UnsupportedVersion, LimitExceeded, UnsupportedCompression)
 
 
 @given(broken_batch())

@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 
 from sluice.codec.batch import HEADER, HEADER_SIZE, BatchHeader, columns
+from sluice.codec.batch.compression import plain_batch
 
 #: Bytes per pread when walking a segment.
 SCAN_CHUNK = 1 << 20
@@ -49,8 +50,8 @@ def first_at_or_after(fd: int, start: int, end: int, timestamp: int) -> tuple[in
     for pos, header, _buf, _off in walk_batches(fd, start, end, need_body=False):
         if header.max_timestamp < timestamp:
             continue
-        body = os.pread(fd, header.length, pos)
-        cols = columns(body, 0, header)
+        body, at, plain = plain_batch(os.pread(fd, header.length, pos), 0, header)
+        cols = columns(body, at, plain)
         target_delta = timestamp - header.base_timestamp
         for offset_delta, ts_delta in zip(cols.offset_deltas, cols.timestamp_deltas, strict=True):
             if ts_delta >= target_delta:

@@ -66,11 +66,14 @@ class ProducerBatch:
         "state",
     )
 
-    def __init__(self, topic: str, partition: int, created: float, deadline: float, seq: int = 0) -> None:
+    def __init__(
+        self, topic: str, partition: int, created: float, deadline: float, seq: int = 0, codec: int = 0
+    ) -> None:
         self.partition = partition
         #: Creation order within the producer; queues are kept sorted by it.
         self.seq = seq
-        self.builder: BatchBuilder | None = BatchBuilder()
+        #: ``codec``: the compression codec id; the batch is compressed once, in ``encode``.
+        self.builder: BatchBuilder | None = BatchBuilder(codec)
         self.result = BatchResult(topic, partition)
         self.created = created
         self.deadline = deadline
@@ -122,8 +125,11 @@ class Accumulator:
         linger: float,
         delivery_timeout: float,
         clock: Callable[[], float],
+        codec: int = 0,
     ) -> None:
         self.topic = topic
+        #: The compression codec id of every batch (``ProducerConfig.compression``).
+        self.codec = codec
         self.partitions = partitions
         self.partitioner = partitioner
         self.batch_size = batch_size
@@ -155,7 +161,7 @@ class Accumulator:
         self.close_open(partition)
         now = self.clock()
         self._seq += 1
-        batch = ProducerBatch(self.topic, partition, now, now + self.delivery_timeout, self._seq)
+        batch = ProducerBatch(self.topic, partition, now, now + self.delivery_timeout, self._seq, self.codec)
         self.open[partition] = batch
         return batch
 

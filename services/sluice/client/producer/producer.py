@@ -27,6 +27,7 @@ from sluice.client.producer.idempotence import Idempotence, init_producer_id
 from sluice.client.producer.partitioner import make_partitioner
 from sluice.client.producer.sender import Sender
 from sluice.codec.batch import COLUMN_BYTES, HEADER_SIZE, Headers
+from sluice.codec.batch.compression import codec_id
 from sluice.codec.filter import parse_filter
 from sluice.common.peers import Peers
 from sluice.errors import (
@@ -80,6 +81,7 @@ class Producer:
             linger=config.linger.total_seconds(),
             delivery_timeout=config.delivery_timeout.total_seconds(),
             clock=clock,
+            codec=codec_id(config.compression),
         )
         self._open = self._acc.open
         self._batch_size = config.batch_size

@@ -15,7 +15,7 @@ Layout, format version 2 (little-endian, no padding; docs/replication.md)::
     20      4     partition_leader_epoch  stamped by the leader (-1 before)
     24      1     magic                   = 2 (at byte 24 in every version)
     25      4     crc                     CRC32C of bytes [29, batch_length)
-    29      1     attributes              reserved (compression), must be 0
+    29      1     attributes              bits 0-2: codec (``compression``), bits 3-7: 0
     30      8     producer_id             -1: not idempotent
     38      2     producer_epoch          -1: not idempotent
     40      4     base_sequence           -1: not idempotent
@@ -41,6 +41,10 @@ struct call per record, and the data is stored by column too (all keys, then all
 values, then all headers), so a batch's values are one contiguous run: an Arrow
 binary column is a zero-copy view of it (sluice.spark). A record's headers are u16 count, then per header u16
 name length, name, u32 value length, value.
+
+A compressed batch (codec != 0) keeps the header and tag table as they are and holds, after the tag
+table, a u32 inflated length and the codec's frame of the columns and data (``compression``; readers
+inflate it to the plain batch it stands for, ``plain_batch``).
 
 The package is split along the batch's life: ``layout`` (the format itself and the CRC), ``build``
 (the producer's encoder), ``validate`` (the broker's checks), ``records`` (the consumer's decoder) and

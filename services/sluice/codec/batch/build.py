@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable
 
+from sluice.codec.batch.compression import NONE, compress
 from sluice.codec.batch.layout import (
     COLUMN_BYTES,
     HEADER_SIZE,
@@ -40,10 +41,13 @@ class BatchBuilder:
         "_ts",
         "_value_lens",
         "_values",
+        "codec",
         "size",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, codec: int = NONE) -> None:
+        #: The compression codec id (``compression``); the records section is compressed in ``build``.
+        self.codec = codec
         #: Timestamps are kept as deltas from the first record's, so build() rarely
         #: has to rewrite them (only when a later record is older than the first).
         self._t0: int | None = None
@@ -143,9 +147,8 @@ class BatchBuilder:
             bytes(4 * n) if self._headers_lens is None else array("i", self._headers_lens).tobytes()
         )
         tag_idx = (array("H", [NO_TAG]) * n if self._tag_idx is None else array("H", self._tag_idx)).tobytes()
-        body = b"".join(
+        section = b"".join(
             (
-                tag_bytes,
                 dense_offset_deltas(n),
                 ts_deltas.tobytes(),
                 array("i", self._key_lens).tobytes(),
@@ -157,15 +160,27 @@ class BatchBuilder:
                 *self._headers,
             )
         )
-        return assemble(n, n - 1, base_ts, self._t0 + max(self._ts), len(tag_bytes), body, producer=producer)
+        # The tag table (and the header summary in it) stays readable: the broker prunes by it.
+        body = tag_bytes + (compress(self.codec, section) if self.codec else section)
+        return assemble(
+            n,
+            n - 1,
+            base_ts,
+            self._t0 + max(self._ts),
+            len(tag_bytes),
+            body,
+            producer=producer,
+            attributes=self.codec,
+        )
 
 
 def encode_records(
     records: Iterable[tuple[bytes, bytes | None, str | None, Headers | None, int]],
     producer: tuple[int, int, int] = NO_PRODUCER,
+    codec: int = NONE,
 ) -> bytes:
     """Encode (value, key, tag, headers, timestamp_ms) tuples as one batch (tests, tools)."""
-    b = BatchBuilder()
+    b = BatchBuilder(codec)
     for value, key, tag, headers, ts in records:
         b.append(value, key, tag, headers, ts)
     return b.build(producer)

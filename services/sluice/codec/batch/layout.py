@@ -186,8 +186,10 @@ def assemble(
     append_time_ms: int = -1,
     leader_epoch: int = NO_EPOCH,
     producer: tuple[int, int, int] = NO_PRODUCER,
+    attributes: int = 0,
 ) -> bytes:
-    """Frame a batch: the header, its CRC, then ``body`` (tag table, columns, data).
+    """Frame a batch: the header, its CRC, then ``body`` (tag table, columns, data; for a compressed
+    batch, ``attributes`` naming the codec: tag table, then the compressed section, ``compression``).
 
     ``producer`` is (producer_id, producer_epoch, base_sequence), inside the CRC.
     """
@@ -197,7 +199,7 @@ def assemble(
     # the result: every large copy is a fresh allocation whose pages fault in (about 0.5 ms
     # per MiB here).
     covered_header = _COVERED_HEADER.pack(
-        0, *producer, record_count, last_offset_delta, base_ts, max_ts, tag_table_length
+        attributes, *producer, record_count, last_offset_delta, base_ts, max_ts, tag_table_length
     )
     crc = int(_crc32c.crc32c(body, _crc32c.crc32c(covered_header)))
     uncovered = _UNCOVERED_HEADER.pack(base_offset, length, append_time_ms, leader_epoch, MAGIC, crc)
@@ -232,6 +234,9 @@ def columns(buf: bytes | memoryview, pos: int, header: BatchHeader) -> Columns:
     (a consumer with ``verify_crc`` off, the dispatcher's cuts) would otherwise fail with a bare
     ``TypeError`` from ``cast`` on a short slice.
     """
+    if header.attributes:
+        # A compressed batch's columns are inside its frame: read its ``compression.plain_batch``.
+        raise CorruptBatch(f"batch at offset {header.base_offset} is compressed: inflate it first")
     n = header.record_count
     mv = memoryview(buf)
     p = pos + HEADER_SIZE + header.tag_table_length

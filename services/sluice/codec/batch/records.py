@@ -8,6 +8,7 @@ import operator
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
+from sluice.codec.batch.compression import plain_batch
 from sluice.codec.batch.layout import (
     CRC_START,
     NO_TAG,
@@ -73,8 +74,10 @@ def decode_records(
             raise CorruptBatch(f"batch at offset {h.base_offset} failed its CRC check")
         if h.next_offset <= start_offset:
             continue
+        # A compressed batch is read as the plain batch it inflates to (bounded: ``compression``).
+        plain, ppos, ph = plain_batch(buf, pos, h)
         with malformed_is_corrupt(h.base_offset):
-            out += _batch_records(buf, pos, h, topic, partition, start_offset)
+            out += _batch_records(plain, ppos, ph, topic, partition, start_offset)
     return out
 
 

@@ -6,6 +6,7 @@ import itertools
 import struct
 from dataclasses import dataclass
 
+from sluice.codec.batch.compression import MAX_INFLATED_BYTES, check_codec, inflate, inflated_size
 from sluice.codec.batch.layout import (
     CRC_START,
     HEADER_SIZE,
@@ -57,6 +58,29 @@ def validate_batch(
     check_magic(buf, pos)
     h = read_header(buf, pos)
     end = _check_frame(buf, pos, h, max_batch_bytes)
+    if h.attributes:
+        # A compressed batch's content is checked as the plain batch it inflates to (bounded by the
+        # batch limit, which so bounds what consumers inflate): a batch consumers cannot read, once
+        # acknowledged, is a poison pill for ever (docs/compression.md, "Validation on produce").
+        size = inflated_size(buf, pos, h)
+        if size > max_batch_bytes:  # the limit bounds a batch as consumers hold it, so its plain size
+            raise BatchTooLarge(f"batch inflates to {size} bytes, over the limit of {max_batch_bytes} bytes")
+        plain, plain_header = inflate(buf, pos, h, limit=min(max_batch_bytes, MAX_INFLATED_BYTES))
+        _check_content(plain, 0, plain_header, plain_header.length, require_dense, headers)
+        return h
+    _check_content(buf, pos, h, end, require_dense, headers)
+    return h
+
+
+def _check_content(
+    buf: bytes | memoryview,
+    pos: int,
+    h: BatchHeader,
+    end: int,
+    require_dense: bool,
+    headers: HeaderLimits | None,
+) -> None:
+    """The tag table, columns and record headers of a plain batch whose frame is checked."""
     tags = read_tags(buf, pos, h)
     c = columns(buf, pos, h)
     key_bytes = _check_lengths(c)
@@ -68,7 +92,6 @@ def validate_batch(
         raise CorruptBatch("record lengths do not add up to the batch length")
     if headers_bytes and headers is not None:  # the producer's path; recovery reads what was accepted
         _check_headers(buf, end - headers_bytes, c, headers)
-    return h
 
 
 def _check_headers(buf: bytes | memoryview, start: int, c: Columns, limits: HeaderLimits) -> None:
@@ -115,10 +138,11 @@ def _check_frame(buf: bytes | memoryview, pos: int, h: BatchHeader, max_batch_by
     end = pos + h.length
     if end > len(buf):
         raise CorruptBatch(f"batch claims {h.length} bytes but only {len(buf) - pos} remain")
-    if h.attributes != 0:
-        raise CorruptBatch(f"unsupported batch attributes {h.attributes}")
     if crc32c(memoryview(buf)[pos + CRC_START : end]) != h.crc:
         raise CorruptBatch("batch CRC32C mismatch")
+    if h.attributes:
+        # After the CRC (the attributes are inside it): a flipped bit is damage, not an unknown codec.
+        check_codec(h)
     n = h.record_count
     if not 0 < n <= MAX_RECORDS_PER_BATCH:
         raise CorruptBatch(f"record count {n} is out of range")

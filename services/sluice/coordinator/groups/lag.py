@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sluice.codec.batch import HEADER_SIZE, columns, read_header
+from sluice.codec.batch.compression import plain_batch
 from sluice.common import list_offsets as planner
 from sluice.common.list_offsets import LATEST, LeaderOf
 from sluice.common.peers import AioPeers
@@ -145,7 +146,8 @@ def record_timestamp(records: bytes, offset: int) -> int | None:
             if header.length < HEADER_SIZE or pos + header.length > end:
                 return None  # truncated: the response was cut at its byte limit
             if header.last_offset >= offset:
-                cols = columns(records, pos, header)
+                plain, ppos, ph = plain_batch(records, pos, header)
+                cols = columns(plain, ppos, ph)
                 delta = offset - header.base_offset
                 deltas = cols.offset_deltas
                 # Dense batches (everything the log stores) have offset_deltas[i] == i.
