@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from sluice.broker.schedule import metrics
 from sluice.broker.schedule.buckets import BucketStore
 from sluice.broker.schedule.delivery import Deliverer
 from sluice.broker.schedule.entry import Entry, entry_of
@@ -119,6 +120,9 @@ class Scheduler:
 
     def start(self) -> None:
         self._recover_marks()
+        metrics.PENDING.set(self._store.count_pending())
+        metrics.IN_MEMORY.set_function(lambda: len(self._timeline.heap))
+        metrics.OVERDUE.set_function(self._overdue_seconds)
         self._store.split_due(self._clock())
         with self._lock:
             self._timeline.advance(self._clock())
@@ -146,6 +150,18 @@ class Scheduler:
     def pending_in_memory(self) -> int:
         return len(self._timeline.heap)
 
+    def alive(self) -> bool:
+        """Started, not stopping, and every thread running (the /healthz answer)."""
+        return bool(self._threads) and not self._stop.is_set() and all(t.is_alive() for t in self._threads)
+
+    def _overdue_seconds(self) -> float:
+        # Read without the lock: a scrape must never wait for the delivery loop, and a heap's first
+        # element read while another thread pushes is still some record's due time.
+        heap = self._timeline.heap
+        if not heap:
+            return 0.0
+        return max(0, self._clock() - heap[0].due) / 1000
+
     # ---- reading the schedule topic --------------------------------------------------------------
 
     def _read_loop(self) -> None:
@@ -153,6 +169,7 @@ class Scheduler:
             try:
                 self._follow()
             except SluiceError as exc:
+                metrics.ERRORS.labels("read").inc()
                 log.warning("schedule: reading %s failed (%s); retrying", SCHEDULE_TOPIC, exc)
                 self._stop.wait(0.5)
 
@@ -176,6 +193,8 @@ class Scheduler:
                 if entries:
                     with self._store_lock:
                         self._store.append(entries, self._clock())
+                    metrics.READ.inc(len(entries))
+                    metrics.PENDING.inc(len(entries))
                     with self._cond:
                         if self._timeline.add(entries):
                             self._cond.notify_all()
@@ -207,6 +226,7 @@ class Scheduler:
                     with self._batch_lock:
                         self._deliverer.prepare(targets)
                 except SluiceError as exc:  # the delivery loop meets it again, and recovers
+                    metrics.ERRORS.labels("prepare").inc()
                     log.warning("schedule: preparing deliveries failed (%s)", exc)
             with self._cond:
                 self._timeline.install(bucket, entries, done)
@@ -232,9 +252,11 @@ class Scheduler:
                         self._cond.wait(wait)
                     continue
             with self._batch_lock:
+                metrics.DUE.inc(len(batch))
                 try:
                     self._deliverer.deliver(batch, self._settings.send_timeout)
                 except SluiceError as exc:
+                    metrics.ERRORS.labels("deliver").inc()
                     log.warning("schedule: delivering %d records failed (%s): recovering", len(batch), exc)
                     self._after_failure(batch)
                     continue
@@ -242,8 +264,17 @@ class Scheduler:
                     log.warning("schedule: --crash-after-deliveries reached: exiting before the done marks")
                     os._exit(137)
                 self._done(batch)
-            self.delivered += len(batch)
-            self.max_late_ms = max(self.max_late_ms, self._clock() - batch[0].due)
+            self._count_delivered(batch)
+
+    def _count_delivered(self, batch: list[Entry]) -> None:
+        acked = self._clock()
+        self.delivered += len(batch)
+        self.max_late_ms = max(self.max_late_ms, acked - batch[0].due)
+        metrics.DELIVERED.inc(len(batch))
+        metrics.PENDING.dec(len(batch))
+        metrics.APPEND_BATCHES.observe(len(batch))
+        for e in batch:
+            metrics.LATENESS.observe(max(0, acked - e.due) / 1000)
 
     def _done(self, batch: list[Entry]) -> None:
         """Done marks for a delivered batch (``_batch_lock`` held): written, not fsynced (the checkpoint
@@ -281,6 +312,8 @@ class Scheduler:
         delivered = [e for e in batch if (e.sp, e.so) in found]
         if delivered:
             self._done(delivered)
+            metrics.DELIVERED.inc(len(delivered))
+            metrics.PENDING.dec(len(delivered))
         with self._cond:
             self._timeline.requeue([e for e in batch if (e.sp, e.so) not in found])
 
@@ -289,6 +322,7 @@ class Scheduler:
             try:
                 return self._deliverer.recover(self._settings.send_timeout)
             except SluiceError as exc:
+                metrics.ERRORS.labels("recover").inc()
                 log.warning("schedule: recovery waits for the cluster (%s)", exc)
                 time.sleep(0.5)
 
