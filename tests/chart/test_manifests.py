@@ -240,7 +240,8 @@ def test_no_election_means_no_rbac_and_no_token() -> None:
     assert not find(m, "RoleBinding")
     # No coordinator ServiceAccount; the others' own ones (no token, no RBAC) are always there.
     accounts = find(m, "ServiceAccount")
-    assert {a["metadata"]["name"] for a in accounts} == {"sluice-broker", "sluice-offset-store", "sluice-scheduler"}
+    names = {a["metadata"]["name"] for a in accounts}
+    assert names == {"sluice-broker", "sluice-offset-store", "sluice-scheduler"}
     assert all(a["automountServiceAccountToken"] is False for a in accounts)
     dep = one(m, "StatefulSet", "sluice-coordinator")
     assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False

@@ -28,8 +28,13 @@ def test_one_pod_with_its_index_on_a_claim_probed_on_metrics() -> None:
     assert sts["spec"]["podManagementPolicy"] == "OrderedReady"
     assert [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]] == ["data"]
     (c,) = _pod(m)["containers"]
-    assert c["args"][:3] == ["scheduler", "--coordinator=sluice-coordinator:7600", "--data-dir=/data/scheduler"]
-    assert "--max-delay=7d" in c["args"] and "--metrics-port=9604" in c["args"]
+    assert c["args"][:3] == [
+        "scheduler",
+        "--coordinator=sluice-coordinator:7600",
+        "--data-dir=/data/scheduler",
+    ]
+    assert "--max-delay=7d" in c["args"]
+    assert "--metrics-port=9604" in c["args"]
     assert c["ports"] == [{"name": "metrics", "containerPort": 9604, "protocol": "TCP"}]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTP"}
@@ -62,7 +67,8 @@ def test_security_wiring_is_a_clients(tmp_path: Any) -> None:
     assert env["SLUICE_TLS_CA"] == f"{tls}/ca.crt"
     assert env["SLUICE_TOKEN_FILE"] == "/var/run/secrets/sluice/cluster/token"
     mounts = {v["name"]: v["mountPath"] for v in _pod(m)["containers"][0]["volumeMounts"]}
-    assert mounts["tls"] == tls and mounts["cluster-token"] == "/var/run/secrets/sluice/cluster"
+    assert mounts["tls"] == tls
+    assert mounts["cluster-token"] == "/var/run/secrets/sluice/cluster"
     volumes = {v["name"]: v for v in _pod(m)["volumes"]}
     assert volumes["tls"]["secret"]["secretName"]
     assert volumes["cluster-token"]["secret"]["items"] == [{"key": "token", "path": "token"}]

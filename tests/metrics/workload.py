@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 import urllib.request
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 
 import grpc
 
