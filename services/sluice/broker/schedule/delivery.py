@@ -28,6 +28,7 @@ from pathlib import Path
 from sluice.broker.schedule.entry import Entry
 from sluice.client import Client, Producer, ProducerConfig
 from sluice.client.producer.delay import DUE_HEADER, SCHEDULE_HEADER
+from sluice.client.producer.futures import FutureRecordMetadata
 from sluice.errors import SluiceError
 
 __all__ = ["Deliverer"]
@@ -82,15 +83,19 @@ class Deliverer:
 
     # ---- sending ---------------------------------------------------------------------------------
 
-    def deliver(self, batch: list[Entry], timeout: float) -> None:
-        """Append ``batch`` to the target partitions, in order. Raises SluiceError when a record's
-        outcome is unknown or failed: then ``reset`` and ``recover`` decide what was delivered."""
+    def send(self, batch: list[Entry]) -> list[FutureRecordMetadata]:
+        """Queue ``batch`` for its target partitions, in order, without waiting (``complete`` waits): the
+        delivery loop sends the next due batch while this one's acknowledgements are on their way.
+        Raises SluiceError when a record cannot be queued: then ``reset`` and ``recover`` decide."""
         targets = {(e.topic, e.tp) for e in batch}
         with self._marks_lock:  # atomic with end_checkpoint's look at the marks
             new = targets - self._marks.keys()
             for target in targets - new:
                 self._used[target] = self._generation
         if new:
+            # A partition not delivered to for a whole checkpoint period: its mark, durably, before
+            # the first record goes (the checkpoint keeps active partitions' marks, advanced, so this
+            # fsync is off the due path except after idleness).
             ends = {}
             for target in new:
                 end = self._ends.get(target)
@@ -111,10 +116,14 @@ class Deliverer:
                     e.value, key=e.key, tag=e.tag, headers=headers, partition=e.tp, timestamp=e.timestamp
                 )
             )
-        for topic in {e.topic for e in batch}:
-            self._producers[topic].flush(timeout)
+        return futures
+
+    def complete(self, batch: list[Entry], futures: list[FutureRecordMetadata], timeout: float) -> None:
+        """Wait for ``batch``'s acknowledgements (not for a batch sent after it). Raises SluiceError when
+        a record's outcome is unknown or failed."""
+        deadline = time.monotonic() + timeout
         for e, f in zip(batch, futures, strict=True):
-            end = f.result(0).offset + 1
+            end = f.result(max(0.0, deadline - time.monotonic())).offset + 1
             if end > self._ends.get((e.topic, e.tp), -1):
                 self._ends[(e.topic, e.tp)] = end
 
@@ -127,19 +136,32 @@ class Deliverer:
         for topic, tp in targets - self._ends.keys():
             self._ends[(topic, tp)] = self._client.list_offsets(topic, "latest", [tp])[tp]
 
-    def begin_checkpoint(self) -> int:
-        """Called with no batch in flight: the deliveries so far are those of this generation and before."""
+    def begin_checkpoint(self, in_flight: set[Target]) -> tuple[int, set[Target], dict[Target, int]]:
+        """Called between batches (``in_flight``: the targets of a batch sent and not yet complete): the
+        deliveries completed so far are those of this generation and before. Returns what
+        ``end_checkpoint`` needs: the generation, the targets in flight and the partitions' ends now."""
         generation = self._generation
         self._generation += 1
-        return generation
+        return generation, set(in_flight), dict(self._ends)
 
-    def end_checkpoint(self, generation: int) -> None:
-        """The done marks of every delivery up to ``generation`` are durable: their marks can go."""
+    def end_checkpoint(self, state: tuple[int, set[Target], dict[Target, int]]) -> None:
+        """The done marks of every delivery completed before ``begin_checkpoint`` are durable. A mark
+        used in the last period (or in flight) is *advanced* to the partition's end at the checkpoint's
+        start, which no later delivery can precede; one idle for a whole period is removed. Advancing
+        instead of removing keeps the next batch to a busy partition from writing (and fsyncing) a new
+        mark on the due path, while recovery still scans at most about a period per partition."""
+        generation, in_flight, ends = state
+        changed = False
         with self._marks_lock:
-            old = [t for t in self._marks if self._used.get(t, 0) <= generation]
-            if old:
-                for t in old:
+            for t in list(self._marks):
+                active = t in in_flight or self._used.get(t, 0) >= generation
+                if not active:
                     del self._marks[t]
+                    changed = True
+                elif ends.get(t, -1) > self._marks[t]:
+                    self._marks[t] = ends[t]
+                    changed = True
+            if changed:
                 self._save()
 
     def _producer(self, topic: str) -> Producer:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 from sluice.broker.schedule import metrics
 from sluice.broker.schedule.buckets import BucketStore
@@ -27,6 +28,7 @@ from sluice.broker.schedule.entry import Entry, entry_of
 from sluice.broker.schedule.timeline import Timeline
 from sluice.client import Client, ProducerConfig
 from sluice.client.producer.delay import SCHEDULE_TOPIC
+from sluice.client.producer.futures import FutureRecordMetadata
 from sluice.errors import SluiceError
 
 __all__ = ["Scheduler", "SchedulerSettings"]
@@ -64,6 +66,11 @@ class SchedulerSettings:
     crash_after: int = 0
 
 
+class _InFlight(NamedTuple):
+    batch: list[Entry]
+    futures: list[FutureRecordMetadata]
+
+
 def _yield_gil() -> None:
     time.sleep(0)
 
@@ -89,9 +96,11 @@ class Scheduler:
         #: Guards the bucket files' handles (the reader appends and syncs; the delivery side marks done
         #: and deletes), apart from the timeline's lock so an fsync never holds up a due record.
         self._store_lock = threading.Lock()
-        #: Held by the delivery loop from a batch's send to its done marks: the delivery checkpoint takes
-        #: it to see no batch half done.
+        #: Held by the delivery loop while it sends a batch and completes the previous one (to its done
+        #: marks): the delivery checkpoint takes it to see every batch either done or in flight.
         self._batch_lock = threading.Lock()
+        #: The target partitions of the batch sent and not yet complete (``_batch_lock``).
+        self._in_flight_targets: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._checkpoint = data_dir / "checkpoint.json"
         self._read: dict[int, int] = self._load_checkpoint()
@@ -241,33 +250,59 @@ class Scheduler:
     # ---- delivering ---------------------------------------------------------------------------------
 
     def _deliver_loop(self) -> None:
+        """Pop the due records, send them, and complete the batch sent before: two batches overlap, so
+        the next due batch is prepared and on the wire while the previous one waits for its
+        acknowledgements (one round trip of lateness instead of two)."""
+        in_flight: _InFlight | None = None
         while not self._stop.is_set():
             with self._cond:
                 now = self._clock()
                 batch = self._timeline.pop_due(now, self._settings.batch_limit)
-                if not batch:
+                if not batch and in_flight is None:
+                    # Sleep until the first record is due, or until the reader brings an earlier one
+                    # or a bucket (it notifies): a timer, not a poll. The caps only bound how long a
+                    # step of the wall clock (or of the tests' clock offset) can go unnoticed.
                     due = self._timeline.next_due()
-                    wait = 0.05 if due is None else min(0.05, (due - now) / 1000)
+                    wait = 1.0 if due is None else min(0.25, (due - now) / 1000)
                     if wait > 0:
                         self._cond.wait(wait)
                     continue
-            with self._batch_lock:
-                metrics.DUE.inc(len(batch))
-                try:
-                    self._deliverer.deliver(batch, self._settings.send_timeout)
-                except SluiceError as exc:
-                    metrics.ERRORS.labels("deliver").inc()
-                    log.warning("schedule: delivering %d records failed (%s): recovering", len(batch), exc)
-                    self._after_failure(batch)
-                    continue
-                if self._settings.crash_after and self.delivered + len(batch) >= self._settings.crash_after:
+            in_flight = self._step(batch, in_flight)
+        if in_flight is not None:  # stopping: finish the batch on the wire, so its done marks are written
+            self._step([], in_flight)
+
+    def _step(self, batch: list[Entry], previous: _InFlight | None) -> _InFlight | None:
+        """Send ``batch`` (may be empty), then complete ``previous``; returns what is now in flight."""
+        with self._batch_lock:
+            sent = None
+            try:
+                if batch:
+                    metrics.DUE.inc(len(batch))
+                    sent = _InFlight(batch, self._deliverer.send(batch))
+                    self._in_flight_targets = {(e.topic, e.tp) for e in batch}
+                if previous is not None:
+                    self._deliverer.complete(previous.batch, previous.futures, self._settings.send_timeout)
+                    acked = self._clock()
+            except SluiceError as exc:
+                unknown = (previous.batch if previous is not None else []) + batch
+                metrics.ERRORS.labels("deliver").inc()
+                log.warning("schedule: delivering %d records failed (%s): recovering", len(unknown), exc)
+                self._in_flight_targets = set()
+                self._after_failure(unknown)
+                return None
+            if previous is not None:
+                done = self.delivered + len(previous.batch)
+                if self._settings.crash_after and done >= self._settings.crash_after:
                     log.warning("schedule: --crash-after-deliveries reached: exiting before the done marks")
                     os._exit(137)
-                self._done(batch)
-            self._count_delivered(batch)
+                self._done(previous.batch)
+            if sent is None:
+                self._in_flight_targets = set()
+        if previous is not None:
+            self._count_delivered(previous.batch, acked)
+        return sent
 
-    def _count_delivered(self, batch: list[Entry]) -> None:
-        acked = self._clock()
+    def _count_delivered(self, batch: list[Entry], acked: int) -> None:
         self.delivered += len(batch)
         self.max_late_ms = max(self.max_late_ms, acked - batch[0].due)
         metrics.DELIVERED.inc(len(batch))
@@ -292,10 +327,10 @@ class Scheduler:
         """Done marks durable, then the recovery marks they cover cleared; then delete the buckets that
         are over. Only the first step waits for the delivery loop (for the batch in flight, if any)."""
         with self._batch_lock:
-            generation = self._deliverer.begin_checkpoint()
+            state = self._deliverer.begin_checkpoint(self._in_flight_targets)
             dirty = self._store.take_done_dirty()
         self._store.fsync_done(dirty)
-        self._deliverer.end_checkpoint(generation)
+        self._deliverer.end_checkpoint(state)
         # One step under both locks (store, then timeline: the only place they nest): a bucket the
         # timeline forgot must be gone from disk before a late record could make the reader load it again.
         with self._store_lock, self._cond:
