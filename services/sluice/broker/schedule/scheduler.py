@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import NamedTuple
 
 from sluice.broker.schedule import metrics
 from sluice.broker.schedule.buckets import BucketStore
@@ -28,7 +27,6 @@ from sluice.broker.schedule.entry import Entry, entry_of
 from sluice.broker.schedule.timeline import Timeline
 from sluice.client import Client, ProducerConfig
 from sluice.client.producer.delay import SCHEDULE_TOPIC
-from sluice.client.producer.futures import FutureRecordMetadata
 from sluice.errors import SluiceError
 
 __all__ = ["Scheduler", "SchedulerSettings"]
@@ -66,11 +64,6 @@ class SchedulerSettings:
     crash_after: int = 0
 
 
-class _InFlight(NamedTuple):
-    batch: list[Entry]
-    futures: list[FutureRecordMetadata]
-
-
 def _yield_gil() -> None:
     time.sleep(0)
 
@@ -96,11 +89,9 @@ class Scheduler:
         #: Guards the bucket files' handles (the reader appends and syncs; the delivery side marks done
         #: and deletes), apart from the timeline's lock so an fsync never holds up a due record.
         self._store_lock = threading.Lock()
-        #: Held by the delivery loop while it sends a batch and completes the previous one (to its done
-        #: marks): the delivery checkpoint takes it to see every batch either done or in flight.
+        #: Held by the delivery loop from a batch's send to its done marks: the delivery checkpoint takes
+        #: it to see no batch half done.
         self._batch_lock = threading.Lock()
-        #: The target partitions of the batch sent and not yet complete (``_batch_lock``).
-        self._in_flight_targets: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._checkpoint = data_dir / "checkpoint.json"
         self._read: dict[int, int] = self._load_checkpoint()
@@ -250,15 +241,16 @@ class Scheduler:
     # ---- delivering ---------------------------------------------------------------------------------
 
     def _deliver_loop(self) -> None:
-        """Pop the due records, send them, and complete the batch sent before: two batches overlap, so
-        the next due batch is prepared and on the wire while the previous one waits for its
-        acknowledgements (one round trip of lateness instead of two)."""
-        in_flight: _InFlight | None = None
+        """Pop the due records (up to ``batch_limit``), append them, wait for their acknowledgements,
+        write their done marks; again. One batch at a time: the producer keeps one batch per partition in
+        flight (its order guarantee), so a second batch sent before the first is acknowledged would only
+        wait in the producer, split into smaller requests (measured: it fell seconds behind at 10,000
+        due/s; docs/delayed-delivery.md, "Measured")."""
         while not self._stop.is_set():
             with self._cond:
                 now = self._clock()
                 batch = self._timeline.pop_due(now, self._settings.batch_limit)
-                if not batch and in_flight is None:
+                if not batch:
                     # Sleep until the first record is due, or until the reader brings an earlier one
                     # or a bucket (it notifies): a timer, not a poll. The caps only bound how long a
                     # step of the wall clock (or of the tests' clock offset) can go unnoticed.
@@ -267,40 +259,24 @@ class Scheduler:
                     if wait > 0:
                         self._cond.wait(wait)
                     continue
-            in_flight = self._step(batch, in_flight)
-        if in_flight is not None:  # stopping: finish the batch on the wire, so its done marks are written
-            self._step([], in_flight)
+            self._deliver(batch)
 
-    def _step(self, batch: list[Entry], previous: _InFlight | None) -> _InFlight | None:
-        """Send ``batch`` (may be empty), then complete ``previous``; returns what is now in flight."""
+    def _deliver(self, batch: list[Entry]) -> None:
         with self._batch_lock:
-            sent = None
+            metrics.DUE.inc(len(batch))
             try:
-                if batch:
-                    metrics.DUE.inc(len(batch))
-                    sent = _InFlight(batch, self._deliverer.send(batch))
-                    self._in_flight_targets = {(e.topic, e.tp) for e in batch}
-                if previous is not None:
-                    self._deliverer.complete(previous.batch, previous.futures, self._settings.send_timeout)
-                    acked = self._clock()
+                self._deliverer.deliver(batch, self._settings.send_timeout)
             except SluiceError as exc:
-                unknown = (previous.batch if previous is not None else []) + batch
                 metrics.ERRORS.labels("deliver").inc()
-                log.warning("schedule: delivering %d records failed (%s): recovering", len(unknown), exc)
-                self._in_flight_targets = set()
-                self._after_failure(unknown)
-                return None
-            if previous is not None:
-                done = self.delivered + len(previous.batch)
-                if self._settings.crash_after and done >= self._settings.crash_after:
-                    log.warning("schedule: --crash-after-deliveries reached: exiting before the done marks")
-                    os._exit(137)
-                self._done(previous.batch)
-            if sent is None:
-                self._in_flight_targets = set()
-        if previous is not None:
-            self._count_delivered(previous.batch, acked)
-        return sent
+                log.warning("schedule: delivering %d records failed (%s): recovering", len(batch), exc)
+                self._after_failure(batch)
+                return
+            acked = self._clock()
+            if self._settings.crash_after and self.delivered + len(batch) >= self._settings.crash_after:
+                log.warning("schedule: --crash-after-deliveries reached: exiting before the done marks")
+                os._exit(137)
+            self._done(batch)
+        self._count_delivered(batch, acked)
 
     def _count_delivered(self, batch: list[Entry], acked: int) -> None:
         self.delivered += len(batch)
@@ -327,7 +303,7 @@ class Scheduler:
         """Done marks durable, then the recovery marks they cover cleared; then delete the buckets that
         are over. Only the first step waits for the delivery loop (for the batch in flight, if any)."""
         with self._batch_lock:
-            state = self._deliverer.begin_checkpoint(self._in_flight_targets)
+            state = self._deliverer.begin_checkpoint()
             dirty = self._store.take_done_dirty()
         self._store.fsync_done(dirty)
         self._deliverer.end_checkpoint(state)
