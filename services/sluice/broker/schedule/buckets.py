@@ -175,6 +175,13 @@ class BucketStore:
         out.sort()
         return out, done
 
+    def size(self, bucket: int) -> int:
+        """Bytes of a fine bucket's file (0 when it has none)."""
+        try:
+            return self._path(bucket).stat().st_size
+        except FileNotFoundError:
+            return 0
+
     def count_pending(self) -> int:
         """Records in the bucket files minus those marked done (the pending gauge's start value): the
         frames are counted by their length prefixes, never decoded, so 10 million cost seconds. A record
