@@ -15,15 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import random
 import sys
 import tempfile
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from _stack import ROOT, save
 from sluice import Client
@@ -57,6 +61,22 @@ def consume(bootstrap: str, topic: str, total: int, timeout: float, ready: Event
             seen[r.value] = seen.get(r.value, 0) + 1
         fetcher.close()
     out.put((late, sum(seen.values()), len(seen), early))
+
+
+def scheduler_lateness(address: str) -> dict[str, Any]:
+    """The scheduler's own lateness (append acknowledged minus due), from its histogram: the share of
+    records within each bucket bound, and the bound the 99th percentile falls under. It leaves out the
+    consumer's fetch, which on this loaded machine is often the larger part of what the reader sees."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    buckets: list[tuple[float, float]] = []
+    for family in text_string_to_metric_families(text):
+        if family.name == "sluice_scheduler_lateness_seconds":
+            buckets = [(float(s.labels["le"]), s.value) for s in family.samples if s.name.endswith("_bucket")]
+    total = buckets[-1][1] if buckets else 0
+    p99 = next((le for le, c in buckets if total and c >= 0.99 * total), None)
+    within = {f"<={int(le * 1000)}ms": round(c / total, 4) for le, c in buckets if le <= 0.25 and total}
+    return {"records": int(total), "p99_at_most_ms": None if p99 is None else p99 * 1000, **within}
 
 
 def _pct(values: list[int], q: float) -> int:
@@ -115,6 +135,8 @@ def run_timed(
         if timely
         else None,
         "wall_seconds": round(time.monotonic() - start, 1),
+        "scheduler_lateness": scheduler_lateness(cluster.scheduler.metrics),
+        "load_average": os.getloadavg()[0],
     }
 
 

@@ -136,8 +136,10 @@ def exposed(stages: list[Stage], stage: Stage) -> set[int]:
 def test_image_exposes_every_port_the_chart_gives_a_sluice_service(stages: list[Stage]) -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     sluice = {k: v for k, v in values["components"].items() if "metrics" in v}
-    assert set(sluice) == {"broker", "coordinator", "offsetStore", "dispatcher"}
-    ports = {v["service"]["port"] for v in sluice.values()} | {v["metrics"]["port"] for v in sluice.values()}
+    assert set(sluice) == {"broker", "coordinator", "offsetStore", "dispatcher", "scheduler"}
+    # The scheduler serves no gRPC: only its metrics port.
+    ports = {v["service"]["port"] for v in sluice.values() if "service" in v}
+    ports |= {v["metrics"]["port"] for v in sluice.values()}
     ports |= {values["components"][name]["wire"]["port"] for name in ("broker", "dispatcher")}
     assert 7611 in ports, "the broker's wire port"
     assert 7613 in ports, "the dispatcher's wire port"

@@ -240,7 +240,8 @@ def test_no_election_means_no_rbac_and_no_token() -> None:
     assert not find(m, "RoleBinding")
     # No coordinator ServiceAccount; the others' own ones (no token, no RBAC) are always there.
     accounts = find(m, "ServiceAccount")
-    assert {a["metadata"]["name"] for a in accounts} == {"sluice-broker", "sluice-offset-store"}
+    names = {a["metadata"]["name"] for a in accounts}
+    assert names == {"sluice-broker", "sluice-offset-store", "sluice-scheduler"}
     assert all(a["automountServiceAccountToken"] is False for a in accounts)
     dep = one(m, "StatefulSet", "sluice-coordinator")
     assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
@@ -325,6 +326,7 @@ def test_every_service_selects_pods_and_every_pdb_matches_its_workload(all_featu
         "sluice-coordinator",
         "sluice-offset-store",
         "sluice-dispatcher",
+        "sluice-scheduler",
         "sluice-redis",
     }
     for pdb in pdbs:
@@ -389,6 +391,8 @@ def test_single_broker_without_persistence_uses_empty_dir() -> None:
     assert {"name": "data", "emptyDir": {}} in sts["spec"]["template"]["spec"]["volumes"]
     assert not find(m, "StatefulSet", "sluice-dispatcher")
     assert not find(m, "PodDisruptionBudget")
+    scheduler = one(m, "StatefulSet", "sluice-scheduler")
+    assert "volumeClaimTemplates" not in scheduler["spec"]
 
 
 def test_dispatcher_hpa_owns_the_replica_count(all_features: list[Manifest]) -> None:
@@ -414,7 +418,13 @@ def test_monitor_scrapes_the_metrics_port_of_the_client_services_only(all_featur
         for s in find(all_features, "Service")
         if selector.items() <= s["metadata"]["labels"].items()
     }
-    assert scraped == {"sluice-broker", "sluice-coordinator", "sluice-offset-store", "sluice-dispatcher"}
+    assert scraped == {
+        "sluice-broker",
+        "sluice-coordinator",
+        "sluice-offset-store",
+        "sluice-dispatcher",
+        "sluice-scheduler",
+    }
 
 
 def test_pod_monitor_toggle() -> None:

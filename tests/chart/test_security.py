@@ -163,7 +163,7 @@ def _check_tls_wiring(m: list[Manifest], name: str, secret: str) -> None:
 def test_cert_manager_issues_a_certificate_per_component_from_a_private_ca() -> None:
     m = render(sets=["tls.enabled=true"], api_versions=[CERT_MANAGER])
     certs = {c["metadata"]["name"]: c for c in find(m, "Certificate")}
-    assert set(certs) == {"sluice-ca", *WORKLOADS}
+    assert set(certs) == {"sluice-ca", "sluice-scheduler", *WORKLOADS}
     assert certs["sluice-ca"]["spec"]["isCA"] is True
     issuers = {i["metadata"]["name"]: i["spec"] for i in find(m, "Issuer")}
     assert issuers == {
@@ -242,7 +242,7 @@ def test_an_issuer_of_yours_signs_and_the_chart_makes_no_ca() -> None:
         api_versions=[CERT_MANAGER],
     )
     assert not find(m, "Issuer")
-    assert {c["metadata"]["name"] for c in find(m, "Certificate")} == set(WORKLOADS)
+    assert {c["metadata"]["name"] for c in find(m, "Certificate")} == {"sluice-scheduler", *WORKLOADS}
     for cert in find(m, "Certificate"):
         assert cert["spec"]["issuerRef"] == {
             "name": "corp",
@@ -253,10 +253,10 @@ def test_an_issuer_of_yours_signs_and_the_chart_makes_no_ca() -> None:
 
 def test_without_cert_manager_tls_needs_secrets_and_says_so() -> None:
     err = render_error(sets=["tls.enabled=true"])
-    assert "tls.enabled: no certificate for broker, coordinator, offsetStore, dispatcher" in err
+    assert "tls.enabled: no certificate for broker, coordinator, offsetStore, dispatcher, scheduler" in err
     assert "cert-manager" in err
     forced = render(sets=["tls.enabled=true", "tls.certManager.force=true"])
-    assert len(find(forced, "Certificate")) == 5
+    assert len(find(forced, "Certificate")) == 6
 
 
 def test_existing_secrets_replace_cert_manager_shared_or_per_component() -> None:
@@ -557,7 +557,7 @@ def _component(peer: dict[str, Any]) -> str | None:
 
 def test_network_policies_are_on_by_default_and_redis_admits_only_sluice(defaults: list[Manifest]) -> None:
     names = {p["metadata"]["name"] for p in find(defaults, "NetworkPolicy")}
-    assert names == {*WORKLOADS, "sluice-redis"}
+    assert names == {*WORKLOADS, "sluice-scheduler", "sluice-redis"}
     [rule] = one(defaults, "NetworkPolicy", "sluice-redis")["spec"]["ingress"]
     assert sorted(_component(p) or "" for p in rule["from"]) == ["coordinator", "offset-store"]
     for peer in rule["from"]:

@@ -94,7 +94,7 @@ def test_chart_and_resources_match_what_the_chart_renders(tilt: tuple[ast.Module
 def test_port_forwards_cover_the_coordinator_and_metrics(tilt: tuple[ast.Module, dict[str, Any]]) -> None:
     tree, _ = tilt
     forwards = {ast.literal_eval(c.args[0]) for c in calls(tree, "port_forward")}
-    assert {7600, 9600, 9601, 9602, 9603} <= forwards
+    assert {7600, 9600, 9601, 9602, 9603, 9604} <= forwards
     # Clients reach brokers at their advertised in-cluster names, so forwarding a broker's gRPC (7601)
     # or wire (7611) port to localhost would not help them; the chart exposes both in the cluster.
     assert not forwards & {7601, 7611}

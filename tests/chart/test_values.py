@@ -31,6 +31,8 @@ COMPONENTS = ("broker", "coordinator", "offsetStore", "dispatcher", "redis")
         ("components.dispatcher.wire.port=65536", "/components/dispatcher/wire/port"),
         ("components.dispatcher.wire.port=seven", "/components/dispatcher/wire/port"),
         ("components.broker.persistence.size=lots", "/components/broker/persistence/size"),
+        ("components.scheduler.replicas=2", "/components/scheduler/replicas"),
+        ("components.scheduler.schedule.maxDelay=forever", "/components/scheduler/schedule/maxDelay"),
         ("monitoring.kind=Probe", "/monitoring/kind"),
         ("externalRedis.url=http://redis:6379", "/externalRedis/url"),
         ("image.digest=latest", "/image/digest"),
@@ -66,6 +68,14 @@ def test_every_component_has_the_same_shape() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     shared = set(schema["$defs"]["component"]["properties"])
     blocks = schema["properties"]["components"]["properties"]
+    # The scheduler is a client of the cluster, not a service: no gRPC port, no config file, one replica.
+    # Its block takes the shared definitions it has, by reference, and nothing unknown.
+    scheduler = blocks.pop("scheduler")
+    assert scheduler["additionalProperties"] is False
+    assert scheduler["properties"]["replicas"]["const"] == 1
+    own = {"schedule", "persistence", "replicas"}
+    sluice_shared = shared | set(schema["$defs"]["sluiceComponent"]["properties"])
+    assert set(scheduler["properties"]) - own <= sluice_shared
     assert set(blocks) == set(COMPONENTS)
     for name in COMPONENTS:
         assert blocks[name]["unevaluatedProperties"] is False

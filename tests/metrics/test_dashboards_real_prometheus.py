@@ -42,9 +42,12 @@ from tests.metrics.prometheus import Prometheus, Target, has_number, run_prometh
 from tests.metrics.workload import BLOCKED_SUBSCRIPTION, GROUP, SUBSCRIPTION, TOPIC, Workload, scrape
 
 NAMESPACE = "sluice-test"
-SERVICES = ("coordinator", "broker", "offset-store", "dispatcher")
+SERVICES = ("coordinator", "broker", "offset-store", "dispatcher", "scheduler")
 BOOTSTRAP = re.compile(r"Bootstrap: (\S+)")
-SERVICE_LINE = re.compile(r"^\s+(?P<service>[a-z-]+)\s+\S+:\d+\s+metrics http://(?P<metrics>[^/\s]+)/metrics")
+# The scheduler serves no gRPC: its line has "(delayed delivery)" where the others have an address.
+SERVICE_LINE = re.compile(
+    r"^\s+(?P<service>[a-z-]+)\s+(?:\S+:\d+|\(delayed delivery\))\s+metrics http://(?P<metrics>[^/\s]+)/metrics"
+)
 # Grafana's values for the variables: a multi-value selection becomes a regex alternation.
 VALUES = {
     "namespace": NAMESPACE,

@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 
 import grpc
 
@@ -22,6 +23,8 @@ from sluice.errors import RequestTimedOut, SluiceError
 from sluice.v1 import broker_pb2, broker_pb2_grpc, offset_store_pb2, offset_store_pb2_grpc
 
 TOPIC = "metrics-orders"
+#: Delayed sends go here (not to TOPIC, whose counts the other checks read): the scheduler's panels.
+DELAYED_TOPIC = "metrics-reminders"
 GROUP = "metrics-group"
 SUBSCRIPTION = "metrics-sub"
 BLOCKED_SUBSCRIPTION = "metrics-blocked"
@@ -61,6 +64,7 @@ class Workload:
         self.metrics = dict(metrics)  # service -> host:port of its /metrics
         self.client = Client(bootstrap)
         self.producer: Producer | None = None
+        self.delayed: Producer | None = None
         self.consumers: list[Consumer] = []
         self.push: PushConsumer | None = None
         self.blocked: PushConsumer | None = None
@@ -76,6 +80,8 @@ class Workload:
         # Fast heartbeats, so the rebalance and the fencing below take a second, not several.
         admin.set_group_config(GROUP, heartbeat_interval="200ms")
         self.producer = self.client.producer(TOPIC, linger="5ms")
+        admin.create_topic(DELAYED_TOPIC, partitions=1)
+        self.delayed = self.client.producer(DELAYED_TOPIC, linger="5ms")
         self.produce(200)
         self.fetch_all(200)
         self.errors_of_every_service()
@@ -105,6 +111,12 @@ class Workload:
         for i in range(count):
             self.producer.send(b"value-%d" % i, key=b"key-%d" % (i % 7), tag="a" if i % 2 else "b")
         self.producer.flush(10)
+
+    def produce_delayed(self, count: int) -> None:
+        """Records due 200 ms from now: the scheduler indexes, holds and delivers them (its lateness)."""
+        assert self.delayed is not None
+        for i in range(count):
+            self.delayed.send(b"later-%d" % i, deliver_after=timedelta(milliseconds=200))
 
     def fetch_all(self, count: int) -> None:
         fetcher = self.client.fetcher({(TOPIC, p): 0 for p in range(PARTITIONS)}, max_wait_ms=100)
@@ -192,6 +204,7 @@ class Workload:
             n = 0
             while not self._stop.is_set():
                 self.produce(10)
+                self.produce_delayed(2)
                 n += 1
                 if n % 5 == 0:  # now and then, what an operator's tools do: fetch, describe
                     self.fetch_all(1)

@@ -382,14 +382,21 @@ class Stack:
             coordinator,
             "--data-dir",
             str(data),
+            "--metrics-host",
+            self.args.host,
+            "--metrics-port",
+            "0",
         ]
         child = Child(
             "scheduler", argv, self.logs / "scheduler.log", SERVICE_READY, self.sup.waker,
             echo=self.args.verbose, env=env,
         )  # fmt: skip
-        if self.sup.start(child, self.args.start_timeout) is None:
+        ready = self.sup.start(child, self.args.start_timeout)
+        if ready is None:
             return False
-        self.summary.append(f"  {'scheduler':<14}{'(delayed delivery)':<22}{'':<48}pid {child.pid}")
+        metrics = f"http://{self.connect_host}:{ready.group('metrics').rsplit(':', 1)[1]}/metrics"
+        name, role = "scheduler", "(delayed delivery)"
+        self.summary.append(f"  {name:<14}{role:<22}metrics {metrics:<40}pid {child.pid}")
         return True
 
     def print_banner(self, out: TextIO) -> None:

@@ -97,7 +97,8 @@ def start_delay_cluster(
     scheduler = start_service(
         "scheduler",
         *("--coordinator", coordinator.address, "--data-dir", str(data_dir / "scheduler")),
-        *("--clock-offset-file", str(data_dir / "clock-offset"), "--partitions", "4", *scheduler_args),
+        *("--clock-offset-file", str(data_dir / "clock-offset"), "--partitions", "4", "--metrics-port", "0"),
+        *scheduler_args,
         timeout=60,
     )
     return DelayCluster(redis, data_dir, coordinator, broker, scheduler)

@@ -116,3 +116,17 @@ def test_far_records_wait_in_coarse_buckets_and_split_when_near(tmp_path: Path) 
     assert again.split_due(NOW + 40 * day) == 600 - moved
     assert len(again.ids) == 600
     assert again.coarse_ids == []
+
+
+def test_count_pending_counts_frames_in_fine_and_coarse_files_less_done(tmp_path: Path) -> None:
+    store = BucketStore(tmp_path, 1000)
+    store.append([entry(NOW + i, i) for i in range(30)], NOW)  # fine buckets
+    store.append([entry(NOW + 5 * 3_600_000, 100 + i) for i in range(7)], NOW)  # a coarse bucket
+    store.mark_done({store.bucket_of(NOW): [(0, 0), (0, 1)]})
+    store.sync()
+    assert any(tmp_path.glob("c*.log"))
+    assert BucketStore(tmp_path, 1000).count_pending() == 30 + 7 - 2
+    path = next(tmp_path.glob("b*.log"))
+    with open(path, "ab") as f:
+        f.write(encode_frame(entry(NOW, 999))[:-4])  # a torn tail is no record
+    assert BucketStore(tmp_path, 1000).count_pending() == 35

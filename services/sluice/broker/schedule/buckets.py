@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from sluice.broker.schedule.entry import Entry, decode_frames, encode_frame
+from sluice.broker.schedule.entry import Entry, count_frames, decode_frames, encode_frame
 
 __all__ = ["BucketStore"]
 
@@ -174,6 +174,24 @@ class BucketStore:
                 out.append(e)
         out.sort()
         return out, done
+
+    def size(self, bucket: int) -> int:
+        """Bytes of a fine bucket's file (0 when it has none)."""
+        try:
+            return self._path(bucket).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def count_pending(self) -> int:
+        """Records in the bucket files minus those marked done (the pending gauge's start value): the
+        frames are counted by their length prefixes, never decoded, so 10 million cost seconds. A record
+        written twice (re-read after a crash) counts twice until its bucket is loaded."""
+        total = 0
+        for path in [*self.dir.glob("b*.log"), *self.dir.glob("c*.log")]:
+            total += count_frames(path)
+        for path in self.dir.glob("b*.done"):
+            total -= path.stat().st_size // _DONE.size
+        return max(0, total)
 
     def done_of(self, bucket: int) -> set[tuple[int, int]]:
         try:

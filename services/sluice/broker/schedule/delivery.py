@@ -62,6 +62,10 @@ class Deliverer:
         self._generation = 0
         #: The marks file is written by the delivery loop (a new mark) and the checkpoint (clearing).
         self._marks_lock = threading.Lock()
+        #: Serializes writes of the marks file, each of the marks as they are when it starts: the last
+        #: write is never older than an earlier one. Held apart from ``_marks_lock``, so the delivery
+        #: loop never waits for the checkpoint's fsync (only for its own, for a new partition).
+        self._save_lock = threading.Lock()
         #: In memory: target partition -> the end after our last acknowledged record there.
         self._ends: dict[Target, int] = {}
 
@@ -72,25 +76,32 @@ class Deliverer:
             return {}
         return {(str(t), int(p)): int(o) for t, p, o in doc}
 
-    def _save(self) -> None:  # _marks_lock held
-        tmp = self._path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump([[t, p, o] for (t, p), o in self._marks.items()], f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._path)
+    def _save(self) -> None:  # _marks_lock not held
+        with self._save_lock:
+            with self._marks_lock:
+                marks = list(self._marks.items())
+            tmp = self._path.with_suffix(".tmp")
+            with open(tmp, "w") as f:
+                json.dump([[t, p, o] for (t, p), o in marks], f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path)
 
     # ---- sending ---------------------------------------------------------------------------------
 
     def deliver(self, batch: list[Entry], timeout: float) -> None:
-        """Append ``batch`` to the target partitions, in order. Raises SluiceError when a record's
-        outcome is unknown or failed: then ``reset`` and ``recover`` decide what was delivered."""
+        """Append ``batch`` to the target partitions, in order, and wait for the acknowledgements.
+        Raises SluiceError when a record's outcome is unknown or failed: then ``reset`` and ``recover``
+        decide what was delivered."""
         targets = {(e.topic, e.tp) for e in batch}
         with self._marks_lock:  # atomic with end_checkpoint's look at the marks
             new = targets - self._marks.keys()
             for target in targets - new:
                 self._used[target] = self._generation
         if new:
+            # A partition not delivered to for a whole checkpoint period: its mark, durably, before
+            # the first record goes (the checkpoint keeps busy partitions' marks, advanced, so this
+            # fsync is off the due path except after idleness).
             ends = {}
             for target in new:
                 end = self._ends.get(target)
@@ -101,7 +112,7 @@ class Deliverer:
             with self._marks_lock:
                 self._marks.update(ends)
                 self._used.update(dict.fromkeys(ends, self._generation))
-                self._save()
+            self._save()  # before the first record goes there
         futures = []
         for e in batch:
             headers = dict(e.headers)
@@ -111,6 +122,8 @@ class Deliverer:
                     e.value, key=e.key, tag=e.tag, headers=headers, partition=e.tp, timestamp=e.timestamp
                 )
             )
+        # flush, not only waiting on the futures: it sends every partition's batch now, whole, instead
+        # of a first few records after the linger and the rest a round trip later.
         for topic in {e.topic for e in batch}:
             self._producers[topic].flush(timeout)
         for e, f in zip(batch, futures, strict=True):
@@ -127,20 +140,33 @@ class Deliverer:
         for topic, tp in targets - self._ends.keys():
             self._ends[(topic, tp)] = self._client.list_offsets(topic, "latest", [tp])[tp]
 
-    def begin_checkpoint(self) -> int:
-        """Called with no batch in flight: the deliveries so far are those of this generation and before."""
+    def begin_checkpoint(self) -> tuple[int, dict[Target, int]]:
+        """Called with no batch in flight: the deliveries so far are those of this generation and before.
+        Returns what ``end_checkpoint`` needs: the generation and the partitions' ends now."""
         generation = self._generation
         self._generation += 1
-        return generation
+        return generation, dict(self._ends)
 
-    def end_checkpoint(self, generation: int) -> None:
-        """The done marks of every delivery up to ``generation`` are durable: their marks can go."""
+    def end_checkpoint(self, state: tuple[int, dict[Target, int]]) -> None:
+        """The done marks of every delivery before ``begin_checkpoint`` are durable. A mark used in the
+        last period is *advanced* to the partition's end at the checkpoint's start, which no later
+        delivery can precede; one idle for a whole period is removed. Advancing instead of removing keeps
+        the next batch to a busy partition from writing (and fsyncing) a new mark on the due path, while
+        recovery still scans at most about a period per partition."""
+        generation, ends = state
+        changed = False
         with self._marks_lock:
-            old = [t for t in self._marks if self._used.get(t, 0) <= generation]
-            if old:
-                for t in old:
+            for t in list(self._marks):
+                active = self._used.get(t, 0) >= generation
+                if not active:
                     del self._marks[t]
-                self._save()
+                    changed = True
+                elif ends.get(t, -1) > self._marks[t]:
+                    self._marks[t] = ends[t]
+                    changed = True
+        if changed:
+            # Until this lands the file holds the older (lower, or present) marks: still lower bounds.
+            self._save()
 
     def _producer(self, topic: str) -> Producer:
         p = self._producers.get(topic)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 from sluice.client.producer.delay import DUE_HEADER, TARGET_HEADER, TARGET_PARTITION_HEADER
 from sluice.codec.batch import Record
 
-__all__ = ["Entry", "decode_frames", "encode_frame", "entry_of"]
+__all__ = ["Entry", "count_frames", "decode_frames", "encode_frame", "entry_of"]
 
 _FRAME = struct.Struct("<II")
 _BODY = struct.Struct("<qiqiqHiIHH")
@@ -104,6 +105,22 @@ def decode_frames(data: bytes, pause: Callable[[], None] | None = None) -> tuple
         if pause is not None and len(out) % 1000 == 0:
             pause()
     return out, pos
+
+
+def count_frames(path: Path) -> int:
+    """How many whole frames a bucket file holds, by their length prefixes (no CRC check, no decode)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    count, pos, size = 0, 0, len(data)
+    while pos + _FRAME.size <= size:
+        length = _FRAME.unpack_from(data, pos)[0]
+        pos += _FRAME.size + length
+        if pos > size:
+            break
+        count += 1
+    return count
 
 
 def _frames(data: bytes) -> Iterator[tuple[Entry, int]]:

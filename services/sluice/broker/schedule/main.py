@@ -22,8 +22,11 @@ from sluice.broker.schedule.scheduler import Scheduler, SchedulerSettings
 from sluice.client import Client
 from sluice.client.producer.delay import SCHEDULE_TOPIC
 from sluice.common.units import parse_duration
-from sluice.errors import SluiceError, TopicAlreadyExists
+from sluice.errors import InvalidArgument, SluiceError, TopicAlreadyExists
+from sluice.security.tls import ServerTLS
+from sluice.server.http import start_http
 from sluice.server.limits import raise_open_files_limit
+from sluice.server.metrics import set_build_info
 
 __all__ = ["main"]
 
@@ -48,6 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-delay", type=_ms, default=7 * _DAY_MS, help="longest delay (default 7d)")
     p.add_argument("--bucket", type=_ms, default=10_000, help="fine time bucket width (default 10s)")
     p.add_argument("--preload", type=_ms, default=2_000, help="read a bucket this long before it starts")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address of /metrics and /healthz")
+    p.add_argument("--metrics-port", type=int, default=None, help="port of /metrics and /healthz (0: any)")
+    p.add_argument("--tls-metrics-cert", type=Path, default=None, help="serve /metrics over TLS with this")
+    p.add_argument("--tls-metrics-key", type=Path, default=None, help="the key of --tls-metrics-cert")
     p.add_argument("--clock-offset-file", type=Path, default=None, help="tests: ms added to the wall clock")
     p.add_argument("--crash-after-deliveries", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -84,6 +91,15 @@ def ensure_topic(client: Client, args: argparse.Namespace) -> None:
         pass
 
 
+def _metrics_tls(args: argparse.Namespace) -> ServerTLS | None:
+    """The metrics port's TLS (the chart's tls.metrics): the scheduler serves no gRPC, so only this port."""
+    if args.tls_metrics_cert is None and args.tls_metrics_key is None:
+        return None
+    if args.tls_metrics_cert is None or args.tls_metrics_key is None:
+        raise InvalidArgument("--tls-metrics-cert and --tls-metrics-key go together")
+    return ServerTLS(args.tls_metrics_cert, args.tls_metrics_key)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_open_files_limit()  # as every Sluice process does: its bucket files and connections
@@ -102,9 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     except (SluiceError, OSError) as exc:  # an unreachable cluster, an unwritable data directory
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"SLUICE_READY service=scheduler address={args.coordinator} metrics=-", flush=True)
+    httpd = None
+    metrics = "-"
+    if args.metrics_port is not None:
+        try:
+            httpd = start_http(args.metrics_host, args.metrics_port, scheduler.alive, _metrics_tls(args))
+        except (SluiceError, OSError) as exc:
+            print(f"error: metrics port: {exc}", file=sys.stderr)
+            scheduler.stop()
+            return 1
+        metrics = f"{args.metrics_host}:{httpd.server_address[1]}"
+        set_build_info("scheduler")
+    print(f"SLUICE_READY service=scheduler address={args.coordinator} metrics={metrics}", flush=True)
     while not stop.wait(10):
         log.info("delivered %d, in memory %d", scheduler.delivered, scheduler.pending_in_memory())
     scheduler.stop()
+    if httpd is not None:
+        httpd.shutdown()
+        httpd.server_close()
     client.close()
     return 0

@@ -31,6 +31,9 @@ class Timeline:
     def __init__(self, store: BucketStore, preload_ms: int) -> None:
         self.store = store
         self.preload_ms = preload_ms
+        #: Added to ``preload_ms`` by the scheduler: how long reading a bucket in takes lately (twice
+        #: that), so a slow read (a big bucket, a loaded machine) still ends before the bucket is due.
+        self.lead_ms = 0
         self.heap: list[Entry] = []
         self._loaded: dict[int, _Loaded] = {}
         self._upto: int | None = None
@@ -49,7 +52,7 @@ class Timeline:
         """The buckets to read in now. The caller reads them (``store.load``, outside its lock: a bucket
         of 100,000 records takes a while to decode, and due records must not wait for it), installs
         them, then calls ``planned``."""
-        upto = self.store.bucket_of(now_ms + self.preload_ms)
+        upto = self.store.bucket_of(now_ms + self.preload_ms + self.lead_ms)
         if self._upto is not None and upto <= self._upto:
             return []
         out = []
@@ -61,7 +64,7 @@ class Timeline:
         return out
 
     def planned(self, now_ms: int) -> None:
-        upto = self.store.bucket_of(now_ms + self.preload_ms)
+        upto = self.store.bucket_of(now_ms + self.preload_ms + self.lead_ms)
         if self._upto is None or upto > self._upto:
             self._upto = upto
 
