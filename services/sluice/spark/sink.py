@@ -36,6 +36,7 @@ from pyspark.sql.types import (
 )
 
 from sluice.client.client import Client
+from sluice.codec.batch.compression import codec_id
 from sluice.common.client_security import TLSConfig
 from sluice.common.names import validate_topic
 from sluice.errors import InvalidArgument
@@ -44,7 +45,7 @@ from sluice.spark.options import _credentials, _positive, _tls
 log = logging.getLogger(__name__)
 
 KNOWN = {
-    "bootstrap", "topic", "path", "acks", "requesttimeoutms",
+    "bootstrap", "topic", "path", "acks", "requesttimeoutms", "compression",
     "tlsca", "tlscert", "tlskey", "tlsservername", "token", "tokenfile", "username", "password",
     # The source's options are accepted and ignored, so one options dict serves a copy job;
     # Spark hands a stream writer the query's checkpointLocation.
@@ -71,6 +72,7 @@ class SinkOptions:
     topic: str | None
     acks: int
     request_timeout_s: float
+    compression: str = "none"
     tls: TLSConfig | None = None
     token: str | None = None
     token_file: str | None = None
@@ -107,11 +109,14 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
             f"option acks: {acks_raw!r} is not 'all' or 1 (the sink's producer is idempotent)"
         )
     timeout_ms = _positive("requestTimeoutMs", opts.get("requesttimeoutms")) or 30_000
+    compression = opts.get("compression", "none").strip().lower()
+    codec_id(compression)  # on the driver: an unknown codec, or one whose library is missing, fails here
     return SinkOptions(
         bootstrap=bootstrap,
         topic=topic,
         acks=1 if acks_raw == "1" else -1,
         request_timeout_s=timeout_ms / 1000,
+        compression=compression,
         tls=_tls(opts),
         **_credentials(opts),
     )
@@ -173,7 +178,9 @@ def write_rows(rows: Iterator[Row], options: SinkOptions) -> SinkCommit:
                     raise InvalidArgument("sluice sink: a row has a null 'topic' and no topic option is set")
                 producer = producers.get(topic)
                 if producer is None:
-                    producer = client.producer(topic, acks=options.acks, enable_idempotence=True)
+                    producer = client.producer(
+                        topic, acks=options.acks, enable_idempotence=True, compression=options.compression
+                    )
                     producers[topic] = producer
                 value = _bytes(d["value"])
                 if value is None:

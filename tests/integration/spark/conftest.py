@@ -19,6 +19,8 @@ class Stack:
     bootstrap: str
     coordinator: ServiceProcess
     broker: ServiceProcess
+    #: The broker's data directory (a test may read the stored batches).
+    data_dir: Path
 
 
 @pytest.fixture(scope="package")
@@ -50,7 +52,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "--coordinator", coord.address,
         )  # fmt: skip
         try:
-            yield Stack(coord.address, coord, broker)
+            yield Stack(coord.address, coord, broker, data / "broker")
         finally:
             store.terminate()
             broker.terminate()

@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from sluice.client.client import Client
+from sluice.codec.batch.compression import CODECS
 
 from .conftest import Stack
 
@@ -35,3 +36,25 @@ def test_spark_reads_zstd_and_lz4_batches_and_the_broker_filters_them(
     assert sorted(r.offset for r in rows if r.partition == 0) == list(range(150))
     odd = reader.option("filter", "odd").load().collect()
     assert sorted(r.value for r in odd) == sorted(v for v, _, tag, _, _ in sent if tag == "odd")
+
+
+def test_the_sink_writes_compressed_batches_the_source_reads_back(
+    spark: Any, stack: Stack, client: Client
+) -> None:
+    topic = f"spark-sz-{uuid.uuid4().hex[:8]}"
+    client.admin.create_topic(topic, partitions=1)
+    note = b"x" * 40
+    rows = [(b"k%d" % i, b'{"order": %d, "status": "paid", "note": "%s"}' % (i, note)) for i in range(200)]
+    spark.createDataFrame(rows, "key binary, value binary").coalesce(1).write.format("sluice").option(
+        "bootstrap", stack.bootstrap
+    ).option("topic", topic).option("compression", "zstd").mode("append").save()
+    back = spark.read.format("sluice").option("bootstrap", stack.bootstrap).option("topic", topic).load()
+    assert sorted((r.key, r.value) for r in back.collect()) == sorted(rows)
+    # Stored as the sink's producer sent it: every batch on disk names zstd in its attributes (byte 29).
+    log = b"".join(p.read_bytes() for p in sorted((stack.data_dir / f"{topic}-0").glob("*.log")))
+    assert log, "no segment written"
+    at, codecs = 0, set()
+    while at < len(log):
+        codecs.add(log[at + 29] & 0x07)
+        at += int.from_bytes(log[at + 8 : at + 12], "little")
+    assert codecs == {CODECS["zstd"]}

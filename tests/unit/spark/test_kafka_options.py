@@ -70,6 +70,9 @@ def test_sink_options_and_schema_checks() -> None:
     opts = parse_sink_options({"bootstrap": "h:1", "topic": "t", "checkpointLocation": "/x"})
     assert (opts.topic, opts.acks) == ("t", -1)
     assert parse_sink_options({"bootstrap": "h:1", "acks": "1"}).acks == 1
+    assert parse_sink_options({"bootstrap": "h:1", "compression": "ZSTD"}).compression == "zstd"
+    with pytest.raises(InvalidArgument, match="unknown compression"):
+        parse_sink_options({"bootstrap": "h:1", "compression": "snappy"})
     with pytest.raises(InvalidArgument, match="unknown option"):
         parse_sink_options({"bootstrap": "h:1", "kafka.bootstrap.servers": "x"})
     extras = (
