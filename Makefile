@@ -52,7 +52,7 @@ typecheck: $(VENV)/.installed
 
 ## test: install everything, then lint, type-check and run every test
 test: deps lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 ## unit: the unit tests only (no processes, no Redis)
 unit: $(VENV)/.installed

@@ -17,7 +17,8 @@ EARLIEST = pb.INITIAL_POSITION_EARLIEST
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    # No memory budget: a test below holds 1,000,000 messages unacknowledged on purpose (~330 MB).
+    # No memory budget: the holes scenario holds its whole backlog unacknowledged on purpose (~330 MB at
+    # the bench's 1,000,000).
     with run_cluster("--cursor-flush-interval", "50ms", "--memory-budget-bytes", "0") as c:
         yield c
 
@@ -116,10 +117,22 @@ def _exists(cluster: Cluster, topic: str) -> bool:
     return any(t.name == topic for t in md.topics)
 
 
-@pytest.mark.parametrize("n", [20_000, 1_000_000])
+@pytest.mark.parametrize("n", [20_000])
 def test_cursor_with_holes_survives_kill_9_exactly(cluster: Cluster, n: int) -> None:
-    """Ack every other message of n (the issue's case is 1,000,000), kill -9, restart: exactly the
-    unacked half comes back."""
+    """Ack every other message of n, kill -9, restart: exactly the unacked half comes back.
+
+    The issue's case, 1,000,000 (about a minute on a quiet machine, three loaded), runs in
+    ``bench/chaos/cursor_holes.py``; at that scale the suite keeps the cursor's own checks: 500,000
+    ranges saved and loaded through the offset store
+    (``offsetstore/test_offset_store.py::test_cursor_round_trip_of_the_alternate_ack_pattern``) and
+    their memory
+    (``unit/dispatcher/test_ranges_cursor.py::test_alternate_ack_of_a_million_stays_under_20_mb``).
+    """
+    cursor_with_holes_survives_kill_9(cluster, n)
+
+
+def cursor_with_holes_survives_kill_9(cluster: Cluster, n: int) -> None:
+    """The scenario, shared with the bench: AssertionError on a failure."""
     topic = f"holes-{n}"
     cluster.create_topic(topic)
     for start in range(0, n, 5000):

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.coordinator.assignors import ASSIGNORS, Assignor, GroupSpec
+from tests.examples import examples
 from tests.unit.assignors.groups import Case, check_complete_and_subscribed, groups
 
 ALL = sorted(ASSIGNORS)
@@ -23,7 +24,7 @@ PER_TOPIC_EVEN = ("averagely", "averagely-by-circle", "range")
 
 
 @pytest.mark.parametrize("name", ALL)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(case=groups())
 def test_complete_and_only_subscribed_topics(name: str, case: Case) -> None:
     """Every partition of a subscribed topic goes to exactly one member, and only to a subscriber;
@@ -33,7 +34,7 @@ def test_complete_and_only_subscribed_topics(name: str, case: Case) -> None:
 
 
 @pytest.mark.parametrize("name", ALL)
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(case=groups(), order=st.randoms(use_true_random=False))
 def test_deterministic_whatever_the_insertion_order(name: str, case: Case, order: random.Random) -> None:
     spec, topic_partitions = case
@@ -51,7 +52,7 @@ def test_deterministic_whatever_the_insertion_order(name: str, case: Case, order
 
 
 @pytest.mark.parametrize("name", PER_TOPIC_EVEN)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(case=groups(with_current=False))
 def test_each_topic_split_within_one_over_its_subscribers(name: str, case: Case) -> None:
     spec, topic_partitions = case
@@ -64,7 +65,7 @@ def test_each_topic_split_within_one_over_its_subscribers(name: str, case: Case)
 
 
 @pytest.mark.parametrize("name", [*PER_TOPIC_EVEN, "round-robin", "sticky"])
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(case=groups(homogeneous=True))
 def test_identical_subscriptions_balance_within_one(name: str, case: Case) -> None:
     """With one topic (or round-robin/sticky over any number), member totals differ by at most one."""

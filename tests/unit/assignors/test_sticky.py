@@ -7,6 +7,7 @@ from hypothesis import given, settings
 
 from sluice.coordinator.assignors import Assignment, MemberSpec, StickyAssignor
 from sluice.coordinator.assignors.sticky import _Balancer
+from tests.examples import examples
 from tests.unit.assignors.groups import (
     Case,
     check_complete_and_subscribed,
@@ -103,7 +104,7 @@ def test_differing_subscriptions_balance_across_shared_topics() -> None:
     check_complete_and_subscribed(group(specs), {"orders": 10, "audit": 2}, result)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(groups(homogeneous=True))
 def test_identical_subscriptions_move_exactly_the_minimum(case: Case) -> None:
     """From any starting point (lopsided, stale, overlapping), with identical subscriptions: balanced
@@ -116,7 +117,7 @@ def test_identical_subscriptions_move_exactly_the_minimum(case: Case) -> None:
     assert moves(spec, topic_partitions, result) == minimum_moves(kept_counts(spec, topic_partitions), total)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(groups())
 def test_any_subscriptions_end_locally_balanced_and_stable(case: Case) -> None:
     spec, topic_partitions = case

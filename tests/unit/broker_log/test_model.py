@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from sluice.broker.log import LogConfig, PartitionLog
 from sluice.codec.batch import read_header, stamp
 from sluice.errors import OffsetOutOfRange
+from tests.examples import examples
 
 from .helpers import Clock, abandon, make_batch
 
@@ -54,7 +55,7 @@ ops = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     ops,
     st.integers(200, 3000),  # segment_bytes

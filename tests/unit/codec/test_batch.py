@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from sluice.codec import batch as b
 from sluice.errors import BatchTooLarge, CorruptBatch
+from tests.examples import examples
 
 LIMIT = 1 << 20
 
@@ -35,7 +36,7 @@ def _records(
     ]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(st.lists(record_st, min_size=1, max_size=40), st.integers(0, 2**40))
 def test_round_trip_preserves_every_field(records: list[RecordTuple], base: int) -> None:
     raw = bytearray(b.encode_records(records))
@@ -127,7 +128,7 @@ def test_random_bytes_never_escape_as_anything_but_corrupt_batch(data: bytes) ->
         b.validate_batch(data, 0, LIMIT)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     st.lists(record_st, min_size=1, max_size=40),
     st.sets(st.sampled_from(["tagA", "tagB", "tagC"])),

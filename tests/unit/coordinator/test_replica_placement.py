@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.examples import examples
 
 from sluice.coordinator.cluster.placement import assign_replicas, place_partitions
 
@@ -23,7 +24,7 @@ def _clusters(draw: st.DrawFn) -> tuple[str, int, list[int], int]:
     return topic, partitions, brokers, factor
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(_clusters())
 def test_replicas_are_distinct_live_brokers_and_leaders_balance_within_one(
     cluster: tuple[str, int, list[int], int],
@@ -42,7 +43,7 @@ def test_replicas_are_distinct_live_brokers_and_leaders_balance_within_one(
     assert tuple(r[0] for r in placed) == place_partitions(topic, partitions, brokers)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(_clusters(), st.integers(1, 4))
 def test_with_racks_each_partition_spans_min_factor_racks(
     cluster: tuple[str, int, list[int], int], rack_count: int

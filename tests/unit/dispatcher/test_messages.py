@@ -22,6 +22,7 @@ from sluice.dispatcher.messages import (
     messages_of,
 )
 from sluice.v1 import dispatcher_pb2 as pb
+from tests.examples import examples
 
 
 def reference(r: Record, count: int = 0) -> pb.PushedMessage:
@@ -84,7 +85,7 @@ rows = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(rows, rows, st.data())
 def test_batches_event_carries_exactly_the_delivered_records(
     rows_a: list[tuple[bytes | None, bytes, str | None, dict[str, bytes]]],

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sluice.codec.batch import decode_records, encode_headers, encode_records, read_header, read_tags
 from sluice.codec.batch.summary import build_summary, find_summary
 from sluice.codec.sql_filter import compile_sql, raw_headers
+from tests.examples import examples
 
 NAMES = ["a", "b", "c"]
 STRINGS = ["x", "y", "it's", "", "5", "05", "-1.5", "a-long-value"]
@@ -137,7 +138,7 @@ exprs = st.recursive(
 headers = st.dictionaries(names, st.sampled_from(VALUES), max_size=3)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(exprs, st.lists(headers, min_size=1, max_size=8))
 def test_compiled_filter_agrees_with_the_reference(expr: Node, records: list[dict[str, bytes]]) -> None:
     f = compile_sql(render(expr))
@@ -150,7 +151,7 @@ def test_compiled_filter_agrees_with_the_reference(expr: Node, records: list[dic
     assert f.matches_empty == (ref(expr, {}) is True)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(exprs, st.lists(headers, min_size=1, max_size=12))
 def test_pruning_never_hides_a_match(expr: Node, records: list[dict[str, bytes]]) -> None:
     """The summary the producer writes, read back from the batch, never prunes a batch that has a
@@ -191,7 +192,7 @@ def test_a_damaged_summary_cannot_prune() -> None:
     assert find_summary((SUMMARY_PREFIX + "AAAA",)) is None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     st.lists(st.sampled_from(NAMES), min_size=0, max_size=3, unique=True),
     st.lists(st.lists(st.sampled_from(VALUES), min_size=3, max_size=3), min_size=1, max_size=40),
@@ -222,7 +223,7 @@ def test_column_reads_agree_with_per_record_reads(
         assert col.per_record() == [h.get(name) for h in records]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     exprs,
     st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True),
