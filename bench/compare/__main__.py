@@ -26,8 +26,8 @@ CLIENTS = ("redis", "hiredis", "nats-py", "aio-pika", "grpcio")
 
 def plan_for(args: argparse.Namespace) -> runner.Plan:
     if args.quick:
-        plan = runner.Plan(records=20_000, reps=1, latency_seconds=3.0, curve_rates=(1000, 20000),
-                           curve_seconds=2.0, quick=True)  # fmt: skip
+        plan = runner.Plan(records=5_000, reps=1, latency_seconds=2.0, curve_rates=(1000, 20000),
+                           curve_seconds=1.0, quick=True)  # fmt: skip
     else:
         plan = runner.Plan()
     if args.records:

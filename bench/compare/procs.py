@@ -44,11 +44,11 @@ def quantiles_ms(values: list[float]) -> dict[str, float]:
 
 
 def producer_main(
-    adapter: Adapter, endpoint: Endpoint, dest: str, n: int, rate: float, skip: int,
-    ready: Any, done: Any, out: Any,
+    adapter: Adapter, endpoint: Endpoint, dest: str, n: int, rate: float, max_seconds: float,
+    warmup_s: float, ready: Any, done: Any, sent: Any, out: Any,
 ) -> None:  # fmt: skip
     """The producer process: waits for the consumer, sends ``n`` records, reports through ``out``."""
-    feed = Feed(n, rate, skip=skip)
+    feed = Feed(n, rate, max_seconds=max_seconds, warmup_seconds=warmup_s)
     result: dict[str, Any] = {"side": "producer"}
     try:
         if not ready.wait(120):
@@ -65,16 +65,17 @@ def producer_main(
     except Exception:
         result["error"] = traceback.format_exc(limit=5)
     finally:
+        sent.value = feed.next_index
         done.set()
         out.put(result)
 
 
 def consumer_main(
-    adapter: Adapter, endpoint: Endpoint, dest: str, n: int, warmup: int, keep: bool,
-    ready: Any, done: Any, out: Any,
+    adapter: Adapter, endpoint: Endpoint, dest: str, n: int, keep: bool,
+    ready: Any, done: Any, sent: Any, out: Any,
 ) -> None:  # fmt: skip
     """The consumer process: reads until every record came (or none comes any more), reports them."""
-    sink = Sink(n, done, ready=ready, warmup=warmup, keep_latency=keep)
+    sink = Sink(n, done, sent_total=sent, ready=ready, keep_latency=keep)
     result: dict[str, Any] = {"side": "consumer"}
     try:
         cpu = _cpu()
@@ -85,6 +86,7 @@ def consumer_main(
     finally:
         ready.set()  # a consumer that failed before subscribing must not hold the producer forever
         result |= {
+            "expected": sink.expected(),
             "received": sink.received,
             "distinct": sink.distinct,
             "duplicates": sink.duplicates,

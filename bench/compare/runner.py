@@ -31,8 +31,6 @@ class Plan:
     curve_seconds: float = 5.0
     warmup_seconds: float = 1.0
     quick: bool = False
-    #: Tests only: the record index every producer skips (-1: none), to prove a loss is caught.
-    drop: int = -1
 
 
 @dataclass
@@ -79,15 +77,15 @@ def _run_plan(
 ) -> None:
     stamp = int(time.time() * 1000) % 1_000_000
     for rep in range(plan.reps):
-        run = run_one(adapter, endpoint, f"cmp-{stamp}-t{rep}", plan.records, 0.0, 0, sampler, plan.drop)
+        run = run_one(adapter, endpoint, f"cmp-{stamp}-t{rep}", plan.records, 0.0, 0.0, sampler)
         result.throughput.append(run)
         print(_line(adapter, f"throughput {rep + 1}/{plan.reps}", run), flush=True)
     paced = [(plan.latency_rate, plan.latency_seconds, "latency")]
     paced += [(rate, plan.curve_seconds, "curve") for rate in plan.curve_rates]
     for i, (rate, seconds, kind) in enumerate(paced):
-        warmup = int(rate * plan.warmup_seconds)
-        n = warmup + int(rate * seconds)
-        run = run_one(adapter, endpoint, f"cmp-{stamp}-l{i}", n, rate, warmup, sampler, plan.drop)
+        n = int(rate * (plan.warmup_seconds + seconds))
+        dest = f"cmp-{stamp}-l{i}"
+        run = run_one(adapter, endpoint, dest, n, rate, plan.warmup_seconds, sampler)
         run["target_rate"] = rate
         if kind == "latency":
             result.latency = run
@@ -98,8 +96,8 @@ def _run_plan(
 
 
 def run_one(
-    adapter: Adapter, endpoint: Endpoint, dest: str, n: int, rate: float, warmup: int,
-    sampler: procs.Sampler, drop: int = -1,
+    adapter: Adapter, endpoint: Endpoint, dest: str, n: int, rate: float, warmup_s: float,
+    sampler: procs.Sampler,
 ) -> dict[str, Any]:  # fmt: skip
     """One producer process and one consumer process at the same time over a fresh destination."""
     try:
@@ -107,11 +105,17 @@ def run_one(
     except Exception as exc:
         return {"status": "FAILED", "reason": f"prepare: {exc!r}", "records": n}
     ctx = mp.get_context("spawn")
-    ready, done, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    ready, done, sent, out = ctx.Event(), ctx.Event(), ctx.Value("q", 0), ctx.Queue()
     cpu_before = sampler.cpu()
     args = (adapter, endpoint, dest, n)
-    consumer = ctx.Process(target=procs.consumer_main, args=(*args, warmup, rate > 0, ready, done, out))
-    producer = ctx.Process(target=procs.producer_main, args=(*args, rate, drop, ready, done, out))
+    # A paced run that the system cannot keep up with stops sending at twice its planned length.
+    max_seconds = 2 * n / rate if rate else 0.0
+    consumer = ctx.Process(
+        target=procs.consumer_main, args=(*args, rate > 0, ready, done, sent, out)
+    )
+    producer = ctx.Process(
+        target=procs.producer_main, args=(*args, rate, max_seconds, warmup_s, ready, done, sent, out)
+    )
     consumer.start()
     producer.start()
     sides: dict[str, dict[str, Any]] = {}
@@ -148,6 +152,7 @@ def _summary(n: int, rate: float, sides: dict[str, dict[str, Any]], server_cpu: 
         "status": "FAILED" if reasons else "OK",
         "reason": "; ".join(reasons),
         "records": n,
+        "sent": prod.get("sent", 0),
         "received": cons.get("received", 0),
         "distinct": cons.get("distinct", 0),
         "missing": cons.get("missing", n),

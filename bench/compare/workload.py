@@ -20,6 +20,8 @@ KEY_BYTES = 16
 VALUE_BYTES = 100
 STAMP = struct.Struct("<d")
 PADDING = b"v" * (VALUE_BYTES - STAMP.size)
+#: The padding of a record sent in a paced run's warm-up: delivered and checked, not timed.
+WARMUP_PADDING = b"w" * (VALUE_BYTES - STAMP.size)
 #: A consumer stops this long after the producer finished and nothing new came (a lost record).
 IDLE_AFTER_PRODUCER_S = 3.0
 #: After the last expected record, a consumer keeps reading this long: a duplicate shows up there.
@@ -37,8 +39,12 @@ def index_of(key: bytes) -> int:
     return int(key[1:])
 
 
-def value_at(sent: float) -> bytes:
-    return STAMP.pack(sent) + PADDING
+def value_at(sent: float, warmup: bool = False) -> bytes:
+    return STAMP.pack(sent) + (WARMUP_PADDING if warmup else PADDING)
+
+
+def is_warmup(value: bytes) -> bool:
+    return value[STAMP.size : STAMP.size + 1] == b"w"
 
 
 def sent_at(value: bytes) -> float:
@@ -61,8 +67,11 @@ class Feed:
     started: float = 0.0
     finished: float = 0.0
     ack_latencies: list[float] = field(default_factory=list)
-    #: The index a deliberately broken adapter skips (tests only): -1, none.
-    skip: int = -1
+    #: Paced feeds stop handing out records this long after the first (0: never), so a system that
+    #: cannot keep up with a rate ends its run in time; ``n`` becomes the count handed out.
+    max_seconds: float = 0.0
+    #: Records handed out this long after the first are marked warm-up (not timed by the consumer).
+    warmup_seconds: float = 0.0
 
     @property
     def done(self) -> bool:
@@ -73,16 +82,20 @@ class Feed:
             self.started = now
         if self.rate <= 0:
             return min(limit, self.n - self.next_index)
+        if self.max_seconds and now - self.started > self.max_seconds:
+            self.n = self.next_index
+            self.finished = now
+            return 0
         due = int((now - self.started) * self.rate) + 1 - self.next_index
         return max(0, min(limit, due, self.n - self.next_index))
 
     def _take(self, count: int, now: float) -> list[tuple[bytes, bytes]]:
-        value = value_at(now)
+        value = value_at(now, now - self.started < self.warmup_seconds)
         first = self.next_index
         self.next_index += count
         if self.next_index >= self.n:
             self.finished = now
-        return [(key_of(i), value) for i in range(first, first + count) if i != self.skip]
+        return [(key_of(i), value) for i in range(first, first + count)]
 
     def _wait(self) -> float:
         """Seconds until the next record is due (paced feeds)."""
@@ -119,10 +132,10 @@ class Sink:
 
     n: int
     producer_done: object  # a multiprocessing Event (is_set())
+    #: How many records the producer handed out (a multiprocessing Value, set before producer_done).
+    sent_total: object = None
     #: Set at the first ``finished()`` call: the consumer is connected and subscribed, the producer may start.
     ready: object = None  # a multiprocessing Event (set()), or None
-    #: Records below this index are the warm-up: delivered and checked, but not in the latencies.
-    warmup: int = 0
     keep_latency: bool = True
     seen: bytearray = field(init=False)
     received: int = 0
@@ -142,7 +155,7 @@ class Sink:
     def add(self, key: bytes, value: bytes) -> None:
         now = time.monotonic()
         index = index_of(key)
-        if self.keep_latency and index >= self.warmup:
+        if self.keep_latency and not is_warmup(value):
             self.latencies.append(now - sent_at(value))
         self.received += 1
         if not self.first_at:
@@ -158,11 +171,19 @@ class Sink:
             if self.distinct == self.n:
                 self.complete_at = now
 
+    def expected(self) -> int:
+        """n, or fewer once the producer is done and handed out fewer (a paced run cut short)."""
+        if self.sent_total is not None and self.producer_done.is_set():  # type: ignore[attr-defined]
+            return min(self.n, int(self.sent_total.value))  # type: ignore[attr-defined]
+        return self.n
+
     def finished(self) -> bool:
         if self.ready is not None:
             self.ready.set()  # type: ignore[attr-defined]
             self.ready = None
         now = time.monotonic()
+        if not self.complete_at and self.last_at and self.distinct == self.expected():
+            self.complete_at = self.last_at
         if self.complete_at:
             return now - max(self.complete_at, self.last_at) >= DUPLICATE_WATCH_S
         if not self.producer_done.is_set():  # type: ignore[attr-defined]
@@ -171,10 +192,10 @@ class Sink:
         return now - max(self.last_at, self.idle_mark) >= IDLE_AFTER_PRODUCER_S
 
     def missing(self) -> int:
-        return self.n - self.distinct
+        return self.expected() - sum(self.seen[: self.expected()])
 
     def first_missing(self, limit: int = 5) -> list[int]:
-        return [i for i, got in enumerate(self.seen) if not got][:limit]
+        return [i for i, got in enumerate(self.seen[: self.expected()]) if not got][:limit]
 
 
 def percentile(values: list[float], p: float) -> float:

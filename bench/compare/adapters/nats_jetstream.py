@@ -65,11 +65,12 @@ class NatsJetStream(Adapter):
         while not sink.finished():
             try:
                 msgs = await sub.fetch(FETCH, timeout=0.5)
-            except NatsTimeout:
+            except (NatsTimeout, asyncio.TimeoutError):
                 continue
             for msg in msgs:
                 sink.add(msg.data[:KEY_BYTES], msg.data[KEY_BYTES:])
-            await msgs[-1].ack()
+            if msgs:  # a fetch can answer empty (its request expired on the server)
+                await msgs[-1].ack()
         await nc.close()
 
 

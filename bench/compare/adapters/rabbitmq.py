@@ -1,5 +1,7 @@
-"""RabbitMQ over AMQP 0-9-1 (aio-pika): publisher confirms awaited in windows, persistent messages;
-consumers with prefetch 1,000 that acknowledge with ``multiple`` every half window.
+"""RabbitMQ over AMQP 0-9-1 with aiormq (the protocol layer under aio-pika; aio-pika's own wrapper cost
+a third of the rate on this machine): publisher confirms awaited in windows, persistent messages;
+consumers with prefetch 1,000 that acknowledge with ``multiple`` every half window and at the end of a
+burst.
 
 ``queue_type`` "classic": a durable classic queue (a confirm comes once the message is on disk);
 "stream": a stream queue, read from its first offset (a stream consumer needs a prefetch and acks).
@@ -27,69 +29,62 @@ class RabbitMQ(Adapter):
         return {"x-queue-type": self.queue_type}
 
     def prepare(self, endpoint: Endpoint, dest: str) -> None:
-        asyncio.run(self._prepare(endpoint, dest))
-
-    async def _prepare(self, endpoint: Endpoint, dest: str) -> None:
-        import aio_pika
-
-        async with await aio_pika.connect(endpoint["url"]) as connection:
-            channel = await connection.channel()
-            await channel.declare_queue(dest, durable=True, arguments=self._arguments())
+        asyncio.run(self._declare(endpoint, dest, delete=False))
 
     def cleanup(self, endpoint: Endpoint, dest: str) -> None:
-        asyncio.run(self._cleanup(endpoint, dest))
+        asyncio.run(self._declare(endpoint, dest, delete=True))
 
-    async def _cleanup(self, endpoint: Endpoint, dest: str) -> None:
-        import aio_pika
+    async def _declare(self, endpoint: Endpoint, dest: str, delete: bool) -> None:
+        import aiormq
 
-        async with await aio_pika.connect(endpoint["url"]) as connection:
-            channel = await connection.channel()
+        connection = await aiormq.connect(endpoint["url"])
+        channel = await connection.channel()
+        if delete:
             await channel.queue_delete(dest)
+        else:
+            await channel.queue_declare(dest, durable=True, arguments=self._arguments())
+        await connection.close()
 
     async def produce(self, endpoint: Endpoint, dest: str, feed: Feed) -> None:
-        import aio_pika
+        import aiormq
 
-        async with await aio_pika.connect(endpoint["url"]) as connection:
-            channel = await connection.channel(publisher_confirms=True)
-            exchange = channel.default_exchange
-            persistent = aio_pika.DeliveryMode.PERSISTENT
-            while not feed.done:
-                records = await feed.abatch(WINDOW)
-                if not records:
-                    continue
-                confirms = [
-                    asyncio.ensure_future(
-                        exchange.publish(aio_pika.Message(key + value, delivery_mode=persistent), dest)
-                    )
-                    for key, value in records
-                ]
-                await asyncio.gather(*confirms)
-                feed.acked(sent_at(records[0][1]), len(records))
+        connection = await aiormq.connect(endpoint["url"])
+        channel = await connection.channel(publisher_confirms=True)
+        persistent = aiormq.spec.Basic.Properties(delivery_mode=2)
+        publish = channel.basic_publish
+        while not feed.done:
+            records = await feed.abatch(WINDOW)
+            if not records:
+                continue
+            await asyncio.gather(
+                *(publish(key + value, routing_key=dest, properties=persistent) for key, value in records)
+            )
+            feed.acked(sent_at(records[0][1]), len(records))
+        await connection.close()
 
     async def consume(self, endpoint: Endpoint, dest: str, sink: Sink) -> None:
-        import aio_pika
-        from aio_pika.abc import AbstractIncomingMessage
+        import aiormq
+        from aiormq.abc import DeliveredMessage
 
-        async with await aio_pika.connect(endpoint["url"]) as connection:
-            channel = await connection.channel()
-            await channel.set_qos(prefetch_count=PREFETCH)
-            queue = await channel.declare_queue(dest, durable=True, arguments=self._arguments())
-            unacked: list[AbstractIncomingMessage] = []
+        connection = await aiormq.connect(endpoint["url"])
+        channel = await connection.channel()
+        await channel.basic_qos(prefetch_count=PREFETCH)
+        pending = [0, 0]  # the last delivery tag, messages not acknowledged yet
 
-            async def on_message(message: AbstractIncomingMessage) -> None:
-                body = message.body
-                sink.add(body[:KEY_BYTES], body[KEY_BYTES:])
-                unacked.append(message)
-                if len(unacked) >= ACK_EVERY:
-                    await unacked[-1].ack(multiple=True)
-                    unacked.clear()
+        async def on_message(message: DeliveredMessage) -> None:
+            body = message.body
+            sink.add(body[:KEY_BYTES], body[KEY_BYTES:])
+            pending[0] = message.delivery_tag or 0
+            pending[1] += 1
+            if pending[1] >= ACK_EVERY:
+                pending[1] = 0
+                await channel.basic_ack(pending[0], multiple=True)
 
-            offset = {"x-stream-offset": "first"} if self.queue_type == "stream" else None
-            tag = await queue.consume(on_message, arguments=offset)
-            while not sink.finished():
-                await asyncio.sleep(0.02)
-                if unacked:  # the tail of a window, or a paced run's few records
-                    last = unacked[-1]
-                    unacked.clear()
-                    await last.ack(multiple=True)
-            await queue.cancel(tag)
+        offset = {"x-stream-offset": "first"} if self.queue_type == "stream" else None
+        await channel.basic_consume(dest, on_message, no_ack=False, arguments=offset)
+        while not sink.finished():
+            await asyncio.sleep(0.02)
+            if pending[1]:  # the tail of a window, or a paced run's few records
+                pending[1] = 0
+                await channel.basic_ack(pending[0], multiple=True)
+        await connection.close()
