@@ -8,6 +8,7 @@ is reported FAILED in the table, never as a figure.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -34,6 +35,8 @@ def plan_for(args: argparse.Namespace) -> runner.Plan:
         plan.records = args.records
     if args.reps:
         plan.reps = args.reps
+    if args.curve_rates is not None:
+        plan.curve_rates = tuple(args.curve_rates)
     if args.latency_seconds:
         plan.latency_seconds = args.latency_seconds
         plan.curve_seconds = min(plan.curve_seconds, args.latency_seconds)
@@ -72,10 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=0, help="records per throughput run")
     parser.add_argument("--reps", type=int, default=0, help="throughput repetitions")
     parser.add_argument("--latency-seconds", type=float, default=0.0, help="length of each paced run")
-    parser.add_argument("--systems", nargs="*", help=f"configurations to run (default: all; quick: {systems.QUICK_ADAPTERS})")
-    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "compare.json")
-    parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where benchmarks.md and benchmarks/*.png go")
-    parser.add_argument("--command", default="", help="the command to print in benchmarks.md (the Makefile's)")
+    parser.add_argument(
+        "--systems", nargs="*", help=f"configurations to run (default: all; quick: {systems.QUICK_ADAPTERS})"
+    )
+    parser.add_argument(
+        "--curve-rates", type=int, nargs="*", help="records/s of the latency-versus-throughput curve"
+    )
+    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "benchmarks" / "compare.json")
+    parser.add_argument(
+        "--docs", type=Path, default=ROOT / "docs", help="where benchmarks.md and benchmarks/*.png go"
+    )
+    parser.add_argument(
+        "--command", default="", help="the command to print in benchmarks.md (the Makefile's)"
+    )
     args = parser.parse_args(argv)
     plan = plan_for(args)
     adapters = systems.by_name(args.systems or (systems.QUICK_ADAPTERS if args.quick else None))
@@ -91,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "seconds": round(time.time() - started),
         "command": args.command or shlex.join([sys.executable, "-m", "compare", *(argv or sys.argv[1:])]),
-        "plan": runner.asdict(plan),
+        "plan": dataclasses.asdict(plan),
         "machine": machine(),
         "clients": client_versions(),
         "systems": results,
+        "json": os.path.relpath(args.json, ROOT),
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(data, indent=1) + "\n")

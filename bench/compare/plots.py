@@ -25,7 +25,9 @@ def write_all(data: dict[str, Any], directory: Path) -> dict[str, Path]:
     matplotlib.use("Agg")
     directory.mkdir(parents=True, exist_ok=True)
     systems = data["systems"]
-    title = f"{data['machine']['cores']} cores, {data['date']}{' (QUICK run)' if data['plan']['quick'] else ''}"
+    title = (
+        f"{data['machine']['cores']} cores, {data['date']}{' (QUICK run)' if data['plan']['quick'] else ''}"
+    )
     paths = {key: directory / name for key, name in FILES.items()}
     _throughput(systems, title, paths["throughput"])
     _cdf(systems, title, data["plan"]["latency_rate"], paths["latency_cdf"])

@@ -163,7 +163,9 @@ class Sampler:
     def by_process(self) -> dict[str, float]:
         """Peak RSS (MB) per process, named by command line."""
         with self._lock:
-            return {f"{self.names.get(pid, '?')} [{pid}]": round(mb, 1) for pid, mb in self.peak_by_pid.items()}
+            return {
+                f"{self.names.get(pid, '?')} [{pid}]": round(mb, 1) for pid, mb in self.peak_by_pid.items()
+            }
 
     @contextlib.contextmanager
     def running(self) -> Iterator[Sampler]:

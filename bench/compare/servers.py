@@ -231,7 +231,9 @@ def start_rabbitmq(ports: Ports, workdir: Path) -> Server:
     banner = _tail(log)
     rabbit = re.search(r"RabbitMQ (\d+\.\d+\.\d+)", banner)
     erlang = re.search(r"Erlang:\s+(\S+)", banner)
-    server.version = f"RabbitMQ {rabbit.group(1) if rabbit else '?'} (Erlang {erlang.group(1) if erlang else '?'})"
+    server.version = (
+        f"RabbitMQ {rabbit.group(1) if rabbit else '?'} (Erlang {erlang.group(1) if erlang else '?'})"
+    )
     return server
 
 
@@ -260,7 +262,9 @@ def start_sluice(ports: Ports, workdir: Path, name: str, flush: str, brokers: in
                 ready.set()
 
     threading.Thread(target=read, daemon=True, name=f"{name}-out").start()
-    server = Server(name, f"Sluice {_sluice_version()}", {"bootstrap": f"127.0.0.1:{base}"}, [*redis.procs, up])
+    server = Server(
+        name, f"Sluice {_sluice_version()}", {"bootstrap": f"127.0.0.1:{base}"}, [*redis.procs, up]
+    )
     server.launcher = up.pid
     deadline = time.monotonic() + 120
     while not ready.wait(0.2):

@@ -29,7 +29,7 @@ ADAPTERS: list[Adapter] = [
     SluicePull(ALWAYS, "Sluice pull, 4 partitions, fsync", "flush=always (fsync before the ack)",
                "sluice-always", sluice=True),
     SluicePush("sluice-push-shared", "Sluice push, Shared", "flush=interval", "sluice-interval", sluice=True),
-    SluicePull("sluice-pull-4p-rf3", "Sluice pull, factor 3, acks=all", "flush=interval, 3 replicas, acks=all",
+    SluicePull("sluice-pull-4p-rf3", "Sluice pull, factor 3, acks=all", "flush=interval, 3 replicas",
                "sluice-rf3", sluice=True, replication_factor=3),
     RedisStreams("redis", "Redis Streams", "no persistence (memory only)", "redis-none", pair=INTERVAL),
     RedisStreams("redis-aof", "Redis Streams, AOF", "AOF appendfsync everysec", "redis-aof", pair=INTERVAL),
@@ -44,7 +44,14 @@ ADAPTERS: list[Adapter] = [
 #: The configurations a QUICK run compares: one of each peer and Sluice's pull (both flush policies)
 #: and push, enough to prove every adapter and the report end to end within about a minute.
 QUICK_ADAPTERS = [
-    INTERVAL, ALWAYS, "sluice-push-shared", "redis", "redis-aof", "nats", "rabbitmq-classic", "rabbitmq-stream",
+    INTERVAL,
+    ALWAYS,
+    "sluice-push-shared",
+    "redis",
+    "redis-aof",
+    "nats",
+    "rabbitmq-classic",
+    "rabbitmq-stream",
 ]
 
 Starter = Callable[[servers.Ports, Path], servers.Server]

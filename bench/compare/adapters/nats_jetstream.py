@@ -1,11 +1,13 @@
-"""NATS JetStream: async publish with the acks awaited in windows; a durable pull consumer fetching
-1,000 at a time, acknowledging each fetched batch by its last message (ack policy ``all``)."""
+"""NATS JetStream: async publish with the acks awaited in windows (at most 1,000 in flight); a durable
+pull consumer fetching 1,000 at a time, acknowledging each fetched batch by its last message (ack policy
+``all``)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
 
+from compare.adapters.acks import AckWindow
 from compare.adapters.base import Adapter, Endpoint
 from compare.workload import KEY_BYTES, Feed, Sink, sent_at
 
@@ -46,14 +48,11 @@ class NatsJetStream(Adapter):
 
         nc = await nats.connect(endpoint["url"])
         js = nc.jetstream(publish_async_max_pending=4 * WINDOW)
-        window: list[tuple[float, asyncio.Future[object]]] = []
+        window = AckWindow(feed, WINDOW)
         while not feed.done:
-            for key, value in await feed.abatch(WINDOW - len(window)):
-                window.append((sent_at(value), await js.publish_async(dest, key + value, stream=dest)))
-            if len(window) >= WINDOW or feed.done or feed.rate:
-                await _await_acks(window, feed)
-                window = []
-        await _await_acks(window, feed)
+            for key, value in await feed.abatch(WINDOW):
+                await window.add(await js.publish_async(dest, key + value, stream=dest), sent_at(value))
+        await window.drain()
         await nc.close()
 
     async def consume(self, endpoint: Endpoint, dest: str, sink: Sink) -> None:
@@ -65,16 +64,10 @@ class NatsJetStream(Adapter):
         while not sink.finished():
             try:
                 msgs = await sub.fetch(FETCH, timeout=0.5)
-            except (NatsTimeout, asyncio.TimeoutError):
+            except (NatsTimeout, TimeoutError):
                 continue
             for msg in msgs:
                 sink.add(msg.data[:KEY_BYTES], msg.data[KEY_BYTES:])
             if msgs:  # a fetch can answer empty (its request expired on the server)
                 await msgs[-1].ack()
         await nc.close()
-
-
-async def _await_acks(window: list[tuple[float, asyncio.Future[object]]], feed: Feed) -> None:
-    for sent, future in window:
-        await future
-        feed.acked(sent)

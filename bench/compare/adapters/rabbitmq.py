@@ -1,7 +1,7 @@
 """RabbitMQ over AMQP 0-9-1 with aiormq (the protocol layer under aio-pika; aio-pika's own wrapper cost
-a third of the rate on this machine): publisher confirms awaited in windows, persistent messages;
-consumers with prefetch 1,000 that acknowledge with ``multiple`` every half window and at the end of a
-burst.
+a third of the rate on this machine): publisher confirms awaited in windows (at most 1,000 records in
+flight), persistent messages; consumers with prefetch 1,000 that acknowledge with ``multiple`` every half
+window and at the end of a burst.
 
 ``queue_type`` "classic": a durable classic queue (a confirm comes once the message is on disk);
 "stream": a stream queue, read from its first offset (a stream consumer needs a prefetch and acks).
@@ -13,6 +13,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from compare.adapters.acks import AckWindow
 from compare.adapters.base import Adapter, Endpoint
 from compare.workload import KEY_BYTES, Feed, Sink, sent_at
 
@@ -52,14 +53,15 @@ class RabbitMQ(Adapter):
         channel = await connection.channel(publisher_confirms=True)
         persistent = aiormq.spec.Basic.Properties(delivery_mode=2)
         publish = channel.basic_publish
+        window = AckWindow(feed, WINDOW)
         while not feed.done:
             records = await feed.abatch(WINDOW)
-            if not records:
-                continue
-            await asyncio.gather(
-                *(publish(key + value, routing_key=dest, properties=persistent) for key, value in records)
-            )
-            feed.acked(sent_at(records[0][1]), len(records))
+            if records:
+                confirms = (
+                    publish(key + value, routing_key=dest, properties=persistent) for key, value in records
+                )
+                await window.add(asyncio.gather(*confirms), sent_at(records[0][1]), len(records))
+        await window.drain()
         await connection.close()
 
     async def consume(self, endpoint: Endpoint, dest: str, sink: Sink) -> None:
@@ -80,7 +82,7 @@ class RabbitMQ(Adapter):
                 pending[1] = 0
                 await channel.basic_ack(pending[0], multiple=True)
 
-        offset = {"x-stream-offset": "first"} if self.queue_type == "stream" else None
+        offset: dict[str, Any] | None = {"x-stream-offset": "first"} if self.queue_type == "stream" else None
         await channel.basic_consume(dest, on_message, no_ack=False, arguments=offset)
         while not sink.finished():
             await asyncio.sleep(0.02)

@@ -59,7 +59,7 @@ class SluicePull(Adapter):
             poll, add = consumer.poll, sink.add
             while not sink.finished():
                 for record in poll(0.2):
-                    add(record.key, record.value)
+                    add(record.key or b"", record.value)
             consumer.close()
 
 
