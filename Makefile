@@ -74,7 +74,7 @@ bench: $(VENV)/.installed
 	$(PY) bench/push_throughput.py
 
 ## compare: Sluice beside Redis Streams, NATS JetStream and RabbitMQ on servers of its own (QUICK=1: a short
-##   smoke); writes bench/results/compare.json, docs/benchmarks.md and docs/benchmarks/*.png
+##   smoke); writes docs/benchmarks.md, docs/benchmarks/*.png and docs/benchmarks/compare.json
 compare: deps
 	cd bench && $(CURDIR)/$(PY) -m compare $(if $(QUICK),--quick) --command "make compare$(if $(QUICK), QUICK=1)"
 

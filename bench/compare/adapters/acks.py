@@ -21,7 +21,15 @@ class AckWindow:
 
     async def add(self, acked: Awaitable[Any], sent: float, count: int = 1) -> None:
         """``acked`` resolves once the ``count`` records sent at ``sent`` are acknowledged."""
-        self.pending.append((asyncio.ensure_future(acked), sent, count))
+        future = asyncio.ensure_future(acked)
+
+        # The ack's latency is taken when it arrives, not when the producer next looks at it.
+        def arrived(done: asyncio.Future[Any]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                self.feed.acked(sent, count)
+
+        future.add_done_callback(arrived)
+        self.pending.append((future, sent, count))
         self.in_flight += count
         while self.in_flight > self.limit:
             await self._oldest()
@@ -31,7 +39,6 @@ class AckWindow:
             await self._oldest()
 
     async def _oldest(self) -> None:
-        future, sent, count = self.pending.popleft()
+        future, _sent, count = self.pending.popleft()
         await future  # a refused publish raises here, and fails the run
         self.in_flight -= count
-        self.feed.acked(sent, count)
