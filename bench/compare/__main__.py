@@ -22,7 +22,7 @@ from typing import Any
 from compare import plots, report, runner, servers, systems
 
 ROOT = Path(__file__).resolve().parents[2]
-CLIENTS = ("redis", "hiredis", "nats-py", "aio-pika", "grpcio")
+CLIENTS = ("redis", "hiredis", "nats-py", "aiormq", "grpcio", "matplotlib")
 
 
 def plan_for(args: argparse.Namespace) -> runner.Plan:
@@ -88,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--command", default="", help="the command to print in benchmarks.md (the Makefile's)"
     )
+    parser.add_argument(
+        "--report-only", action="store_true", help="run nothing: write plots and benchmarks.md from --json"
+    )
     args = parser.parse_args(argv)
+    if args.report_only:
+        return write_outputs(json.loads(args.json.read_text()), args.docs)
     plan = plan_for(args)
     adapters = systems.by_name(args.systems or (systems.QUICK_ADAPTERS if args.quick else None))
     started = time.time()
@@ -111,11 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(data, indent=1) + "\n")
-    figures = plots.write_all(data, args.docs / "benchmarks")
+    return write_outputs(data, args.docs)
+
+
+def write_outputs(data: dict[str, Any], docs: Path) -> int:
+    """The plots, the table and benchmarks.md; 1 when any configuration failed."""
+    figures = plots.write_all(data, docs / "benchmarks")
     table = report.table(data)
     print(table)
-    (args.docs / "benchmarks.md").write_text(report.document(data, table, figures, args.docs))
-    failed = [r["name"] for r in results if r["failed"]]
+    (docs / "benchmarks.md").write_text(report.document(data, table, figures, docs))
+    failed = [r["name"] for r in data["systems"] if r["failed"]]
     if failed:
         print(f"FAILED (lost, duplicated or garbled records, or errors): {failed}", flush=True)
         return 1
