@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/.tools/bin:$(PATH)
 
-.PHONY: all help deps tools protos check-protos module-map guard-table lint typecheck test unit integration packaging bench up clean
+.PHONY: all help deps tools protos check-protos module-map guard-table lint typecheck test unit integration packaging bench compare up clean
 
 all: test
 
@@ -15,7 +15,7 @@ help:
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[server,dev,spark]'
+	$(PY) -m pip install -q -e '.[server,dev,spark,bench]'
 	touch $@
 
 ## deps: the Python environment (.venv) with the project and its dev/test tools
@@ -72,6 +72,11 @@ bench: $(VENV)/.installed
 	$(PY) bench/e2e_latency.py
 	$(PY) bench/group_consume.py
 	$(PY) bench/push_throughput.py
+
+## compare: Sluice beside Redis Streams, NATS JetStream and RabbitMQ on servers of its own (QUICK=1: a short
+##   smoke); writes docs/benchmarks.md, docs/benchmarks/*.png and docs/benchmarks/compare.json
+compare: deps
+	cd bench && $(CURDIR)/$(PY) -m compare $(if $(QUICK),--quick) --command "make compare$(if $(QUICK), QUICK=1)"
 
 ## up: run the whole system locally (private redis-server in ./sluice-data)
 up: $(VENV)/.installed

@@ -1,0 +1,90 @@
+"""Sluice through its own SDK: a producer with the SDK's defaults (acks=all, idempotent; linger 0 when
+paced, as bench/e2e_latency.py runs it), and either a pull consumer group (``poll``, auto-commit) or a
+Shared push subscription acknowledging every message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from compare.adapters.base import Adapter, Endpoint
+from compare.workload import Feed, Sink, sent_at
+
+BATCH = 1000
+
+
+@dataclass
+class SluicePull(Adapter):
+    partitions: int = 4
+    replication_factor: int | None = None
+
+    def prepare(self, endpoint: Endpoint, dest: str) -> None:
+        from sluice import Client
+
+        with Client(endpoint["bootstrap"]) as client:
+            client.admin.create_topic(dest, self.partitions, replication_factor=self.replication_factor)
+
+    def cleanup(self, endpoint: Endpoint, dest: str) -> None:
+        from sluice import Client
+
+        with Client(endpoint["bootstrap"]) as client:
+            client.admin.delete_topic(dest)
+
+    def produce(self, endpoint: Endpoint, dest: str, feed: Feed) -> None:
+        from sluice import Client
+
+        settings: dict[str, Any] = {"linger": 0} if feed.rate else {}
+        with Client(endpoint["bootstrap"]) as client:
+            producer = client.producer(dest, **settings)
+            send = producer.send
+            while not feed.done:
+                records = feed.batch(BATCH)
+                if not records:
+                    continue
+                future = None
+                for key, value in records:
+                    future = send(value, key=key)
+                # One callback a batch (on its last record), not one a record: the producer's CPU is
+                # part of the figure.
+                if future is not None:
+                    future.add_done_callback(_acked(feed, sent_at(records[0][1]), len(records)))
+            producer.flush()
+            producer.close()
+
+    def consume(self, endpoint: Endpoint, dest: str, sink: Sink) -> None:
+        from sluice import Client
+
+        with Client(endpoint["bootstrap"]) as client:
+            consumer = client.consumer(f"{dest}-g", [dest], auto_offset_reset="earliest")
+            poll, add = consumer.poll, sink.add
+            while not sink.finished():
+                for record in poll(0.2):
+                    add(record.key or b"", record.value)
+            consumer.close()
+
+
+@dataclass
+class SluicePush(SluicePull):
+    def consume(self, endpoint: Endpoint, dest: str, sink: Sink) -> None:
+        from sluice import Client
+
+        with Client(endpoint["bootstrap"]) as client:
+            pc = client.push_consumer(
+                dest, f"{dest}-s", "shared", initial_position="earliest", receiver_queue_size=BATCH
+            )
+            receive, ack, add = pc.receive, pc.ack, sink.add
+            while not sink.finished():
+                try:
+                    msg = receive(timeout=0.2)
+                except TimeoutError:
+                    continue
+                add(msg.key or b"", msg.value)
+                ack(msg)
+            pc.close()
+
+
+def _acked(feed: Feed, sent: float, count: int) -> Any:
+    def done(_future: object) -> None:
+        feed.acked(sent, count)
+
+    return done
