@@ -12,7 +12,14 @@ import time
 from typing import Any
 
 from sluice.cli.connect import connect
-from sluice.cli.dlq_redrive import DEFAULT_CAP, RedriveOptions, RedriveProgress, Redriver, cursor_of
+from sluice.cli.dlq_redrive import (
+    DEFAULT_CAP,
+    RedriveOptions,
+    RedriveProgress,
+    Redriver,
+    cursor_of,
+    redelivery_of,
+)
 from sluice.cli.errors import UsageError
 from sluice.retry.levels import DLQ_PREFIX, SUB_DLQ_SUFFIX, dlq_group, dlq_topic, retry_info, sub_dlq_topic
 
@@ -183,6 +190,7 @@ def run_redrive(args: argparse.Namespace) -> int:
     opts.rate = _rate(args.rate)
     opts.cap = args.cap
     opts.dry_run = args.dry_run
+    redelivery_of(opts)  # bad options fail before connecting or asking
     if opts.to == "original" and not opts.dry_run:
         _confirm(
             f"--to original writes the dead letters of {name} back to their original topics: EVERY group "

@@ -56,7 +56,15 @@ from sluice.retry.levels import (
     sub_dlq_topic,
 )
 
-__all__ = ["DEFAULT_CAP", "RedriveOptions", "RedriveProgress", "Redriver", "cursor_group", "cursor_of"]
+__all__ = [
+    "DEFAULT_CAP",
+    "RedriveOptions",
+    "RedriveProgress",
+    "Redriver",
+    "cursor_group",
+    "cursor_of",
+    "redelivery_of",
+]
 
 DEFAULT_CAP = 3
 BATCH = 500
@@ -95,6 +103,23 @@ class RedriveOptions:
     batch: int = BATCH
 
 
+def redelivery_of(options: RedriveOptions) -> str:
+    """The topic only the failed group or subscription reads (the default target); checks the options
+    without I/O: InvalidArgument (NotADlqTopic) naming what is wrong."""
+    if options.subscription:
+        check_sub_redrive_names(options.topic, options.subscription)
+        if options.dlq != sub_dlq_topic(options.topic, options.subscription):
+            raise InvalidArgument(f"{options.dlq!r} is not the DLQ of {options.subscription!r}")
+        own, topic = "redelivery", redrive_topic(options.topic, options.subscription)
+    else:
+        own, topic = "retry", retry_topic(dlq_group(options.dlq))  # NotADlqTopic for any other topic
+    if options.to not in (own, "original"):
+        raise InvalidArgument(f"--to must be {own} or original for {options.dlq}, got {options.to!r}")
+    if options.rate < 0 or options.cap < 1 or options.batch < 1:
+        raise InvalidArgument("--rate must be >= 0, --cap and the batch size >= 1")
+    return topic
+
+
 @dataclass
 class RedriveProgress:
     total: int = 0  # DLQ records from the cursor to the end at the start
@@ -112,20 +137,8 @@ class Redriver:
     ) -> None:
         self.client = client
         self.opts = options
-        if options.subscription:
-            check_sub_redrive_names(options.topic, options.subscription)
-            if options.dlq != sub_dlq_topic(options.topic, options.subscription):
-                raise InvalidArgument(f"{options.dlq!r} is not the DLQ of {options.subscription!r}")
-            own = "redelivery"
-            self.redelivery = redrive_topic(options.topic, options.subscription)
-        else:
-            own = "retry"
-            self.redelivery = retry_topic(dlq_group(options.dlq))  # NotADlqTopic for any other topic
+        self.redelivery = redelivery_of(options)
         self.cursor_name = cursor_of(options.dlq)
-        if options.to not in (own, "original"):
-            raise InvalidArgument(f"--to must be {own} or original for {options.dlq}, got {options.to!r}")
-        if options.rate < 0 or options.cap < 1 or options.batch < 1:
-            raise InvalidArgument("--rate must be >= 0, --cap and the batch size >= 1")
         self.filter = parse_filter(options.tag_filter)
         if options.rate > 0:  # a batch is at most a second of the rate: no bursts of 500 at 10/s
             options.batch = min(options.batch, max(1, int(options.rate)))
