@@ -1,4 +1,5 @@
-"""``sluice dlq list|peek|purge|redrive``: the dead-letter topics of pull groups (docs/retry.md).
+"""``sluice dlq list|peek|purge|redrive``: the dead-letter topics of pull groups and push subscriptions
+(docs/retry.md).
 
 ``redrive`` is ``dlq_redrive.py``; this module parses, confirms and prints.
 """
@@ -11,17 +12,25 @@ import time
 from typing import Any
 
 from sluice.cli.connect import connect
-from sluice.cli.dlq_redrive import DEFAULT_CAP, RedriveOptions, RedriveProgress, Redriver, cursor_group
+from sluice.cli.dlq_redrive import (
+    DEFAULT_CAP,
+    RedriveOptions,
+    RedriveProgress,
+    Redriver,
+    cursor_of,
+    redelivery_of,
+)
 from sluice.cli.errors import UsageError
-from sluice.errors import InvalidArgument
-from sluice.retry.levels import DLQ_PREFIX, dlq_group, dlq_topic, retry_info
+from sluice.retry.levels import DLQ_PREFIX, SUB_DLQ_SUFFIX, dlq_group, dlq_topic, retry_info, sub_dlq_topic
 
 __all__ = ["add_parser"]
 
 
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     dlq = subparsers.add_parser(
-        "dlq", help="dead-letter topics of pull groups: list, peek, purge, redrive", parents=[common]
+        "dlq",
+        help="dead-letter topics of pull groups and push subscriptions: list, peek, purge, redrive",
+        parents=[common],
     )
     actions = dlq.add_subparsers(dest="action", metavar="ACTION", required=True)
 
@@ -34,21 +43,24 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     peek.set_defaults(run=run_peek, parser=peek)
 
     purge = actions.add_parser(
-        "purge", help="drop every dead letter of a group (asks first)", parents=[common]
+        "purge", help="drop every dead letter of a group or subscription (asks first)", parents=[common]
     )
     _add_source(purge)
     purge.add_argument("--yes", action="store_true", help="do not ask")
     purge.set_defaults(run=run_purge, parser=purge)
 
     redrive = actions.add_parser(
-        "redrive", help="move dead letters back (to the group's retry topic by default)", parents=[common]
+        "redrive",
+        help="move dead letters back (by default only to the group or subscription that failed)",
+        parents=[common],
     )
     _add_source(redrive)
     redrive.add_argument(
         "--to",
-        choices=("retry", "original"),
-        default="retry",
-        help="retry: only the failed group sees them again (default); original: every group of the topic",
+        choices=("retry", "redelivery", "original"),
+        default=None,
+        help="retry (groups) / redelivery (subscriptions): only the one that failed sees them again "
+        "(the default); original: every group and subscription of the topic",
     )
     redrive.add_argument("--filter", default="*", help="tag expression, as subscriptions use (default *)")
     redrive.add_argument("--rate", default="0", help="records per second, e.g. 500/s (default: unthrottled)")
@@ -68,18 +80,23 @@ def _add_source(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topic", help="the topic of --subscription")
 
 
-def _dlq_of(args: argparse.Namespace) -> str:
+def _source(args: argparse.Namespace) -> RedriveOptions:
+    """The DLQ the arguments name, as redrive options (the redrive's own fields left at defaults)."""
     if args.subscription:
-        # Push subscriptions dead-letter to <topic>.<sub>.DLQ and have no per-subscription redelivery
-        # into which a redrive could write: not done (docs/retry.md, "Not done").
-        raise InvalidArgument(
-            "redrive of push subscriptions is not available: their DLQ <topic>.<subscription>.DLQ has no "
-            "per-subscription redelivery to write into yet; use --group for pull groups"
-        )
+        if not args.topic:
+            raise UsageError("--subscription needs --topic (the subscription's topic)")
+        name = sub_dlq_topic(args.topic, args.subscription)
+        return RedriveOptions(dlq=name, to="redelivery", topic=args.topic, subscription=args.subscription)
+    if args.topic:
+        raise UsageError("--topic goes with --subscription only")
     if args.dlq_topic:
         dlq_group(args.dlq_topic)  # NotADlqTopic for anything else
-        return str(args.dlq_topic)
-    return dlq_topic(args.group)
+        return RedriveOptions(dlq=str(args.dlq_topic))
+    return RedriveOptions(dlq=dlq_topic(args.group))
+
+
+def _dlq_of(args: argparse.Namespace) -> str:
+    return _source(args).dlq
 
 
 def _confirm(question: str, yes: bool) -> None:
@@ -94,12 +111,16 @@ def _confirm(question: str, yes: bool) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     with connect(args) as client:
-        names = sorted(t.name for t in client.admin.list_topics() if t.name.startswith(DLQ_PREFIX))
+        names = sorted(
+            t.name
+            for t in client.admin.list_topics()
+            if t.name.startswith(DLQ_PREFIX) or t.name.endswith(SUB_DLQ_SUFFIX)
+        )
         rows = [("DLQ", "RECORDS", "REDRIVE-CURSOR")]
         for name in names:
             start = client.list_offsets(name, "earliest")
             end = client.list_offsets(name, "latest")
-            cursor = client.admin.group_offsets(cursor_group(dlq_group(name)))
+            cursor = client.admin.group_offsets(cursor_of(name))
             at = sum(max(cursor.get((name, p), start[p]), start[p]) for p in end)
             rows.append((name, str(sum(end[p] - start[p] for p in end)), f"{at}/{sum(end.values())}"))
     for row in rows:
@@ -108,11 +129,13 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_peek(args: argparse.Namespace) -> int:
-    name = _dlq_of(args)
+    name = _dlq_of(args)  # usage errors before the count's
     if args.count < 1:
         raise UsageError(f"--count must be >= 1, got {args.count}")
     with connect(args) as client:
-        redriver = Redriver(client, RedriveOptions(dlq=name, dry_run=True), lambda _p: None)
+        source = _source(args)
+        source.dry_run = True
+        redriver = Redriver(client, source, lambda _p: None)
         positions = redriver.cursor()
         shown = 0
         with client.fetcher({(name, p): o for p, o in positions.items()}, max_wait_ms=100) as f:
@@ -160,19 +183,18 @@ def _rate(text: str) -> float:
 
 
 def run_redrive(args: argparse.Namespace) -> int:
-    name = _dlq_of(args)
-    opts = RedriveOptions(
-        dlq=name,
-        to=args.to,
-        tag_filter=args.filter,
-        rate=_rate(args.rate),
-        cap=args.cap,
-        dry_run=args.dry_run,
-    )
+    opts = _source(args)
+    name = opts.dlq
+    opts.to = args.to or opts.to
+    opts.tag_filter = args.filter
+    opts.rate = _rate(args.rate)
+    opts.cap = args.cap
+    opts.dry_run = args.dry_run
+    redelivery_of(opts)  # bad options fail before connecting or asking
     if opts.to == "original" and not opts.dry_run:
         _confirm(
             f"--to original writes the dead letters of {name} back to their original topics: EVERY group "
-            "reading those topics sees them again, not only the group that failed.",
+            "and subscription reading those topics sees them again, not only the one that failed.",
             args.yes,
         )
     last = [0.0]

@@ -1,10 +1,12 @@
 """The DLQ redrive: move dead letters back, throttled, resumable, each record exactly once (docs/retry.md).
 
-A redrive reads ``DLQ.<group>`` from its cursor and writes each record to its target:
+A redrive reads a dead-letter topic from its cursor and writes each record to its target:
 
-- ``retry`` (default): ``RETRY.<group>`` partition 0, due at once, so only the group that failed sees
-  it again, with a full retry cycle (reconsume count back to 0);
-- ``original``: the partition it first came from, so every group of that topic sees it.
+- a pull group's ``DLQ.<group>``: ``retry`` (default) is ``RETRY.<group>`` partition 0, due at once,
+  so only the group that failed sees it again, with a full retry cycle (reconsume count back to 0);
+- a push subscription's ``<topic>.<sub>.DLQ``: ``redelivery`` (default) is ``<topic>.<sub>.REDRIVE``,
+  which only the subscription ``<sub>`` of that topic reads;
+- ``original`` (either): the partition it first came from, so every group of that topic sees it.
 
 Each written record keeps its headers (original coordinates, first failure), gets
 ``sluice-redrive-count`` raised by one and ``sluice-redrive-source: DLQ.<group>/<partition>/<offset>``.
@@ -12,7 +14,8 @@ A record already redriven ``cap`` times stays in the DLQ (counted as kept).
 
 **Exactly once across a crash.** Work goes in batches: write the batch, wait for every acknowledgement,
 then save the cursor (the DLQ offset after the batch) and then the targets' end offsets, both in the
-offset store as the committed offsets of the group ``redrive.<group>`` (a group with no members, so
+offset store as the committed offsets of the group ``redrive.<group>`` (``redrive-sub.<topic>.<sub>``
+for a subscription; a group with no members, so
 ``set_group_offsets`` may write it). On start, the targets are read from the saved end offsets to their
 current end and every ``sluice-redrive-source`` found is skipped: a process killed between a write's
 acknowledgement and the cursor save left exactly those records, so nothing is written twice; nothing
@@ -20,11 +23,12 @@ is lost because the cursor never passes a record before its write was acknowledg
 saved before the target offsets, so a crash between the two only makes the next start read more.
 The idempotent producer alone would not do: its producer id dies with the process.
 
-One redrive per group at a time: two concurrent ones would not see each other's writes.
+One redrive per DLQ at a time: two concurrent ones would not see each other's writes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -34,8 +38,9 @@ from typing import Any
 
 from sluice.codec.batch import Record
 from sluice.codec.filter import parse_filter
-from sluice.errors import InvalidArgument, RequestTimedOut, UnknownTopicOrPartition
+from sluice.errors import InvalidArgument, RequestTimedOut, TopicAlreadyExists, UnknownTopicOrPartition
 from sluice.retry.levels import (
+    DLQ_PREFIX,
     H_COUNT,
     H_DLQ_SOURCE,
     H_DUE,
@@ -43,12 +48,23 @@ from sluice.retry.levels import (
     H_REDRIVE_COUNT,
     H_SOURCE,
     H_TOPIC,
+    check_sub_redrive_names,
     dlq_group,
+    redrive_topic,
     retry_topic,
     source_key,
+    sub_dlq_topic,
 )
 
-__all__ = ["DEFAULT_CAP", "RedriveOptions", "RedriveProgress", "Redriver", "cursor_group"]
+__all__ = [
+    "DEFAULT_CAP",
+    "RedriveOptions",
+    "RedriveProgress",
+    "Redriver",
+    "cursor_group",
+    "cursor_of",
+    "redelivery_of",
+]
 
 DEFAULT_CAP = 3
 BATCH = 500
@@ -63,15 +79,45 @@ def cursor_group(group: str) -> str:
     return f"redrive.{group}"
 
 
+def cursor_of(dlq: str) -> str:
+    """The cursor group of a dead-letter topic: ``redrive.<group>`` for ``DLQ.<group>``,
+    ``redrive-sub.<topic>.<sub>`` for a subscription's ``<topic>.<sub>.DLQ`` (a prefix of its own, so
+    a group named ``<topic>.<sub>`` cannot share it)."""
+    if dlq.startswith(DLQ_PREFIX):
+        return cursor_group(dlq_group(dlq))
+    return "redrive-sub." + dlq.removesuffix(".DLQ")
+
+
 @dataclass
 class RedriveOptions:
     dlq: str
+    #: ``retry`` for a group's DLQ, ``redelivery`` for a subscription's, or ``original``.
     to: str = "retry"
+    #: A push subscription's DLQ: its topic and subscription (``dlq`` is then ``<topic>.<sub>.DLQ``).
+    topic: str = ""
+    subscription: str = ""
     tag_filter: str = "*"
     rate: float = 0.0  # records per second; 0: unthrottled
     cap: int = DEFAULT_CAP
     dry_run: bool = False
     batch: int = BATCH
+
+
+def redelivery_of(options: RedriveOptions) -> str:
+    """The topic only the failed group or subscription reads (the default target); checks the options
+    without I/O: InvalidArgument (NotADlqTopic) naming what is wrong."""
+    if options.subscription:
+        check_sub_redrive_names(options.topic, options.subscription)
+        if options.dlq != sub_dlq_topic(options.topic, options.subscription):
+            raise InvalidArgument(f"{options.dlq!r} is not the DLQ of {options.subscription!r}")
+        own, topic = "redelivery", redrive_topic(options.topic, options.subscription)
+    else:
+        own, topic = "retry", retry_topic(dlq_group(options.dlq))  # NotADlqTopic for any other topic
+    if options.to not in (own, "original"):
+        raise InvalidArgument(f"--to must be {own} or original for {options.dlq}, got {options.to!r}")
+    if options.rate < 0 or options.cap < 1 or options.batch < 1:
+        raise InvalidArgument("--rate must be >= 0, --cap and the batch size >= 1")
+    return topic
 
 
 @dataclass
@@ -91,11 +137,8 @@ class Redriver:
     ) -> None:
         self.client = client
         self.opts = options
-        self.group = dlq_group(options.dlq)
-        if options.to not in ("retry", "original"):
-            raise InvalidArgument(f"--to must be retry or original, got {options.to!r}")
-        if options.rate < 0 or options.cap < 1 or options.batch < 1:
-            raise InvalidArgument("--rate must be >= 0, --cap and the batch size >= 1")
+        self.redelivery = redelivery_of(options)
+        self.cursor_name = cursor_of(options.dlq)
         self.filter = parse_filter(options.tag_filter)
         if options.rate > 0:  # a batch is at most a second of the rate: no bursts of 500 at 10/s
             options.batch = min(options.batch, max(1, int(options.rate)))
@@ -110,32 +153,32 @@ class Redriver:
     def cursor(self) -> dict[int, int]:
         """{DLQ partition: next offset to redrive} (the log start where nothing is saved)."""
         start = self.client.list_offsets(self.opts.dlq, "earliest")
-        saved = self.client.admin.group_offsets(cursor_group(self.group))
+        saved = self.client.admin.group_offsets(self.cursor_name)
         return {p: max(saved.get((self.opts.dlq, p), off), off) for p, off in start.items()}
 
     def _save(self, positions: dict[int, int]) -> None:
         admin = self.client.admin
-        admin.set_group_offsets(cursor_group(self.group), self.opts.dlq, positions)
+        admin.set_group_offsets(self.cursor_name, self.opts.dlq, positions)
         by_topic: dict[str, dict[int, int]] = {}
         for (topic, p), _ in self.progress.targets.items():
             by_topic.setdefault(topic, {})[p] = self.client.list_offsets(topic, "latest", [p])[p]
         for topic, ends in by_topic.items():
-            admin.set_group_offsets(cursor_group(self.group), topic, ends)
+            admin.set_group_offsets(self.cursor_name, topic, ends)
 
     def _mark_target(self, topic: str, partition: int) -> None:
         """Before the first write to a target partition in this run: save its end unless an earlier
         run saved one, so that a crash before the first cursor save is deduplicated too."""
-        saved = self.client.admin.group_offsets(cursor_group(self.group), [(topic, partition)])
+        saved = self.client.admin.group_offsets(self.cursor_name, [(topic, partition)])
         if (topic, partition) not in saved:
             end = self.client.list_offsets(topic, "latest", [partition])[partition]
-            self.client.admin.set_group_offsets(cursor_group(self.group), topic, {partition: end})
+            self.client.admin.set_group_offsets(self.cursor_name, topic, {partition: end})
         self.progress.targets[(topic, partition)] = 0
 
     # ---- dedup at the targets ------------------------------------------------------------------
 
     def _load_seen(self) -> None:
         """The redrive sources written since the last saved target offsets (a crashed run's writes)."""
-        saved = self.client.admin.group_offsets(cursor_group(self.group))
+        saved = self.client.admin.group_offsets(self.cursor_name)
         for (topic, p), start in saved.items():
             if topic == self.opts.dlq:
                 continue
@@ -152,6 +195,8 @@ class Redriver:
             self.client.admin.describe_topic(self.opts.dlq)
         except UnknownTopicOrPartition:
             raise UnknownTopicOrPartition(f"dead-letter topic {self.opts.dlq!r} does not exist") from None
+        if self.opts.to == "redelivery" and not self.opts.dry_run:
+            self._ensure_redelivery_topic()
         positions = self.cursor()
         ends = self.client.list_offsets(self.opts.dlq, "latest")
         self.progress.total = sum(max(ends[p] - positions[p], 0) for p in ends)
@@ -173,6 +218,14 @@ class Redriver:
         for producer in self._producers.values():
             producer.close()
         return self.progress
+
+    def _ensure_redelivery_topic(self) -> None:
+        """A subscription's redrive topic is made by its first redrive (one partition: the DLQ has one)."""
+        try:
+            self.client.admin.describe_topic(self.redelivery)
+        except UnknownTopicOrPartition:
+            with contextlib.suppress(TopicAlreadyExists):  # made meanwhile by another tool: fine
+                self.client.admin.create_topic(self.redelivery, partitions=1)
 
     def _batch(self, batch: list[Record], positions: dict[int, int], p: int, started: float) -> int:
         pending = []
@@ -222,12 +275,14 @@ class Redriver:
         if self.opts.to == "retry":
             headers[H_COUNT] = b"0"  # a full retry cycle again
             headers[H_DUE] = b"0"  # due at once
-            return retry_topic(self.group), 0, headers
+            return self.redelivery, 0, headers
+        if self.opts.to == "redelivery":
+            headers.pop(H_DUE, None)
+            return self.redelivery, 0, headers
         topic = headers.get(H_TOPIC)
         if topic is None:
-            raise InvalidArgument(
-                f"{key}: no {H_TOPIC} header, so its original topic is unknown; use --to retry"
-            )
+            own = "redelivery" if self.opts.subscription else "retry"
+            raise InvalidArgument(f"{key} has no {H_TOPIC} header (original topic unknown): use --to {own}")
         headers.pop(H_DUE, None)
         return topic.decode(), int(headers.get(H_PARTITION, b"0") or 0), headers
 

@@ -4,6 +4,12 @@ The DLQ topic is created through the coordinator when missing (one partition). M
 key, tag, headers, value and timestamp, and are produced in one batch per call with ``acks=1``; the
 subscription acknowledges them only after the broker confirmed the append, so a crash in between
 produces them again (at least once) rather than losing them.
+
+Each dead letter also carries where it came from (``sluice-retry-topic``, ``-partition``, ``-offset``,
+unless it has them already: a redriven record keeps its first origin), so ``sluice dlq redrive
+--subscription S --to original`` knows its partition. The subscription ``S`` of its redrive topic
+``<topic>.S.REDRIVE`` dead-letters to ``<topic>.S.DLQ``, the DLQ it was redriven from, so a record
+failing again comes back to the same DLQ and its redrive cap counts there (docs/retry.md).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from sluice.common.rpc import error_from_rpc
 from sluice.dispatcher.cluster import CoordinatorLink
 from sluice.dispatcher.messages import Message
 from sluice.errors import raise_for_proto
+from sluice.retry.levels import H_OFFSET, H_PARTITION, H_TOPIC, sub_dlq_topic
 from sluice.v1 import broker_pb2
 
 __all__ = ["DeadLetterSink", "dlq_topic"]
@@ -25,8 +32,7 @@ __all__ = ["DeadLetterSink", "dlq_topic"]
 RPC_TIMEOUT = 10.0
 
 
-def dlq_topic(topic: str, subscription: str) -> str:
-    return f"{topic}.{subscription}.DLQ"
+dlq_topic = sub_dlq_topic
 
 
 class DeadLetterSink:
@@ -41,7 +47,12 @@ class DeadLetterSink:
         builder = BatchBuilder()
         for m in messages:
             r = m.record
-            builder.append(r.value, r.key, r.tag, r.headers or None, r.timestamp)
+            headers = dict(r.headers) if r.headers else {}
+            if H_TOPIC not in headers:
+                headers[H_TOPIC] = topic.encode()
+                headers[H_PARTITION] = str(m.partition).encode()
+                headers[H_OFFSET] = str(m.offset).encode()
+            builder.append(r.value, r.key, r.tag, headers, r.timestamp)
         partition = 0
         address = self._link.view.route(name, partition)
         broker = address.broker if address is not None else ""

@@ -32,15 +32,20 @@ __all__ = [
     "H_REDRIVE_COUNT",
     "H_SOURCE",
     "H_TOPIC",
+    "REDRIVE_SUFFIX",
+    "SUB_DLQ_SUFFIX",
     "DelayLevels",
     "RetryInfo",
     "check_retry_names",
+    "check_sub_redrive_names",
     "dlq_group",
     "dlq_topic",
     "parse_levels",
+    "redrive_topic",
     "retry_info",
     "retry_topic",
     "source_key",
+    "sub_dlq_topic",
 ]
 
 #: RocketMQ's ``messageDelayLevel``.
@@ -80,6 +85,36 @@ def dlq_group(topic: str) -> str:
     if not topic.startswith(DLQ_PREFIX) or len(topic) == len(DLQ_PREFIX):
         raise NotADlqTopic(f"{topic!r} is not a dead-letter topic: DLQ topics are named {DLQ_PREFIX}<group>")
     return topic[len(DLQ_PREFIX) :]
+
+
+#: A push subscription's dead letters: ``<topic>.<subscription>.DLQ`` (the dispatcher's name).
+SUB_DLQ_SUFFIX = ".DLQ"
+#: Where a push subscription's redrive writes: ``<topic>.<subscription>.REDRIVE``, read by a push
+#: subscription of the same name only (docs/retry.md, "Redrive of push subscriptions").
+REDRIVE_SUFFIX = ".REDRIVE"
+
+
+def sub_dlq_topic(topic: str, subscription: str) -> str:
+    """The dead-letter topic of a push subscription. The subscription ``S`` of a redrive topic
+    ``<topic>.S.REDRIVE`` dead-letters to ``<topic>.S.DLQ``, the DLQ it was redriven from: a record
+    failing again returns there and its redrive cap keeps counting."""
+    redriven_from = f".{subscription}{REDRIVE_SUFFIX}"
+    if topic.endswith(redriven_from) and len(topic) > len(redriven_from):
+        return topic[: -len(REDRIVE_SUFFIX)] + SUB_DLQ_SUFFIX
+    return f"{topic}.{subscription}{SUB_DLQ_SUFFIX}"
+
+
+def redrive_topic(topic: str, subscription: str) -> str:
+    return f"{topic}.{subscription}{REDRIVE_SUFFIX}"
+
+
+def check_sub_redrive_names(topic: str, subscription: str) -> None:
+    """The redrive topic of ``subscription`` on ``topic`` must be a valid topic name."""
+    name = redrive_topic(topic, subscription)
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidArgument(
+            f"redrive topic {name[:30]!r}... would have {len(name)} characters (limit {MAX_NAME_LENGTH})"
+        )
 
 
 def check_retry_names(group: str) -> None:

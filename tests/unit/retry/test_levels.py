@@ -6,7 +6,9 @@ from datetime import timedelta
 
 import pytest
 
+from sluice.cli.dlq_redrive import cursor_of
 from sluice.client.consumer import ConsumerConfig
+from sluice.client.push import dlq_topic as push_dlq_topic
 from sluice.errors import DelayLevelOutOfRange, InvalidArgument, NotADlqTopic
 from sluice.retry.levels import (
     DEFAULT_DELAY_LEVELS,
@@ -18,8 +20,10 @@ from sluice.retry.levels import (
     dlq_group,
     dlq_topic,
     parse_levels,
+    redrive_topic,
     retry_info,
     retry_topic,
+    sub_dlq_topic,
 )
 
 
@@ -80,3 +84,15 @@ def test_retry_info() -> None:
     info = retry_info({H_TOPIC: b"t", H_PARTITION: b"2", H_OFFSET: b"9", H_COUNT: b"bad"})
     assert info is not None
     assert (info.topic, info.partition, info.offset, info.count) == ("t", 2, 9, 0)
+
+
+def test_subscription_redrive_names() -> None:
+    assert sub_dlq_topic("orders", "s") == push_dlq_topic("orders", "s") == "orders.s.DLQ"
+    assert redrive_topic("orders", "s") == "orders.s.REDRIVE"
+    # The subscription of its redrive topic dead-letters to the DLQ it was redriven from.
+    assert sub_dlq_topic("orders.s.REDRIVE", "s") == "orders.s.DLQ"
+    assert sub_dlq_topic("orders.s.REDRIVE", "t") == "orders.s.REDRIVE.t.DLQ"
+    assert sub_dlq_topic(".s.REDRIVE", "s") == ".s.REDRIVE.s.DLQ"
+    # Cursor groups: a group named like a topic and subscription does not share one.
+    assert cursor_of("DLQ.orders.s") == "redrive.orders.s"
+    assert cursor_of("orders.s.DLQ") == "redrive-sub.orders.s"

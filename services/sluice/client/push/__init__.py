@@ -10,6 +10,7 @@ backoff is the peer layer's (``sluice.common.backoff``). See docs/push-consumer.
 from sluice.client.push.config import KeySharedPolicy, PushConsumerConfig, dlq_topic
 from sluice.client.push.consumer import PushConsumer, PushConsumerStats
 from sluice.client.push.message import Message, MessageId
+from sluice.retry.levels import redrive_topic
 
 __all__ = [
     "KeySharedPolicy",
@@ -19,4 +20,5 @@ __all__ = [
     "PushConsumerConfig",
     "PushConsumerStats",
     "dlq_topic",
+    "redrive_topic",
 ]

@@ -23,6 +23,7 @@ from sluice.client.push.stats import PushConsumerStats
 from sluice.codec.filter import parse_filter
 from sluice.common.settings import convert_setting
 from sluice.errors import InvalidArgument
+from sluice.retry.levels import sub_dlq_topic
 from sluice.serde.builtin import DeserializerSpec, resolve_deserializer
 from sluice.v1 import dispatcher_pb2
 
@@ -70,8 +71,9 @@ MessageListener = Callable[[ListenerConsumer, Message], None]
 
 
 def dlq_topic(topic: str, subscription: str) -> str:
-    """The dead-letter topic of a subscription: ``<topic>.<subscription>.DLQ``."""
-    return f"{topic}.{subscription}.DLQ"
+    """The dead-letter topic of a subscription: ``<topic>.<subscription>.DLQ`` (for the subscription
+    of a redrive topic ``<topic>.<subscription>.REDRIVE``, the DLQ it was redriven from)."""
+    return sub_dlq_topic(topic, subscription)
 
 
 @dataclass(frozen=True, slots=True)
