@@ -32,6 +32,10 @@ Audit = Callable[[Principal, Operation, Resource, str], None]
 
 #: The suffix of a push subscription's dead-letter topic (``dispatcher``: ``<topic>.<subscription>.DLQ``).
 DLQ_SUFFIX = ".DLQ"
+#: The suffix of the topic its redrive writes to (``sluice dlq redrive --subscription``, read by the
+#: subscription's own consumers: docs/retry.md).
+REDRIVE_SUFFIX = ".REDRIVE"
+_SUBSCRIPTION_TOPIC_SUFFIXES = (DLQ_SUFFIX, REDRIVE_SUFFIX)
 _DEAD_LETTER_OPERATIONS = frozenset({Operation.READ, Operation.DESCRIBE, Operation.DELETE})
 
 
@@ -60,15 +64,17 @@ class ServiceAuthorizer:
         raise AuthorizationError(f"{who} is not authorized to {operation.value} {resource}")
 
     def _dead_letters_allowed(self, principal: Principal, operation: Operation, resource: Resource) -> bool:
-        """A push subscription's dead-letter topic ``<topic>.<subscription>.DLQ`` is read, described
-        and deleted under the subscription's ACLs (docs/security.md): whoever may read a subscription
-        gets its dead letters, and nobody needs an ACL on a topic name they never chose. Topic and
-        subscription names may both hold dots, so every split is asked (only for ``.DLQ`` names)."""
+        """A push subscription's dead-letter topic ``<topic>.<subscription>.DLQ``, and the topic its
+        redrive writes (``<topic>.<subscription>.REDRIVE``), are read, described and deleted under the
+        subscription's ACLs (docs/security.md): whoever may read a subscription gets its dead letters
+        back, and nobody needs an ACL on a topic name they never chose. Topic and subscription names
+        may both hold dots, so every split is asked (only for names with those suffixes)."""
         if resource.type is not ResourceType.TOPIC or operation not in _DEAD_LETTER_OPERATIONS:
             return False
-        if not resource.name.endswith(DLQ_SUFFIX):
+        suffix = next((x for x in _SUBSCRIPTION_TOPIC_SUFFIXES if resource.name.endswith(x)), None)
+        if suffix is None:
             return False
-        base = resource.name[: -len(DLQ_SUFFIX)]
+        base = resource.name[: -len(suffix)]
         return any(
             self._acls.allowed(principal, operation, Resource(ResourceType.SUBSCRIPTION, base[i + 1 :]))
             for i, char in enumerate(base)

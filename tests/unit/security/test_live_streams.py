@@ -109,3 +109,9 @@ def test_a_dead_letter_topic_is_read_under_its_subscriptions_acl() -> None:
     assert not authorizer.allowed(ctx, Operation.WRITE, dlq)
     assert not authorizer.allowed(ctx, Operation.READ, Resource(ResourceType.TOPIC, "orders.eu.other.DLQ"))
     assert not authorizer.allowed(ctx, Operation.READ, Resource(ResourceType.TOPIC, "orders.eu.billing.v2"))
+    # What `sluice dlq redrive --subscription billing.v2` writes back, for that subscription's readers only.
+    redrive = Resource(ResourceType.TOPIC, "orders.eu.billing.v2.REDRIVE")
+    assert authorizer.allowed(ctx, Operation.READ, redrive)
+    assert not authorizer.allowed(ctx, Operation.WRITE, redrive)
+    other = Resource(ResourceType.TOPIC, "orders.eu.other.REDRIVE")
+    assert not authorizer.allowed(ctx, Operation.READ, other)
