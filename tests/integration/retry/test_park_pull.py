@@ -9,9 +9,12 @@ import time
 from collections import Counter, defaultdict
 from typing import Any
 
+import pytest
+
 from sluice import Client
 from sluice.client.consumer import Consumer
 from sluice.codec.batch import Record
+from sluice.errors import InvalidArgument, RecordNotOwned
 from sluice.retry.levels import H_COUNT, dlq_topic, retry_info
 from sluice.retry.parkbook import ParkBook, park_topic
 from tests.integration.retry.conftest import RetryCluster, read_all
@@ -223,3 +226,35 @@ def test_hold_policy_keeps_the_key_until_unpark(cluster: RetryCluster, capsys: A
     consumer.poll(0.5)  # processed: the last head is settled
     assert not _book(client, group).keys
     consumer.close()
+
+
+def test_fail_refuses_what_it_cannot_park(cluster: RetryCluster) -> None:
+    topic, group = cluster.topic(1, "pb"), cluster.group("park")
+    client = cluster.client()
+    with client.producer(topic) as p:
+        p.send(b"no-key")
+        p.send(b"keyed", key=b"k")
+        p.flush(10)
+    plain = client.consumer(cluster.group("plain"), [topic], auto_offset_reset="earliest")
+    got = _poll_n(plain, 2)
+    with pytest.raises(InvalidArgument, match="park_poison_keys=True"):
+        plain.fail(got[1])
+    plain.close()
+    consumer = client.consumer(group, [topic], **PARK_CFG)
+    keyless, keyed = _poll_n(consumer, 2)
+    with pytest.raises(InvalidArgument, match="without a key cannot be parked"):
+        consumer.fail(keyless)
+    consumer.commit()
+    with pytest.raises(RecordNotOwned, match="committed already"):
+        consumer.fail(keyed)
+    assert read_all(client, park_topic(group)) == [], "nothing parked"
+    consumer.close()
+
+
+def _poll_n(consumer: Consumer, n: int) -> list[Record]:
+    out: list[Record] = []
+    deadline = time.monotonic() + 15
+    while len(out) < n:
+        assert time.monotonic() < deadline
+        out += consumer.poll(0.2)
+    return out
