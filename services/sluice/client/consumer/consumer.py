@@ -299,6 +299,8 @@ class Consumer(ParkingEngine):
         commit is the last word.
         """
         self._check_open()
+        if self._park is not None:
+            self._park.flush()  # the records it parked are acknowledged before their offsets commit
         self._async.flush(self._timeout)
         self._report_commits()
         with self._lock:
@@ -329,6 +331,8 @@ class Consumer(ParkingEngine):
         ``commit()`` / ``commit_async()``. See docs/consumer.md.
         """
         self._check_open()
+        if self._park is not None:
+            self._park.flush()
         self._report_commits()
         with self._lock:
             if offsets is None:

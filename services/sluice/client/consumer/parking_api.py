@@ -94,6 +94,7 @@ class ParkingEngine(ConsumerEngine):
         taken, and records of parked keys are parked (acknowledged) before poll() returns them."""
         park.settle()
         while True:
+            park.flush()  # a pass that diverted everything: acknowledged before anything commits
             self._poll_prepare()
             owned = self._owned_now()
             park.prepare(owned)
