@@ -90,6 +90,10 @@ class Parker:
         self._timeout = timeout
         self.book = ParkBook()
         self._dlq_index = SourceIndex(ports.list_offsets, ports.fetcher, H_SOURCE, dedup_window, timeout)
+        self._dlq_stale = True
+        #: Dead-lettering sent, not yet acknowledged: (key, [(source, future)], its resolved event).
+        self._dlq_inflight: list[tuple[KeyId, list[tuple[str, Any]], _Event]] = []
+        self._dlq_keys: set[KeyId] = set()
         self._producer = ports.producer(self.topic)
         self._dlq_producer = ports.producer(self.dlq)
         #: The park topic is replayed up to here; offsets of our own writes above it (applied already).
@@ -139,8 +143,24 @@ class Parker:
             self._inflight.append((events, futures))
 
     def flush(self) -> None:
-        """Wait for every write sent and apply it, in order. Runs before anything can commit the
-        offsets of the records they park (poll()'s start, commit(), close()) and before other writes."""
+        """Wait for every write sent and apply it, in order; then finish the dead-lettering in flight
+        (its ``resolved`` event only once the DLQ acknowledged every record). Runs before anything can
+        commit the offsets of the records parked (poll()'s start, commit(), close()) and before other
+        writes."""
+        self._wait_sent()
+        if not self._dlq_inflight:
+            return
+        dlq, self._dlq_inflight = self._dlq_inflight, []
+        for _, futures, _ in dlq:
+            for src, f in futures:
+                f.result(self._timeout)
+                self._dlq_index.add((self.dlq, 0), src)
+        self._send([event for _, _, event in dlq])
+        self._wait_sent()
+        for kid, _, _ in dlq:
+            self._dlq_keys.discard(kid)
+
+    def _wait_sent(self) -> None:
         inflight, self._inflight = self._inflight, []
         for events, futures in inflight:
             written = [cast(_Written, f.result(self._timeout)).offset for f in futures]
@@ -170,12 +190,19 @@ class Parker:
         """Replay the topic when the assignment changed (before any record of a new partition is
         taken) or once a second; dead-letter keys past ``max_redeliver`` (a crash may have left one)."""
         if owned != self._owned or time.monotonic() >= self._next_tail:
+            if owned != self._owned:
+                self._dlq_stale = True
             self.catch_up()
             self._owned = owned
         if self.hold:
             return
         for kid, pk in list(self.book.keys.items()):
-            if pk.count > self.max_redeliver and kid[0] in owned and not self._is_out(kid):
+            if (
+                pk.count > self.max_redeliver
+                and kid[0] in owned
+                and kid not in self._dlq_keys
+                and not self._is_out(kid)
+            ):
                 self._dead_letter(pk)
 
     def take(self, owned: frozenset[TopicPartition], room: int) -> list[Record]:
@@ -291,9 +318,12 @@ class Parker:
         the DLQ write and the ``resolved`` event), then the key is resolved."""
         if not pk.pending:
             return
-        dlq_tp = (self.dlq, 0)
-        self._dlq_index.catch_up(dlq_tp)
-        futures = []
+        if self._dlq_stale:
+            # Only a previous owner of these partitions (a crash before its ``resolved`` event) can have
+            # written these sources: read what was appended since the assignment last changed, once.
+            self._dlq_index.catch_up((self.dlq, 0))
+            self._dlq_stale = False
+        futures: list[tuple[str, Any]] = []
         now = str(int(time.time() * 1000)).encode()
         for r in pk.pending:
             src = source_key(r.topic, r.partition, r.offset)
@@ -311,15 +341,17 @@ class Parker:
             futures.append(
                 (src, self._dlq_producer.send(r.value, key=r.key, tag=r.tag, headers=headers, partition=0))
             )
-        for src, f in futures:
-            f.result(self._timeout)
-            self._dlq_index.add(dlq_tp, src)
         last = pk.pending[-1]
         log.warning(
             "%s[%d] key %r: %d records to %s after %d failures",
             pk.tp[0], pk.tp[1], pk.key, len(pk.pending), self.dlq, pk.count,
         )  # fmt: skip
-        self._write([_resolved((pk.tp, pk.key), source_key(last.topic, last.partition, last.offset), b"dlq")])
+        # Waited for in flush() (the next poll, commit or close), so the application goes on meanwhile;
+        # until then the key stays parked past max_redeliver: nothing of it is handed out.
+        kid = (pk.tp, pk.key)
+        resolved = _resolved(kid, source_key(last.topic, last.partition, last.offset), b"dlq")
+        self._dlq_inflight.append((kid, futures, resolved))
+        self._dlq_keys.add(kid)
 
     def close(self) -> None:
         try:
