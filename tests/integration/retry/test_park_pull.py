@@ -5,8 +5,11 @@ and the hold policy with ``sluice group parked`` / ``unpark``."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +19,7 @@ from sluice.client.consumer import Consumer
 from sluice.codec.batch import Record
 from sluice.errors import InvalidArgument, RecordNotOwned
 from sluice.retry.levels import H_COUNT, dlq_topic, retry_info
-from sluice.retry.parkbook import ParkBook, park_topic
+from sluice.retry.parkbook import H_OP, H_PSOURCE, ParkBook, park_topic
 from tests.integration.retry.conftest import RetryCluster, read_all
 
 POISON = b"poison"
@@ -258,3 +261,34 @@ def _poll_n(consumer: Consumer, n: int) -> list[Record]:
         assert time.monotonic() < deadline
         out += consumer.poll(0.2)
     return out
+
+
+def test_kill_after_parking_before_the_commit_parks_nothing_twice(cluster: RetryCluster) -> None:
+    topic, group = cluster.topic(1, "pc"), cluster.group("park")
+    client = cluster.client()
+    sent = _produce(client, topic, good_keys=30, per_key=10, poison=15)
+    script = Path(__file__).with_name("park_crash_member.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), cluster.bootstrap, group, topic, POISON.decode(), "15"],
+        capture_output=True,
+        timeout=90,
+        check=False,
+    )
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    killed_at = time.monotonic()
+    assert client.admin.group_offsets(group).get((topic, 0)) is None, "the dead member committed nothing"
+    # The next member reads the partition from 0 again: every poison record is parked already.
+    consumer = client.consumer(group, [topic], **{**PARK_CFG, "max_redeliver": 3, "park_retry_delay": "50ms"})
+    run = Run()
+    _consume(consumer, run, lambda: len(_dlq_values(client, group)) >= 15 and len(run.good) == 30, timeout=60)
+    print(f"after the kill: the DLQ complete in {time.monotonic() - killed_at:.2f}s")
+    assert set(run.poison_deliveries) == {b"poison-0"}, "only the head is tried; the others stay parked"
+    assert _dlq_values(client, group) == sent[POISON], "in the DLQ in order, each once"
+    parks = Counter(
+        r.headers[H_PSOURCE] for r in read_all(client, park_topic(group)) if r.headers.get(H_OP) == b"park"
+    )
+    assert len(parks) == 15
+    assert set(parks.values()) == {1}, "no record parked twice"
+    _check_good(run, sent)  # the good records again (nothing was committed), once each
+    _all_committed(consumer, client, topic, 1)
+    consumer.close()
