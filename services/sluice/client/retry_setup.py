@@ -79,8 +79,8 @@ def make_parker(client: _RetryClient, group: str, cfg: ConsumerConfig, timeout: 
     ensure_topic(client.admin, park_topic(group), 1)
     ensure_topic(client.admin, dlq_topic(group), 1)
     parker = Parker(
-        group, cfg.max_redeliver, cfg.parked_policy, cfg.park_retry_delay, _ports(client),
-        cfg.retry_dedup_window, timeout,
+        group, cfg.max_redeliver, cfg.park_max_messages, cfg.parked_policy, cfg.park_retry_delay,
+        _ports(client), cfg.retry_dedup_window, timeout,
     )  # fmt: skip
     parker.catch_up()
     return parker

@@ -292,3 +292,34 @@ def test_kill_after_parking_before_the_commit_parks_nothing_twice(cluster: Retry
     _check_good(run, sent)  # the good records again (nothing was committed), once each
     _all_committed(consumer, client, topic, 1)
     consumer.close()
+
+
+def test_a_key_past_the_cap_goes_to_the_dlq_even_when_held(cluster: RetryCluster) -> None:
+    topic, group = cluster.topic(1, "pm"), cluster.group("park")
+    client = cluster.client()
+    sent = _produce(client, topic, good_keys=20, per_key=5, poison=12)
+    cfg = {**PARK_CFG, "max_redeliver": 1, "parked_policy": "hold", "park_max_messages": 5}
+    consumer = client.consumer(group, [topic], **{**cfg, "park_retry_delay": "50ms"})
+    run = Run()
+
+    def settled() -> bool:
+        book = _book(client, group)
+        held = [pk for pk in book.keys.values() if pk.count > 1]
+        waiting = sum(len(pk.pending) for pk in book.keys.values())
+        # Either everything went over the cap at once, or the rest parked again and is held.
+        return (
+            len(run.good) == 20
+            and len(_dlq_values(client, group)) + waiting == 12
+            and (not waiting or bool(held))
+        )
+
+    _consume(consumer, run, settled, timeout=30)
+    dead = _dlq_values(client, group)
+    parked = [r.value for pk in _book(client, group).keys.values() for r in pk.pending]
+    assert dead, "past the cap: to the DLQ, hold or not"
+    assert len(parked) <= 5
+    assert dead + parked == sent[POISON], (
+        "the key's order holds across the cap: DLQ first, then the held rest"
+    )
+    _check_good(run, sent)
+    consumer.close()

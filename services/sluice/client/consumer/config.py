@@ -190,6 +190,9 @@ class ConsumerConfig:
     """``dlq``: the parked key's waiting records go to ``DLQ.<group>`` in order; ``hold``: they stay
     parked until ``sluice group unpark``."""
 
+    park_max_messages: int = 10_000
+    """A parked key with more records waiting goes to ``DLQ.<group>`` whatever the policy."""
+
     park_retry_delay: timedelta = timedelta(seconds=1)
     """How long a parked key's head waits before it is handed out again."""
 
@@ -355,6 +358,10 @@ def _check_retry(cfg: ConsumerConfig) -> None:
         raise InvalidArgument(f"retry_dedup_window must be positive, got {cfg.retry_dedup_window}")
     if not 0 <= cfg.max_redeliver <= 1000:
         raise InvalidArgument(f"max_redeliver must be between 0 and 1000, got {cfg.max_redeliver}")
+    if not 1 <= cfg.park_max_messages <= 10_000_000:
+        raise InvalidArgument(
+            f"park_max_messages must be between 1 and 10000000, got {cfg.park_max_messages}"
+        )
     if cfg.parked_policy not in ("dlq", "hold"):
         raise InvalidArgument(f"parked_policy must be dlq or hold, got {cfg.parked_policy!r}")
     if cfg.park_retry_delay < timedelta(0):

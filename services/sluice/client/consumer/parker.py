@@ -75,6 +75,7 @@ class Parker:
         self,
         group: str,
         max_redeliver: int,
+        max_messages: int,
         policy: str,
         delay: timedelta,
         ports: RetryPorts,
@@ -84,6 +85,7 @@ class Parker:
         self.topic = park_topic(group)
         self.dlq = dlq_topic(group)
         self.max_redeliver = max_redeliver
+        self.max_messages = max_messages
         self.hold = policy == "hold"
         self._delay_ms = int(delay.total_seconds() * 1000)
         self._ports = ports
@@ -188,21 +190,19 @@ class Parker:
 
     def prepare(self, owned: frozenset[TopicPartition]) -> None:
         """Replay the topic when the assignment changed (before any record of a new partition is
-        taken) or once a second; dead-letter keys past ``max_redeliver`` (a crash may have left one)."""
+        taken) or once a second; dead-letter keys past ``max_redeliver`` (a crash may have left one)
+        or past ``max_messages`` waiting records."""
         if owned != self._owned or time.monotonic() >= self._next_tail:
             if owned != self._owned:
                 self._dlq_stale = True
             self.catch_up()
             self._owned = owned
-        if self.hold:
+        if not self.book.keys:
             return
         for kid, pk in list(self.book.keys.items()):
-            if (
-                pk.count > self.max_redeliver
-                and kid[0] in owned
-                and kid not in self._dlq_keys
-                and not self._is_out(kid)
-            ):
+            # Past the cap a key goes to the DLQ whatever the policy: the store stays bounded.
+            give_up = len(pk.pending) > self.max_messages or (not self.hold and pk.count > self.max_redeliver)
+            if give_up and kid[0] in owned and kid not in self._dlq_keys and not self._is_out(kid):
                 self._dead_letter(pk)
 
     def take(self, owned: frozenset[TopicPartition], room: int) -> list[Record]:
