@@ -210,7 +210,7 @@ class Parker:
         if not self.book.keys or room <= 0:
             return []
         now = int(time.time() * 1000)
-        busy = set(self._out.values())
+        busy = set(self._out.values()) | self._dlq_keys  # a key on its way to the DLQ is not tried
         out: list[Record] = []
         for kid, pk in self.book.keys.items():
             if (
