@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sluice.cli import group_offsets
+from sluice.cli import group_offsets, group_parked
 from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
 
@@ -22,7 +22,9 @@ ASSIGNORS = ("sticky", "range", "round-robin", "averagely", "averagely-by-circle
 
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     group = subparsers.add_parser(
-        "group", help="consumer groups: list, describe, config, reset-offsets, delete", parents=[common]
+        "group",
+        help="consumer groups: list, describe, config, reset-offsets, delete, parked, unpark",
+        parents=[common],
     )
     actions = group.add_subparsers(dest="action", metavar="ACTION", required=True)
 
@@ -55,6 +57,7 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     config.set_defaults(run=run_config, parser=config)
 
     group_offsets.add_parsers(actions, common, _add_format)
+    group_parked.add_parsers(actions, common, _add_format)
 
 
 def _add_format(parser: argparse.ArgumentParser) -> None:

@@ -40,7 +40,7 @@ from sluice.client.producer import Producer, ProducerConfig
 from sluice.client.push import PushConsumer, PushConsumerConfig
 from sluice.client.push.admin import SubscriptionInfo, describe_subscription, list_subscriptions
 from sluice.client.push.config import SUBSCRIPTION_TYPES
-from sluice.client.retry_setup import make_retrier, retry_subscription
+from sluice.client.retry_setup import make_parker, make_retrier, retry_subscription
 from sluice.common.client_security import ClientSecurity, TLSConfig
 from sluice.common.client_tls import tls_from_env
 from sluice.common.names import validate_group, validate_topic
@@ -326,6 +326,8 @@ class Client:
         )
         if cfg.retry:
             consumer._retry = make_retrier(self, group, cfg, cfg.request_timeout.total_seconds())
+        if cfg.park_poison_keys:  # docs/poison-keys.md, "Pull consumers"
+            consumer._park = make_parker(self, group, cfg, cfg.request_timeout.total_seconds())
         with self._lock:
             self._consumers.add(consumer)
         return consumer

@@ -13,12 +13,14 @@ from typing import Any, Protocol
 
 from sluice.client.admin import Admin
 from sluice.client.consumer import ConsumerConfig
+from sluice.client.consumer.parker import Parker
 from sluice.client.consumer.retry import Retrier, RetryPorts
 from sluice.client.consumer.retry_dedup import FetcherLike
 from sluice.errors import TopicAlreadyExists
 from sluice.retry.levels import check_retry_names, dlq_topic, parse_levels, retry_topic
+from sluice.retry.parkbook import park_topic
 
-__all__ = ["ensure_topic", "make_retrier", "retry_subscription"]
+__all__ = ["ensure_topic", "make_parker", "make_retrier", "retry_subscription"]
 
 TopicPartition = tuple[str, int]
 
@@ -60,6 +62,31 @@ def retry_subscription(
 
 
 def make_retrier(client: _RetryClient, group: str, cfg: ConsumerConfig, timeout: float) -> Retrier:
+    return Retrier(
+        group,
+        parse_levels(cfg.retry_delay_levels),
+        cfg.max_reconsume_times,
+        cfg.retry_dedup_window,
+        _ports(client),
+        timeout,
+    )
+
+
+def make_parker(client: _RetryClient, group: str, cfg: ConsumerConfig, timeout: float) -> Parker:
+    """``park_poison_keys=True``: ``PARK.<group>`` (one partition: one event log, replayed in order) and
+    ``DLQ.<group>`` when missing (docs/poison-keys.md, "Pull consumers")."""
+    check_retry_names(group)
+    ensure_topic(client.admin, park_topic(group), 1)
+    ensure_topic(client.admin, dlq_topic(group), 1)
+    parker = Parker(
+        group, cfg.max_redeliver, cfg.park_max_messages, cfg.parked_policy, cfg.park_retry_delay,
+        _ports(client), cfg.retry_dedup_window, timeout,
+    )  # fmt: skip
+    parker.catch_up()
+    return parker
+
+
+def _ports(client: _RetryClient) -> RetryPorts:
     counts: dict[str, int] = {}
 
     def partitions(topic: str) -> int:
@@ -75,17 +102,9 @@ def make_retrier(client: _RetryClient, group: str, cfg: ConsumerConfig, timeout:
         return client.producer(topic, linger=timedelta(0))
 
     make: Callable[[str], Any] = producer
-    ports = RetryPorts(
+    return RetryPorts(
         producer=make,
         list_offsets=client.list_offsets,
         fetcher=fetcher,
         partitions=partitions,
-    )
-    return Retrier(
-        group,
-        parse_levels(cfg.retry_delay_levels),
-        cfg.max_reconsume_times,
-        cfg.retry_dedup_window,
-        ports,
-        timeout,
     )

@@ -179,6 +179,23 @@ class ConsumerConfig:
     """Ordered processing: ``reconsume_later`` is refused (ReconsumeRefused), since a retry reorders
     the partition; retry in place instead."""
 
+    park_poison_keys: bool = False
+    """Per-key poison parking (docs/poison-keys.md, "Pull consumers"): ``fail(record)`` parks the record's
+    key in ``PARK.<group>``, later records of the key wait there in order, every other key flows."""
+
+    max_redeliver: int = 3
+    """Failures of a parked key's head before ``parked_policy`` applies (0 to 1000)."""
+
+    parked_policy: str = "dlq"
+    """``dlq``: the parked key's waiting records go to ``DLQ.<group>`` in order; ``hold``: they stay
+    parked until ``sluice group unpark``."""
+
+    park_max_messages: int = 10_000
+    """A parked key with more records waiting goes to ``DLQ.<group>`` whatever the policy."""
+
+    park_retry_delay: timedelta = timedelta(seconds=1)
+    """How long a parked key's head waits before it is handed out again."""
+
     on_assign: PartitionsCallback | None = None
     """Called in ``poll()`` with partitions newly assigned, once their positions are known."""
 
@@ -339,6 +356,20 @@ def _check_retry(cfg: ConsumerConfig) -> None:
         )
     if cfg.retry_dedup_window <= timedelta(0):
         raise InvalidArgument(f"retry_dedup_window must be positive, got {cfg.retry_dedup_window}")
+    if not 0 <= cfg.max_redeliver <= 1000:
+        raise InvalidArgument(f"max_redeliver must be between 0 and 1000, got {cfg.max_redeliver}")
+    if not 1 <= cfg.park_max_messages <= 10_000_000:
+        raise InvalidArgument(
+            f"park_max_messages must be between 1 and 10000000, got {cfg.park_max_messages}"
+        )
+    if cfg.parked_policy not in ("dlq", "hold"):
+        raise InvalidArgument(f"parked_policy must be dlq or hold, got {cfg.parked_policy!r}")
+    if cfg.park_retry_delay < timedelta(0):
+        raise InvalidArgument(f"park_retry_delay must not be negative, got {cfg.park_retry_delay}")
+    if cfg.park_poison_keys and cfg.commit_mode != "poll":
+        raise InvalidArgument(
+            'park_poison_keys needs commit_mode="poll" (in-flight-min is not supported yet)'
+        )
 
 
 def _check_types(cfg: ConsumerConfig) -> None:

@@ -35,8 +35,9 @@ from types import TracebackType
 
 from sluice.client.consumer.async_commits import CommitStats, Waiter
 from sluice.client.consumer.config import CommitCallback
-from sluice.client.consumer.engine import ConsumerEngine, check_tp
+from sluice.client.consumer.engine import check_tp
 from sluice.client.consumer.membership import MemberState
+from sluice.client.consumer.parking_api import ParkingEngine
 from sluice.client.consumer.retry import RetryOutcome, resume_due
 from sluice.client.consumer.state import PartitionLifecycle
 from sluice.codec.batch import Record
@@ -65,7 +66,7 @@ class ConsumerStats:
     commits: CommitStats
 
 
-class Consumer(ConsumerEngine):
+class Consumer(ParkingEngine):
     """A member of a consumer group. Make one with ``client.consumer(...)``."""
 
     # ---- polling ------------------------------------------------------------------------------------
@@ -85,6 +86,8 @@ class Consumer(ConsumerEngine):
         limit = self.config.max_poll_records if max_records is None else _positive("max_records", max_records)
         deadline = time.monotonic() + max(float(timeout), 0.0)
         self._poll_started()
+        if self._park is not None:  # park_poison_keys (docs/poison-keys.md, "Pull consumers")
+            return self._poll_parked(self._park, limit, deadline)
         while True:
             self._poll_prepare()
             with self._lock:
@@ -296,6 +299,8 @@ class Consumer(ConsumerEngine):
         commit is the last word.
         """
         self._check_open()
+        if self._park is not None:
+            self._park.flush()  # the records it parked are acknowledged before their offsets commit
         self._async.flush(self._timeout)
         self._report_commits()
         with self._lock:
@@ -326,6 +331,8 @@ class Consumer(ConsumerEngine):
         ``commit()`` / ``commit_async()``. See docs/consumer.md.
         """
         self._check_open()
+        if self._park is not None:
+            self._park.flush()
         self._report_commits()
         with self._lock:
             if offsets is None:
@@ -435,6 +442,8 @@ class Consumer(ConsumerEngine):
             self._ready.notify_all()  # a poll() or iterator waiting in another thread (or task) returns
         wait = self._timeout if timeout is None else max(float(timeout), 0.0)
         try:
+            if self._park is not None:
+                self._park.settle()  # before leaving: the next owner's replay sees the heads processed
             self._async.close(wait)
             # Their callbacks run before the final commit; one raising does not skip it (raised last).
             callback_error = self._report_commits(closing=True)
@@ -451,6 +460,8 @@ class Consumer(ConsumerEngine):
             self._shutdown(leave=True)
             if self._retry is not None:
                 self._retry.close()
+            if self._park is not None:
+                self._park.close()
 
     @property
     def closed(self) -> bool:

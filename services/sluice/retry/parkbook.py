@@ -1,0 +1,172 @@
+"""Parked keys of a pull group: the events of ``PARK.<group>`` and their replay (docs/poison-keys.md,
+"Pull consumers").
+
+The parking store of a group is one ordinary topic, ``PARK.<group>`` (one partition), written as an event
+log. Its replay from offset 0 is the state: which (source partition, key) pairs are parked, the records
+waiting for each (in order), the head's failure count and when it is due again. Pure: the SDK's consumer
+and the ``sluice group parked`` command both replay with it, and the unit tests check it without a cluster.
+
+Events (header ``sluice-park-op``; the key is the parked key, ``sluice-park-source`` the coordinates):
+
+- ``park``: a record of the key, parked (its key, value, tag and headers are the original's). Carries a
+  count and a due time when it is the failed record that parks its key.
+- ``fail``: the head failed again: its count and next due time.
+- ``resolved``: the key's records up to a source offset are finished (``how``: ``ok`` processed, ``dlq``
+  dead-lettered); the key is no longer parked once nothing of it waits.
+- ``unpark``: an operator released the key: counts start again at 0, the head is due at once.
+
+Every source ever parked is remembered (``sources``), so a record delivered again after a crash between
+its parking and the commit of its offset is recognised and not parked twice.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from sluice.codec.batch import Record
+from sluice.retry.levels import source_key
+
+__all__ = [
+    "H_HOW",
+    "H_OP",
+    "H_PCOUNT",
+    "H_PDUE",
+    "H_PSOURCE",
+    "PARK_PREFIX",
+    "ParkBook",
+    "ParkedKey",
+    "park_topic",
+    "parse_source",
+]
+
+PARK_PREFIX = "PARK."
+H_OP = "sluice-park-op"
+H_PSOURCE = "sluice-park-source"
+H_PCOUNT = "sluice-park-count"
+H_PDUE = "sluice-park-due-ms"
+H_HOW = "sluice-park-how"
+_PARK_HEADERS = (H_OP, H_PSOURCE, H_PCOUNT, H_PDUE, H_HOW)
+#: Sources remembered for deduplication; the oldest go first beyond it.
+MAX_SOURCES = 1_000_000
+
+TopicPartition = tuple[str, int]
+KeyId = tuple[TopicPartition, bytes]
+
+
+def park_topic(group: str) -> str:
+    return PARK_PREFIX + group
+
+
+def parse_source(raw: bytes | str) -> tuple[str, int, int]:
+    """``topic/partition/offset`` -> its parts (ValueError if malformed)."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    rest, _, offset = text.rpartition("/")
+    topic, _, partition = rest.rpartition("/")
+    if not topic:
+        raise ValueError(f"not a source: {text!r}")
+    return topic, int(partition), int(offset)
+
+
+@dataclass(slots=True)
+class ParkedKey:
+    """One parked key of one source partition."""
+
+    tp: TopicPartition
+    key: bytes
+    #: Its records waiting, head first, in source offset order, with their original coordinates.
+    pending: deque[Record] = field(default_factory=deque)
+    #: Failures of the current head.
+    count: int = 0
+    #: When the head may be tried again (unix ms).
+    due_ms: int = 0
+    #: When it was parked (unix ms, the park event's timestamp).
+    since_ms: int = 0
+
+
+class ParkBook:
+    """The replayed state of a ``PARK.<group>`` topic."""
+
+    def __init__(self) -> None:
+        self.keys: dict[KeyId, ParkedKey] = {}
+        self.sources: dict[str, None] = {}
+        #: The highest parked source offset per source partition: a record above it was never parked,
+        #: so most records need no lookup in ``sources``.
+        self.max_source: dict[TopicPartition, int] = {}
+
+    def parked(self, tp: TopicPartition, key: bytes | None) -> bool:
+        return key is not None and (tp, key) in self.keys
+
+    def seen(self, tp: TopicPartition, offset: int) -> bool:
+        """Whether the record at ``tp``/``offset`` was parked (now or before)."""
+        limit = self.max_source.get(tp)
+        return limit is not None and offset <= limit and source_key(tp[0], tp[1], offset) in self.sources
+
+    def apply(self, event: Record) -> None:
+        """Apply one event record of the park topic (others are ignored)."""
+        headers = event.headers
+        op = headers.get(H_OP) if headers else None
+        if op is None or event.key is None:
+            return
+        src = headers.get(H_PSOURCE, b"")
+        try:
+            topic, partition, offset = parse_source(src)
+        except ValueError:
+            if op != b"unpark":
+                return
+            topic, partition, offset = "", -1, -1
+        kid = ((topic, partition), event.key)
+        if op == b"park":
+            self._park(kid, offset, event)
+        elif op == b"fail":
+            pk = self.keys.get(kid)
+            if pk is not None:
+                pk.count = _int(headers.get(H_PCOUNT))
+                pk.due_ms = _int(headers.get(H_PDUE))
+        elif op == b"resolved":
+            self._resolve(kid, offset)
+        elif op == b"unpark":
+            for pk in self.keys.values():
+                if pk.key == event.key and (partition < 0 or pk.tp == kid[0]):
+                    pk.count, pk.due_ms = 0, 0
+
+    def _park(self, kid: KeyId, offset: int, event: Record) -> None:
+        (topic, partition), key = kid
+        src = source_key(topic, partition, offset)
+        if src in self.sources:
+            return  # parked already (a write repeated after a crash)
+        self.sources[src] = None
+        if offset > self.max_source.get(kid[0], -1):
+            self.max_source[kid[0]] = offset
+        if len(self.sources) > MAX_SOURCES:
+            del self.sources[next(iter(self.sources))]
+        pk = self.keys.get(kid)
+        if pk is None:
+            pk = self.keys[kid] = ParkedKey(kid[0], key, since_ms=event.timestamp)
+        headers = {k: v for k, v in event.headers.items() if k not in _PARK_HEADERS}
+        pk.pending.append(
+            Record(topic, partition, offset, key, event.value, event.tag, headers, event.timestamp)
+        )
+        if H_PCOUNT in event.headers:
+            pk.count = _int(event.headers.get(H_PCOUNT))
+            pk.due_ms = _int(event.headers.get(H_PDUE))
+
+    def _resolve(self, kid: KeyId, through: int) -> None:
+        pk = self.keys.get(kid)
+        if pk is None:
+            return
+        while pk.pending and pk.pending[0].offset <= through:
+            pk.pending.popleft()
+        pk.count, pk.due_ms = 0, 0
+        if not pk.pending:
+            del self.keys[kid]
+
+    def oldest_first(self) -> list[ParkedKey]:
+        return sorted(self.keys.values(), key=lambda pk: (pk.since_ms, pk.tp, pk.key))
+
+
+def _int(raw: bytes | None) -> int:
+    try:
+        return int(raw) if raw is not None else 0
+    except ValueError:
+        return 0

@@ -1,0 +1,76 @@
+"""ParkBook: the replay of a pull group's PARK.<group> event log (docs/poison-keys.md, "Pull consumers")."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sluice.codec.batch import Record
+from sluice.retry.parkbook import H_HOW, H_OP, H_PCOUNT, H_PDUE, H_PSOURCE, ParkBook, parse_source
+
+TP = ("orders", 3)
+
+
+def _event(offset: int, op: bytes, src: str, key: bytes = b"k", value: bytes = b"", **extra: bytes) -> Record:
+    headers = {H_OP: op, H_PSOURCE: src.encode(), **extra}
+    return Record("PARK.g", 0, offset, key, value, None, headers, 1000 + offset)
+
+
+def test_park_fail_resolve_replays_to_the_waiting_records_in_order() -> None:
+    book = ParkBook()
+    book.apply(_event(0, b"park", "orders/3/10", value=b"a", **{H_PCOUNT: b"1", H_PDUE: b"500"}))
+    book.apply(_event(1, b"park", "orders/3/12", value=b"b"))
+    book.apply(_event(2, b"park", "orders/3/12", value=b"b"))  # repeated after a crash: once
+    book.apply(_event(3, b"park", "orders/3/15", value=b"c", **{"app": b"x"}))
+    pk = book.keys[(TP, b"k")]
+    assert [(r.offset, r.value) for r in pk.pending] == [(10, b"a"), (12, b"b"), (15, b"c")]
+    assert (pk.count, pk.due_ms, pk.since_ms) == (1, 500, 1000)
+    assert pk.pending[2].headers == {"app": b"x"}, "the park headers are not the record's"
+    book.apply(_event(4, b"fail", "orders/3/10", **{H_PCOUNT: b"2", H_PDUE: b"900"}))
+    assert (pk.count, pk.due_ms) == (2, 900)
+    book.apply(_event(5, b"resolved", "orders/3/10", **{H_HOW: b"ok"}))
+    assert [r.offset for r in pk.pending] == [12, 15]
+    assert pk.count == 0
+    assert [book.seen(TP, o) for o in (10, 11, 15, 16)] == [True, False, True, False]
+    book.apply(_event(6, b"resolved", "orders/3/15", **{H_HOW: b"dlq"}))
+    assert not book.keys, "released once nothing waits"
+    assert book.seen(TP, 12), "a parked source stays known: a redelivery after a crash is not parked again"
+
+
+def test_unpark_resets_the_count_of_every_partition_or_one() -> None:
+    book = ParkBook()
+    book.apply(_event(0, b"park", "orders/3/1", **{H_PCOUNT: b"5", H_PDUE: b"0"}))
+    book.apply(_event(1, b"park", "orders/4/1", **{H_PCOUNT: b"5", H_PDUE: b"0"}))
+    book.apply(_event(2, b"unpark", "orders/4/-1"))
+    assert book.keys[(("orders", 4), b"k")].count == 0
+    assert book.keys[(TP, b"k")].count == 5
+    book.apply(Record("PARK.g", 0, 3, b"k", b"", None, {H_OP: b"unpark"}, 0))
+    assert book.keys[(TP, b"k")].count == 0
+
+
+def test_parse_source() -> None:
+    assert parse_source(b"a/b/7/12") == ("a/b", 7, 12)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([b"park", b"fail", b"resolved", b"unpark", b"x", b""]),
+            st.text(max_size=12),
+            st.one_of(st.none(), st.binary(max_size=3)),
+            st.binary(max_size=4),
+        ),
+        max_size=30,
+    )
+)
+def test_malformed_events_never_break_the_replay(
+    events: list[tuple[bytes, str, bytes | None, bytes]],
+) -> None:
+    book = ParkBook()
+    for i, (op, src, key, count) in enumerate(events):
+        headers = {H_OP: op, H_PSOURCE: src.encode(), H_PCOUNT: count, H_PDUE: count}
+        book.apply(Record("PARK.g", 0, i, key, b"v", None, headers, i))
+    for pk in book.keys.values():
+        assert pk.pending, "a key is parked only while something waits"
+        offsets = [r.offset for r in pk.pending]
+        assert len(set(offsets)) == len(offsets)
