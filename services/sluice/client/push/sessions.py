@@ -293,17 +293,23 @@ class PushSessions:
 
     # ---- memory_limit (docs/memory.md, "SDK") ------------------------------------------------
 
-    def _dequeued(self, left: int, before: int | None = None) -> None:
+    def _dequeued(self, left: int, before: int | None = None) -> int:
         """Messages left the queue (``before`` -> ``left``; None: all, it was cleared): release
-        their share of the queue's bytes, pro rata (a batch's messages share its buffers).
-        Under the lock."""
+        their share of the queue's bytes, pro rata (a batch's messages share its buffers), and
+        return it. Under the lock."""
         held = self._queued_bytes
         if held <= 0:
-            return
+            return 0
         before = before if before is not None else left + 1
         share = held if left == 0 else held * (before - left) // max(before, 1)
         self._queued_bytes -= share
         self._memory.release(share)
+        return share
+
+    def _requeued(self, nbytes: int) -> None:
+        """Taken messages went back to the queue: their bytes count again. Under the lock."""
+        self._queued_bytes += nbytes
+        self._memory.add(nbytes)
 
     def _memory_room(self) -> None:
         """The Client's memory limit has room again (called on the memory's own thread)."""
