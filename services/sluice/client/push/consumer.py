@@ -47,8 +47,6 @@ log = logging.getLogger(__name__)
 #: How long close() lets pending acks reach the dispatcher before cutting the streams.
 CLOSE_GRACE = 2.0
 _DEFAULT_NACK_DELAY = 1.0  # the dispatcher's default, used for the client-side backoff
-#: Cap of the doubling zero-queue handoff delay.
-ZERO_QUEUE_HANDOFF_MAX = 5.0
 #: How many queued messages the iterator and the listener take at a time (one lock, one flow
 #: update): what is not yet yielded when an iterator is left goes back to the queue's front.
 TAKE_BATCH = 128
@@ -207,34 +205,6 @@ class PushConsumer(PushSessions):
                     self._cond.wait(_earliest(remaining, self._handoff_wait()))
             finally:
                 self._waiting -= 1
-
-    def _handoff_wait(self) -> float | None:
-        """Zero-queue over several streams: seconds until the outstanding permit should move
-        to another stream (None: never). Moves it when that time has come.
-
-        A permit cannot be taken back on the wire, so the idle stream is resubscribed: the
-        dispatcher drops the old consumer (and its permit) and the next grant goes to the
-        next stream. Only when nothing the application holds came from that stream (those
-        messages would be redelivered) and only for Shared/Key_Shared (resubscribing a
-        Failover consumer could move its partitions to a standby). Under the lock.
-        """
-        key = self._flow.holder
-        if key is None or not self._handoff_base or len(self._streams) < 2:
-            return None
-        if self.type not in ("shared", "key_shared"):
-            return None
-        due = self._permit_since + self._handoff_delay - time.monotonic()
-        if due > 0:
-            return due
-        stream = self._streams.get(key)
-        session = stream.session if stream is not None else None
-        if stream is None or session is None or session.unacked:
-            return None
-        self._handoffs += 1
-        self._handoff_delay = min(self._handoff_delay * 2, ZERO_QUEUE_HANDOFF_MAX)
-        self._flow.on_idle(key)
-        stream.handoff()  # on_session_end then grants the permit to the next stream
-        return None
 
     def _take_locked(self) -> Message:
         msg = self._queue.popleft()

@@ -44,6 +44,8 @@ __all__ = ["PushSessions"]
 log = logging.getLogger("sluice.client.push.consumer")
 
 _stream_keys = itertools.count(1)
+#: Cap of the doubling zero-queue handoff delay.
+ZERO_QUEUE_HANDOFF_MAX = 5.0
 
 
 class PushSessions:
@@ -290,6 +292,34 @@ class PushSessions:
             self._wake_all()
         for s in streams:
             s.stop(join=False)
+
+    def _handoff_wait(self) -> float | None:
+        """Zero-queue over several streams: seconds until the outstanding permit should move
+        to another stream (None: never). Moves it when that time has come.
+
+        A permit cannot be taken back on the wire, so the idle stream is resubscribed: the
+        dispatcher drops the old consumer (and its permit) and the next grant goes to the
+        next stream. Only when nothing the application holds came from that stream (those
+        messages would be redelivered) and only for Shared/Key_Shared (resubscribing a
+        Failover consumer could move its partitions to a standby). Under the lock.
+        """
+        key = self._flow.holder
+        if key is None or not self._handoff_base or len(self._streams) < 2:
+            return None
+        if self.type not in ("shared", "key_shared"):
+            return None
+        due = self._permit_since + self._handoff_delay - time.monotonic()
+        if due > 0:
+            return due
+        stream = self._streams.get(key)
+        session = stream.session if stream is not None else None
+        if stream is None or session is None or session.unacked:
+            return None
+        self._handoffs += 1
+        self._handoff_delay = min(self._handoff_delay * 2, ZERO_QUEUE_HANDOFF_MAX)
+        self._flow.on_idle(key)
+        stream.handoff()  # on_session_end then grants the permit to the next stream
+        return None
 
     # ---- memory_limit (docs/memory.md, "SDK") ------------------------------------------------
 
