@@ -44,7 +44,10 @@ def produce_backlog(bootstrap: str, topic: str, n: int) -> None:
         producer.close()
 
 
-def consume(bootstrap: str, topic: str, queue_size: int, ready: Barrier, out: Queue[Any]) -> None:
+def consume(bootstrap: str, topic: str, queue_size: int, batch: int, ready: Barrier, out: Queue[Any]) -> None:
+    """Receive and ack every message: one by one (``batch`` 1: receive + ack), or ``receive_many`` +
+    ``ack_many`` of up to ``batch``. CPU is counted from the first message to the last (start-up
+    and imports excluded: they are not per message)."""
     from sluice import Client
 
     with Client(bootstrap) as client:
@@ -54,22 +57,29 @@ def consume(bootstrap: str, topic: str, queue_size: int, ready: Barrier, out: Qu
         ready.wait()
         receive, ack = pc.receive, pc.ack
         count = 0
-        first = last = 0.0
+        first = last = cpu = 0.0
         try:
             msg = receive(timeout=30)
-            first = time.monotonic()
+            first, cpu = time.monotonic(), time.process_time()
             ack(msg)
             count = 1
+            if batch > 1:
+                receive_many, ack_many = pc.receive_many, pc.ack_many
+                while msgs := receive_many(batch, IDLE_END):
+                    ack_many(msgs)
+                    count += len(msgs)
+                raise TimeoutError
             while True:
                 msg = receive(timeout=IDLE_END)
                 ack(msg)
                 count += 1
         except TimeoutError:
             last = time.monotonic() - IDLE_END
+        cpu = time.process_time() - cpu
         stats = pc.stats()
         pc.close()
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    out.put((count, first, last, stats.flow.over_delivered, usage.ru_utime + usage.ru_stime))
+    out.put((count, first, last, stats.flow.over_delivered, usage.ru_utime + usage.ru_stime, cpu))
 
 
 def latency_consumer(bootstrap: str, topic: str, total: int, ready: Event, out: Queue[Any]) -> None:
@@ -101,7 +111,7 @@ def latency_consumer(bootstrap: str, topic: str, total: int, ready: Event, out: 
     out.put((lat, cpu))
 
 
-def throughput(bootstrap: str, n: int, queue_size: int, dispatcher_pid: int) -> dict[str, object]:
+def throughput(bootstrap: str, n: int, queue_size: int, batch: int, dispatcher_pid: int) -> dict[str, object]:
     from sluice import Client
 
     with Client(bootstrap) as client:
@@ -115,9 +125,8 @@ def throughput(bootstrap: str, n: int, queue_size: int, dispatcher_pid: int) -> 
     out = ctx.Queue()
     ready = ctx.Barrier(2)
     dispatcher_cpu = cpu_seconds(dispatcher_pid)
-    procs = [
-        ctx.Process(target=consume, args=(bootstrap, "push-bench", queue_size, ready, out)) for _ in range(2)
-    ]
+    args = (bootstrap, "push-bench", queue_size, batch, ready, out)
+    procs = [ctx.Process(target=consume, args=args) for _ in range(2)]
     for proc in procs:
         proc.start()
     results = [out.get(timeout=1800) for _ in procs]
@@ -135,8 +144,11 @@ def throughput(bootstrap: str, n: int, queue_size: int, dispatcher_pid: int) -> 
         "seconds": round(end - start, 2),
         "records_per_s": round(total / (end - start)),
         "receiver_queue_size": queue_size,
-        # CPU per message, independent of what else runs on the machine.
+        "batch": batch,
+        # CPU per message, independent of what else runs on the machine: the consumer processes'
+        # whole life, and from their first message to their last (start-up excluded).
         "consumer_cpu_us_per_msg": round(sum(r[4] for r in results) / total * 1e6, 2),
+        "consumer_cpu_us_per_msg_receiving": round(sum(r[5] for r in results) / total * 1e6, 2),
         "dispatcher_cpu_us_per_msg": round(dispatcher_cpu / total * 1e6, 2),
     }
 
@@ -200,6 +212,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--receiver-queue", type=int, default=1000)
+    parser.add_argument(
+        "--batch", type=int, default=1, help="throughput: receive_many/ack_many of up to N (1: receive/ack)"
+    )
     parser.add_argument("--rate", type=int, default=2000, help="latency phase: records per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency phase: duration")
     parser.add_argument(
@@ -216,7 +231,9 @@ def main() -> None:
     with stack(push=True, tls=args.tls, auth=args.auth) as s:
         if not args.skip_throughput:
             dispatcher_pid = s.extra[-1].process.pid
-            result["throughput"] = throughput(s.bootstrap, args.records, args.receiver_queue, dispatcher_pid)
+            result["throughput"] = throughput(
+                s.bootstrap, args.records, args.receiver_queue, args.batch, dispatcher_pid
+            )
             print(result["throughput"], flush=True)
         if not args.skip_latency:
             pids = {"dispatcher": s.extra[-1].process.pid, "broker": s.broker.process.pid}

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from sluice.aio.bridge import LoopBridge
 from sluice.client.push import Message, PushConsumerConfig, PushConsumerStats
 from sluice.client.push import PushConsumer as SyncPushConsumer
+from sluice.client.push.consumer import TAKE_BATCH
 from sluice.errors import SluiceError
 
 __all__ = ["PushConsumer"]
@@ -57,22 +58,43 @@ class PushConsumer:
         when none came, the subscription's typed error, SluiceError when closed."""
         return await self._sync.receive_async(timeout)
 
+    async def receive_many(
+        self,
+        max_messages: int = 1000,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> list[Message]:
+        """What is queued, up to ``max_messages``, once one message is; waits up to ``timeout``
+        seconds for the first (None: forever). ``[]`` when none came (the sync ``receive_many``)."""
+        return await self._sync.receive_many_async(max_messages, timeout)
+
     def __aiter__(self) -> AsyncIterator[Message]:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Message]:
-        """``async for msg in pc``: messages as they come, until the consumer is closed."""
-        while not self._sync.closed:
+        """``async for msg in pc``: messages as they come, until the consumer is closed. Taken in
+        batches; what is not yet yielded when the loop is left goes back to the queue."""
+        sync = self._sync
+        while not sync.closed:
             try:
-                msg = await self._sync.receive_async(None)
+                msgs = await sync.receive_many_async(TAKE_BATCH, None)
             except SluiceError:
-                if self._sync.closed:
+                if sync.closed:
                     return
                 raise
-            yield msg
+            given = 0
+            try:
+                for msg in msgs:
+                    yield msg
+                    given += 1
+            finally:
+                if given < len(msgs):
+                    sync.give_back(msgs[given:])
 
     def ack(self, msg: Message) -> None:
         self._sync.ack(msg)
+
+    def ack_many(self, msgs: list[Message]) -> None:
+        self._sync.ack_many(msgs)
 
     def ack_cumulative(self, msg: Message) -> None:
         self._sync.ack_cumulative(msg)

@@ -11,10 +11,10 @@ neither needs the other to do so.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import repeat
+from operator import attrgetter
 
 from sluice.codec.sql_filter import SqlFilter
 from sluice.dispatcher.budget import HELD_OVERHEAD, MemoryBudget, SubscriptionMemory
@@ -141,17 +141,15 @@ class PartitionState:
         if k > 0:
             pending = self.pending
             gate = self.cursor.gate
-            if pending[-1].offset >= gate:
-                # Some read messages are beyond the persisted delivered-up-to mark: only those below go.
-                below = sum(
-                    1 for _ in itertools.takewhile(lambda m: m.offset < gate, itertools.islice(pending, k))
-                )
-                if below < k:
-                    self.cursor.stall(pending[below].offset)
+            if pending[k - 1].offset >= gate:
+                # Some of the k are beyond the persisted delivered-up-to mark: only those below go.
+                # pending is in offset order, so a binary search finds them (not a step per message).
+                below = _first_at_or_above(pending, k - 1, gate)
+                self.cursor.stall(pending[below].offset)
                 k = below
             popleft = pending.popleft
             taken = [popleft() for _ in range(k)]
-            self.pending_bytes -= sum(m.size for m in taken)
+            self.pending_bytes -= sum(map(_size_of, taken))
             out += taken
         return out
 
@@ -330,3 +328,19 @@ class PartitionState:
             cinf = c.inflight.get(self.partition)
             if cinf is not None and not cinf:
                 cinf.clear()
+
+
+_size_of = attrgetter("size")
+
+
+def _first_at_or_above(pending: deque[Message], hi: int, gate: int) -> int:
+    """The index of the first of ``pending[0..hi]`` (in offset order) at or above ``gate``, knowing
+    ``pending[hi]`` is."""
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pending[mid].offset < gate:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -179,19 +179,31 @@ class FlowControl:
             self.holder = None
         self._watermarks()
 
-    def on_taken(self, key: Hashable) -> list[Grant]:
-        """The application took one message of the stream from the queue."""
+    def on_taken(self, key: Hashable, n: int = 1) -> list[Grant]:
+        """The application took ``n`` messages of the stream from the queue (``receive_many`` takes
+        a batch: one call, at most one grant, whatever its size)."""
         s = self.streams[key]
-        s.queued -= 1
-        self.taken_total += 1
+        s.queued -= n
+        self.taken_total += n
         if self.zero_queue:
             return []
-        s.taken += 1
+        s.taken += n
         if self.autoscale and s.queued == 0 and not self.near_limit:
             s.window = min(s.share, 2 * s.window)  # the application keeps up: a larger window
         if s.subscribed and not self.paused and not self.held:
             return self._grant_owed(key, s, self._threshold(s))
         return []
+
+    def on_untaken(self, key: Hashable, n: int) -> None:
+        """``n`` taken messages went back to the front of the queue (an iterator left before yielding
+        them). ``taken`` may go below 0 when their permits were granted already: that debt is paid by
+        the next takes, so ``outstanding + queued + taken == share`` holds throughout."""
+        s = self.streams[key]
+        s.queued += n
+        self.taken_total -= n
+        if not self.zero_queue:
+            s.taken -= n
+        self._watermarks()
 
     def want_one(self, waiting: bool) -> list[Grant]:
         """Zero-queue: someone waits for a message. Grants one permit to the next subscribed

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from sluice.v1 import dispatcher_pb2 as pb
 
@@ -77,6 +77,14 @@ class Outbound:
         # ACK_BATCH; acks during the linger need no wake-up. Read after the append (see __init__).
         # One wake-up per writer wait: notifying on every ack past the threshold made the
         # acking thread fight the waking writer for the lock (a convoy costing microseconds per ack).
+        if self._writer_waiting and not self._woken and (not self._lingering or len(acks) >= ACK_BATCH):
+            with self._cond:
+                self._wake()
+
+    def ack_many(self, ids: Iterable[tuple[int, int]]) -> None:
+        """``ack`` for many ``(partition, offset)`` ids: one extend, at most one wake-up."""
+        acks = self._acks
+        acks.extend(ids)
         if self._writer_waiting and not self._woken and (not self._lingering or len(acks) >= ACK_BATCH):
             with self._cond:
                 self._wake()

@@ -44,6 +44,8 @@ __all__ = ["PushSessions"]
 log = logging.getLogger("sluice.client.push.consumer")
 
 _stream_keys = itertools.count(1)
+#: Cap of the doubling zero-queue handoff delay.
+ZERO_QUEUE_HANDOFF_MAX = 5.0
 
 
 class PushSessions:
@@ -291,19 +293,53 @@ class PushSessions:
         for s in streams:
             s.stop(join=False)
 
+    def _handoff_wait(self) -> float | None:
+        """Zero-queue over several streams: seconds until the outstanding permit should move
+        to another stream (None: never). Moves it when that time has come.
+
+        A permit cannot be taken back on the wire, so the idle stream is resubscribed: the
+        dispatcher drops the old consumer (and its permit) and the next grant goes to the
+        next stream. Only when nothing the application holds came from that stream (those
+        messages would be redelivered) and only for Shared/Key_Shared (resubscribing a
+        Failover consumer could move its partitions to a standby). Under the lock.
+        """
+        key = self._flow.holder
+        if key is None or not self._handoff_base or len(self._streams) < 2:
+            return None
+        if self.type not in ("shared", "key_shared"):
+            return None
+        due = self._permit_since + self._handoff_delay - time.monotonic()
+        if due > 0:
+            return due
+        stream = self._streams.get(key)
+        session = stream.session if stream is not None else None
+        if stream is None or session is None or session.unacked:
+            return None
+        self._handoffs += 1
+        self._handoff_delay = min(self._handoff_delay * 2, ZERO_QUEUE_HANDOFF_MAX)
+        self._flow.on_idle(key)
+        stream.handoff()  # on_session_end then grants the permit to the next stream
+        return None
+
     # ---- memory_limit (docs/memory.md, "SDK") ------------------------------------------------
 
-    def _dequeued(self, left: int, before: int | None = None) -> None:
+    def _dequeued(self, left: int, before: int | None = None) -> int:
         """Messages left the queue (``before`` -> ``left``; None: all, it was cleared): release
-        their share of the queue's bytes, pro rata (a batch's messages share its buffers).
-        Under the lock."""
+        their share of the queue's bytes, pro rata (a batch's messages share its buffers), and
+        return it. Under the lock."""
         held = self._queued_bytes
         if held <= 0:
-            return
+            return 0
         before = before if before is not None else left + 1
         share = held if left == 0 else held * (before - left) // max(before, 1)
         self._queued_bytes -= share
         self._memory.release(share)
+        return share
+
+    def _requeued(self, nbytes: int) -> None:
+        """Taken messages went back to the queue: their bytes count again. Under the lock."""
+        self._queued_bytes += nbytes
+        self._memory.add(nbytes)
 
     def _memory_room(self) -> None:
         """The Client's memory limit has room again (called on the memory's own thread)."""
