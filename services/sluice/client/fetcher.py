@@ -80,13 +80,9 @@ __all__ = ["AutoOffsetReset", "Fetcher", "RawChunk", "TopicPartition"]
 log = logging.getLogger("sluice.fetcher")
 
 
-#: Answers of a followed fetch the broker may send beyond those ``fetch()`` took. Taken answers
-#: are granted back two at a time (``FetchLane.grant``: one LANE_CREDIT frame, so one broker
-#: wake-up and one send here, per two answers instead of per answer; at 2,000 records/s about 0.15
-#: context switches per record less on the broker, docs/latency.md), and the broker still has credit
-#: for one more answer whenever this fetcher has taken all it was sent. With the one being decoded,
-#: four answers at most (three when credits went one by one): more read-ahead measured slower, it
-#: only adds buffers to allocate and fault in.
+#: Answers of a followed fetch the broker may send beyond those ``fetch()`` took, granted back two at a
+#: time (``FetchLane.grant``: one LANE_CREDIT frame, a broker wake-up, per two answers; docs/latency.md).
+#: With the one being decoded, four at most: more read-ahead measured slower (buffers to fault in).
 _FOLLOW_WINDOW = 3
 
 

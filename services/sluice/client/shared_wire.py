@@ -466,9 +466,8 @@ class FetchLane:
         self.lane = lane
         #: Fetch requests sent on the lane (a followed one counts once, however often answered).
         self.sent = 0
-        #: Answers taken and not granted back yet, and how many make one LANE_CREDIT frame.
-        self._owed = 0
-        self._every = 1
+        self._owed = 0  # answers taken, not granted back yet
+        self._every = 1  # how many make one LANE_CREDIT frame
 
     def send(self, request: Any, timeout: float, on_done: Callback) -> None:
         """One fetch, answered once (a followed fetch on the lane is replaced by it)."""
@@ -481,12 +480,9 @@ class FetchLane:
         The broker sends at most ``window`` answers, and ``grant(n)`` more: the owner grants as it
         takes answers, so an owner that stops taking them holds ``window`` answers at most, and
         its lane waits without holding up the connection. Each answer is due within ``span``
-        seconds of the previous one, or of the grant that made room for it.
-
-        Grants go out ``window - 1`` at a time: one LANE_CREDIT frame (a send here, a wake-up of the
-        broker's loop) per ``window - 1`` answers instead of one per answer, while the broker keeps
-        credit for at least one answer whenever the owner has taken every answer it was sent (it
-        can stall only with answers waiting here, so never on an idle owner)."""
+        seconds of the previous one, or of the grant that made room for it. Grants go out
+        ``window - 1`` at a time (one LANE_CREDIT frame, a broker wake-up, for several answers); the
+        broker still has credit for one answer whenever the owner took all it was sent."""
         self.sent += 1
         self._owed = 0
         self._every = max(window - 1, 1)
