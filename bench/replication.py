@@ -28,7 +28,8 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
-from _stack import ROOT, save
+from _stack import ROOT, cpu_seconds, save
+from e2e_latency import context_switches
 
 sys.path.insert(0, str(ROOT))
 from tests.harness import ServiceProcess, run_redis, start_service
@@ -42,8 +43,8 @@ SETTINGS = {"f1_acks1": (1, 1), "f3_acksall": (3, -1)}
 
 
 @contextlib.contextmanager
-def cluster(flush: str) -> Iterator[str]:
-    """A coordinator and three brokers; yields the bootstrap address."""
+def cluster(flush: str, pids: list[int]) -> Iterator[str]:
+    """A coordinator and three brokers; yields the bootstrap address (the brokers' pids go to ``pids``)."""
     with (
         run_redis(appendonly=False) as redis,
         tempfile.TemporaryDirectory(prefix="sluice-bench-repl-") as d,
@@ -61,12 +62,13 @@ def cluster(flush: str) -> Iterator[str]:
             )
         )  # fmt: skip
         for b in range(BROKERS):
-            started(
+            broker = started(
                 start_service(
                     "broker", "--port", "0", "--metrics-port", "0", "--broker-id", str(b),
                     "--data-dir", str(Path(d) / f"b{b}"), "--coordinator", coord.address, "--flush", flush,
                 )
             )  # fmt: skip
+            pids.append(broker.process.pid)
         yield coord.address
 
 
@@ -154,7 +156,9 @@ def consume(bootstrap: str, topic: str, total: int, warmup: int, ready: Event, o
     out.put(latencies)
 
 
-def latency(bootstrap: str, topic: str, acks: int, rate: int, seconds: float) -> dict[str, float]:
+def latency(
+    bootstrap: str, topic: str, acks: int, rate: int, seconds: float, brokers: list[int]
+) -> dict[str, float]:
     from sluice import Client
 
     warmup = rate
@@ -168,7 +172,11 @@ def latency(bootstrap: str, topic: str, acks: int, rate: int, seconds: float) ->
         producer = client.producer(topic, config=producer_config(acks, linger=0))
         interval = 1.0 / rate
         next_at = time.perf_counter()
+        cpu = switches = 0.0
         for i in range(total):
+            if i == warmup:
+                cpu = sum(cpu_seconds(pid) for pid in brokers)
+                switches = sum(context_switches(pid) for pid in brokers)
             now = time.perf_counter()
             if now < next_at:
                 time.sleep(next_at - now)
@@ -176,12 +184,19 @@ def latency(bootstrap: str, topic: str, acks: int, rate: int, seconds: float) ->
             next_at += interval
         producer.flush()
         latencies: list[float] = out.get(timeout=120)
+        cpu = sum(cpu_seconds(pid) for pid in brokers) - cpu
+        switches = sum(context_switches(pid) for pid in brokers) - switches
         consumer.join(30)
         producer.close()
     ordered = sorted(latencies)
     return {
         "p50_ms": round(ordered[len(ordered) // 2] * 1000, 3),
         "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000, 3),
+        "p999_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.999))] * 1000, 3),
+        # All three brokers (the leaders and the followers of the topic's partitions): what replication
+        # costs in CPU and wake-ups, figures the machine's load moves far less than the latencies.
+        "brokers_cpu_us_per_record": round(cpu / max(len(latencies), 1) * 1e6, 1),
+        "brokers_switches_per_record": round(switches / max(len(latencies), 1), 2),
     }
 
 
@@ -228,15 +243,19 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--flush", choices=["interval", "always", "never"], default="interval")
+    parser.add_argument("--latency-only", action="store_true", help="skip the throughput phase")
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
-    with cluster(args.flush) as bootstrap:
+    brokers: list[int] = []
+    with cluster(args.flush, brokers) as bootstrap:
         for r in range(args.rounds):
             for name, (factor, acks) in SETTINGS.items():
                 create(bootstrap, f"tp-{name}-{r}", factor)
                 create(bootstrap, f"lat-{name}-{r}", factor)
-                figures = throughput(bootstrap, f"tp-{name}-{r}", args.records, acks)
-                figures.update(latency(bootstrap, f"lat-{name}-{r}", acks, args.rate, args.seconds))
+                figures: dict[str, float] = {}
+                if not args.latency_only:
+                    figures = throughput(bootstrap, f"tp-{name}-{r}", args.records, acks)
+                figures.update(latency(bootstrap, f"lat-{name}-{r}", acks, args.rate, args.seconds, brokers))
                 figures.update(ack_latency(bootstrap, f"lat-{name}-{r}", acks))
                 runs[name].append(figures)
                 print(name, figures, flush=True)
@@ -253,8 +272,14 @@ def main() -> None:
             "rate": args.rate,
             "flush": args.flush,
             "medians": medians,
-            "f3_produce_share": round(f3["produce"] / f1["produce"], 3),
-            "f3_fetch_share": round(f3["fetch"] / f1["fetch"], 3),
+            **(
+                {}
+                if args.latency_only
+                else {
+                    "f3_produce_share": round(f3["produce"] / f1["produce"], 3),
+                    "f3_fetch_share": round(f3["fetch"] / f1["fetch"], 3),
+                }
+            ),
             "f3_p99_over_f1_ms": round(f3["p99_ms"] - f1["p99_ms"], 3),
             "f3_ack_p99_over_f1_ms": round(f3["ack_p99_ms"] - f1["ack_p99_ms"], 3),
             "runs": runs,

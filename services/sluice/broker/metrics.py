@@ -34,7 +34,7 @@ from prometheus_client.registry import Collector
 from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.log.partition_log import PartitionLog
 from sluice.broker.log.space import DiskStats
-from sluice.codec.batch import iter_headers
+from sluice.codec.batch.layout import iter_spans, record_count_at
 
 FLUSH_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 WAITER_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024)
@@ -274,7 +274,7 @@ class BrokerMetrics:
         nbytes = records = 0
         for chunk in chunks:
             nbytes += len(chunk)
-            records += sum(h.record_count for _, h in iter_headers(chunk))
+            records += sum(record_count_at(chunk, pos) for pos, _, _ in iter_spans(chunk))
         children[0].inc(nbytes)
         children[1].inc(records)
 

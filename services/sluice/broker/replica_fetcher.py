@@ -35,7 +35,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -235,6 +235,18 @@ class LeaderFetcher:
             self._conn = await ReplicaWire.open(wire[0], wire[1], self._broker_id)
         return await self._conn.fetch(request)
 
+    def _start_fetch(
+        self, stub: BrokerStub, wire: tuple[str, int] | None, request: broker_pb2.FetchRequest
+    ) -> asyncio.Future[broker_pb2.FetchResponse]:
+        """The fetch, in flight. On an open wire connection its frame is written now, in the loop pass
+        that appended the previous answer: the leader learns the new log end (and can move the HW and
+        answer acks=all) without this broker's loop going round once more first."""
+        conn = self._conn
+        if wire is not None and conn is not None and not conn.closed:
+            conn.send(request)
+            return asyncio.ensure_future(conn.answer())
+        return asyncio.ensure_future(self._fetch(stub, wire, request))
+
     async def _follow_on(
         self,
         address: str,
@@ -253,16 +265,21 @@ class LeaderFetcher:
             if not active:
                 await self._changed.wait()
                 continue
-            call = asyncio.ensure_future(self._fetch(stub, wire, self._request(active)))
+            call = self._start_fetch(stub, wire, self._request(active))
             changed = asyncio.ensure_future(self._changed.wait())
+            either: set[asyncio.Future[Any]] = {call, changed}
             try:
-                done, _ = await asyncio.wait({call, changed}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 changed.cancel()
             if call not in done:
                 call.cancel()  # re-planned: ask again with the new set
                 with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, SluiceError, OSError):
                     await call
+                if self._conn is not None:
+                    # Its answer may still come (the frame went out before the answer was awaited):
+                    # a fresh connection for the next fetch, as a cancelled read always had.
+                    self._conn.close()
                 continue
             response = call.result()
             backoff.reset()

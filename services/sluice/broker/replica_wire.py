@@ -81,7 +81,15 @@ class ReplicaWire:
         return conn
 
     async def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+        self.send(request)
+        return await self.answer()
+
+    def send(self, request: broker_pb2.FetchRequest) -> None:
+        """Write the fetch frame now (the caller then awaits :meth:`answer`)."""
         self._writer.write(frame(FrameType.FETCH, request.SerializeToString()))
+
+    async def answer(self) -> broker_pb2.FetchResponse:
+        """The answer to the fetch :meth:`send` wrote."""
         try:
             kind, payload = await self._read()
         except asyncio.CancelledError:

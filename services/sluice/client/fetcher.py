@@ -80,12 +80,10 @@ __all__ = ["AutoOffsetReset", "Fetcher", "RawChunk", "TopicPartition"]
 log = logging.getLogger("sluice.fetcher")
 
 
-#: Answers of a followed fetch the broker may send beyond those ``fetch()`` took (each taken
-#: answer grants one more, before it is decoded): with the one being decoded, three answers at
-#: most, as request by request (one decoded, one on its way) and as before lanes (one queued,
-#: one held by the reader). More read-ahead measured slower: it only adds buffers to allocate
-#: and fault in.
-_FOLLOW_WINDOW = 2
+#: Answers of a followed fetch the broker may send beyond those ``fetch()`` took, granted back two at a
+#: time (``FetchLane.grant``: one LANE_CREDIT frame, a broker wake-up, per two answers; docs/latency.md).
+#: With the one being decoded, four at most: more read-ahead measured slower (buffers to fault in).
+_FOLLOW_WINDOW = 3
 
 
 class Fetcher:

@@ -459,13 +459,15 @@ class ProduceLink:
 class FetchLane:
     """A fetcher's lane on the shared connection (``BrokerLink``, and it can follow)."""
 
-    __slots__ = ("_conn", "lane", "sent")
+    __slots__ = ("_conn", "_every", "_owed", "lane", "sent")
 
     def __init__(self, conn: SharedConnection, lane: int) -> None:
         self._conn = conn
         self.lane = lane
         #: Fetch requests sent on the lane (a followed one counts once, however often answered).
         self.sent = 0
+        self._owed = 0  # answers taken, not granted back yet
+        self._every = 1  # how many make one LANE_CREDIT frame
 
     def send(self, request: Any, timeout: float, on_done: Callback) -> None:
         """One fetch, answered once (a followed fetch on the lane is replaced by it)."""
@@ -478,12 +480,20 @@ class FetchLane:
         The broker sends at most ``window`` answers, and ``grant(n)`` more: the owner grants as it
         takes answers, so an owner that stops taking them holds ``window`` answers at most, and
         its lane waits without holding up the connection. Each answer is due within ``span``
-        seconds of the previous one, or of the grant that made room for it."""
+        seconds of the previous one, or of the grant that made room for it. Grants go out
+        ``window - 1`` at a time (one LANE_CREDIT frame, a broker wake-up, for several answers); the
+        broker still has credit for one answer whenever the owner took all it was sent."""
         self.sent += 1
+        self._owed = 0
+        self._every = max(window - 1, 1)
         self._conn.submit(self, request, span, on_answer, self.lane, max(window, 1))
 
     def grant(self, n: int = 1) -> None:
-        self._conn.grant(self.lane, n)
+        """The owner took ``n`` answers: room for as many more, sent once ``window - 1`` are owed."""
+        self._owed += n
+        if self._owed >= self._every:
+            n, self._owed = self._owed, 0
+            self._conn.grant(self.lane, n)
 
     def close(self) -> None:
         """End the lane: its waiting requests fail (BrokerNotAvailable), the broker stops it."""

@@ -166,3 +166,23 @@ def test_closing_one_view_fails_its_own_requests_only(peer: Peer) -> None:
         assert FrameType.LANE_END in peer.frames
     finally:
         conn.close()
+
+
+def test_a_followed_lane_grants_its_credit_window_minus_one_answers_at_a_time(peer: Peer) -> None:
+    """Each LANE_CREDIT frame wakes the broker's loop: with a window of 3, one frame per two answers
+    taken (docs/latency.md, "Second pass"), never fewer answers than the window allows."""
+    conn = _connection(peer.address)
+    try:
+        follow = Outcomes()
+        lane = conn.fetch_lane()
+        lane.follow(pb.FetchRequest(), 30, 3, follow.follow)
+        assert isinstance(follow.wait(), pb.FetchResponse)
+        for _ in range(5):
+            lane.grant(1)
+        # A produce answered after the grants: the peer has read every frame written before it.
+        produced = Outcomes()
+        conn.produce_link().send(pb.ProduceRequest(acks=1), 10, produced)
+        assert isinstance(produced.wait(), pb.ProduceResponse)
+        assert peer.frames.count(FrameType.LANE_CREDIT) == 2  # after the 2nd and the 4th answer
+    finally:
+        conn.close()

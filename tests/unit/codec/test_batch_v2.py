@@ -149,3 +149,29 @@ def test_a_corrupt_format_1_batch_is_never_converted() -> None:
     with pytest.raises(CorruptBatch, match="CRC-valid format-1"):
         upgrade_v1(v1, 0)
     assert v1_length(v1[:30], 0) is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=4), cut=st.integers(0, 80))
+def test_the_header_free_walk_matches_the_header_walk(counts: list[int], cut: int) -> None:
+    """``iter_spans``, ``stored_crc`` and ``record_count_at`` (the broker's read check and bytes-out
+    metric) give what ``iter_headers`` does, up to the same short tail."""
+    from sluice.codec.batch.layout import iter_spans, record_count_at, stored_crc
+
+    batches = []
+    for i, count in enumerate(counts):
+        builder = b.BatchBuilder()
+        for j in range(count):
+            builder.append(b"v%d" % j, None, None, None, 1_000 + j)
+        raw = bytearray(builder.build())
+        b.stamp(raw, 0, 10 * i, 5, 1)
+        batches.append(bytes(raw))
+    data = b"".join(batches)
+    data = data[: max(len(data) - cut, 0)]
+    headers = list(b.iter_headers(data))
+    assert [(pos, base, length) for pos, base, length in iter_spans(data)] == [
+        (pos, h.base_offset, h.length) for pos, h in headers
+    ]
+    assert [(stored_crc(data, pos), record_count_at(data, pos)) for pos, _ in headers] == [
+        (h.crc, h.record_count) for _, h in headers
+    ]

@@ -12,7 +12,7 @@ down"). The epoch and base offset sit outside the CRC (format v2), so a flip the
 
 from __future__ import annotations
 
-from sluice.codec.batch.layout import CRC_START, crc32c, iter_headers
+from sluice.codec.batch.layout import CRC_START, crc32c, iter_spans, read_header, stored_crc
 
 __all__ = ["failed_batches"]
 
@@ -20,8 +20,9 @@ __all__ = ["failed_batches"]
 def failed_batches(data: bytes | memoryview) -> list[tuple[int, int]]:
     """The offset ranges ``[base, next)`` of the batches in ``data`` whose CRC does not match."""
     view = memoryview(data)
-    return [
-        (h.base_offset, h.next_offset)
-        for pos, h in iter_headers(view)
-        if crc32c(view[pos + CRC_START : pos + h.length]) != h.crc
-    ]
+    failed = []
+    for pos, _, length in iter_spans(view):
+        if crc32c(view[pos + CRC_START : pos + length]) != stored_crc(view, pos):
+            header = read_header(view, pos)  # only for a damaged batch: the whole header
+            failed.append((header.base_offset, header.next_offset))
+    return failed

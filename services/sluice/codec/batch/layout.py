@@ -340,3 +340,37 @@ def iter_headers(
             return
         yield pos, h
         pos += h.length
+
+
+#: The two fields a walk over stamped batches needs: base offset and length (the header's first 12 bytes).
+_SPAN = struct.Struct("<qi")
+_CRC = struct.Struct("<I")
+_RECORD_COUNT = struct.Struct("<i")
+_RECORD_COUNT_AT = 44
+
+
+def iter_spans(buf: bytes | memoryview, pos: int = 0) -> Iterator[tuple[int, int, int]]:
+    """``(pos, base_offset, length)`` of each whole batch from ``pos``, as :func:`iter_headers` walks
+    them (stops at a short tail), without building a :class:`BatchHeader`: a frozen 15-field dataclass
+    costs about 3 us, which the broker paid per batch on every read it serves (the CRC check and the
+    bytes-out metric), several times the rest of the walk at one batch per read."""
+    stop = len(buf)
+    unpack = _SPAN.unpack_from
+    while pos + HEADER_SIZE <= stop:
+        base, length = unpack(buf, pos)
+        if length < HEADER_SIZE or pos + length > stop:
+            return
+        yield pos, base, length
+        pos += length
+
+
+def stored_crc(buf: bytes | memoryview, pos: int) -> int:
+    """The CRC field of the batch at ``pos``."""
+    crc: int = _CRC.unpack_from(buf, pos + CRC_AT)[0]
+    return crc
+
+
+def record_count_at(buf: bytes | memoryview, pos: int) -> int:
+    """The record count of the batch at ``pos``."""
+    count: int = _RECORD_COUNT.unpack_from(buf, pos + _RECORD_COUNT_AT)[0]
+    return count
