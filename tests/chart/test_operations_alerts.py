@@ -5,62 +5,16 @@ slowly filling disk). docs/operations.md has the runbook of each; every alert mu
 
 from __future__ import annotations
 
-import re
-import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from tests.chart.chartlib import CHART, ROOT
-from tests.chart.test_alert_rules import promtool
+from tests.chart.alert_cases import Case, rules_of, run_promtool, runbook_headings, series
+from tests.chart.chartlib import CHART
 
 RULES = CHART / "alerts" / "operations.yaml"
-RUNBOOK = ROOT / "docs" / "operations.md"
-NS = "shop"
 MiB = 1024**2
 GiB = 1024**3
-TEMPLATE = re.compile(r"\{\{\s*\$(labels\.(\w+)|value)[^}]*\}\}")
-
-
-def _rules() -> dict[str, dict[str, Any]]:
-    return {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
-
-
-def series(name: str, values: str, **labels: str) -> dict[str, str]:
-    selector = ", ".join(f'{k}="{v}"' for k, v in {"namespace": NS, **labels}.items())
-    return {"series": f"{name}{{{selector}}}", "values": values}
-
-
-@dataclass(frozen=True)
-class Case:
-    """``alert`` fires at ``fires_at`` (and not at ``quiet_at``) once, with ``labels``; ``value`` is how
-    the annotations print `$value` at ``fires_at``."""
-
-    alert: str
-    inputs: list[dict[str, str]]
-    quiet_at: str
-    fires_at: str
-    labels: dict[str, str]
-    value: str = ""
-    interval: str = "1m"
-    extra: list[dict[str, str]] = field(default_factory=list)
-
-
-def expected(case: Case) -> dict[str, Any]:
-    rule = _rules()[case.alert]
-    labels = {"namespace": NS, **case.labels}
-
-    def fill(m: re.Match[str]) -> str:
-        return case.value if m.group(1) == "value" else labels[m.group(2)]
-
-    return {
-        "exp_labels": {**labels, **rule["labels"]},
-        "exp_annotations": {k: TEMPLATE.sub(fill, v) for k, v in rule["annotations"].items()},
-    }
-
-
 CASES = [
     Case(
         "SluiceServiceDown",
@@ -235,9 +189,9 @@ CASES = [
 
 
 def test_every_alert_has_a_case_and_a_runbook_section() -> None:
-    names = set(_rules())
+    names = set(rules_of(RULES))
     assert {c.alert for c in CASES} == names
-    headings = set(re.findall(r"^### (Sluice\w+)", RUNBOOK.read_text(), re.M))
+    headings = runbook_headings()
     shipped = {
         r["alert"]
         for f in (CHART / "alerts").glob("*.yaml")
@@ -250,26 +204,4 @@ def test_every_alert_has_a_case_and_a_runbook_section() -> None:
 
 
 def test_promtool_unit_tests_pass(tmp_path: Path) -> None:
-    tests = {
-        "rule_files": [str(RULES)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "name": f"{c.alert} #{i}",
-                "interval": c.interval,
-                "input_series": c.inputs,
-                "alert_rule_test": [
-                    {"eval_time": c.quiet_at, "alertname": c.alert, "exp_alerts": []},
-                    {"eval_time": c.fires_at, "alertname": c.alert, "exp_alerts": [expected(c)]},
-                ],
-            }
-            for i, c in enumerate(CASES)
-        ],
-    }
-    path = tmp_path / "tests.yaml"
-    path.write_text(yaml.safe_dump(tests))
-    result = subprocess.run(
-        [promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout
+    run_promtool(RULES, CASES, tmp_path)

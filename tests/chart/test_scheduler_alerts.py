@@ -4,24 +4,12 @@ labels and annotations an operator reads, beside series that must not (a healthy
 
 from __future__ import annotations
 
-import re
-import subprocess
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-from tests.chart.chartlib import CHART, ROOT
-from tests.chart.test_alert_rules import promtool
-from tests.chart.test_operations_alerts import TEMPLATE, Case, series
+from tests.chart.alert_cases import NS, Case, rules_of, run_promtool, runbook_headings, series
+from tests.chart.chartlib import CHART
 
 RULES = CHART / "alerts" / "delayed-delivery.yaml"
-RUNBOOK = ROOT / "docs" / "operations.md"
-NS = "shop"
-
-
-def _rules() -> dict[str, dict[str, Any]]:
-    return {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
 
 
 def _lateness(namespace: str, per_minute: dict[str, str]) -> list[dict[str, str]]:
@@ -32,19 +20,6 @@ def _lateness(namespace: str, per_minute: dict[str, str]) -> list[dict[str, str]
         s["series"] = s["series"].replace(f'namespace="{NS}"', f'namespace="{namespace}"')
         out.append(s)
     return out
-
-
-def expected(case: Case) -> dict[str, Any]:
-    rule = _rules()[case.alert]
-    labels = {"namespace": NS, **case.labels}
-
-    def fill(m: re.Match[str]) -> str:
-        return case.value if m.group(1) == "value" else labels[m.group(2)]
-
-    return {
-        "exp_labels": {**labels, **rule["labels"]},
-        "exp_annotations": {k: TEMPLATE.sub(fill, v) for k, v in rule["annotations"].items()},
-    }
 
 
 CASES = [
@@ -89,32 +64,9 @@ CASES = [
 
 
 def test_every_alert_has_a_case_and_a_runbook_section() -> None:
-    assert {c.alert for c in CASES} == set(_rules())
-    headings = set(re.findall(r"^### (Sluice\w+)", RUNBOOK.read_text(), re.M))
-    assert set(_rules()) <= headings
+    assert {c.alert for c in CASES} == set(rules_of(RULES))
+    assert set(rules_of(RULES)) <= runbook_headings()
 
 
 def test_promtool_unit_tests_pass(tmp_path: Path) -> None:
-    tests = {
-        "rule_files": [str(RULES)],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "name": f"{c.alert} #{i}",
-                "interval": c.interval,
-                "input_series": c.inputs,
-                "alert_rule_test": [
-                    {"eval_time": c.quiet_at, "alertname": c.alert, "exp_alerts": []},
-                    {"eval_time": c.fires_at, "alertname": c.alert, "exp_alerts": [expected(c)]},
-                ],
-            }
-            for i, c in enumerate(CASES)
-        ],
-    }
-    path = tmp_path / "tests.yaml"
-    path.write_text(yaml.safe_dump(tests))
-    result = subprocess.run(
-        [promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout
+    run_promtool(RULES, CASES, tmp_path)
