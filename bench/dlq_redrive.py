@@ -13,9 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,33 +26,14 @@ sys.path.insert(0, str(ROOT))
 from tests.harness import run_redis  # noqa: E402
 from tests.integration.retry.conftest import read_all, start_retry_cluster  # noqa: E402
 
+from _redrive_runs import crash_and_resume  # noqa: E402
 from sluice import Client  # noqa: E402
-from sluice.cli.dlq_redrive import CRASH_ENV  # noqa: E402
 from sluice.retry.levels import H_COUNT, H_DLQ_SOURCE, H_OFFSET, H_PARTITION, H_TOPIC, dlq_topic, retry_topic  # noqa: E402
 
 GROUP = "bench-redrive"
 
 
-def _redrive(bootstrap: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sluice",
-            "--bootstrap",
-            bootstrap,
-            "dlq",
-            "redrive",
-            "--group",
-            GROUP,
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "services"), **(env or {})},
-        cwd=ROOT,
-    )
+ARGS = ("--group", GROUP)
 
 
 def main() -> None:
@@ -79,36 +57,7 @@ def main() -> None:
                 p.flush()
             print(f"filled {n} dead letters in {time.monotonic() - t0:.1f}s")
 
-            t0 = time.monotonic()
-            proc = _redrive(cluster.bootstrap, env={CRASH_ENV: str(n // 2)})
-            proc.communicate(timeout=3600)
-            print(
-                f"run 1: killed itself after the ack at {n // 2}, before the cursor save "
-                f"(rc {proc.returncode}) after {time.monotonic() - t0:.1f}s"
-            )
-
-            t0 = time.monotonic()
-            proc = _redrive(cluster.bootstrap)
-            assert proc.stderr is not None
-            while True:
-                line = proc.stderr.readline().decode()
-                m = re.search(r"read (\d+)/", line)
-                if (m and int(m.group(1)) >= n // 4) or not line:
-                    break
-            proc.kill()
-            _, rest = proc.communicate(timeout=60)
-            last = (line + rest.decode()).strip().splitlines()
-            took = time.monotonic() - t0
-            print(f"run 2: killed from outside after {took:.1f}s; last progress: {last[-1] if last else ''}")
-
-            t0 = time.monotonic()
-            proc = _redrive(cluster.bootstrap)
-            out, err = proc.communicate(timeout=3600)
-            took = time.monotonic() - t0
-            lines = err.decode().strip().splitlines()
-            print(
-                f"run 3: {out.decode().strip()} in {took:.1f}s; last progress: {lines[-1] if lines else ''}"
-            )
+            crash_and_resume(cluster.bootstrap, ARGS, n)
 
             written = read_all(client, retry_topic(GROUP), partitions=3, timeout=120)
             counts = Counter(r.headers[H_DLQ_SOURCE] for r in written)

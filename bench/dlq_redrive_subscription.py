@@ -14,9 +14,6 @@ arriving exactly once at the subscription, and none at another subscription of t
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -28,23 +25,12 @@ sys.path.insert(0, str(ROOT))
 
 from tests.integration.push.conftest import run_push_cluster  # noqa: E402
 
+from _redrive_runs import crash_and_resume  # noqa: E402
 from sluice import Client  # noqa: E402
-from sluice.cli.dlq_redrive import CRASH_ENV  # noqa: E402
 from sluice.retry.levels import H_DLQ_SOURCE, H_OFFSET, H_PARTITION, H_TOPIC, redrive_topic, sub_dlq_topic  # noqa: E402
 
 TOPIC, SUB = "orders", "s"
 ARGS = ("--subscription", SUB, "--topic", TOPIC)
-
-
-def _redrive(bootstrap: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "sluice", "--bootstrap", bootstrap, "dlq", "redrive", *ARGS],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "services"), **(env or {})},
-        cwd=ROOT,
-    )
 
 
 def main() -> None:
@@ -64,36 +50,7 @@ def main() -> None:
             p.flush()
         print(f"filled {n} dead letters in {time.monotonic() - t0:.1f}s")
 
-        t0 = time.monotonic()
-        proc = _redrive(cluster.bootstrap, env={CRASH_ENV: str(n // 2)})
-        proc.communicate(timeout=3600)
-        print(
-            f"run 1: killed itself after the ack at {n // 2}, before the cursor save "
-            f"(rc {proc.returncode}) after {time.monotonic() - t0:.1f}s"
-        )
-
-        t0 = time.monotonic()
-        proc = _redrive(cluster.bootstrap)
-        assert proc.stderr is not None
-        line = ""
-        deadline = time.monotonic() + 3600
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline().decode()
-            m = re.search(r"read (\d+)/", line)
-            if (m and int(m.group(1)) >= n // 4) or not line:
-                break
-        proc.kill()
-        _, rest = proc.communicate(timeout=60)
-        last = (line + rest.decode()).strip().splitlines()
-        took = time.monotonic() - t0
-        print(f"run 2: killed from outside after {took:.1f}s; last: {last[-1] if last else ''}")
-
-        t0 = time.monotonic()
-        proc = _redrive(cluster.bootstrap)
-        out, err = proc.communicate(timeout=3600)
-        lines = err.decode().strip().splitlines()
-        took = time.monotonic() - t0
-        print(f"run 3: {out.decode().strip()} in {took:.1f}s; last: {lines[-1] if lines else ''}")
+        crash_and_resume(cluster.bootstrap, ARGS, n)
 
         t0 = time.monotonic()
         counts: Counter[bytes] = Counter()
