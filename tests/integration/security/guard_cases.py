@@ -451,6 +451,15 @@ CASES: dict[str, Case] = {
         ((Operation.ALTER, CLUSTER),),
         _c("ReassignPartitions", lambda n: coordinator_pb2.ReassignPartitionsRequest()),
     ),
+    "/sluice.v1.Coordinator/RecoverPartition": Case(
+        "coordinator",
+        ((Operation.ALTER, CLUSTER),),
+        # A dry run: allowed, it only reports (the partition is not offline, so there is nothing to do).
+        _c(
+            "RecoverPartition",
+            lambda n: coordinator_pb2.RecoverPartitionRequest(topic=n, partition=0, dry_run=True),
+        ),
+    ),
     # coordinator: groups
     "/sluice.v1.Coordinator/Heartbeat": Case("coordinator", ((R, GROUP),), _c("Heartbeat", _heartbeat)),
     "/sluice.v1.Coordinator/ConsumerGroupStream": Case("coordinator", ((R, GROUP),), group_stream),
