@@ -6,7 +6,8 @@ and sends the ``(stream, permits)`` grants they return as ``Flow`` commands.
 Per stream (one per dispatcher that serves some of the topic's partitions):
 
 * ``share``: the permits the stream is entitled to: ``receiver_queue_size`` split
-  across the streams, at least 1 each;
+  across the streams, at least 1 each (the redrive topic's streams split a tenth of it:
+  ``set_streams``'s ``minor``);
 * ``outstanding``: granted with ``Flow`` and not delivered yet;
 * ``queued``: delivered and waiting in the receiver queue;
 * ``taken``: taken by the application since the last refill. Once it reaches
