@@ -199,7 +199,7 @@ class PushSessions:
             plan.update(_routing(redrive.name, redrive))
         return dict(sorted(plan.items()))
 
-    def _reroute_locked(self, plan: dict[str, tuple[int, ...]]) -> None:
+    def _reroute_locked(self, plan: Plan) -> None:
         """Replace every stream: a new routing means new sessions anyway (Pulsar clears the
         receiver queue on reconnect too); what was queued is redelivered."""
         old = list(self._streams.values())
