@@ -111,11 +111,16 @@ def latency_consumer(bootstrap: str, topic: str, total: int, ready: Event, out: 
     out.put((lat, cpu))
 
 
-def throughput(bootstrap: str, n: int, queue_size: int, batch: int, dispatcher_pid: int) -> dict[str, object]:
+def throughput(
+    bootstrap: str, n: int, queue_size: int, batch: int, dispatcher_pid: int, redrive: bool = False
+) -> dict[str, object]:
     from sluice import Client
+    from sluice.client.push import redrive_topic
 
     with Client(bootstrap) as client:
         client.admin.create_topic("push-bench", partitions=4)
+        if redrive:  # an empty redrive topic: the consumers' extra stream, with a tenth of the queue
+            client.admin.create_topic(redrive_topic("push-bench", "bench"), partitions=1)
     ctx = mp.get_context("spawn")
     t0 = time.monotonic()
     p = ctx.Process(target=produce_backlog, args=(bootstrap, "push-bench", n))
@@ -145,6 +150,7 @@ def throughput(bootstrap: str, n: int, queue_size: int, batch: int, dispatcher_p
         "records_per_s": round(total / (end - start)),
         "receiver_queue_size": queue_size,
         "batch": batch,
+        "redrive_topic": redrive,
         # CPU per message, independent of what else runs on the machine: the consumer processes'
         # whole life, and from their first message to their last (start-up excluded).
         "consumer_cpu_us_per_msg": round(sum(r[4] for r in results) / total * 1e6, 2),
@@ -221,6 +227,11 @@ def main() -> None:
         "--warmup", type=float, default=1.0, help="latency phase: seconds sent first, not counted"
     )
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument(
+        "--redrive-topic",
+        action="store_true",
+        help="throughput: an (empty) redrive topic of the subscription exists",
+    )
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--tls", action="store_true", help="TLS on every port and every client connection")
     parser.add_argument(
@@ -232,14 +243,16 @@ def main() -> None:
         if not args.skip_throughput:
             dispatcher_pid = s.extra[-1].process.pid
             result["throughput"] = throughput(
-                s.bootstrap, args.records, args.receiver_queue, args.batch, dispatcher_pid
+                s.bootstrap, args.records, args.receiver_queue, args.batch, dispatcher_pid, args.redrive_topic
             )
             print(result["throughput"], flush=True)
         if not args.skip_latency:
             pids = {"dispatcher": s.extra[-1].process.pid, "broker": s.broker.process.pid}
             result["latency"] = latency(s.bootstrap, args.rate, args.seconds, args.warmup, pids)
             print(result["latency"], flush=True)
-    save(f"push_throughput{'_tls' if args.tls else ''}{'_auth' if args.auth else ''}", result)
+    flags = (("_tls", args.tls), ("_auth", args.auth), ("_redrive", args.redrive_topic))
+    suffix = "".join(name for name, on in flags if on)
+    save(f"push_throughput{suffix}", result)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """sluice dlq redrive --subscription: exactly once at subscription S across kill -9 (one between a write's
 acknowledgement and the cursor save), another subscription of the topic sees none, ``--to original``,
-a redriven record that fails again returns to the same DLQ, list, peek, purge (docs/retry.md)."""
+a redriven record that fails again returns to the same DLQ, list, peek, purge, and the subscription's own
+consumer of the topic receiving its redriven records (``redrive=True``) (docs/retry.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -12,7 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sluice import Client
+from sluice import Client, aio
 from sluice.cli.dlq_redrive import CRASH_ENV
 from sluice.client.push import Message, PushConsumer, dlq_topic
 from sluice.errors import UnknownTopicOrPartition
@@ -185,3 +187,79 @@ def test_subscription_redrive_original_again_list_peek_purge(cluster: PushCluste
     code, _, err = _run(cluster, "purge", *args, "--yes")
     assert code == 0, err
     assert client.list_offsets(dlq, "latest") == {0: 0}
+
+
+def test_subscription_consumer_receives_its_redrive(cluster: PushCluster, client: Client) -> None:
+    """The ONE consumer of T/s, open before the redrive topic existed, gets the records redriven with
+    the CLI exactly once (it finds the topic at its next check), from the same receive_many, and its
+    acks reach the redrive topic's subscription; another subscription of T sees none. A consumer
+    started after the topic exists (aio) reads it from the start: only what was redriven since."""
+    topic, sub, n = f"rdc-{os.getpid()}-{time.monotonic_ns() % 10**6}", "s", 20
+    client.admin.create_topic(topic, partitions=2)
+    other = client.push_consumer(topic, "other", "shared", initial_position="earliest")
+    pc = client.push_consumer(
+        topic,
+        sub,
+        "shared",
+        initial_position="earliest",
+        nack_delay="50ms",
+        max_redeliver=1,
+        redrive_check_interval="200ms",
+    )
+    try:
+        with client.producer(topic) as p:
+            for i in range(n):
+                p.send(f"p{i}".encode(), key=str(i).encode())
+        deliveries: Counter[bytes] = Counter()
+        deadline = time.monotonic() + 30
+        while sum(deliveries.values()) < 2 * n and time.monotonic() < deadline:
+            for m in pc.receive_many(100, timeout=1.0):  # the first delivery and one redelivery: DLQ
+                deliveries[m.value] += 1
+                pc.nack(m)
+        assert deliveries == Counter({f"p{i}".encode(): 2 for i in range(n)})
+        dlq = dlq_topic(topic, sub)
+        eventually(lambda: _ends(client, dlq) == {0: n}, what="the dead letters")
+        assert len(drain(other, n)) == n
+        assert nothing_more(other, 0.3)
+        assert {s.topic for s in pc.stats().streams} == {topic}, "no redrive topic yet"
+
+        code, out, err = _run(cluster, "redrive", "--subscription", sub, "--topic", topic)
+        assert code == 0, err[-2000:]
+        assert f"redrove {n} of {n}" in out, out
+
+        got: list[Message] = []
+        deadline = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            msgs = pc.receive_many(100, timeout=1.0)
+            pc.ack_many(msgs)
+            got += msgs
+        got += _rest(pc, 1.0)
+        values = Counter(m.value for m in got)
+        assert values == Counter(f"p{i}".encode() for i in range(n)), "each redriven record exactly once"
+        assert {m.topic for m in got} == {redrive_topic(topic, sub)}
+        assert {s.topic for s in pc.stats().streams} == {topic, redrive_topic(topic, sub)}
+        assert all(m.headers[H_REDRIVE_COUNT] == b"1" for m in got)
+        assert nothing_more(other, 0.5), "another subscription of the topic sees none"
+        assert sum(client.list_offsets(topic, "latest").values()) == n, "the topic was not written"
+    finally:
+        pc.close()
+        other.close()
+
+    # One more dead letter redriven: a consumer started now gets it and not the 20 acked above.
+    with client.producer(dlq) as p:
+        p.send(b"late", headers={H_TOPIC: topic.encode(), H_PARTITION: b"0", H_OFFSET: b"99"}, partition=0)
+    code, out, err = _run(cluster, "redrive", "--subscription", sub, "--topic", topic)
+    assert (code, "redrove 1 of 1" in out) == (0, True), err[-2000:]
+
+    async def main() -> list[bytes]:
+        async with (
+            aio.Client(cluster.bootstrap, request_timeout=10) as ac,
+            ac.push_consumer(topic, sub, "shared") as apc,
+        ):
+            msgs = await apc.receive_many(100, timeout=20)
+            apc.ack_many(msgs)
+            msgs += await apc.receive_many(100, timeout=1.0)
+            apc.ack_many(msgs)
+            return [m.value for m in msgs]
+
+    assert asyncio.run(main()) == [b"late"]

@@ -202,6 +202,16 @@ class PushConsumerConfig:
     subscribe_timeout: timedelta = timedelta(seconds=30)
     """How long the constructor waits for every stream to be subscribed."""
 
+    redrive: bool = True
+    """Also consume ``<topic>.<subscription>.REDRIVE`` (where ``sluice dlq redrive --subscription``
+    writes) as this subscription, through the same receive/ack/listener (docs/retry.md, "Redrive of
+    push subscriptions"). Creates nothing: the topic is read once it exists. Off for non-durable
+    subscriptions, ``receiver_queue_size=0`` and a consumer of a redrive topic itself."""
+
+    redrive_check_interval: timedelta = timedelta(seconds=30)
+    """While the redrive topic does not exist, how often the consumer asks the coordinator whether it
+    does now (one Metadata request). 0: only at the consumer's start and routing refreshes."""
+
     consumer_id: str = field(default="")
     """The id resubscriptions reuse (idempotent on the dispatcher). Default: random."""
 
@@ -290,6 +300,7 @@ _DURATIONS = (
     "reconnect_backoff_max",
     "subscribe_timeout",
     "zero_queue_handoff",
+    "redrive_check_interval",
 )
 _INTS = ("receiver_queue_size", "priority", "max_unacked", "max_redeliver", "park_after", "park_max_messages")
 _INT32_MAX = 2**31 - 1
@@ -337,8 +348,8 @@ def _check(cfg: PushConsumerConfig) -> None:  # noqa: C901, PLR0912
     pos = cfg.initial_position
     if isinstance(pos, bool) or not (pos in ("latest", "earliest") or (isinstance(pos, int) and pos >= 0)):
         raise InvalidArgument(f"initial_position must be 'latest', 'earliest' or an offset >= 0, got {pos!r}")
-    if not isinstance(cfg.durable, bool) or not isinstance(cfg.nack_backoff, bool):
-        raise InvalidArgument("durable and nack_backoff must be booleans")
+    if not all(isinstance(v, bool) for v in (cfg.durable, cfg.nack_backoff, cfg.redrive)):
+        raise InvalidArgument("durable, nack_backoff and redrive must be booleans")
     if not isinstance(cfg.consumer_name, str) or not isinstance(cfg.consumer_id, str):
         raise InvalidArgument("consumer_name and consumer_id must be strings")
     if cfg.filter is not None:

@@ -409,6 +409,7 @@ class PushConsumer(PushSessions):
                     s.sessions,
                     s.reconnects,
                     None if s.last_error is None else str(s.last_error),
+                    s.topic,
                 )
                 for s in self._streams.values()
             )

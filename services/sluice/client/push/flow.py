@@ -6,7 +6,8 @@ and sends the ``(stream, permits)`` grants they return as ``Flow`` commands.
 Per stream (one per dispatcher that serves some of the topic's partitions):
 
 * ``share``: the permits the stream is entitled to: ``receiver_queue_size`` split
-  across the streams, at least 1 each;
+  across the streams, at least 1 each (the redrive topic's streams split a tenth of it:
+  ``set_streams``'s ``minor``);
 * ``outstanding``: granted with ``Flow`` and not delivered yet;
 * ``queued``: delivered and waiting in the receiver queue;
 * ``taken``: taken by the application since the last refill. Once it reaches
@@ -39,7 +40,7 @@ again, so a dry dispatcher costs few handoffs and still gets a turn now and then
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Iterable
+from collections.abc import Collection, Hashable, Iterable
 from dataclasses import dataclass
 
 __all__ = ["FlowControl", "FlowStats", "Grant", "StreamFlow"]
@@ -50,6 +51,8 @@ MAX_IDLE_SKIPS = 64
 #: Auto-scaled window: where a stream's window starts (Pulsar starts at 1; a few messages more let
 #: the first round trip fill a batch, and the doubling reaches a share of 1,000 in 7 steps).
 INITIAL_WINDOW = 8
+#: The part of the receiver queue the minor streams (a redrive topic's) share: a tenth.
+MINOR_PART = 10
 
 
 @dataclass(slots=True)
@@ -121,16 +124,22 @@ class FlowControl:
 
     # ---- topology ----------------------------------------------------------------
 
-    def set_streams(self, keys: Iterable[Hashable]) -> None:
-        """A new set of streams (first routing, or routing changed): all start unsubscribed."""
+    def set_streams(self, keys: Iterable[Hashable], minor: Collection[Hashable] = ()) -> None:
+        """A new set of streams (first routing, or routing changed): all start unsubscribed.
+
+        ``minor`` streams (the consumer's redrive topic, docs/retry.md) split ``1 / MINOR_PART`` of
+        the queue among them and the others the rest, so a mostly idle redrive stream costs the
+        topic's streams a tenth of their prefetch, not half of it. At least 1 each."""
         keys = list(keys)
+        main = [k for k in keys if k not in minor]
+        small = [k for k in keys if k in minor]
+        minor_total = self.queue_size // MINOR_PART if main else self.queue_size
+        shares = _split(self.queue_size - minor_total if small else self.queue_size, main)
+        shares.update(_split(minor_total, small))
         self.streams = {}
         self.holder = None
-        n = len(keys)
-        for i, key in enumerate(keys):
-            share = 0
-            if not self.zero_queue:
-                share = max(1, self.queue_size // n + (1 if i < self.queue_size % n else 0))
+        for key in keys:
+            share = 0 if self.zero_queue else shares[key]
             window = min(share, INITIAL_WINDOW) if self.autoscale else share
             self.streams[key] = StreamFlow(share=share, threshold=max(1, share // 2), window=window)
 
@@ -316,3 +325,9 @@ class FlowControl:
         q, o = self.queued, self.outstanding
         self.max_queued = max(self.max_queued, q)
         self.max_outstanding = max(self.max_outstanding, o)
+
+
+def _split(total: int, keys: list[Hashable]) -> dict[Hashable, int]:
+    """``total`` permits split evenly across ``keys`` (the first ones get the remainder), at least 1 each."""
+    n = len(keys)
+    return {k: max(1, total // n + (1 if i < total % n else 0)) for i, k in enumerate(keys)}

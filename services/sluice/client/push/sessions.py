@@ -9,6 +9,13 @@ adds the application's API (receive, ack, nack, pause, stats, close) and the lis
 Locking: one Condition guards the queue, the flow counters and the sessions' unacked sets.
 Streams call in from their threads; no callback does I/O under the lock beyond appending to
 an :class:`~sluice.client.push.outbound.Outbound`.
+
+Redrive (``config.redrive``, docs/retry.md "Redrive of push subscriptions"): the routing also covers
+``<topic>.<subscription>.REDRIVE`` once it exists, so its streams (subscription ``S`` of that topic,
+from the earliest offset the first time) feed the same queue, flow and acks. Messages remember their
+session, so acks go to the right topic's stream with no other change. Until the topic exists a
+watcher thread asks the coordinator for it every ``redrive_check_interval``; a fatal error of a
+redrive stream is logged and the consumer goes on with its topic.
 """
 
 from __future__ import annotations
@@ -25,17 +32,19 @@ from collections.abc import Hashable, Iterator
 
 from sluice.client.links import use_wire
 from sluice.client.memory import ClientMemory
-from sluice.client.metadata import MetadataCache
+from sluice.client.metadata import MetadataCache, TopicInfo
 from sluice.client.push.config import PushConsumerConfig
 from sluice.client.push.flow import FlowControl, Grant
 from sluice.client.push.message import Message, messages_of
 from sluice.client.push.nacks import NackScheduler
 from sluice.client.push.serde_message import message_kinds
-from sluice.client.push.stream import ConsumeCall, ConsumeStream, Session
+from sluice.client.push.stream import ConsumeCall, ConsumeStream, Session, StreamState
 from sluice.client.push.wire_call import WireConsumeCall
 from sluice.common.backoff import Backoff
+from sluice.common.names import MAX_NAME_LENGTH
 from sluice.common.peers import Peers
-from sluice.errors import RequestTimedOut, SluiceError
+from sluice.errors import AuthorizationError, RequestTimedOut, SluiceError, UnknownTopicOrPartition
+from sluice.retry.levels import REDRIVE_SUFFIX, redrive_topic
 from sluice.v1 import dispatcher_pb2 as pb
 from sluice.v1 import dispatcher_pb2_grpc
 
@@ -46,6 +55,21 @@ log = logging.getLogger("sluice.client.push.consumer")
 _stream_keys = itertools.count(1)
 #: Cap of the doubling zero-queue handoff delay.
 ZERO_QUEUE_HANDOFF_MAX = 5.0
+
+#: {(topic, dispatcher_id): partitions}: the streams a consumer keeps ("" = no live dispatcher).
+Plan = dict[tuple[str, str], tuple[int, ...]]
+
+
+def redrive_source(topic: str, subscription: str, config: PushConsumerConfig) -> str | None:
+    """The redrive topic a consumer of ``topic``/``subscription`` also reads, or None: not asked
+    for, a non-durable subscription (nothing lasting to redrive to), zero-queue (its one permit
+    would sit on a mostly empty stream), a redrive topic itself, a name over the limit."""
+    if not config.redrive or not config.durable or config.zero_queue:
+        return None
+    if topic.endswith(f".{subscription}{REDRIVE_SUFFIX}"):
+        return None
+    name = redrive_topic(topic, subscription)
+    return name if len(name) <= MAX_NAME_LENGTH else None
 
 
 class PushSessions:
@@ -70,6 +94,12 @@ class PushSessions:
         self.type = type_
         self.config = config
         self._listener = config.message_listener
+        self._redrive = redrive_source(topic, subscription, config)
+        #: Subscribe of the redrive topic: from the earliest offset the first time (it holds nothing
+        #: but redriven records, and a later redrive appends behind the subscription's cursor).
+        self._redrive_config = config.replace(initial_position="earliest") if self._redrive else config
+        self._ended = threading.Event()
+        self._watcher: threading.Thread | None = None
         #: Message classes that deserialize (docs/serializers.md); None: plain messages.
         self._kinds = message_kinds(config.key_deserializer, config.value_deserializer)
         self.consumer_id = config.consumer_id or uuid.uuid4().hex
@@ -82,7 +112,7 @@ class PushSessions:
         self._queue: deque[Message] = deque()
         self._flow = FlowControl(config.receiver_queue_size, autoscale=self._memory.limit > 0)
         self._streams: dict[Hashable, ConsumeStream] = {}
-        self._plan: dict[str, tuple[int, ...]] = {}
+        self._plan: Plan = {}
         self._waiting = 0
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._fatal: SluiceError | None = None
@@ -104,8 +134,14 @@ class PushSessions:
         except BaseException:
             self._shutdown(grace=0.0)
             raise
+        if self._redrive is not None and config.redrive_check_interval.total_seconds() > 0:
+            self._watcher = threading.Thread(
+                target=self._watch_redrive, daemon=True, name=f"sluice-push-redrive-{subscription}"
+            )
+            self._watcher.start()
 
     def _shutdown(self, grace: float) -> None:
+        self._ended.set()
         with self._lock:
             self._closed = True
             self._memory.forget(self)
@@ -116,9 +152,9 @@ class PushSessions:
         for s in streams:
             s.stop(join=True, grace=grace)
         self._nacks.close()
-        t = self._listener_thread
-        if t is not None and t is not threading.current_thread():
-            t.join(10)
+        for t in (self._listener_thread, self._watcher):
+            if t is not None and t is not threading.current_thread():
+                t.join(10)
 
     def _check_usable(self) -> None:
         if self._fatal is not None:
@@ -132,7 +168,8 @@ class PushSessions:
             while True:
                 if self._fatal is not None:
                     raise self._fatal
-                streams = list(self._streams.values())
+                # A redrive stream that failed for good is not waited for (``on_fatal``).
+                streams = [s for s in self._streams.values() if not self._lost_redrive(s)]
                 if streams and all(s.session is not None and s.session.subscribed for s in streams):
                     return
                 remaining = deadline - time.monotonic()
@@ -144,15 +181,25 @@ class PushSessions:
                     )
                 self._cond.wait(remaining)
 
-    def _compute_plan(self, refresh: bool) -> dict[str, tuple[int, ...]]:
-        """{dispatcher_id: partitions} from the coordinator's routing ("" = no live dispatcher)."""
-        md = self._metadata.get([self.topic], refresh=refresh, retry=not refresh)
-        plan: dict[str, list[int]] = {}
-        for p in md.topic(self.topic).partitions:
-            plan.setdefault(p.dispatcher_id, []).append(p.partition)
-        return {d: tuple(sorted(ps)) for d, ps in sorted(plan.items())}
+    def _compute_plan(self, refresh: bool) -> Plan:
+        """The streams of the coordinator's routing: the topic's, and the redrive topic's when it
+        exists (one Metadata request for both)."""
+        topics = [self.topic] if self._redrive is None else [self.topic, self._redrive]
+        try:
+            md = self._metadata.get(topics, refresh=refresh, retry=not refresh)
+        except AuthorizationError:
+            if self._redrive is None:
+                raise
+            # Not allowed to see the redrive topic: without it (raises if it is the topic itself).
+            md = self._metadata.get([self.topic], refresh=refresh, retry=not refresh)
+            topics = [self.topic]
+        plan = _routing(self.topic, md.topic(self.topic))
+        redrive = md.topics.get(self._redrive) if len(topics) > 1 and self._redrive else None
+        if redrive is not None and redrive.partitions:
+            plan.update(_routing(redrive.name, redrive))
+        return dict(sorted(plan.items()))
 
-    def _reroute_locked(self, plan: dict[str, tuple[int, ...]]) -> None:
+    def _reroute_locked(self, plan: Plan) -> None:
         """Replace every stream: a new routing means new sessions anyway (Pulsar clears the
         receiver queue on reconnect too); what was queued is redelivered."""
         old = list(self._streams.values())
@@ -161,13 +208,14 @@ class PushSessions:
         self._queue.clear()
         self._dequeued(0)
         cfg = self.config
-        for dispatcher_id, partitions in plan.items():
+        for (topic, dispatcher_id), partitions in plan.items():
             key = next(_stream_keys)
             backoff = Backoff(
                 cfg.reconnect_backoff.total_seconds(), cfg.reconnect_backoff_max.total_seconds()
             )
-            self._streams[key] = ConsumeStream(self, key, dispatcher_id, partitions, backoff)
-        self._flow.set_streams(self._streams)
+            self._streams[key] = ConsumeStream(self, key, dispatcher_id, partitions, backoff, topic)
+        minor = [k for k, s in self._streams.items() if s.topic != self.topic]
+        self._flow.set_streams(self._streams, minor)
         for s in old:
             s.stop(join=False)
         for s in self._streams.values():
@@ -194,9 +242,9 @@ class PushSessions:
         return stub.Consume(commands)
 
     def subscribe_request(self, stream: ConsumeStream) -> pb.Subscribe:
-        return self.config.to_subscribe(
-            self.topic, self.subscription, self.type, self.consumer_id, self.consumer_name, stream.partitions
-        )
+        cfg = self.config if stream.topic == self.topic else self._redrive_config
+        sub, cid, name = self.subscription, self.consumer_id, self.consumer_name
+        return cfg.to_subscribe(stream.topic, sub, self.type, cid, name, stream.partitions)
 
     def routing_changed(self) -> bool:
         try:
@@ -225,7 +273,7 @@ class PushSessions:
             self._cond.notify_all()  # the constructor waits for this
 
     def on_messages(self, session: Session, batch: pb.MessageBatch) -> None:
-        msgs = messages_of(batch, batch.topic or self.topic, session, self._kinds)
+        msgs = messages_of(batch, batch.topic or session.stream.topic, session, self._kinds)
         if not msgs:
             return
         with self._lock:
@@ -246,7 +294,8 @@ class PushSessions:
 
     def on_active_change(self, session: Session, partition: int, active: bool) -> None:
         with self._lock:
-            if not self._current(session):
+            # ``active_partitions`` are the topic's: the redrive topic's partition 0 is another one.
+            if not self._current(session) or session.stream.topic != self.topic:
                 return
             if active:
                 self._active.add(partition)
@@ -267,8 +316,8 @@ class PushSessions:
                 before = len(self._queue)
                 self._queue = deque(m for m in self._queue if m._session is not session)
                 self._dequeued(len(self._queue), before)
-                for p in session.stream.partitions:
-                    self._active.discard(p)
+                if session.stream.topic == self.topic:
+                    self._active.difference_update(session.stream.partitions)
                 if not self._closed:
                     log.info("push stream to %s lost: %s", session.stream.dispatcher_id, reason)
             # A zero-queue permit held by the lost stream moves to a live one.
@@ -278,9 +327,48 @@ class PushSessions:
         with self._lock:
             if self._streams.get(stream.key) is not stream:
                 return
-        self._fail(error)
+            redrive = stream.topic != self.topic
+            if redrive:
+                # E.g. ConsumerBusy: an Exclusive consumer opened on the redrive topic by hand.
+                log.warning(
+                    "push consumer %s/%s goes on without its redrive topic %s: %s",
+                    self.topic,
+                    self.subscription,
+                    stream.topic,
+                    error,
+                )
+                self._cond.notify_all()  # the constructor no longer waits for it
+        if not redrive:
+            self._fail(error)
+        elif isinstance(error, UnknownTopicOrPartition):
+            self.routing_changed()  # deleted: routed without it, and looked for again
+
+    def _lost_redrive(self, stream: ConsumeStream) -> bool:
+        return stream.topic != self.topic and stream.state is StreamState.FAILED
+
+    def _watch_redrive(self) -> None:
+        """Until closed: while the redrive topic is not routed, ask for it every interval, and
+        reroute once it exists (every stream is replaced, as on any routing change). Waits on an
+        event, so close() ends it at once."""
+        redrive = self._redrive
+        assert redrive is not None
+        interval = self.config.redrive_check_interval.total_seconds()
+        while not self._ended.wait(interval):
+            if self._fatal is not None:
+                return
+            if any(topic == redrive for topic, _ in self._plan):
+                continue
+            try:
+                found = redrive in self._metadata.get([redrive], refresh=True, retry=False).topics
+            except SluiceError as exc:
+                log.debug("looking for %s: %s", redrive, exc)
+                continue
+            if found:
+                log.info("push consumer %s/%s: found %s", self.topic, self.subscription, redrive)
+                self.routing_changed()
 
     def _fail(self, error: SluiceError) -> None:
+        self._ended.set()
         with self._lock:
             if self._fatal is not None or self._closed:
                 return
@@ -372,3 +460,11 @@ class PushSessions:
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _routing(topic: str, info: TopicInfo) -> Plan:
+    """The topic's partitions grouped by the dispatcher the coordinator routes them to."""
+    plan: dict[tuple[str, str], list[int]] = {}
+    for p in info.partitions:
+        plan.setdefault((topic, p.dispatcher_id), []).append(p.partition)
+    return {k: tuple(sorted(ps)) for k, ps in plan.items()}

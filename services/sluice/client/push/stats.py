@@ -18,6 +18,8 @@ class StreamInfo:
     sessions: int
     reconnects: int
     last_error: str | None
+    #: The consumer's topic, or its redrive topic.
+    topic: str = ""
 
 
 @dataclass(frozen=True, slots=True)

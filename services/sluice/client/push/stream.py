@@ -137,9 +137,12 @@ class ConsumeStream:
         dispatcher_id: str,
         partitions: tuple[int, ...],
         backoff: Backoff,
+        topic: str,
     ) -> None:
         self.owner = owner
         self.key = key
+        #: The consumer's topic, or its redrive topic (docs/retry.md).
+        self.topic = topic
         self.dispatcher_id = dispatcher_id
         self.partitions = partitions
         self.backoff = backoff
