@@ -8,13 +8,16 @@ The SDK's entry point is :class:`Client`::
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from sluice.codec.batch import Record
-from sluice.common.client_security import TLSConfig
-from sluice.errors import SluiceError
-from sluice.security.acl import ALL, AclEntry, AclFilter, PatternType, Permission
-from sluice.security.model import Operation, ResourceType
+if TYPE_CHECKING:
+    from sluice.client.client import Client
+    from sluice.codec.batch import Record
+    from sluice.common.client_security import TLSConfig
+    from sluice.errors import SluiceError
+    from sluice.security.acl import ALL, AclEntry, AclFilter, PatternType, Permission
+    from sluice.security.model import Operation, ResourceType
 
 __all__ = [
     "ALL",
@@ -33,14 +36,28 @@ __all__ = [
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7600"
 
-if TYPE_CHECKING:
-    from sluice.client.client import Client
+# Every name loads on first use (PEP 562): each process imports ``sluice`` first (a service, a
+# ``sluice`` sub-command, the SDK), and none should pay for the batch codec, the ACL grammar or the
+# gRPC SDK before it needs them (docs/testing.md: start-up CPU is most of the suite's time).
+_WHERE = {
+    "ALL": "sluice.security.acl",
+    "AclEntry": "sluice.security.acl",
+    "AclFilter": "sluice.security.acl",
+    "Client": "sluice.client.client",
+    "Operation": "sluice.security.model",
+    "PatternType": "sluice.security.acl",
+    "Permission": "sluice.security.acl",
+    "Record": "sluice.codec.batch",
+    "ResourceType": "sluice.security.model",
+    "SluiceError": "sluice.errors",
+    "TLSConfig": "sluice.common.client_security",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # The SDK pulls in gRPC channels; services that import sluice.errors do not need it.
-    if name == "Client":
-        from sluice.client.client import Client
-
-        return Client
-    raise AttributeError(name)
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sluice' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

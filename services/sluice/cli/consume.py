@@ -23,7 +23,6 @@ from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
 from sluice.cli.output import Printer, positive_float
 from sluice.cli.positions import Start, check_not_future, parse_start
-from sluice.codec.filter import parse_filter, sql_expression
 
 if TYPE_CHECKING:
     from sluice.client.client import Client
@@ -86,6 +85,9 @@ def _positive(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Here, not at the top: the filter grammar (lark) is only for `consume`, not for every `sluice` command.
+    from sluice.codec.filter import parse_filter, sql_expression
+
     if args.group is not None and args.subscription is not None:
         raise UsageError("--group and --subscription cannot be used together")
     if getattr(args, "filter_sql", None) is not None:

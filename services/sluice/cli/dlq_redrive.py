@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.codec.batch import Record
-from sluice.codec.filter import parse_filter
 from sluice.errors import InvalidArgument, RequestTimedOut, TopicAlreadyExists, UnknownTopicOrPartition
 from sluice.retry.levels import (
     DLQ_PREFIX,
@@ -139,6 +138,10 @@ class Redriver:
         self.opts = options
         self.redelivery = redelivery_of(options)
         self.cursor_name = cursor_of(options.dlq)
+        # Here, not at the top: the filter module loads the SQL grammar (lark), which `sluice --help`
+        # and the other sub-commands do not need.
+        from sluice.codec.filter import parse_filter
+
         self.filter = parse_filter(options.tag_filter)
         if options.rate > 0:  # a batch is at most a second of the rate: no bursts of 500 at 10/s
             options.batch = min(options.batch, max(1, int(options.rate)))

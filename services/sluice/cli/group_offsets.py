@@ -13,12 +13,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.cli.connect import connect
 from sluice.cli.positions import parse_datetime
-from sluice.client.consumer.offset_reset import OffsetResetRow, ResetTo
 from sluice.common.units import iso_ms
+
+if TYPE_CHECKING:  # the SDK (gRPC, the consumer) loads only when a reset runs, not for `sluice --help`
+    from sluice.client.consumer.offset_reset import OffsetResetRow, ResetTo
 
 __all__ = ["add_parsers"]
 
@@ -98,6 +100,8 @@ def _topic_partitions(text: str) -> tuple[str, list[int] | None]:
 
 
 def reset_to(args: argparse.Namespace) -> ResetTo:
+    from sluice.client.consumer.offset_reset import ResetTo
+
     if args.to_earliest:
         return ResetTo.earliest()
     if args.to_latest:

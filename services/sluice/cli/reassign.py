@@ -15,12 +15,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.cli.connect import connect
 from sluice.cli.errors import UsageError
-from sluice.client.reassign_plan import Plan, drain_plan, parse_plan, plan_to_json, rebalance_plan
 from sluice.common.units import parse_size
+
+if TYPE_CHECKING:  # the plan module loads the SDK's metadata (gRPC): only when a reassign runs
+    from sluice.client.reassign_plan import Plan
 
 __all__ = ["add_parser"]
 
@@ -59,6 +61,8 @@ def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_reassign(args: argparse.Namespace) -> int:
+    from sluice.client.reassign_plan import drain_plan, plan_to_json, rebalance_plan
+
     modes = [
         bool(args.replicas),
         args.plan is not None,
@@ -98,6 +102,8 @@ def run_reassign(args: argparse.Namespace) -> int:
 
 
 def _given_plan(args: argparse.Namespace) -> Plan | None:
+    from sluice.client.reassign_plan import parse_plan
+
     """The plan of ``--replicas`` or ``--plan FILE``; None for the modes that compute one."""
     if args.replicas:
         if not args.name or args.partition is None:

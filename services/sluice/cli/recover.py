@@ -8,10 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.cli.connect import connect
-from sluice.client.reassign_admin import Recovery
+
+if TYPE_CHECKING:  # a type only: `sluice --help` must not load the SDK
+    from sluice.client.reassign_admin import Recovery
 
 __all__ = ["add_parser"]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluice.cli.errors import CliError
-from sluice.common.wire import WIRE_PORT_OFFSET
 
 __all__ = [
     "DEFAULT_PORT",
@@ -51,6 +50,9 @@ def plan_ports(base: int, metrics_base: int | None) -> dict[str, Ports]:
 def check_port_collisions(plan: dict[str, Ports], brokers: int) -> None:
     """Refuse a plan in which a metrics port lands on a gRPC or wire port (``--metrics-port 7610``
     would take broker 0's wire port and fail its start with a bind error, far from the cause)."""
+    # Here, not at the top: sluice.common.wire loads gRPC, which `sluice --help` does not need.
+    from sluice.common.wire import WIRE_PORT_OFFSET
+
     listeners = [*plan.values(), *(broker_ports(plan, i) for i in range(1, brokers))]
     grpc = {p.port for p in listeners if p.port}
     wire = {port + WIRE_PORT_OFFSET for port in grpc}

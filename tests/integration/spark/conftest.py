@@ -13,6 +13,10 @@ import pytest
 from sluice.client.client import Client
 from tests.harness import SERVICES, ServiceProcess, free_port, run_redis, start_service
 
+#: For every JVM the Spark tests start: short queries on small data, where JIT warm-up and GC threads
+#: cost more than they give on a 2-core machine (docs/testing.md, "Test-suite budget").
+SPARK_JAVA_OPTS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+
 
 @dataclass
 class Stack:
@@ -79,7 +83,13 @@ def spark() -> Iterator[object]:
         .appName("sluice-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "2")
+        # Small-data settings: one shuffle partition (one task and one state store per stateful
+        # micro-batch instead of two), no console progress bars; the JVM with the serial GC and the
+        # client compiler only (start-up and short queries dominate here, not long-running hot loops).
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.extraJavaOptions", SPARK_JAVA_OPTS)
         .config("spark.executorEnv.PYTHONPATH", str(SERVICES))
         .getOrCreate()
     )

@@ -25,8 +25,6 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-import crc32c as _crc32c
-
 from sluice.codec.batch.layout import (
     COLUMN_BYTES,
     CRC_AT,
@@ -35,6 +33,7 @@ from sluice.codec.batch.layout import (
     BatchHeader,
     read_header,
 )
+from sluice.codec.batch.layout import crc32c_ext as _crc32c
 from sluice.errors import CorruptBatch, InvalidArgument, SluiceError, UnsupportedCompression
 
 #: Codec ids in the low three bits of ``attributes``; the other five bits are reserved (must be 0).

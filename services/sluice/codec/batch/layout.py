@@ -6,16 +6,42 @@ columns sit (``columns``), and ``assemble``, the one place a batch is framed and
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import struct
 import sys
 from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-
-import crc32c as _crc32c
+from types import ModuleType
 
 from sluice.errors import CorruptBatch, UnsupportedVersion
+
+
+def _load_crc32c() -> ModuleType:
+    """The ``crc32c`` package's C extension, loaded without running the package's ``__init__``.
+
+    That ``__init__`` imports ``importlib.metadata`` (and with it ``email``, ``zipfile``...) only to set
+    ``__version__``: 0.05-0.15 s of CPU in every process that touches a batch, i.e. every ``sluice``
+    command and every service start-up (docs/testing.md). The extension itself is all we call.
+    """
+    loaded = sys.modules.get("crc32c")
+    package = None if loaded is not None else importlib.util.find_spec("crc32c")
+    where = package.submodule_search_locations if package is not None else None
+    spec = importlib.machinery.PathFinder.find_spec("crc32c._crc32c", list(where)) if where else None
+    if loaded is not None or spec is None or spec.loader is None:  # pragma: no cover - a different build
+        import crc32c
+
+        return crc32c
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: Shared by every module of the package that computes a CRC-32C (``crc32c(data, seed)``).
+crc32c_ext = _load_crc32c()
+_crc32c = crc32c_ext
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("sluice.codec.batch assumes a little-endian host")

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-import crc32c as _crc32c
+from sluice.codec.batch.layout import crc32c_ext as _crc32c
 
 #: The reserved tag-table entry's prefix (NUL: outside the tag alphabet, so no tag filter names it).
 SUMMARY_PREFIX = "\x00hs1:"
