@@ -102,9 +102,9 @@ def run_reassign(args: argparse.Namespace) -> int:
 
 
 def _given_plan(args: argparse.Namespace) -> Plan | None:
+    """The plan of ``--replicas`` or ``--plan FILE``; None for the modes that compute one."""
     from sluice.client.reassign_plan import parse_plan
 
-    """The plan of ``--replicas`` or ``--plan FILE``; None for the modes that compute one."""
     if args.replicas:
         if not args.name or args.partition is None:
             raise UsageError("--replicas needs TOPIC and --partition")
@@ -116,7 +116,11 @@ def _given_plan(args: argparse.Namespace) -> Plan | None:
             ) from exc
         return {(args.name, args.partition): replicas}
     if args.plan is not None:
-        return parse_plan(args.plan.read_text(encoding="utf-8"))
+        try:
+            text = args.plan.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--plan {args.plan}: cannot read it ({exc.__class__.__name__}: {exc})") from exc
+        return parse_plan(text)
     return None
 
 

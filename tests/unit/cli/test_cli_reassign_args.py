@@ -28,6 +28,7 @@ def test_flags() -> None:
         (("--status", "--rebalance"), "exactly one of"),
         (("orders", "--replicas", "1,2"), "needs TOPIC and --partition"),
         (("orders", "-p", "0", "--replicas", "a,b"), "broker ids separated by commas"),
+        (("--plan", "/nonexistent/plan.json"), "--plan /nonexistent/plan.json: cannot read it"),
     ],
 )
 def test_usage_errors_exit_2_before_connecting(
@@ -38,3 +39,4 @@ def test_usage_errors_exit_2_before_connecting(
     _, err = capsys.readouterr()
     assert code == 2
     assert message in err
+    assert "Traceback" not in err
