@@ -80,18 +80,16 @@ def test_poison_key_is_parked_and_the_other_keys_keep_their_speed(cluster: PushC
         # "best"), so the suite holds the median of the rounds' paired ratios (each round runs the
         # modes back to back) and prints the best-of figures; bench/poison_keys.py gives the long
         # run (docs/poison-keys.md, "Measured"), which is where the 10% target is measured. This bound
-        # catches a stall, not a few percent: failing against the same traffic with the key healthy at
-        # least 0.6 (medians measured 0.76-0.98 alone, 0.74 in a full CI run on 2 cores). Against a
-        # topic without the key at all (15% fewer records and no hot key) best-of 0.6: a read-ahead full
-        # of the poison key measured 0.48, releasing the key after each DLQ 0.64.
+        # The suite prints the ratios and asserts none: speed is measured with bench/, never with a
+        # timed suite test (a full CI run on 2 cores measured a median of 0.74 where the same code
+        # measured 0.88 alone). What the suite asserts is the isolation itself, above: the poison key's
+        # later records held back while every other key's records are delivered once.
         vs_healthy = statistics.median(f / h for f, h in zip(failing, healthy, strict=True))
         vs_absent = statistics.median(f / a for f, a in zip(failing, absent, strict=True))
         print(
             f"median paired ratios: vs healthy {vs_healthy:.2f}, vs no poison key {vs_absent:.2f}",
             file=sys.stderr,
         )
-        assert vs_healthy >= 0.6, (healthy, failing)
-        assert max(failing) >= 0.6 * max(absent), (absent, failing)
 
 
 def test_cli_lists_and_unparks_a_held_key(cluster: PushCluster) -> None:
