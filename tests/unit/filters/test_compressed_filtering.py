@@ -4,32 +4,15 @@ every record matches goes out as stored."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from sluice.broker.filtering import filter_chunk
 from sluice.codec import batch as b
 from sluice.codec.batch import compression as cz
 from sluice.codec.sql_filter import compile_sql
+from tests.unit.codec.test_compression import order_records, stamped
 
 CODECS = [cz.GZIP, cz.LZ4, cz.ZSTD]
-RecordTuple = tuple[bytes, bytes | None, str | None, dict[str, bytes] | None, int]
-
-
-def order_records(n: int) -> list[RecordTuple]:
-    out: list[RecordTuple] = []
-    for i in range(n):
-        value = json.dumps({"order": i, "status": ("paid", "shipped")[i % 2], "total": i * 1.25}).encode()
-        headers = {"region": f"r{i % 4}".encode()} if i % 3 else None
-        out.append((value, f"k{i}".encode() if i % 5 else None, ("a", "b", None)[i % 3], headers, 1000 + i))
-    return out
-
-
-def stamped(raw: bytes, base: int = 0) -> bytes:
-    out = bytearray(raw)
-    b.stamp(out, 0, base, 5, 0)
-    return bytes(out)
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=[cz.NAMES[c] for c in CODECS])
