@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,27 +19,11 @@ from sluice.errors import UnknownTopicOrPartition
 from sluice.retry.levels import H_DLQ_SOURCE, H_OFFSET, H_PARTITION, H_REDRIVE_COUNT, H_TOPIC, redrive_topic
 from tests.integration.push.conftest import PushCluster
 from tests.integration.push.helpers import drain, eventually, nothing_more
+from tests.integration.retry.test_redrive import dlq_process, dlq_run
 
 ROOT = Path(__file__).resolve().parents[3]
 RECORDS = 3_000
 OVER_CAP = 20
-
-
-def _sluice(cluster: PushCluster, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "sluice", "--bootstrap", cluster.bootstrap, "dlq", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "services"), **(env or {})},
-        cwd=ROOT,
-    )
-
-
-def _run(cluster: PushCluster, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    proc = _sluice(cluster, *args, env=env)
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out.decode(), err.decode()
 
 
 def _ends(client: Client, topic: str) -> dict[int, int]:
@@ -97,12 +79,12 @@ def test_subscription_redrive_exactly_once_across_kills(cluster: PushCluster, cl
         args = ("redrive", "--subscription", sub, "--topic", topic)
 
         # 1. Killed between the acknowledgement of the 2nd batch (1,000 records) and its cursor save.
-        code, _, err = _run(cluster, *args, env={CRASH_ENV: "1000"})
+        code, _, err = dlq_run(cluster, *args, env={CRASH_ENV: "1000"})
         assert code == -9, err[-2000:]
         assert client.list_offsets(redrive_topic(topic, sub), "latest") == {0: 1000}
 
         # 2. Throttled, killed from outside mid-way.
-        proc = _sluice(cluster, *args, "--rate", "1000/s")
+        proc = dlq_process(cluster, *args, "--rate", "1000/s")
         assert proc.stderr is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -115,9 +97,9 @@ def test_subscription_redrive_exactly_once_across_kills(cluster: PushCluster, cl
         proc.communicate(timeout=10)
 
         # 3. To the end.
-        code, out, err = _run(cluster, *args)
+        code, out, err = dlq_run(cluster, *args)
         assert code == 0, err[-2000:]
-        code, out, _ = _run(cluster, *args)
+        code, out, _ = dlq_run(cluster, *args)
         assert (code, "redrove 0 of 0" in out) == (0, True), "the cursor is at the end"
 
         # Subscription S, reading its redrive topic, gets each record exactly once.
@@ -150,13 +132,13 @@ def test_subscription_redrive_original_again_list_peek_purge(cluster: PushCluste
     args = ("--subscription", sub, "--topic", topic)
 
     # Refusals decided before any connection: tests/unit/cli/test_cli_dlq_args.py.
-    code, out, _ = _run(cluster, "list")
+    code, out, _ = dlq_run(cluster, "list")
     assert dlq in out
-    code, out, _ = _run(cluster, "peek", *args)
+    code, out, _ = dlq_run(cluster, "peek", *args)
     assert (code, f"from {topic}[" in out) == (0, True)
 
     # Redriven to S, failing again: back in the same DLQ, with its redrive count and first origin.
-    code, _, err = _run(cluster, "redrive", *args)
+    code, _, err = dlq_run(cluster, "redrive", *args)
     assert code == 0, err
     with client.push_consumer(
         redrive_topic(topic, sub),
@@ -177,14 +159,14 @@ def test_subscription_redrive_original_again_list_peek_purge(cluster: PushCluste
     # --to original, confirmed: the one not yet redriven goes back to its partition of the topic (every
     # subscription sees it); the first, at the cursor already, is not moved again.
     before = client.list_offsets(topic, "latest")
-    code, out, err = _run(cluster, "redrive", *args, "--to", "original", "--yes")
+    code, out, err = dlq_run(cluster, "redrive", *args, "--to", "original", "--yes")
     assert code == 0, err
     assert "redrove 1 of 1" in out
     after = client.list_offsets(topic, "latest")
     assert sum(after.values()) - sum(before.values()) == 1
     assert after[int(again.headers[H_PARTITION])] == before[int(again.headers[H_PARTITION])] + 1
 
-    code, _, err = _run(cluster, "purge", *args, "--yes")
+    code, _, err = dlq_run(cluster, "purge", *args, "--yes")
     assert code == 0, err
     assert client.list_offsets(dlq, "latest") == {0: 0}
 
@@ -223,7 +205,7 @@ def test_subscription_consumer_receives_its_redrive(cluster: PushCluster, client
         assert nothing_more(other, 0.3)
         assert {s.topic for s in pc.stats().streams} == {topic}, "no redrive topic yet"
 
-        code, out, err = _run(cluster, "redrive", "--subscription", sub, "--topic", topic)
+        code, out, err = dlq_run(cluster, "redrive", "--subscription", sub, "--topic", topic)
         assert code == 0, err[-2000:]
         assert f"redrove {n} of {n}" in out, out
 
@@ -248,7 +230,7 @@ def test_subscription_consumer_receives_its_redrive(cluster: PushCluster, client
     # One more dead letter redriven: a consumer started now gets it and not the 20 acked above.
     with client.producer(dlq) as p:
         p.send(b"late", headers={H_TOPIC: topic.encode(), H_PARTITION: b"0", H_OFFSET: b"99"}, partition=0)
-    code, out, err = _run(cluster, "redrive", "--subscription", sub, "--topic", topic)
+    code, out, err = dlq_run(cluster, "redrive", "--subscription", sub, "--topic", topic)
     assert (code, "redrove 1 of 1" in out) == (0, True), err[-2000:]
 
     async def main() -> list[bytes]:

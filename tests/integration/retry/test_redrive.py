@@ -10,6 +10,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Protocol
 
 from sluice import Client
 from sluice.cli.dlq_redrive import CRASH_ENV
@@ -30,7 +31,15 @@ RECORDS = 5_000
 OVER_CAP = 50
 
 
-def _sluice(cluster: RetryCluster, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+class Bootstrapped(Protocol):
+    @property
+    def bootstrap(self) -> str: ...
+
+
+def dlq_process(
+    cluster: Bootstrapped, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``sluice dlq ARGS`` as a process of its own (so a kill -9 is a real one)."""
     return subprocess.Popen(
         [sys.executable, "-m", "sluice", "--bootstrap", cluster.bootstrap, "dlq", *args],
         stdout=subprocess.PIPE,
@@ -41,8 +50,8 @@ def _sluice(cluster: RetryCluster, *args: str, env: dict[str, str] | None = None
     )
 
 
-def _run(cluster: RetryCluster, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    proc = _sluice(cluster, *args, env=env)
+def dlq_run(cluster: Bootstrapped, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = dlq_process(cluster, *args, env=env)
     out, err = proc.communicate(timeout=120)
     return proc.returncode, out.decode(), err.decode()
 
@@ -67,12 +76,12 @@ def test_redrive_exactly_once_across_kills(cluster: RetryCluster) -> None:
     _fill(client, group, topic)
 
     # 1. Killed between the acknowledgement of the 4th batch (2,000 records) and its cursor save.
-    code, _, err = _run(cluster, "redrive", "--group", group, env={CRASH_ENV: "2000"})
+    code, _, err = dlq_run(cluster, "redrive", "--group", group, env={CRASH_ENV: "2000"})
     assert code == -9, err[-2000:]
     assert len(read_all(client, retry_topic(group), partitions=3)) == 2000
 
     # 2. Throttled, killed from outside mid-way.
-    proc = _sluice(cluster, "redrive", "--group", group, "--rate", "1000/s")
+    proc = dlq_process(cluster, "redrive", "--group", group, "--rate", "1000/s")
     assert proc.stderr is not None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -85,7 +94,7 @@ def test_redrive_exactly_once_across_kills(cluster: RetryCluster) -> None:
     proc.communicate(timeout=10)  # reaps it and closes its pipes
 
     # 3. To the end.
-    code, out, err = _run(cluster, "redrive", "--group", group)
+    code, out, err = dlq_run(cluster, "redrive", "--group", group)
     assert code == 0, err[-2000:]
     assert "of " in out
 
@@ -104,7 +113,7 @@ def test_redrive_exactly_once_across_kills(cluster: RetryCluster) -> None:
     assert client.list_offsets(topic, "latest") == {0: 1}
 
     # A second redrive finds nothing left to move (the cursor is at the end).
-    code, out, _ = _run(cluster, "redrive", "--group", group)
+    code, out, _ = dlq_run(cluster, "redrive", "--group", group)
     assert code == 0
     assert "redrove 0 of 0" in out
 
@@ -116,39 +125,39 @@ def test_redrive_bad_input_and_dry_run(cluster: RetryCluster) -> None:
     with client.producer(dlq_topic(group)) as p:
         p.send(b"x", headers={H_TOPIC: topic.encode(), H_PARTITION: b"0", H_OFFSET: b"0"}).result(10)
 
-    code, _, err = _run(cluster, "redrive", "--dlq-topic", topic)
+    code, _, err = dlq_run(cluster, "redrive", "--dlq-topic", topic)
     assert code == 1
     assert "NOT_A_DLQ_TOPIC" in err
     assert "Traceback" not in err
-    code, _, err = _run(cluster, "redrive", "--group", group, "--to", "original")
+    code, _, err = dlq_run(cluster, "redrive", "--group", group, "--to", "original")
     assert code == 2
     assert "--yes" in err
-    code, _, err = _run(cluster, "redrive", "--group", group, "--rate", "fast")
+    code, _, err = dlq_run(cluster, "redrive", "--group", group, "--rate", "fast")
     assert code == 2
     assert "--rate" in err
     # Push subscriptions redrive too (tests/integration/push/test_redrive_subscription.py); one without
     # dead letters has no DLQ topic to read.
-    code, _, err = _run(cluster, "redrive", "--subscription", "s", "--topic", topic)
+    code, _, err = dlq_run(cluster, "redrive", "--subscription", "s", "--topic", topic)
     assert code == 1
     assert f"{topic}.s.DLQ' does not exist" in err
 
-    code, out, _ = _run(cluster, "redrive", "--group", group, "--dry-run")
+    code, out, _ = dlq_run(cluster, "redrive", "--group", group, "--dry-run")
     assert code == 0
     assert "would redrive 1 of 1" in out
     assert read_all(client, retry_topic(group), partitions=3) == []
 
-    code, out, _ = _run(cluster, "peek", "--group", group)
+    code, out, _ = dlq_run(cluster, "peek", "--group", group)
     assert code == 0
     assert f"from {topic}[0]@0" in out
-    code, out, _ = _run(cluster, "list")
+    code, out, _ = dlq_run(cluster, "list")
     assert dlq_topic(group) in out
 
     # --to original, confirmed: back in the original topic, once.
-    code, out, err = _run(cluster, "redrive", "--group", group, "--to", "original", "--yes")
+    code, out, err = dlq_run(cluster, "redrive", "--group", group, "--to", "original", "--yes")
     assert code == 0, err
     assert [r.value for r in read_all(client, topic)] == [b"x"]
 
-    code, out, err = _run(cluster, "purge", "--group", group, "--yes")
+    code, out, err = dlq_run(cluster, "purge", "--group", group, "--yes")
     assert code == 0, err
     assert client.list_offsets(dlq_topic(group), "latest") == {0: 0}
 
@@ -161,11 +170,11 @@ def test_redrive_filter_and_rate(cluster: RetryCluster) -> None:
         for i, tag in enumerate(["a", "b", None, "a"]):
             p.send(f"v{i}".encode(), tag=tag, headers={H_TOPIC: topic.encode(), H_OFFSET: str(i).encode()})
         p.flush()
-    code, out, _ = _run(cluster, "redrive", "--group", group, "--filter", "a", "--dry-run")
+    code, out, _ = dlq_run(cluster, "redrive", "--group", group, "--filter", "a", "--dry-run")
     assert code == 0
     assert "would redrive 2 of 4" in out
     started = time.monotonic()
-    code, out, err = _run(cluster, "redrive", "--group", group, "--filter", "a", "--rate", "1/s")
+    code, out, err = dlq_run(cluster, "redrive", "--group", group, "--filter", "a", "--rate", "1/s")
     assert code == 0, err
     assert time.monotonic() - started >= 1.5, "2 records at 1/s take at least 2 s"
     assert "filtered 2" in err
