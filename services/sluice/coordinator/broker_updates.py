@@ -131,6 +131,20 @@ class BrokerNotifier:
             self._resend_removals(link)
         self._settle_awaiting(broker_id, reported_version)
 
+    def with_owed_removals(self, broker_id: int, update: BrokerUpdate) -> BrokerUpdate:
+        """A full update answered outside the push queue (a heartbeat's) with the removals still owed to the
+        broker: those queued or in flight, and those that failed to reach it.
+
+        Why: the heartbeat's full update can reach the broker first, at the version of a queued delta that
+        carries a removal. The broker then takes the full update (which unserves but never deletes), and
+        ignores the delta as stale, so without this the removed replica's data stayed on disk for ever
+        (found by test_reassignment under the suite's load)."""
+        link = self._links.get(broker_id)
+        if link is None or not update.full:
+            return update
+        queued = [r for p in link.queue for r in p.delta.remove]
+        return _with_removals(update, [*link.unsent_removals, *queued])
+
     def _resend_removals(self, link: _PushQueue) -> None:
         """Removals that failed to reach the broker ride on its next update; when none is coming (a
         drained broker is assigned nothing more), the heartbeat that shows it is back sends them in a

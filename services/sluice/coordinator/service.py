@@ -9,6 +9,7 @@ The service is the last of that chain of classes, so each module holds one conce
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -228,7 +229,10 @@ class CoordinatorService(CoordinatorTopics):
             await self._term_heartbeat(broker_id, reports)
             if revived:
                 await self._elect_offline(f"broker {broker_id} is back")
-        return self._term_assignment(broker_id, res)
+        res = self._term_assignment(broker_id, res)
+        if res.update is None:
+            return res
+        return dataclasses.replace(res, update=self._notifier.with_owed_removals(broker_id, res.update))
 
     async def _catch_up_epoch(self, broker_id: int, seen: int) -> None:
         """A broker obeyed a controller epoch above ours (Redis lost it): raise the stored epoch to it and

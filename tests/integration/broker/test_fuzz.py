@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from sluice.client.rpc import ERROR_CODE_KEY
 from sluice.client.streams import RequestStream
 from sluice.codec.batch import CRC_AT, CRC_START, crc32c, decode_records, validate_batch
-from sluice.errors import BatchTooLarge, CorruptBatch, UnsupportedVersion
+from sluice.errors import BatchTooLarge, CorruptBatch, UnsupportedCompression, UnsupportedVersion
 from sluice.v1 import broker_pb2 as pb
 from sluice.v1 import common_pb2
 
@@ -41,6 +41,7 @@ PRODUCE_CODES = {
     common_pb2.CORRUPT_BATCH,
     common_pb2.BATCH_TOO_LARGE,
     common_pb2.UNSUPPORTED_VERSION,  # a flip turned the magic into 1
+    common_pb2.UNSUPPORTED_COMPRESSION,  # attribute bits that name no codec, under a valid CRC
     common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
     common_pb2.NOT_LEADER,
     common_pb2.INVALID_TOPIC,
@@ -115,7 +116,7 @@ def _locally_valid(payload: bytes) -> bool:
             if idempotent and min(h.producer_id, h.producer_epoch, h.base_sequence) < 0:
                 return False  # producer fields that no producer sends: CORRUPT_BATCH
             pos += h.length
-    except (CorruptBatch, BatchTooLarge, UnsupportedVersion):
+    except (CorruptBatch, BatchTooLarge, UnsupportedVersion, UnsupportedCompression):
         return False
     return len(payload) > 0
 

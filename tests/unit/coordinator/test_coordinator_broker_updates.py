@@ -27,6 +27,8 @@ class ContractBroker(CoordinatorFacingBroker):
         self.received: list[broker_pb2.UpdatePartitionsRequest] = []
         self.fail_next = 0
         self.removed: list[tuple[str, int, str]] = []
+        #: While set and not released, an update waits here (a push in flight).
+        self.hold: asyncio.Event | None = None
 
     async def UpdatePartitions(
         self, request: broker_pb2.UpdatePartitionsRequest, context: aio.ServicerContext[Any, Any]
@@ -34,6 +36,8 @@ class ContractBroker(CoordinatorFacingBroker):
         if self.fail_next:
             self.fail_next -= 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, "injected failure")
+        if self.hold is not None:
+            await self.hold.wait()
         self.received.append(request)
         self.removed.extend((a.topic, a.partition, a.topic_id) for a in request.remove)
         if request.full:
@@ -164,3 +168,44 @@ async def _lost_removal_scenario() -> None:
 
 def test_a_lost_removal_is_sent_at_the_brokers_next_heartbeat_when_no_update_follows() -> None:
     asyncio.run(_lost_removal_scenario())
+
+
+async def _heartbeat_overtakes_scenario() -> None:
+    peer = ContractBroker()
+    server = aio.server()
+    broker_pb2_grpc.add_BrokerServicer_to_server(peer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ctx = ClusterContext()
+    notifier = BrokerNotifier(ctx.state.broker_assignment, timeout_s=5.0)
+    try:
+        reg = ctx.register_broker(1, port=port)
+        notifier.registered(1, Endpoint("127.0.0.1", port), known_version=0)
+        assert reg.change is not None
+        await asyncio.gather(*notifier.submit(reg.change, [1]).values())
+        await asyncio.gather(*notifier.submit(ctx.create_topic("a", 2).change, [1]).values())
+        # The delta removing "a" is in flight when the broker's heartbeat (at the old version) is answered
+        # with its full assignment at the new version.
+        peer.hold = asyncio.Event()
+        (pushed,) = notifier.submit(ctx.delete_topic("a").change, [1]).values()
+        await asyncio.sleep(0.1)
+        full = ctx.state.broker_assignment(1)
+        assert full.full
+        assert not full.remove  # a full assignment alone never says what to delete
+        answer = notifier.with_owed_removals(1, full)
+        assert {(r.topic, r.partition) for r in answer.remove} == {("a", 0), ("a", 1)}
+        # The heartbeat's answer lands first; the delta then arrives stale and is ignored, so only the
+        # heartbeat's answer could have told the broker to delete the data.
+        peer.version = answer.metadata_version
+        peer.hold.set()
+        assert await pushed is None
+        assert peer.version == ctx.state.metadata_version
+        # Nothing owed once the push is acknowledged, and nothing added to a delta.
+        assert not notifier.with_owed_removals(1, ctx.state.broker_assignment(1)).remove
+    finally:
+        await notifier.close()
+        await server.stop(None)
+
+
+def test_a_heartbeat_answer_that_overtakes_a_removal_carries_it() -> None:
+    asyncio.run(_heartbeat_overtakes_scenario())
