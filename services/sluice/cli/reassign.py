@@ -87,7 +87,12 @@ def run_reassign(args: argparse.Namespace) -> int:
             snap = client.metadata(refresh=True)
             live = sorted(b.broker_id for b in snap.brokers.values() if b.alive)
             topics = [t for t in snap.topics.values() if not args.name or t.name == args.name]
-            plan = rebalance_plan(topics, live) if args.rebalance else drain_plan(topics, live, args.drain)
+            racks = {b.broker_id: b.rack for b in snap.brokers.values()}
+            plan = (
+                rebalance_plan(topics, live, racks)
+                if args.rebalance
+                else drain_plan(topics, live, args.drain, racks)
+            )
         if args.dry_run or not plan:
             _print_json(plan_to_json(plan))
             if not plan:

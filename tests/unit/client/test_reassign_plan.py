@@ -8,6 +8,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sluice.client.metadata import PartitionInfo, TopicInfo
 from sluice.client.reassign_plan import Plan, drain_plan, parse_plan, plan_to_json, rebalance_plan
@@ -63,3 +65,56 @@ def test_a_plan_file_round_trips_and_bad_ones_are_typed() -> None:
     twice = {"partitions": [{"topic": "a", "partition": 0, "replicas": [1]}] * 2}
     with pytest.raises(InvalidArgument, match="twice"):
         parse_plan(json.dumps(twice))
+
+
+RACKS = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c"}
+
+
+def test_rebalance_spreads_each_partitions_replicas_over_racks() -> None:
+    # Balanced in count (every broker holds 2), but partitions 0 and 1 keep two replicas in one rack.
+    placements = [(0, 1, 2), (2, 3, 4), (4, 5, 0), (1, 3, 5)]
+    topics = [_topic("r", placements)]
+    assert rebalance_plan(topics, list(RACKS)) == {}  # racks unknown: nothing to fix
+    plan = rebalance_plan(topics, list(RACKS), RACKS)
+    after = _apply(topics, plan)
+    for replicas in after.values():
+        assert len({RACKS[b] for b in replicas}) == 3, after
+    load = Counter(b for r in after.values() for b in r)
+    assert max(load.values()) <= 2
+    again = [_topic("r", [after[("r", p)] for p in range(len(placements))])]
+    assert rebalance_plan(again, list(RACKS), RACKS) == {}
+
+
+def test_drain_prefers_a_rack_the_partition_does_not_use_over_a_less_loaded_broker() -> None:
+    # Broker 1 (rack a, like the drained 0... and like nothing else in the partition) is the least loaded,
+    # but broker 4 is in rack c, which the partition (racks a, b, b) lacks.
+    topics = [_topic("d", [(0, 2, 3)]), _topic("e", [(4, 5, 2), (4, 5, 3)])]
+    racks = {**RACKS, 3: "b"}
+    assert drain_plan(topics, list(racks), 0) == {("d", 0): (1, 2, 3)}  # no racks: least loaded
+    assert drain_plan(topics, list(racks), 0, racks) == {("d", 0): (1, 2, 3)}  # rack a is unused by 2, 3
+    racks[1] = "b"  # now only rack c is free
+    assert drain_plan(topics, list(racks), 0, racks) == {("d", 0): (4, 2, 3)}
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    brokers=st.sampled_from([3, 6, 9]),
+    data=st.data(),
+)
+def test_with_even_racks_a_rebalance_gives_every_partition_three_racks_within_the_load_ceiling(
+    brokers: int, data: st.DataObject
+) -> None:
+    racks = {b: "abc"[b % 3] for b in range(brokers)}
+    # Placements made before some brokers were added (or with racks ignored): any three distinct brokers.
+    placements = data.draw(
+        st.lists(st.permutations(range(brokers)).map(lambda p: tuple(p[:3])), min_size=1, max_size=24)
+    )
+    topics = [_topic("p", placements)]
+    plan = rebalance_plan(topics, list(racks), racks)
+    after = _apply(topics, plan)
+    for replicas in after.values():
+        assert {racks[b] for b in replicas} == {"a", "b", "c"}
+    load = Counter(b for r in after.values() for b in r)
+    assert max(load.values()) <= -(-3 * len(placements) // brokers)
+    again = [_topic("p", [after[("p", i)] for i in range(len(placements))])]
+    assert rebalance_plan(again, list(racks), racks) == {}
