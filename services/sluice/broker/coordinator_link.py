@@ -51,7 +51,8 @@ class CoordinatorLink:
         metadata_version: Callable[[], int],
         controller_epoch: Callable[[], int] = lambda: 0,
         epoch_reports: Callable[[], list[coordinator_pb2.PartitionEpochReport]] = list,
-        unclean_logs: Callable[[], list[coordinator_pb2.PartitionLogReport] | None] = lambda: None,
+        log_reports: Callable[[], list[coordinator_pb2.PartitionLogReport]] = list,
+        unclean: bool = False,
         damaged: Callable[[], list[coordinator_pb2.PartitionLogReport]] = list,
     ) -> None:
         self.address = address
@@ -68,10 +69,12 @@ class CoordinatorLink:
         self._controller_epoch = controller_epoch
         #: Partitions the controller is behind on (epoch_reports.py), sent with every heartbeat.
         self._epoch_reports = epoch_reports
-        #: This process started after an unclean shutdown: its logs, reported until a registration is
-        #: answered (then the controller has taken it out of every ISR and ELR; KIP-966).
-        self._unclean_logs = unclean_logs
-        self._unclean_reported = False
+        #: Every log this broker holds, listed at each registration: the controller removes the strays
+        #: (replicas moved away while this broker was down: coordinator/cluster/strays.py).
+        self._log_reports = log_reports
+        #: This process started after an unclean shutdown: said until a registration is answered (then
+        #: the controller has taken it out of every ISR and ELR; KIP-966).
+        self._unclean = unclean
         #: Partitions found damaged while serving: reported with the next heartbeat, which goes at once.
         self._damaged = damaged
         self.damage_found = asyncio.Event()
@@ -114,15 +117,13 @@ class CoordinatorLink:
             rack=self.rack,
             controller_epoch=self._controller_epoch(),
         )
-        logs = None if self._unclean_reported else self._unclean_logs()
-        if logs is not None:
-            request.unclean_shutdown = True
-            request.logs.extend(logs)
-        # The answer waits for the controller's removal (one write over every topic the broker holds).
-        resp = await stub.RegisterBroker(request, timeout=RPC_TIMEOUT_S * (3 if logs is not None else 1))
-        if logs is not None:
-            self._unclean_reported = True
-        if logs:  # none: a new or emptied data directory (the controller knows whether it held replicas)
+        logs = self._log_reports()
+        request.logs.extend(logs)
+        unclean = request.unclean_shutdown = self._unclean
+        # An unclean answer waits for the controller's removal (one write over every topic the broker holds).
+        resp = await stub.RegisterBroker(request, timeout=RPC_TIMEOUT_S * (3 if unclean else 1))
+        self._unclean = False
+        if unclean and logs:  # none: a new or emptied data directory (the controller knows what it held)
             log.warning(
                 "registered after an unclean shutdown (%d partition logs reported, %d damaged): out of every "
                 "in-sync replica set until caught up",

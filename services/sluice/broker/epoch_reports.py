@@ -20,7 +20,7 @@ from sluice.broker.leading import Leaders
 from sluice.broker.log.manager import LogManager
 from sluice.v1 import coordinator_pb2
 
-__all__ = ["MAX_REPORTS", "DamageReports", "epoch_reports", "log_reports", "unclean_logs"]
+__all__ = ["MAX_REPORTS", "DamageReports", "epoch_reports", "log_reports"]
 
 MAX_REPORTS = 1_000
 #: A partition found damaged again (every read of the damaged batch finds it) is reported at most this
@@ -65,8 +65,9 @@ def log_reports(
     logs: LogManager, only: Collection[tuple[str, int]] | None = None
 ) -> list[coordinator_pb2.PartitionLogReport]:
     """Each log as it is now (``only``: these partitions): its newest leader epoch, its log end, whether
-    it holds batches that failed verification. The controller's unclean recovery elects the longest
-    (``coordinator/cluster/unclean.py``)."""
+    it holds batches that failed verification. Listed at every registration: the controller removes the
+    stray ones (``coordinator/cluster/strays.py``) and, after an unclean shutdown, its recovery elects
+    the longest (``coordinator/cluster/unclean.py``)."""
     out = []
     for (topic, partition), plog in sorted(logs.partitions().items()):
         if only is not None and (topic, partition) not in only:
@@ -82,13 +83,6 @@ def log_reports(
             )
         )
     return out
-
-
-def unclean_logs(logs: LogManager) -> list[coordinator_pb2.PartitionLogReport] | None:
-    """What ``RegisterBroker`` says of this process's start: None after a clean shutdown, else every log
-    as its recovery left it (KIP-966: the controller takes this broker out of every ISR and ELR). One
-    report per partition, once per unclean start."""
-    return log_reports(logs) if logs.unclean else None
 
 
 class DamageReports:

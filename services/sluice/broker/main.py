@@ -18,7 +18,7 @@ from grpc import aio
 from sluice.broker.config import ENV_PREFIX, BrokerConfig
 from sluice.broker.controlled_shutdown import controlled_shutdown
 from sluice.broker.coordinator_link import CoordinatorLink
-from sluice.broker.epoch_reports import DamageReports, epoch_reports, unclean_logs
+from sluice.broker.epoch_reports import DamageReports, epoch_reports, log_reports
 from sluice.broker.handlers import RequestHandlers
 from sluice.broker.log.manager import LogManager
 from sluice.broker.scrub import Scrubber
@@ -85,7 +85,8 @@ def _coordinator_link(config: BrokerConfig, service: BrokerService, logs: LogMan
         metadata_version=lambda: service.metadata_version,
         controller_epoch=lambda: service.registry.epochs.controller_epoch,
         epoch_reports=lambda: epoch_reports(service.registry, service.leaders, config.broker_id),
-        unclean_logs=lambda: unclean_logs(logs),
+        log_reports=lambda: log_reports(logs),
+        unclean=logs.unclean,
         damaged=damage.take,
     )
     # A read may run off the event loop (a worker thread): the event is set on the loop.

@@ -131,6 +131,13 @@ class BrokerNotifier:
             self._resend_removals(link)
         self._settle_awaiting(broker_id, reported_version)
 
+    def owe_removals(self, broker_id: int, refs: Iterable[PartitionRef]) -> None:
+        """Removals the broker is owed outside any metadata change (its stray replicas, found at its
+        registration: cluster/strays.py): they ride on its next update, like removals whose push failed."""
+        link = self._links.get(broker_id)
+        if link is not None:
+            link.unsent_removals.update(refs)
+
     def with_owed_removals(self, broker_id: int, update: BrokerUpdate) -> BrokerUpdate:
         """A full update answered outside the push queue (a heartbeat's) with the removals still owed to the
         broker: those queued or in flight, and those that failed to reach it.
@@ -196,7 +203,14 @@ class BrokerNotifier:
                 why = "the coordinator has no connection to it" if link is None else "shutting down"
                 done.set_result(PushFailure(why))
             else:
-                link.queue.append(_Pending(change.base_version, change.delta_for(broker_id), done))
+                delta = change.delta_for(broker_id)
+                if delta.assign and link.unsent_removals:
+                    # Assigned again (same topic_id): an owed removal of it would now delete a replica.
+                    again = {(r.topic, r.partition) for r in delta.assign}
+                    link.unsent_removals = {
+                        r for r in link.unsent_removals if (r.topic, r.partition) not in again
+                    }
+                link.queue.append(_Pending(change.base_version, delta, done))
                 if link.worker is None:
                     link.worker = loop.create_task(self._drain(broker_id), name=f"push-broker-{broker_id}")
             if broker_id in affected:

@@ -31,6 +31,7 @@ from sluice.coordinator.cluster.rebuild import EpochReport
 from sluice.coordinator.cluster.redis_ops import topic_sync_ops
 from sluice.coordinator.cluster.sessions import Liveness
 from sluice.coordinator.cluster.state import ClusterState
+from sluice.coordinator.cluster.strays import stray_replicas, unknown_logs
 from sluice.coordinator.cluster.unclean import LogReport
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.election import CoordinatorElection
@@ -178,9 +179,10 @@ class CoordinatorService(CoordinatorTopics):
         incarnation: str,
         rack: str = "",
         controller_epoch: int = 0,
-        unclean: Sequence[LogReport] | None = None,
+        logs: Sequence[LogReport] = (),
+        unclean: bool = False,
     ) -> Registration:
-        """``unclean``: the logs of a broker restarted without a clean shutdown (None: clean)."""
+        """``logs``: every log the broker holds; ``unclean``: it restarted without a clean shutdown."""
         await self._catch_up_epoch(broker_id, controller_epoch)
 
         def committed(reg: Registration) -> None:
@@ -193,8 +195,30 @@ class CoordinatorService(CoordinatorTopics):
         reg = await self._write(
             lambda now: self.cluster.register_broker(broker_id, endpoint, incarnation, now, rack), committed
         )
-        if unclean is not None:  # out of every ISR and ELR before anything can elect it (KIP-966)
-            await self.replicas_unfit(broker_id, unclean, unclean=True)
+        if unclean:  # out of every ISR and ELR before anything can elect it (KIP-966)
+            await self.replicas_unfit(broker_id, logs, unclean=True)
+        strays = stray_replicas(self.cluster, broker_id, logs)
+        if strays:
+            log.info(
+                "broker %d holds %d log(s) of partitions it is no longer a replica of (moved while it was "
+                "away): removing them, e.g. %s/%d",
+                broker_id,
+                len(strays),
+                strays[0].topic,
+                strays[0].partition,
+            )
+            self._notifier.owe_removals(broker_id, strays)
+        unknown = unknown_logs(self.cluster, logs)
+        if unknown:
+            log.warning(
+                "broker %d holds %d log(s) of topics this controller does not know (deleted while it was "
+                "down, or metadata lost), kept: e.g. %s/%d (topic id %s); delete them by hand once sure",
+                broker_id,
+                len(unknown),
+                unknown[0].topic,
+                unknown[0].partition,
+                unknown[0].topic_id,
+            )
         await self._elect_offline(f"broker {broker_id} registered")
         return reg
 

@@ -67,7 +67,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             request.incarnation,
             request.rack,
             request.controller_epoch,
-            log_reports_from_proto(request.logs) if request.unclean_shutdown else None,
+            log_reports_from_proto(request.logs),
+            request.unclean_shutdown,
         )
         return pb.RegisterBrokerResponse(
             broker_epoch=reg.epoch,

@@ -102,9 +102,10 @@ class RegisterBrokerRequest(_message.Message):
     def endpoint(self) -> Global___Endpoint: ...
     @_builtins.property
     def logs(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionLogReport]:
-        """With unclean_shutdown: the log this broker found for each of its
-        partitions (the controller elects the longest when every eligible replica
-        restarted unclean: "unclean recovery").
+        """Every log this broker holds, at each registration. The controller
+        removes the strays (partitions moved away while the broker was down:
+        docs/replication.md) and, with unclean_shutdown, elects the longest when
+        every eligible replica restarted unclean ("unclean recovery").
         """
 
     def __init__(

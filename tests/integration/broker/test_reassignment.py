@@ -296,3 +296,34 @@ def test_an_unreplicated_partition_moves_too(tmp_path: Path) -> None:
                 producer.send(b"after").result(timeout=30)
         got = consume_all(cluster.coordinator.address, "solo", 0, 101)
         assert got == [b"s%03d" % i for i in range(100)] + [b"after"]
+
+
+def test_a_replica_moved_away_while_its_broker_was_down_is_deleted_when_it_returns(tmp_path: Path) -> None:
+    """Removals go to live brokers only: a broker down when its replica moved away lists its logs when it
+    registers again, and the controller removes the strays (coordinator/cluster/strays.py). Before, the
+    copy stayed on its disk for ever."""
+    with cluster_of(tmp_path, session="2s") as cluster:
+        until(lambda: len(alive_brokers(cluster)) == 3, "three brokers registered")
+        with Client(cluster.coordinator.address) as client:
+            client.admin.create_topic("away", 1, replication_factor=3, min_insync_replicas=2)
+            with client.producer("away") as producer:
+                for f in [producer.send(b"a%03d" % i) for i in range(50)]:
+                    f.result(timeout=30)
+            before = describe(cluster, "away", 0)
+            gone = next(b for b in before.replicas if b != before.broker_id)  # a follower: no election
+            copy = cluster.data / f"b{gone}" / "away-0"
+            cluster.start_broker(3)
+            until(lambda: 3 in alive_brokers(cluster), "broker 3 registered")
+            cluster.brokers[gone].stop()
+            until(lambda: gone not in alive_brokers(cluster), f"broker {gone}'s session to expire")
+            target = [3 if b == gone else b for b in before.replicas]
+            client.admin.reassign_partitions({("away", 0): target})
+            until(lambda: not describe(cluster, "away", 0).removing_replicas, "the move to complete")
+            assert list(describe(cluster, "away", 0).replicas) == target
+            assert copy.exists()  # its broker was down: nobody could tell it
+            cluster.start_broker(gone)
+            until(lambda: gone in alive_brokers(cluster), f"broker {gone} back")
+            until(lambda: not copy.exists(), f"broker {gone}'s stray copy deleted")
+            # The other replicas keep theirs, and the partition is whole.
+            assert all((cluster.data / f"b{b}" / "away-0").exists() for b in target)
+        assert consume_all(cluster.coordinator.address, "away", 0, 50) == [b"a%03d" % i for i in range(50)]

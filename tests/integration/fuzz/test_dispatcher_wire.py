@@ -5,6 +5,7 @@ and the dispatcher stays healthy with no traceback in its log (``healthy_after``
 
 from __future__ import annotations
 
+import errno
 import socket
 
 import pytest
@@ -104,6 +105,11 @@ def test_fuzzed_consume_frames_never_hurt_the_dispatcher(
             seen.append(_check(*got))
     except ConnectionError:
         pass  # closed by the dispatcher while we wrote (reset, broken pipe): it must still serve
+    except OSError as exc:
+        # Closed by the dispatcher before our half-close (shutdown() then says ENOTCONN, not a
+        # ConnectionError): it must still serve.
+        if exc.errno != errno.ENOTCONN:
+            raise
     except TimeoutError:
         # Known, not fixed here (the fuzz report): a Subscribe that gets no answer at all, not even after
         # the client half-closed, keeps the connection open. Anything else must end the connection.

@@ -17,6 +17,7 @@ from tests.broker_peer import CoordinatorFacingBroker
 
 from sluice.coordinator.broker_updates import UNKNOWN_VERSION, BrokerNotifier, PushOutcome
 from sluice.coordinator.cluster.model import Endpoint, MetadataChange
+from sluice.coordinator.cluster.reassign import Reassignment, start_reassignments
 from sluice.v1 import broker_pb2, broker_pb2_grpc
 
 
@@ -209,3 +210,48 @@ async def _heartbeat_overtakes_scenario() -> None:
 
 def test_a_heartbeat_answer_that_overtakes_a_removal_carries_it() -> None:
     asyncio.run(_heartbeat_overtakes_scenario())
+
+
+async def _owed_then_assigned_scenario() -> None:
+    peer = ContractBroker()
+    server = aio.server()
+    broker_pb2_grpc.add_BrokerServicer_to_server(peer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ctx = ClusterContext()
+    notifier = BrokerNotifier(ctx.state.broker_assignment, timeout_s=5.0)
+
+    async def pushed(change: MetadataChange | None) -> None:
+        """Push ``change`` to broker 1 and wait until the peer holds its version."""
+        assert change is not None
+        notifier.submit(change, [1])
+        for _ in range(200):
+            if peer.version == change.version:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"the peer never reached version {change.version} (at {peer.version})")
+
+    try:
+        notifier.registered(1, Endpoint("127.0.0.1", port), known_version=0)
+        await pushed(ctx.register_broker(1, port=port).change)
+        await pushed(ctx.register_broker(2).change)
+        for name in ("a", "b"):
+            await pushed(ctx.create_topic(name, 1).change)
+        name = next(n for n in ("a", "b") if ctx.state.topics[n].states[0].replicas == (2,))
+        # Broker 1 is owed the removal of a stray copy of the partition now on broker 2 ...
+        notifier.owe_removals(1, [ctx.state.topics[name].ref(0)])
+        # ... which then moves to broker 1: the delta assigning it cancels the owed removal, so no later
+        # update deletes the replica broker 1 now holds.
+        moved = ctx.apply(start_reassignments(ctx.state, [Reassignment(name, 0, (1,))], 0, ctx.now_ms))
+        await pushed(moved.change)
+        await pushed(ctx.create_topic("c", 1).change)
+        assert not peer.received[-1].full  # deltas all the way: the path that carries owed removals
+        assert not any(r.topic == name for request in peer.received for r in request.remove)
+        assert (name, 0) in peer.partitions
+    finally:
+        await notifier.close()
+        await server.stop(None)
+
+
+def test_an_owed_removal_is_dropped_when_the_partition_is_assigned_to_the_broker_again() -> None:
+    asyncio.run(_owed_then_assigned_scenario())
