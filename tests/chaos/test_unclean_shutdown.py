@@ -77,7 +77,7 @@ def test_a_damaged_replica_is_never_elected_while_a_healthy_one_exists(tmp_path:
             cluster.kill(b)
             cluster.start(b)
         until(lambda: cluster.leader() in healthy, "a healthy leader")
-        assert "UNCLEAN RECOVERY" in cluster.coordinator.log()
+        until(lambda: "UNCLEAN RECOVERY" in cluster.coordinator.log(), "the recovery's log line")
         load.wait_acked(1000)
         acked = load.stop()
         now = cluster.leader()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from sluice.coordinator.broker_updates import PushOutcome
@@ -44,6 +44,21 @@ class CoordinatorLeadership(CoordinatorReassignments):
         #: an ISR, until they register again (a new process) or their epoch changes.
         self._shutting: dict[int, int] = {}
         self._rebalance_wake = asyncio.Event()
+        #: Per broker, the logs of replicated partitions it listed at its last registration to this
+        #: coordinator: an operator recovery's candidates where the persisted pool has no entry (a replica
+        #: back after a clean shutdown). Memory only: a new term learns them as brokers register again.
+        self._registered_logs: dict[int, dict[tuple[str, int], LogReport]] = {}
+
+    def _remember_logs(self, broker_id: int, logs: Iterable[LogReport]) -> None:
+        kept = {}
+        for r in logs:
+            record = self.cluster.topics.get(r.topic)
+            if record is None or record.topic_id != r.topic_id or not 0 <= r.partition < record.partitions:
+                continue
+            replicas = record.states[r.partition].replicas
+            if len(replicas) > 1 and broker_id in replicas:
+                kept[(r.topic, r.partition)] = r
+        self._registered_logs[broker_id] = kept
 
     # ---- ISR changes ---------------------------------------------------------------------------------
 
@@ -117,14 +132,14 @@ class CoordinatorLeadership(CoordinatorReassignments):
         the replicas applied it (bounded)."""
         self._check_leader()
         if dry_run:
-            return plan_recovery(self.cluster, topic, partition, self._clock.now_ms())
+            return plan_recovery(self.cluster, topic, partition, self._clock.now_ms(), self._registered_logs)
         acks: dict[int, asyncio.Future[PushOutcome]] = {}
 
         def publish(res: tuple[RecoveryPlan, ElectionResult]) -> None:
             acks.update(self._publish(res[1].change))
 
         plan, election = await self._write(
-            lambda now: recover_partition(self.cluster, topic, partition, now), publish
+            lambda now: recover_partition(self.cluster, topic, partition, now, self._registered_logs), publish
         )
         log.error(
             "%s/%d: OPERATOR RECOVERY: eligible replica(s) %s declared gone; elected broker %d at leader "

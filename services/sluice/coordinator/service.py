@@ -197,6 +197,7 @@ class CoordinatorService(CoordinatorTopics):
         )
         if unclean:  # out of every ISR and ELR before anything can elect it (KIP-966)
             await self.replicas_unfit(broker_id, logs, unclean=True)
+        self._remember_logs(broker_id, logs)
         strays = stray_replicas(self.cluster, broker_id, logs)
         if strays:
             log.info(

@@ -145,7 +145,7 @@ def test_after_redis_lost_an_election_the_controller_takes_the_brokers_reported_
             # No election was needed (the rebuilt leader is live), and none ran on the stale view.
             metrics = urllib.request.urlopen(f"http://{coordinator.metrics}/metrics", timeout=5).read()
             assert b'sluice_coordinator_leader_elections_total{kind="clean"} 1.0' not in metrics
-            assert "rebuilt from" in coordinator.log()
+            until(lambda: "rebuilt from" in coordinator.log(), "the rebuild's log line")
             # No broker ever recorded an epoch below one it had obeyed before.
             for broker_id in cluster.brokers:
                 epochs = _journal_epochs(tmp_path / f"b{broker_id}", "rb")
@@ -258,7 +258,8 @@ def test_a_leader_that_died_with_the_coordinator_is_replaced_in_the_next_term(tm
             # Elected by the new term's loss path: whether the term found the dead broker never heard
             # from ("not heard from this term") or its session restored from Redis and expired, the
             # same election runs and logs the move.
-            assert f"broker {before.broker_id} gone, leader now {now.broker_id}" in coordinator.log()
+            moved = f"broker {before.broker_id} gone, leader now {now.broker_id}"
+            until(lambda: moved in coordinator.log(), "the election's log line")
         finally:
             for broker in cluster.brokers.values():
                 if broker.alive():

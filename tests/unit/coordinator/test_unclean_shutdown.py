@@ -160,3 +160,41 @@ def test_an_operator_recovery_elects_the_longest_returned_log_and_names_the_gone
     assert after.leader_epoch == before.leader_epoch + 1
     with pytest.raises(InvalidArgument):
         plan_recovery(ctx.state, "t", 0, ctx.now_ms)
+
+
+def test_an_operator_recovery_weighs_a_cleanly_returned_replica_by_the_log_it_listed() -> None:
+    """One replica reported at an unclean restart (in the pool); another came back after a clean shutdown
+    with a longer log, listed at its registration: the recovery elects the latter, where it took the
+    former when only the pool counted."""
+    ctx = ClusterContext(SETTINGS)
+    for b in range(3):
+        ctx.register_broker(b)
+    ctx.create_topic("t", 1, spec=ReplicationSpec(3, 2))
+    topic_id = ctx.state.topics["t"].topic_id
+    leader = ctx.state.topics["t"].states[0].leader
+    unclean, clean = (b for b in range(3) if b != leader)
+    # The clean one falls behind and leaves the ISR (2 remain: min ISR holds, so it is not kept eligible);
+    # its log then has 260 records. The other restarts unclean (200 records, in the pool), and the leader
+    # is lost for good.
+    s = ctx.state.topics["t"].states[0]
+    ctx.apply(
+        alter_partition(
+            ctx.state, IsrProposal("t", 0, leader, s.leader_epoch, s.partition_epoch, (leader, unclean))
+        )
+    )
+    ctx.apply(remove_unfit(ctx.state, unclean, {("t", 0): _report(0, 200)}, ctx.now_ms, recover=True))
+    for _ in range(6):
+        ctx.advance(1_000)
+        for b in (unclean, clean):
+            ctx.heartbeat(b, ctx.state.brokers[b].broker_epoch, ctx.state.metadata_version)
+    ctx.apply(elect_after_loss(ctx.state, leader, ctx.now_ms))
+    assert ctx.state.topics["t"].states[0].leader == NO_LEADER
+    assert plan_recovery(ctx.state, "t", 0, ctx.now_ms).leader == unclean  # the pool alone
+    listed = {clean: {("t", 0): LogReport("t", topic_id, 0, 0, 260)}}
+    plan = plan_recovery(ctx.state, "t", 0, ctx.now_ms, listed)
+    assert (plan.leader, [c.broker for c in plan.candidates]) == (clean, [clean, unclean])
+    # A log of another incarnation of the topic is no copy of this one.
+    stale = {clean: {("t", 0): LogReport("t", "id-older", 0, 0, 900)}}
+    assert plan_recovery(ctx.state, "t", 0, ctx.now_ms, stale).leader == unclean
+    ctx.apply(recover_partition(ctx.state, "t", 0, ctx.now_ms, listed))
+    assert ctx.state.topics["t"].states[0].leader == clean

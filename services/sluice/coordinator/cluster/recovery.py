@@ -10,8 +10,10 @@ the controller elects the most complete log among the replicas that are back:
   reported its log at its unclean restart, persisted across controller terms); the longest log wins (the
   highest ``(last leader epoch, log end offset)``, undamaged first, preference order on a tie: the same
   rule as the automatic recovery, ``unclean.longest_log``);
-- a live replica without a report (it came back after a clean shutdown, so its log is whole up to where it
-  left the ISR, but its length is unknown here) is taken only when no reported one is live;
+- a live replica without a pool entry (it came back after a clean shutdown, so its log is whole up to
+  where it left the ISR) is a candidate with the log it listed at its registration to this controller
+  (``registered``: every registration lists the broker's logs, kept in memory for this term); one with
+  neither is taken only when no reported one is live;
 - it becomes leader and sole ISR member at the next leader epoch (its followers truncate to it), and the
   pool is spent. What the missing replicas held beyond its log is lost, acknowledged records included:
   the answer names them, and a dry run says all this before anything changes.
@@ -23,12 +25,13 @@ election takes it), a single-replica partition, or no live replica at all.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sluice.coordinator.cluster.elections import ElectionResult, election_result
 from sluice.coordinator.cluster.replication import NO_LEADER, PartitionState, ReplicaLog
 from sluice.coordinator.cluster.state import ClusterState
-from sluice.coordinator.cluster.unclean import longest_log
+from sluice.coordinator.cluster.unclean import LogReport, longest_log
 from sluice.coordinator.records import Result
 from sluice.errors import BrokerNotAvailable, InvalidArgument, UnknownTopicOrPartition
 
@@ -48,8 +51,15 @@ class RecoveryPlan:
     state: PartitionState
 
 
-def plan_recovery(cluster: ClusterState, topic: str, partition: int, now_ms: int) -> RecoveryPlan:
-    """What :func:`recover_partition` would do, or the typed refusal (module doc)."""
+def plan_recovery(
+    cluster: ClusterState,
+    topic: str,
+    partition: int,
+    now_ms: int,
+    registered: Mapping[int, Mapping[tuple[str, int], LogReport]] | None = None,
+) -> RecoveryPlan:
+    """What :func:`recover_partition` would do, or the typed refusal (module doc). ``registered``: per
+    broker, the logs it listed at its registration (the candidates' lengths where the pool has none)."""
     record = cluster.topics.get(topic)
     if record is None or not 0 <= partition < record.partitions:
         raise UnknownTopicOrPartition(f"unknown topic or partition {topic}/{partition}")
@@ -66,7 +76,13 @@ def plan_recovery(cluster: ClusterState, topic: str, partition: int, now_ms: int
         raise InvalidArgument(
             f"{where}: eligible replica(s) {back} are live; the controller elects them without data loss"
         )
-    reported = {r.broker: r for r in state.pool if r.broker in live and r.broker in state.replicas}
+    reported: dict[int, ReplicaLog] = {
+        r.broker: r for r in state.pool if r.broker in live and r.broker in state.replicas
+    }
+    for b in state.replicas:
+        listed = (registered or {}).get(b, {}).get((topic, partition))
+        if b in live and b not in reported and listed is not None and listed.topic_id == record.topic_id:
+            reported[b] = listed.of(b)
     unreported = [b for b in state.replicas if b in live and b not in reported]
     if reported:
         chosen = longest_log(reported, state.replicas)
@@ -92,10 +108,14 @@ def plan_recovery(cluster: ClusterState, topic: str, partition: int, now_ms: int
 
 
 def recover_partition(
-    cluster: ClusterState, topic: str, partition: int, now_ms: int
+    cluster: ClusterState,
+    topic: str,
+    partition: int,
+    now_ms: int,
+    registered: Mapping[int, Mapping[tuple[str, int], LogReport]] | None = None,
 ) -> Result[tuple[RecoveryPlan, ElectionResult]]:
     """Elect the plan's leader: persisted and pushed like every election (one metadata-version step)."""
-    plan = plan_recovery(cluster, topic, partition, now_ms)
+    plan = plan_recovery(cluster, topic, partition, now_ms, registered)
     record = cluster.topics[topic]
     states = list(record.states)
     states[partition] = plan.state
