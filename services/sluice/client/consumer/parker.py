@@ -360,22 +360,20 @@ class Parker:
             self._dlq_stale = False
         futures: list[tuple[str, Any]] = []
         now = str(int(time.time() * 1000)).encode()
+        # The same for every record of the key (one source partition): encoded once.
+        common = {
+            H_TOPIC: pk.tp[0].encode(),
+            H_PARTITION: str(pk.tp[1]).encode(),
+            H_FIRST_FAILURE: str(pk.since_ms).encode() if pk.since_ms else now,
+            H_COUNT: str(pk.count).encode(),
+        }
+        send, seen = self._dlq_producer.send, self._dlq_index.seen
         for r in pk.pending:
             src = source_key(r.topic, r.partition, r.offset)
-            if self._dlq_index.seen(src):
+            if seen(src):
                 continue
-            headers = {
-                **r.headers,
-                H_TOPIC: r.topic.encode(),
-                H_PARTITION: str(r.partition).encode(),
-                H_OFFSET: str(r.offset).encode(),
-                H_FIRST_FAILURE: str(pk.since_ms).encode() if pk.since_ms else now,
-                H_COUNT: str(pk.count).encode(),
-                H_SOURCE: src.encode(),
-            }
-            futures.append(
-                (src, self._dlq_producer.send(r.value, key=r.key, tag=r.tag, headers=headers, partition=0))
-            )
+            headers = {**r.headers, **common, H_OFFSET: str(r.offset).encode(), H_SOURCE: src.encode()}
+            futures.append((src, send(r.value, key=r.key, tag=r.tag, headers=headers, partition=0)))
         last = pk.pending[-1]
         log.warning(
             "%s[%d] key %r: %d records to %s after %d failures",
