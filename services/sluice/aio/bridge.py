@@ -86,15 +86,19 @@ class Serial:
     def release(self) -> None:
         self._lock.release()
 
-    async def in_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn`` in a worker thread (the caller holds this Serial)."""
+    async def in_thread(
+        self, fn: Callable[..., T], *args: Any, orphan: Callable[[T], None] | None = None, **kwargs: Any
+    ) -> T:
+        """Run ``fn`` in a worker thread (the caller holds this Serial). If the caller is cancelled,
+        ``fn`` still runs to its end and ``orphan`` gets its result, before the next call of this Serial
+        starts (so a call whose result must not be lost, a poll, can hand it to the next one)."""
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(None, functools.partial(fn, *args, **kwargs))
         self._running = fut
         try:
             return await asyncio.shield(fut)
         except asyncio.CancelledError:
-            fut.add_done_callback(_consume_exception)
+            fut.add_done_callback(_consume_exception if orphan is None else functools.partial(_adopt, orphan))
             raise
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -118,6 +122,12 @@ def _consume_exception(fut: asyncio.Future[Any]) -> None:
     # Nobody awaits a cancelled caller's call any more: retrieve its exception so asyncio does not log it.
     if not fut.cancelled():
         fut.exception()
+
+
+def _adopt(orphan: Callable[[T], None], fut: asyncio.Future[T]) -> None:
+    # Added before acquire()'s wait on the same future, so it runs first: the next call sees the result.
+    if not fut.cancelled() and fut.exception() is None:
+        orphan(fut.result())
 
 
 class _Closable(Protocol):

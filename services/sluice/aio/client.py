@@ -40,7 +40,6 @@ from sluice.client.producer import ProducerConfig
 from sluice.client.push import PushConsumerConfig
 from sluice.client.push.admin import SubscriptionInfo
 from sluice.common.client_security import TLSConfig
-from sluice.errors import InvalidArgument
 
 __all__ = ["Client"]
 
@@ -151,10 +150,6 @@ class Client:
         overrides: dict[str, Any],
     ) -> Consumer:
         cfg = bridge_callbacks(self._sync.consumer_config(config, overrides), self._bridge.loop)
-        if cfg.park_poison_keys:  # its poll() takes records without the parking pass (docs/poison-keys.md)
-            raise InvalidArgument(
-                "park_poison_keys is not supported by sluice.aio yet: use the sync consumer"
-            )
         sync = await self._thread(self._sync.consumer, group, subscribe, config=cfg)
         return Consumer(sync, self._bridge, self._sync.list_offsets)
 

@@ -33,6 +33,7 @@ from sluice.aio.bridge import LoopBridge, Serial, resolve
 from sluice.client.consumer import Consumer as SyncConsumer
 from sluice.client.consumer import ConsumerConfig, ConsumerStats
 from sluice.client.consumer.config import CommitCallback
+from sluice.client.consumer.parker import ParkOutcome
 from sluice.client.consumer.retry import RetryOutcome
 from sluice.client.offsets import OffsetSpec
 from sluice.codec.batch import Record
@@ -52,6 +53,8 @@ class Consumer:
         self._bridge = bridge
         self._serial = Serial()
         self._list_offsets = list_offsets
+        #: park_poison_keys: what a cancelled poll's worker thread returned, for the next poll.
+        self._carried: list[Record] = []
 
     @property
     def sync(self) -> SyncConsumer:
@@ -85,6 +88,8 @@ class Consumer:
         is buffered now). As the sync ``poll()``: rebalances, callbacks, auto-commit, typed errors."""
         sync = self._sync
         sync._check_open()
+        if sync._park is not None:
+            return await self._poll_parked(timeout, max_records)
         limit = sync.config.max_poll_records if max_records is None else _positive(max_records)
         deadline = time.monotonic() + max(float(timeout), 0.0)
         serial = self._serial
@@ -120,6 +125,25 @@ class Consumer:
                 finally:
                     with sync._lock:
                         sync._ready.remove_waker(wake)
+
+    async def _poll_parked(self, timeout: float, max_records: int | None) -> list[Record]:  # noqa: ASYNC109
+        """``park_poison_keys``: the sync ``poll()`` itself, in a worker thread. Its parking pass waits
+        for the parking store's acknowledgements and replays it on assignment changes (blocking steps
+        interleaved with taking records), so it is not split into loop-thread steps like the plain poll.
+        A cancelled call's records, already handed out, are kept and returned by the next poll: none is
+        lost (docs/poison-keys.md, "Pull consumers")."""
+        serial = self._serial
+        await serial.acquire()
+        try:
+            carried, self._carried = self._carried, []
+            if carried:
+                return carried
+            return await serial.in_thread(self._sync.poll, timeout, max_records, orphan=self._carry)
+        finally:
+            serial.release()
+
+    def _carry(self, records: list[Record]) -> None:
+        self._carried = records
 
     async def getmany(
         self, timeout_ms: int = 0, max_records: int | None = None
@@ -180,6 +204,15 @@ class Consumer:
     ) -> RetryOutcome:
         """The sync ``reconsume_later()`` (docs/retry.md), in a worker thread."""
         return await self._serial.run(self._sync.reconsume_later, record, delay_level, delay)
+
+    async def fail(self, record: Record) -> ParkOutcome:
+        """The sync ``fail()`` (``park_poison_keys=True``, docs/poison-keys.md), in a worker thread: it
+        returns once the parking store acknowledged the writes."""
+        return await self._serial.run(self._sync.fail, record)
+
+    def is_parked(self, record: Record) -> bool:
+        """The sync ``is_parked()``: ``record`` was parked behind an earlier failure of its key."""
+        return self._sync.is_parked(record)
 
     def stats(self) -> ConsumerStats:
         return self._sync.stats()

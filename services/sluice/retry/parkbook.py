@@ -33,6 +33,7 @@ __all__ = [
     "H_PCOUNT",
     "H_PDUE",
     "H_PSOURCE",
+    "PARK_HEADERS",
     "PARK_PREFIX",
     "ParkBook",
     "ParkedKey",
@@ -46,7 +47,8 @@ H_PSOURCE = "sluice-park-source"
 H_PCOUNT = "sluice-park-count"
 H_PDUE = "sluice-park-due-ms"
 H_HOW = "sluice-park-how"
-_PARK_HEADERS = (H_OP, H_PSOURCE, H_PCOUNT, H_PDUE, H_HOW)
+#: The park topic's own headers (a parked record keeps only its original ones).
+PARK_HEADERS = frozenset((H_OP, H_PSOURCE, H_PCOUNT, H_PDUE, H_HOW))
 #: Sources remembered for deduplication; the oldest go first beyond it.
 MAX_SOURCES = 1_000_000
 
@@ -132,22 +134,31 @@ class ParkBook:
 
     def _park(self, kid: KeyId, offset: int, event: Record) -> None:
         (topic, partition), key = kid
-        src = source_key(topic, partition, offset)
+        headers = {k: v for k, v in event.headers.items() if k not in PARK_HEADERS}
+        parked = Record(topic, partition, offset, key, event.value, event.tag, headers, event.timestamp)
+        self.add(parked, event)
+
+    def add(self, record: Record, event: Record | None = None) -> None:
+        """Park ``record`` (its original coordinates; ``timestamp``: when it was parked) behind its key.
+        ``event``'s headers, when given, may set the head's count and due time (the key's first park).
+        The replay's ``park`` events come here, and the parking consumer's own acknowledged writes
+        directly (``Parker``: no re-parsing of what it just wrote)."""
+        tp, key = (record.topic, record.partition), record.key
+        assert key is not None
+        src = source_key(record.topic, record.partition, record.offset)
         if src in self.sources:
             return  # parked already (a write repeated after a crash)
         self.sources[src] = None
-        if offset > self.max_source.get(kid[0], -1):
-            self.max_source[kid[0]] = offset
+        if record.offset > self.max_source.get(tp, -1):
+            self.max_source[tp] = record.offset
         if len(self.sources) > MAX_SOURCES:
             del self.sources[next(iter(self.sources))]
+        kid = (tp, key)
         pk = self.keys.get(kid)
         if pk is None:
-            pk = self.keys[kid] = ParkedKey(kid[0], key, since_ms=event.timestamp)
-        headers = {k: v for k, v in event.headers.items() if k not in _PARK_HEADERS}
-        pk.pending.append(
-            Record(topic, partition, offset, key, event.value, event.tag, headers, event.timestamp)
-        )
-        if H_PCOUNT in event.headers:
+            pk = self.keys[kid] = ParkedKey(tp, key, since_ms=record.timestamp)
+        pk.pending.append(record)
+        if event is not None and H_PCOUNT in event.headers:
             pk.count = _int(event.headers.get(H_PCOUNT))
             pk.due_ms = _int(event.headers.get(H_PDUE))
 

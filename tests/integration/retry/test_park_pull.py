@@ -5,8 +5,10 @@ and the hold policy with ``sluice group parked`` / ``unpark``."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -323,3 +325,51 @@ def test_a_key_past_the_cap_goes_to_the_dlq_even_when_held(cluster: RetryCluster
     )
     _check_good(run, sent)
     consumer.close()
+
+
+def test_an_auto_commit_waits_for_the_parking_writes(cluster: RetryCluster) -> None:
+    """poll() no longer waits for the parking writes it sent (Parker.pace); the commits must. With the
+    broker paused (SIGSTOP), the diverted records' parking cannot be acknowledged: the auto-commit that
+    comes due must wait rather than commit past them (a crash then would lose them)."""
+    topic, group = cluster.topic(1, "pw"), cluster.group("park")
+    client = cluster.client()
+    with client.producer(topic) as p:
+        for i in range(100):
+            key = POISON if i % 5 == 0 else f"k{i}".encode()
+            p.send(f"v{i}".encode(), key=key)
+        p.flush(10)
+    cfg = {**PARK_CFG, "enable_auto_commit": True, "auto_commit_interval": "100ms", "park_retry_delay": "60s"}
+    consumer = client.consumer(group, [topic], **cfg)
+    head = _first(consumer)
+    assert (head.offset, head.key) == (0, POISON)
+    consumer.fail(head)  # parks the key (acknowledged: the broker runs)
+    time.sleep(0.5)  # the prefetch holds the rest of the partition
+    proc = cluster.broker.process
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        got = consumer.poll(0.5)  # diverts records 5, 10, ...: sent, not acknowledged
+        assert got, "records came from the prefetch buffer"
+        assert all(r.key != POISON for r in got)
+        waiting = threading.Thread(target=consumer.poll, args=(0.5,))
+        waiting.start()  # the auto-commit comes due in this poll
+        time.sleep(1.5)
+        assert waiting.is_alive(), "the poll's auto-commit waits for the parking writes"
+        committed = client.admin.group_offsets(group).get((topic, 0), 0)
+        assert committed <= 5, f"committed {committed}: past record 5, whose parking is not acknowledged"
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    waiting.join(15)
+    consumer.commit()
+    parked = [r.value for r in _book(client, group).keys[((topic, 0), POISON)].pending]
+    assert parked == [f"v{i}".encode() for i in range(0, 100, 5)], "every poison record parked, in order"
+    _all_committed(consumer, client, topic, 1)
+    consumer.close()
+
+
+def _first(consumer: Consumer) -> Record:
+    deadline = time.monotonic() + 15
+    while True:
+        assert time.monotonic() < deadline, "no record"
+        got = consumer.poll(0.2, max_records=1)
+        if got:
+            return got[0]

@@ -74,3 +74,26 @@ def test_malformed_events_never_break_the_replay(
         assert pk.pending, "a key is parked only while something waits"
         offsets = [r.offset for r in pk.pending]
         assert len(set(offsets)) == len(offsets)
+
+
+def test_a_consumers_own_parks_make_the_same_book_as_their_replay() -> None:
+    """Parker hands its acknowledged ``park`` events to ``ParkBook.add`` with the record they park (no
+    re-parsing); a replay of the same events must give the same book."""
+    from sluice.client.consumer.parker import _park
+
+    originals = [
+        Record("orders", 3, 10, b"k", b"a", "t", {"app": b"x"}, 5),
+        Record("orders", 3, 12, b"k", b"b", None, {H_PCOUNT: b"7", "app": b"y"}, 6),  # a park header
+        Record("orders", 3, 12, b"k", b"b", None, {}, 6),  # the same source again: once
+        Record("orders", 1, 4, b"j", b"c", None, {}, 7),
+    ]
+    events = [_park(originals[0], 1, 500), *(_park(r) for r in originals[1:])]
+    replayed, direct = ParkBook(), ParkBook()
+    for offset, (key, value, tag, headers, parked) in enumerate(events):
+        event = Record("PARK.g", 0, offset, key, value, tag, headers, 1000 + offset)
+        replayed.apply(event)
+        assert parked is not None
+        direct.add(parked._replace(timestamp=event.timestamp), event)
+    assert direct.keys == replayed.keys
+    assert (direct.sources, direct.max_source) == (replayed.sources, replayed.max_source)
+    assert [r.headers for r in direct.keys[(TP, b"k")].pending] == [{"app": b"x"}, {"app": b"y"}]

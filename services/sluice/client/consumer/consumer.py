@@ -299,8 +299,7 @@ class Consumer(ParkingEngine):
         commit is the last word.
         """
         self._check_open()
-        if self._park is not None:
-            self._park.flush()  # the records it parked are acknowledged before their offsets commit
+        self._before_commit()  # e.g. the records it parked are acknowledged before their offsets commit
         self._async.flush(self._timeout)
         self._report_commits()
         with self._lock:
@@ -331,8 +330,7 @@ class Consumer(ParkingEngine):
         ``commit()`` / ``commit_async()``. See docs/consumer.md.
         """
         self._check_open()
-        if self._park is not None:
-            self._park.flush()
+        self._before_commit()
         self._report_commits()
         with self._lock:
             if offsets is None:

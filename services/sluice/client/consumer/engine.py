@@ -350,6 +350,7 @@ class ConsumerEngine:
     def _commit_sync(self, todo: dict[TopicPartition, tuple[int, str]]) -> CommitResult:
         """Commit under the current epoch; a STALE_MEMBER_EPOCH (the coordinator moved the epoch
         on while the commit travelled) is retried after the next heartbeat answer."""
+        self._before_commit()
         result: CommitResult = {}
         pending = dict(todo)
         for attempt in range(3):
@@ -422,8 +423,13 @@ class ConsumerEngine:
         with self._lock:
             todo = self._state.to_commit()
         if todo:
+            self._before_commit()
             # Coalesces with commits still travelling; its outcome goes to on_commit.
             self._async.submit(todo, Waiter(None, auto=True))
+
+    def _before_commit(self) -> None:
+        """What must be durable before any offset is committed: every commit path calls it first (the
+        parking store's writes, ``ParkingEngine``)."""
 
     def _owned(self, tp: TopicPartition) -> PartitionState:
         part = self._state.parts.get(check_tp(tp))

@@ -9,8 +9,9 @@ processed (no ``fail()`` before the next ``poll()``), the next one becomes the h
 ``max_redeliver`` times, every waiting record of the key goes to ``DLQ.<group>`` in order (policy
 ``dlq``) or the key stays parked for an operator (``hold``; ``sluice group unpark``).
 
-Every write waits for its acknowledgement before the original's offset can be committed (``divert``
-runs before ``poll()`` returns; ``fail`` before it returns), so nothing is committed that is not parked.
+Every write is acknowledged before the original's offset can be committed (every commit path waits for
+the writes in flight first, ``ParkingEngine._before_commit``; ``fail`` waits before it returns), so
+nothing is committed that is not parked.
 The state is only what the topic says: a new owner of a partition (or a restarted consumer) replays the
 topic before handing out any record of it.
 """
@@ -38,7 +39,17 @@ from sluice.retry.levels import (
     dlq_topic,
     source_key,
 )
-from sluice.retry.parkbook import H_HOW, H_OP, H_PCOUNT, H_PDUE, H_PSOURCE, ParkBook, ParkedKey, park_topic
+from sluice.retry.parkbook import (
+    H_HOW,
+    H_OP,
+    H_PCOUNT,
+    H_PDUE,
+    H_PSOURCE,
+    PARK_HEADERS,
+    ParkBook,
+    ParkedKey,
+    park_topic,
+)
 
 __all__ = ["ParkOutcome", "Parker"]
 
@@ -48,7 +59,12 @@ TopicPartition = tuple[str, int]
 KeyId = tuple[TopicPartition, bytes]
 #: How often poll() reads what others appended to the park topic (an operator's ``unpark``).
 TAIL_EVERY = 1.0
-_Event = tuple[bytes, bytes, str | None, dict[str, bytes]]
+#: Parking writes in flight (sent, not waited for) beyond which a poll pass waits for them: bounds what
+#: is held for the acknowledgements between commits.
+MAX_UNFLUSHED = 5_000
+#: An event to append: key, value, tag, headers; and for a ``park`` event the record it parks (the book
+#: learns it from that at the acknowledgement, without re-parsing the event).
+_Event = tuple[bytes, bytes, str | None, dict[str, bytes], Record | None]
 
 
 class _Written(Protocol):
@@ -105,6 +121,7 @@ class Parker:
         self._next_tail = 0.0
         #: Writes sent and not yet waited for (divert): (events, futures), in send order.
         self._inflight: list[tuple[list[_Event], list[Any]]] = []
+        self._unflushed = 0
         #: Heads handed out by the last poll(): {source key: key id}; processed unless fail()ed.
         self._out: dict[str, KeyId] = {}
         #: The last poll()'s records, and those of them fail() parked behind an earlier one.
@@ -140,9 +157,10 @@ class Parker:
         if events:
             futures = [
                 self._producer.send(value, key=key, tag=tag, headers=headers, partition=0)
-                for key, value, tag, headers in events
+                for key, value, tag, headers, _ in events
             ]
             self._inflight.append((events, futures))
+            self._unflushed += len(events)
 
     def flush(self) -> None:
         """Wait for every write sent and apply it, in order; then finish the dead-lettering in flight
@@ -164,11 +182,16 @@ class Parker:
 
     def _wait_sent(self) -> None:
         inflight, self._inflight = self._inflight, []
+        self._unflushed = 0
         for events, futures in inflight:
             written = [cast(_Written, f.result(self._timeout)).offset for f in futures]
             now = int(time.time() * 1000)
-            for (key, value, tag, headers), offset in zip(events, written, strict=True):
-                self.book.apply(Record(self.topic, 0, offset, key, value, tag, headers, now))
+            for (key, value, tag, headers, parked), offset in zip(events, written, strict=True):
+                event = Record(self.topic, 0, offset, key, value, tag, headers, now)
+                if parked is None:
+                    self.book.apply(event)
+                else:
+                    self.book.add(parked._replace(timestamp=now), event)
                 if offset == self._pos:
                     self._pos += 1
                 else:
@@ -182,11 +205,20 @@ class Parker:
     # ---- poll()'s steps ---------------------------------------------------------------------------
 
     def settle(self) -> None:
-        """The heads the last poll() handed out and nobody failed are processed (poll mode)."""
-        self.flush()
+        """The heads the last poll() handed out and nobody failed are processed (poll mode). Written
+        after everything in flight and waited for: once a key's head is resolved, the key may be
+        released, and its next records flow only after all of its parked ones are in the book."""
         out, self._out = self._out, {}
-        events = [_resolved(kid, src, b"ok") for src, kid in out.items()]
-        self._write(events)
+        if out:
+            self._write([_resolved(kid, src, b"ok") for src, kid in out.items()])
+
+    def pace(self) -> None:
+        """A poll pass: finish the dead-lettering in flight (its key stays blocked until then), and wait
+        for the parking writes only past ``MAX_UNFLUSHED``. Otherwise the commits wait for them
+        (``flush`` before any commit): waiting at every poll cost a round trip per poll, measured
+        in bench/poison_pull.py (docs/poison-keys.md, "Measured")."""
+        if self._dlq_inflight or self._unflushed > MAX_UNFLUSHED:
+            self.flush()
 
     def prepare(self, owned: frozenset[TopicPartition]) -> None:
         """Replay the topic when the assignment changed (before any record of a new partition is
@@ -195,6 +227,7 @@ class Parker:
         if owned != self._owned or time.monotonic() >= self._next_tail:
             if owned != self._owned:
                 self._dlq_stale = True
+            self.flush()  # our own writes applied first: the replay skips them by offset
             self.catch_up()
             self._owned = owned
         if not self.book.keys:
@@ -240,7 +273,8 @@ class Parker:
     def divert(self, records: list[Record]) -> list[Record]:
         """``records`` without those of parked keys. Their parking is sent, not waited for: the
         application processes the rest meanwhile, and ``flush()`` waits before any commit can cover
-        them (measured: waiting here cut the good keys' rate to a third, bench/poison_pull.py)."""
+        them (measured: waiting here cut the good keys' rate to a third, bench/poison_pull.py). The
+        book learns them at that flush: until then a key's cap check lags by what is in flight."""
         book = self.book
         if not book.keys and not book.max_source:
             return records
@@ -316,6 +350,7 @@ class Parker:
     def _dead_letter(self, pk: ParkedKey) -> None:
         """Every waiting record of ``pk`` to the DLQ, in order (each once, even across a crash between
         the DLQ write and the ``resolved`` event), then the key is resolved."""
+        self.flush()  # every diverted record of the key in the book first: all of it goes, in order
         if not pk.pending:
             return
         if self._dlq_stale:
@@ -325,22 +360,20 @@ class Parker:
             self._dlq_stale = False
         futures: list[tuple[str, Any]] = []
         now = str(int(time.time() * 1000)).encode()
+        # The same for every record of the key (one source partition): encoded once.
+        common = {
+            H_TOPIC: pk.tp[0].encode(),
+            H_PARTITION: str(pk.tp[1]).encode(),
+            H_FIRST_FAILURE: str(pk.since_ms).encode() if pk.since_ms else now,
+            H_COUNT: str(pk.count).encode(),
+        }
+        send, seen = self._dlq_producer.send, self._dlq_index.seen
         for r in pk.pending:
             src = source_key(r.topic, r.partition, r.offset)
-            if self._dlq_index.seen(src):
+            if seen(src):
                 continue
-            headers = {
-                **r.headers,
-                H_TOPIC: r.topic.encode(),
-                H_PARTITION: str(r.partition).encode(),
-                H_OFFSET: str(r.offset).encode(),
-                H_FIRST_FAILURE: str(pk.since_ms).encode() if pk.since_ms else now,
-                H_COUNT: str(pk.count).encode(),
-                H_SOURCE: src.encode(),
-            }
-            futures.append(
-                (src, self._dlq_producer.send(r.value, key=r.key, tag=r.tag, headers=headers, partition=0))
-            )
+            headers = {**r.headers, **common, H_OFFSET: str(r.offset).encode(), H_SOURCE: src.encode()}
+            futures.append((src, send(r.value, key=r.key, tag=r.tag, headers=headers, partition=0)))
         last = pk.pending[-1]
         log.warning(
             "%s[%d] key %r: %d records to %s after %d failures",
@@ -356,6 +389,7 @@ class Parker:
     def close(self) -> None:
         try:
             self.settle()
+            self.flush()
         finally:
             for producer in (self._producer, self._dlq_producer):
                 producer.close(self._timeout)
@@ -366,20 +400,24 @@ def _park(r: Record, count: int = 0, due_ms: int = 0) -> _Event:
     if count:
         headers[H_PCOUNT] = str(count).encode()
         headers[H_PDUE] = str(due_ms).encode()
-    return (cast(bytes, r.key), r.value, r.tag, headers)
+    if r.headers and not PARK_HEADERS.isdisjoint(r.headers):
+        r = r._replace(headers={k: v for k, v in r.headers.items() if k not in PARK_HEADERS})  # as a replay
+    return (cast(bytes, r.key), r.value, r.tag, headers, r)
 
 
 def _fail(kid: KeyId, src: str, count: int, due_ms: int) -> _Event:
     headers = {H_OP: b"fail", H_PSOURCE: src.encode(), H_PCOUNT: str(count).encode()}
     headers[H_PDUE] = str(due_ms).encode()
-    return (kid[1], b"", None, headers)
+    return (kid[1], b"", None, headers, None)
 
 
 def _resolved(kid: KeyId, src: str, how: bytes) -> _Event:
-    return (kid[1], b"", None, {H_OP: b"resolved", H_PSOURCE: src.encode(), H_HOW: how})
+    return (kid[1], b"", None, {H_OP: b"resolved", H_PSOURCE: src.encode(), H_HOW: how}, None)
 
 
-def unpark_event(key: bytes, tps: Iterable[TopicPartition] = ()) -> list[_Event]:
+def unpark_event(
+    key: bytes, tps: Iterable[TopicPartition] = ()
+) -> list[tuple[bytes, bytes, str | None, dict[str, bytes]]]:
     """The events of ``sluice group unpark``: every partition of ``key``, or the ones given."""
     chosen = list(tps)
     if not chosen:

@@ -56,6 +56,12 @@ class ParkingEngine(ConsumerEngine):
             self._check_handed_out(record)
         return park.fail(record)
 
+    def _before_commit(self) -> None:
+        # The parking writes are waited for here, not at every poll (Parker.pace): a commit must never
+        # cover a record whose parking is not acknowledged.
+        if self._park is not None:
+            self._park.flush()
+
     def is_parked(self, record: Record) -> bool:
         """Whether ``record`` (from the current ``poll()`` batch) was parked behind an earlier failure of
         its key by ``fail()``: skip it, it comes back in order from the parking store."""
@@ -91,10 +97,11 @@ class ParkingEngine(ConsumerEngine):
     def _poll_parked(self, park: Parker, limit: int, deadline: float) -> list[Record]:
         """poll() with parking: the last batch's heads are settled first (before a revocation can
         release their partition), the topic is replayed for new partitions before their records are
-        taken, and records of parked keys are parked (acknowledged) before poll() returns them."""
+        taken, and records of parked keys are sent to the parking store before poll() returns the others
+        (acknowledged before any commit can cover them)."""
         park.settle()
         while True:
-            park.flush()  # a pass that diverted everything: acknowledged before anything commits
+            park.pace()  # commits wait for the parking writes themselves (_before_commit)
             self._poll_prepare()
             owned = self._owned_now()
             park.prepare(owned)
