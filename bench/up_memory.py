@@ -23,9 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench._stack import ROOT, produce_keyed, save
+from _stack import ROOT, produce_keyed, save
 
 BOOTSTRAP = re.compile(r"^Sluice is up\. Bootstrap: (\S+)$")
 PID = re.compile(r"^\s+(\S+)\s.*\bpid (\d+)")
@@ -142,7 +140,8 @@ def main() -> None:
         for mode in args.modes:  # interleaved: both modes see the same machine load
             figures = measure(mode, args.records, args.idle_seconds)
             results[mode].append(figures)
-            print(f"run {run + 1} {mode}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()), flush=True)
+            shown = ", ".join(f"{k} {v:.1f}" for k, v in figures.items())
+            print(f"run {run + 1} {mode}: {shown}", flush=True)
     for mode, runs in results.items():
         medians = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(f"median {mode}: " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))

@@ -13,7 +13,8 @@ so failover can be watched on a laptop: ``kill -9`` a broker and see it come bac
 Each child runs in its own process group, so a Ctrl-C in the terminal reaches
 ``sluice up`` alone and the children are stopped in reverse start order instead
 of all at once. (A ``kill -9`` of ``sluice up`` itself therefore leaves them
-running, as with any supervisor.)
+running, as with any supervisor; except a child started ``die_with_parent``, the combined mode's Redis.)
+The combined mode's services are threads supervised through the same interface (``up_combined.py``).
 """
 
 from __future__ import annotations

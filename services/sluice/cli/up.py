@@ -1,6 +1,9 @@
 """``sluice up``: the whole system on this machine, for development and tests.
 
-Start order (each waits for the previous one's ready line):
+Every Python service runs in this process, each on its own thread and event loop (``--processes
+combined``, the default: up_combined.py, docs/cli.md "Combined mode"), or each in a process of its own
+(``--processes separate``, and with ``--restart``). Start order (each waits for the previous one's ready
+line):
 
 1. a private ``redis-server`` with its data (AOF on) in ``DIR/redis`` — unless
    ``--redis-url`` points at one;

@@ -74,7 +74,9 @@ class ServiceThread(Child):
         self.started_at = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
-        self._say(f"==== sluice up starts {self.name} in process {os.getpid()}: {' '.join(self.argv)}")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        command = " ".join(self.argv)
+        self._say(f"==== {stamp} sluice up starts: {self.name} (in process {os.getpid()}) {command}")
         self._thread = threading.Thread(target=self._run, name=f"svc-{self.name}", daemon=True)
         self._thread.start()
 
