@@ -205,9 +205,8 @@ the client; the consumer process reads the same clock when the record arrives.
   documents. RabbitMQ goes through aiormq, the AMQP layer of aio-pika: aio-pika's message objects cost a
   third of the publish rate on this machine. The stream queue is read over AMQP 0-9-1 (offset `first`), not
   through the native stream protocol (rstream): the native client would be faster.
-- Sluice's memory is every process `sluice up` starts (coordinator, broker(s), offset store, dispatcher,
-  delayed-delivery scheduler) plus its Redis; the `sluice up` launcher itself is left out (a cluster has
-  none).
+- Sluice's memory is `sluice up`'s process, which runs every service (coordinator, broker(s), offset store,
+  dispatcher, delayed-delivery scheduler: its default combined mode, docs/cli.md), plus its Redis.
 - A paced run that a system cannot keep up with stops sending at twice its planned length: its curve point
   shows the rate it achieved, and its latency is that of a backlog.
 - A run's consumer stops when every key came and nothing else arrived for 0.3 s (a late duplicate shows up

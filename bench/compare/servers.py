@@ -85,8 +85,6 @@ class Server:
     procs: list[subprocess.Popen[bytes]]
     #: Root PIDs not started as Popen here (a daemon's beam.smp, found by its pid file).
     extra_roots: list[int] = field(default_factory=list)
-    #: Roots whose own process is a launcher, not the system (``sluice up``): only its children count.
-    launcher: int = 0
     #: Helpers that ignore SIGTERM (RabbitMQ's epmd): SIGKILLed once the server itself is down.
     helpers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     stop_grace: float = 15.0
@@ -95,7 +93,6 @@ class Server:
         live = [p.pid for p in (*self.procs, *self.helpers) if p.poll() is None]
         roots = live + [pid for pid in self.extra_roots if _alive(pid)]
         found = {pid for root in roots for pid in descendants(root)}
-        found.discard(self.launcher)
         return sorted(found)
 
     def stop(self) -> None:
@@ -265,7 +262,6 @@ def start_sluice(ports: Ports, workdir: Path, name: str, flush: str, brokers: in
     server = Server(
         name, f"Sluice {_sluice_version()}", {"bootstrap": f"127.0.0.1:{base}"}, [*redis.procs, up]
     )
-    server.launcher = up.pid
     deadline = time.monotonic() + 120
     while not ready.wait(0.2):
         if up.poll() is not None or time.monotonic() > deadline:

@@ -75,8 +75,9 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """`sluice up --port 0` with every service, brokers flushing on every produce (as the chart runs
-    them) and the coordinator refreshing consumer lag every second."""
+    """`sluice up --port 0` with every service, a process each and brokers flushing on every produce (as the
+    chart runs them; the combined mode's every metrics port serves the one process's registry, docs/cli.md),
+    and the coordinator refreshing consumer lag every second."""
     tmp = tmp_path_factory.mktemp("stack")
     env = dict(os.environ, SLUICE_COORDINATOR_GROUP_LAG_INTERVAL="1s")
     argv = [
@@ -90,6 +91,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "0",
         "--flush",
         "always",
+        "--processes",
+        "separate",
     ]
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp, env=env

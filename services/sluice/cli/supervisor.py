@@ -13,12 +13,14 @@ so failover can be watched on a laptop: ``kill -9`` a broker and see it come bac
 Each child runs in its own process group, so a Ctrl-C in the terminal reaches
 ``sluice up`` alone and the children are stopped in reverse start order instead
 of all at once. (A ``kill -9`` of ``sluice up`` itself therefore leaves them
-running, as with any supervisor.)
+running, as with any supervisor; except a child started ``die_with_parent``, the combined mode's Redis.)
+The combined mode's services are threads supervised through the same interface (``up_combined.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import select
@@ -123,8 +125,11 @@ class Child:
         *,
         echo: bool = False,
         env: dict[str, str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.name = name
+        #: SIGTERM it when this process dies, even by kill -9 (the combined mode's Redis: no orphan).
+        self.die_with_parent = die_with_parent
         self.argv = argv
         self.log_path = log_path
         self.ready_pattern = ready
@@ -170,6 +175,8 @@ class Child:
             stderr=subprocess.STDOUT,
             env=env,
             process_group=0,
+            # Safe with threads: it makes one system call, resolved before the fork.
+            preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
         )
         self._pump_thread = threading.Thread(
             target=self._pump, args=(log,), name=f"pump-{self.name}", daemon=True
@@ -181,23 +188,25 @@ class Child:
         assert self.process.stdout is not None
         with log:
             for raw in self.process.stdout:
-                log.write(raw)
-                log.flush()
-                line = raw.decode("utf-8", "replace")
-                self.tail.append(line)
-                if self.echo:
-                    sys.stderr.write(
-                        f"[{self.name}] {line}" if line.endswith("\n") else f"[{self.name}] {line}\n"
-                    )
-                if self.ready is None:
-                    match = self.ready_pattern.search(line)
-                    if match:
-                        self.ready = match
-                        self._waker.notify()
+                self.output(raw, log)
         self.process.stdout.close()
         self.process.wait()
         self.exited = True
         self._waker.notify()
+
+    def output(self, raw: bytes, log: BinaryIO) -> None:
+        """One line of the child's output: to its log (and stderr with ``echo``), watched for ``ready``."""
+        log.write(raw)
+        log.flush()
+        line = raw.decode("utf-8", "replace")
+        self.tail.append(line)
+        if self.echo:
+            sys.stderr.write(f"[{self.name}] {line}" if line.endswith("\n") else f"[{self.name}] {line}\n")
+        if self.ready is None:
+            match = self.ready_pattern.search(line)
+            if match:
+                self.ready = match
+                self._waker.notify()
 
     def send(self, sig: signal.Signals) -> None:
         if self.process is not None and self.process.returncode is None:
@@ -312,7 +321,7 @@ class Supervisor:
         """
         first = self._signal_times[0] if self._signal_times else time.monotonic()
         for child in reversed(self.children):
-            if child.process is None:
+            if not child.started_at:
                 continue
             if not child.exited:
                 child.send(signal.SIGTERM)
@@ -334,3 +343,18 @@ def _say(message: str) -> None:
 
 def _exited_or_hurried(child: Child, signal_times: list[float], first: float) -> Callable[[], bool]:
     return lambda: child.exited or (bool(signal_times) and signal_times[-1] - first >= HURRY_AFTER)
+
+
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """What the child runs between fork and exec to get a SIGTERM when its parent dies (even by kill -9);
+    None where there is no prctl (the child then outlives the parent, as in the separate mode). prctl is
+    looked up here, in the parent: after a fork only the calling thread exists, and a lookup (dlopen)
+    could wait for a lock another thread held."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

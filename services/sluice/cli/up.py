@@ -1,6 +1,9 @@
 """``sluice up``: the whole system on this machine, for development and tests.
 
-Start order (each waits for the previous one's ready line):
+Every Python service runs in this process, each on its own thread and event loop (``--processes
+combined``, the default: up_combined.py, docs/cli.md "Combined mode"), or each in a process of its own
+(``--processes separate``, and with ``--restart``). Start order (each waits for the previous one's ready
+line):
 
 1. a private ``redis-server`` with its data (AOF on) in ``DIR/redis`` — unless
    ``--redis-url`` points at one;
@@ -46,6 +49,7 @@ from sluice.cli.output import positive_float
 from sluice.cli.server_extra import require_server
 from sluice.cli.supervisor import SERVICE_READY, Child, RestartPolicy, Supervisor
 from sluice.cli.up_auth import LocalAuth
+from sluice.cli.up_combined import ServiceThread, route_logging
 from sluice.cli.up_ports import (
     DEFAULT_PORT,
     MAX_BROKERS,
@@ -68,6 +72,7 @@ SERVICE_MODULES = {
     "broker": "sluice.broker.main",
     "offset-store": "sluice.offsetstore.main",
     "dispatcher": "sluice.dispatcher.main",
+    "scheduler": "sluice.broker.schedule.main",
 }
 OPTIONAL_SERVICES = ("offset-store", "dispatcher")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -130,6 +135,13 @@ def add_parser(subparsers: Any, _common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start a service that dies again (after 1 s, doubling to 30 s while it keeps failing), "
         "as Kubernetes would, instead of stopping everything",
+    )
+    p.add_argument(
+        "--processes",
+        choices=("combined", "separate"),
+        help="combined: every Python service in this one process, each on its own thread, loop and "
+        "ports (the default; about 45 MB per service less); separate: a process per service "
+        "(the default with --restart, which restarts one service alone)",
     )
     p.add_argument(
         "--tls",
@@ -261,11 +273,25 @@ class Stack:
             self.tls = LocalTLS(self.data_dir, hosts)
         #: ``--auth``: the cluster token and the admin's password in DIR.
         self.auth = LocalAuth(self.data_dir) if getattr(args, "auth", False) else None
+        #: Every Python service in this process (up_combined.py), or each in a child process.
+        self.combined = processes_mode(args) == "combined"
+        if self.combined:
+            route_logging(self.logs)
 
-    def _start(self, name: str, argv: list[str], ready: re.Pattern[str]) -> re.Match[str] | None:
-        child = Child(
-            name, argv, self.logs / f"{name}.log", ready, self.sup.waker, echo=self.args.verbose, env=self.env
-        )
+    def _start(
+        self, name: str, argv: list[str], ready: re.Pattern[str], service: str = ""
+    ) -> re.Match[str] | None:
+        """Start ``argv``, or with ``service`` (combined mode) run that service's ``main(argv)`` here."""
+        log, waker, echo = self.logs / f"{name}.log", self.sup.waker, self.args.verbose
+        if service and self.combined:
+            child: Child = ServiceThread(name, SERVICE_MODULES[service], argv, log, waker, echo=echo)
+        else:
+            if service:
+                argv = [sys.executable, "-m", "sluice", service, *argv]
+            # Combined: its Redis must not outlive a kill -9 of this, the only other process.
+            child = Child(
+                name, argv, log, ready, waker, echo=echo, env=self.env, die_with_parent=self.combined
+            )
         return self.sup.start(child, self.args.start_timeout)
 
     def start_redis(self) -> bool:
@@ -303,10 +329,10 @@ class Stack:
         tls = self.tls.service_args(name) if self.tls is not None else []
         tls += self.auth.service_args() if self.auth is not None else []
         argv = [
-            sys.executable, "-m", "sluice", service or name, "--host", self.args.host,
-            "--port", str(ports.port), "--metrics-port", str(ports.metrics), *extra, *tls,
+            "--host", self.args.host, "--port", str(ports.port), "--metrics-port", str(ports.metrics),
+            *extra, *tls,
         ]  # fmt: skip
-        ready = self._start(name, argv, SERVICE_READY)
+        ready = self._start(name, argv, SERVICE_READY, service or name)
         if ready is None:
             return False
         port = ready.group("address").rsplit(":", 1)[1]
@@ -367,36 +393,22 @@ class Stack:
     def start_scheduler(self, coordinator: str) -> bool:
         """The delayed-delivery scheduler (docs/delayed-delivery.md): a client of the cluster, so it
         connects as the services do, with the cluster token and the CA (from its environment)."""
-        env = dict(self.env)
+        # Its client reads them from its environment: the children's, or (combined) this process's,
+        # where no other service reads them (they call each other with the process's security).
+        env = os.environ if self.combined else self.env
         if self.auth is not None:
             env["SLUICE_TOKEN"] = self.auth.cluster_token
         if self.tls is not None:
             env["SLUICE_TLS_CA"] = str(self.tls.ca)
         data = self.data_dir / "scheduler"
-        argv = [
-            sys.executable,
-            "-m",
-            "sluice",
-            "scheduler",
-            "--coordinator",
-            coordinator,
-            "--data-dir",
-            str(data),
-            "--metrics-host",
-            self.args.host,
-            "--metrics-port",
-            "0",
-        ]
-        child = Child(
-            "scheduler", argv, self.logs / "scheduler.log", SERVICE_READY, self.sup.waker,
-            echo=self.args.verbose, env=env,
-        )  # fmt: skip
-        ready = self.sup.start(child, self.args.start_timeout)
+        argv = ["--coordinator", coordinator, "--data-dir", str(data)]
+        argv += ["--metrics-host", self.args.host, "--metrics-port", "0"]
+        ready = self._start("scheduler", argv, SERVICE_READY, "scheduler")
         if ready is None:
             return False
         metrics = f"http://{self.connect_host}:{ready.group('metrics').rsplit(':', 1)[1]}/metrics"
         name, role = "scheduler", "(delayed delivery)"
-        self.summary.append(f"  {name:<14}{role:<22}metrics {metrics:<40}pid {child.pid}")
+        self.summary.append(f"  {name:<14}{role:<22}metrics {metrics:<40}pid {self.sup.children[-1].pid}")
         return True
 
     def print_banner(self, out: TextIO) -> None:
@@ -430,6 +442,18 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         # A data dir that cannot be written, a binary that cannot be run: say so plainly.
         raise CliError("OS_ERROR", str(exc)) from None
+
+
+def processes_mode(args: argparse.Namespace) -> str:
+    """``--processes``, defaulting to combined, or separate with ``--restart`` (a service restarted alone
+    needs a process of its own); combined with ``--restart`` is refused."""
+    restart = getattr(args, "restart", False)
+    mode: str = getattr(args, "processes", None) or ("separate" if restart else "combined")
+    if mode == "combined" and restart:
+        raise CliError(
+            "INVALID_ARGUMENT", "--restart restarts one service alone: it needs --processes separate"
+        )
+    return mode
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -10,8 +10,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import socket
 
 from sluice.common.redis_client import connect as connect_redis
@@ -32,6 +30,7 @@ from sluice.security.context import current
 from sluice.security.model import Principal
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
+from sluice.server.embedded import request_stop
 from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
 
 log = logging.getLogger("sluice.coordinator")
@@ -58,7 +57,7 @@ async def run(config: CoordinatorConfig) -> None:
         # The policy could only be checked once Redis answered: stop as a refused start-up would (exit 1).
         log.error("coordinator refuses to run: %s", err.message)
         refused.append(err)
-        os.kill(os.getpid(), signal.SIGTERM)
+        request_stop()
 
     try:
         # docs/offset-store.md, "When Redis is down or slow": eviction would delete metadata and offsets.

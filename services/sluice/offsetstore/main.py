@@ -6,8 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 
 from sluice.common.redis_client import connect, noeviction_guard
 from sluice.errors import InvalidArgument, SluiceError, StorageError
@@ -19,6 +17,7 @@ from sluice.offsetstore.servicer import OffsetStoreServicer
 from sluice.offsetstore.storage import PositionStore, ReplicaWait
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
+from sluice.server.embedded import request_stop
 from sluice.server.runtime import GrpcServer, serve, service_main, service_tls
 from sluice.v1 import offset_store_pb2_grpc
 
@@ -61,7 +60,7 @@ async def run(config: OffsetStoreConfig) -> None:
         # The policy could only be checked once Redis answered: stop as a refused start-up would (exit 1).
         log.error("offset-store refuses to run: %s", err.message)
         refused.append(err)
-        os.kill(os.getpid(), signal.SIGTERM)
+        request_stop()
 
     try:
         policy_check = await noeviction_guard(client, SERVICE, refuse)

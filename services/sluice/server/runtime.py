@@ -38,6 +38,7 @@ from sluice.security.settings import SecuritySettings
 from sluice.security.setup import service_security
 from sluice.security.tls import ServerTLS, server_tls
 from sluice.server.config import ConnectionSettings, FilterSettings
+from sluice.server.embedded import current_host, say
 from sluice.server.http import start_http
 from sluice.server.interceptors import ServiceInterceptor
 from sluice.server.limits import (
@@ -177,8 +178,12 @@ async def serve(
     """
     loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop_requested.set)
+    host = current_host()
+    if host is None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop_requested.set)
+    else:  # one of several services in this process: its launcher owns the signals
+        host.on_stop(lambda: loop.call_soon_threadsafe(stop_requested.set))
     await server.start()
     if before_ready is not None:
         await before_ready()
@@ -188,7 +193,7 @@ async def serve(
     gc.freeze()
     tune_gc()
     watch_pauses(server.service)
-    print(server.ready_line(), flush=True)
+    say(server.ready_line())
     log.info("%s serving on %s", server.service, server.address)
     await stop_requested.wait()
     log.info("%s stopping", server.service)
@@ -199,7 +204,10 @@ async def serve(
             await on_stop()
     finally:
         await server.stop(grace)
-    print(f"SLUICE_STOPPED service={server.service}", file=sys.stderr, flush=True)
+    if host is None:
+        print(f"SLUICE_STOPPED service={server.service}", file=sys.stderr, flush=True)
+    else:
+        host.say(f"SLUICE_STOPPED service={server.service}")
 
 
 def configure_logging(level: str = "INFO") -> None:

@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -365,8 +366,10 @@ def test_sigterm_stops_every_service_and_redis(tmp_path: Path) -> None:
         with redis.Redis.from_url(redis_url) as r:
             config = r.config_get("append*")
             assert (config["appendonly"], config["appendfsync"]) == ("yes", "always")
-        # Everything it started is a direct child, and it started nothing else.
-        assert set(stack.pids.values()) == children_of(stack.process.pid)
+        # One Python process runs every service (the combined mode); its only child is its Redis.
+        services = {name: pid for name, pid in stack.pids.items() if name != "redis"}
+        assert set(services.values()) == {stack.process.pid}, stack.pids
+        assert children_of(stack.process.pid) == {stack.pids["redis"]}
         assert stack.stop() == 0
     finally:
         if stack.process.poll() is None:
@@ -381,11 +384,16 @@ def test_sigterm_stops_every_service_and_redis(tmp_path: Path) -> None:
 
 
 def test_a_service_that_dies_stops_everything(tmp_path: Path) -> None:
+    """``--processes separate``: a process per service; one killed, everything stops (exit 1). The combined
+    mode's crash is tests/unit/cli/test_cli_up_combined.py's."""
     with run_redis() as redis:
-        stack = start_up(tmp_path / "data", "--redis-url", redis.url)
+        stack = start_up(tmp_path / "data", "--redis-url", redis.url, "--processes", "separate")
         try:
             assert "redis" not in stack.pids  # an external Redis is used, not started
             assert f"{redis.url}  (external)" in "".join(stack.stdout)
+            # Every service is a direct child of its own, and it started nothing else.
+            assert set(stack.pids.values()) == children_of(stack.process.pid)
+            assert len(set(stack.pids.values())) == len(stack.pids) >= 2
             os.kill(stack.pids["broker"], signal.SIGKILL)
             assert stack.wait(60) == 1
         finally:
@@ -397,6 +405,37 @@ def test_a_service_that_dies_stops_everything(tmp_path: Path) -> None:
     err = stack.stderr()
     assert err.startswith("error: SERVICE_DIED: broker exited unexpectedly with code -9")
     assert "SLUICE_READY service=broker" in err  # its last log lines are shown
+
+
+def test_kill_9_of_the_combined_process_loses_no_ack_and_leaves_no_orphan(tmp_path: Path) -> None:
+    """The combined mode's crash: its Redis dies with it (no orphan), and a new ``sluice up`` on the same
+    data serves what the killed one acknowledged."""
+    stack = start_up(tmp_path / "data")
+    try:
+        ok(sluice(stack, "topic", "create", "cli-crash", "--partitions", "1"))
+        ok(sluice(stack, "produce", "cli-crash", stdin=b"acked\n"))
+        redis_pid = stack.pids["redis"]
+        # Readable once it exited (a zombie until its new parent reaps it): waited on, not polled.
+        pidfd = os.pidfd_open(redis_pid)
+        stack.process.kill()
+        stack.wait(30)
+        try:
+            assert select.select([pidfd], [], [], 30)[0], f"redis-server {redis_pid} outlived sluice up"
+        finally:
+            os.close(pidfd)
+    finally:
+        if stack.process.poll() is None:
+            stack.process.kill()
+            stack.wait(30)
+    again = start_up(tmp_path / "data")
+    try:
+        consumed = sluice(again, "consume", "cli-crash", "--from", "earliest", "--max", "1", timeout=90)
+        assert ok(consumed) == "acked\n"
+        assert again.stop() == 0
+    finally:
+        if again.process.poll() is None:
+            again.process.kill()
+            again.wait(30)
 
 
 def test_with_restart_a_killed_broker_comes_back_on_its_ports_with_its_data(tmp_path: Path) -> None:

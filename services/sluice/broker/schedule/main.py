@@ -24,6 +24,7 @@ from sluice.client.producer.delay import SCHEDULE_TOPIC
 from sluice.common.units import parse_duration
 from sluice.errors import InvalidArgument, SluiceError, TopicAlreadyExists
 from sluice.security.tls import ServerTLS
+from sluice.server.embedded import current_host, say
 from sluice.server.http import start_http
 from sluice.server.limits import raise_open_files_limit
 from sluice.server.metrics import set_build_info
@@ -105,8 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_files_limit()  # as every Sluice process does: its bucket files and connections
     args = parse_args(argv)
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    host = current_host()
+    if host is None:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    else:  # one of several services in this process (`sluice up`'s combined mode): its launcher stops it
+        host.on_stop(stop.set)
     try:
         client = Client(args.coordinator)
         ensure_topic(client, args)
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         metrics = f"{args.metrics_host}:{httpd.server_address[1]}"
         set_build_info("scheduler")
-    print(f"SLUICE_READY service=scheduler address={args.coordinator} metrics={metrics}", flush=True)
+    say(f"SLUICE_READY service=scheduler address={args.coordinator} metrics={metrics}")
     while not stop.wait(10):
         log.info("delivered %d, in memory %d", scheduler.delivered, scheduler.pending_in_memory())
     scheduler.stop()
