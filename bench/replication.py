@@ -7,7 +7,7 @@ machine's drift hits both alike:
 - throughput: a producer and a fetching consumer at once, each its own process, over a 4-partition topic
   (records of 100 B), records/s of each;
 - end-to-end latency at a fixed rate (default 2,000 records/s): send -> fetched by a long-polling consumer,
-  p50 and p99 (the producer sends each record as soon as it can, linger 0);
+  p50 and p99 (the producer sends each record as soon as it can: linger 0, or ``--linger``);
 - the acknowledgement alone: one-record produce requests one at a time to the leader (gRPC), p50 and p99
   of the answer, so the cost of the commit itself shows apart from queueing under load.
 """
@@ -157,7 +157,7 @@ def consume(bootstrap: str, topic: str, total: int, warmup: int, ready: Event, o
 
 
 def latency(
-    bootstrap: str, topic: str, acks: int, rate: int, seconds: float, brokers: list[int]
+    bootstrap: str, topic: str, acks: int, rate: int, seconds: float, brokers: list[int], linger: str = "0ms"
 ) -> dict[str, float]:
     from sluice import Client
 
@@ -169,7 +169,7 @@ def latency(
     consumer.start()
     ready.wait(60)
     with Client(bootstrap) as client:
-        producer = client.producer(topic, config=producer_config(acks, linger=0))
+        producer = client.producer(topic, config=producer_config(acks, linger=linger))
         interval = 1.0 / rate
         next_at = time.perf_counter()
         cpu = switches = 0.0
@@ -243,6 +243,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--flush", choices=["interval", "always", "never"], default="interval")
+    parser.add_argument("--linger", default="0ms", help="the latency phase's producer linger")
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput phase")
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
@@ -255,7 +256,9 @@ def main() -> None:
                 figures: dict[str, float] = {}
                 if not args.latency_only:
                     figures = throughput(bootstrap, f"tp-{name}-{r}", args.records, acks)
-                figures.update(latency(bootstrap, f"lat-{name}-{r}", acks, args.rate, args.seconds, brokers))
+                figures.update(
+                    latency(bootstrap, f"lat-{name}-{r}", acks, args.rate, args.seconds, brokers, args.linger)
+                )
                 figures.update(ack_latency(bootstrap, f"lat-{name}-{r}", acks))
                 runs[name].append(figures)
                 print(name, figures, flush=True)
@@ -270,6 +273,7 @@ def main() -> None:
             "records": args.records,
             "rounds": args.rounds,
             "rate": args.rate,
+            "linger": args.linger,
             "flush": args.flush,
             "medians": medians,
             **(

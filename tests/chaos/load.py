@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.client import Client
+from sluice.client.producer import Producer
 from sluice.client.producer.futures import FutureRecordMetadata
 
 
@@ -67,6 +68,8 @@ class Load:
     _stop: threading.Event = field(init=False, default_factory=threading.Event)
     _thread: threading.Thread | None = field(init=False, default=None)
     error: BaseException | None = field(init=False, default=None)
+    #: The SDK producer, once made (a test reads its batches in flight to time a kill).
+    producer: Producer | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.sent = [0] * self.partitions
@@ -109,7 +112,7 @@ class Load:
         }
         try:
             with Client(self.bootstrap) as client:
-                producer = client.producer(self.topic, **config)
+                producer = self.producer = client.producer(self.topic, **config)
                 interval = 1 / self.rate
                 next_at = time.monotonic()
                 i = 0

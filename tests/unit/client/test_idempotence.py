@@ -42,7 +42,7 @@ def test_an_unknown_producer_restarts_the_partition_at_zero_with_the_same_batch(
     idem.stamp(a)
     idem.stamp(_batch(0, 1))
     a.encode()
-    idem.forget_partition(a)
+    idem.forget_partition(0, [a])
     idem.stamp(a)
     assert _fields(a) == (42, 0, 0)
     validate_batch(a.encode(), 0, 1 << 20)  # re-stamped, CRC recomputed

@@ -5,9 +5,18 @@ size and linger, retry ordering and expiry are unit-tested with a fake clock.
 It is not thread-safe: the producer calls every method with its lock held.
 
 Per partition there is at most one *open* batch (still taking records), a queue of
-*closed* batches waiting to be sent, and at most one *run* of batches in flight (sent
-together in one request, appended in order). Keeping one run in flight per partition
-is what makes retries keep the partition's order.
+*closed* batches waiting to be sent, and the batches in flight. How many may fly at once is
+``max_in_flight_batches``:
+
+- ``1`` (without idempotence): one *run* of batches (sent together in one request, appended in
+  order) at a time. Nothing but one run in flight is what keeps a retry from reordering.
+- ``2..5`` (with idempotence, Kafka's rule): up to that many batches in flight in several runs,
+  pipelined on the partition's broker. The broker's sequence check keeps their order. After a
+  retriable failure the partition is *blocked*: nothing more goes out until every batch in flight
+  has come back (later ones fail OUT_OF_ORDER_SEQUENCE, or succeed), and the failed ones are
+  resent in creation order, each retried batch alone in its run (the broker then answers each as a
+  whole duplicate or a whole new batch). Never more than 5 batches unacknowledged and stamped, so
+  every retry is among the broker's last five batches of the producer and is recognised.
 
 Batch lifecycle::
 
@@ -126,8 +135,11 @@ class Accumulator:
         delivery_timeout: float,
         clock: Callable[[], float],
         codec: int = 0,
+        max_in_flight_batches: int = 1,
     ) -> None:
         self.topic = topic
+        #: 1: one run in flight per partition; more: that many batches pipelined (module docstring).
+        self.max_in_flight_batches = max_in_flight_batches
         #: The compression codec id of every batch (``ProducerConfig.compression``).
         self.codec = codec
         self.partitions = partitions
@@ -139,7 +151,12 @@ class Accumulator:
         #: The open batch of each partition; read on the producer's hot path.
         self.open: list[ProducerBatch | None] = [None] * partitions
         self._queues: list[deque[ProducerBatch]] = [deque() for _ in range(partitions)]
+        #: Per partition, its batches in flight in creation (so sequence) order.
         self._in_flight: list[list[ProducerBatch]] = [[] for _ in range(partitions)]
+        #: Per partition: a batch failed while others were in flight; nothing goes out until they are back.
+        self._blocked = [False] * partitions
+        #: The most batches of one partition ever in flight at once (how far pipelining went).
+        self.in_flight_peak = 0
         #: Bytes of closed batches not yet completed (queued or in flight).
         self.buffered = 0
         #: flush() calls in progress: while > 0, open batches are ready at once.
@@ -195,7 +212,7 @@ class Accumulator:
     def ready(self, now: float) -> tuple[list[int], float | None]:
         """Partitions with a batch to send now, and when the next one becomes ready.
 
-        A partition is ready when nothing of it is in flight and its head batch is
+        A partition is ready when it has room in flight (``_room``) and its head batch is
         queued (and past its retry backoff), or its open batch lingered long enough
         (or a flush, close or blocked send() wants everything out now).
         """
@@ -203,7 +220,7 @@ class Accumulator:
         ready: list[int] = []
         next_at: float | None = None
         for p in range(self.partitions):
-            if self._in_flight[p]:
+            if not self._room(p):
                 continue
             q = self._queues[p]
             if q:
@@ -219,17 +236,26 @@ class Accumulator:
                 next_at = at
         return ready, next_at
 
+    def _room(self, p: int) -> int:
+        """How many more batches of partition ``p`` may go in flight now (0: none)."""
+        flying = len(self._in_flight[p])
+        if self.max_in_flight_batches == 1:
+            return 0 if flying else 1 << 30  # one run, of any length
+        if flying and self._blocked[p]:
+            return 0
+        return self.max_in_flight_batches - flying
+
     def drain(self, partitions: list[int], max_bytes: int) -> list[ProducerBatch]:
         """Take the queued batches of ``partitions`` (ready ones), up to ``max_bytes`` in total.
 
         A partition whose queue is empty contributes its open batch (it is ready, so it
         lingered long enough). Several batches of one partition may go in one request
-        (a backlog ships in one round trip); they are appended in order, and the whole
-        run is the partition's one in-flight unit. A run that starts with a retried batch takes only
-        retried batches: the broker then holds all of it or none of it, so an idempotent retry is
-        answered as duplicates throughout, never half duplicate and half new. The start rotates between
-        calls so no partition is starved when requests fill up. Always takes at least one batch.
-        Taken batches are IN_FLIGHT. Returns them grouped by partition, in order.
+        (a backlog ships in one round trip, up to the partition's room in flight); they are appended
+        in order. A run that starts with a retried batch takes only retried batches (only that one
+        when batches are pipelined): the broker then holds all of it or none of it, so an idempotent
+        retry is answered as duplicates throughout, never half duplicate and half new. The start
+        rotates between calls so no partition is starved when requests fill up. Always takes at least
+        one batch. Taken batches are IN_FLIGHT. Returns them grouped by partition, in order.
         """
         out: list[ProducerBatch] = []
         total = 0
@@ -240,7 +266,8 @@ class Accumulator:
         self._drain_start += 1
         for i in range(n):
             p = partitions[(start + i) % n]
-            if self._in_flight[p]:
+            room = self._room(p)
+            if not room:
                 continue
             q = self._queues[p]
             if not q:
@@ -248,7 +275,9 @@ class Accumulator:
             run: list[ProducerBatch] = []
             retry_at = q[0].retry_at if q else 0.0
             retrying = bool(q) and q[0].attempts > 0
-            while q:
+            if retrying and self.max_in_flight_batches > 1:
+                room = 1
+            while q and len(run) < room:
                 head = q[0]
                 if head.retry_at > retry_at or ((out or run) and total + head.size > max_bytes):
                     break
@@ -260,7 +289,9 @@ class Accumulator:
                 run.append(head)
                 total += head.size
             if run:
-                self._in_flight[p] = run
+                flying = self._in_flight[p]
+                flying += run
+                self.in_flight_peak = max(self.in_flight_peak, len(flying))
                 out += run
             if total >= max_bytes:
                 break
@@ -276,7 +307,9 @@ class Accumulator:
 
     def reenqueue(self, batch: ProducerBatch, retry_at: float) -> None:
         """Put an in-flight batch back in its partition's queue (in creation order, so
-        ahead of newer batches), to resend at ``retry_at``."""
+        ahead of newer batches), to resend at ``retry_at``. The partition sends nothing more until
+        its other batches in flight are back."""
+        self.hold(batch.partition)
         self._leave_flight(batch)
         batch.transition(BatchState.QUEUED)
         batch.retry_at = retry_at
@@ -286,10 +319,29 @@ class Accumulator:
             i += 1
         q.insert(i, batch)
 
+    def hold(self, partition: int) -> None:
+        """Send nothing more of ``partition`` until its batches in flight now are back (a failure among
+        them: what follows must wait to go in order)."""
+        self._blocked[partition] = bool(self._in_flight[partition])
+
     def _leave_flight(self, batch: ProducerBatch) -> None:
-        run = self._in_flight[batch.partition]
-        assert batch in run, f"{batch!r} is not in flight"
-        run.remove(batch)
+        flying = self._in_flight[batch.partition]
+        assert batch in flying, f"{batch!r} is not in flight"
+        flying.remove(batch)
+        if not flying:
+            self._blocked[batch.partition] = False
+
+    def sent_before(self, batch: ProducerBatch) -> bool:
+        """Whether an older batch of ``batch``'s partition is still unacknowledged (queued for a retry or
+        in flight): an OUT_OF_ORDER_SEQUENCE on ``batch`` is then that batch's failure echoed, not a gap."""
+        p = batch.partition
+        return any(b.seq < batch.seq for b in self._in_flight[p]) or any(
+            b.seq < batch.seq and b.attempts > 0 for b in self._queues[p]
+        )
+
+    def unacknowledged(self, partition: int) -> list[ProducerBatch]:
+        """The partition's batches sent at least once and not done: in flight or queued for a retry."""
+        return self._in_flight[partition] + [b for b in self._queues[partition] if b.attempts > 0]
 
     def expire(self, now: float) -> list[ProducerBatch]:
         """Remove and return open or queued batches whose delivery timeout has passed.
@@ -334,6 +386,7 @@ class Accumulator:
             if include_in_flight:
                 out += self._in_flight[p]
                 self._in_flight[p] = []
+                self._blocked[p] = False
         for b in out:
             b.transition(BatchState.DONE)
             self.buffered -= b.size

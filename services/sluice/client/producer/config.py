@@ -29,6 +29,9 @@ __all__ = ["PARTITIONERS", "ProducerConfig"]
 #: Partitioner names accepted by ``ProducerConfig.partitioner``.
 PARTITIONERS = ("default", "round_robin")
 ENV_PREFIX = "SLUICE_PRODUCER_"
+#: Batches of a partition in flight at most with idempotence: the broker keeps a producer's last five
+#: batches per partition (``broker/log/producer_state.BATCHES_KEPT``), so a retry of any is recognised.
+MAX_IN_FLIGHT_IDEMPOTENT = 5
 # Callables (or a built-in's name): neither type-checked by isinstance nor converted from strings.
 _SERIALIZERS = ("key_serializer", "value_serializer")
 # Room for the protobuf envelope around the batches of one request.
@@ -89,8 +92,10 @@ class ProducerConfig:
     """How long ``send()`` may block on a full buffer before it raises RequestTimedOut."""
 
     max_in_flight: int = 5
-    """Produce requests in flight per broker. Each partition has at most one batch in flight,
-    so retries never reorder a partition."""
+    """Produce requests in flight per broker, and with idempotence the batches in flight per
+    partition (at most 5, Kafka's bound: the broker remembers a producer's last five batches,
+    so any of them retried is recognised); sequence numbers keep a partition's order. Without
+    idempotence a partition has one request in flight, so retries never reorder it."""
 
     partitioner: str = "default"
     """``default``: a record with a key goes to ``crc32(key) % partitions`` (zlib's CRC-32, so
@@ -163,12 +168,21 @@ class ProducerConfig:
             raise InvalidArgument(
                 f"buffer_memory ({self.buffer_memory}) must be at least batch_size ({self.batch_size})"
             )
-        if self.max_in_flight < 1:
-            raise InvalidArgument(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        self._check_max_in_flight()
         codec_id(self.compression)  # an unknown name or a missing library fails here, not at the first send
         if self.partitioner not in PARTITIONERS:
             raise InvalidArgument(
                 f"unknown partitioner {self.partitioner!r}: choose one of {', '.join(PARTITIONERS)}"
+            )
+
+    def _check_max_in_flight(self) -> None:
+        if self.max_in_flight < 1:
+            raise InvalidArgument(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+        if self.idempotent and self.max_in_flight > MAX_IN_FLIGHT_IDEMPOTENT:
+            raise InvalidArgument(
+                f"max_in_flight must be at most {MAX_IN_FLIGHT_IDEMPOTENT} with idempotence (the broker "
+                f"recognises a retry among a producer's last {MAX_IN_FLIGHT_IDEMPOTENT} batches), "
+                f"got {self.max_in_flight}"
             )
 
     # ---- converters ----------------------------------------------------------------

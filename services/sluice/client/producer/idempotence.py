@@ -9,15 +9,21 @@ The rules this module keeps:
 
 - A batch gets its sequence when it is first drained (under the producer's lock, in partition order) and
   keeps it, and its encoded bytes, across retries: a retry must be byte-identical to be recognised.
-- A partition has one run of batches in flight at a time (the sender's rule), and a retried run is sent
-  without new batches appended to it (``Accumulator.drain``), so a run the broker already holds comes back
-  all duplicates, never part duplicate and part new.
+- Up to ``max_in_flight`` (at most 5) batches of a partition are in flight at once, pipelined
+  (``Accumulator``, Kafka's rule); a retried batch is sent alone in its run (``Accumulator.drain``), so the
+  broker answers it as a whole duplicate (with the offsets of its first write) or appends it whole. The
+  broker keeps the last five batches per producer, so every batch that can be retried is recognised.
 - ``UNKNOWN_PRODUCER_ID`` (the broker forgot the producer: its state expired or was evicted) restarts the
-  partition's sequence at 0, which the broker accepts for a producer it does not know, and the batch is sent
-  again: nothing of it can be on the broker under the forgotten state's sequence.
-- ``OUT_OF_ORDER_SEQUENCE`` (a gap: the broker lost batches it had acknowledged, e.g. to an unclean election)
-  fails the batch with that error, and the producer moves to a new epoch (``InitProducerId`` with its id),
-  restarting every partition at sequence 0: later records flow again, and the failure is visible.
+  partition's sequence at 0, which the broker accepts for a producer it does not know, and its unacknowledged
+  batches are sent again, re-stamped in order: nothing of them can be on the broker under the forgotten
+  state's sequences.
+- ``OUT_OF_ORDER_SEQUENCE`` on a batch while an older batch of its partition is unacknowledged is that
+  batch's failure echoed (the broker refused the gap it left): it is retried, in order, after the older one
+  (``echoed_gap``). On the oldest unacknowledged batch it is a real gap (the broker lost batches it had
+  acknowledged, e.g. to an unclean election): the batch fails with that error, and the producer moves to a
+  new epoch (``InitProducerId`` with its id), restarting every partition at sequence 0; the partition's
+  batches in flight behind it are retried under the new epoch. Later records flow again, and the failure is
+  visible. A batch failing for good while later ones fly leaves the same gap, handled the same way.
 - ``INVALID_PRODUCER_EPOCH`` means another instance took over this id: the batch fails; it is fatal.
 """
 
@@ -66,6 +72,8 @@ class Idempotence:
         self._next = [0] * partitions
         #: Set after OUT_OF_ORDER_SEQUENCE: no batch is sent until the sender has moved to a new epoch.
         self.needs_new_epoch = False
+        #: Per partition: the (id, epoch) under which it has a gap; its later batches under it are retried.
+        self._gapped: dict[int, tuple[int, int]] = {}
 
     def stamp(self, batch: ProducerBatch) -> None:
         """Give a batch drained for sending its sequence, unless it already has one under this identity
@@ -80,11 +88,23 @@ class Idempotence:
         if batch.payload is not None:
             batch.payload = restamp_producer(batch.payload, batch.producer)
 
-    def forget_partition(self, batch: ProducerBatch) -> None:
-        """UNKNOWN_PRODUCER_ID: the partition starts over at sequence 0 with this batch (re-stamped when it
-        is drained again)."""
-        self._next[batch.partition] = 0
-        batch.producer = (-1, -1, -1)
+    def forget_partition(self, partition: int, unacknowledged: list[ProducerBatch]) -> None:
+        """UNKNOWN_PRODUCER_ID: the partition starts over at sequence 0 with its unacknowledged batches
+        (re-stamped, in order, when they are drained again)."""
+        self._next[partition] = 0
+        for batch in unacknowledged:
+            batch.producer = (-1, -1, -1)
+
+    def echoed_gap(self, batch: ProducerBatch, older_unacknowledged: bool) -> bool:
+        """OUT_OF_ORDER_SEQUENCE on ``batch``: True if it only echoes an older batch's failure (retry it in
+        order); False for a real gap, which the caller fails and reports with ``gap``."""
+        return older_unacknowledged or self._gapped.get(batch.partition) == batch.producer[:2]
+
+    def gap(self, batch: ProducerBatch) -> None:
+        """``batch`` is missing for good from its partition's sequence: the batches stamped after it can
+        never be appended under this epoch; they are retried under the next one."""
+        self._gapped[batch.partition] = (batch.producer[0], batch.producer[1])
+        self.needs_new_epoch = True
 
     def new_epoch(self, metadata: MetadataCache, client_id: str, timeout: float) -> Identity:
         """The same id under the next epoch (without the lock; the caller installs it with ``adopt``)."""

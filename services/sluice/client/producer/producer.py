@@ -82,6 +82,8 @@ class Producer:
             delivery_timeout=config.delivery_timeout.total_seconds(),
             clock=clock,
             codec=codec_id(config.compression),
+            # Pipelined only where sequence numbers keep the order (docs/producer.md, "Ordering").
+            max_in_flight_batches=config.max_in_flight if config.idempotent else 1,
         )
         self._open = self._acc.open
         self._batch_size = config.batch_size
@@ -142,6 +144,12 @@ class Producer:
     def partitions(self) -> int:
         """The topic's partition count (fixed for the producer's life)."""
         return self._partitions
+
+    def in_flight(self, partition: int) -> int:
+        """Batches of ``partition`` sent and not answered yet: at most ``max_in_flight`` with idempotence,
+        one run without (docs/producer.md, "Ordering")."""
+        with self._lock:
+            return len(self._acc.in_flight(partition))
 
     def may_block(self) -> bool:
         """Whether ``send()`` may block now (``buffer_memory`` is in use): sluice.aio then sends from a

@@ -4,7 +4,8 @@ One thread per producer. It sleeps on the producer's Condition until a batch is
 ready (full, lingered, flushed), a retry backoff or a delivery deadline ends, or
 metadata must be refreshed — no polling. Each wake-up it sends ONE Produce request
 per broker holding the ready batches of every partition that broker hosts (at most
-``max_in_flight`` requests per broker, at most one batch per partition). Requests
+``max_in_flight`` requests per broker; per partition, one run of batches without
+idempotence, up to ``max_in_flight`` batches pipelined with it: ``Accumulator``). Requests
 travel on one long-lived ProduceStream per broker (``client.streams``), pipelined
 and answered in order.
 
@@ -19,8 +20,11 @@ producer's CPU is what latency under load depends on):
 - with ``linger=0`` the thread calling ``send()`` sends a new batch at once
   (``send_ready``).
 
-Callbacks of one partition still run in order: a partition has one request in
-flight, and its next batch is sent only after the previous one is settled.
+Without idempotence, callbacks of one partition run in order: a partition has one
+request in flight, and its next batch is sent only after the previous one is settled.
+With it, a partition's batches are pipelined and their order is kept by sequence
+numbers: the broker appends them in order or refuses a gap (OUT_OF_ORDER_SEQUENCE,
+retried in order behind the failed batch: ``Idempotence.echoed_gap``).
 
 Retriable errors (``SluiceError.retriable``, plus UNKNOWN_TOPIC_OR_PARTITION while
 the coordinator still knows the topic) put the batch back at the head of its
@@ -48,6 +52,7 @@ from sluice.common.peers import Peers
 from sluice.errors import (
     BrokerNotAvailable,
     FencedLeaderEpoch,
+    InvalidProducerEpoch,
     NotLeader,
     OutOfOrderSequence,
     RequestTimedOut,
@@ -176,8 +181,7 @@ class Sender:
             with self._cond:
                 while True:
                     now = self._clock()
-                    for b in self._acc.expire(now):
-                        done.append((b, -1, -1, _expired(b, self._cfg)))
+                    done += self._expire(now)
                     if self.force_close:
                         err = SluiceError("the producer was closed before the record was delivered")
                         done += [(b, -1, -1, err) for b in self._acc.abort(include_in_flight=True)]
@@ -213,6 +217,15 @@ class Sender:
             self._transmit(sends)
             if stop:
                 return
+
+    def _expire(self, now: float) -> list[_Outcome]:
+        """Fail the batches past their delivery timeout (lock held)."""
+        out: list[_Outcome] = []
+        for b in self._acc.expire(now):
+            if self._idem is not None and b.attempts > 0:
+                self._gap(b, now)  # sent before, perhaps written: what follows it needs a new epoch
+            out.append((b, -1, -1, _expired(b, self._cfg)))
+        return out
 
     def send_ready(self) -> None:
         """Send what is ready now from the calling thread (``send()`` under ``linger=0``).
@@ -388,23 +401,39 @@ class Sender:
         if isinstance(err, _ROUTING_ERRORS):
             self._need_metadata = True
         retriable = err.retriable or isinstance(err, UnknownTopicOrPartition)
-        if self._idem is not None:
+        counted = not isinstance(err, _LEADER_CHANGE)
+        idem = self._idem
+        gap = False
+        if idem is not None:
             if isinstance(err, UnknownProducerId):
-                # The broker forgot us; nothing of this batch is there under the forgotten state.
-                self._idem.forget_partition(batch)
+                # The broker forgot us; nothing of the partition's unacknowledged batches is there.
+                idem.forget_partition(batch.partition, self._acc.unacknowledged(batch.partition))
                 retriable = True
             elif isinstance(err, OutOfOrderSequence):
-                # Acknowledged batches are missing on the broker: say so, then go on under a new epoch.
-                self._idem.needs_new_epoch = True
-                self._epoch_retry_at = now
-        counted = not isinstance(err, _LEADER_CHANGE)
+                # An older batch's failure echoed: retried in order behind it, and not counted (this
+                # batch did nothing wrong). Else acknowledged batches are missing: fail, then a new epoch.
+                retriable = idem.echoed_gap(batch, self._acc.sent_before(batch))
+                counted, gap = not retriable, not retriable
         if retriable and (batch.attempts <= self._cfg.retries or not counted) and now < batch.deadline:
             backoff = min(self._backoff * 2 ** (batch.attempts - 1), self._backoff_max)
             self._acc.reenqueue(batch, now + backoff)
             log.debug("retrying %r in %.3f s after %s", batch, backoff, err)
             return
+        pipelined = self._acc.max_in_flight_batches > 1 and not isinstance(err, InvalidProducerEpoch)
+        if gap or (pipelined and len(self._acc.unacknowledged(batch.partition)) > 1):
+            # A real gap, or this batch failing for good with later ones in flight: they go under a new epoch.
+            self._gap(batch, now)
         self._acc.complete(batch)
         done.append((batch, -1, -1, err))
+
+    def _gap(self, batch: ProducerBatch, now: float) -> None:
+        """``batch`` is missing for good from its partition's sequence (lock held): the producer moves to a
+        new epoch, and the partition waits for its batches in flight before anything else goes out."""
+        assert self._idem is not None
+        if not self._idem.needs_new_epoch:
+            self._epoch_retry_at = now
+        self._idem.gap(batch)
+        self._acc.hold(batch.partition)
 
     def _epoch_due(self, now: float) -> bool:
         return self._idem is not None and self._idem.needs_new_epoch and now >= self._epoch_retry_at
