@@ -1,0 +1,95 @@
+"""A fetcher waiting in ``fetch()`` reads its connection on its own thread (docs/latency.md, "Third pass").
+
+Its answers reach it with no hand-off from the connection's reader thread; whatever else the
+connection owes (a producer's answers on the same client) is still read, by the caller while it
+reads or by the reader thread otherwise; and a fetcher that stops waiting (``poll_raw``) is read
+for again by the thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from sluice import Client
+from sluice.client.fetch_answer import Answers, Completion
+from sluice.client.fetcher import Fetcher
+from sluice.client.producer import Producer
+
+from .conftest import Cluster
+
+
+@pytest.fixture
+def putters(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The threads that queue fetchers' answers, in order (patched before the fetcher follows: its
+    lane's callback holds the bound ``put``)."""
+    seen: list[int] = []
+    put = Answers.put
+
+    def recording(self: Answers, item: Completion) -> None:
+        seen.append(threading.get_ident())
+        put(self, item)
+
+    monkeypatch.setattr(Answers, "put", recording)
+    return seen
+
+
+def _fetch_each(fetcher: Fetcher, producer: Producer, n: int) -> list[bytes | None]:
+    """Send ``n`` records one at a time, fetching each before the next is sent."""
+    keys: list[bytes | None] = []
+    for i in range(n):
+        producer.send(b"v", key=b"%d" % i).result(timeout=10)
+        deadline = time.monotonic() + 10
+        while len(keys) <= i and time.monotonic() < deadline:
+            keys += [r.key for r in fetcher.fetch(timeout=1)]
+    return keys
+
+
+def test_fetch_reads_its_answers_on_the_callers_thread(
+    cluster: Cluster, client: Client, new_topic: Callable[..., str], putters: list[int]
+) -> None:
+    topic = new_topic(partitions=1)
+    with (
+        Client(cluster.bootstrap) as other,
+        other.producer(topic, linger=0) as producer,
+        client.fetcher({(topic, 0): 0}, max_wait_ms=2000) as fetcher,
+    ):
+        assert _fetch_each(fetcher, producer, 20) == [b"%d" % i for i in range(20)]
+    # The first answer may come through the reader thread (the lane was not driven yet).
+    assert putters[-10:] == [threading.get_ident()] * 10
+
+
+def test_a_producer_on_the_same_client_is_answered_while_a_fetcher_drives(
+    client: Client, new_topic: Callable[..., str]
+) -> None:
+    """Its acks are read by whoever reads then (the send wakes a resting reader thread)."""
+    topic = new_topic(partitions=1)
+    with (
+        client.producer(topic, linger=0) as producer,
+        client.fetcher({(topic, 0): 0}, max_wait_ms=2000) as fetcher,
+    ):
+        assert _fetch_each(fetcher, producer, 20) == [b"%d" % i for i in range(20)]
+
+
+def test_a_fetcher_that_stops_waiting_is_read_for_by_the_thread(
+    cluster: Cluster, client: Client, new_topic: Callable[..., str], putters: list[int]
+) -> None:
+    topic = new_topic(partitions=1)
+    with (
+        Client(cluster.bootstrap) as other,
+        other.producer(topic, linger=0) as producer,
+        client.fetcher({(topic, 0): 0}, max_wait_ms=2000) as fetcher,
+    ):
+        assert _fetch_each(fetcher, producer, 2) == [b"0", b"1"]  # drove its lane
+        fetcher.poll_raw()  # a step that never waits: the reader thread reads for it again
+        del putters[:]
+        producer.send(b"v", key=b"2").result(timeout=10)
+        deadline = time.monotonic() + 10
+        while not fetcher._answers.waiting() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fetcher._answers.waiting()
+        assert putters
+        assert threading.get_ident() not in putters
