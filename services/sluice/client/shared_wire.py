@@ -192,7 +192,9 @@ class SharedConnection:
                 if link is None or link.ended:
                     return
                 queue = link.lanes.pop(lane, None) if lane else link.produces
-                link.driven.discard(lane)
+                if lane in link.driven:
+                    link.driven.discard(lane)
+                    link.interrupt()  # its owner may be waiting in poll: the failure below is its answer
                 for w in queue or ():
                     if w.owner is owner and not w.settled:
                         w.settled = True
@@ -239,6 +241,8 @@ class SharedConnection:
             shutdown(link.sock)
             link.sock.close()
         self._end(link, error)
+        with self._lock:
+            link.close_interrupts()
 
     def _connect(self, link: Link) -> socket.socket:
         address = self._address()
@@ -366,10 +370,14 @@ class SharedConnection:
                 self._check_deadlines(link, now)
             wait = min(link.next_check - now, self._idle_span, cap)
         decrypted = link.decrypted
-        if (decrypted is None or not decrypted()) and not link.poller.poll(
-            None if math.isinf(wait) else wait * 1000 + 1
-        ):
-            return True
+        if decrypted is None or not decrypted():
+            events = link.poller.poll(None if math.isinf(wait) else wait * 1000 + 1)
+            if not events:
+                return True
+            if any(fd == link.interrupt_r for fd, _ in events):
+                link.interrupted()
+                if len(events) == 1:
+                    return True
         n = sock.recv_into(link.chunk)
         if not n:
             return False

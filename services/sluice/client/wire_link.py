@@ -10,7 +10,9 @@ frame split over two reads is finished by whoever reads next.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
+import os
 import select
 import socket
 from collections.abc import Callable
@@ -71,11 +73,34 @@ class Link:
         self.poller = select.poll()
         #: TLS: bytes already decrypted inside the SSL object do not make the socket readable.
         self.decrypted: Callable[[], int] | None = None
+        #: A byte here ends a driving owner's wait in ``poll`` (its lane was closed from another
+        #: thread: the answer it waits for is the failure ``cancel`` queued, not the broker's).
+        self.interrupt_r, self.interrupt_w = os.pipe()
+        os.set_blocking(self.interrupt_r, False)
+        os.set_blocking(self.interrupt_w, False)
+        self.poller.register(self.interrupt_r, select.POLLIN)
 
     def readable(self, sock: socket.socket) -> None:
         """The greeted socket: from now on it is polled for answers."""
         self.poller.register(sock, select.POLLIN)
         self.decrypted = getattr(sock, "pending", None)
+
+    def interrupt(self) -> None:
+        if self.interrupt_w >= 0:  # not closed (a number closed may be reused by another file)
+            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+                os.write(self.interrupt_w, b"\0")
+
+    def interrupted(self) -> None:
+        """Drain the interrupts (whoever reads next has its ``ready()`` to check)."""
+        with contextlib.suppress(OSError):
+            os.read(self.interrupt_r, 4096)
+
+    def close_interrupts(self) -> None:
+        """The link is over (the connection's lock held: ``interrupt`` is called under it)."""
+        if self.interrupt_w >= 0:
+            os.close(self.interrupt_r)
+            os.close(self.interrupt_w)
+            self.interrupt_r = self.interrupt_w = -1
 
     def needs_thread(self) -> bool:
         """Something is owed that no driving owner would read: the reader thread must read."""

@@ -8,6 +8,7 @@ for again by the thread.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from sluice import Client
 from sluice.client.fetch_answer import Answers, Completion
 from sluice.client.fetcher import Fetcher
 from sluice.client.producer import Producer
+from sluice.errors import SluiceError
 
 from .conftest import Cluster
 
@@ -93,3 +95,19 @@ def test_a_fetcher_that_stops_waiting_is_read_for_by_the_thread(
         assert fetcher._answers.waiting()
         assert putters
         assert threading.get_ident() not in putters
+
+
+def test_closing_a_fetcher_from_another_thread_ends_a_wait_in_its_socket(
+    client: Client, new_topic: Callable[..., str]
+) -> None:
+    """``cancel`` interrupts the owner's ``poll``: nothing comes from the broker to end it."""
+    topic = new_topic(partitions=1)
+    with client.fetcher({(topic, 0): 0}, max_wait_ms=20_000) as fetcher:
+        assert fetcher.fetch(timeout=0.2) == []  # drives its lane from now on
+        closer = threading.Timer(0.3, fetcher.close)
+        closer.start()
+        started = time.monotonic()
+        with contextlib.suppress(SluiceError):
+            fetcher.fetch()  # one round: the broker would answer it only after 20 s
+        assert time.monotonic() - started < 10
+        closer.join()
