@@ -192,9 +192,8 @@ class SharedConnection:
                 if link is None or link.ended:
                     return
                 queue = link.lanes.pop(lane, None) if lane else link.produces
-                if lane in link.driven:
-                    link.driven.discard(lane)
-                    link.interrupt()  # its owner may be waiting in poll: the failure below is its answer
+                driven = lane in link.driven
+                link.driven.discard(lane)
                 for w in queue or ():
                     if w.owner is owner and not w.settled:
                         w.settled = True
@@ -204,6 +203,9 @@ class SharedConnection:
         error = BrokerNotAvailable(f"{self._name}: closed")
         for w in failed:
             w.on_done(error)
+        if driven:
+            with self._lock:
+                link.interrupt()  # its owner may wait in poll: the failure just queued is its answer
 
     def _write(self, link: Link, parts: tuple[bytes, ...]) -> None:
         """Send lock held: write now, or queue behind the hello while connecting."""
@@ -292,14 +294,16 @@ class SharedConnection:
         """The reader thread: read in turns, resting while an owner drives or only driven lanes are owed."""
         while True:
             with self._lock:
-                link.reading = False
+                link.release()
+                link.thread_reading = False
                 if link.drivers:
                     self._turn.notify_all()  # a waiting owner takes the turn
                 while not link.ended and link.thread_may_rest():
                     self._turn.wait()
                 if link.ended:
                     return
-                link.reading = True
+                link.take()
+                link.thread_reading = True
             if not self._round(link, sock, math.inf):
                 return
 
@@ -321,8 +325,10 @@ class SharedConnection:
                     if ready() or link.ended:
                         return
                     if not link.reading:
-                        link.reading = True
+                        link.take()
                         break
+                    if link.thread_reading and not link.needs_thread():
+                        link.interrupt()  # the thread waits in poll for this lane alone: hand over
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         return
@@ -344,7 +350,7 @@ class SharedConnection:
             error = self._failure(exc)
         finally:
             with self._lock:
-                link.reading = False
+                link.release()
                 if link.drivers or link.needs_thread() or link.ended or error is not None:
                     self._turn.notify_all()
         if error is not None:

@@ -15,6 +15,7 @@ import math
 import os
 import select
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,11 @@ class Link:
         self.driven: set[int] = set()
         #: Owners waiting for the turn (the reader thread hands it over when it ends a round).
         self.drivers = 0
+        #: The turn is the reader thread's (an owner waiting for it interrupts its ``poll``).
+        self.thread_reading = True
+        #: When the turn was last released (monotonic): the time nobody read, which is not the
+        #: broker's silence, does not count toward a driven lane's deadline (``take``).
+        self.released_at = 0.0
         self.frames = FrameReader()
         self.chunk = bytearray(_RECV_BYTES)
         self.view = memoryview(self.chunk)
@@ -84,6 +90,21 @@ class Link:
         """The greeted socket: from now on it is polled for answers."""
         self.poller.register(sock, select.POLLIN)
         self.decrypted = getattr(sock, "pending", None)
+
+    def take(self) -> None:
+        """Take the turn. A driven lane's followed request gets the time nobody read back on its
+        deadline: its owner away longer than the deadline, with answers waiting in the socket, is not
+        a silent broker (and a broker silent while someone read is caught by that reader)."""
+        self.reading = True
+        gap = time.monotonic() - self.released_at
+        for lane in self.driven:
+            for w in self.lanes.get(lane, ()):
+                if w.span and w.deadline != math.inf:
+                    w.deadline += gap
+
+    def release(self) -> None:
+        self.reading = False
+        self.released_at = time.monotonic()
 
     def interrupt(self) -> None:
         if self.interrupt_w >= 0:  # not closed (a number closed may be reused by another file)

@@ -18,6 +18,7 @@ import pytest
 from sluice import Client
 from sluice.client.fetch_answer import Answers, Completion
 from sluice.client.fetcher import Fetcher
+from sluice.client.links import FetchLane
 from sluice.client.producer import Producer
 from sluice.errors import SluiceError
 
@@ -111,3 +112,23 @@ def test_closing_a_fetcher_from_another_thread_ends_a_wait_in_its_socket(
             fetcher.fetch()  # one round: the broker would answer it only after 20 s
         assert time.monotonic() - started < 10
         closer.join()
+
+
+def test_an_owner_away_longer_than_the_deadline_finds_its_connection_alive(
+    cluster: Cluster, new_topic: Callable[..., str]
+) -> None:
+    """Nobody reads a driven lane while its owner is away: that time is not the broker's silence,
+    so it is no RequestTimedOut (which would fail the connection and make the fetcher re-follow)."""
+    topic = new_topic(partitions=1)
+    with (
+        Client(cluster.bootstrap, request_timeout=0.5) as short,  # a followed answer due every 0.6 s
+        short.fetcher({(topic, 0): 0}, max_wait_ms=100) as fetcher,
+    ):
+        assert fetcher.fetch(timeout=0.3) == []  # drives its lane from now on
+        lanes = [b.stream for b in fetcher._brokers.values()]
+        assert len(lanes) == 1
+        assert isinstance(lanes[0], FetchLane)
+        sent = lanes[0].sent
+        time.sleep(1.5)  # away: empty answers wait in the socket
+        assert fetcher.fetch(timeout=0.3) == []
+        assert lanes[0].sent == sent  # still the same followed fetch
