@@ -341,10 +341,11 @@ class SharedConnection:
         try:
             while not ready():
                 left = math.inf if deadline is None else deadline - time.monotonic()
-                if left <= 0:
-                    break
-                if not self._round(link, sock, left):
+                # One round at least, even at timeout 0: what waits in the socket is read by nobody else.
+                if not self._round(link, sock, max(left, 0.0)):
                     error = self._closed_by_broker()
+                    break
+                if left <= 0:
                     break
         except (SluiceError, OSError, DecodeError) as exc:
             error = self._failure(exc)

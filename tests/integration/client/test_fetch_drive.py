@@ -132,3 +132,22 @@ def test_an_owner_away_longer_than_the_deadline_finds_its_connection_alive(
         time.sleep(1.5)  # away: empty answers wait in the socket
         assert fetcher.fetch(timeout=0.3) == []
         assert lanes[0].sent == sent  # still the same followed fetch
+
+
+def test_fetch_with_timeout_zero_reads_what_waits_in_the_socket(
+    cluster: Cluster, client: Client, new_topic: Callable[..., str]
+) -> None:
+    """The reader thread rests once the lane drives: a zero-timeout fetch reads the socket itself."""
+    topic = new_topic(partitions=1)
+    with (
+        Client(cluster.bootstrap) as other,
+        other.producer(topic, linger=0) as producer,
+        client.fetcher({(topic, 0): 0}, max_wait_ms=2000) as fetcher,
+    ):
+        assert _fetch_each(fetcher, producer, 1) == [b"0"]  # drives its lane from now on
+        producer.send(b"v", key=b"1").result(timeout=10)
+        keys: list[bytes | None] = []
+        deadline = time.monotonic() + 10
+        while not keys and time.monotonic() < deadline:
+            keys = [r.key for r in fetcher.fetch(timeout=0)]
+        assert keys == [b"1"]
