@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sluice.client.fetch_errors import PartitionErrors
 from sluice.client.fetch_session import PartitionFetchState, SessionRequest
-from sluice.client.fetch_state import PartitionState, RawChunk, TopicPartition, end_of
+from sluice.client.fetch_state import BrokerState, PartitionState, RawChunk, TopicPartition, end_of
 from sluice.client.stages import stage
 from sluice.client.throttles import throttled_answer
+from sluice.client.wire_lanes import FetchLane
 from sluice.errors import error_from_proto
 from sluice.v1 import broker_pb2
 
-__all__ = ["Answers", "Completion", "advance", "throttled_answer"]
+__all__ = ["Answers", "Completion", "advance", "drive", "throttled_answer", "undrive"]
 
 #: What the connections' threads hand the fetching thread: (broker address, the request
 #: answered, its answer or a SluiceError, whether the request is followed).
@@ -82,6 +83,29 @@ def _get_nowait(q: queue.SimpleQueue[tuple[float, Completion]]) -> Completion | 
 def _taken(entry: tuple[float, Completion]) -> Completion:
     _HANDOFF.observe(time.perf_counter() - entry[0])
     return entry[1]
+
+
+def drive(answers: Answers, brokers: Iterable[BrokerState], timeout: float | None) -> bool:
+    """Wait for the next answer by reading its connection on this thread (True) when all that is
+    in flight is one followed lane: no hand-off from the connection's reader thread, whose wake-up
+    and GIL hand-over were a p99 stage at 2,000 records/s (docs/latency.md, "Third pass"). The
+    lanes of a fetch spread over several brokers are read by their connections' threads."""
+    if answers.waiting():
+        return False
+    flying = [b for b in brokers if b.in_flight is not None]
+    lane = flying[0].stream if len(flying) == 1 and flying[0].follow is not None else None
+    if isinstance(lane, FetchLane):
+        lane.drive(answers.waiting, timeout)
+        return True
+    undrive(flying)
+    return False
+
+
+def undrive(brokers: Iterable[BrokerState]) -> None:
+    """The fetcher does not wait on these lanes' connections: their reader threads read for it."""
+    for b in brokers:
+        if isinstance(b.stream, FetchLane):
+            b.stream.undrive()
 
 
 def advance(

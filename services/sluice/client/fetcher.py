@@ -21,10 +21,10 @@ filter matched nothing). Per broker, it fetches one of two ways:
   The next request is sent *before* the records of an answer are decoded, so the broker
   works while this process decodes.
 
-Records are decoded with ``codec.batch.decode_records`` (columnar). Module map: ``fetch_state``
-(the per-broker and per-partition state, checks, the request encoder), ``fetch_errors`` (what a
-partition's error does: reset, back off and refresh, or raise from ``fetch()``),
-``fetch_session`` (incremental sessions), ``fetch_validate`` (KIP-320: positions after a new leader).
+Records are decoded with ``codec.batch.decode_records`` (columnar). Module map: ``fetch_state`` (state,
+checks, the request encoder), ``fetch_errors`` (a partition's error: reset, back off and refresh, or raise),
+``fetch_session`` (incremental sessions), ``fetch_validate`` (KIP-320: positions after a new leader),
+``fetch_answer`` (an answer's effect; waiting for one by reading its connection on the caller's thread).
 
 Caller: the CLI's ``consume``, the group consumer's prefetcher (``poll_raw``, on a shared driver).
 """
@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sluice.client.fetch_answer import Answers, Completion, advance, throttled_answer
+from sluice.client.fetch_answer import Answers, Completion, advance, drive, throttled_answer, undrive
 from sluice.client.fetch_errors import PartitionErrors
 from sluice.client.fetch_session import FetchSession, PartitionFetchState, SessionRequest
 from sluice.client.fetch_state import (
@@ -80,9 +80,8 @@ __all__ = ["AutoOffsetReset", "Fetcher", "RawChunk", "TopicPartition"]
 log = logging.getLogger("sluice.fetcher")
 
 
-#: Answers of a followed fetch the broker may send beyond those ``fetch()`` took, granted back two at a
-#: time (``FetchLane.grant``: one LANE_CREDIT frame, a broker wake-up, per two answers; docs/latency.md).
-#: With the one being decoded, four at most: more read-ahead measured slower (buffers to fault in).
+#: Answers a followed fetch may get beyond those ``fetch()`` took, granted back two at a time (one LANE_CREDIT
+#: frame, a broker wake-up, per two; docs/latency.md); more read-ahead measured slower (buffers to fault in).
 _FOLLOW_WINDOW = 3
 
 
@@ -196,6 +195,8 @@ class Fetcher:
                 if deadline is None:
                     return chunks
                 continue
+            if drive(self._answers, self._brokers.values(), remaining) and deadline is not None:
+                remaining = max(deadline - time.monotonic(), 0.0)
             item = self._answers.take(remaining)
             if item is None:
                 return chunks
@@ -217,6 +218,7 @@ class Fetcher:
         if self._closed:
             raise SluiceError("the fetcher is closed")
         self._raise_error()
+        undrive(self._brokers.values())  # it never waits: the connections' threads read for it
         chunks: list[RawChunk] = []
         held = self._take_arrived(chunks)
         wait = self._send_fetches()

@@ -24,8 +24,9 @@ from typing import Any, Protocol
 import grpc
 
 from sluice.client.metadata import MetadataCache
-from sluice.client.shared_wire import FetchLane, SharedConnection
+from sluice.client.shared_wire import SharedConnection
 from sluice.client.streams import Callback, RequestStream
+from sluice.client.wire_lanes import FetchLane
 from sluice.common.peers import Peers
 from sluice.errors import BrokerNotAvailable, InvalidArgument, SluiceError
 from sluice.v1 import broker_pb2_grpc

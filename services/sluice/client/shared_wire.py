@@ -25,18 +25,17 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import select
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from sluice.client.streams import Callback
 from sluice.client.wire import greet, hello_bytes, open_socket, shutdown
+from sluice.client.wire_lanes import FetchLane, ProduceLink
+from sluice.client.wire_link import Link, Waiting
 from sluice.common.client_security import ClientSecurity, retriable_refusal
 from sluice.common.client_tls import share
 from sluice.common.wire import (
@@ -44,7 +43,6 @@ from sluice.common.wire import (
     LANE,
     LANE_CREDIT,
     LANES_VERSION,
-    FrameReader,
     FrameType,
     WireProtocolError,
     WireRequest,
@@ -63,46 +61,9 @@ from sluice.errors import (
 )
 from sluice.v1 import broker_pb2
 
-__all__ = ["FetchLane", "ProduceLink", "SharedConnection"]
+__all__ = ["SharedConnection"]
 
 log = logging.getLogger("sluice.client.wire")
-
-_RECV_BYTES = 1 << 20
-
-
-@dataclass(slots=True)
-class _Waiting:
-    request_id: int
-    deadline: float
-    #: An ordinary request's callback returns nothing; a followed one's says whether it goes on.
-    on_done: Callable[[Any], bool | None]
-    #: Who sent it (``close()`` fails its owner's requests and leaves the others').
-    owner: object
-    #: A followed request: each answer due within this many seconds of the previous one while
-    #: the broker may send it one (``credit``). 0 for an ordinary request, answered once.
-    span: float = 0.0
-    #: Answers the broker may still send a followed request (its window, plus grants, less answers).
-    credit: int = 0
-    #: Its outcome was given (an ordinary request's answer, or its owner closed and it was
-    #: failed): nothing more goes to ``on_done``.
-    settled: bool = False
-
-
-class _Link:
-    """One TCP connection and the requests it still owes answers to."""
-
-    def __init__(self) -> None:
-        self.sock: socket.socket | None = None
-        #: Frames sent before the hello was answered; None once they went out.
-        self.pending: list[bytes] | None = []
-        self.produces: collections.deque[_Waiting] = collections.deque()
-        #: Per lane with something waiting: its requests, oldest first.
-        self.lanes: dict[int, collections.deque[_Waiting]] = {}
-        #: No deadline is due before this (senders lower it; the reader's scan sets it).
-        self.next_check = math.inf
-        self.ended = False
-        #: TLS: a send writes one joined buffer (one TLS record, not one per frame part).
-        self.join = False
 
 
 class SharedConnection:
@@ -127,9 +88,12 @@ class SharedConnection:
         self._connect_timeout = connect_timeout
         #: Guards the link and what waits on it; never held across a blocking call.
         self._lock = threading.Lock()
+        #: Who reads the socket (``Link.reading``) changes hands under the lock: the reader thread
+        #: and driving owners wait on it for their turn.
+        self._turn = threading.Condition(self._lock)
         #: Serializes writes (frames leave whole and in order). The reader never takes it.
         self._send_lock = threading.Lock()
-        self._link: _Link | None = None
+        self._link: Link | None = None
         self._next_id = 1
         self._next_lane = 1
         self._closed = False
@@ -175,7 +139,7 @@ class SharedConnection:
                 if link is not None:
                     request.request_id = self._next_id
                     self._next_id += 1
-                    waiting = _Waiting(
+                    waiting = Waiting(
                         request.request_id,
                         time.monotonic() + timeout,
                         on_done,
@@ -189,6 +153,8 @@ class SharedConnection:
                         link.produces.append(waiting)
                     link.next_check = min(link.next_check, waiting.deadline)
                     self._idle_span = min(self._idle_span, timeout)
+                    if not link.reading:
+                        self._turn.notify_all()  # the reader thread rests: this one it must read
             if link is not None:
                 payload = request.SerializeToString()
                 if lane:
@@ -219,13 +185,15 @@ class SharedConnection:
     def cancel(self, owner: object, lane: int = 0) -> None:
         """``owner`` is gone: fail what it waits for (BrokerNotAvailable), drop its answers, and
         end its lane on the broker."""
-        failed: list[_Waiting] = []
+        failed: list[Waiting] = []
         with self._send_lock:
             with self._lock:
                 link = self._link
                 if link is None or link.ended:
                     return
                 queue = link.lanes.pop(lane, None) if lane else link.produces
+                driven = lane in link.driven
+                link.driven.discard(lane)
                 for w in queue or ():
                     if w.owner is owner and not w.settled:
                         w.settled = True
@@ -235,8 +203,11 @@ class SharedConnection:
         error = BrokerNotAvailable(f"{self._name}: closed")
         for w in failed:
             w.on_done(error)
+        if driven:
+            with self._lock:
+                link.interrupt()  # its owner may wait in poll: the failure just queued is its answer
 
-    def _write(self, link: _Link, parts: tuple[bytes, ...]) -> None:
+    def _write(self, link: Link, parts: tuple[bytes, ...]) -> None:
         """Send lock held: write now, or queue behind the hello while connecting."""
         if link.pending is not None:
             link.pending += parts
@@ -254,33 +225,28 @@ class SharedConnection:
 
     # ---- the reader thread ----------------------------------------------------------------
 
-    def _open(self) -> _Link:
+    def _open(self) -> Link:
         """A new link (lock held); its reader thread connects."""
-        link = self._link = _Link()
+        link = self._link = Link()
         threading.Thread(target=self._run, args=(link,), name=f"sluice-{self._name}", daemon=True).start()
         return link
 
-    def _run(self, link: _Link) -> None:
+    def _run(self, link: Link) -> None:
         error: SluiceError
         try:
             sock = self._connect(link)
             self._read(link, sock)
-            error = BrokerNotAvailable(f"{self._name}: the broker closed the connection")
-        except WireProtocolError as exc:
-            # The broker broke the protocol (never expected): what waits may succeed on a new
-            # connection, so it fails retriable, as an unreachable broker's requests do.
-            log.error("%s: %s; reconnecting", self._name, exc.message)
-            error = BrokerNotAvailable(f"{self._name}: {exc.message}")
-        except SluiceError as exc:
-            error = exc
-        except (OSError, DecodeError) as exc:
-            error = BrokerNotAvailable(f"{self._name}: {exc}")
+            error = self._closed_by_broker()
+        except (SluiceError, OSError, DecodeError) as exc:
+            error = self._failure(exc)
         if link.sock is not None:
             shutdown(link.sock)
             link.sock.close()
         self._end(link, error)
+        with self._lock:
+            link.close_interrupts()
 
-    def _connect(self, link: _Link) -> socket.socket:
+    def _connect(self, link: Link) -> socket.socket:
         address = self._address()
         if address is None:
             raise BrokerNotAvailable(f"{self._name}: the broker no longer advertises a wire port")
@@ -303,53 +269,144 @@ class SharedConnection:
             )
         sock.settimeout(None)
         share(sock)  # TLS: the reader and the senders take turns on the session
+        link.readable(sock)
         with self._send_lock:
             pending, link.pending = link.pending or [], None
             if pending:
                 sock.sendall(b"".join(pending))
         return sock
 
-    def _read(self, link: _Link, sock: socket.socket) -> None:
-        reader = FrameReader()
+    def _closed_by_broker(self) -> SluiceError:
+        return BrokerNotAvailable(f"{self._name}: the broker closed the connection")
+
+    def _failure(self, exc: SluiceError | OSError | DecodeError) -> SluiceError:
+        """What the requests a failed connection owes fail with."""
+        if isinstance(exc, WireProtocolError):
+            # The broker broke the protocol (never expected): what waits may succeed on a new
+            # connection, so it fails retriable, as an unreachable broker's requests do.
+            log.error("%s: %s; reconnecting", self._name, exc.message)
+            return BrokerNotAvailable(f"{self._name}: {exc.message}")
+        if isinstance(exc, SluiceError):
+            return exc
+        return BrokerNotAvailable(f"{self._name}: {exc}")
+
+    def _read(self, link: Link, sock: socket.socket) -> None:
+        """The reader thread: read in turns, resting while an owner drives or only driven lanes are owed."""
+        while True:
+            with self._lock:
+                link.release()
+                link.thread_reading = False
+                if link.drivers:
+                    self._turn.notify_all()  # a waiting owner takes the turn
+                while not link.ended and link.thread_may_rest():
+                    self._turn.wait()
+                if link.ended:
+                    return
+                link.take()
+                link.thread_reading = True
+            if not self._round(link, sock, math.inf):
+                return
+
+    def drive(self, lane: int, ready: Callable[[], int], timeout: float | None) -> None:
+        """``lane``'s owner waits until ``ready()`` (its answers arrived) or ``timeout``, reading the
+        socket on its own thread when no one else does: its answer then reaches it with no wake-up
+        of another thread in between (docs/latency.md, "Third pass"). From the first call on, the
+        reader thread leaves the socket to the owner while only driven lanes are owed; the owner
+        dispatches whatever it reads (other lanes' answers, produce answers) as the thread would."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            link = self._link
+            if link is None or link.ended:
+                return
+            link.driven.add(lane)
+            link.drivers += 1
+            try:
+                while True:
+                    if ready() or link.ended:
+                        return
+                    if not link.reading:
+                        link.take()
+                        break
+                    if link.thread_reading and not link.needs_thread():
+                        link.interrupt()  # the thread waits in poll for this lane alone: hand over
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return
+                    self._turn.wait(left)
+            finally:
+                link.drivers -= 1
+        sock = link.sock
+        assert sock is not None  # the reader thread held the turn until it connected
+        error: SluiceError | None = None
+        try:
+            while not ready():
+                left = math.inf if deadline is None else deadline - time.monotonic()
+                # One round at least, even at timeout 0: what waits in the socket is read by nobody else.
+                if not self._round(link, sock, max(left, 0.0)):
+                    error = self._closed_by_broker()
+                    break
+                if left <= 0:
+                    break
+        except (SluiceError, OSError, DecodeError) as exc:
+            error = self._failure(exc)
+        finally:
+            with self._lock:
+                link.release()
+                if link.drivers or link.needs_thread() or link.ended or error is not None:
+                    self._turn.notify_all()
+        if error is not None:
+            shutdown(sock)  # the reader thread closes it when it sees the link ended
+            self._end(link, error)
+
+    def undrive(self, lane: int) -> None:
+        """``lane``'s owner no longer reads the socket itself (it waits on more than one connection)."""
+        with self._lock:
+            link = self._link
+            if link is not None and lane in link.driven:
+                link.driven.discard(lane)
+                self._turn.notify_all()
+
+    def _round(self, link: Link, sock: socket.socket, cap: float) -> bool:
+        """Holding the turn: wait up to ``cap`` seconds (or the next deadline) for bytes and
+        settle the frames they complete. False: the connection is over."""
         # The socket stays blocking (a timeout on it would also bound the senders' writes);
         # deadlines are kept by polling with a timeout before each receive.
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        chunk = bytearray(_RECV_BYTES)
-        view = memoryview(chunk)
-        # TLS: bytes already decrypted inside the SSL object do not make the socket readable.
-        pending: Callable[[], int] | None = getattr(sock, "pending", None)
-        while True:
-            now = time.monotonic()
-            with self._lock:
-                if link.next_check <= now:
-                    self._check_deadlines(link, now)
-                wait = min(link.next_check - now, self._idle_span)
-            if (pending is None or not pending()) and not poller.poll(
-                None if math.isinf(wait) else wait * 1000 + 1
-            ):
-                continue
-            n = sock.recv_into(chunk)
-            if not n:
-                return
-            for kind, payload in reader.feed(view[:n]):
-                if kind == FrameType.PRODUCE:
-                    self._produced(link, broker_pb2.ProduceResponse.FromString(payload))
-                elif kind == FrameType.FETCH_LANE:
-                    lane = LANE.unpack_from(payload)[0]
-                    self._fetched(
-                        link,
-                        lane,
-                        broker_pb2.FetchResponse.FromString(memoryview(payload)[LANE.size :]),  # type: ignore[arg-type]
-                    )
-                elif kind == FrameType.ERROR:
-                    raise error_from_frame(payload, self._name)
-                else:
-                    raise WireProtocolError(f"unexpected frame type {kind}")
-                if link.ended:
-                    return  # closed meanwhile: what it owed was failed already
+        now = time.monotonic()
+        with self._lock:
+            if link.next_check <= now:
+                self._check_deadlines(link, now)
+            wait = min(link.next_check - now, self._idle_span, cap)
+        decrypted = link.decrypted
+        if decrypted is None or not decrypted():
+            events = link.poller.poll(None if math.isinf(wait) else wait * 1000 + 1)
+            if not events:
+                return True
+            if any(fd == link.interrupt_r for fd, _ in events):
+                link.interrupted()
+                if len(events) == 1:
+                    return True
+        n = sock.recv_into(link.chunk)
+        if not n:
+            return False
+        for kind, payload in link.frames.feed(link.view[:n]):
+            if kind == FrameType.PRODUCE:
+                self._produced(link, broker_pb2.ProduceResponse.FromString(payload))
+            elif kind == FrameType.FETCH_LANE:
+                lane = LANE.unpack_from(payload)[0]
+                self._fetched(
+                    link,
+                    lane,
+                    broker_pb2.FetchResponse.FromString(memoryview(payload)[LANE.size :]),  # type: ignore[arg-type]
+                )
+            elif kind == FrameType.ERROR:
+                raise error_from_frame(payload, self._name)
+            else:
+                raise WireProtocolError(f"unexpected frame type {kind}")
+            if link.ended:
+                return False  # closed meanwhile: what it owed was failed already
+        return True
 
-    def _check_deadlines(self, link: _Link, now: float) -> None:
+    def _check_deadlines(self, link: Link, now: float) -> None:
         """Lock held: raise if a request is past its deadline, else note the next one."""
         # Every request of a lane (one or two: a followed fetch and the one replacing it), and
         # the oldest produce: produces are answered in order, so a later one cannot come first.
@@ -360,7 +417,7 @@ class SharedConnection:
             raise RequestTimedOut(f"{self._name}: no answer within the request's timeout")
         link.next_check = due
 
-    def _produced(self, link: _Link, response: broker_pb2.ProduceResponse) -> None:
+    def _produced(self, link: Link, response: broker_pb2.ProduceResponse) -> None:
         with self._lock:
             if link.ended:
                 return
@@ -375,7 +432,7 @@ class SharedConnection:
         if deliver:
             head.on_done(response)
 
-    def _fetched(self, link: _Link, lane: int, response: broker_pb2.FetchResponse) -> None:
+    def _fetched(self, link: Link, lane: int, response: broker_pb2.FetchResponse) -> None:
         """A lane's answer goes to the oldest request waiting there, which an ordinary request
         leaves as it is answered and a followed one as soon as a later request is answered."""
         with self._lock:
@@ -418,7 +475,7 @@ class SharedConnection:
                     if not waiting:
                         del link.lanes[lane]
 
-    def _end(self, link: _Link, error: SluiceError) -> None:
+    def _end(self, link: Link, error: SluiceError) -> None:
         """The connection is over: every request it owes an answer fails with ``error``."""
         with self._lock:
             owed = list(link.produces)
@@ -427,6 +484,7 @@ class SharedConnection:
             if link.ended and not owed:
                 return
             link.ended = True
+            self._turn.notify_all()  # the resting reader thread ends, waiting owners stop waiting
             if self._link is link:
                 self._link = None
             link.produces.clear()
@@ -438,63 +496,3 @@ class SharedConnection:
         for w in owed:
             if not w.settled:
                 w.on_done(error)
-
-
-class ProduceLink:
-    """A producer's view of the shared connection (``BrokerLink``)."""
-
-    __slots__ = ("_conn",)
-
-    def __init__(self, conn: SharedConnection) -> None:
-        self._conn = conn
-
-    def send(self, request: Any, timeout: float, on_done: Callback) -> None:
-        self._conn.submit(self, request, timeout, on_done)
-
-    def close(self) -> None:
-        """Fail this producer's requests still waiting; the connection goes on for the others."""
-        self._conn.cancel(self)
-
-
-class FetchLane:
-    """A fetcher's lane on the shared connection (``BrokerLink``, and it can follow)."""
-
-    __slots__ = ("_conn", "_every", "_owed", "lane", "sent")
-
-    def __init__(self, conn: SharedConnection, lane: int) -> None:
-        self._conn = conn
-        self.lane = lane
-        #: Fetch requests sent on the lane (a followed one counts once, however often answered).
-        self.sent = 0
-        self._owed = 0  # answers taken, not granted back yet
-        self._every = 1  # how many make one LANE_CREDIT frame
-
-    def send(self, request: Any, timeout: float, on_done: Callback) -> None:
-        """One fetch, answered once (a followed fetch on the lane is replaced by it)."""
-        self.sent += 1
-        self._conn.submit(self, request, timeout, on_done, self.lane)
-
-    def follow(self, request: Any, span: float, window: int, on_answer: Callable[[Any], bool]) -> None:
-        """Send a continuous fetch: ``on_answer`` gets every answer (on the reader thread; it must
-        not block) and returns False for the one that ends it; a SluiceError, once, ends it too.
-        The broker sends at most ``window`` answers, and ``grant(n)`` more: the owner grants as it
-        takes answers, so an owner that stops taking them holds ``window`` answers at most, and
-        its lane waits without holding up the connection. Each answer is due within ``span``
-        seconds of the previous one, or of the grant that made room for it. Grants go out
-        ``window - 1`` at a time (one LANE_CREDIT frame, a broker wake-up, for several answers); the
-        broker still has credit for one answer whenever the owner took all it was sent."""
-        self.sent += 1
-        self._owed = 0
-        self._every = max(window - 1, 1)
-        self._conn.submit(self, request, span, on_answer, self.lane, max(window, 1))
-
-    def grant(self, n: int = 1) -> None:
-        """The owner took ``n`` answers: room for as many more, sent once ``window - 1`` are owed."""
-        self._owed += n
-        if self._owed >= self._every:
-            n, self._owed = self._owed, 0
-            self._conn.grant(self.lane, n)
-
-    def close(self) -> None:
-        """End the lane: its waiting requests fail (BrokerNotAvailable), the broker stops it."""
-        self._conn.cancel(self, self.lane)

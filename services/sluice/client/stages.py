@@ -7,8 +7,9 @@ additions), for every producer and fetcher of the process together (docs/latency
   request being handed to the connection (the linger, and any wait for an in-flight slot);
 - ``producer_ack``: a produce request from handed to the connection to its answer read (network both
   ways and the broker's append);
-- ``fetch_handoff``: a fetch answer from read off the socket by the connection's reader thread to taken by
-  the thread calling ``fetch()`` (the thread hand-off, and any time the caller spent elsewhere);
+- ``fetch_handoff``: a fetch answer from read off the socket (by the connection's reader thread, or by the
+  thread calling ``fetch()`` when it drives its lane) to taken by that thread (the thread hand-off, if
+  any, and any time the caller spent elsewhere);
 - ``fetch_decode``: one ``fetch()``'s batches decoded into records.
 
 The SDK does not depend on ``prometheus_client``: :func:`snapshot` returns the figures as a dict, and an
