@@ -161,3 +161,15 @@ def test_timeline_merges_loaded_runs_late_records_and_requeues_in_delivery_order
     assert rest == [e for e in everything if e.due > NOW + 1000]
     assert tl.size == 0
     assert tl.next_due() is None
+
+
+def test_a_load_that_pauses_sorts_in_chunks_and_merges_to_the_same_order(tmp_path: Path) -> None:
+    """The scheduler's loads pause between chunks (one list.sort would hold the GIL throughout): the
+    merged chunks must give exactly the order of one sort, same-due records by their offsets."""
+    store = BucketStore(tmp_path, 10_000)
+    records = [entry(NOW + (i * 7919) % 1000, i, sp=i % 3) for i in range(9_001)]
+    store.append(records)
+    pauses: list[int] = []
+    loaded, _ = store.load(store.bucket_of(NOW), lambda: pauses.append(1))
+    assert loaded == sorted(records)
+    assert len(pauses) >= 9_001 // 2_000  # it did pause between the chunks

@@ -222,7 +222,7 @@ class Scheduler:
 
     def _preload(self) -> None:
         """Read the buckets about to start into memory: here, on the reader's thread, so the delivery
-        loop never stops to decode a bucket; the lock is held only to merge it into the heap."""
+        loop never stops to decode a bucket; the lock is held only to install it (O(1), timeline.py)."""
         now = self._clock()
         with self._store_lock:
             self._store.split_due(now)
@@ -230,6 +230,22 @@ class Scheduler:
         with self._cond:
             self._timeline.lead_ms = lead
             plan = self._timeline.plan(now)
+        if plan:
+            # No cyclic collection while the buckets are read in (they are frozen below): a full one walks
+            # every record being built, in one C call that holds the GIL, so the delivery thread waits.
+            gc.disable()
+        try:
+            self._load_planned(plan)
+        finally:
+            if plan:
+                # The loaded records live until due: keep the cyclic GC from walking them again and again
+                # (a full collection over a few 100,000 of them stalls delivery for 100 ms and more).
+                gc.freeze()
+                gc.enable()
+        with self._cond:
+            self._timeline.planned(now)
+
+    def _load_planned(self, plan: list[int]) -> None:
         for bucket in plan:
             started = time.monotonic()
             entries, done = self._store.load(bucket, _yield_gil)
@@ -246,12 +262,6 @@ class Scheduler:
             with self._cond:
                 self._timeline.install(bucket, loaded)
                 self._cond.notify_all()
-        if plan:
-            # The loaded records live until due: keep the cyclic GC from walking them again and again
-            # (a full collection over a few 100,000 of them stalls delivery for 100 ms and more).
-            gc.freeze()
-        with self._cond:
-            self._timeline.planned(now)
 
     def _learn_load_time(self, size: int, seconds: float) -> None:
         if size >= 1 << 16 and seconds > 0:  # small reads say little about the speed
