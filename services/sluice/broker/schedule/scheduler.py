@@ -2,7 +2,7 @@
 
 Two threads share one lock. The reader follows every partition of ``__sluice_schedule`` from the read
 checkpoint, appends each record to its bucket file (``buckets.py``; near ones also join the in-memory
-heap, ``timeline.py``) and, every ``checkpoint_interval``, fsyncs the buckets and then saves the read
+timeline, ``timeline.py``) and, every ``checkpoint_interval``, fsyncs the buckets and then saves the read
 positions. The delivery loop sleeps until the first record is due (or a new earlier one arrives), sends
 the due batch through the intent log (``delivery.py``) and marks it done. docs/delayed-delivery.md.
 """
@@ -356,7 +356,7 @@ class Scheduler:
 
     def _after_failure(self, batch: list[Entry]) -> None:
         """A batch whose outcome is unknown: find which records reached their partitions, mark them done
-        and send the rest again (in order: they go back into the heap)."""
+        and send the rest again (in order: they go back into the timeline)."""
         self._deliverer.reset()
         # A request the failed producer still had on the wire may land late: let it, before looking.
         self._stop.wait(_DELIVERY_CONFIG.request_timeout.total_seconds())
