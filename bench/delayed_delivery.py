@@ -84,10 +84,26 @@ def _pct(values: list[int], q: float) -> int:
     return s[min(len(s) - 1, int(len(s) * q))]
 
 
+def _lateness(values: list[int]) -> dict[str, int]:
+    return {
+        "p50": _pct(values, 0.5),
+        "p99": _pct(values, 0.99),
+        "p99.9": _pct(values, 0.999),
+        "max": max(values),
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (``/proc/PID/stat`` fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)
+
+
 def run_timed(
     cluster: DelayCluster, name: str, delays_ms: list[int], timeout: float, absolute: bool
 ) -> dict[str, Any]:
     """``absolute``: each delay counts from the start of the run (``deliver_at``), not from its send."""
+    load_at_start = os.getloadavg()[0]
     client = cluster.client()
     topic = cluster.topic(PARTITIONS)
     ctx = mp.get_context("spawn")
@@ -118,7 +134,8 @@ def run_timed(
         for due, lt in pairs:
             by.setdefault((due - first) // 1000, []).append(lt)
         for sec in sorted(by):
-            print(f"second {sec}: {len(by[sec])} due, p50 {_pct(by[sec], 0.5)} p99 {_pct(by[sec], 0.99)} ms")
+            lt = by[sec]
+            print(f"second {sec}: {len(lt)} due, p50 {_pct(lt, 0.5)} p99 {_pct(lt, 0.99)} ms", flush=True)
     # Records due before every send was acknowledged could not all be on time: reported apart.
     timely = [lt for due, lt in pairs if due >= acked_ms]
     return {
@@ -129,14 +146,14 @@ def run_timed(
         "distinct": distinct,
         "duplicates": received - distinct,
         "early": early,
-        "lateness_ms_all": {"p50": _pct(late, 0.5), "p99": _pct(late, 0.99), "max": max(late)},
+        "lateness_ms_all": _lateness(late),
         "due_after_ack": len(timely),
-        "lateness_ms_due_after_ack": {"p50": _pct(timely, 0.5), "p99": _pct(timely, 0.99), "max": max(timely)}
-        if timely
-        else None,
+        "lateness_ms_due_after_ack": _lateness(timely) if timely else None,
         "wall_seconds": round(time.monotonic() - start, 1),
         "scheduler_lateness": scheduler_lateness(cluster.scheduler.metrics),
-        "load_average": os.getloadavg()[0],
+        # CPU the scheduler process spent over the whole run: what a loaded machine has to find for it.
+        "scheduler_cpu_seconds": cpu_seconds(cluster.scheduler.process.pid),
+        "load_average": [load_at_start, os.getloadavg()[0]],
     }
 
 

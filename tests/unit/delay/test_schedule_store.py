@@ -11,7 +11,7 @@ import pytest
 from sluice.broker.schedule.buckets import BucketStore
 from sluice.broker.schedule.entry import Entry, decode_frames, encode_frame
 from sluice.broker.schedule.timeline import Timeline
-from sluice.client.producer.delay import due_ms, schedule_partition
+from sluice.client.producer.delay import SCHEDULE_HEADER, due_ms, schedule_partition
 from sluice.errors import DelayTooLong, InvalidArgument
 
 NOW = 1_800_000_000_000
@@ -19,8 +19,10 @@ WEEK = timedelta(days=7)
 
 
 def entry(due: int, so: int, sp: int = 0, value: bytes = b"v") -> Entry:
+    """A pending record as ``entry_of`` makes it (its coordinates header included)."""
     key = b"k" if so % 2 else None
-    return Entry(due, sp, so, "t", 1, key, value, "tag" if so % 3 else None, {"h": b"1"}, 5)
+    headers = {"h": b"1", SCHEDULE_HEADER: b"%d:%d" % (sp, so)}
+    return Entry(due, sp, so, "t", 1, key, value, "tag" if so % 3 else None, headers, 5)
 
 
 def test_due_ms_past_is_now_and_beyond_max_is_typed() -> None:
@@ -80,7 +82,7 @@ def test_timeline_keeps_only_near_buckets_in_memory(tmp_path: Path) -> None:
     store.append(far + near)
     tl = Timeline(store, preload_ms=2000)
     tl.advance(NOW)
-    assert len(tl.heap) == 10  # the hour-ahead bucket stays on disk
+    assert tl.size == 10  # the hour-ahead bucket stays on disk
     assert tl.add([entry(NOW + 100, 5000)])  # a new first-due record wakes the delivery loop
     assert tl.pop_due(NOW + 99, 100) == []
     due = tl.pop_due(NOW + 1000, 100)
@@ -92,7 +94,7 @@ def test_timeline_keeps_only_near_buckets_in_memory(tmp_path: Path) -> None:
     assert tl.finished(NOW + 5000, {0: 10_000, 1: 10_000}) == [store.bucket_of(NOW)]
     store.delete(store.bucket_of(NOW))
     tl.advance(NOW + 3_600_000)
-    assert len(tl.heap) == 100
+    assert tl.size == 100
 
 
 def test_far_records_wait_in_coarse_buckets_and_split_when_near(tmp_path: Path) -> None:
@@ -130,3 +132,44 @@ def test_count_pending_counts_frames_in_fine_and_coarse_files_less_done(tmp_path
     with open(path, "ab") as f:
         f.write(encode_frame(entry(NOW, 999))[:-4])  # a torn tail is no record
     assert BucketStore(tmp_path, 1000).count_pending() == 35
+
+
+def test_timeline_merges_loaded_runs_late_records_and_requeues_in_delivery_order(tmp_path: Path) -> None:
+    """Each loaded bucket is a sorted run plus a heap of records that came later; popping must still
+    give (due, schedule partition, schedule offset) order across both and across buckets, stop at the
+    first record not due, respect the batch limit, and put a failed batch back in order."""
+    store = BucketStore(tmp_path, 1000)
+    # Two buckets; many records due at the same ms, from two schedule partitions, written out of order.
+    first = [entry(NOW + 500 + i % 3, 100 - i, sp=i % 2) for i in range(40)]
+    second = [entry(NOW + 1000 + i % 5, 200 + i) for i in range(20)]
+    store.append(first + second)
+    tl = Timeline(store, preload_ms=2000)
+    tl.advance(NOW)
+    assert tl.size == 60
+    # Records read after their bucket was loaded, due among the loaded ones, and one read again.
+    late = [entry(NOW + 501, 1, sp=1), entry(NOW + 500, 2), entry(NOW + 1002, 300), first[5]]
+    assert tl.add(late)  # (NOW + 500, 0, 2) is now the first due
+    assert tl.size == 63
+    everything = sorted([*first, *second, *late[:3]])
+    assert tl.next_due() == NOW + 500
+    assert tl.pop_due(NOW + 499, 100) == []
+    batch = tl.pop_due(NOW + 2000, 25)
+    assert batch == everything[:25]
+    tl.requeue(batch[10:])  # their send failed and recovery did not find them: back, in order
+    assert tl.pop_due(NOW + 1000, 1000) == [e for e in everything[10:] if e.due <= NOW + 1000]
+    rest = tl.pop_due(NOW + 2000, 1000)
+    assert rest == [e for e in everything if e.due > NOW + 1000]
+    assert tl.size == 0
+    assert tl.next_due() is None
+
+
+def test_a_load_that_pauses_sorts_in_chunks_and_merges_to_the_same_order(tmp_path: Path) -> None:
+    """The scheduler's loads pause between chunks (one list.sort would hold the GIL throughout): the
+    merged chunks must give exactly the order of one sort, same-due records by their offsets."""
+    store = BucketStore(tmp_path, 10_000)
+    records = [entry(NOW + (i * 7919) % 1000, i, sp=i % 3) for i in range(9_001)]
+    store.append(records)
+    pauses: list[int] = []
+    loaded, _ = store.load(store.bucket_of(NOW), lambda: pauses.append(1))
+    assert loaded == sorted(records)
+    assert len(pauses) >= 9_001 // 2_000  # it did pause between the chunks

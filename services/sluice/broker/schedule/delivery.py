@@ -114,12 +114,14 @@ class Deliverer:
                 self._used.update(dict.fromkeys(ends, self._generation))
             self._save()  # before the first record goes there
         futures = []
+        producer: Producer | None = None
         for e in batch:
-            headers = dict(e.headers)
-            headers[SCHEDULE_HEADER] = f"{e.sp}:{e.so}".encode()
+            if producer is None or producer.topic != e.topic:
+                producer = self._producer(e.topic)
+            # e.headers holds sluice-schedule already (entry.py builds it off the due path).
             futures.append(
-                self._producer(e.topic).send(
-                    e.value, key=e.key, tag=e.tag, headers=headers, partition=e.tp, timestamp=e.timestamp
+                producer.send(
+                    e.value, key=e.key, tag=e.tag, headers=e.headers, partition=e.tp, timestamp=e.timestamp
                 )
             )
         # flush, not only waiting on the futures: it sends every partition's batch now, whole, instead

@@ -12,7 +12,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from sluice.client.producer.delay import DUE_HEADER, TARGET_HEADER, TARGET_PARTITION_HEADER
+from sluice.client.producer.delay import (
+    DUE_HEADER,
+    SCHEDULE_HEADER,
+    TARGET_HEADER,
+    TARGET_PARTITION_HEADER,
+)
 from sluice.codec.batch import Record
 
 __all__ = ["Entry", "count_frames", "decode_frames", "encode_frame", "entry_of"]
@@ -35,6 +40,7 @@ class Entry(NamedTuple):
     key: bytes | None
     value: bytes
     tag: str | None
+    #: The headers it is delivered with: the sender's, ``sluice-deliver-at`` and ``sluice-schedule``.
     headers: dict[str, bytes]
     timestamp: int
 
@@ -51,6 +57,10 @@ def entry_of(record: Record) -> Entry | None:
         return None
     if tp < 0 or not topic:
         return None
+    # Its coordinates header now, where the record is read (and in _decode_body, where it is loaded), so
+    # the delivered headers are built before the record is due, none on the due path. The frame does not
+    # store it (the coordinates are there already).
+    headers[SCHEDULE_HEADER] = b"%d:%d" % (record.partition, record.offset)
     return Entry(
         due,
         record.partition,
@@ -68,6 +78,7 @@ def entry_of(record: Record) -> Entry | None:
 def encode_frame(e: Entry) -> bytes:
     topic = e.topic.encode()
     tag = e.tag.encode() if e.tag is not None else b""
+    headers = [(n, v) for n, v in e.headers.items() if n != SCHEDULE_HEADER]
     parts = [
         _BODY.pack(
             e.due,
@@ -79,14 +90,14 @@ def encode_frame(e: Entry) -> bytes:
             -1 if e.key is None else len(e.key),
             len(e.value),
             _NO_TAG if e.tag is None else len(tag),
-            len(e.headers),
+            len(headers),
         ),
         topic,
         e.key or b"",
         e.value,
         tag,
     ]
-    for name, value in e.headers.items():
+    for name, value in headers:
         raw = name.encode()
         parts += (_HEADER.pack(len(raw), len(value)), raw, value)
     body = b"".join(parts)
@@ -157,4 +168,5 @@ def _decode_body(data: bytes, pos: int) -> Entry:
         pos += nlen
         headers[name] = data[pos : pos + hlen]
         pos += hlen
+    headers[SCHEDULE_HEADER] = b"%d:%d" % (sp, so)
     return Entry(due, sp, so, topic, tp, key, value, tag, headers, ts)

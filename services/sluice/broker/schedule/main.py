@@ -104,6 +104,12 @@ def _metrics_tls(args: argparse.Namespace) -> ServerTLS | None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_open_files_limit()  # as every Sluice process does: its bucket files and connections
+    # A thread waiting for the GIL gets it after at most this long when another thread computes: the
+    # delivery path hands a due batch across three threads (delivery loop, producer sender, connection
+    # reader) while the reader thread decodes coming buckets, and with the default 5 ms each hand-off could
+    # wait 5 ms. 1 ms: the median stall of a delivery-like thread during a bucket read-in went from 2-5 ms
+    # to 1.2 ms (bench/delayed_load_stall.py, docs/delayed-delivery.md).
+    sys.setswitchinterval(0.001)
     args = parse_args(argv)
     stop = threading.Event()
     host = current_host()

@@ -2,13 +2,14 @@
 
 Two threads share one lock. The reader follows every partition of ``__sluice_schedule`` from the read
 checkpoint, appends each record to its bucket file (``buckets.py``; near ones also join the in-memory
-heap, ``timeline.py``) and, every ``checkpoint_interval``, fsyncs the buckets and then saves the read
+timeline, ``timeline.py``) and, every ``checkpoint_interval``, fsyncs the buckets and then saves the read
 positions. The delivery loop sleeps until the first record is due (or a new earlier one arrives), sends
 the due batch through the intent log (``delivery.py``) and marks it done. docs/delayed-delivery.md.
 """
 
 from __future__ import annotations
 
+import bisect
 import gc
 import json
 import logging
@@ -24,7 +25,7 @@ from sluice.broker.schedule import metrics
 from sluice.broker.schedule.buckets import BucketStore
 from sluice.broker.schedule.delivery import Deliverer
 from sluice.broker.schedule.entry import Entry, entry_of
-from sluice.broker.schedule.timeline import Timeline
+from sluice.broker.schedule.timeline import Loaded, Timeline
 from sluice.client import Client, ProducerConfig
 from sluice.client.producer.delay import SCHEDULE_TOPIC
 from sluice.errors import SluiceError
@@ -34,10 +35,13 @@ __all__ = ["Scheduler", "SchedulerSettings"]
 log = logging.getLogger(__name__)
 
 #: The delivery producers: acks=all (a delivered record is stored like any), idempotent (a retry inside
-#: one process neither duplicates nor reorders), a short linger (a due batch goes out at once).
+#: one process neither duplicates nor reorders). A long linger, because every due batch ends with a
+#: flush() that sends it at once: with the 1 ms linger it had, the sender shipped the first records a
+#: partition got while the loop was still appending the rest, which then waited a whole round trip for
+#: that request (one in flight per partition), so a large due batch took two round trips, not one.
 _DELIVERY_CONFIG = ProducerConfig(
     acks=-1,
-    linger=timedelta(milliseconds=1),
+    linger=timedelta(seconds=1),
     enable_idempotence=True,
     request_timeout=timedelta(seconds=10),
     delivery_timeout=timedelta(seconds=30),
@@ -128,7 +132,7 @@ class Scheduler:
     def start(self) -> None:
         self._recover_marks()
         metrics.PENDING.set(self._store.count_pending())
-        metrics.IN_MEMORY.set_function(lambda: len(self._timeline.heap))
+        metrics.IN_MEMORY.set_function(lambda: self._timeline.size)
         metrics.OVERDUE.set_function(self._overdue_seconds)
         self._store.split_due(self._clock())
         with self._lock:
@@ -155,19 +159,18 @@ class Scheduler:
         self._deliverer.close(5.0)
 
     def pending_in_memory(self) -> int:
-        return len(self._timeline.heap)
+        return self._timeline.size
 
     def alive(self) -> bool:
         """Started, not stopping, and every thread running (the /healthz answer)."""
         return bool(self._threads) and not self._stop.is_set() and all(t.is_alive() for t in self._threads)
 
     def _overdue_seconds(self) -> float:
-        # Read without the lock: a scrape must never wait for the delivery loop, and a heap's first
-        # element read while another thread pushes is still some record's due time.
-        heap = self._timeline.heap
-        if not heap:
+        # Read without the lock: a scrape must never wait for the delivery loop (Timeline.first).
+        due = self._timeline.next_due()
+        if due is None:
             return 0.0
-        return max(0, self._clock() - heap[0].due) / 1000
+        return max(0, self._clock() - due) / 1000
 
     # ---- reading the schedule topic --------------------------------------------------------------
 
@@ -219,7 +222,7 @@ class Scheduler:
 
     def _preload(self) -> None:
         """Read the buckets about to start into memory: here, on the reader's thread, so the delivery
-        loop never stops to decode a bucket; the lock is held only to merge it into the heap."""
+        loop never stops to decode a bucket; the lock is held only to install it (O(1), timeline.py)."""
         now = self._clock()
         with self._store_lock:
             self._store.split_due(now)
@@ -227,9 +230,26 @@ class Scheduler:
         with self._cond:
             self._timeline.lead_ms = lead
             plan = self._timeline.plan(now)
+        if plan:
+            # No cyclic collection while the buckets are read in (they are frozen below): a full one walks
+            # every record being built, in one C call that holds the GIL, so the delivery thread waits.
+            gc.disable()
+        try:
+            self._load_planned(plan)
+        finally:
+            if plan:
+                # The loaded records live until due: keep the cyclic GC from walking them again and again
+                # (a full collection over a few 100,000 of them stalls delivery for 100 ms and more).
+                gc.freeze()
+                gc.enable()
+        with self._cond:
+            self._timeline.planned(now)
+
+    def _load_planned(self, plan: list[int]) -> None:
         for bucket in plan:
             started = time.monotonic()
             entries, done = self._store.load(bucket, _yield_gil)
+            loaded = Loaded.of(entries, done)
             self._learn_load_time(self._store.size(bucket), time.monotonic() - started)
             targets = {(e.topic, e.tp) for e in entries}
             if targets:
@@ -240,14 +260,8 @@ class Scheduler:
                     metrics.ERRORS.labels("prepare").inc()
                     log.warning("schedule: preparing deliveries failed (%s)", exc)
             with self._cond:
-                self._timeline.install(bucket, entries, done)
+                self._timeline.install(bucket, loaded)
                 self._cond.notify_all()
-        if plan:
-            # The loaded records live until due: keep the cyclic GC from walking them again and again
-            # (a full collection over a few 100,000 of them stalls delivery for 100 ms and more).
-            gc.freeze()
-        with self._cond:
-            self._timeline.planned(now)
 
     def _learn_load_time(self, size: int, seconds: float) -> None:
         if size >= 1 << 16 and seconds > 0:  # small reads say little about the speed
@@ -260,7 +274,9 @@ class Scheduler:
         records were due before they were in memory (the whole 10,000 due/s run started 2 s late)."""
         first = self._store.bucket_of(now)
         last = self._store.bucket_of(now + self._settings.preload_ms + _MAX_LEAD_MS)
-        size = max((self._store.size(b) for b in self._store.ids if first <= b <= last), default=0)
+        ids = self._store.ids  # sorted: the few coming buckets, not every bucket file (once per fetch)
+        coming = ids[bisect.bisect_left(ids, first) : bisect.bisect_right(ids, last)]
+        size = max((self._store.size(b) for b in coming), default=0)
         return min(_MAX_LEAD_MS, int(2000 * size / self._load_bytes_per_s))
 
     # ---- delivering ---------------------------------------------------------------------------------
@@ -340,7 +356,7 @@ class Scheduler:
 
     def _after_failure(self, batch: list[Entry]) -> None:
         """A batch whose outcome is unknown: find which records reached their partitions, mark them done
-        and send the rest again (in order: they go back into the heap)."""
+        and send the rest again (in order: they go back into the timeline)."""
         self._deliverer.reset()
         # A request the failed producer still had on the wire may land late: let it, before looking.
         self._stop.wait(_DELIVERY_CONFIG.request_timeout.total_seconds())
