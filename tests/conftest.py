@@ -14,6 +14,7 @@ if str(SERVICES) not in sys.path:
 # properties are what the suite asserts; every test still runs its full number of examples.
 import os  # noqa: E402
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile("sluice", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -26,3 +27,46 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("SLUICE_HYPOTHESIS_PROFILE", "sluice"))
+
+
+# --- Parallel runs (`make test` runs pytest-xdist with `--dist loadgroup`; docs/testing.md, "Test-suite
+# budget"). Every test gets an xdist group, so this is the one place that says what may run beside what.
+# By default a test file is one group: its module-scoped cluster is started once, on one worker (a
+# package-scoped cluster is started once per worker that runs one of its files: tests use their own
+# topics, so that is safe, only a few seconds of start-up). The exceptions are whole directories:
+#: Directories whose tests run one after another on one worker, never beside each other, with the reason.
+SERIAL_GROUPS: dict[str, tuple[str, ...]] = {
+    # One SparkSession (a JVM) and one stack serve the whole package (package-scoped fixtures): split over
+    # workers, each would start its own JVM, the heaviest start-up of the suite.
+    "spark": ("tests/integration/spark/",),
+    # Tests that measure time against the machine: chaos kills and outages timed against session and commit
+    # timeouts, quota tests asserting rates within 10 %, the poison test's throughput ratios, the compare
+    # smoke's own servers and clients. Beside each other they would load the same 2 cores they measure.
+    "timed": (
+        "tests/chaos/",
+        "tests/integration/quota/",
+        "tests/integration/poison/",
+        "tests/bench_compare/",
+    ),
+}
+
+
+def _xdist_group(nodeid: str) -> str:
+    for group, prefixes in SERIAL_GROUPS.items():
+        if nodeid.startswith(prefixes):
+            return group
+    return nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Only on an xdist worker (where the marks mean something): a plain run, or one without the plugin
+    # (tests/packaging's slim venv), keeps its order and knows no `xdist_group` mark.
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item.nodeid)))
+    # The serial groups are the longest chains of the run: they go first (the Makefile keeps this order
+    # with --no-loadscope-reorder) so the other workers share the rest around them, not after them.
+    rank = {group: i for i, group in enumerate(SERIAL_GROUPS)}
+    items.sort(key=lambda item: rank.get(_xdist_group(item.nodeid), len(rank)))
