@@ -54,7 +54,7 @@ typecheck: $(VENV)/.installed
 ##   workers, file by file; TEST_WORKERS=0 runs them one at a time; docs/testing.md, "Test-suite budget")
 TEST_WORKERS ?= 3
 test: deps lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 ## unit: the unit tests only (no processes, no Redis)
 unit: $(VENV)/.installed

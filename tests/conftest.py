@@ -29,11 +29,11 @@ settings.register_profile(
 settings.load_profile(os.environ.get("SLUICE_HYPOTHESIS_PROFILE", "sluice"))
 
 
-# --- Parallel runs (`make test` runs pytest-xdist with `--dist loadgroup`; docs/testing.md, "Test-suite
-# budget"). Every test gets an xdist group, so this is the one place that says what may run beside what.
-# By default a test file is one group: its module-scoped cluster is started once, on one worker (a
-# package-scoped cluster is started once per worker that runs one of its files: tests use their own
-# topics, so that is safe, only a few seconds of start-up). The exceptions are whole directories:
+# --- Parallel runs (`make test` runs pytest-xdist with `--dist loadfile`; docs/testing.md, "Test-suite
+# budget"). This is the one place that says which tests may run beside which. A test file is the unit of
+# work: its module-scoped cluster is started once, on one worker (a package-scoped cluster is started once
+# per worker that runs one of its files: tests use their own topics, so that is safe, only a few seconds
+# of start-up). The exceptions are whole directories, each one unit run by one worker, file after file:
 #: Directories whose tests run one after another on one worker, never beside each other, with the reason.
 SERIAL_GROUPS: dict[str, tuple[str, ...]] = {
     # One SparkSession (a JVM) and one stack serve the whole package (package-scoped fixtures): split over
@@ -51,22 +51,35 @@ SERIAL_GROUPS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _xdist_group(nodeid: str) -> str:
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its serial group, else its file."""
     for group, prefixes in SERIAL_GROUPS.items():
         if nodeid.startswith(prefixes):
             return group
     return nodeid.split("::", 1)[0]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+# xdist's own `--dist loadgroup` (xdist_group marks) does nothing under pytest 9: it renames the items'
+# `_nodeid`, which pytest 9 no longer reads, and silently spreads a group's tests over every worker. A
+# scheduler of our own groups by `work_unit` instead. optionalhook: a run without xdist (tests/packaging's
+# slim venv) has no such hook.
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    scheduler = LoadFileScheduling(config, log)
+    scheduler._split_scope = work_unit  # the file scheduler, with our units instead of files
+    return scheduler
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Only on an xdist worker (where the marks mean something): a plain run, or one without the plugin
-    # (tests/packaging's slim venv), keeps its order and knows no `xdist_group` mark.
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    # Only on an xdist worker (whose collection order is the order work is handed out in): a plain run
+    # keeps its order.
+    if not hasattr(config, "workerinput"):
         return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item.nodeid)))
     # The serial groups are the longest chains of the run: they go first (the Makefile keeps this order
     # with --no-loadscope-reorder) so the other workers share the rest around them, not after them.
     rank = {group: i for i, group in enumerate(SERIAL_GROUPS)}
-    items.sort(key=lambda item: rank.get(_xdist_group(item.nodeid), len(rank)))
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))
