@@ -50,9 +50,11 @@ lint: $(VENV)/.installed
 typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
-## test: install everything, then lint, type-check and run every test
+## test: install everything, then lint, type-check and run every test (TEST_WORKERS=3 parallel pytest-xdist
+##   workers, file by file; TEST_WORKERS=0 runs them one at a time; docs/testing.md, "Test-suite budget")
+TEST_WORKERS ?= 3
 test: deps lint typecheck
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 ## unit: the unit tests only (no processes, no Redis)
 unit: $(VENV)/.installed
