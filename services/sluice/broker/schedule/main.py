@@ -21,6 +21,7 @@ from pathlib import Path
 from sluice.broker.schedule.scheduler import Scheduler, SchedulerSettings
 from sluice.client import Client
 from sluice.client.producer.delay import SCHEDULE_TOPIC
+from sluice.common.backoff import Backoff
 from sluice.common.units import parse_duration
 from sluice.errors import InvalidArgument, SluiceError, TopicAlreadyExists
 from sluice.security.tls import ServerTLS
@@ -92,6 +93,28 @@ def ensure_topic(client: Client, args: argparse.Namespace) -> None:
         pass
 
 
+#: How long start-up waits for the cluster (a coordinator or broker starting beside it, or a moment of
+#: overload) before it gives up: as long as a Kubernetes start-up probe would, not for ever.
+STARTUP_WAIT_S = 60.0
+
+
+def _until_reachable(step: Callable[[], None], stop: threading.Event) -> None:
+    """Run ``step``, again after a retriable error (the cluster not reachable yet), for at most
+    STARTUP_WAIT_S; the last error then, or any other at once, is raised."""
+    deadline = time.monotonic() + STARTUP_WAIT_S
+    backoff = Backoff(0.2, 5.0)
+    while True:
+        try:
+            step()
+            return
+        except SluiceError as exc:
+            wait = backoff.next()
+            if not exc.retriable or time.monotonic() + wait > deadline or stop.is_set():
+                raise
+            log.warning("the cluster is not reachable yet (%s); trying again in %.1fs", exc, wait)
+            stop.wait(wait)
+
+
 def _metrics_tls(args: argparse.Namespace) -> ServerTLS | None:
     """The metrics port's TLS (the chart's tls.metrics): the scheduler serves no gRPC, so only this port."""
     if args.tls_metrics_cert is None and args.tls_metrics_key is None:
@@ -109,18 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     # reader) while the reader thread decodes coming buckets, and with the default 5 ms each hand-off could
     # wait 5 ms. 1 ms: the median stall of a delivery-like thread during a bucket read-in went from 2-5 ms
     # to 1.2 ms (bench/delayed_load_stall.py, docs/delayed-delivery.md).
-    sys.setswitchinterval(0.001)
+    # Only in a process of its own: under `sluice up`'s combined mode the interval would be every service's.
     args = parse_args(argv)
     stop = threading.Event()
     host = current_host()
     if host is None:
+        sys.setswitchinterval(0.001)
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
     else:  # one of several services in this process (`sluice up`'s combined mode): its launcher stops it
         host.on_stop(stop.set)
     try:
         client = Client(args.coordinator)
-        ensure_topic(client, args)
+        _until_reachable(lambda: ensure_topic(client, args), stop)
         settings = SchedulerSettings(
             bucket_ms=args.bucket, preload_ms=args.preload, crash_after=args.crash_after_deliveries
         )
