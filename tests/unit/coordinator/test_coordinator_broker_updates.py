@@ -8,6 +8,8 @@ end up holding exactly the coordinator's assignment for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -59,15 +61,27 @@ def expected(ctx: ClusterContext, broker_id: int) -> dict[tuple[str, int], str]:
     return {(r.topic, r.partition): r.topic_id for r in ctx.state.broker_assignment(broker_id).assign}
 
 
-async def _scenario() -> None:
+@contextlib.asynccontextmanager
+async def _pushing(
+    timeout_s: float,
+) -> AsyncIterator[tuple[ContractBroker, int, ClusterContext, BrokerNotifier]]:
+    """A contract-following peer on a real gRPC server, a cluster state and a notifier pushing to it."""
     peer = ContractBroker()
     server = aio.server()
     broker_pb2_grpc.add_BrokerServicer_to_server(peer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     ctx = ClusterContext()
-    notifier = BrokerNotifier(ctx.state.broker_assignment, timeout_s=2.0)
+    notifier = BrokerNotifier(ctx.state.broker_assignment, timeout_s=timeout_s)
     try:
+        yield peer, port, ctx, notifier
+    finally:
+        await notifier.close()
+        await server.stop(None)
+
+
+async def _scenario() -> None:
+    async with _pushing(2.0) as (peer, port, ctx, notifier):
         reg = ctx.register_broker(1, port=port)
         notifier.registered(1, Endpoint("127.0.0.1", port), known_version=0)
         assert reg.change is not None
@@ -126,9 +140,6 @@ async def _scenario() -> None:
         unknown = notifier.submit(MetadataChange(0, 1, assign={2: ()}), [2])
         assert [f.result() is None for f in unknown.values()] == [False]
         notifier.registered(2, Endpoint("127.0.0.1", 1), UNKNOWN_VERSION)
-    finally:
-        await notifier.close()
-        await server.stop(None)
 
 
 def test_pushes_keep_a_contract_following_broker_consistent() -> None:
@@ -136,14 +147,7 @@ def test_pushes_keep_a_contract_following_broker_consistent() -> None:
 
 
 async def _lost_removal_scenario() -> None:
-    peer = ContractBroker()
-    server = aio.server()
-    broker_pb2_grpc.add_BrokerServicer_to_server(peer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    ctx = ClusterContext()
-    notifier = BrokerNotifier(ctx.state.broker_assignment, timeout_s=2.0)
-    try:
+    async with _pushing(2.0) as (peer, port, ctx, notifier):
         reg = ctx.register_broker(1, port=port)
         notifier.registered(1, Endpoint("127.0.0.1", port), known_version=0)
         assert reg.change is not None
@@ -162,9 +166,6 @@ async def _lost_removal_scenario() -> None:
             await asyncio.sleep(0.05)
         assert {(t, p) for t, p, _ in peer.removed} == {("a", 0), ("a", 1)}
         assert (peer.version, peer.partitions) == (ctx.state.metadata_version, expected(ctx, 1))
-    finally:
-        await notifier.close()
-        await server.stop(None)
 
 
 def test_a_lost_removal_is_sent_at_the_brokers_next_heartbeat_when_no_update_follows() -> None:
@@ -172,14 +173,7 @@ def test_a_lost_removal_is_sent_at_the_brokers_next_heartbeat_when_no_update_fol
 
 
 async def _heartbeat_overtakes_scenario() -> None:
-    peer = ContractBroker()
-    server = aio.server()
-    broker_pb2_grpc.add_BrokerServicer_to_server(peer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    ctx = ClusterContext()
-    notifier = BrokerNotifier(ctx.state.broker_assignment, timeout_s=5.0)
-    try:
+    async with _pushing(5.0) as (peer, port, ctx, notifier):
         reg = ctx.register_broker(1, port=port)
         notifier.registered(1, Endpoint("127.0.0.1", port), known_version=0)
         assert reg.change is not None
@@ -203,9 +197,6 @@ async def _heartbeat_overtakes_scenario() -> None:
         assert peer.version == ctx.state.metadata_version
         # Nothing owed once the push is acknowledged, and nothing added to a delta.
         assert not notifier.with_owed_removals(1, ctx.state.broker_assignment(1)).remove
-    finally:
-        await notifier.close()
-        await server.stop(None)
 
 
 def test_a_heartbeat_answer_that_overtakes_a_removal_carries_it() -> None:
@@ -213,25 +204,18 @@ def test_a_heartbeat_answer_that_overtakes_a_removal_carries_it() -> None:
 
 
 async def _owed_then_assigned_scenario() -> None:
-    peer = ContractBroker()
-    server = aio.server()
-    broker_pb2_grpc.add_BrokerServicer_to_server(peer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    ctx = ClusterContext()
-    notifier = BrokerNotifier(ctx.state.broker_assignment, timeout_s=5.0)
+    async with _pushing(5.0) as (peer, port, ctx, notifier):
 
-    async def pushed(change: MetadataChange | None) -> None:
-        """Push ``change`` to broker 1 and wait until the peer holds its version."""
-        assert change is not None
-        notifier.submit(change, [1])
-        for _ in range(200):
-            if peer.version == change.version:
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"the peer never reached version {change.version} (at {peer.version})")
+        async def pushed(change: MetadataChange | None) -> None:
+            """Push ``change`` to broker 1 and wait until the peer holds its version."""
+            assert change is not None
+            notifier.submit(change, [1])
+            for _ in range(200):
+                if peer.version == change.version:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError(f"the peer never reached version {change.version} (at {peer.version})")
 
-    try:
         notifier.registered(1, Endpoint("127.0.0.1", port), known_version=0)
         await pushed(ctx.register_broker(1, port=port).change)
         await pushed(ctx.register_broker(2).change)
@@ -248,9 +232,6 @@ async def _owed_then_assigned_scenario() -> None:
         assert not peer.received[-1].full  # deltas all the way: the path that carries owed removals
         assert not any(r.topic == name for request in peer.received for r in request.remove)
         assert (name, 0) in peer.partitions
-    finally:
-        await notifier.close()
-        await server.stop(None)
 
 
 def test_an_owed_removal_is_dropped_when_the_partition_is_assigned_to_the_broker_again() -> None:
