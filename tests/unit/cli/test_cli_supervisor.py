@@ -7,7 +7,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,16 +29,6 @@ print(f"SLUICE_READY service={name} address=127.0.0.1:1234 metrics=127.0.0.1:567
 while True:
     time.sleep(60)
 """
-
-
-@pytest.fixture
-def sup() -> Iterator[Supervisor]:
-    s = Supervisor(grace=5.0)
-    try:
-        yield s
-    finally:
-        s.stop_all()
-        s.waker.close()
 
 
 def service(sup: Supervisor, tmp_path: Path, name: str, ignore_term: bool = False) -> Child:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,16 +29,6 @@ def main(argv: list[str]) -> int:
     stopped = threading.Event()
     host.on_stop(stopped.set)
     return 0 if stopped.wait(30) else 3
-
-
-@pytest.fixture
-def sup() -> Iterator[Supervisor]:
-    s = Supervisor(grace=5.0)
-    try:
-        yield s
-    finally:
-        s.stop_all()
-        s.waker.close()
 
 
 def standin(sup: Supervisor, tmp_path: Path, *argv: str) -> ServiceThread:
