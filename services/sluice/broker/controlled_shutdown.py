@@ -27,6 +27,7 @@ import grpc
 from sluice.broker.coordinator_link import RPC_TIMEOUT_S, CoordinatorLink
 from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc
+from sluice.common.timeouts import within
 from sluice.v1 import coordinator_pb2
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ async def controlled_shutdown(
             while led() > remaining and time.monotonic() < deadline:
                 changed.clear()
                 try:
-                    await asyncio.wait_for(changed.wait(), min(RPC_TIMEOUT_S, deadline - time.monotonic()))
+                    await within(changed.wait(), min(RPC_TIMEOUT_S, deadline - time.monotonic()))
                 except TimeoutError:
                     break
             now_led = led()

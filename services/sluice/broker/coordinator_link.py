@@ -27,6 +27,7 @@ from sluice.broker.servicer import update_from_proto
 from sluice.common.backoff import Backoff
 from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc
+from sluice.common.timeouts import within
 from sluice.errors import SluiceError, error_from_proto
 from sluice.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -184,4 +185,4 @@ class CoordinatorLink:
                 continue
             # Damage found while serving is news for the controller now, not one interval later.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.damage_found.wait(), interval)
+                await within(self.damage_found.wait(), interval)

@@ -25,6 +25,7 @@ from sluice.broker.scrub import Scrubber
 from sluice.broker.service import BrokerService
 from sluice.broker.servicer import BrokerServicer
 from sluice.broker.wire_server import broker_wire_listener
+from sluice.common.timeouts import within
 from sluice.quotas.poller import QuotaPoller
 from sluice.security.setup import build as build_security
 from sluice.server.config import add_arguments, load
@@ -153,10 +154,10 @@ async def run(config: BrokerConfig) -> None:
         # a coordinator that is down must not keep the broker from serving.
         if link is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(link.registered.wait(), REGISTRATION_WAIT_S)
+                await within(link.registered.wait(), REGISTRATION_WAIT_S)
         if quota_poller is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(quota_poller.synced.wait(), REGISTRATION_WAIT_S)
+                await within(quota_poller.synced.wait(), REGISTRATION_WAIT_S)
         await security.wait_synced()
 
     shut_down = asyncio.Event()  # on_stop runs twice (serve's hook, then the finally below)

@@ -21,6 +21,7 @@ import ssl
 
 from sluice.common.client_security import process_security
 from sluice.common.client_tls import client_ssl_context, server_hostname
+from sluice.common.timeouts import within
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
     HEADER,
@@ -57,7 +58,7 @@ class ReplicaWire:
                 opening = asyncio.open_connection(
                     host, port, ssl=client_ssl_context(tls), server_hostname=server_hostname(tls, host)
                 )
-            reader, writer = await asyncio.wait_for(opening, CONNECT_TIMEOUT_S)
+            reader, writer = await within(opening, CONNECT_TIMEOUT_S)
         except ssl.SSLError as exc:
             raise AuthenticationError(f"{name}: TLS handshake failed: {exc.reason or exc}") from exc
         sock = writer.get_extra_info("socket")
@@ -71,7 +72,7 @@ class ReplicaWire:
                 metadata=dict(security.metadata()),
             )
             writer.write(frame(FrameType.HELLO, hello.SerializeToString()))
-            kind, payload = await asyncio.wait_for(conn._read(), CONNECT_TIMEOUT_S)
+            kind, payload = await within(conn._read(), CONNECT_TIMEOUT_S)
             if kind != FrameType.HELLO:
                 raise WireProtocolError(f"{name}: expected a hello answer, got frame type {kind}")
             raise_for_proto(wire_pb2.WireHelloResponse.FromString(payload).error)

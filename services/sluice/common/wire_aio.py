@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 
 from sluice.common.client_security import ClientSecurity, process_security
 from sluice.common.client_tls import client_ssl_context, server_hostname
+from sluice.common.timeouts import within
 from sluice.common.wire import (
     CONNECT_TIMEOUT_S,
     PROTOCOL_VERSION,
@@ -134,7 +135,7 @@ class FetchFollower(asyncio.BufferedProtocol):
                     ssl=client_ssl_context(tls),
                     server_hostname=server_hostname(tls, host),
                 )
-            await asyncio.wait_for(connecting, CONNECT_TIMEOUT_S)
+            await within(connecting, CONNECT_TIMEOUT_S)
         except ssl.SSLError as exc:
             self.close()
             why = exc.reason or exc

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from grpc import aio
 
+from sluice.common.timeouts import within
 from sluice.coordinator.acl_store import AclStore
 from sluice.coordinator.election import CoordinatorElection
 from sluice.errors import InvalidArgument, NotCoordinator, SluiceError
@@ -157,7 +158,7 @@ class AclServicer(acl_pb2_grpc.AclsServicer):
                 return pb.WatchSecurityResponse(changed=False, version=version)
             # On a timeout: one more look at the version, then "unchanged".
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                await within(changed.wait(), remaining)
 
     async def _current_snapshot(self, version: int) -> pb.SecuritySnapshot:
         """The snapshot at ``version`` or later, built once per version however many services ask."""

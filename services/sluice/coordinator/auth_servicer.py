@@ -14,7 +14,6 @@ write path). docs/security.md, "Passwords (SCRAM) and session tokens", has the r
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -26,6 +25,7 @@ from typing import Any
 from grpc import aio
 from redis.asyncio import Redis
 
+from sluice.common.timeouts import within
 from sluice.coordinator.config import CoordinatorConfig
 from sluice.coordinator.users import LoginRecord, UserStore
 from sluice.errors import AuthenticationError, InvalidArgument, RequestTimedOut
@@ -142,7 +142,7 @@ class AuthService:
 
 async def _next(messages: AsyncIterator[pb.AuthMessage], what: str) -> pb.AuthMessage:
     try:
-        return await asyncio.wait_for(anext(messages), STEP_TIMEOUT_S)
+        return await within(anext(messages), STEP_TIMEOUT_S)
     except StopAsyncIteration:
         raise InvalidArgument(f"the client ended the login before its {what}") from None
     except TimeoutError:

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
+from sluice.common.timeouts import within
 from sluice.coordinator.broker_updates import PushOutcome
 from sluice.coordinator.cluster.elections import ElectionResult
 from sluice.coordinator.cluster.isr import AlterPartitionResult, IsrProposal, alter_partition
@@ -237,7 +238,7 @@ class CoordinatorLeadership(CoordinatorReassignments):
         interval = settings.leader_imbalance_check_interval_ms / 1000
         while True:
             try:
-                await asyncio.wait_for(self._rebalance_wake.wait(), interval)
+                await within(self._rebalance_wake.wait(), interval)
                 await asyncio.sleep(REBALANCE_DEBOUNCE_S)
             except TimeoutError:
                 pass

@@ -14,6 +14,7 @@ import socket
 
 from sluice.common.redis_client import connect as connect_redis
 from sluice.common.redis_client import noeviction_guard, wait_for_redis
+from sluice.common.timeouts import within
 from sluice.coordinator.acl_servicer import AclServicer, acl_registrar
 from sluice.coordinator.acl_store import AclStore
 from sluice.coordinator.auth_servicer import SERVICE_NAME as AUTH_SERVICE_NAME
@@ -106,7 +107,7 @@ async def run(config: CoordinatorConfig) -> None:
         # A standby (another replica leads) stops waiting after two lease periods and serves as one.
         if election is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(elected.wait(), 2 * config.lease_duration.total_seconds())
+                await within(elected.wait(), 2 * config.lease_duration.total_seconds())
         # The coordinator decides from the same snapshots as every service: it follows its own
         # address (a standby is sent on to the leader), so there is one way ACLs reach a decision.
         if server is not None:

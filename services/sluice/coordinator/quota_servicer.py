@@ -19,6 +19,7 @@ from typing import Any
 
 from grpc import aio
 
+from sluice.common.timeouts import within
 from sluice.coordinator.acl_servicer import MAX_ENTRIES, MAX_WAIT_MS, Leadership
 from sluice.coordinator.quota_store import QuotaStore
 from sluice.errors import InvalidArgument, NotCoordinator, SluiceError
@@ -122,7 +123,7 @@ class QuotaServicer(quota_pb2_grpc.QuotasServicer):
             if remaining <= 0 or self._closing:
                 return pb.WatchQuotasResponse(changed=False, version=version)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                await within(changed.wait(), remaining)
 
     def _guard(self) -> None:
         election = self._leadership.election

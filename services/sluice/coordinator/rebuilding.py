@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
+from sluice.common.timeouts import within
 from sluice.coordinator.cluster.model import BrokerHeartbeatResult
 from sluice.coordinator.cluster.rebuild import MAX_REPORTS, EpochReport, RebuildResult, merge_reports
 from sluice.coordinator.cluster.sessions import Liveness
@@ -81,7 +82,7 @@ class CoordinatorRebuild(CoordinatorWriter):
             return
         started = time.monotonic()
         try:
-            await asyncio.wait_for(term.all_reported.wait(), wait_s)
+            await within(term.all_reported.wait(), wait_s)
             log.info(
                 "controller view: every registered broker reported in %.1f s (%d partitions ahead of Redis)",
                 time.monotonic() - started,

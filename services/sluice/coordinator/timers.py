@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from sluice.common.timeouts import within
 from sluice.coordinator.cluster.elections import ElectionResult, elect_after_loss, elect_offline
 from sluice.coordinator.groups.assignment import AssignmentJob
 from sluice.coordinator.groups.lag import lag_positions, rows_off_loop, time_lag
@@ -174,7 +175,7 @@ class CoordinatorTimers(CoordinatorRebuild):
             delay = min(delay, max(0.0, (due - self._clock.now_ms()) / 1000))
         self._group_idle = True
         try:
-            await asyncio.wait_for(self._group_wake.wait(), delay)
+            await within(self._group_wake.wait(), delay)
         except TimeoutError:
             pass
         finally:

@@ -15,6 +15,7 @@ import logging
 
 from sluice.common.memory import trim_loop
 from sluice.common.peers import AioPeers
+from sluice.common.timeouts import within
 from sluice.dispatcher.budget import MemoryBudget
 from sluice.dispatcher.cluster import ClusterView, CoordinatorLink
 from sluice.dispatcher.config import DispatcherConfig
@@ -127,7 +128,7 @@ class DispatcherService:
         self.authorizer.authorize(ctx, Operation.READ, Resource(ResourceType.SUBSCRIPTION, req.subscription))
         await admit(self.quotas, ctx, QuotaResource.SUBSCRIBES)  # the subscribe-rate quota (docs/quotas.md)
         try:
-            await asyncio.wait_for(self.link.registered.wait(), 10)
+            await within(self.link.registered.wait(), 10)
         except TimeoutError:
             raise BrokerNotAvailable("the dispatcher is not registered with the coordinator yet") from None
         desc = await self.link.topic(req.topic, fresh=True)
@@ -411,7 +412,7 @@ class DispatcherService:
         interval = self.config.cursor_flush_interval.total_seconds()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._flush_wanted.wait(), interval)
+                await within(self._flush_wanted.wait(), interval)
             if self._flush_wanted.is_set():
                 self.metrics.cursor_flushes_early.inc()
             self._flush_wanted.clear()

@@ -8,11 +8,11 @@ security existed.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from sluice.common.timeouts import within
 from sluice.security.acl import AclAuthorizer
 from sluice.security.authenticate import ServerAuthenticator
 from sluice.security.context import GRPC, AllowAll, Authorizer, RequestContext
@@ -78,7 +78,7 @@ class ServiceSecurity:
         if self.watcher is None:
             return
         try:
-            await asyncio.wait_for(self.watcher.synced.wait(), SYNC_WAIT_S)
+            await within(self.watcher.synced.wait(), SYNC_WAIT_S)
         except TimeoutError:
             log.warning(
                 "%s: no ACLs from the coordinator yet; serving, and denying until they come", self.service

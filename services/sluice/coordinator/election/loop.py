@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from sluice.common.timeouts import within
 from sluice.coordinator.election.base import Candidate, LeaseStore, OnElected, OnLost
 from sluice.coordinator.election.machine import (
     Action,
@@ -279,13 +280,13 @@ class ElectionLoop:
         delay = when - self._clock()
         if delay > 0 and not (self._resign_requested or self._fence_requested):
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+                await within(self._wake.wait(), delay)
         self._wake.clear()
 
 
 async def _bounded(call: Coroutine[Any, Any, T], seconds: float) -> T:
     """Await a store call for at most ``seconds`` (TimeoutError after)."""
-    return await asyncio.wait_for(call, max(seconds, 0.001))
+    return await within(call, max(seconds, 0.001))
 
 
 def _why(exc: BaseException) -> str:
