@@ -68,12 +68,17 @@ class FakeLeaseApi:
             lease = self._leases.get((namespace, name))
             return None if lease is None else lease.model_copy(deep=True)
 
-    def overwrite(self, namespace: str, name: str, **spec: Any) -> None:
-        """Another client writes the Lease (new resourceVersion), e.g. an admin or another elector."""
+    def overwrite(
+        self, namespace: str, name: str, annotations: dict[str, str] | None = None, **spec: Any
+    ) -> None:
+        """Another client writes the Lease (new resourceVersion), e.g. an admin or another elector:
+        ``spec`` fields, and ``annotations`` merged into the metadata's."""
         with self._lock:
             lease = self._leases[(namespace, name)].model_copy(deep=True)
             for key, value in spec.items():
                 setattr(lease.spec, key, value)
+            if annotations:
+                lease.metadata.annotations = {**(lease.metadata.annotations or {}), **annotations}
             self._store((namespace, name), lease)
 
     # ---- internals ---------------------------------------------------------------------------------
