@@ -41,12 +41,14 @@ SERIAL_GROUPS: dict[str, tuple[str, ...]] = {
     "spark": ("tests/integration/spark/",),
     # Tests that measure time against the machine: chaos kills and outages timed against session and commit
     # timeouts, quota tests asserting rates within 10 %, the poison test's throughput ratios, the compare
-    # smoke's own servers and clients. Beside each other they would load the same 2 cores they measure.
+    # smoke's own servers and clients, the dispatcher memory budget's rate with and without a hostile
+    # consumer. Beside each other they would load the same 2 cores they measure.
     "timed": (
         "tests/chaos/",
         "tests/integration/quota/",
         "tests/integration/poison/",
         "tests/bench_compare/",
+        "tests/integration/dispatcher/test_memory_budget.py",
     ),
 }
 
