@@ -43,7 +43,7 @@ def plan_for(args: argparse.Namespace) -> runner.Plan:
     return plan
 
 
-def machine() -> dict[str, Any]:
+def machine(load_at_start: tuple[float, float, float]) -> dict[str, Any]:
     meminfo = Path("/proc/meminfo").read_text().split("\n")[0].split()
     model = next(
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -55,7 +55,9 @@ def machine() -> dict[str, Any]:
         "cpu": model,
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        # Both ends of the run: a quiet start says nothing of a run that other work joined halfway.
+        "load_average_at_start": [round(x, 2) for x in load_at_start],
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_for(args)
     adapters = systems.by_name(args.systems or (systems.QUICK_ADAPTERS if args.quick else None))
     started = time.time()
+    load_at_start = os.getloadavg()
     ports = servers.Ports()
     results = []
     for adapter in adapters:
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.time() - started),
         "command": args.command or shlex.join([sys.executable, "-m", "compare", *(argv or sys.argv[1:])]),
         "plan": dataclasses.asdict(plan),
-        "machine": machine(),
+        "machine": machine(load_at_start),
         "clients": client_versions(),
         "systems": results,
         "json": os.path.relpath(args.json, ROOT),

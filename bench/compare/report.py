@@ -103,24 +103,35 @@ def curve_table(data: dict[str, Any]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _loads(m: dict[str, Any]) -> str:
+    """The load averages at the run's start and, where recorded, at its end."""
+    said = f"load average at the start: {', '.join(map(str, m['load_average_at_start']))}"
+    if "load_average_at_end" in m:
+        said += f", at the end: {', '.join(map(str, m['load_average_at_end']))}"
+    return said
+
+
+def _busiest(m: dict[str, Any]) -> float:
+    return float(max(m["load_average_at_start"] + m.get("load_average_at_end", [])))
+
+
 def document(data: dict[str, Any], main_table: str, figures: dict[str, Path], docs: Path) -> str:
     plan, m = data["plan"], data["machine"]
     rel = {k: os.path.relpath(p, docs) for k, p in figures.items()}
     quick = (
         "> **Preliminary: a QUICK run** (`make compare QUICK=1`: "
         f"{plan['records']:,} records, {plan['reps']} repetition, short paced runs) **on a machine shared "
-        "with other work** (load average at the start: "
-        f"{', '.join(map(str, m['load_average_at_start']))}). The figures show the harness works end to end; "
+        "with other work** ("
+        f"{_loads(m)}). The figures show the harness works end to end; "
         "they are not the comparison. The full run (`make compare`) on a quiet machine replaces this "
         "page.\n\n"
         if plan["quick"] else ""
     )  # fmt: skip
-    if not plan["quick"] and max(m["load_average_at_start"]) >= m["cores"]:
+    if not plan["quick"] and _busiest(m) >= m["cores"]:
         # A run beside other work still compares the systems (they share the same load, in turn), but its
         # absolute tails say more about the machine than about any of them: say so where it is read.
         quick = (
-            f"> **Measured on a busy machine** (load average at the start: "
-            f"{', '.join(map(str, m['load_average_at_start']))} on {m['cores']} cores: "
+            f"> **Measured on a busy machine** ({_loads(m)} on {m['cores']} cores: "
             "other work was running). "
             "Every system ran under the same load in turn, so rates and ratios within this run compare; "
             "absolute p99/p99.9 figures are inflated by the load (Redis's p99 here is far above its sub-ms "
