@@ -206,7 +206,8 @@ def test_a_partial_batch_waits_for_the_answers_while_full_ones_pipeline() -> Non
     partial.builder.append(b"later", None, None, None, 1_000)
     rig.answer([first], base_offset=0)
     (sent,) = rig.send_one()
-    assert sent is partial and sent.record_count == 2
+    assert sent is partial
+    assert sent.record_count == 2
 
 
 def test_queued_full_batches_pipeline_behind_one_in_flight() -> None:
