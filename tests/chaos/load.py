@@ -58,6 +58,9 @@ class Load:
     rate: float
     idempotent: bool = True
     producer_config: dict[str, Any] = field(default_factory=dict)
+    #: Bytes appended to every value (after ``<partition>:<seq>:``): with a small ``batch_size`` each
+    #: record fills a batch, so batches are full and pipeline (the producer holds partial ones back).
+    value_padding: int = 0
     sent: list[int] = field(init=False)
     #: Per partition: the sequence numbers acknowledged, and when each answer came (monotonic).
     acked: list[set[int]] = field(init=False)
@@ -122,7 +125,10 @@ class Load:
                     self.sent[partition] = seq + 1
                     with self._lock:
                         self._pending += 1
-                    future = producer.send(f"{partition}:{seq}".encode(), partition=partition)
+                    value = f"{partition}:{seq}".encode()
+                    if self.value_padding:
+                        value += b":" + b"p" * self.value_padding
+                    future = producer.send(value, partition=partition)
                     future.add_done_callback(functools.partial(self._answered, partition=partition, seq=seq))
                     i += 1
                     next_at += interval

@@ -189,3 +189,29 @@ def test_a_batch_failing_for_good_with_later_ones_in_flight_holds_the_partition_
     rig.clock.advance(50)
     assert [rig.send_one() for _ in range(3)] == [[bs[1]], [bs[2]], [bs[3]]]
     assert [b.producer for b in bs[1:]] == [(7, 1, 0), (7, 1, 1), (7, 1, 2)]
+
+
+def test_a_partial_batch_waits_for_the_answers_while_full_ones_pipeline() -> None:
+    """Nagle's rule: under linger 0 a one-record batch does not take a request of its own while its
+    partition has batches in flight; it goes (with whatever joined it meanwhile) when they are answered.
+    Full batches still go up to max_in_flight."""
+    rig = Rig()
+    (first,) = rig.batches(1)
+    assert rig.send_one() == [first]
+    partial = rig.acc.roll(0)  # open: still taking records
+    assert partial.builder is not None
+    partial.builder.append(b"late", None, None, None, 1_000)
+    rig.clock.advance(1000)  # far past any linger
+    assert rig.send_one() == []
+    partial.builder.append(b"later", None, None, None, 1_000)
+    rig.answer([first], base_offset=0)
+    (sent,) = rig.send_one()
+    assert sent is partial
+    assert sent.record_count == 2
+
+
+def test_queued_full_batches_pipeline_behind_one_in_flight() -> None:
+    rig = Rig()
+    bs = rig.batches(3)  # closed (queued): full batches as far as the rule goes
+    assert [rig.send_one() for _ in range(3)] == [[bs[0]], [bs[1]], [bs[2]]]
+    assert rig.acc.in_flight(0) == bs

@@ -10,13 +10,14 @@ Per partition there is at most one *open* batch (still taking records), a queue 
 
 - ``1`` (without idempotence): one *run* of batches (sent together in one request, appended in
   order) at a time. Nothing but one run in flight is what keeps a retry from reordering.
-- ``2..5`` (with idempotence, Kafka's rule): up to that many batches in flight in several runs,
-  pipelined on the partition's broker. The broker's sequence check keeps their order. After a
-  retriable failure the partition is *blocked*: nothing more goes out until every batch in flight
-  has come back (later ones fail OUT_OF_ORDER_SEQUENCE, or succeed), and the failed ones are
-  resent in creation order, each retried batch alone in its run (the broker then answers each as a
-  whole duplicate or a whole new batch). Never more than 5 batches unacknowledged and stamped, so
-  every retry is among the broker's last five batches of the producer and is recognised.
+- ``2..5`` (with idempotence, Kafka's rule): up to that many batches in flight in several runs, pipelined on
+  the partition's broker. Only *full* batches are pipelined: a partial (open) batch of a partition with
+  batches in flight waits for their answers, whatever its linger (Nagle's rule). The broker's sequence check
+  keeps their order. After a retriable failure the partition is *blocked*: nothing more goes out until every
+  batch in flight has come back (later ones fail OUT_OF_ORDER_SEQUENCE, or succeed), and the failed ones are
+  resent in creation order, each retried batch alone in its run (the broker then answers each as a whole
+  duplicate or a whole new batch). Never more than 5 batches unacknowledged and stamped, so every retry is
+  among the broker's last five batches of the producer and is recognised.
 
 Batch lifecycle::
 
@@ -227,7 +228,12 @@ class Accumulator:
                 at = q[0].retry_at
             else:
                 b = self.open[p]
-                if b is None:
+                if b is None or (self._in_flight[p] and not hurry):
+                    # A partial batch of a partition with batches in flight waits for their answers
+                    # (Nagle's rule; full batches, queued above, still pipeline). Kafka sends it at
+                    # its linger; here every request costs the producer and each replica a Python
+                    # round, so at linger 0 pipelining one-record requests cost more than it saved
+                    # (docs/producer.md, "Ordering and pipelining"). The answer re-checks readiness.
                     continue
                 at = now if hurry else b.created + self.linger
             if at <= now:
