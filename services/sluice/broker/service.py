@@ -22,11 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionRegistry
 from sluice.broker.config import BrokerConfig
-from sluice.broker.fetch import (
-    FetchRead,
-    TopicPartitionKey,
-    validate_limits,
-)
+from sluice.broker.fetch import FetchRead, TopicPartitionKey, validate_limits
 from sluice.broker.flusher import Flusher, FlushPolicy
 from sluice.broker.follow import ContinuousFetch, Deliver
 from sluice.broker.leader_state import check_enough_replicas, wait_committed
@@ -51,6 +47,7 @@ from sluice.broker.requests import (
     ProduceResult,
     check_continuous,
 )
+from sluice.broker.schedule.targets import SCHEDULE_TOPIC, schedule_targets
 from sluice.broker.sessions import FetchSession, FetchSessionCache
 from sluice.broker.update_runner import UpdateRunner
 from sluice.errors import (
@@ -127,6 +124,7 @@ class BrokerService(ReadSteps, ReplicaSteps):
         self.memory = BrokerMemory(config.produce_memory_bytes, config.fetch_memory_bytes)
         # The authorization seam (docs/architecture.md): one call site per operation, below.
         self._authorize = (authorizer or AllowAll()).authorize
+        self._checks_schedule_targets = authorizer is not None and not isinstance(authorizer, AllowAll)
         #: Consumers' parked reads: woken by appends, or for a replicated partition by its HW.
         self.waiters = AppendWaiters()
         #: Followers' parked reads (replica fetches): woken by appends to replicated partitions.
@@ -287,6 +285,9 @@ class BrokerService(ReadSteps, ReplicaSteps):
             plog = self.registry.lookup(topic, partition)
             if not item.records:
                 raise CorruptBatch(f"no record batches for {topic}/{partition}")
+            if topic == SCHEDULE_TOPIC and self._checks_schedule_targets:
+                for target in schedule_targets(item.records, partition):  # schedule/targets.py: why
+                    self._authorize(ctx, Operation.WRITE, Resource(ResourceType.TOPIC, target))
             state = self.leaders.states.get((topic, partition))
             if acks == -1 and state is not None:
                 check_enough_replicas(state)

@@ -9,7 +9,8 @@ Against a real cluster with authentication and ACLs on (``secure_cluster.py``):
 - token attacks at a service: ``alg: none``, HS256 signed with the RSA public key, expired, wrong
   audience, wrong issuer;
 - a consumer whose read ACL is removed mid-stream: its stream ends, another consumer's goes on;
-- a stream that outlives its token is ended.
+- a stream that outlives its token is ended;
+- a delayed record aimed, through the schedule topic, at a topic its writer may not write.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from cryptography.hazmat.primitives import serialization
 
 from sluice import Client
 from sluice.client.fetcher import Fetcher
+from sluice.client.producer.delay import DUE_HEADER, SCHEDULE_TOPIC, TARGET_HEADER, TARGET_PARTITION_HEADER
 from sluice.codec.batch import BatchBuilder
 from sluice.common.rpc import error_from_rpc
 from sluice.errors import AuthenticationError, AuthorizationError, CredentialsExpired, SluiceError
@@ -325,3 +327,38 @@ def test_the_unauthorized_part_of_a_request_is_denied_and_a_later_stream_message
         requests = iter([_produce_request("live"), _produce_request("other"), _produce_request("live")])
         answers = [_codes(a) for a in stub.ProduceStream(requests, metadata=md, timeout=10)]
     assert answers == [{"live": 0}, {"other": 100}, {"live": 0}]
+
+
+def _schedule_request(*targets: str) -> broker_pb2.ProduceRequest:
+    """A schedule-topic batch whose records will be delivered to ``targets`` (the SDK's envelope)."""
+    b = BatchBuilder()
+    for target in targets:
+        envelope = {DUE_HEADER: b"1", TARGET_HEADER: target.encode(), TARGET_PARTITION_HEADER: b"0"}
+        b.append(b"v", None, None, envelope, 1_000)
+    part = broker_pb2.ProducePartition(topic=SCHEDULE_TOPIC, partition=0, records=b.build())
+    return broker_pb2.ProduceRequest(acks=1, timeout_ms=5000, partitions=[part])
+
+
+def test_a_delayed_record_is_authorized_against_the_topic_it_will_be_delivered_to(
+    cluster: SecureCluster,
+) -> None:
+    """The scheduler delivers with its own identity, so writing the schedule topic must not be a way
+    into a topic the writer may not write: the broker authorizes each record's target at produce time."""
+    with Client(cluster.bootstrap, token=cluster.token("admin")) as admin:
+        admin.admin.create_topic(SCHEDULE_TOPIC, partitions=1)
+    grant(
+        cluster,
+        allow("delayer", "topic", SCHEDULE_TOPIC, "write"),
+        allow("delayer", "topic", "live", "write"),
+    )
+    md = cluster.metadata("delayer")
+    with grpc.insecure_channel(cluster.broker.address) as ch:
+        stub = broker_pb2_grpc.BrokerStub(ch)
+        assert _codes(stub.Produce(_schedule_request("other"), metadata=md, timeout=10)) == {
+            SCHEDULE_TOPIC: 100
+        }
+        # One forbidden target refuses the whole batch (a batch is appended whole or not at all).
+        mixed = stub.Produce(_schedule_request("live", "other"), metadata=md, timeout=10)
+        assert _codes(mixed) == {SCHEDULE_TOPIC: 100}
+        assert _codes(stub.Produce(_schedule_request("live"), metadata=md, timeout=10)) == {SCHEDULE_TOPIC: 0}
+    assert len(records_of(cluster, SCHEDULE_TOPIC)) == 1  # only the allowed one was stored
