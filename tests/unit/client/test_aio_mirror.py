@@ -20,6 +20,7 @@ import pytest
 from sluice import aio
 from sluice.client.client import Client as SyncClient
 from sluice.client.consumer import Consumer as SyncConsumer
+from sluice.client.fetcher import Fetcher as SyncFetcher
 from sluice.client.producer import Producer as SyncProducer
 from sluice.client.push import PushConsumer as SyncPushConsumer
 from tests.unit.test_import_graph import SERVICES, imported, modules
@@ -35,6 +36,7 @@ ALLOWED_SDK = {
     "sluice.client.consumer.config",
     "sluice.client.consumer.parker",
     "sluice.client.consumer.retry",
+    "sluice.client.fetcher",
     "sluice.client.metadata",
     "sluice.client.offsets",
     "sluice.client.producer",
@@ -52,6 +54,7 @@ ALLOWED_NAMES = {
     "sluice.codec.batch": {"Record", "Headers"},  # the record type, never the encoder or decoder
     "sluice.client.push.consumer": {"TAKE_BATCH"},  # the receive batch size, a constant
     "sluice.client.producer.futures": {"BatchResult"},  # the per-batch outcome the aio futures follow
+    "sluice.client.fetcher": {"Fetcher", "AutoOffsetReset", "TopicPartition"},  # the part and its types
 }
 
 #: Modules outside sluice that would mean talking to the cluster directly.
@@ -92,10 +95,14 @@ def test_sluice_aio_imports_only_the_sync_parts_and_no_transport() -> None:
 #: Public names of a sync part that its aio part does not have, and why.
 SYNC_ONLY = {
     SyncClient: {
-        "fetcher": "the low-level fetcher has no asyncio form (docs/asyncio.md, Limits): client.sync.fetcher",
         "consumer_config": "the helper that merges config and overrides; aio's consumer() calls it",
     },
     SyncConsumer: {},
+    SyncFetcher: {
+        "fetch_raw": "undecoded batches for the Spark source's Arrow path, which runs in Spark's threads",
+        "poll_raw": "the group consumer's fetch driver's hook",
+        "on_completion": "the group consumer's fetch driver's hook",
+    },
     SyncProducer: {"may_block": "the hook sluice.aio asks before sending from the loop's thread"},
     SyncPushConsumer: {
         # The push session's own protocol (the dispatcher stream calls these), not the user's API.
@@ -125,6 +132,7 @@ PAIRS = [
     (SyncConsumer, aio.Consumer),
     (SyncProducer, aio.Producer),
     (SyncPushConsumer, aio.PushConsumer),
+    (SyncFetcher, aio.Fetcher),
 ]
 
 
