@@ -208,6 +208,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--name", default="compression", help="results file: bench/results/NAME.json")
     args = ap.parse_args()
     records = order_events(args.records)
     sizes = [len(r[0]) for r in records]
@@ -220,7 +221,7 @@ def main() -> None:
     if not args.skip_e2e:
         with stack() as s:
             result["e2e"] = e2e_part(records, s.bootstrap, s.broker.process.pid, s.data_dir)
-    save("compression", result)
+    save(args.name, result)
 
 
 if __name__ == "__main__":

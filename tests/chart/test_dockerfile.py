@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import tomllib
 from dataclasses import dataclass, field
 
 import pytest
@@ -107,6 +108,23 @@ def test_builder_installs_the_project_into_a_venv_with_the_generated_protos(stag
     assert ["services"] in copied
     assert ["pyproject.toml"] in copied
     assert (ROOT / "services" / "sluice" / "v1" / "broker_pb2.py").is_file()
+
+
+def test_the_image_installs_the_server_extra(stages: list[Stage]) -> None:
+    """`pip install sluice` is the SDK only (docs/packaging.md); the image runs the services, so its
+    dependency install must be `.[server]`, the extra that brings what the services import."""
+    builder = next(s for s in stages if s.name == "builder")
+    installs = [
+        shlex.split(part.strip())
+        for run in builder.all("RUN")
+        for part in run.split("&&")
+        if "pip install" in part and "--no-deps" not in part
+    ]
+    assert installs, "the builder installs no dependencies"
+    assert all(words[-1] == ".[server]" for words in installs), installs
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["server"]
+    names = {re.split(r"[\[<>=;! ]", req, maxsplit=1)[0] for req in extra}
+    assert {"redis", "prometheus-client", "kubernetes", "grpcio-health-checking"} <= names
 
 
 def test_final_image_runs_sluice_as_a_numeric_non_root_user(stages: list[Stage]) -> None:

@@ -1,5 +1,6 @@
-"""docs/producer.md documents every producer option, with its real default, and every doc in docs/ is in
-the index (docs/README.md), so neither page rots as options and pages are added."""
+"""docs/producer.md documents every producer option, with its real default, every doc in docs/ is in
+the index (docs/README.md), and every file docs/design.md cites exists, so none of these pages rots as
+options, pages and files are added, moved or removed."""
 
 from __future__ import annotations
 
@@ -45,3 +46,20 @@ def test_the_docs_index_lists_every_page() -> None:
     pages = {p.name for p in DOCS.glob("*.md")} - {"README.md"}
     missing = sorted(p for p in pages if f"({p})" not in index)
     assert not missing, f"docs/README.md does not list {missing}"
+
+
+#: A file cited in backquotes: a path with a directory and one of the repository's file kinds.
+CITED = re.compile(r"`([\w./-]+/[\w.-]+\.(?:py|md|yaml|json|toml|proto|sh))`")
+
+
+def test_every_file_docs_design_cites_exists() -> None:
+    """Paths are read from the repository root, services/ or services/sluice (how the docs name modules)."""
+    root = DOCS.parent
+    cited = set(CITED.findall((DOCS / "design.md").read_text()))
+    assert cited, "the pattern finds no citation at all"
+    missing = sorted(
+        p
+        for p in cited
+        if not any((base / p).exists() for base in (root, root / "services", root / "services" / "sluice"))
+    )
+    assert not missing, f"docs/design.md cites files that are not in the repository: {missing}"

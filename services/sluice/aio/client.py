@@ -30,10 +30,12 @@ from typing import Any
 from sluice.aio.admin import Admin
 from sluice.aio.bridge import LoopBridge, Starting
 from sluice.aio.consumer import Consumer, bridge_callbacks
+from sluice.aio.fetcher import Fetcher
 from sluice.aio.producer import Producer
 from sluice.aio.push import PushConsumer
 from sluice.client.client import Client as SyncClient
 from sluice.client.consumer import ConsumerConfig
+from sluice.client.fetcher import AutoOffsetReset, TopicPartition
 from sluice.client.metadata import ClusterMetadata
 from sluice.client.offsets import OffsetSpec
 from sluice.client.producer import ProducerConfig
@@ -178,6 +180,34 @@ class Client:
             self._sync.push_consumer, topic, subscription, type_, config=config, **overrides
         )
         return PushConsumer(sync, self._bridge)
+
+    def fetcher(
+        self,
+        positions: Mapping[TopicPartition, int],
+        filters: Mapping[str, str] | None = None,
+        *,
+        max_wait_ms: int = 500,
+        min_bytes: int = 1,
+        max_bytes: int = 50 * 1024 * 1024,
+        partition_max_bytes: int = 1024 * 1024,
+        auto_offset_reset: AutoOffsetReset = "none",
+        use_sessions: bool = True,
+        check_crcs: bool = True,
+    ) -> Fetcher:
+        """A low-level fetcher reading ``positions`` ({(topic, partition): offset}) without a group; the
+        arguments are the sync ``fetcher()``'s (making one sends nothing, so it is not awaited)."""
+        sync = self._sync.fetcher(
+            positions,
+            filters,
+            max_wait_ms=max_wait_ms,
+            min_bytes=min_bytes,
+            max_bytes=max_bytes,
+            partition_max_bytes=partition_max_bytes,
+            auto_offset_reset=auto_offset_reset,
+            use_sessions=use_sessions,
+            check_crcs=check_crcs,
+        )
+        return Fetcher(sync)
 
     # ---- lifecycle --------------------------------------------------------------------------------
 

@@ -62,6 +62,10 @@ class Producer:
     def closed(self) -> bool:
         return self._sync.closed
 
+    def in_flight(self, partition: int) -> int:
+        """Batches of ``partition`` sent and not answered yet (the sync ``in_flight()``: memory only)."""
+        return self._sync.in_flight(partition)
+
     async def send(
         self,
         value: Any,

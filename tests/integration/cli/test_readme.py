@@ -1,8 +1,9 @@
 """The README's quickstart runs as written against a real ``sluice up`` (so it cannot rot): the shell
 block line by line through bash, with the venv's ``sluice`` on PATH as its first line asks, and every
-``python`` block of the README as a script, in order (a later one may use what an earlier one made). Only
-the bootstrap address differs (``SLUICE_BOOTSTRAP``; the Python blocks' literal default address is
-replaced by the stack's)."""
+``python`` block of the README as a script, in order (a later one may use what an earlier one made); and
+the "Secure local cluster" block against ``sluice up --tls --auth``, from the directory holding its
+``sluice-data``, as the README runs it. Only the bootstrap address differs (``SLUICE_BOOTSTRAP``; the
+Python blocks' literal default address is replaced by the stack's)."""
 
 from __future__ import annotations
 
@@ -131,3 +132,48 @@ def test_every_python_snippet_runs_as_written(up: Up, tmp_path: Path) -> None:
     with Client(up.bootstrap, request_timeout=10) as client:
         assert sum(client.admin.group_offsets("billing").values()) == 4  # committed
         assert sum(client.admin.group_offsets("billing-async").values()) == 5
+
+
+def secure_block() -> str:
+    text = README.read_text()
+    section = text[text.index("### Secure local cluster") :]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None
+    return block.group(1)
+
+
+@pytest.fixture(scope="module")
+def secure_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    # The README's paths are relative to where `sluice up` ran: its data directory is ./sluice-data.
+    stack = start_up(tmp_path_factory.mktemp("readme-secure") / "sluice-data", "--tls", "--auth")
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def test_the_secure_local_cluster_block_runs_as_written(secure_up: Up) -> None:
+    lines = commands(secure_block())
+    assert lines[0].startswith("export SLUICE_USERNAME=admin ")
+    export, rest = lines[0], lines[1:]
+    venv_bin = Path(sys.executable).parent
+    env = _env() | {
+        "SLUICE_BOOTSTRAP": secure_up.bootstrap,
+        "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}",
+    }
+    cwd = secure_up.data_dir.parent
+    results = []
+    for line in rest:
+        # One shell per line, as pasted into one terminal: the export's variables hold for every line.
+        code, out, err = bash(f"{export}\n{line}", env, cwd, timeout=60)
+        assert "Traceback" not in err, (line, err)
+        results.append((line, code, out, err))
+    *works, (denied, code, _, err) = results
+    for line, code_, _, err_ in works:
+        assert code_ == 0, (line, err_)
+    consumed = [out for line, _, out, _ in works if line.startswith(("sluice consume", "sluice --username"))]
+    assert consumed == ["hello\n", "hello\n"]  # the admin, then the read-only user
+    assert denied.startswith("echo no |")
+    assert "produce orders" in denied
+    assert code != 0
+    assert "PERMISSION_DENIED" in err
