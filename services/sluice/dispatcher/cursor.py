@@ -24,11 +24,13 @@ whatever instant the process dies at:
 A crash thus costs, per (subscription, partition), at most ``lead`` never-delivered offsets counted
 once too often, plus the messages that had come back and were not sent again yet.
 
-**Leader epochs** (KIP-320; docs/dispatcher.md, "Across a leader change"). A snapshot carries the leader
-epoch of the record just below the cursor's highest position (``epoch_to_save``): from the feed's
-``EpochTrail`` when it covers that record, else the epoch the cursor was loaded or validated with. A
-dispatcher loading the cursor checks it against the current leader; :meth:`truncate` forgets what the
-cursor said about records a truncated log no longer holds.
+**Leader epochs** (KIP-320; docs/dispatcher.md, "Across a leader change"). A snapshot carries a leader
+epoch at or above that of the record just below the cursor's highest position (``epoch_to_save``): the
+feed's latest when the feed read past that record, else the epoch the cursor was loaded (and checked)
+with while the position is not above the one it was loaded at, else none (-1: not checked when loaded).
+Never an older epoch than the record's: that could report a truncation that did not happen. A dispatcher
+loading the cursor checks it against the current leader; :meth:`truncate` forgets what the cursor said
+about records a truncated log no longer holds.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class PartitionCursor:
         "counts",
         "delivered_high",
         "delivered_up_to",
+        "epoch_covers",
         "epochs",
         "gate",
         "lead",
@@ -145,8 +148,10 @@ class PartitionCursor:
         self._peak = 0
         # offset -> version of its last count raise not known to be persisted yet.
         self._unsaved_bumps: dict[int, int] = {}
-        #: The epoch its records were read in, as loaded (then validated), for what ``epochs`` does not cover.
+        #: The epoch its records were read in, as loaded (then checked), for what ``epochs`` does not cover,
+        #: and the position it vouches for (the loaded one: nothing above it was read in that epoch).
         self.leader_epoch = leader_epoch
+        self.epoch_covers = self._high() if leader_epoch >= 0 else 0
         #: The partition feed's epochs of what it read (``FeedTarget.follow_epochs``); None before a feed.
         self.epochs: EpochTrail | None = None
 
@@ -252,13 +257,17 @@ class PartitionCursor:
         self.version += 1
         return forgotten
 
+    def _high(self) -> int:
+        return max(self.mark_delete, self.acked.last_end)
+
     def epoch_to_save(self) -> int:
-        """The leader epoch of the record below the cursor's highest position (-1: unknown)."""
-        high = max(self.mark_delete, self.acked.last_end if self.acked else 0)
-        if high <= 0:
-            return -1
-        epoch = self.epochs.epoch_at(high - 1) if self.epochs is not None else -1
-        return epoch if epoch >= 0 else self.leader_epoch
+        """A leader epoch at or above that of the record below the cursor's highest position (-1: none
+        known; module docstring)."""
+        high = self._high()
+        epoch = self.epochs.epoch_below(high) if self.epochs is not None else -1
+        if epoch < 0 and 0 < high <= self.epoch_covers:
+            epoch = self.leader_epoch
+        return epoch
 
     # ---- the write-ahead delivered mark --------------------------------------------------------------
 

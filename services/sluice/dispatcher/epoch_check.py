@@ -95,22 +95,21 @@ async def leader_ends(
 class FeedEpochs:
     """A feed's leader epochs: what it read in which epoch, and the epoch its position was checked in."""
 
-    __slots__ = ("checked", "partition", "read_end", "topic", "trail")
+    __slots__ = ("checked", "partition", "topic", "trail")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
         self.trail = EpochTrail()
-        #: Past the last record read (the highest answer end).
-        self.read_end = 0
         #: The leader epoch the feed read (or checked its position) under; -1: none yet.
         self.checked = -1
 
     def saw(self, views: Sequence[BatchView], next_offset: int) -> None:
-        """One answer read (its batches, and where it ends): one comparison unless an epoch begins."""
-        self.read_end = max(self.read_end, next_offset)
-        if views and views[-1].header.partition_leader_epoch > self.trail.latest:
-            self.trail.note_views(views)
+        """One answer read (its batches, and where it ends): two comparisons unless an epoch begins."""
+        trail = self.trail
+        trail.end = max(trail.end, next_offset)
+        if views and views[-1].header.partition_leader_epoch > trail.latest:
+            trail.note_views(views)
 
     def stale(self, current: int | None) -> bool:
         """Whether the leader epoch moved past the one the position was checked under."""
@@ -122,13 +121,16 @@ class FeedEpochs:
         current = link.view.leader_epoch(self.topic, self.partition)
         if current is None:
             return None
-        asked = self.trail.epoch_at(self.read_end - 1) if self.read_end else -1
+        trail = self.trail
+        read_end = trail.end
+        # The epoch of the last record read: epochs only grow along the log.
+        asked = trail.latest if read_end else -1
         if asked < 0 or asked >= current:  # nothing read with an epoch yet, or read in this one
             self.checked = current
             return None
         end = (await leader_ends(link, channels, self.topic, {self.partition: asked}))[self.partition]
         self.checked = current
-        if end >= self.read_end:
+        if end >= read_end:
             return None
         log.warning(
             "%s/%d: the leader in epoch %d ends epoch %d at %d, below what this dispatcher read (up to %d): "
@@ -138,11 +140,10 @@ class FeedEpochs:
             current,
             asked,
             end,
-            self.read_end,
+            read_end,
             end,
         )
-        self.trail.truncate(end)
-        self.read_end = end
+        trail.truncate(end)
         return end
 
 
@@ -180,6 +181,7 @@ async def check_loaded(
         # The records below the position (or below the end) are in this leader's log: its epoch is the
         # one to persist from now on (a later epoch never reports a truncation that did not happen).
         current = view.leader_epoch(topic, p)
+        c.epoch_covers = max(c.epoch_covers, position)
         if end < position:
             log.warning(
                 "%s/%d: a persisted cursor at %d (read in leader epoch %d) is above where the leader in "

@@ -89,18 +89,36 @@ def test_a_truncation_below_mark_delete_moves_it_back() -> None:
     assert (cur.mark_delete, list(cur.acked.flat)) == (90, [])
 
 
-def test_the_epoch_saved_is_that_of_the_record_below_the_position() -> None:
-    cur = PartitionCursor(0, 0, leader_epoch=2)
-    assert cur.epoch_to_save() == -1  # nothing read
-    cur.ack_range(0, 10)
-    assert cur.snapshot().leader_epoch == 2  # no trail yet: the epoch it was loaded with
+def test_the_epoch_saved_is_never_older_than_the_record_below_the_position() -> None:
+    """The loaded epoch vouches up to the loaded position; the feed's latest up to what it read; above
+    both, no epoch (unchecked) rather than one that could be older than the record's."""
+    cur = PartitionCursor(0, 10, leader_epoch=2)
+    assert cur.snapshot().leader_epoch == 2  # loaded at 10 in epoch 2
+    cur.ack_range(10, 15)
+    assert cur.epoch_to_save() == -1  # 14 was not read in epoch 2 for sure, and no feed read it
     trail = EpochTrail()
     trail.note(3, 5)
     trail.note(5, 20)
+    trail.end = 30
     cur.epochs = trail
-    assert cur.epoch_to_save() == 3
-    cur.ack_range(10, 25)
-    assert cur.snapshot().leader_epoch == 5
+    assert cur.epoch_to_save() == 5  # the feed read past 15: its latest epoch is at or above the record's
+    cur.ack_range(15, 31)
+    assert cur.snapshot().leader_epoch == -1  # above what the feed read
+    fresh = PartitionCursor(0)
+    assert fresh.epoch_to_save() == -1  # nothing read
+
+
+def test_a_feed_that_jumped_does_not_vouch_an_older_epoch_for_a_gap() -> None:
+    """The trail's epoch at an offset the feed never read can be older than the record's; the cursor does
+    not use it (it would report a truncation that did not happen)."""
+    trail = EpochTrail()
+    trail.note(3, 0)  # read 0..100 in epoch 3
+    trail.note(5, 500)  # then 500..600 for another subscription; 100..500 (epoch 4, say) never read
+    trail.end = 600
+    cur = PartitionCursor(0, 300)
+    cur.epochs = trail
+    assert trail.epoch_at(299) == 3
+    assert cur.epoch_to_save() == 5
 
 
 # ---- the state machine ------------------------------------------------------------------------------
