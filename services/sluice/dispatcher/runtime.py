@@ -212,7 +212,7 @@ class SubscriptionRuntime:
     ) -> None:
         """Log and count a position moved back by a truncation: never silent."""
         log.warning(
-            "%s/%s partition %d: the log was truncated at %d under position %d (found by the %s): %d "
+            "%s/%s partition %d: the log was truncated at %d under position %d (found by: %s): %d "
             "read messages dropped, %d acknowledged offsets forgotten; reading the new leader's records "
             "from %d",
             self.topic,

@@ -233,7 +233,7 @@ class DispatcherService:
             cursors = {p: c for p, c in zip(partitions, loaded, strict=True) if c is not None}
             # KIP-320: a cursor read in an older leader epoch is checked with the leader before serving.
             for p, position, end in await check_loaded(self.link, self.channels, rt.topic, cursors):
-                rt.count_truncation(p, position, end, "cursor load")
+                rt.count_truncation(p, position, end, "cursor_load")
         missing = [p for p in partitions if p not in cursors]
         if missing:
             starts = await self._initial_positions(rt.topic, missing, req)

@@ -164,11 +164,11 @@ def test_a_restarted_dispatcher_and_the_spark_source_check_their_positions_with_
     others.append(restarted)
     resumed = client.push_consumer(TOPIC, "kept", "exclusive", initial_position="earliest")
     assert receive(resumed, 2) == [(20, b"n0"), (21, b"n1")]
-    assert metric(restarted, "sluice_dispatcher_log_truncations_total", found_by="cursor load") == 1
+    assert metric(restarted, "sluice_dispatcher_log_truncations_total", found_by="cursor_load") == 1
     resumed.close()
     # The Spark source: the offset checkpointed at 30 in the old epoch.
     strict = SluiceStreamReader(parse_options(options, streaming=True))
-    with pytest.raises(OffsetOutOfRange, match=r"records 20\.\.29 of unc/0 .* unclean leader election"):
+    with pytest.raises(OffsetOutOfRange, match=r"records 20\.\.29 of unc/0, .* unclean leader election"):
         strict.latestOffset(checkpoint, ReadAllAvailable())
     lenient = SluiceStreamReader(parse_options({**options, "failOnDataLoss": "false"}, streaming=True))
     end = lenient.latestOffset(checkpoint, ReadAllAvailable())
