@@ -52,8 +52,8 @@ def receive(consumer: PushConsumer, n: int, timeout: float = 30) -> list[tuple[i
     return out
 
 
-def lone_leader_writes(cluster: Cluster, client: Client) -> int:
-    """20 records on every replica, then 10 more (20..29) on the leader alone; returns the leader's id."""
+def lone_leader_writes(cluster: Cluster, client: Client, kept: int = 20, lost: int = 10) -> int:
+    """``kept`` records on every replica, then ``lost`` more on the leader alone; returns the leader's id."""
     client.admin.create_topic(
         TOPIC, replication_factor=3, min_insync_replicas=1, unclean_leader_election=True
     )
@@ -61,7 +61,7 @@ def lone_leader_writes(cluster: Cluster, client: Client) -> int:
     leader = cluster.partition(TOPIC).broker_id
     followers = [i for i in sorted(cluster.brokers) if i != leader]
     producer = client.producer(TOPIC, linger="1ms", delivery_timeout="60s")
-    for i in range(20):
+    for i in range(kept):
         producer.send(b"a%d" % i)
     producer.flush(30)
     until(
@@ -72,7 +72,7 @@ def lone_leader_writes(cluster: Cluster, client: Client) -> int:
         cluster.brokers[f].kill()
         cluster.brokers[f].close()
     until(lambda: isr(cluster, TOPIC) == [leader], "the ISR to shrink to the leader", timeout=30)
-    for i in range(10):
+    for i in range(lost):
         producer.send(b"lost%d" % i)
     producer.flush(30)  # acks=all with min ISR 1: committed by the leader alone
     producer.close()
@@ -80,7 +80,8 @@ def lone_leader_writes(cluster: Cluster, client: Client) -> int:
 
 
 def unclean_election(cluster: Cluster, leader: int) -> None:
-    """The leader dies; a follower without 20..29 returns, is elected, and takes n0, n1 at 20, 21."""
+    """The leader dies; a follower without the lone leader's records returns, is elected, and takes n0, n1
+    where they began."""
     cluster.brokers[leader].kill()
     cluster.brokers[leader].close()
     follower = next(i for i in sorted(cluster.brokers) if i != leader)
