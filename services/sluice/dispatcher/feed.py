@@ -32,6 +32,10 @@ long-poll at a time; ``kick``/``room`` cancel a parked fetch that starts beyond 
 now start (closing the call, the next fetch opens another), and a broker without FetchStream
 (``UNIMPLEMENTED``) is asked with unary ``Fetch`` from then on. ``SLUICE_CLIENT_TRANSPORT`` is the
 SDK's setting and does not apply here: a broker that serves a wire port serves the feeds on it.
+
+Leader changes (KIP-320, ``epoch_check.py``): fetches carry the metadata's leader epoch, and before the feed
+reads under a newer one it asks the leader where the epoch of its last record ends; below what it read,
+the log was truncated (an unclean election) and every subscription is moved back there (``truncated``).
 """
 
 from __future__ import annotations
