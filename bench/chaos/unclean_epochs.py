@@ -57,13 +57,19 @@ def one_round(kept: int, lost: int) -> dict[str, float]:
         unclean_election(cluster, leader)
         written = time.monotonic()
         out: dict[str, float] = {}
+        firsts: dict[str, list[Message]] = {t: [] for t in TYPES}
+        deadline = written + 60
+        while len(out) < len(TYPES) and time.monotonic() < deadline:  # every type at once: fair timings
+            for t, c in consumers.items():
+                if t not in out:
+                    firsts[t] += c.receive_many(2 - len(firsts[t]), timeout=0.02)
+                    if firsts[t]:
+                        out.setdefault(t, time.monotonic() - written)
         for t, c in consumers.items():
-            deadline = time.monotonic() + 60
-            first: list[Message] = []
-            while not first and time.monotonic() < deadline:
-                first = c.receive_many(2, timeout=0.2)
-            out[t] = time.monotonic() - written
-            values = [(m.offset, m.value) for m in first + c.receive_many(10, timeout=1.0)]
+            got = firsts[t]
+            while len(got) < 2 and time.monotonic() < deadline:
+                got += c.receive_many(2 - len(got), timeout=0.2)
+            values = [(m.offset, m.value) for m in got + c.receive_many(10, timeout=1.0)]
             assert values == [(kept, b"n0"), (kept + 1, b"n1")], (t, values[:5])
             found = metric(others[1], "sluice_dispatcher_log_truncations_total", subscription=f"s-{t}")
             assert found == 1, (t, found)
