@@ -198,7 +198,8 @@ class SubscriptionRuntime:
 
     def truncated(self, partition: int, end: int) -> None:
         """The feed found the log truncated at ``end`` (``truncation.py``), then dispatch what may go
-        (permits of dropped in-flight messages are free again; due timers fire as they would have)."""
+        (a consumer blocked at max_unacked by dropped in-flight messages may take more; due timers fire as
+        they would have)."""
         position = self.machine.read_position(partition)
         if position is None:
             return
