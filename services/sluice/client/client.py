@@ -31,6 +31,7 @@ from sluice.client.admin import Admin
 from sluice.client.consumer import Consumer, ConsumerConfig, subscription_of
 from sluice.client.consumer.fetch_driver import FetchDriver
 from sluice.client.consumer.group_driver import GroupDriver
+from sluice.client.fetch_validate import check_positions
 from sluice.client.fetcher import AutoOffsetReset, Fetcher, TopicPartition
 from sluice.client.links import BrokerLinks
 from sluice.client.memory import ClientMemory
@@ -190,6 +191,15 @@ class Client:
         with self._lock:
             self._producers.add(producer)
         return producer
+
+    def check_positions(
+        self, positions: Mapping[TopicPartition, tuple[int, int]]
+    ) -> dict[TopicPartition, int]:
+        """KIP-320 for readers that keep their own positions (the Spark source): ``{tp: (offset, leader
+        epoch of the records before it)}`` -> the offsets, lower only where the current leader's log was
+        truncated below them (``fetch_validate.check_positions``)."""
+        self._check_open()
+        return check_positions(self._channels, self._metadata, positions, self.request_timeout)
 
     def fetcher(
         self,

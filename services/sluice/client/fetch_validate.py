@@ -29,12 +29,13 @@ from collections.abc import Mapping
 import grpc
 
 from sluice.client.fetch_state import PartitionState, TopicPartition, backoff
+from sluice.client.metadata import MetadataCache
 from sluice.common.peers import Peers, is_routing
 from sluice.common.rpc import error_from_rpc
-from sluice.errors import SluiceError, error_from_proto
+from sluice.errors import RequestTimedOut, SluiceError, error_from_proto
 from sluice.v1 import broker_pb2, broker_pb2_grpc
 
-__all__ = ["PositionValidator"]
+__all__ = ["PositionValidator", "check_positions"]
 
 log = logging.getLogger("sluice.fetcher")
 
@@ -153,3 +154,37 @@ class PositionValidator:
             st.failures += 1
             st.backoff_until = time.monotonic() + backoff(st.failures)
         return True
+
+
+def check_positions(
+    channels: Peers,
+    metadata: MetadataCache,
+    positions: Mapping[TopicPartition, tuple[int, int]],
+    timeout: float,
+) -> dict[TopicPartition, int]:
+    """A one-shot check, for readers that keep their positions themselves (the Spark source's planner):
+    ``positions`` maps a partition to ``(offset, the leader epoch of the records before it)`` (-1: not
+    checked); returns the offsets after the check, as the fetcher would move them (one is lower only when
+    the current leader's log ends below it). Partitions whose leader epoch did not change are not asked.
+    Routing errors are retried with a metadata refresh until ``timeout``, then raised."""
+    errors: list[SluiceError] = []
+    validator = PositionValidator(channels, timeout, errors)
+    topics = sorted({tp[0] for tp in positions})
+    md = metadata.get(topics, refresh=True)
+    parts: dict[TopicPartition, PartitionState] = {}
+    for tp, (offset, epoch) in positions.items():
+        st = parts[tp] = PartitionState(offset, leader_epoch=md.leader_epoch(*tp))
+        st.seek(offset, epoch)
+    deadline = time.monotonic() + timeout
+    while validator.validate(parts, {tp: md.leader_address(*tp) for tp in parts}):
+        if errors:
+            raise errors[0]
+        if time.monotonic() >= deadline:
+            raise RequestTimedOut(f"could not check positions of {sorted(parts)} with their leaders in time")
+        time.sleep(0.1)
+        md = metadata.get(topics, refresh=True)
+        for tp, st in parts.items():
+            st.leader_epoch = md.leader_epoch(*tp)
+    if errors:
+        raise errors[0]
+    return {tp: st.position for tp, st in parts.items()}

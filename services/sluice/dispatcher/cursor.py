@@ -23,6 +23,14 @@ whatever instant the process dies at:
 
 A crash thus costs, per (subscription, partition), at most ``lead`` never-delivered offsets counted
 once too often, plus the messages that had come back and were not sent again yet.
+
+**Leader epochs** (KIP-320; docs/dispatcher.md, "Across a leader change"). A snapshot carries a leader
+epoch at or above that of the record just below the cursor's highest position (``epoch_to_save``): the
+feed's latest when the feed read past that record, else the epoch the cursor was loaded (and checked)
+with while the position is not above the one it was loaded at, else none (-1: not checked when loaded).
+Never an older epoch than the record's: that could report a truncation that did not happen. A dispatcher
+loading the cursor checks it against the current leader; :meth:`truncate` forgets what the cursor said
+about records a truncated log no longer holds.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Mapping
 
+from sluice.dispatcher.epochs import EpochTrail
 from sluice.dispatcher.ranges import AckRanges, CountRanges, runs
 
 __all__ = ["MAX_LEAD", "MIN_LEAD", "CursorSnapshot", "PartitionCursor"]
@@ -49,6 +58,7 @@ class CursorSnapshot:
     __slots__ = (
         "acked_ranges",
         "delivered_up_to",
+        "leader_epoch",
         "mark_delete",
         "partition",
         "redelivery_counts",
@@ -65,6 +75,7 @@ class CursorSnapshot:
         version: int,
         delivered_up_to: int = 0,
         redelivery_ranges: array[int] | None = None,
+        leader_epoch: int = -1,
     ) -> None:
         self.partition = partition
         self.mark_delete = mark_delete
@@ -73,6 +84,7 @@ class CursorSnapshot:
         self.version = version
         self.delivered_up_to = delivered_up_to
         self.redelivery_ranges = redelivery_ranges if redelivery_ranges is not None else array("q")
+        self.leader_epoch = leader_epoch
 
 
 class PartitionCursor:
@@ -87,8 +99,11 @@ class PartitionCursor:
         "counts",
         "delivered_high",
         "delivered_up_to",
+        "epoch_covers",
+        "epochs",
         "gate",
         "lead",
+        "leader_epoch",
         "mark_delete",
         "partition",
         "persisted",
@@ -107,6 +122,7 @@ class PartitionCursor:
         *,
         count_ranges: Iterable[int] = (),
         persisted: bool = False,
+        leader_epoch: int = -1,
     ) -> None:
         self.partition = partition
         self.mark_delete = mark_delete
@@ -132,6 +148,12 @@ class PartitionCursor:
         self._peak = 0
         # offset -> version of its last count raise not known to be persisted yet.
         self._unsaved_bumps: dict[int, int] = {}
+        #: The epoch its records were read in, as loaded (then checked), for what ``epochs`` does not cover,
+        #: and the position it vouches for (the loaded one: nothing above it was read in that epoch).
+        self.leader_epoch = leader_epoch
+        self.epoch_covers = self._high() if leader_epoch >= 0 else 0
+        #: The partition feed's epochs of what it read (``FeedTarget.follow_epochs``); None before a feed.
+        self.epochs: EpochTrail | None = None
 
     # ---- queries -------------------------------------------------------------------------------------
 
@@ -211,6 +233,42 @@ class PartitionCursor:
         if position > self.mark_delete:
             self.ack_range(self.mark_delete, position)
 
+    def truncate(self, end: int) -> int:
+        """The log was truncated at ``end`` under this cursor (an unclean election: the records at and
+        above it are gone, others may take their offsets): forget what the cursor says about them.
+        Acknowledged offsets there are no longer acknowledged (they will hold new records), their counts
+        go, and the write-ahead mark comes down to ``end`` (new records there were never delivered).
+        Returns how many acknowledged offsets were forgotten."""
+        forgotten = max(0, self.mark_delete - end) + self.acked_count_from(end)
+        self.mark_delete = min(self.mark_delete, end)
+        self.acked.remove_from(end)
+        for o in [o for o in self.redeliveries if o >= end]:
+            del self.redeliveries[o]
+            self._unsaved_bumps.pop(o, None)
+        self.counts.trim_from(end)
+        mark = max(end, self.mark_delete)
+        self.delivered_up_to = min(self.delivered_up_to, mark)
+        self.delivered_high = min(self.delivered_high, mark)
+        self._requested_mark = min(self._requested_mark, self.delivered_up_to)
+        if self.persisted:
+            self.gate = min(self.gate, self.delivered_up_to)
+        if self.epochs is not None:
+            self.epochs.truncate(end)
+        self.version += 1
+        return forgotten
+
+    def _high(self) -> int:
+        return max(self.mark_delete, self.acked.last_end)
+
+    def epoch_to_save(self) -> int:
+        """A leader epoch at or above that of the record below the cursor's highest position (-1: none
+        known; module docstring)."""
+        high = self._high()
+        epoch = self.epochs.epoch_below(high) if self.epochs is not None else -1
+        if epoch < 0 and 0 < high <= self.epoch_covers:
+            epoch = self.leader_epoch
+        return epoch
+
     # ---- the write-ahead delivered mark --------------------------------------------------------------
 
     def note_delivered(self, high: int, n: int) -> None:
@@ -281,6 +339,7 @@ class PartitionCursor:
             self.version,
             self.delivered_up_to,
             array("q", self.counts.flat),
+            self.epoch_to_save(),
         )
 
     def mark_saved(self, version: int, delivered_up_to: int = 0) -> None:
@@ -290,7 +349,9 @@ class PartitionCursor:
         self.saved_version = max(self.saved_version, version)
         if not self.persisted:
             return
-        self.gate = max(self.gate, delivered_up_to)
+        # Never above the mark in memory: a truncation lowers it while a save of a higher one is on its
+        # way, and the gate must not open over offsets the next save no longer covers.
+        self.gate = max(self.gate, min(delivered_up_to, self.delivered_up_to))
         if self._unsaved_bumps:
             self._unsaved_bumps = {o: v for o, v in self._unsaved_bumps.items() if v > version}
         self._peak = max(self._since_save, self._peak * 7 // 8)

@@ -11,6 +11,10 @@ Crash counts: a cursor carries its write-ahead ``delivered_up_to`` mark and its 
 once more, everything the previous owner may have delivered and not seen acknowledged, and that
 lets nothing go out before those counts are persisted.
 
+Leader epochs: a cursor is saved with the leader epoch of the record below its position
+(``PartitionCursor.epoch_to_save``) and loaded with it; ``epoch_check.check_loaded`` checks it against
+the partition's current leader before the subscription serves it (KIP-320).
+
 Fencing: each cursor carries ``owner_epoch`` = this dispatcher's registration epoch. The offset store
 refuses (``FENCED_MEMBER_EPOCH``) a write older than the stored epoch: another dispatcher owns the
 partition now, and this one must stop serving it. Each cursor also carries the ``topic_id`` of the topic
@@ -113,6 +117,7 @@ class CursorStore:
             dict(c.redelivery_counts),
             count_ranges=c.redelivery_ranges,
             persisted=True,
+            leader_epoch=c.leader_epoch if c.HasField("leader_epoch") else -1,
         )
         mark = c.delivered_up_to if log_end is None else min(c.delivered_up_to, log_end)
         counted = cursor.recover(mark)
@@ -155,6 +160,8 @@ class CursorStore:
                         topic_id=d.topic_id,
                         delivered_up_to=snap.delivered_up_to,
                         redelivery_ranges=snap.redelivery_ranges,
+                        # None: unset, a cursor read in no known epoch (loaded as before, unchecked).
+                        leader_epoch=snap.leader_epoch if snap.leader_epoch >= 0 else None,
                     )
                 )
                 chunk.append((d, snap.version, snap.delivered_up_to))

@@ -32,6 +32,10 @@ long-poll at a time; ``kick``/``room`` cancel a parked fetch that starts beyond 
 now start (closing the call, the next fetch opens another), and a broker without FetchStream
 (``UNIMPLEMENTED``) is asked with unary ``Fetch`` from then on. ``SLUICE_CLIENT_TRANSPORT`` is the
 SDK's setting and does not apply here: a broker that serves a wire port serves the feeds on it.
+
+Leader changes (KIP-320, ``epoch_check.py``): fetches carry the metadata's leader epoch, and before the feed
+reads under a newer one it asks the leader where the epoch of its last record ends; below what it read,
+the log was truncated (an unclean election) and every subscription is moved back there (``truncated``).
 """
 
 from __future__ import annotations
@@ -51,9 +55,12 @@ from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc, is_unimplemented
 from sluice.common.wire_aio import FetchFollower
 from sluice.dispatcher.cluster import ClusterView, CoordinatorLink
+from sluice.dispatcher.epoch_check import FeedEpochs
+from sluice.dispatcher.epochs import EpochTrail
+from sluice.dispatcher.feed_call import FetchCall, current_task_cancelling
 from sluice.dispatcher.messages import Message, messages_of
 from sluice.errors import BrokerNotAvailable, OffsetOutOfRange, SluiceError, error_from_proto
-from sluice.v1 import broker_pb2, broker_pb2_grpc
+from sluice.v1 import broker_pb2
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +75,6 @@ _FIRST_BACKOFF = 0.05
 _MAX_BACKOFF = 2.0
 
 
-def _current_task_cancelling() -> bool:
-    """Whether the running task itself is being cancelled (the feed stops), not just a fetch."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
 class FeedTarget(Protocol):
     """A subscription as its feed sees it (``service.SubscriptionRuntime``)."""
 
@@ -82,26 +83,8 @@ class FeedTarget(Protocol):
     def within_budget(self) -> bool: ...  # False: offer it nothing (``budget.py``)
     def offer(self, partition: int, messages: list[Message], start: int, next_offset: int) -> None: ...
     def skip_to(self, partition: int, position: int) -> None: ...
-
-
-class _FetchCall:
-    """One open ``FetchStream`` to one broker: a request, then its answer, one at a time."""
-
-    def __init__(self, broker: str, stub: broker_pb2_grpc.BrokerAsyncStub) -> None:
-        self.broker = broker
-        # No request iterator: requests are written with call.write() (grpc.aio allows it; the
-        # stubs do not say so).
-        self.call = stub.FetchStream()  # type: ignore[call-arg]
-
-    async def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
-        await self.call.write(request)
-        resp = await self.call.read()
-        if not isinstance(resp, broker_pb2.FetchResponse):  # grpc.aio.EOF: the broker ended the call
-            raise BrokerNotAvailable(f"broker {self.broker} ended the fetch stream")
-        return resp
-
-    def close(self) -> None:
-        self.call.cancel()
+    def follow_epochs(self, partition: int, trail: EpochTrail) -> None: ...  # what the feed read, by epoch
+    def truncated(self, partition: int, end: int) -> None: ...  # the log lost everything from ``end``
 
 
 class PartitionFeed:
@@ -127,6 +110,8 @@ class PartitionFeed:
         self._backoff = Backoff(_FIRST_BACKOFF, _MAX_BACKOFF)
         #: The offset the task is working at, for its log lines.
         self._offset = -1
+        #: What was read in which leader epoch, checked after a leader change (``epoch_check.py``).
+        self.epochs = FeedEpochs(topic, partition)
 
         # ---- the wire: a continuous fetch followed in callbacks ----
         self._follower: FetchFollower | None = None
@@ -143,7 +128,7 @@ class PartitionFeed:
 
         # ---- gRPC: one long-poll at a time ----
         #: The FetchStream call fetches travel on, and the broker (gRPC address) it leads to.
-        self._call: _FetchCall | None = None
+        self._call: FetchCall | None = None
         self._call_broker = ""
         self._fetch_offset = -1
         #: The fetch in flight, and whether kick()/room() cancelled it (a wasted long-poll).
@@ -251,6 +236,13 @@ class PartitionFeed:
             return False
         offset = wanted
         self._offset = offset
+        if self.epochs.stale(self._link.view.leader_epoch(self.topic, self.partition)):
+            self._close_follower()  # nothing more is read before the position is checked (KIP-320)
+            end = await self.epochs.check(self._link, self._channels)
+            if end is not None:
+                for t in self._targets():
+                    t.truncated(self.partition, end)
+            return True
         broker = self._link.broker_for(self.topic, self.partition)
         wire = self._link.wire_for(broker)
         if wire is None:  # no wire port (any more): gRPC
@@ -372,6 +364,7 @@ class PartitionFeed:
             follower is None
             or broker != self._follow_broker
             or self._link.wire_for(broker) != follower.address
+            or self.epochs.stale(self._link.view.leader_epoch(self.topic, self.partition))
         )
 
     def _request(self, offset: int) -> broker_pb2.FetchRequest:
@@ -412,7 +405,7 @@ class PartitionFeed:
         if self._unary:
             return asyncio.ensure_future(stub.Fetch(request, timeout=self._max_wait_ms / 1000 + FETCH_GRACE))
         if self._call is None:
-            self._call = _FetchCall(broker, stub)
+            self._call = FetchCall(broker, stub)
             self._call_broker = broker
         return asyncio.ensure_future(self._call.fetch(request))
 
@@ -437,7 +430,7 @@ class PartitionFeed:
                 resp = await fetching
         except asyncio.CancelledError:
             self._close_call()
-            if self._fetch_cancelled and not _current_task_cancelling():
+            if self._fetch_cancelled and not current_task_cancelling():
                 return None
             raise
         except TimeoutError:
@@ -493,7 +486,9 @@ class PartitionFeed:
         next_offset = part.next_offset
         if next_offset <= offset:
             return
-        messages = messages_of(batch_views(part.records), self.partition, offset) if part.records else []
+        views = batch_views(part.records) if part.records else []
+        self.epochs.saw(views, next_offset)
+        messages = messages_of(views, self.partition, offset) if views else []
         for t in self._targets():
             pos = t.read_position(self.partition)
             if pos is not None and offset <= pos < next_offset and t.within_budget():

@@ -49,6 +49,7 @@ class FeedSet:
             )
             self.feeds[key] = feed
             feed.start()
+        target.follow_epochs(partition, feed.epochs.trail)
         feed.kick()
 
     async def detach(self, topic: str, partitions: Iterable[int], target: FeedTarget) -> None:

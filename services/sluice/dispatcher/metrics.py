@@ -137,6 +137,8 @@ class DispatcherMetrics:
     cursor_flushes: Counter
     #: Flushes asked for by a delivery waiting at its cursor's gate (crash counts), not by the interval.
     cursor_flushes_early: Counter
+    #: Positions moved back because the partition's log was truncated under them (KIP-320).
+    log_truncations: Counter
     state: _StateCollector
 
 
@@ -165,6 +167,12 @@ def dispatcher_metrics() -> DispatcherMetrics:
                 cursor_flushes_early=Counter(
                     f"{P}_cursor_flushes_early",
                     "Cursor flushes run before the interval because a delivery waited for one",
+                ),
+                log_truncations=Counter(
+                    f"{P}_log_truncations",
+                    "Subscription positions moved back because an unclean leader election truncated "
+                    "records the dispatcher had read (found by a feed, or when loading a cursor)",
+                    [*labels, "found_by"],
                 ),
                 state=state,
             )

@@ -231,6 +231,17 @@ class CountRanges:
                 merged += (s, e, c)
         self._t = array("q", merged)
 
+    def trim_from(self, position: int) -> None:
+        """Forget counts at or above ``position`` (a truncated log: those offsets hold new records)."""
+        t = self._t
+        k = 0
+        while k < len(t) and t[k + 1] <= position:
+            k += 3
+        if k < len(t) and t[k] < position:
+            t[k + 1] = position
+            k += 3
+        del t[k:]
+
     def trim_below(self, position: int) -> None:
         """Forget counts below ``position`` (acknowledged: nobody will ask again)."""
         t = self._t

@@ -19,10 +19,12 @@ from typing import Protocol
 from sluice.dispatcher.budget import MemoryBudget
 from sluice.dispatcher.consumer import Consumer
 from sluice.dispatcher.dlq import DeadLetterSink
+from sluice.dispatcher.epochs import EpochTrail
 from sluice.dispatcher.messages import Message, compact
 from sluice.dispatcher.metrics import DispatcherMetrics
 from sluice.dispatcher.model import Delivery, Effects, SubscriptionSettings
 from sluice.dispatcher.subscription import Subscription
+from sluice.dispatcher.truncation import truncate_partition
 from sluice.errors import SluiceError
 
 log = logging.getLogger(__name__)
@@ -188,6 +190,43 @@ class SubscriptionRuntime:
 
     def skip_to(self, partition: int, position: int) -> None:
         self.apply(self.machine.skip_to(partition, position, self.service.now_ms()))
+
+    def follow_epochs(self, partition: int, trail: EpochTrail) -> None:
+        ps = self.machine.partitions.get(partition)
+        if ps is not None:
+            ps.cursor.epochs = trail
+
+    def truncated(self, partition: int, end: int) -> None:
+        """The feed found the log truncated at ``end`` (``truncation.py``), then dispatch what may go
+        (a consumer blocked at max_unacked by dropped in-flight messages may take more; due timers fire as
+        they would have)."""
+        position = self.machine.read_position(partition)
+        if position is None:
+            return
+        dropped, forgotten = truncate_partition(self.machine, partition, end)
+        if position > end or dropped or forgotten:
+            self.count_truncation(partition, position, end, "feed", dropped, forgotten)
+        self.call(self.machine.tick)
+
+    def count_truncation(
+        self, partition: int, position: int, end: int, found_by: str, dropped: int = 0, forgotten: int = 0
+    ) -> None:
+        """Log and count a position moved back by a truncation: never silent."""
+        log.warning(
+            "%s/%s partition %d: the log was truncated at %d under position %d (found by: %s): %d "
+            "read messages dropped, %d acknowledged offsets forgotten; reading the new leader's records "
+            "from %d",
+            self.topic,
+            self.name,
+            partition,
+            end,
+            position,
+            found_by,
+            dropped,
+            forgotten,
+            end,
+        )
+        self.service.metrics.log_truncations.labels(self.topic, self.name, found_by).inc()
 
     # ---- effects -------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.cursor_store import CursorStore, DirtyCursor
 from sluice.dispatcher.describe import SubscriptionViews
 from sluice.dispatcher.dlq import DeadLetterSink
+from sluice.dispatcher.epoch_check import check_loaded
 from sluice.dispatcher.feedset import FeedSet
 from sluice.dispatcher.metrics import DispatcherMetrics
 from sluice.dispatcher.model import SubscriptionSettings
@@ -230,6 +231,9 @@ class DispatcherService:
                 *(self.store.load(rt.topic, rt.name, p, ends[p]) for p in partitions)
             )
             cursors = {p: c for p, c in zip(partitions, loaded, strict=True) if c is not None}
+            # KIP-320: a cursor read in an older leader epoch is checked with the leader before serving.
+            for p, position, end in await check_loaded(self.link, self.channels, rt.topic, cursors):
+                rt.count_truncation(p, position, end, "cursor_load")
         missing = [p for p in partitions if p not in cursors]
         if missing:
             starts = await self._initial_positions(rt.topic, missing, req)

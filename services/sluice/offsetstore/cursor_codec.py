@@ -36,6 +36,17 @@ write-ahead ``delivered_up_to`` mark and redelivery counts by range::
 A cursor without either is still written as version 1, so an older reader reads
 it; both versions are read.
 
+Version 3 (``"SLC3"``) adds the leader epoch of the records the cursor's position
+was read from (KIP-320; docs/dispatcher.md, "Across a leader change")::
+
+    magic  "SLC3" | the version 2 header fields | leader_epoch int32
+    zlib( as version 2 )
+
+It is written only for a cursor that has an epoch (``leader_epoch >= 0``); one
+without is written as before (version 1 or 2), so a reader older than version 3
+reads every cursor of a cluster without replication. All three versions are read;
+versions 1 and 2 decode with ``leader_epoch = -1`` (unknown: not validated).
+
 The dispatcher reuses this module for its in-memory form, so it depends on the
 standard library only and has no notion of protobuf or Redis. Invalid input
 raises :class:`CursorCodecError` (a ``ValueError``) with a precise message.
@@ -64,8 +75,10 @@ __all__ = [
 
 MAGIC = b"SLC1"
 MAGIC_V2 = b"SLC2"
+MAGIC_V3 = b"SLC3"
 _HEADER = struct.Struct("<4sqIIBBB")
 _HEADER_V2 = struct.Struct("<qI")  # after _HEADER: delivered_up_to, count-range triples
+_HEADER_V3 = struct.Struct("<i")  # after _HEADER_V2: leader_epoch
 #: Count ranges one cursor may hold (each crash without progress adds at most two).
 MAX_COUNT_RANGES = 100_000
 INT64_MAX = 2**63 - 1
@@ -101,6 +114,7 @@ class CursorState:
     ``delivered_up_to``: everything below it may have been delivered (0: no mark).
     ``redelivery_ranges``: flattened ``[start0, end0, count0, ...]``, sorted,
     disjoint, non-empty, counts 1..MAX_COUNT.
+    ``leader_epoch``: the leader epoch the records below the position were read in (-1: unknown).
     """
 
     mark_delete: int = 0
@@ -108,6 +122,7 @@ class CursorState:
     redelivery_counts: dict[int, int] = field(default_factory=dict)
     delivered_up_to: int = 0
     redelivery_ranges: array[int] = field(default_factory=_empty_ranges)
+    leader_epoch: int = -1
 
 
 def _deltas(base: int, values: Sequence[int]) -> list[int]:
@@ -223,8 +238,11 @@ def encode_cursor(
     redelivery_counts: Mapping[int, int] | None = None,
     delivered_up_to: int = 0,
     redelivery_ranges: Sequence[int] = (),
+    leader_epoch: int = -1,
 ) -> bytes:
     """Encode a cursor; raise :class:`CursorCodecError` if it is invalid."""
+    if not -1 <= leader_epoch <= MAX_COUNT:
+        raise CursorCodecError(f"leader_epoch must be between -1 and 2^31-1, got {leader_epoch}")
     if not 0 <= delivered_up_to <= INT64_MAX:
         raise CursorCodecError(f"delivered_up_to must be between 0 and 2^63-1, got {delivered_up_to}")
     validate_count_ranges(redelivery_ranges)
@@ -244,14 +262,17 @@ def encode_cursor(
         )
     widths = (_width(range_deltas), _width(key_deltas), _width(counts))
     body = b"".join((_pack(range_deltas, widths[0]), _pack(key_deltas, widths[1]), _pack(counts, widths[2])))
-    if not delivered_up_to and not redelivery_ranges:
+    if not delivered_up_to and not redelivery_ranges and leader_epoch < 0:
         header = _HEADER.pack(MAGIC, mark_delete, len(range_deltas) // 2, len(keys), *widths)
         return header + zlib.compress(body, _ZLIB_LEVEL)
     triples = array("q", redelivery_ranges)
     if sys.byteorder == "big":
         triples.byteswap()
-    header = _HEADER.pack(MAGIC_V2, mark_delete, len(range_deltas) // 2, len(keys), *widths)
+    magic = MAGIC_V2 if leader_epoch < 0 else MAGIC_V3
+    header = _HEADER.pack(magic, mark_delete, len(range_deltas) // 2, len(keys), *widths)
     header += _HEADER_V2.pack(delivered_up_to, len(triples) // 3)
+    if leader_epoch >= 0:
+        header += _HEADER_V3.pack(leader_epoch)
     return header + zlib.compress(body + triples.tobytes(), _ZLIB_LEVEL)
 
 
@@ -262,18 +283,23 @@ def decode_cursor(blob: bytes | bytearray | memoryview) -> CursorState:
         raise CursorCodecError(f"cursor blob too short ({len(view)} bytes)")
     magic, mark_delete, pairs, n_keys, w_ranges, w_keys, w_counts = _HEADER.unpack_from(view)
     delivered_up_to = n_triples = 0
+    leader_epoch = -1
     body_at = _HEADER.size
-    if magic == MAGIC_V2:
-        if len(view) < _HEADER.size + _HEADER_V2.size:
+    if magic in (MAGIC_V2, MAGIC_V3):
+        extra = _HEADER_V2.size + (_HEADER_V3.size if magic == MAGIC_V3 else 0)
+        if len(view) < _HEADER.size + extra:
             raise CursorCodecError(f"cursor blob too short ({len(view)} bytes)")
         delivered_up_to, n_triples = _HEADER_V2.unpack_from(view, _HEADER.size)
-        body_at += _HEADER_V2.size
+        if magic == MAGIC_V3:
+            (leader_epoch,) = _HEADER_V3.unpack_from(view, _HEADER.size + _HEADER_V2.size)
+        body_at += extra
     elif magic != MAGIC:
         raise CursorCodecError(
-            f"not a cursor blob (magic {bytes(magic)!r}, expected {MAGIC!r} or {MAGIC_V2!r})"
+            f"not a cursor blob (magic {bytes(magic)!r}, expected {MAGIC!r}, {MAGIC_V2!r} or {MAGIC_V3!r})"
         )
     if (
         mark_delete < 0
+        or leader_epoch < -1
         or delivered_up_to < 0
         or n_triples > MAX_COUNT_RANGES
         or any(w not in _TYPECODES for w in (w_ranges, w_keys, w_counts))
@@ -309,4 +335,4 @@ def decode_cursor(blob: bytes | bytearray | memoryview) -> CursorState:
     except OverflowError:
         raise CursorCodecError("corrupt cursor body: offsets overflow int64") from None
     del ranges[0]  # accumulate's initial value is mark_delete itself
-    return CursorState(mark_delete, ranges, redeliveries, delivered_up_to, triples)
+    return CursorState(mark_delete, ranges, redeliveries, delivered_up_to, triples, leader_epoch)

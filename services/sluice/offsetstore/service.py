@@ -224,6 +224,7 @@ def _encode(index: int, write: CursorWrite) -> bytes:
             state.redelivery_counts,
             state.delivered_up_to,
             state.redelivery_ranges,
+            state.leader_epoch,
         )
     except CursorCodecError as exc:
         raise InvalidArgument(f"cursors[{index}] ({write.key}): {exc}") from None

@@ -61,6 +61,7 @@ def cursor_write(cursor: offset_store_pb2.Cursor) -> CursorWrite:
         dict(cursor.redelivery_counts),
         cursor.delivered_up_to,
         array("q", cursor.redelivery_ranges),
+        cursor.leader_epoch if cursor.HasField("leader_epoch") else -1,
     )
     return CursorWrite(key, cursor.owner_epoch, state, cursor.topic_id)
 
@@ -188,6 +189,8 @@ class OffsetStoreServicer(offset_store_pb2_grpc.OffsetStoreServicer):
             delivered_up_to=state.delivered_up_to,
             redelivery_ranges=state.redelivery_ranges,
         )
+        if state.leader_epoch >= 0:
+            cursor.leader_epoch = state.leader_epoch
         cursor.acked_ranges.extend(state.acked_ranges)
         return offset_store_pb2.LoadCursorResponse(found=True, cursor=cursor)
 

@@ -26,7 +26,7 @@ from sluice.v1 import common_pb2 as sluice_dot_v1_dot_common__pb2
 from sluice.v1 import coordinator_pb2 as sluice_dot_v1_dot_coordinator__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csluice/v1/offset_store.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\x1a\x1bsluice/v1/coordinator.proto\"\x90\x01\n\x0fPartitionOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05track\x18\x04 \x01(\t\x12\x10\n\x08topic_id\x18\x0f \x01(\t\x12\x19\n\x0cleader_epoch\x18\x0e \x01(\x05H\x00\x88\x01\x01\x42\x0f\n\r_leader_epoch\"\xab\x01\n\x14\x43ommitOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x03 \x01(\x05\x12+\n\x07offsets\x18\x04 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\x12.\n\rmessage_model\x18\x05 \x01(\x0e\x32\x17.sluice.v1.MessageModel\"J\n\x15\x43ommitOffsetsResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .sluice.v1.PartitionOffsetResult\"j\n\x15PartitionOffsetResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"u\n\x13\x46\x65tchOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12-\n\npartitions\x18\x02 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\r\n\x05track\x18\x03 \x01(\t\x12\x11\n\tmember_id\x18\x04 \x01(\t\"C\n\x14\x46\x65tchOffsetsResponse\x12+\n\x07offsets\x18\x01 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\"\xd5\x01\n\x13ResetOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x03(\x05\x12\"\n\x04spec\x18\x04 \x01(\x0e\x32\x14.sluice.v1.ResetSpec\x12\r\n\x05value\x18\x05 \x01(\x03\x12\r\n\x05track\x18\x06 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x07 \x01(\x08\x12%\n\x06topics\x18\x08 \x03(\x0b\x32\x15.sluice.v1.ResetTopic\x12\x12\n\nall_topics\x18\t \x01(\x08\"n\n\x14ResetOffsetsResponse\x12+\n\x07offsets\x18\x01 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\x12)\n\x08outcomes\x18\x02 \x03(\x0b\x32\x17.sluice.v1.ResetOutcome\"\xc3\x02\n\x06\x43ursor\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0csubscription\x18\x03 \x01(\t\x12\x13\n\x0bmark_delete\x18\x04 \x01(\x03\x12\x14\n\x0c\x61\x63ked_ranges\x18\x05 \x03(\x03\x12\x42\n\x11redelivery_counts\x18\x06 \x03(\x0b\x32\'.sluice.v1.Cursor.RedeliveryCountsEntry\x12\x13\n\x0bowner_epoch\x18\x07 \x01(\x03\x12\x17\n\x0f\x64\x65livered_up_to\x18\x08 \x01(\x03\x12\x19\n\x11redelivery_ranges\x18\t \x03(\x03\x12\x10\n\x08topic_id\x18\x0f \x01(\t\x1a\x37\n\x15RedeliveryCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"8\n\x12SaveCursorsRequest\x12\"\n\x07\x63ursors\x18\x01 \x03(\x0b\x32\x11.sluice.v1.Cursor\"7\n\x13SaveCursorsResponse\x12 \n\x06\x65rrors\x18\x01 \x03(\x0b\x32\x10.sluice.v1.Error\"K\n\x11LoadCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0csubscription\x18\x03 \x01(\t\"F\n\x12LoadCursorResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12!\n\x06\x63ursor\x18\x02 \x01(\x0b\x32\x11.sluice.v1.Cursor\"/\n\nResetTopic\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x03(\x05\"\x95\x01\n\x0cResetOutcome\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08previous\x18\x03 \x01(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0f\n\x07\x63lamped\x18\x05 \x01(\t\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x07 \x01(\x03\"\x95\x01\n\x12StoredSubscription\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\x05\x12\x0e\n\x06\x66ilter\x18\x04 \x01(\t\x12\x12\n\ncreated_ms\x18\x05 \x01(\x03\x12\x16\n\x0elast_active_ms\x18\x06 \x01(\x03\x12\x10\n\x08topic_id\x18\x07 \x01(\t\"Q\n\x19TouchSubscriptionsRequest\x12\x34\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x1d.sluice.v1.StoredSubscription\">\n\x1aTouchSubscriptionsResponse\x12 \n\x06\x65rrors\x18\x01 \x03(\x0b\x32\x10.sluice.v1.Error\"/\n\x1eListStoredSubscriptionsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"W\n\x1fListStoredSubscriptionsResponse\x12\x34\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x1d.sluice.v1.StoredSubscription\"m\n\x1e\x44\x65leteSubscriptionStateRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x03(\x05\x12\x12\n\nunregister\x18\x04 \x01(\x08\"7\n\x1f\x44\x65leteSubscriptionStateResponse\x12\x14\n\x0c\x64\x65leted_keys\x18\x01 \x01(\x05*\x82\x01\n\tResetSpec\x12\x15\n\x11RESET_SPEC_OFFSET\x10\x00\x12\x17\n\x13RESET_SPEC_EARLIEST\x10\x01\x12\x15\n\x11RESET_SPEC_LATEST\x10\x02\x12\x18\n\x14RESET_SPEC_TIMESTAMP\x10\x03\x12\x14\n\x10RESET_SPEC_SHIFT\x10\x04\x32\xe3\x05\n\x0bOffsetStore\x12R\n\rCommitOffsets\x12\x1f.sluice.v1.CommitOffsetsRequest\x1a .sluice.v1.CommitOffsetsResponse\x12O\n\x0c\x46\x65tchOffsets\x12\x1e.sluice.v1.FetchOffsetsRequest\x1a\x1f.sluice.v1.FetchOffsetsResponse\x12O\n\x0cResetOffsets\x12\x1e.sluice.v1.ResetOffsetsRequest\x1a\x1f.sluice.v1.ResetOffsetsResponse\x12L\n\x0bSaveCursors\x12\x1d.sluice.v1.SaveCursorsRequest\x1a\x1e.sluice.v1.SaveCursorsResponse\x12I\n\nLoadCursor\x12\x1c.sluice.v1.LoadCursorRequest\x1a\x1d.sluice.v1.LoadCursorResponse\x12\x61\n\x12TouchSubscriptions\x12$.sluice.v1.TouchSubscriptionsRequest\x1a%.sluice.v1.TouchSubscriptionsResponse\x12p\n\x17ListStoredSubscriptions\x12).sluice.v1.ListStoredSubscriptionsRequest\x1a*.sluice.v1.ListStoredSubscriptionsResponse\x12p\n\x17\x44\x65leteSubscriptionState\x12).sluice.v1.DeleteSubscriptionStateRequest\x1a*.sluice.v1.DeleteSubscriptionStateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1csluice/v1/offset_store.proto\x12\tsluice.v1\x1a\x16sluice/v1/common.proto\x1a\x1bsluice/v1/coordinator.proto\"\x90\x01\n\x0fPartitionOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05track\x18\x04 \x01(\t\x12\x10\n\x08topic_id\x18\x0f \x01(\t\x12\x19\n\x0cleader_epoch\x18\x0e \x01(\x05H\x00\x88\x01\x01\x42\x0f\n\r_leader_epoch\"\xab\x01\n\x14\x43ommitOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x03 \x01(\x05\x12+\n\x07offsets\x18\x04 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\x12.\n\rmessage_model\x18\x05 \x01(\x0e\x32\x17.sluice.v1.MessageModel\"J\n\x15\x43ommitOffsetsResponse\x12\x31\n\x07results\x18\x01 \x03(\x0b\x32 .sluice.v1.PartitionOffsetResult\"j\n\x15PartitionOffsetResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1f\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x10.sluice.v1.Error\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"u\n\x13\x46\x65tchOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12-\n\npartitions\x18\x02 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\r\n\x05track\x18\x03 \x01(\t\x12\x11\n\tmember_id\x18\x04 \x01(\t\"C\n\x14\x46\x65tchOffsetsResponse\x12+\n\x07offsets\x18\x01 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\"\xd5\x01\n\x13ResetOffsetsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x03(\x05\x12\"\n\x04spec\x18\x04 \x01(\x0e\x32\x14.sluice.v1.ResetSpec\x12\r\n\x05value\x18\x05 \x01(\x03\x12\r\n\x05track\x18\x06 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x07 \x01(\x08\x12%\n\x06topics\x18\x08 \x03(\x0b\x32\x15.sluice.v1.ResetTopic\x12\x12\n\nall_topics\x18\t \x01(\x08\"n\n\x14ResetOffsetsResponse\x12+\n\x07offsets\x18\x01 \x03(\x0b\x32\x1a.sluice.v1.PartitionOffset\x12)\n\x08outcomes\x18\x02 \x03(\x0b\x32\x17.sluice.v1.ResetOutcome\"\xef\x02\n\x06\x43ursor\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0csubscription\x18\x03 \x01(\t\x12\x13\n\x0bmark_delete\x18\x04 \x01(\x03\x12\x14\n\x0c\x61\x63ked_ranges\x18\x05 \x03(\x03\x12\x42\n\x11redelivery_counts\x18\x06 \x03(\x0b\x32\'.sluice.v1.Cursor.RedeliveryCountsEntry\x12\x13\n\x0bowner_epoch\x18\x07 \x01(\x03\x12\x17\n\x0f\x64\x65livered_up_to\x18\x08 \x01(\x03\x12\x19\n\x11redelivery_ranges\x18\t \x03(\x03\x12\x19\n\x0cleader_epoch\x18\n \x01(\x05H\x00\x88\x01\x01\x12\x10\n\x08topic_id\x18\x0f \x01(\t\x1a\x37\n\x15RedeliveryCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x42\x0f\n\r_leader_epoch\"8\n\x12SaveCursorsRequest\x12\"\n\x07\x63ursors\x18\x01 \x03(\x0b\x32\x11.sluice.v1.Cursor\"7\n\x13SaveCursorsResponse\x12 \n\x06\x65rrors\x18\x01 \x03(\x0b\x32\x10.sluice.v1.Error\"K\n\x11LoadCursorRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0csubscription\x18\x03 \x01(\t\"F\n\x12LoadCursorResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12!\n\x06\x63ursor\x18\x02 \x01(\x0b\x32\x11.sluice.v1.Cursor\"/\n\nResetTopic\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x03(\x05\"\x95\x01\n\x0cResetOutcome\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08previous\x18\x03 \x01(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0f\n\x07\x63lamped\x18\x05 \x01(\t\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x07 \x01(\x03\"\x95\x01\n\x12StoredSubscription\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\x0c\n\x04type\x18\x03 \x01(\x05\x12\x0e\n\x06\x66ilter\x18\x04 \x01(\t\x12\x12\n\ncreated_ms\x18\x05 \x01(\x03\x12\x16\n\x0elast_active_ms\x18\x06 \x01(\x03\x12\x10\n\x08topic_id\x18\x07 \x01(\t\"Q\n\x19TouchSubscriptionsRequest\x12\x34\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x1d.sluice.v1.StoredSubscription\">\n\x1aTouchSubscriptionsResponse\x12 \n\x06\x65rrors\x18\x01 \x03(\x0b\x32\x10.sluice.v1.Error\"/\n\x1eListStoredSubscriptionsRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"W\n\x1fListStoredSubscriptionsResponse\x12\x34\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x1d.sluice.v1.StoredSubscription\"m\n\x1e\x44\x65leteSubscriptionStateRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x14\n\x0csubscription\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x03(\x05\x12\x12\n\nunregister\x18\x04 \x01(\x08\"7\n\x1f\x44\x65leteSubscriptionStateResponse\x12\x14\n\x0c\x64\x65leted_keys\x18\x01 \x01(\x05*\x82\x01\n\tResetSpec\x12\x15\n\x11RESET_SPEC_OFFSET\x10\x00\x12\x17\n\x13RESET_SPEC_EARLIEST\x10\x01\x12\x15\n\x11RESET_SPEC_LATEST\x10\x02\x12\x18\n\x14RESET_SPEC_TIMESTAMP\x10\x03\x12\x14\n\x10RESET_SPEC_SHIFT\x10\x04\x32\xe3\x05\n\x0bOffsetStore\x12R\n\rCommitOffsets\x12\x1f.sluice.v1.CommitOffsetsRequest\x1a .sluice.v1.CommitOffsetsResponse\x12O\n\x0c\x46\x65tchOffsets\x12\x1e.sluice.v1.FetchOffsetsRequest\x1a\x1f.sluice.v1.FetchOffsetsResponse\x12O\n\x0cResetOffsets\x12\x1e.sluice.v1.ResetOffsetsRequest\x1a\x1f.sluice.v1.ResetOffsetsResponse\x12L\n\x0bSaveCursors\x12\x1d.sluice.v1.SaveCursorsRequest\x1a\x1e.sluice.v1.SaveCursorsResponse\x12I\n\nLoadCursor\x12\x1c.sluice.v1.LoadCursorRequest\x1a\x1d.sluice.v1.LoadCursorResponse\x12\x61\n\x12TouchSubscriptions\x12$.sluice.v1.TouchSubscriptionsRequest\x1a%.sluice.v1.TouchSubscriptionsResponse\x12p\n\x17ListStoredSubscriptions\x12).sluice.v1.ListStoredSubscriptionsRequest\x1a*.sluice.v1.ListStoredSubscriptionsResponse\x12p\n\x17\x44\x65leteSubscriptionState\x12).sluice.v1.DeleteSubscriptionStateRequest\x1a*.sluice.v1.DeleteSubscriptionStateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._loaded_options = None
   _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._serialized_options = b'8\001'
-  _globals['_RESETSPEC']._serialized_start=2514
-  _globals['_RESETSPEC']._serialized_end=2644
+  _globals['_RESETSPEC']._serialized_start=2558
+  _globals['_RESETSPEC']._serialized_end=2688
   _globals['_PARTITIONOFFSET']._serialized_start=97
   _globals['_PARTITIONOFFSET']._serialized_end=241
   _globals['_COMMITOFFSETSREQUEST']._serialized_start=244
@@ -54,35 +54,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESETOFFSETSRESPONSE']._serialized_start=1005
   _globals['_RESETOFFSETSRESPONSE']._serialized_end=1115
   _globals['_CURSOR']._serialized_start=1118
-  _globals['_CURSOR']._serialized_end=1441
-  _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._serialized_start=1386
-  _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._serialized_end=1441
-  _globals['_SAVECURSORSREQUEST']._serialized_start=1443
-  _globals['_SAVECURSORSREQUEST']._serialized_end=1499
-  _globals['_SAVECURSORSRESPONSE']._serialized_start=1501
-  _globals['_SAVECURSORSRESPONSE']._serialized_end=1556
-  _globals['_LOADCURSORREQUEST']._serialized_start=1558
-  _globals['_LOADCURSORREQUEST']._serialized_end=1633
-  _globals['_LOADCURSORRESPONSE']._serialized_start=1635
-  _globals['_LOADCURSORRESPONSE']._serialized_end=1705
-  _globals['_RESETTOPIC']._serialized_start=1707
-  _globals['_RESETTOPIC']._serialized_end=1754
-  _globals['_RESETOUTCOME']._serialized_start=1757
-  _globals['_RESETOUTCOME']._serialized_end=1906
-  _globals['_STOREDSUBSCRIPTION']._serialized_start=1909
-  _globals['_STOREDSUBSCRIPTION']._serialized_end=2058
-  _globals['_TOUCHSUBSCRIPTIONSREQUEST']._serialized_start=2060
-  _globals['_TOUCHSUBSCRIPTIONSREQUEST']._serialized_end=2141
-  _globals['_TOUCHSUBSCRIPTIONSRESPONSE']._serialized_start=2143
-  _globals['_TOUCHSUBSCRIPTIONSRESPONSE']._serialized_end=2205
-  _globals['_LISTSTOREDSUBSCRIPTIONSREQUEST']._serialized_start=2207
-  _globals['_LISTSTOREDSUBSCRIPTIONSREQUEST']._serialized_end=2254
-  _globals['_LISTSTOREDSUBSCRIPTIONSRESPONSE']._serialized_start=2256
-  _globals['_LISTSTOREDSUBSCRIPTIONSRESPONSE']._serialized_end=2343
-  _globals['_DELETESUBSCRIPTIONSTATEREQUEST']._serialized_start=2345
-  _globals['_DELETESUBSCRIPTIONSTATEREQUEST']._serialized_end=2454
-  _globals['_DELETESUBSCRIPTIONSTATERESPONSE']._serialized_start=2456
-  _globals['_DELETESUBSCRIPTIONSTATERESPONSE']._serialized_end=2511
-  _globals['_OFFSETSTORE']._serialized_start=2647
-  _globals['_OFFSETSTORE']._serialized_end=3386
+  _globals['_CURSOR']._serialized_end=1485
+  _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._serialized_start=1413
+  _globals['_CURSOR_REDELIVERYCOUNTSENTRY']._serialized_end=1468
+  _globals['_SAVECURSORSREQUEST']._serialized_start=1487
+  _globals['_SAVECURSORSREQUEST']._serialized_end=1543
+  _globals['_SAVECURSORSRESPONSE']._serialized_start=1545
+  _globals['_SAVECURSORSRESPONSE']._serialized_end=1600
+  _globals['_LOADCURSORREQUEST']._serialized_start=1602
+  _globals['_LOADCURSORREQUEST']._serialized_end=1677
+  _globals['_LOADCURSORRESPONSE']._serialized_start=1679
+  _globals['_LOADCURSORRESPONSE']._serialized_end=1749
+  _globals['_RESETTOPIC']._serialized_start=1751
+  _globals['_RESETTOPIC']._serialized_end=1798
+  _globals['_RESETOUTCOME']._serialized_start=1801
+  _globals['_RESETOUTCOME']._serialized_end=1950
+  _globals['_STOREDSUBSCRIPTION']._serialized_start=1953
+  _globals['_STOREDSUBSCRIPTION']._serialized_end=2102
+  _globals['_TOUCHSUBSCRIPTIONSREQUEST']._serialized_start=2104
+  _globals['_TOUCHSUBSCRIPTIONSREQUEST']._serialized_end=2185
+  _globals['_TOUCHSUBSCRIPTIONSRESPONSE']._serialized_start=2187
+  _globals['_TOUCHSUBSCRIPTIONSRESPONSE']._serialized_end=2249
+  _globals['_LISTSTOREDSUBSCRIPTIONSREQUEST']._serialized_start=2251
+  _globals['_LISTSTOREDSUBSCRIPTIONSREQUEST']._serialized_end=2298
+  _globals['_LISTSTOREDSUBSCRIPTIONSRESPONSE']._serialized_start=2300
+  _globals['_LISTSTOREDSUBSCRIPTIONSRESPONSE']._serialized_end=2387
+  _globals['_DELETESUBSCRIPTIONSTATEREQUEST']._serialized_start=2389
+  _globals['_DELETESUBSCRIPTIONSTATEREQUEST']._serialized_end=2498
+  _globals['_DELETESUBSCRIPTIONSTATERESPONSE']._serialized_start=2500
+  _globals['_DELETESUBSCRIPTIONSTATERESPONSE']._serialized_end=2555
+  _globals['_OFFSETSTORE']._serialized_start=2691
+  _globals['_OFFSETSTORE']._serialized_end=3430
 # @@protoc_insertion_point(module_scope)

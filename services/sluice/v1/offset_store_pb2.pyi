@@ -342,6 +342,7 @@ class Cursor(_message.Message):
     OWNER_EPOCH_FIELD_NUMBER: _builtins.int
     DELIVERED_UP_TO_FIELD_NUMBER: _builtins.int
     REDELIVERY_RANGES_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     TOPIC_ID_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
@@ -354,6 +355,12 @@ class Cursor(_message.Message):
     """Write-ahead delivery mark: every offset in [mark_delete, delivered_up_to)
     may have been delivered (nothing at or above it was). After a crash the
     next owner counts each unacknowledged offset below it once more.
+    """
+    leader_epoch: _builtins.int
+    """KIP-320 for push cursors: the leader epoch the records below the cursor's position were read in
+    (unset: unknown, not validated). A dispatcher loading the cursor asks the partition's current
+    leader where that epoch ends (OffsetForLeaderEpoch) before serving it: below the position, the log
+    was truncated under the cursor (docs/dispatcher.md, "Across a leader change").
     """
     topic_id: _builtins.str
     """The topic incarnation the cursor belongs to (Metadata's topic_id); a save for another incarnation
@@ -388,13 +395,16 @@ class Cursor(_message.Message):
         owner_epoch: _builtins.int = ...,
         delivered_up_to: _builtins.int = ...,
         redelivery_ranges: _abc.Iterable[_builtins.int] | None = ...,
+        leader_epoch: _builtins.int | None = ...,
         topic_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch", "leader_epoch", b"leader_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["acked_ranges", b"acked_ranges", "delivered_up_to", b"delivered_up_to", "mark_delete", b"mark_delete", "owner_epoch", b"owner_epoch", "partition", b"partition", "redelivery_counts", b"redelivery_counts", "redelivery_ranges", b"redelivery_ranges", "subscription", b"subscription", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch", "acked_ranges", b"acked_ranges", "delivered_up_to", b"delivered_up_to", "leader_epoch", b"leader_epoch", "mark_delete", b"mark_delete", "owner_epoch", b"owner_epoch", "partition", b"partition", "redelivery_counts", b"redelivery_counts", "redelivery_ranges", b"redelivery_ranges", "subscription", b"subscription", "topic", b"topic", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__leader_epoch: _TypeAlias = _typing.Literal["leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__leader_epoch: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__leader_epoch) -> _WhichOneofReturnType__leader_epoch | None: ...
 
 Global___Cursor: _TypeAlias = Cursor  # noqa: Y015
 

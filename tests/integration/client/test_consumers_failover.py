@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -88,7 +89,7 @@ class Worker(threading.Thread):
 
 
 def test_consumers_and_producer_ride_through_a_leader_killed_with_kill_9(tmp_path: Path) -> None:
-    with failover_cluster(tmp_path) as (cluster, _), Client(cluster.coordinator.address) as client:
+    with failover_cluster(tmp_path) as (cluster, others), Client(cluster.coordinator.address) as client:
         create(cluster, TOPIC)
         producer = client.producer(TOPIC, linger="2ms", delivery_timeout="60s", request_timeout="5s")
         sent: list[tuple[bytes, FutureRecordMetadata]] = []
@@ -175,6 +176,9 @@ def test_consumers_and_producer_ride_through_a_leader_killed_with_kill_9(tmp_pat
         assert latest == sorted(latest)
         assert latest[-1] <= len(log)
         assert fetcher.truncations == 0
+        # The dispatcher's feed checked its position with the new leader (KIP-320): nothing truncated.
+        metrics = urllib.request.urlopen(f"http://{others[1].metrics}/metrics", timeout=10).read().decode()
+        assert "sluice_dispatcher_log_truncations_total{" not in metrics
         fetcher.close()
         consumer.close()
         pc.close()
