@@ -180,8 +180,7 @@ class Parking:
             del self.hashes[pk.key_hash]
 
     def _store(self, m: Message, key: bytes, count: int = 0) -> None:
-        """``m`` goes to the parking store (once): a ``park`` event; the cursor acknowledges it when
-        the store did (``Subscription.parks_saved``)."""
+        """``m`` goes to the store (once): a ``park`` event (then ``saved``)."""
         pos = _pos(m)
         if pos in self.stored:
             return
@@ -291,8 +290,7 @@ class Parking:
         return True
 
     def saved(self, sub: Parkable, saved: dict[int, list[int]]) -> None:
-        """The store holds these messages: their offsets are acknowledged on the cursor, so its
-        mark-delete moves past parked messages (the store keeps them from now on)."""
+        """The store holds these messages: the cursor acknowledges them (its mark-delete moves on)."""
         for p, offsets in saved.items():
             ps = sub.partitions.get(p)
             if ps is not None:
@@ -303,11 +301,19 @@ class Parking:
         stored = self.stored
         return [o for o in offsets if (partition, o) not in stored] if stored else offsets
 
-    def counts_of(self, partition: int, offsets: list[int], counts: list[int] | None) -> list[int]:
-        """The redelivery counts a delivery reports, stored heads' from ``counts``."""
-        out = counts if counts is not None else [0] * len(offsets)
-        get = self.counts.get
-        return [n if (k := get((partition, o))) is None else k for o, n in zip(offsets, out, strict=True)]
+    def counts_of(self, partition: int, offsets: list[int], counts: list[int] | None) -> list[int] | None:
+        """A delivery's counts, stored heads' from ``counts`` (only the few heads are looked at)."""
+        lo, hi = min(offsets), max(offsets)
+        hits = [(o, n) for (p, o), n in self.counts.items() if p == partition and lo <= o <= hi]
+        if not hits:
+            return counts
+        out = list(counts) if counts is not None else [0] * len(offsets)
+        at = {o: i for i, o in enumerate(offsets)}
+        for o, n in hits:
+            i = at.get(o)
+            if i is not None:
+                out[i] = n
+        return out
 
     def _done(self, ps: PartitionState, o: int) -> bool:
         """Whether the head at ``o`` was acknowledged (stored: it is nowhere any more)."""
@@ -316,8 +322,7 @@ class Parking:
         return not (o in ps.inflight or o in ps.replay or o in ps.delayed or o in ps.dead)
 
     def _finished(self, ps: PartitionState, key: bytes, o: int) -> bool:
-        """Whether the stored message at ``o`` is finished: acknowledged after its release, or
-        dead-lettered (it is nowhere: not at a consumer, not queued, not parked, not read ahead)."""
+        """Whether the stored message at ``o`` is finished (acknowledged, or dead-lettered): nowhere."""
         if not self._done(ps, o):
             return False
         pk = self.keys.get(key)

@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
+from sluice.client.push.config import PushConsumerConfig
+from sluice.dispatcher.config import DispatcherConfig
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.model import SubscriptionType
 from sluice.dispatcher.parking import ParkState
 from sluice.dispatcher.parkrestore import restore
 from sluice.dispatcher.parkstore import event_record
+from sluice.dispatcher.requests import SubscribeRequest, consumer_spec
+from sluice.errors import InvalidArgument
 from sluice.retry.parkbook import ParkBook
 from tests.unit.dispatcher.context import Ctx
 
@@ -53,7 +59,7 @@ def test_the_cursor_acknowledges_parked_messages_once_the_store_holds_them() -> 
     ctx.auto_park = False
     offs = park_poison(ctx)
     cursor = ctx.sub.partitions[0].cursor
-    assert [(e.op, e.offset) for e in ctx.park_log] == [("park", offs[0]), ("park", offs[2]), ("park", offs[3])]
+    assert [(e.op, e.offset) for e in ctx.park_log] == [("park", o) for o in (offs[0], offs[2], offs[3])]
     assert cursor.mark_delete == 0  # not before the store acknowledged them: a crash loses nothing
     ctx.save_parks()
     assert cursor.mark_delete == offs[3] + 1  # past every parked message: retention may delete them
@@ -135,3 +141,16 @@ def test_past_the_byte_cap_the_largest_key_goes_to_the_dlq() -> None:
     assert [o for _, o, _ in ctx.dead] == [offs[0], offs[2], offs[3]]
     assert ctx.sub.parking.bytes_total == 0
     assert not book_of(ctx).keys
+
+
+def test_the_byte_cap_reaches_the_subscription_and_is_checked() -> None:
+    base = {"topic": "t", "subscription": "s", "type": int(T.KEY_SHARED), "park_after": 1}
+    cfg = DispatcherConfig(coordinator="127.0.0.1:1")
+    _, settings = consumer_spec(SubscribeRequest(**base, park_max_bytes=1000), cfg)  # type: ignore[arg-type]
+    assert settings.park_max_bytes == 1000
+    _, settings = consumer_spec(SubscribeRequest(**base), cfg)  # type: ignore[arg-type]
+    assert settings.park_max_bytes == 64 * 1024 * 1024
+    with pytest.raises(InvalidArgument, match="park_max_bytes must be >= 0"):
+        consumer_spec(SubscribeRequest(**base, park_max_bytes=-1), cfg)  # type: ignore[arg-type]
+    sub = PushConsumerConfig(park_max_bytes=1000).to_subscribe("t", "s", "key_shared", "c", "c", [])
+    assert sub.park_max_bytes == 1000
