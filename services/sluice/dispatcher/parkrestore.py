@@ -70,13 +70,13 @@ def restore(sub: Restorable, book: ParkBook, topic: str, limit: int, now_ms: int
             ps.charge(m.size + HELD_OVERHEAD)
             parking.adopt(pk, m)
         head = msgs[0]
+        pk.head = (head.partition, head.offset)
         if count:
-            parking.counts[(head.partition, head.offset)] = count
+            parking.counts[pk.head] = count
         if limit and count > limit:
             pk.state = ParkState.HELD if sub.settings.park_hold else ParkState.DLQ
             continue
         # The oldest is the head, tried now; the rest waits behind it.
-        pk.head = (head.partition, head.offset)
         pk.waiting.pop(0)
         parking.waiting_total -= 1
         pk.nbytes -= head.size

@@ -11,7 +11,8 @@ anywhere costs at most a repeated write, which the replay drops by source (``Par
 ``parkrestore.restore`` acknowledges on the cursor.
 
 The topic is created on the first write (like the DLQ's) and read at load (``restore``) from its log
-start to its end, before the subscription's feeds read anything.
+start to its end, before the subscription's feeds read anything. A non-durable subscription has no store
+(it does not outlive its consumers, nor its dispatcher): its parks count as saved at once.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class ParkStore:
         link: CoordinatorLink,
         channels: AioPeers,
         saved: Callable[[dict[int, list[int]]], None],
+        durable: bool = True,
     ) -> None:
         self.topic = topic
         self.name = sub_park_topic(topic, subscription)
@@ -88,12 +90,18 @@ class ParkStore:
         self._queue: list[ParkEvent] = []
         self._task: asyncio.Task[None] | None = None
         self._ensured = False
+        self.durable = durable
         self.closed = False
 
     # ---- writing ----------------------------------------------------------------------------------
 
     def write(self, events: list[ParkEvent]) -> None:
         """Append ``events`` after everything queued (in order, in the background)."""
+        if not self.durable:
+            saved = _parked(events)
+            if saved:
+                asyncio.get_running_loop().call_soon(self._saved, saved)
+            return
         self._queue += events
         if not self.closed and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._run(), name=f"park-{self.name}")
@@ -111,12 +119,9 @@ class ParkStore:
                 continue
             delay = 0.2
             del self._queue[: len(batch)]
-            saved: dict[int, list[int]] = defaultdict(list)
-            for e in batch:
-                if e.op == "park":
-                    saved[e.partition].append(e.offset)
+            saved = _parked(batch)
             if saved:
-                self._saved(dict(saved))
+                self._saved(saved)
 
     async def _append(self, events: list[ParkEvent]) -> None:
         if not self._ensured:
@@ -215,6 +220,15 @@ async def replay(link: CoordinatorLink, channels: AioPeers, name: str) -> ParkBo
                     book.apply(view.record(name, 0, i))
         position = max(position, part.next_offset)
     return book
+
+
+def _parked(events: list[ParkEvent]) -> dict[int, list[int]]:
+    """{partition: offsets} of the ``park`` events."""
+    saved: dict[int, list[int]] = defaultdict(list)
+    for e in events:
+        if e.op == "park":
+            saved[e.partition].append(e.offset)
+    return dict(saved)
 
 
 def _chunk(queue: list[ParkEvent]) -> list[ParkEvent]:

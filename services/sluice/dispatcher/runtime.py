@@ -163,7 +163,9 @@ class SubscriptionRuntime:
         self._dlq_task: asyncio.Task[None] | None = None
         #: Key_Shared parking's store (``parkstore.py``): what parks is written there before the cursor
         #: acknowledges it.
-        self.parks = ParkStore(topic, name, service.link, service.channels, self._parks_saved)
+        self.parks = ParkStore(
+            topic, name, service.link, service.channels, self._parks_saved, durable=settings.durable
+        )
         metrics = service.metrics
         self._m_messages = metrics.dispatched_messages.labels(topic, name)
         self._m_bytes = metrics.dispatched_bytes.labels(topic, name)
