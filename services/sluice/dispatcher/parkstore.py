@@ -27,6 +27,7 @@ from collections.abc import Callable
 import grpc
 
 from sluice.codec.batch import BatchBuilder, Record, batch_views
+from sluice.common.list_offsets import EARLIEST, LATEST
 from sluice.common.peers import AioPeers
 from sluice.common.rpc import error_from_rpc
 from sluice.common.timeouts import within
@@ -186,8 +187,8 @@ async def replay(link: CoordinatorLink, channels: AioPeers, name: str) -> ParkBo
         await link.topic(name, fresh=True)
     except UnknownTopicOrPartition:
         return book
-    start = (await link.list_offsets(name, [0], -2))[0]
-    end = (await link.list_offsets(name, [0], -1))[0]
+    start = (await link.list_offsets(name, [0], EARLIEST))[0]
+    end = (await link.list_offsets(name, [0], LATEST))[0]
     position = start
     deadline = time.monotonic() + 6 * RPC_TIMEOUT
     while position < end:
