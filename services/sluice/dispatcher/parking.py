@@ -461,13 +461,14 @@ class Parking:
             ps.add_replay(m)
         return pk
 
-    def hold(self, sub: Parkable, m: Message, now_ms: int) -> None:
-        """Read again after a restart with a count already past the limit, under the hold policy: the
-        message waits for an operator (instead of going straight to the DLQ)."""
+    def hold(self, sub: Parkable, m: Message, now_ms: int, count: int = 0) -> None:
+        """Read again after a restart with a count (``count``) already past the limit, under the hold
+        policy: the message waits for an operator (instead of going straight to the DLQ)."""
         key = key_of(m)
         pk = self.keys.get(key)
         if pk is None:
             pk = self._new(ParkedKey(key, m.key_hash, now_ms, _pos(m), state=ParkState.HELD))
+        self._store(m, key, count)  # with its count: held again after another restart
         self._add(pk, m)
 
     def holds(self, m: Message) -> bool:

@@ -97,7 +97,7 @@ def past_limit(
     hold = parking.on and sub.settings.park_hold
     for m, n in zip(msgs, counts, strict=True):
         if hold and (n > limit or parking.holds(m)):
-            parking.hold(sub, m, now_ms)
+            parking.hold(sub, m, now_ms, n)
         elif n > limit:
             ps.dead[m.offset] = m
             sub.fx.dead_letters.append((m, n))
