@@ -12,6 +12,7 @@ dispatcher killed with SIGKILL.
 from __future__ import annotations
 
 import random
+import signal
 import sys
 import threading
 import time
@@ -115,23 +116,52 @@ def test_the_mark_delete_passes_parked_messages_and_a_kill_9_keeps_the_parking(c
                 "the mark-delete past the parked records",
                 lambda: persisted_mark_delete(cluster, topic, "s") == 20,
             )
+            # Now the cursor can no longer be saved (the offset store is paused): two more records of the
+            # key park (stored, acknowledged on the cursor only in the dying dispatcher's memory), and two
+            # good ones are acknowledged. Then kill -9: the window between the park write and the
+            # cursor's acknowledgement reaching the offset store.
+            store = cluster.offset_store.process
+            store.send_signal(signal.SIGSTOP)
+            try:
+                with client.producer(topic, linger="1ms") as producer:
+                    for i in range(20, 24):
+                        producer.send(str(i).encode(), key=POISON if i % 2 == 0 else b"ok-late")
+                    producer.flush()
+                late: list[int] = []
+                while len(late) < 2:
+                    m = pc.receive(timeout=10)
+                    assert m.key != POISON, "a record of the held key was delivered"
+                    late.append(int(m.value))
+                    pc.ack(m)
+                assert late == [21, 23]
+                wait_for(
+                    "the later records parked",
+                    lambda: (
+                        [(k.state, k.waiting) for k in client.admin.list_parked_keys(topic, "s")]
+                        == [("held", 11)]
+                    ),
+                )
+            except BaseException:
+                store.send_signal(signal.SIGCONT)
+                raise
+        cluster.dispatcher.kill()
+        store.send_signal(signal.SIGCONT)
+        assert persisted_mark_delete(cluster, topic, "s") == 20
         cluster.restart_dispatcher(kill=True)
         # Listed at once, from the store: no consumer is back yet, the subscription is not loaded.
         keys = client.admin.list_parked_keys(topic, "s")
-        assert [(k.key, k.state, k.head_offset, k.waiting) for k in keys] == [(POISON, "stored", 0, 9)]
-        with client.producer(topic, linger="1ms") as producer:
-            for i in range(20, 24):
-                producer.send(str(i).encode(), key=POISON if i % 2 == 0 else b"ok-late")
-            producer.flush()
+        assert [(k.key, k.state, k.head_offset, k.waiting) for k in keys] == [(POISON, "stored", 0, 11)]
         with client.push_consumer(
             topic, "s", "key_shared", consumer_id="c2", initial_position="earliest", **settings
         ) as pc:
-            late = [pc.receive(timeout=10) for _ in range(2)]
-            assert sorted(int(m.value) for m in late) == [21, 23]  # the good ones, once; nothing else again
-            for m in late:
+            # 21 and 23 again (their acknowledgements never reached the offset store: at least once);
+            # 20 and 22, parked before the kill, are neither delivered nor parked again.
+            again = [pc.receive(timeout=10) for _ in range(2)]
+            assert sorted(int(m.value) for m in again) == [21, 23]
+            for m in again:
                 pc.ack(m)
             wait_for(
-                "the later poison records parked behind",
+                "the key held again",
                 lambda: (
                     [(k.state, k.waiting) for k in client.admin.list_parked_keys(topic, "s")]
                     == [("held", 11)]
@@ -139,6 +169,9 @@ def test_the_mark_delete_passes_parked_messages_and_a_kill_9_keeps_the_parking(c
             )
             with pytest.raises(TimeoutError):
                 pc.receive(timeout=0.5)  # held: nothing of the key is delivered
+            # The key is still held, and the persisted mark-delete is past all of its parked records
+            # (the restart acknowledged the log's copies of 20 and 22 from the store's replay).
+            wait_for("the mark-delete past them", lambda: persisted_mark_delete(cluster, topic, "s") == 24)
             assert client.admin.unpark_key(topic, "s", POISON) == 12
             got = [pc.receive(timeout=10) for _ in range(12)]
             assert [int(m.value) for m in got] == list(range(0, 24, 2))  # parked, then later ones, in order
@@ -146,6 +179,8 @@ def test_the_mark_delete_passes_parked_messages_and_a_kill_9_keeps_the_parking(c
             for m in got:
                 pc.ack(m)
             wait_for("the key released", lambda: not client.admin.list_parked_keys(topic, "s"))
+            # Everything is acknowledged on the persisted cursor (the log's copies of 20 and 22 too).
+            wait_for("the mark-delete at the end", lambda: persisted_mark_delete(cluster, topic, "s") == 24)
         assert not any(t.name == f"{topic}.s.DLQ" for t in client.admin.list_topics())
         # The store holds the twelve parks, each once, and (once written) their resolution: its replay
         # parks nothing any more.
