@@ -316,15 +316,20 @@ class Parking:
         return out
 
     def _done(self, ps: PartitionState, o: int) -> bool:
-        """Whether the head at ``o`` was acknowledged (stored: it is nowhere any more)."""
+        """Whether the head at ``o`` was acknowledged (stored: it is nowhere any more; a probing head
+        may still wait in the read-ahead, blocked behind its hash)."""
         if (ps.partition, o) not in self.stored:
             return ps.cursor.is_acked(o)
-        return not (o in ps.inflight or o in ps.replay or o in ps.delayed or o in ps.dead)
+        if o in ps.inflight or o in ps.replay or o in ps.delayed or o in ps.dead:
+            return False
+        pending = ps.pending
+        if pending and pending[0].offset <= o <= pending[-1].offset:
+            at = bisect.bisect_left(pending, o, key=attrgetter("offset"))
+            return not (at < len(pending) and pending[at].offset == o)
+        return True
 
     def _finished(self, ps: PartitionState, key: bytes, o: int) -> bool:
         """Whether the stored message at ``o`` is finished (acknowledged, or dead-lettered): nowhere."""
-        if not self._done(ps, o):
-            return False
         pk = self.keys.get(key)
         if pk is not None:
             if pk.head == (ps.partition, o):
@@ -333,12 +338,7 @@ class Parking:
             at = bisect.bisect_left(w, (ps.partition, o), key=_pos)
             if at < len(w) and _pos(w[at]) == (ps.partition, o):
                 return False
-        pending = ps.pending
-        if pending and pending[0].offset <= o <= pending[-1].offset:
-            at = bisect.bisect_left(pending, o, key=attrgetter("offset"))
-            if at < len(pending) and pending[at].offset == o:
-                return False
-        return True
+        return self._done(ps, o)
 
     def resolve(self, sub: Parkable) -> None:
         """Record finished stored messages: per (partition, key), the longest finished prefix of its

@@ -11,6 +11,7 @@ import pytest
 from sluice.client.push.config import PushConsumerConfig
 from sluice.dispatcher.config import DispatcherConfig
 from sluice.dispatcher.cursor import PartitionCursor
+from sluice.dispatcher.keyshared import key_hash
 from sluice.dispatcher.model import SubscriptionType
 from sluice.dispatcher.parking import ParkState
 from sluice.dispatcher.parkrestore import restore
@@ -154,3 +155,30 @@ def test_the_byte_cap_reaches_the_subscription_and_is_checked() -> None:
         consumer_spec(SubscribeRequest(**base, park_max_bytes=-1), cfg)  # type: ignore[arg-type]
     sub = PushConsumerConfig(park_max_bytes=1000).to_subscribe("t", "s", "key_shared", "c", "c", [])
     assert sub.park_max_bytes == 1000
+
+
+def test_a_probing_head_waiting_in_the_read_ahead_keeps_its_key_parked() -> None:
+    """A probing key's next message is stored as its head when a dispatch pass sees it, but may stay in the
+    read-ahead (its hash's owner has no capacity). The cursor acknowledged it (stored); the key must stay
+    parked until it is really acknowledged, or the messages behind it would overtake it."""
+    ctx = make(cap=1)
+    ctx.join("a", max_redeliver=100, nack_delay_ms=1000)
+    ctx.join("b", max_redeliver=100, nack_delay_ms=1000)
+    owner_c = ctx.sub.owner_table[key_hash(POISON)]
+    assert owner_c is not None
+    owner = owner_c.consumer_id
+    other = "b" if owner == "a" else "a"
+    ctx.flow(owner, 1)
+    first = ctx.produce(0, 1, keys=[POISON])
+    assert [o for _, o, _ in ctx.take(owner)] == first
+    ctx.nack(owner, [(0, first[0])])  # parked
+    rest = ctx.produce(0, 3, keys=[POISON] * 3)
+    ctx.flow(other, 1)  # past the cap (1): the key goes to the DLQ, then probes
+    assert [o for _, o, _ in ctx.dead] == first + rest
+    nxt = ctx.produce(0, 2, keys=[POISON, POISON])  # the owner has no capacity: both wait
+    ctx.flow(other, 1)
+    pk = ctx.sub.parking.keys[POISON]
+    assert pk.head == (0, nxt[0])
+    assert [m.offset for m in pk.waiting] == [nxt[1]]
+    ctx.flow(owner, 10)
+    assert [o for _, o, _ in ctx.take(owner)] == [nxt[0]]  # the head alone, not the one behind it
