@@ -62,6 +62,7 @@ def subscribe_from_proto(req: pb.Subscribe) -> SubscribeRequest:
         park_after=req.park_after,
         park_hold=req.park_hold,
         park_max_messages=req.park_max_messages,
+        park_max_bytes=req.park_max_bytes,
     )
 
 

@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from sluice.codec.filter import MATCH_ALL, TagFilter
 from sluice.dispatcher.messages import Message
 
-__all__ = ["Delivery", "Effects", "SubscriptionSettings", "SubscriptionState", "SubscriptionType"]
+__all__ = [
+    "Delivery",
+    "Effects",
+    "ParkEvent",
+    "SubscriptionSettings",
+    "SubscriptionState",
+    "SubscriptionType",
+]
 
 
 class SubscriptionType(enum.IntEnum):
@@ -57,6 +64,9 @@ class SubscriptionSettings:
     park_after: int = 0
     park_hold: bool = False
     park_max_messages: int = 10_000
+    #: And past this many bytes of parked messages over all of its keys, the largest key goes to the
+    #: DLQ (the parking store stays bounded in bytes too: ``parkstore.py``).
+    park_max_bytes: int = 64 * 1024 * 1024
 
     def mismatch(self, other: SubscriptionSettings) -> str | None:
         """Why ``other`` cannot join a subscription with these settings, or None."""
@@ -80,6 +90,22 @@ class Delivery:
     counts: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class ParkEvent:
+    """An event for the parking store (``parkstore.py``; ``retry.parkbook`` defines them): ``park``
+    (``message`` at ``partition``/``offset``, with its head ``count``), ``fail`` (the head's new
+    ``count``), ``resolved`` (the key's parked messages of ``partition`` up to ``offset`` are finished;
+    ``how``), ``unpark`` (an operator released ``key``)."""
+
+    op: str
+    partition: int
+    offset: int
+    key: bytes
+    message: Message | None = None
+    count: int = 0
+    how: str = ""
+
+
 @dataclass(slots=True)
 class Effects:
     """What a state change asks the service layer to do."""
@@ -92,9 +118,11 @@ class Effects:
     redelivered: int = 0
     #: A delivery or redelivery waits for a cursor flush (``PartitionCursor.gate``): flush now.
     persist_soon: bool = False
+    #: Append to the parking store in order, then call ``parks_saved`` (``parkstore.py``).
+    park_events: list[ParkEvent] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.deliveries or self.active_changes or self.dead_letters)
+        return bool(self.deliveries or self.active_changes or self.dead_letters or self.park_events)
 
     def delivery(self, consumer_id: str) -> Delivery:
         d = self.deliveries.get(consumer_id)

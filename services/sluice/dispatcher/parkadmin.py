@@ -1,9 +1,10 @@
 """Parked keys for operators: ``ListParkedKeys`` and ``UnparkKey`` (``sluice subscription parked|unpark``).
 
 Core: authorizes, reads or changes the live state of a loaded subscription (``parking.py``), and
-answers domain values (``convert.py`` makes the protobuf). Parking lives with the loaded
-subscription: a subscription this dispatcher has not loaded has no parked key here (after a restart a
-key parks again at its head's next return: ``docs/poison-keys.md``).
+answers domain values (``convert.py`` makes the protobuf). A subscription this dispatcher has not loaded
+(right after a restart, before a consumer came back) is listed from its parking store
+(``parkstore.replay``), for the partitions this dispatcher serves, with the state ``stored``: its policy
+and limits come with its first consumer. ``unpark`` needs it loaded (``docs/poison-keys.md``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluice.dispatcher.host import ServiceHost
+from sluice.dispatcher.parkstore import replay
 from sluice.dispatcher.registry import wall_ms
+from sluice.retry.parkbook import sub_park_topic
 from sluice.security.context import Operation, RequestContext
 from sluice.security.model import Resource, ResourceType
 
@@ -30,12 +33,39 @@ class ParkedKeyInfo:
     dispatcher_id: str
 
 
+async def stored_keys(service: ServiceHost, topic: str, subscription: str) -> list[ParkedKeyInfo]:
+    """The parked keys in the store of a subscription not loaded here (partitions served here)."""
+    mine = set(service.link.view.partitions_of(topic, service.dispatcher_id))
+    book = await replay(service.link, service.channels, sub_park_topic(topic, subscription))
+    by_key: dict[bytes, list[tuple[int, int, int, int, int]]] = {}
+    for ((t, p), key), bk in book.keys.items():
+        if t == topic and p in mine and bk.pending:
+            head = bk.pending[0].offset
+            by_key.setdefault(key, []).append((p, head, bk.count, bk.since_ms, len(bk.pending)))
+    out = []
+    for key, parts in by_key.items():
+        p, o, *_ = min(parts)
+        out.append(
+            ParkedKeyInfo(
+                key=key,
+                state="stored",
+                since_ms=min(s for _, _, _, s, _ in parts),
+                head_partition=p,
+                head_offset=o,
+                head_redelivery_count=max(c for _, _, c, _, _ in parts),
+                waiting=sum(n for *_, n in parts) - 1,
+                dispatcher_id=service.dispatcher_id,
+            )
+        )
+    return sorted(out, key=lambda k: k.since_ms)
+
+
 class ParkedKeysAdmin:
     def __init__(self, service: ServiceHost) -> None:
         self._service = service
 
-    def list(self, ctx: RequestContext, topic: str, subscription: str) -> list[ParkedKeyInfo]:
-        """The parked keys of a loaded subscription, oldest first (none if it is not loaded here)."""
+    async def list(self, ctx: RequestContext, topic: str, subscription: str) -> list[ParkedKeyInfo]:
+        """The parked keys of a subscription, oldest first (from its store if it is not loaded here)."""
         service = self._service
         service.authorizer.authorize(
             ctx, Operation.DESCRIBE, Resource(ResourceType.SUBSCRIPTION, subscription)
@@ -43,7 +73,7 @@ class ParkedKeysAdmin:
         service.authorizer.authorize(ctx, Operation.DESCRIBE, Resource(ResourceType.TOPIC, topic))
         rt = service.runtimes.get((topic, subscription))
         if rt is None or rt.closing:
-            return []
+            return await stored_keys(service, topic, subscription)
         machine = rt.machine
         # The monotonic clock of parking, turned into wall-clock ms for the answer.
         now = service.now_ms()
@@ -52,7 +82,9 @@ class ParkedKeysAdmin:
         for pk in sorted(machine.parking.keys.values(), key=lambda k: k.since_ms):
             p, o = pk.head if pk.head is not None else (-1, -1)  # probing: no head yet
             ps = machine.partitions.get(p)
-            count = ps.cursor.redelivery_count(o) if ps is not None else 0
+            count = machine.parking.counts.get((p, o), 0)  # a stored head: parking counts it
+            if not count and ps is not None:
+                count = ps.cursor.redelivery_count(o)
             out.append(
                 ParkedKeyInfo(
                     key=pk.key,

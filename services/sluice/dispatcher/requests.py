@@ -39,6 +39,8 @@ __all__ = [
 MAX_ACK_RANGE = 10_000_000
 #: A parked key's waiting messages before it goes to the DLQ whatever the policy (``parking.py``).
 DEFAULT_PARK_MAX_MESSAGES = 10_000
+#: Bytes parked over all keys of a subscription before its largest key goes to the DLQ (``parking.py``).
+DEFAULT_PARK_MAX_BYTES = 64 * 1024 * 1024
 _LIMITS = (
     "max_unacked",
     "ack_timeout_ms",
@@ -46,6 +48,7 @@ _LIMITS = (
     "max_redeliver",
     "park_after",
     "park_max_messages",
+    "park_max_bytes",
 )
 _TYPES = frozenset(t.value for t in SubscriptionType)
 
@@ -85,6 +88,7 @@ class SubscribeRequest:
     park_after: int = 0
     park_hold: bool = False
     park_max_messages: int = 0
+    park_max_bytes: int = 0
 
 
 def consumer_spec(req: SubscribeRequest, cfg: DispatcherConfig) -> tuple[ConsumerSpec, SubscriptionSettings]:
@@ -100,6 +104,7 @@ def consumer_spec(req: SubscribeRequest, cfg: DispatcherConfig) -> tuple[Consume
         "max_redeliver",
         "park_after",
         "park_max_messages",
+        "park_max_bytes",
     )
     for name in limits:
         if getattr(req, name) < 0:
@@ -121,6 +126,7 @@ def consumer_spec(req: SubscribeRequest, cfg: DispatcherConfig) -> tuple[Consume
         park_after=req.park_after,
         park_hold=req.park_hold,
         park_max_messages=req.park_max_messages or DEFAULT_PARK_MAX_MESSAGES,
+        park_max_bytes=req.park_max_bytes or DEFAULT_PARK_MAX_BYTES,
     )
     spec = ConsumerSpec(
         consumer_id=req.consumer_id or uuid.uuid4().hex,

@@ -12,17 +12,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Protocol
 
+from sluice.common.peers import AioPeers
 from sluice.dispatcher.budget import MemoryBudget
+from sluice.dispatcher.cluster import CoordinatorLink
 from sluice.dispatcher.consumer import Consumer
 from sluice.dispatcher.dlq import DeadLetterSink
 from sluice.dispatcher.epochs import EpochTrail
 from sluice.dispatcher.messages import Message, compact
 from sluice.dispatcher.metrics import DispatcherMetrics
 from sluice.dispatcher.model import Delivery, Effects, SubscriptionSettings
+from sluice.dispatcher.parkrestore import restore
+from sluice.dispatcher.parkstore import ParkStore
 from sluice.dispatcher.subscription import Subscription
 from sluice.dispatcher.truncation import truncate_partition
 from sluice.errors import SluiceError
@@ -33,6 +38,8 @@ __all__ = ["ConsumerStream", "Latch", "RuntimeHost", "SubscriptionRuntime"]
 
 #: Seconds between looks for long-held messages pinning large batches (``messages.compact``).
 COMPACT_INTERVAL = 5.0
+#: Seconds an unload waits for the parking store's queued writes (``ParkStore.close``).
+PARK_DRAIN_S = 5.0
 
 
 class Latch:
@@ -118,6 +125,12 @@ class RuntimeHost(Protocol):
     @property
     def budget(self) -> MemoryBudget: ...
 
+    @property
+    def link(self) -> CoordinatorLink: ...
+
+    @property
+    def channels(self) -> AioPeers: ...
+
     def now_ms(self) -> int: ...
 
     def flush_soon(self) -> None: ...
@@ -150,6 +163,11 @@ class SubscriptionRuntime:
         self._dead: list[tuple[Message, int]] = []
         self._compactor: asyncio.TimerHandle | None = None
         self._dlq_task: asyncio.Task[None] | None = None
+        #: Key_Shared parking's store (``parkstore.py``): what parks is written there before the cursor
+        #: acknowledges it.
+        self.parks = ParkStore(
+            topic, name, service.link, service.channels, self._parks_saved, durable=settings.durable
+        )
         metrics = service.metrics
         self._m_messages = metrics.dispatched_messages.labels(topic, name)
         self._m_bytes = metrics.dispatched_bytes.labels(topic, name)
@@ -255,6 +273,8 @@ class SubscriptionRuntime:
                 self._dlq_task = asyncio.create_task(
                     self._publish_dead(), name=f"dlq-{self.topic}-{self.name}"
                 )
+        if fx.park_events:
+            self.parks.write(fx.park_events)
         if fx.persist_soon:
             self.service.flush_soon()
         self._arm_timer()
@@ -329,6 +349,19 @@ class SubscriptionRuntime:
             for p, offsets in by_partition.items():
                 self.apply(self.machine.dead_lettered(p, offsets, self.service.now_ms()))
 
+    async def restore_parking(self, limit: int) -> None:
+        """Loading (before the feeds read): the parked keys from the store (``parkrestore.py``)."""
+        book = await self.parks.replay()
+        n = restore(self.machine, book, self.topic, limit, self.service.now_ms(), int(time.time() * 1000))
+        if n:
+            log.info("%s/%s: %d parked keys restored from %s", self.topic, self.name, n, self.parks.name)
+
+    def _parks_saved(self, saved: dict[int, list[int]]) -> None:
+        if self.closing:  # unloading: the cursor only (the unload persists it), nothing dispatched
+            self.machine.parking.saved(self.machine, saved)
+        else:
+            self.apply(self.machine.parks_saved(saved, self.service.now_ms()))
+
     # ---- shutdown ------------------------------------------------------------------------------------
 
     async def shutdown(self) -> None:
@@ -350,4 +383,5 @@ class SubscriptionRuntime:
             self._dlq_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._dlq_task
+        await self.parks.close(PARK_DRAIN_S)
         self.machine.close()

@@ -244,6 +244,8 @@ class DispatcherService:
                 cursors[p] = cur
         for p in partitions:
             rt.machine.attach_partition(cursors[p], cursors[p].mark_delete)
+        if rt.machine.parking.on and rt.durable:  # Key_Shared parking: its store first (``parkstore.py``)
+            await rt.restore_parking(consumer_spec(req, self.config)[0].max_redeliver)
         rt.call(rt.machine.activate)
         for p in partitions:
             self.feedset.attach(rt.topic, p, rt)

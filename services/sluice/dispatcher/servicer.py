@@ -222,7 +222,7 @@ class DispatcherServicer:
     async def ListParkedKeys(
         self, request: pb.ListParkedKeysRequest, context: Context
     ) -> pb.ListParkedKeysResponse:
-        keys = self._service.parked.list(self.context(context), request.topic, request.subscription)
+        keys = await self._service.parked.list(self.context(context), request.topic, request.subscription)
         return convert.parked_to_proto(keys)
 
     async def UnparkKey(self, request: pb.UnparkKeyRequest, context: Context) -> pb.UnparkKeyResponse:

@@ -27,6 +27,7 @@ from sluice.dispatcher.keyshared import AutoSplitRanges, StickyRanges
 from sluice.dispatcher.messages import Message
 from sluice.dispatcher.model import Effects, SubscriptionSettings, SubscriptionState, SubscriptionType
 from sluice.dispatcher.parking import Parking
+from sluice.dispatcher.parkrestore import past_limit
 from sluice.dispatcher.partition_state import PartitionState, unbudgeted
 from sluice.dispatcher.timers import TimerHeap
 from sluice.errors import InvalidRequest
@@ -61,9 +62,8 @@ class Subscription:
         self.owner_table: list[Consumer | None] = []
         self.hash_holder: dict[int, Consumer] = {}
         self.hash_held: dict[int, int] = {}
-        #: Key_Shared poison isolation (``parking.py``); ``parking_on`` when the settings enable it.
-        self.parking = Parking(settings.park_max_messages)
-        self.parking_on = Parking.enabled(settings)
+        #: Key_Shared poison isolation (``parking.py``); ``parking.on`` when the settings enable it.
+        self.parking = Parking.of(settings)
         self.fx = Effects()
 
     # ---- lifecycle ----------------------------------------------------------------------------------
@@ -105,7 +105,7 @@ class Subscription:
         if self.state != SubscriptionState.CLOSED:
             self.transition(SubscriptionState.CLOSED)
             for ps in self.partitions.values():
-                ps.cursor.settle(sorted(ps.inflight))
+                ps.cursor.settle(self.parking.cursor_owned(ps.partition, sorted(ps.inflight)))
                 ps.release_all()  # its messages go now, not when a gc pass finds the runtime's cycles
             self.memory.release_all()
 
@@ -185,8 +185,7 @@ class Subscription:
         self.settings = settings
         self.ranges = StickyRanges() if settings.sticky else AutoSplitRanges()
         self.owner_table = []
-        self.parking = Parking(settings.park_max_messages)
-        self.parking_on = Parking.enabled(settings)
+        self.parking = Parking.of(settings)
 
     def _rebuild_owner_table(self) -> None:
         by_id = self.consumers
@@ -311,10 +310,12 @@ class Subscription:
         self, ps: PartitionState, m: Message, c: Consumer, delay_ms: int, now_ms: int, bump: bool
     ) -> None:
         """A message went back unacknowledged: count it, then dead-letter, delay or replay it."""
+        if self.parking.stored and self.parking.back(self, ps, m, c.spec.max_redeliver, delay_ms, now_ms):
+            return  # stored (``parking.py``): parking counts it, not the cursor
         count = ps.cursor.bump_redelivery(m.offset) if bump else ps.cursor.redelivery_count(m.offset)
         limit = c.spec.max_redeliver
         self.fx.redelivered += 1
-        if self.parking_on and self.parking.on_return(self, m, count, limit, now_ms):
+        if self.parking.on and self.parking.on_return(self, m, count, limit, now_ms):
             return
         if limit and count > limit:
             ps.dead[m.offset] = m
@@ -328,6 +329,11 @@ class Subscription:
     def unpark(self, key: bytes, now_ms: int) -> Effects:
         """An operator released a parked key: its messages go again, counted from 0."""
         self.parking.release(self, key, fresh=True)
+        return self._finish(now_ms)
+
+    def parks_saved(self, saved: dict[int, list[int]], now_ms: int) -> Effects:
+        """The parking store holds these messages: the cursor acknowledges them (``parking.py``)."""
+        self.parking.saved(self, saved)
         return self._finish(now_ms)
 
     def dead_lettered(self, partition: int, offsets: Iterable[int], now_ms: int) -> Effects:
@@ -412,22 +418,14 @@ class Subscription:
         counts = cursor.counts_of(offsets) if cursor.has_counts else None
         limit = c.spec.max_redeliver
         if counts is not None and limit and max(counts) > limit:
-            # Read again after a restart with a count already past the limit: straight to the DLQ.
-            keep, kept_counts = [], []
-            for m, n in zip(msgs, counts, strict=True):
-                if self.parking_on and self.settings.park_hold and (n > limit or self.parking.holds(m)):
-                    self.parking.hold(self, m, now_ms)  # and what follows of its key in this batch
-                elif n > limit:
-                    ps.dead[m.offset] = m
-                    self.fx.dead_letters.append((m, n))
-                else:
-                    keep.append(m)
-                    kept_counts.append(n)
-            msgs, counts = keep, kept_counts
+            # Read again after a restart with a count already past the limit: DLQ, or held.
+            msgs, counts = past_limit(self, ps, msgs, counts, limit, now_ms)
             if not msgs:
                 return
             offsets = [m.offset for m in msgs]
         p = ps.partition
+        if self.parking.counts:
+            counts = self.parking.counts_of(p, offsets, counts)  # stored heads: counted by parking
         self.partition_rr = p
         cinf = c.inflight.get(p)
         if cinf is None:
@@ -468,10 +466,12 @@ class Subscription:
 
     def _finish(self, now_ms: int) -> Effects:
         """Dispatch what can go now, then hand the accumulated effects over."""
-        if self.parking.keys:
+        if self.parking.keys or self.parking.trackers:
             self.parking.settle(self, now_ms)
         if self.state == SubscriptionState.ACTIVE and self.consumers:
             selectors.dispatch(self, now_ms)
+        if self.parking.events:
+            self.fx.park_events, self.parking.events = self.parking.events, []
         fx, self.fx = self.fx, Effects()
         if self.settings.durable:
             fx.persist_soon = any(ps.cursor.urgent for ps in self.partitions.values())

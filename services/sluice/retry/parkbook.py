@@ -1,5 +1,8 @@
-"""Parked keys of a pull group: the events of ``PARK.<group>`` and their replay (docs/poison-keys.md,
-"Pull consumers").
+"""Parked keys: the events of a parking topic and their replay (docs/poison-keys.md).
+
+Two writers share these events and this replay: a pull group's consumers (``PARK.<group>``, "Pull
+consumers") and the dispatcher for a push subscription (``<topic>.<subscription>.PARK``,
+``sub_park_topic``; the dispatcher's ``parkstore.py``).
 
 The parking store of a group is one ordinary topic, ``PARK.<group>`` (one partition), written as an event
 log. Its replay from offset 0 is the state: which (source partition, key) pairs are parked, the records
@@ -39,6 +42,7 @@ __all__ = [
     "ParkedKey",
     "park_topic",
     "parse_source",
+    "sub_park_topic",
 ]
 
 PARK_PREFIX = "PARK."
@@ -58,6 +62,15 @@ KeyId = tuple[TopicPartition, bytes]
 
 def park_topic(group: str) -> str:
     return PARK_PREFIX + group
+
+
+#: A push subscription's parking topic: ``<topic>.<subscription>.PARK``, named like its dead letters
+#: (``<topic>.<subscription>.DLQ``, ``levels.sub_dlq_topic``), as ``PARK.<group>`` is like ``DLQ.<group>``.
+SUB_PARK_SUFFIX = ".PARK"
+
+
+def sub_park_topic(topic: str, subscription: str) -> str:
+    return f"{topic}.{subscription}{SUB_PARK_SUFFIX}"
 
 
 def parse_source(raw: bytes | str) -> tuple[str, int, int]:
@@ -145,14 +158,8 @@ class ParkBook:
         directly (``Parker``: no re-parsing of what it just wrote)."""
         tp, key = (record.topic, record.partition), record.key
         assert key is not None
-        src = source_key(record.topic, record.partition, record.offset)
-        if src in self.sources:
+        if not self.note(tp, record.offset):
             return  # parked already (a write repeated after a crash)
-        self.sources[src] = None
-        if record.offset > self.max_source.get(tp, -1):
-            self.max_source[tp] = record.offset
-        if len(self.sources) > MAX_SOURCES:
-            del self.sources[next(iter(self.sources))]
         kid = (tp, key)
         pk = self.keys.get(kid)
         if pk is None:
@@ -161,6 +168,26 @@ class ParkBook:
         if event is not None and H_PCOUNT in event.headers:
             pk.count = _int(event.headers.get(H_PCOUNT))
             pk.due_ms = _int(event.headers.get(H_PDUE))
+
+    def note(self, tp: TopicPartition, offset: int) -> bool:
+        """Remember that the record at ``tp``/``offset`` was parked; False if it was already."""
+        src = source_key(tp[0], tp[1], offset)
+        if src in self.sources:
+            return False
+        self.sources[src] = None
+        if offset > self.max_source.get(tp, -1):
+            self.max_source[tp] = offset
+        if len(self.sources) > MAX_SOURCES:
+            del self.sources[next(iter(self.sources))]
+        return True
+
+    def offsets_parked(self, tp: TopicPartition, low: int = 0) -> list[int]:
+        """Every offset of ``tp`` at or above ``low`` ever parked (remembered), sorted."""
+        if self.max_source.get(tp, -1) < low:
+            return []
+        prefix = f"{tp[0]}/{tp[1]}/"
+        n = len(prefix)
+        return sorted(o for s in self.sources if s.startswith(prefix) and (o := int(s[n:])) >= low)
 
     def _resolve(self, kid: KeyId, through: int) -> None:
         pk = self.keys.get(kid)

@@ -121,6 +121,7 @@ class Subscribe(_message.Message):
     PARK_AFTER_FIELD_NUMBER: _builtins.int
     PARK_HOLD_FIELD_NUMBER: _builtins.int
     PARK_MAX_MESSAGES_FIELD_NUMBER: _builtins.int
+    PARK_MAX_BYTES_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     subscription: _builtins.str
     type: Global___SubscriptionType.ValueType
@@ -145,10 +146,13 @@ class Subscribe(_message.Message):
     """Key_Shared poison isolation (docs/poison-keys.md), subscription-wide, taken from the first
     consumer like the type: park a key once one of its messages came back park_after times (0: off);
     park_hold keeps a key whose head is past max_redeliver parked for an operator instead of sending
-    it to the DLQ; park_max_messages caps a parked key's waiting messages (0: the dispatcher default).
+    it to the DLQ; park_max_messages caps a parked key's waiting messages (0: the dispatcher default);
+    park_max_bytes caps the bytes parked over all keys of the subscription, past it the largest key
+    goes to the DLQ (0: the dispatcher default, 64 MiB).
     """
     park_hold: _builtins.bool
     park_max_messages: _builtins.int
+    park_max_bytes: _builtins.int
     @_builtins.property
     def key_shared_policy(self) -> Global___KeySharedPolicy: ...
     @_builtins.property
@@ -178,10 +182,11 @@ class Subscribe(_message.Message):
         park_after: _builtins.int = ...,
         park_hold: _builtins.bool = ...,
         park_max_messages: _builtins.int = ...,
+        park_max_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key_shared_policy", b"key_shared_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_timeout_ms", b"ack_timeout_ms", "consumer_id", b"consumer_id", "consumer_name", b"consumer_name", "durable", b"durable", "filter", b"filter", "initial_offset", b"initial_offset", "initial_position", b"initial_position", "key_shared_policy", b"key_shared_policy", "max_redeliver", b"max_redeliver", "max_unacked", b"max_unacked", "nack_delay_ms", b"nack_delay_ms", "park_after", b"park_after", "park_hold", b"park_hold", "park_max_messages", b"park_max_messages", "partitions", b"partitions", "priority", b"priority", "record_batches", b"record_batches", "subscription", b"subscription", "topic", b"topic", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack_timeout_ms", b"ack_timeout_ms", "consumer_id", b"consumer_id", "consumer_name", b"consumer_name", "durable", b"durable", "filter", b"filter", "initial_offset", b"initial_offset", "initial_position", b"initial_position", "key_shared_policy", b"key_shared_policy", "max_redeliver", b"max_redeliver", "max_unacked", b"max_unacked", "nack_delay_ms", b"nack_delay_ms", "park_after", b"park_after", "park_hold", b"park_hold", "park_max_bytes", b"park_max_bytes", "park_max_messages", b"park_max_messages", "partitions", b"partitions", "priority", b"priority", "record_batches", b"record_batches", "subscription", b"subscription", "topic", b"topic", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -49,6 +49,11 @@ class Ctx:
         self.active_log: list[tuple[str, int, bool]] = []
         self.dead: list[tuple[int, int, int]] = []
         self.auto_dlq = True
+        #: The parking store's events, in order (``parkstore.py`` writes them); acknowledged at once
+        #: unless ``auto_park`` is False (then ``save_parks`` does).
+        self.park_log: list[Any] = []
+        self.park_unsaved: list[Any] = []
+        self.auto_park = True
         self.apply(self.sub.activate(self.now))
 
     # ---- effects -------------------------------------------------------------------------------------
@@ -63,6 +68,11 @@ class Ctx:
             self.active_log.append((cid, p, on))
         for m, n in fx.dead_letters:
             self.dead.append((m.partition, m.offset, n))
+        if fx.park_events:
+            self.park_log += fx.park_events
+            self.park_unsaved += fx.park_events
+            if self.auto_park:
+                self.save_parks()
         if fx.dead_letters and self.auto_dlq:
             by_part: dict[int, list[int]] = defaultdict(list)
             for m, _ in fx.dead_letters:
@@ -70,6 +80,16 @@ class Ctx:
             for p, offs in by_part.items():
                 self.apply(self.sub.dead_lettered(p, offs, self.now))
         return fx
+
+    def save_parks(self) -> None:
+        """The parking store acknowledged every event so far."""
+        saved: dict[int, list[int]] = defaultdict(list)
+        for e in self.park_unsaved:
+            if e.op == "park":
+                saved[e.partition].append(e.offset)
+        self.park_unsaved = []
+        if saved:
+            self.apply(self.sub.parks_saved(dict(saved), self.now))
 
     # ---- driving -------------------------------------------------------------------------------------
 

@@ -183,6 +183,11 @@ class PushConsumerConfig:
     """With ``park_after``: a parked key with more waiting messages goes to the DLQ whatever the
     policy. 0: the dispatcher's default (10,000)."""
 
+    park_max_bytes: int = 0
+    """With ``park_after``: past this many bytes parked over all keys of the subscription (its parking
+    store, ``<topic>.<subscription>.PARK``), the largest key goes to the DLQ whatever the policy.
+    Subscription-wide. 0: the dispatcher's default (64 MiB)."""
+
     message_listener: MessageListener | None = None
     """``listener(consumer, message)``, run on one listener thread instead of ``receive()``.
     It should ack or nack; an exception it raises is logged and the message is nacked."""
@@ -286,6 +291,7 @@ class PushConsumerConfig:
             park_after=self.park_after,
             park_hold=self.park_hold,
             park_max_messages=self.park_max_messages,
+            park_max_bytes=self.park_max_bytes,
         )
         if self.key_shared_policy is not None:
             sub.key_shared_policy.CopyFrom(self.key_shared_policy.to_proto())
@@ -302,7 +308,15 @@ _DURATIONS = (
     "zero_queue_handoff",
     "redrive_check_interval",
 )
-_INTS = ("receiver_queue_size", "priority", "max_unacked", "max_redeliver", "park_after", "park_max_messages")
+_INTS = (
+    "receiver_queue_size",
+    "priority",
+    "max_unacked",
+    "max_redeliver",
+    "park_after",
+    "park_max_messages",
+    "park_max_bytes",
+)
 _INT32_MAX = 2**31 - 1
 
 
