@@ -109,6 +109,14 @@ class Client:
         result: dict[int, int] = await self._thread(self._sync.list_offsets, topic, spec, partitions)
         return result
 
+    async def check_positions(
+        self, positions: Mapping[TopicPartition, tuple[int, int]]
+    ) -> dict[TopicPartition, int]:
+        """The sync :meth:`~sluice.client.client.Client.check_positions` (KIP-320 for readers that keep
+        their own positions), awaited."""
+        result: dict[TopicPartition, int] = await self._thread(self._sync.check_positions, positions)
+        return result
+
     async def list_subscriptions(self, topic: str | None = None) -> list[SubscriptionInfo]:
         result: list[SubscriptionInfo] = await self._thread(self._sync.list_subscriptions, topic)
         return result
