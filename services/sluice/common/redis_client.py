@@ -57,6 +57,12 @@ _PLAIN_SCHEMES = ("redis", "rediss", "unix")
 #: A pooled connection idle this long is PINGed before use, so one broken by a Redis restart is replaced
 #: before a command is sent on it (which would otherwise fail, in doubt, and need a retry).
 HEALTH_CHECK_INTERVAL = 2
+#: Commands in flight at once per client (each holds a pooled connection). redis-py 8 lowered the
+#: asyncio pool's default to 100 and refuses the 101st concurrent command ("Too many connections"): a
+#: hundred push subscriptions loading their cursors at once hit it. What bounds a service's concurrency
+#: is its gRPC server's concurrent-RPC limit; this only keeps the pool from refusing below it, with room
+#: under Redis's default maxclients (10,000) for every service of a cluster.
+MAX_CONNECTIONS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +156,7 @@ def connect(
             retry=retry,
             retry_on_error=retry_on,
             health_check_interval=HEALTH_CHECK_INTERVAL,
+            max_connections=MAX_CONNECTIONS,
         )
     address = parse_sentinel_url(url)
     sentinel_kwargs: dict[str, Any] = {
@@ -172,6 +179,7 @@ def connect(
         retry=retry,
         retry_on_error=retry_on,
         health_check_interval=HEALTH_CHECK_INTERVAL,
+        max_connections=MAX_CONNECTIONS,
     )
     return client
 
