@@ -193,7 +193,7 @@ class PushConsumerConfig:
     reconnect_backoff_max: timedelta = timedelta(seconds=60)
     """Cap of the doubling reconnect backoff (reset once a stream is subscribed again)."""
 
-    ack_group_time: timedelta = timedelta(milliseconds=10)
+    ack_group_time: timedelta = timedelta(milliseconds=2)
     """How long individual acks (``ack``, ``ack_many``) wait to be written together as one ``Ack``
     command (Pulsar's ``acknowledgementGroupTime``); 1,000 pending, a permit, a nack or ``close()``
     write them at once. 0: each is written as soon as the stream's writer is free. Acks still
