@@ -26,6 +26,10 @@ from pathlib import Path
 
 PORT_RANGE = (27000, 27999)
 ROOT = Path(__file__).resolve().parents[2]
+#: The tree whose Sluice services run (default: this one). ``bench/push_compare_ab.py`` points it at an
+#: older checkout (with that tree's ``services`` on the clients' PYTHONPATH too), so both trees run
+#: under the same harness and adapters.
+SLUICE_TREE = Path(os.environ.get("COMPARE_SLUICE_TREE") or ROOT)
 
 
 class ServerError(RuntimeError):
@@ -246,7 +250,7 @@ def start_sluice(ports: Ports, workdir: Path, name: str, flush: str, brokers: in
         "--grace", "10",
     ]  # fmt: skip
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT / "services"), env.get("PYTHONPATH"))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(SLUICE_TREE / "services"), env.get("PYTHONPATH"))))
     up = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     ready = threading.Event()
@@ -279,7 +283,10 @@ def _sluice_version() -> str:
     except PackageNotFoundError:
         release = "?"
     commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ["git", "-C", str(SLUICE_TREE), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout.strip()
     return f"{release} ({commit or 'no git'})"
 

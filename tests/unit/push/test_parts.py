@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -197,3 +198,35 @@ def test_messages_of_forwarded_batches_read_fields_lazily() -> None:
     assert msgs[3].key is None
     assert msgs[3].tag is None
     assert all(m._session is session for m in msgs)
+
+
+def test_ack_group_time_setting() -> None:
+    assert PushConsumerConfig().ack_group_time == timedelta(milliseconds=2)
+    assert PushConsumerConfig().replace(ack_group_time="50ms").ack_group_time == timedelta(milliseconds=50)
+    assert PushConsumerConfig().replace(ack_group_time=0).ack_group_time == timedelta(0)
+    for bad in ("61s", -1, "soon"):
+        with pytest.raises(InvalidArgument, match="ack_group_time"):
+            PushConsumerConfig().replace(ack_group_time=bad)
+
+
+def test_outbound_group_time_holds_acks_until_it_ends() -> None:
+    """A lone ack waits out the group time (here 0.3 s); with 0 it leaves as soon as the writer is free."""
+    for group, at_least, at_most in ((0.3, 0.25, 5.0), (0.0, 0.0, 0.2)):
+        out = Outbound(pb.Subscribe(), ack_group_time=group)
+        it = iter(out)
+        next(it)  # subscribe
+        got: list[float] = []
+
+        def write(it: Iterator[pb.ConsumerCommand] = it, got: list[float] = got) -> None:
+            next(it)
+            got.append(time.monotonic())
+
+        t = threading.Thread(target=write)
+        t.start()
+        time.sleep(0.05)  # the writer is waiting for work
+        start = time.monotonic()
+        out.ack(0, 7)
+        t.join(10)
+        assert got, "the ack was never written"
+        assert at_least <= got[0] - start <= at_most, (group, got[0] - start)
+        out.close()

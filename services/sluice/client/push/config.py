@@ -198,6 +198,12 @@ class PushConsumerConfig:
     reconnect_backoff_max: timedelta = timedelta(seconds=60)
     """Cap of the doubling reconnect backoff (reset once a stream is subscribed again)."""
 
+    ack_group_time: timedelta = timedelta(milliseconds=2)
+    """How long individual acks (``ack``, ``ack_many``) wait to be written together as one ``Ack``
+    command (Pulsar's ``acknowledgementGroupTime``); 1,000 pending, a permit, a nack or ``close()``
+    write them at once. 0: each is written as soon as the stream's writer is free. Acks still
+    waiting when the process dies are lost and their messages redelivered (at-least-once)."""
+
     zero_queue_handoff: timedelta = timedelta(milliseconds=200)
     """Zero-queue, Shared/Key_Shared, several dispatchers: how long the one permit may sit
     at a dispatcher that has nothing to send before the SDK moves it to the next stream
@@ -300,6 +306,7 @@ class PushConsumerConfig:
 
 _DURATIONS = (
     "ack_timeout",
+    "ack_group_time",
     "nack_delay",
     "nack_backoff_max",
     "reconnect_backoff",
@@ -357,6 +364,10 @@ def _check(cfg: PushConsumerConfig) -> None:  # noqa: C901, PLR0912
     for name in ("reconnect_backoff", "subscribe_timeout"):
         if getattr(cfg, name) <= timedelta(0):
             raise InvalidArgument(f"push consumer setting {name} must be positive")
+    if cfg.ack_group_time > timedelta(seconds=60):
+        raise InvalidArgument(
+            f"push consumer setting ack_group_time must be at most 60 s, got {cfg.ack_group_time}"
+        )
     if cfg.reconnect_backoff_max < cfg.reconnect_backoff:
         raise InvalidArgument("reconnect_backoff_max must be >= reconnect_backoff")
     pos = cfg.initial_position

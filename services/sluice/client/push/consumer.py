@@ -413,7 +413,11 @@ class PushConsumer(PushSessions):
                 )
                 for s in self._streams.values()
             )
-            unacked = sum(len(s.session.unacked) for s in self._streams.values() if s.session is not None)
+            live = [s.session for s in self._streams.values() if s.session is not None]
+            unacked = sum(len(session.unacked) for session in live)
+            ack_commands = self._ack_commands_ended + sum(
+                session.outbound.sent["ack"] for session in live if session.active
+            )
             return PushConsumerStats(
                 flow=self._flow.stats(),
                 unacked=unacked,
@@ -425,6 +429,7 @@ class PushConsumer(PushSessions):
                 reroutes=self._reroutes,
                 streams=streams,
                 active_partitions=frozenset(self._active),
+                ack_commands=ack_commands,
             )
 
     # ---- lifecycle ---------------------------------------------------------------------------------

@@ -127,6 +127,9 @@ class PushSessions:
         self._permit_since = 0.0
         self._handoffs = 0
         self._reroutes = 0
+        self.ack_group_time = config.ack_group_time.total_seconds()
+        #: Ack commands written by sessions that ended (``stats().ack_commands`` adds the live ones).
+        self._ack_commands_ended = 0
         try:
             with self._lock:
                 self._reroute_locked(self._compute_plan(refresh=False))
@@ -309,6 +312,7 @@ class PushSessions:
 
     def on_session_end(self, session: Session, reason: SluiceError) -> None:
         with self._lock:
+            self._ack_commands_ended += session.outbound.sent["ack"]
             if self._streams.get(session.stream.key) is not session.stream:
                 return
             if session.subscribed:

@@ -42,3 +42,6 @@ class PushConsumerStats:
     reroutes: int
     streams: tuple[StreamInfo, ...]
     active_partitions: frozenset[int]
+    #: ``Ack`` commands written to the dispatchers so far: individual acks are grouped
+    #: (``ack_group_time``), so this grows far slower than ``acked``.
+    ack_commands: int = 0

@@ -108,6 +108,9 @@ class ConsumeCall(Protocol):
 class StreamOwner(Protocol):
     """What a stream needs from its consumer. Every call comes from the stream's thread."""
 
+    #: Seconds a session's acks are grouped before they are written (``Outbound``).
+    ack_group_time: float
+
     def address_of(self, dispatcher_id: str) -> str | None: ...
     def subscribe_request(self, stream: ConsumeStream) -> pb.Subscribe: ...
     def open_consume(
@@ -252,7 +255,7 @@ class ConsumeStream:
         self.sessions += 1
         if self.sessions > 1:
             self.reconnects += 1
-        outbound = Outbound(self.owner.subscribe_request(self))
+        outbound = Outbound(self.owner.subscribe_request(self), self.owner.ack_group_time)
         session = Session(self, self.sessions, outbound)
         with self._lock:
             if self._stop.is_set():
