@@ -19,13 +19,22 @@ arrived meanwhile, the pipelined next one (each at most ``partition_max_bytes`` 
 partition, or one batch). Fetching resumes as soon as ``poll()`` drains below the
 bound.
 
+**poll() drives** (docs/latency.md, "Fourth pass"): a sync ``poll()`` that finds the buffer empty
+*claims* the prefetcher and runs its steps on its own thread while it waits (``claim``, ``drive``):
+when the one request in flight is a followed lane on a connection it would read alone, it waits by
+reading that socket itself (``Fetcher.wait_answer``), so an answer reaches ``poll()`` with no
+other thread woken (the reader thread rests; before, it woke the driver, which woke ``poll()``).
+Meanwhile the driver skips the prefetcher's steps, and a wake-up from another thread ends the
+wait. Otherwise (several brokers, other consumers' lanes on the connection, ``sluice.aio``, a
+backoff) it is the driver's, as above.
+
 Changes to what is fetched (assign, seek, remove) are commands that the next step
 applies. Every chunk is tagged with its partition's *fetch epoch*
 as of the round; the consumer bumps a partition's epoch on seek, pause and
 revoke, and drops chunks from older epochs, so nothing fetched from an old
 position is ever handed out.
 
-Caller: the Consumer (commands, ``pop``); the fetch driver (``step``).
+Caller: the Consumer (commands, ``pop``, ``claim``/``drive`` from ``poll()``); the fetch driver (``step``).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from sluice.client.consumer.fetch_driver import FetchDriver
 from sluice.client.fetch_state import decoding
 from sluice.client.fetcher import Fetcher, RawChunk
 from sluice.client.memory import ClientMemory
+from sluice.client.wakers import WakeableCondition
 from sluice.codec.batch import Record, decode_records
 from sluice.errors import SluiceError
 
@@ -95,7 +105,7 @@ class Prefetcher:
         fetcher: Fetcher,
         buffer_max_bytes: int,
         lock: threading.RLock,
-        ready: threading.Condition,
+        ready: WakeableCondition,
         driver: FetchDriver,
         check_crcs: bool = True,
         memory: ClientMemory | None = None,
@@ -110,6 +120,15 @@ class Prefetcher:
         self._driver = driver
         #: A step is queued on the driver (see ``Steppable``).
         self.queued = False
+        #: Who runs the steps: the driver (``_stepping`` while it does), or poll()'s thread that
+        #: claimed them (its id), woken (``_woken``) by other threads. ``_guard`` orders the two.
+        self._guard = threading.Lock()
+        self._stepping = False
+        self._claimant: int | None = None
+        self._woken = False
+        #: The lane is left driven (its answers wait in the socket, not read by the connection's thread)
+        #: since poll()'s thread last waited there: a poll() at its deadline reads them (``drive(0)``).
+        self.in_socket = False
         self._commands: list[_Command] = []
         self._buffer: deque[Chunk] = deque()
         self._bytes = 0
@@ -121,8 +140,17 @@ class Prefetcher:
         fetcher.on_completion = self.wake
 
     def wake(self) -> None:
-        """Ask the driver for a step (any thread, never blocks)."""
-        self._driver.wake(self)
+        """Ask for a step (any thread, never blocks): the driver's, or, while poll()'s thread runs them
+        (``claim``), end its wait so it steps (its own wake-ups it sees by itself)."""
+        me = threading.get_ident()
+        with self._guard:
+            claimant = self._claimant
+            if claimant is not None and claimant != me:
+                self._woken = True
+        if claimant is None:
+            self._driver.wake(self)
+        elif claimant != me:
+            self._fetcher.nudge()
 
     # ---- commands (Caller: the Consumer, holding the lock) -------------------------------------
 
@@ -187,39 +215,108 @@ class Prefetcher:
         self._memory.release(held)
         self._fetcher.close()
 
-    # ---- a step (the driver's thread) -------------------------------------------------------------
+    # ---- poll()'s thread running the steps (docs/latency.md, "Fourth pass") -----------------------
+
+    def claim(self) -> bool:
+        """Caller: poll(), holding the lock, having found nothing to take. True: this thread runs the
+        steps until ``drive`` returns (the driver skips them), and a notification of ``ready`` from
+        another thread ends its wait. False: the driver is running a step, or the prefetcher closed."""
+        with self._guard:
+            if self._stepping or self._claimant is not None or self._closed:
+                return False
+            self._claimant = threading.get_ident()
+        self._ready.add_waker(self._nudge)
+        return True
+
+    def drive(self, timeout: float) -> bool:
+        """Caller: poll()'s thread after ``claim``, without the lock. A step; if it brought nothing and
+        the one request in flight is a followed lane this thread may read alone, wait up to ``timeout``
+        for the answer reading the connection here (``Fetcher.wait_answer``), then another step. True:
+        poll() looks again now. False: nothing could be waited for here (several brokers, other lanes
+        on the connection, a backoff, nothing to fetch): poll() waits on ``ready``, the driver steps."""
+        again: float | None = None
+        try:
+            fetching, again = self._claimed_step()
+            if not fetching or again is not None or self._buffer:
+                return again == 0.0 or bool(self._buffer)  # records, or an error to raise
+            self.in_socket = self._fetcher.wait_answer(timeout, self._was_woken)
+            if not self.in_socket:
+                return self._fetcher.arrived() > 0  # came meanwhile: the next claim's step takes it
+            again = self._claimed_step()[1]
+            return True
+        finally:
+            with self._lock:
+                self._ready.remove_waker(self._nudge)
+            with self._guard:
+                self._claimant = None
+                woken, self._woken = self._woken, False
+            if woken or (again is not None and again > 0):
+                self._driver.wake(self)  # what came since the last step, or a backoff to time
+
+    def _claimed_step(self) -> tuple[bool, float | None]:
+        with self._guard:
+            self._woken = False  # the step takes what woke it
+        return self._safe_step(driving=True)
+
+    def _was_woken(self) -> bool:
+        return self._woken
+
+    def _nudge(self) -> None:
+        """``ready``'s waker while claimed: a notification from another thread (a rebalance event,
+        close) ends the claimant's wait; its own (records it buffered) need not."""
+        with self._guard:
+            if self._claimant is None or self._claimant == threading.get_ident():
+                return
+            self._woken = True
+        self._fetcher.nudge()
+
+    # ---- a step (the driver's thread, or poll()'s that claimed the prefetcher) ---------------------
 
     def step(self) -> float | None:
-        """Apply commands, take the answers that arrived, send the next fetches, buffer what
-        came. Returns when to step again at the latest (a backoff), else None."""
+        """The driver's step: apply commands, take the answers that arrived, send the next fetches,
+        buffer what came. Returns when to step again at the latest (a backoff), else None. Skipped
+        while poll()'s thread runs the steps: it ran or runs one after whatever queued this."""
+        with self._guard:
+            if self._claimant is not None:
+                return None
+            self._stepping = True
+            self.in_socket = False  # its poll_raw hands the lanes back to the connections' threads
         try:
-            return self._step()
+            return self._safe_step(driving=False)[1]
+        finally:
+            with self._guard:
+                self._stepping = False
+
+    def _safe_step(self, driving: bool) -> tuple[bool, float | None]:
+        """A step: (whether it fetches, when to step again at the latest: None when woken)."""
+        try:
+            return self._step(driving)
         except Exception as exc:  # a bug: surface it through poll() rather than dying silently
             log.exception("consumer fetch step failed")
             with self._lock:
                 self._errors.append(SluiceError(f"the consumer's fetch failed: {exc!r}"))
                 self._ready.notify_all()
-            return None
+            return False, None
 
-    def _step(self) -> float | None:
+    def _step(self, driving: bool) -> tuple[bool, float | None]:
         with self._lock:
             if self._closed:
-                return None
+                return False, None
             commands, self._commands = self._commands, []
         if commands:
             self._apply(commands)
         if not self._epochs or self._bytes >= self._max_bytes or self._memory.full(self, self.wake):
-            return None  # woken again by a command, or by poll() (of any consumer) freeing space
+            return False, None  # woken again by a command, or by poll() (of any consumer) freeing space
         fetcher = self._fetcher
         before = fetcher.positions()
         try:
-            raws, again = fetcher.poll_raw()
+            raws, again = fetcher.poll_raw(driving)
         except SluiceError as exc:
             # The fetcher paused the partition concerned (until a seek); poll() raises it.
             with self._lock:
                 self._errors.append(exc)
                 self._ready.notify_all()
-            return 0.0  # the others go on fetching
+            return True, 0.0  # the others go on fetching
         after = fetcher.positions()
         chunks = cut_chunks(decode_runs(raws, self._epochs, self._check_crcs), before, after, self._epochs)
         fetched_in = {(raw.topic, raw.partition): raw.leader_epoch for raw in raws}
@@ -228,13 +325,13 @@ class Prefetcher:
         if chunks:
             with self._lock:
                 if self._closed:
-                    return None
+                    return False, None
                 self._buffer.extend(chunks)
                 nbytes = sum(c.nbytes for c in chunks)
                 self._bytes += nbytes
                 self._memory.add(nbytes)
                 self._ready.notify_all()
-        return again
+        return True, again
 
     def _apply(self, commands: list[_Command]) -> None:
         fetcher = self._fetcher
