@@ -12,11 +12,11 @@ No thread is its own: its heartbeats run on the Client's group driver (``member.
 ``group_driver.py``: one event loop for every member of the Client) and its fetching
 on the Client's fetch driver (``prefetch.py``, ``fetch_driver.py``: one thread for every
 consumer of the Client), or on ``poll()``'s thread while it waits alone on its connection
-("poll() drives" there), so a Client holds a thousand consumers (docs/consumer.md). Everything that changes what this member owns runs
-in ``poll()``, on the application's thread, as in Kafka: applying a new target
-assignment, revoking (commit, ``on_revoke``, then release), dropping lost
-partitions (``on_lost``), looking up committed offsets of new partitions, and the
-auto-commit. So a revoked partition is committed only once the records the
+("poll() drives" there), so a Client holds a thousand consumers (docs/consumer.md).
+Everything that changes what this member owns runs in ``poll()``, on the application's
+thread, as in Kafka: applying a new target assignment, revoking (commit, ``on_revoke``,
+then release), dropping lost partitions (``on_lost``), looking up committed offsets of
+new partitions, and the auto-commit. So a revoked partition is committed only once the records the
 application got from it are processed, and released only after that commit.
 
 Use one thread for ``poll``/``commit``/``seek``/``pause``/``resume``/``close``;

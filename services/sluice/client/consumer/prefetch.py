@@ -126,8 +126,8 @@ class Prefetcher:
         self._stepping = False
         self._claimant: int | None = None
         self._woken = False
-        #: The lane is left driven (its answers wait in the socket, not read by the connection's thread)
-        #: since poll()'s thread last waited there: a poll() at its deadline reads them (``drive(0)``).
+        #: A lane may be left driven (its answers wait in the socket, not read by the connection's thread)
+        #: since poll()'s thread waited there: a poll() at its deadline reads them (``drive(0)``).
         self.in_socket = False
         self._commands: list[_Command] = []
         self._buffer: deque[Chunk] = deque()
@@ -236,11 +236,15 @@ class Prefetcher:
         on the connection, a backoff, nothing to fetch): poll() waits on ``ready``, the driver steps."""
         again: float | None = None
         try:
+            # Straight to the socket when nothing changed since the last step (the steady state: one
+            # step per answer, after it); else a step first (a command, answers that came, a new fetch).
+            if not self._commands and self._may_fetch() and self._wait(timeout):
+                again = self._claimed_step()[1]
+                return True
             fetching, again = self._claimed_step()
             if not fetching or again is not None or self._buffer:
                 return again == 0.0 or bool(self._buffer)  # records, or an error to raise
-            self.in_socket = self._fetcher.wait_answer(timeout, self._was_woken)
-            if not self.in_socket:
+            if not self._wait(timeout):
                 return self._fetcher.arrived() > 0  # came meanwhile: the next claim's step takes it
             again = self._claimed_step()[1]
             return True
@@ -258,8 +262,17 @@ class Prefetcher:
             self._woken = False  # the step takes what woke it
         return self._safe_step(driving=True)
 
+    def _wait(self, timeout: float) -> bool:
+        self.in_socket = True  # its lane may be driven from now on (until the driver's next step)
+        return self._fetcher.wait_answer(timeout, self._was_woken)
+
     def _was_woken(self) -> bool:
         return self._woken
+
+    def _may_fetch(self) -> bool:
+        """Whether a step would fetch: partitions to fetch, room in the buffer and in the Client's
+        ``memory_limit`` (else ``wake`` is called once there is)."""
+        return bool(self._epochs) and self._bytes < self._max_bytes and not self._memory.full(self, self.wake)
 
     def _nudge(self) -> None:
         """``ready``'s waker while claimed: a notification from another thread (a rebalance event,
@@ -305,7 +318,7 @@ class Prefetcher:
             commands, self._commands = self._commands, []
         if commands:
             self._apply(commands)
-        if not self._epochs or self._bytes >= self._max_bytes or self._memory.full(self, self.wake):
+        if not self._may_fetch():
             return False, None  # woken again by a command, or by poll() (of any consumer) freeing space
         fetcher = self._fetcher
         before = fetcher.positions()
