@@ -100,8 +100,10 @@ def drive(
 
     ``stop`` (the group consumer's ``poll()``, "Fourth pass"): the wait also ends when it returns
     True (another thread calls ``nudge`` after setting it), and the lane drives only if its owner
-    would read the connection alone (``SharedConnection.drive``'s ``alone``); else False, no wait."""
-    if answers.waiting():
+    would read the connection alone (``SharedConnection.drive``'s ``alone``); else False, no wait.
+    With answers already waiting it still marks the lane driven (True, no wait): a consumer that finds
+    its answers read by the reader thread (it polls behind them) would otherwise never take over."""
+    if stop is None and answers.waiting():
         return False
     flying = [b for b in brokers if b.in_flight is not None]
     lane = flying[0].stream if len(flying) == 1 and flying[0].follow is not None else None

@@ -314,13 +314,15 @@ class SharedConnection:
             link.drivers += 1
             try:
                 while True:
+                    if link.thread_reading and not link.needs_thread():
+                        # The thread waits in poll for driven lanes alone: it hands over (or, if the
+                        # answers are here already, rests: the owner reads from the next one on).
+                        link.interrupt()
                     if ready() or link.ended:
                         return True
                     if not link.reading:
                         link.take()
                         break
-                    if link.thread_reading and not link.needs_thread():
-                        link.interrupt()  # the thread waits in poll for this lane alone: hand over
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         return True
