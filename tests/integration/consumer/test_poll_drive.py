@@ -60,13 +60,16 @@ def client(cluster: Cluster) -> Iterator[Client]:
 
 
 def _poll_each(consumer: Consumer, producer: Producer, n: int, start: int = 0) -> list[bytes | None]:
-    """Send ``n`` records one at a time, polling each before the next is sent."""
+    """Send ``n`` records one at a time, each a moment after ``poll()`` started waiting for it (a consumer
+    that waits for its records, the latency case; one behind them finds them buffered by the driver)."""
     keys: list[bytes | None] = []
     for i in range(start, start + n):
-        producer.send(b"v", key=b"%d" % i).result(timeout=10)
+        sender = threading.Timer(0.02, lambda i=i: producer.send(b"v", key=b"%d" % i).result(timeout=10))
+        sender.start()
         deadline = time.monotonic() + 10
         while len(keys) <= i - start and time.monotonic() < deadline:
             keys += [r.key for r in consumer.poll(timeout=1.0)]
+        sender.join()
     return keys
 
 
@@ -249,12 +252,16 @@ def test_poll_with_timeout_zero_reads_what_waits_in_the_socket(cluster: Cluster,
         other.producer(topic, linger=0) as producer,
         client.consumer(_group(), [topic], auto_offset_reset="earliest") as consumer,
     ):
-        assert _poll_each(consumer, producer, 3) == [b"0", b"1", b"2"]
+        sent = 0
+        while sent < 20 and (sent < 3 or not consumer._prefetch.in_socket):
+            # Until poll() took the lane over (an answer the reader thread read meanwhile hands it back)
+            assert _poll_each(consumer, producer, 1, start=sent) == [b"%d" % sent]
+            sent += 1
         assert consumer._prefetch.in_socket  # the connection's thread rests for this lane
-        producer.send(b"v", key=b"3").result(timeout=10)
+        producer.send(b"v", key=b"%d" % sent).result(timeout=10)
         got: list[bytes | None] = []
         deadline = time.monotonic() + 10
         while not got and time.monotonic() < deadline:
             got += [r.key for r in consumer.poll(timeout=0)]
             time.sleep(0.01)
-        assert got == [b"3"]
+        assert got == [b"%d" % sent]

@@ -126,8 +126,15 @@ class Prefetcher:
         self._stepping = False
         self._claimant: int | None = None
         self._woken = False
-        #: A lane may be left driven (its answers wait in the socket, not read by the connection's thread)
-        #: since poll()'s thread waited there: a poll() at its deadline reads them (``drive(0)``).
+        #: Steps poll()'s thread ran, and their count when the driver was last asked for one: a driver's
+        #: step asked for before a claimant's step is covered by it (and would hand the lane back).
+        self._claimed_steps = 0
+        self._asked_at = 0
+        #: poll()'s thread took the lanes over (it waited in the socket once): they stay driven (their
+        #: answers wait in the socket while poll() is away, the connection's thread rests), so a poll()
+        #: at its deadline reads them (``drive(0)``), and the driver's steps leave them driven (handing
+        #: them back at every answer the thread read in a race would flip them back and forth). Only a
+        #: wait that cannot drive (``Fetcher.wait_answer`` False) hands them back to the threads.
         self.in_socket = False
         self._commands: list[_Command] = []
         self._buffer: deque[Chunk] = deque()
@@ -145,7 +152,9 @@ class Prefetcher:
         me = threading.get_ident()
         with self._guard:
             claimant = self._claimant
-            if claimant is not None and claimant != me:
+            if claimant is None:
+                self._asked_at = self._claimed_steps
+            elif claimant != me:
                 self._woken = True
         if claimant is None:
             self._driver.wake(self)
@@ -254,16 +263,20 @@ class Prefetcher:
             with self._guard:
                 self._claimant = None
                 woken, self._woken = self._woken, False
-            if woken or (again is not None and again > 0):
+                hand_back = woken or (again is not None and again > 0)
+                if hand_back:
+                    self._asked_at = self._claimed_steps
+            if hand_back:
                 self._driver.wake(self)  # what came since the last step, or a backoff to time
 
     def _claimed_step(self) -> tuple[bool, float | None]:
         with self._guard:
             self._woken = False  # the step takes what woke it
+            self._claimed_steps += 1
         return self._safe_step(driving=True)
 
     def _wait(self, timeout: float) -> bool:
-        self.in_socket = True  # its lane may be driven from now on (until the driver's next step)
+        self.in_socket = True
         return self._fetcher.wait_answer(timeout, self._was_woken)
 
     def _was_woken(self) -> bool:
@@ -288,14 +301,14 @@ class Prefetcher:
     def step(self) -> float | None:
         """The driver's step: apply commands, take the answers that arrived, send the next fetches,
         buffer what came. Returns when to step again at the latest (a backoff), else None. Skipped
-        while poll()'s thread runs the steps: it ran or runs one after whatever queued this."""
+        while poll()'s thread runs the steps, or when it ran one since this was asked for: it covered
+        whatever asked (it hands back to the driver what came after its last step, ``drive``)."""
         with self._guard:
-            if self._claimant is not None:
+            if self._claimant is not None or self._asked_at != self._claimed_steps:
                 return None
             self._stepping = True
-            self.in_socket = False  # its poll_raw hands the lanes back to the connections' threads
         try:
-            return self._safe_step(driving=False)[1]
+            return self._safe_step(driving=self.in_socket)[1]
         finally:
             with self._guard:
                 self._stepping = False
