@@ -19,6 +19,7 @@ import re
 import struct
 import time
 import urllib.request
+from collections.abc import Callable
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 from _stack import cpu_seconds, save, stack
 from sluice import Client
 from sluice.client import stages
+from sluice.codec.batch import Record
 
 PARTITIONS = 4
 # A record: the send time (perf_counter, 8 bytes), 1 if it belongs to the warm-up, padding to 100 bytes.
@@ -33,11 +35,22 @@ HEADER = struct.Struct("<dB")
 PADDING = b"x" * (100 - HEADER.size)
 
 
-def consume(bootstrap: str, total: int, warmup: int, ready: Event, out: Queue[Any]) -> None:
+def consume(bootstrap: str, total: int, warmup: int, ready: Event, out: Queue[Any], group: bool) -> None:
+    """``group``: a group consumer's ``poll()`` (what most applications and bench/compare use), else the
+    low-level fetcher's ``fetch()``."""
     latencies: list[float] = []
     fetches = 0
     with Client(bootstrap) as client:
-        fetcher = client.fetcher({("latency", p): 0 for p in range(PARTITIONS)}, max_wait_ms=500)
+        if group:
+            consumer = client.consumer("latency-g", ["latency"], auto_offset_reset="earliest")
+            deadline = time.monotonic() + 60
+            while len(consumer.assignment()) < PARTITIONS and time.monotonic() < deadline:
+                consumer.poll(timeout=0.1)  # joined and assigned before the first record is sent
+            receive: Callable[[], list[Record]] = lambda: consumer.poll(timeout=1.0)  # noqa: E731
+            done: Callable[[], None] = consumer.close
+        else:
+            fetcher = client.fetcher({("latency", p): 0 for p in range(PARTITIONS)}, max_wait_ms=500)
+            receive, done = fetcher.fetch, fetcher.close
         ready.set()
         seen = 0
         cpu = 0.0
@@ -47,14 +60,14 @@ def consume(bootstrap: str, total: int, warmup: int, ready: Event, out: Queue[An
                 cpu = time.process_time()
                 switches = context_switches(os.getpid())
             fetches += 1
-            for r in fetcher.fetch():
+            for r in receive():
                 seen += 1
                 sent, warmup = HEADER.unpack_from(r.value)
                 if not warmup:
                     latencies.append(time.perf_counter() - sent)
         cpu = time.process_time() - cpu
         switches = context_switches(os.getpid()) - switches
-        fetcher.close()
+        done()
     out.put((latencies, fetches, cpu, stages.snapshot(), switches))
 
 
@@ -108,14 +121,21 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--flush", choices=["interval", "always", "never"], default="interval")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds sent first and not counted")
+    parser.add_argument(
+        "--consumer",
+        choices=["fetcher", "group"],
+        default="fetcher",
+        help="the low-level fetcher's fetch(), or a group consumer's poll() (with an offset store)",
+    )
     args = parser.parse_args()
     warmup = int(args.rate * args.warmup)
     total = warmup + int(args.rate * args.seconds)
-    with stack(flush=args.flush) as s, Client(s.bootstrap) as client:
+    group = args.consumer == "group"
+    with stack(flush=args.flush, push=group) as s, Client(s.bootstrap) as client:
         client.admin.create_topic("latency", partitions=PARTITIONS)
         ctx = mp.get_context("spawn")
         ready, out = ctx.Event(), ctx.Queue()
-        consumer = ctx.Process(target=consume, args=(s.bootstrap, total, warmup, ready, out))
+        consumer = ctx.Process(target=consume, args=(s.bootstrap, total, warmup, ready, out, group))
         consumer.start()
         ready.wait(60)
         # linger 0: latency mode sends each record as soon as the sender is free.
@@ -158,8 +178,9 @@ def main() -> None:
         return round(ordered[min(len(ordered) - 1, int(len(ordered) * p))] * 1000, 3)
 
     save(
-        f"e2e_latency_{args.flush}",
+        f"e2e_latency_{args.flush}" + ("_group" if group else ""),
         {
+            "consumer": args.consumer,
             "rate": args.rate,
             "records": len(latencies),
             "warmup_records": warmup,

@@ -22,7 +22,7 @@ from sluice.client.wire_lanes import FetchLane
 from sluice.errors import error_from_proto
 from sluice.v1 import broker_pb2
 
-__all__ = ["Answers", "Completion", "advance", "drive", "throttled_answer", "undrive"]
+__all__ = ["Answers", "Completion", "advance", "drive", "nudge", "throttled_answer", "undrive"]
 
 #: What the connections' threads hand the fetching thread: (broker address, the request
 #: answered, its answer or a SluiceError, whether the request is followed).
@@ -45,6 +45,8 @@ class Answers:
         self._queue: queue.SimpleQueue[tuple[float, Completion]] = queue.SimpleQueue()
         self._held: Completion | None = None
         self.on_arrival: Callable[[], None] | None = None
+        #: The lane whose connection the fetching thread reads while it waits (``drive``), for ``nudge``.
+        self.driving: FetchLane | None = None
 
     def put(self, item: Completion) -> None:
         self._queue.put((time.perf_counter(), item))
@@ -85,20 +87,42 @@ def _taken(entry: tuple[float, Completion]) -> Completion:
     return entry[1]
 
 
-def drive(answers: Answers, brokers: Iterable[BrokerState], timeout: float | None) -> bool:
+def drive(
+    answers: Answers,
+    brokers: Iterable[BrokerState],
+    timeout: float | None,
+    stop: Callable[[], bool] | None = None,
+) -> bool:
     """Wait for the next answer by reading its connection on this thread (True) when all that is
     in flight is one followed lane: no hand-off from the connection's reader thread, whose wake-up
     and GIL hand-over were a p99 stage at 2,000 records/s (docs/latency.md, "Third pass"). The
-    lanes of a fetch spread over several brokers are read by their connections' threads."""
-    if answers.waiting():
+    lanes of a fetch spread over several brokers are read by their connections' threads.
+
+    ``stop`` (the group consumer's ``poll()``, "Fourth pass"): the wait also ends when it returns
+    True (another thread calls ``nudge`` after setting it), and the lane drives only if its owner
+    would read the connection alone (``SharedConnection.drive``'s ``alone``); else False, no wait.
+    With answers already waiting it still marks the lane driven (True, no wait): a consumer that finds
+    its answers read by the reader thread (it polls behind them) would otherwise never take over."""
+    if stop is None and answers.waiting():
         return False
     flying = [b for b in brokers if b.in_flight is not None]
     lane = flying[0].stream if len(flying) == 1 and flying[0].follow is not None else None
     if isinstance(lane, FetchLane):
-        lane.drive(answers.waiting, timeout)
-        return True
+        ready = answers.waiting if stop is None else lambda: answers.waiting() or stop()
+        answers.driving = lane
+        try:
+            return lane.drive(ready, timeout, alone=stop is not None)
+        finally:
+            answers.driving = None
     undrive(flying)
     return False
+
+
+def nudge(answers: Answers) -> None:
+    """End the fetching thread's wait in ``drive`` (any thread; its ``stop()`` is already True)."""
+    lane = answers.driving
+    if lane is not None:
+        lane.nudge()
 
 
 def undrive(brokers: Iterable[BrokerState]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -41,6 +41,7 @@ __all__ = [
     "fetch_request",
     "gc_paused",
     "place",
+    "wanted_by_broker",
 ]
 
 TopicPartition = tuple[str, int]
@@ -182,6 +183,34 @@ def place(
             st.leader_epoch = epoch
         validate = validate or (st.validate and not st.paused)
     return validate
+
+
+def wanted_by_broker(
+    parts: Mapping[TopicPartition, PartitionState],
+    leaders: Mapping[TopicPartition, str | None],
+    filters: Mapping[str, str],
+    partition_max_bytes: int,
+    now: float,
+) -> tuple[dict[str, dict[TopicPartition, PartitionFetchState]], float | None, bool]:
+    """The partitions to fetch now, by leader address; when the earliest of the others (in backoff,
+    or with no known leader) may be fetched; and whether a partition has no known leader (the
+    metadata needs a refresh)."""
+    wanted: dict[str, dict[TopicPartition, PartitionFetchState]] = {}
+    next_at: float | None = None
+    unplaced = False
+    for tp, st in parts.items():
+        if st.paused or st.validate:
+            continue
+        if st.backoff_until > now:
+            next_at = earliest(next_at, st.backoff_until)
+            continue
+        address = leaders.get(tp)
+        if address is None:
+            unplaced = True
+            next_at = earliest(next_at, now + RETRY_BACKOFF)
+            continue
+        wanted.setdefault(address, {})[tp] = st.fetch_state(partition_max_bytes, filters.get(tp[0], ""))
+    return wanted, next_at, unplaced
 
 
 @contextlib.contextmanager

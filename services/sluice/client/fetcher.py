@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sluice.client.fetch_answer import Answers, Completion, advance, drive, throttled_answer, undrive
+from sluice.client.fetch_answer import Answers, Completion, advance, drive, nudge, throttled_answer, undrive
 from sluice.client.fetch_errors import PartitionErrors
 from sluice.client.fetch_session import FetchSession, PartitionFetchState, SessionRequest
 from sluice.client.fetch_state import (
@@ -56,6 +56,7 @@ from sluice.client.fetch_state import (
     earliest,
     fetch_request,
     place,
+    wanted_by_broker,
 )
 from sluice.client.fetch_validate import PositionValidator
 from sluice.client.links import BrokerLinks, FetchLane
@@ -209,16 +210,18 @@ class Fetcher:
             if deadline is None or time.monotonic() >= deadline:
                 return chunks
 
-    def poll_raw(self) -> tuple[list[RawChunk], float | None]:
+    def poll_raw(self, driving: bool = False) -> tuple[list[RawChunk], float | None]:
         """:meth:`fetch_raw` without waiting, for a caller driven by ``on_completion`` (the
         consumer's shared fetch driver): take the answers that arrived (as ``fetch_raw``), send
         what can be sent. Returns the chunks and None when a request is in flight (``on_completion``
         tells when its answer comes), else the seconds until the next call is due (0: an answer is
-        held or an error waits; else the end of a backoff)."""
+        held or an error waits; else the end of a backoff). ``driving``: the caller waits for the
+        answers with ``wait_answer`` (its lanes stay driven), else the connections' threads read."""
         if self._closed:
             raise SluiceError("the fetcher is closed")
         self._raise_error()
-        undrive(self._brokers.values())  # it never waits: the connections' threads read for it
+        if not driving:
+            undrive(self._brokers.values())
         chunks: list[RawChunk] = []
         held = self._take_arrived(chunks)
         wait = self._send_fetches()
@@ -227,6 +230,21 @@ class Fetcher:
         elif self._errors or held:
             wait = 0.0  # these records first; the next call takes the held answer, raises the error
         return chunks, wait
+
+    def wait_answer(self, timeout: float, stop: Callable[[], bool]) -> bool:
+        """For a caller of ``poll_raw(driving=True)`` (the group consumer's ``poll()``): wait up to
+        ``timeout`` seconds for an answer, or until ``stop()``, reading the connection on this thread,
+        when the one request in flight is a followed lane on a connection no other owner reads or
+        needs the reader thread for (True). Else False at once: the connections' threads read."""
+        return drive(self._answers, self._brokers.values(), timeout, stop)
+
+    def arrived(self) -> int:
+        """Answers arrived and not taken yet (any thread: a hint)."""
+        return self._answers.waiting()
+
+    def nudge(self) -> None:
+        """End a ``wait_answer`` early (any thread, after making the caller's ``stop()`` True)."""
+        nudge(self._answers)
 
     @property
     def truncations(self) -> int:
@@ -293,7 +311,10 @@ class Fetcher:
             self._refresh_metadata()
         if self._validator.pending:
             self._need_metadata = self._validator.run(self._parts, self._leaders) or self._need_metadata
-        wanted, next_at = self._wanted_by_broker(now)
+        wanted, next_at, unplaced = wanted_by_broker(
+            self._parts, self._leaders, self._filters, self._partition_max_bytes, now
+        )
+        self._need_metadata = self._need_metadata or unplaced
         for address, b in self._brokers.items():
             if b.follow is not None and address not in wanted:
                 self._stop_following(b)  # nothing left to fetch there
@@ -314,29 +335,6 @@ class Fetcher:
         if in_flight:
             return None
         return max((next_at if next_at is not None else now + RETRY_BACKOFF) - now, 0.0)
-
-    def _wanted_by_broker(
-        self, now: float
-    ) -> tuple[dict[str, dict[TopicPartition, PartitionFetchState]], float | None]:
-        """The partitions to fetch now, by leader address, and when the earliest of the others
-        (in backoff, or with no known leader) may be fetched."""
-        wanted: dict[str, dict[TopicPartition, PartitionFetchState]] = {}
-        next_at: float | None = None
-        for tp, st in self._parts.items():
-            if st.paused or st.validate:
-                continue
-            if st.backoff_until > now:
-                next_at = earliest(next_at, st.backoff_until)
-                continue
-            address = self._leaders.get(tp)
-            if address is None:
-                self._need_metadata = True
-                next_at = earliest(next_at, now + RETRY_BACKOFF)
-                continue
-            wanted.setdefault(address, {})[tp] = st.fetch_state(
-                self._partition_max_bytes, self._filters.get(tp[0], "")
-            )
-        return wanted, next_at
 
     def _send(self, broker: BrokerState, parts: dict[TopicPartition, PartitionFetchState]) -> None:
         address = broker.address

@@ -33,7 +33,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from sluice.client.wire import greet, hello_bytes, open_socket, shutdown
+from sluice.client.wire import connection_failure, greet, hello_bytes, open_socket, shutdown
 from sluice.client.wire_lanes import FetchLane, ProduceLink
 from sluice.client.wire_link import Link, Waiting
 from sluice.common.client_security import ClientSecurity, retriable_refusal
@@ -238,7 +238,7 @@ class SharedConnection:
             self._read(link, sock)
             error = self._closed_by_broker()
         except (SluiceError, OSError, DecodeError) as exc:
-            error = self._failure(exc)
+            error = connection_failure(self._name, exc)
         if link.sock is not None:
             shutdown(link.sock)
             link.sock.close()
@@ -279,17 +279,6 @@ class SharedConnection:
     def _closed_by_broker(self) -> SluiceError:
         return BrokerNotAvailable(f"{self._name}: the broker closed the connection")
 
-    def _failure(self, exc: SluiceError | OSError | DecodeError) -> SluiceError:
-        """What the requests a failed connection owes fail with."""
-        if isinstance(exc, WireProtocolError):
-            # The broker broke the protocol (never expected): what waits may succeed on a new
-            # connection, so it fails retriable, as an unreachable broker's requests do.
-            log.error("%s: %s; reconnecting", self._name, exc.message)
-            return BrokerNotAvailable(f"{self._name}: {exc.message}")
-        if isinstance(exc, SluiceError):
-            return exc
-        return BrokerNotAvailable(f"{self._name}: {exc}")
-
     def _read(self, link: Link, sock: socket.socket) -> None:
         """The reader thread: read in turns, resting while an owner drives or only driven lanes are owed."""
         while True:
@@ -307,31 +296,36 @@ class SharedConnection:
             if not self._round(link, sock, math.inf):
                 return
 
-    def drive(self, lane: int, ready: Callable[[], int], timeout: float | None) -> None:
+    def drive(self, lane: int, ready: Callable[[], int], timeout: float | None, alone: bool = False) -> bool:
         """``lane``'s owner waits until ``ready()`` (its answers arrived) or ``timeout``, reading the
         socket on its own thread when no one else does: its answer then reaches it with no wake-up
         of another thread in between (docs/latency.md, "Third pass"). From the first call on, the
         reader thread leaves the socket to the owner while only driven lanes are owed; the owner
-        dispatches whatever it reads (other lanes' answers, produce answers) as the thread would."""
+        dispatches whatever it reads (other lanes' answers, produce answers) as the thread would.
+        ``alone``: only if no other owner reads or waits to, and no other lane needs the reader
+        thread (``Link.alone``); else it returns False at once, the lane left to the thread."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             link = self._link
-            if link is None or link.ended:
-                return
+            if link is None or link.ended or (alone and not link.alone(lane)):
+                self._undriven(link, lane)
+                return not alone
             link.driven.add(lane)
             link.drivers += 1
             try:
                 while True:
+                    if link.thread_reading and not link.needs_thread():
+                        # The thread waits in poll for driven lanes alone: it hands over (or, if the
+                        # answers are here already, rests: the owner reads from the next one on).
+                        link.interrupt()
                     if ready() or link.ended:
-                        return
+                        return True
                     if not link.reading:
                         link.take()
                         break
-                    if link.thread_reading and not link.needs_thread():
-                        link.interrupt()  # the thread waits in poll for this lane alone: hand over
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
-                        return
+                        return True
                     self._turn.wait(left)
             finally:
                 link.drivers -= 1
@@ -348,7 +342,7 @@ class SharedConnection:
                 if left <= 0:
                     break
         except (SluiceError, OSError, DecodeError) as exc:
-            error = self._failure(exc)
+            error = connection_failure(self._name, exc)
         finally:
             with self._lock:
                 link.release()
@@ -357,14 +351,30 @@ class SharedConnection:
         if error is not None:
             shutdown(sock)  # the reader thread closes it when it sees the link ended
             self._end(link, error)
+        return True
+
+    def nudge(self) -> None:
+        """End a driving owner's wait early (another thread has work for it): its ``ready()`` says so
+        already; this makes it look. An owner reading is in ``poll``: a byte on the interrupt pipe; one
+        waiting for the turn: the condition. The reader thread reading is left alone."""
+        with self._lock:
+            link = self._link
+            if link is not None and not link.ended:
+                if link.reading and not link.thread_reading:
+                    link.interrupt()
+                if link.drivers:
+                    self._turn.notify_all()
 
     def undrive(self, lane: int) -> None:
         """``lane``'s owner no longer reads the socket itself (it waits on more than one connection)."""
         with self._lock:
-            link = self._link
-            if link is not None and lane in link.driven:
-                link.driven.discard(lane)
-                self._turn.notify_all()
+            self._undriven(self._link, lane)
+
+    def _undriven(self, link: Link | None, lane: int) -> None:
+        """Lock held: the reader thread reads ``lane`` again (woken if it rests)."""
+        if link is not None and lane in link.driven:
+            link.driven.discard(lane)
+            self._turn.notify_all()
 
     def _round(self, link: Link, sock: socket.socket, cap: float) -> bool:
         """Holding the turn: wait up to ``cap`` seconds (or the next deadline) for bytes and
@@ -373,8 +383,8 @@ class SharedConnection:
         # deadlines are kept by polling with a timeout before each receive.
         now = time.monotonic()
         with self._lock:
-            if link.next_check <= now:
-                self._check_deadlines(link, now)
+            if link.next_check <= now and link.overdue(now):
+                raise RequestTimedOut(f"{self._name}: no answer within the request's timeout")
             wait = min(link.next_check - now, self._idle_span, cap)
         decrypted = link.decrypted
         if decrypted is None or not decrypted():
@@ -405,17 +415,6 @@ class SharedConnection:
             if link.ended:
                 return False  # closed meanwhile: what it owed was failed already
         return True
-
-    def _check_deadlines(self, link: Link, now: float) -> None:
-        """Lock held: raise if a request is past its deadline, else note the next one."""
-        # Every request of a lane (one or two: a followed fetch and the one replacing it), and
-        # the oldest produce: produces are answered in order, so a later one cannot come first.
-        due = min((w.deadline for queue in link.lanes.values() for w in queue), default=math.inf)
-        if link.produces:
-            due = min(due, link.produces[0].deadline)
-        if due <= now:
-            raise RequestTimedOut(f"{self._name}: no answer within the request's timeout")
-        link.next_check = due
 
     def _produced(self, link: Link, response: broker_pb2.ProduceResponse) -> None:
         with self._lock:

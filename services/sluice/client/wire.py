@@ -14,16 +14,30 @@ connection (:func:`hello_bytes`), so every new connection carries a fresh token.
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import ssl
+
+from google.protobuf.message import DecodeError
 
 from sluice.common.client_security import ClientSecurity, TLSConfig
 from sluice.common.client_tls import client_ssl_context, server_hostname
 from sluice.common.wire import FrameReader, FrameType, WireProtocolError, error_from_frame, frame
-from sluice.errors import AuthenticationError, BrokerNotAvailable, raise_for_proto
+from sluice.errors import AuthenticationError, BrokerNotAvailable, SluiceError, raise_for_proto
 from sluice.v1 import wire_pb2
 
-__all__ = ["connect", "greet", "greet_and_block", "hello_bytes", "open_socket", "shutdown", "tls_refused"]
+__all__ = [
+    "connect",
+    "connection_failure",
+    "greet",
+    "greet_and_block",
+    "hello_bytes",
+    "open_socket",
+    "shutdown",
+    "tls_refused",
+]
+
+log = logging.getLogger("sluice.client.wire")
 
 #: What one receive of the hello's answer asks for (the answer is a few bytes).
 _HELLO_RECV_BYTES = 1 << 16
@@ -120,3 +134,15 @@ def shutdown(sock: socket.socket | None) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def connection_failure(name: str, exc: SluiceError | OSError | DecodeError) -> SluiceError:
+    """What the requests a failed connection (``client.shared_wire``) owes fail with."""
+    if isinstance(exc, WireProtocolError):
+        # The broker broke the protocol (never expected): what waits may succeed on a new
+        # connection, so it fails retriable, as an unreachable broker's requests do.
+        log.error("%s: %s; reconnecting", name, exc.message)
+        return BrokerNotAvailable(f"{name}: {exc.message}")
+    if isinstance(exc, SluiceError):
+        return exc
+    return BrokerNotAvailable(f"{name}: {exc}")

@@ -32,7 +32,11 @@ class Connection(Protocol):
 
     def cancel(self, owner: object, lane: int = 0) -> None: ...
 
-    def drive(self, lane: int, ready: Callable[[], int], timeout: float | None) -> None: ...
+    def drive(
+        self, lane: int, ready: Callable[[], int], timeout: float | None, alone: bool = False
+    ) -> bool: ...
+
+    def nudge(self) -> None: ...
 
     def undrive(self, lane: int) -> None: ...
 
@@ -93,11 +97,16 @@ class FetchLane:
             n, self._owed = self._owed, 0
             self._conn.grant(self.lane, n)
 
-    def drive(self, ready: Callable[[], int], timeout: float | None) -> None:
+    def drive(self, ready: Callable[[], int], timeout: float | None, alone: bool = False) -> bool:
         """Wait for this lane's answers (until ``ready()`` or ``timeout``) reading the connection on
-        the caller's thread (``SharedConnection.drive``)."""
-        self.driven = True
-        self._conn.drive(self.lane, ready, timeout)
+        the caller's thread (``SharedConnection.drive``). ``alone``: only if no other owner reads or
+        waits to and no other lane needs the reader thread; False (nothing waited) otherwise."""
+        self.driven = self._conn.drive(self.lane, ready, timeout, alone)
+        return self.driven
+
+    def nudge(self) -> None:
+        """Another thread has work for the owner: end its wait in ``drive`` (its ``ready()`` says so)."""
+        self._conn.nudge()
 
     def undrive(self) -> None:
         """The owner waits on several connections: the reader thread reads this lane's answers."""

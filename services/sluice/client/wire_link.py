@@ -123,6 +123,27 @@ class Link:
             os.close(self.interrupt_w)
             self.interrupt_r = self.interrupt_w = -1
 
+    def overdue(self, now: float) -> bool:
+        """Whether a request is past its deadline; else note the next one (``next_check``)."""
+        # Every request of a lane (one or two: a followed fetch and the one replacing it), and
+        # the oldest produce: produces are answered in order, so a later one cannot come first.
+        due = min((w.deadline for queue in self.lanes.values() for w in queue), default=math.inf)
+        if self.produces:
+            due = min(due, self.produces[0].deadline)
+        self.next_check = due
+        return due <= now
+
+    def alone(self, lane: int) -> bool:
+        """``lane``'s owner may drive without becoming everyone's reader: no other owner reads or waits
+        to read, and no other lane is owed that only the reader thread would read (owners of many
+        lanes on one connection each waiting for the turn would all be woken at every round; the
+        group consumer's ``poll()`` then leaves its lane to the thread, docs/latency.md, "Fourth pass").
+        Produce answers do not count: a driving owner reads them, or the thread does while they are owed."""
+        if self.drivers or (self.reading and not self.thread_reading):
+            return False
+        driven = self.driven
+        return not any(other != lane and other not in driven for other, queue in self.lanes.items() if queue)
+
     def needs_thread(self) -> bool:
         """Something is owed that no driving owner would read: the reader thread must read."""
         if self.produces:

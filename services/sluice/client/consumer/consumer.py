@@ -10,13 +10,13 @@
 
 No thread is its own: its heartbeats run on the Client's group driver (``member.py``,
 ``group_driver.py``: one event loop for every member of the Client) and its fetching
-on the Client's fetch driver (``prefetch.py``, ``fetch_driver.py``: one thread for
-every consumer of the Client), so a Client holds a thousand consumers (docs/consumer.md,
-"Many consumers on one Client"). Everything that changes what this member owns runs
-in ``poll()``, on the application's thread, as in Kafka: applying a new target
-assignment, revoking (commit, ``on_revoke``, then release), dropping lost
-partitions (``on_lost``), looking up committed offsets of new partitions, and the
-auto-commit. So a revoked partition is committed only once the records the
+on the Client's fetch driver (``prefetch.py``, ``fetch_driver.py``: one thread for every
+consumer of the Client), or on ``poll()``'s thread while it waits alone on its connection
+("poll() drives" there), so a Client holds a thousand consumers (docs/consumer.md).
+Everything that changes what this member owns runs in ``poll()``, on the application's
+thread, as in Kafka: applying a new target assignment, revoking (commit, ``on_revoke``,
+then release), dropping lost partitions (``on_lost``), looking up committed offsets of
+new partitions, and the auto-commit. So a revoked partition is committed only once the records the
 application got from it are processed, and released only after that commit.
 
 Use one thread for ``poll``/``commit``/``seek``/``pause``/``resume``/``close``;
@@ -88,14 +88,21 @@ class Consumer(ParkingEngine):
         self._poll_started()
         if self._park is not None:  # park_poison_keys (docs/poison-keys.md, "Pull consumers")
             return self._poll_parked(self._park, limit, deadline)
+        # This thread reads its answers itself while it waits (prefetch.py, "poll() drives"); at the
+        # deadline it reads once more what waits in the socket (``last``): no other thread reads it.
+        drives, last = True, False
         while True:
             self._poll_prepare()
             with self._lock:
                 records, wait = self._poll_take(limit, deadline)
-                if records or wait is None:
+                if records or self._closed or (wait is None and (last or not self._prefetch.in_socket)):
                     return records
-                if wait > 0:
+                last = wait is None
+                claimed = (wait is None or wait > 0) and drives and self._prefetch.claim()
+                if wait is not None and wait > 0 and not claimed:
                     self._ready.wait(wait)
+            if claimed:
+                drives = self._prefetch.drive(wait or 0.0)
 
     # poll() in three steps, so sluice.aio runs the same ones (docs/asyncio.md): the blocking step
     # (rebalance work, callbacks) in a worker thread, taking records on the event loop's thread with

@@ -12,7 +12,9 @@ driver keeps those in a deadline heap.
 So a consumer's fetching costs what it did with a thread of its own (one wake-up and one
 step per answer; the decode is the same), and the thousandth consumer costs no thread
 (docs/consumer.md, "Many consumers on one Client"). Steps of different consumers run one
-at a time, as their threads did under the GIL anyway.
+at a time, as their threads did under the GIL anyway. A sync ``poll()`` waiting alone on its
+connection runs its consumer's steps itself meanwhile, and this driver skips them
+(``prefetch.py``, "poll() drives": no wake-up of this thread per answer).
 
 Caller: the Client (one per Client), the Prefetcher (``wake``).
 """

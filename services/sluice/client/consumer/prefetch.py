@@ -19,13 +19,22 @@ arrived meanwhile, the pipelined next one (each at most ``partition_max_bytes`` 
 partition, or one batch). Fetching resumes as soon as ``poll()`` drains below the
 bound.
 
+**poll() drives** (docs/latency.md, "Fourth pass"): a sync ``poll()`` that finds the buffer empty
+*claims* the prefetcher and runs its steps on its own thread while it waits (``claim``, ``drive``):
+when the one request in flight is a followed lane on a connection it would read alone, it waits by
+reading that socket itself (``Fetcher.wait_answer``), so an answer reaches ``poll()`` with no
+other thread woken (the reader thread rests; before, it woke the driver, which woke ``poll()``).
+Meanwhile the driver skips the prefetcher's steps, and a wake-up from another thread ends the
+wait. Otherwise (several brokers, other consumers' lanes on the connection, ``sluice.aio``, a
+backoff) it is the driver's, as above.
+
 Changes to what is fetched (assign, seek, remove) are commands that the next step
 applies. Every chunk is tagged with its partition's *fetch epoch*
 as of the round; the consumer bumps a partition's epoch on seek, pause and
 revoke, and drops chunks from older epochs, so nothing fetched from an old
 position is ever handed out.
 
-Caller: the Consumer (commands, ``pop``); the fetch driver (``step``).
+Caller: the Consumer (commands, ``pop``, ``claim``/``drive`` from ``poll()``); the fetch driver (``step``).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from sluice.client.consumer.fetch_driver import FetchDriver
 from sluice.client.fetch_state import decoding
 from sluice.client.fetcher import Fetcher, RawChunk
 from sluice.client.memory import ClientMemory
+from sluice.client.wakers import WakeableCondition
 from sluice.codec.batch import Record, decode_records
 from sluice.errors import SluiceError
 
@@ -95,7 +105,7 @@ class Prefetcher:
         fetcher: Fetcher,
         buffer_max_bytes: int,
         lock: threading.RLock,
-        ready: threading.Condition,
+        ready: WakeableCondition,
         driver: FetchDriver,
         check_crcs: bool = True,
         memory: ClientMemory | None = None,
@@ -110,6 +120,22 @@ class Prefetcher:
         self._driver = driver
         #: A step is queued on the driver (see ``Steppable``).
         self.queued = False
+        #: Who runs the steps: the driver (``_stepping`` while it does), or poll()'s thread that
+        #: claimed them (its id), woken (``_woken``) by other threads. ``_guard`` orders the two.
+        self._guard = threading.Lock()
+        self._stepping = False
+        self._claimant: int | None = None
+        self._woken = False
+        #: Steps poll()'s thread ran, and their count when the driver was last asked for one: a driver's
+        #: step asked for before a claimant's step is covered by it (and would hand the lane back).
+        self._claimed_steps = 0
+        self._asked_at = 0
+        #: poll()'s thread took the lanes over (it waited in the socket once): they stay driven (their
+        #: answers wait in the socket while poll() is away, the connection's thread rests), so a poll()
+        #: at its deadline reads them (``drive(0)``), and the driver's steps leave them driven (handing
+        #: them back at every answer the thread read in a race would flip them back and forth). Only a
+        #: wait that cannot drive (``Fetcher.wait_answer`` False) hands them back to the threads.
+        self.in_socket = False
         self._commands: list[_Command] = []
         self._buffer: deque[Chunk] = deque()
         self._bytes = 0
@@ -121,8 +147,19 @@ class Prefetcher:
         fetcher.on_completion = self.wake
 
     def wake(self) -> None:
-        """Ask the driver for a step (any thread, never blocks)."""
-        self._driver.wake(self)
+        """Ask for a step (any thread, never blocks): the driver's, or, while poll()'s thread runs them
+        (``claim``), end its wait so it steps (its own wake-ups it sees by itself)."""
+        me = threading.get_ident()
+        with self._guard:
+            claimant = self._claimant
+            if claimant is None:
+                self._asked_at = self._claimed_steps
+            elif claimant != me:
+                self._woken = True
+        if claimant is None:
+            self._driver.wake(self)
+        elif claimant != me:
+            self._fetcher.nudge()
 
     # ---- commands (Caller: the Consumer, holding the lock) -------------------------------------
 
@@ -187,39 +224,125 @@ class Prefetcher:
         self._memory.release(held)
         self._fetcher.close()
 
-    # ---- a step (the driver's thread) -------------------------------------------------------------
+    # ---- poll()'s thread running the steps (docs/latency.md, "Fourth pass") -----------------------
+
+    def claim(self) -> bool:
+        """Caller: poll(), holding the lock, having found nothing to take. True: this thread runs the
+        steps until ``drive`` returns (the driver skips them), and a notification of ``ready`` from
+        another thread ends its wait. False: the driver is running a step, or the prefetcher closed."""
+        with self._guard:
+            if self._stepping or self._claimant is not None or self._closed:
+                return False
+            self._claimant = threading.get_ident()
+        self._ready.add_waker(self._nudge)
+        return True
+
+    def drive(self, timeout: float) -> bool:
+        """Caller: poll()'s thread after ``claim``, without the lock. A step; if it brought nothing and
+        the one request in flight is a followed lane this thread may read alone, wait up to ``timeout``
+        for the answer reading the connection here (``Fetcher.wait_answer``), then another step. True:
+        poll() looks again now. False: nothing could be waited for here (several brokers, other lanes
+        on the connection, a backoff, nothing to fetch): poll() waits on ``ready``, the driver steps."""
+        again: float | None = None
+        try:
+            # Straight to the socket when nothing changed since the last step (the steady state: one
+            # step per answer, after it); else a step first (a command, answers that came, a new fetch).
+            if not self._commands and self._may_fetch() and self._wait(timeout):
+                again = self._claimed_step()[1]
+                return True
+            fetching, again = self._claimed_step()
+            if not fetching or again is not None or self._buffer:
+                return again == 0.0 or bool(self._buffer)  # records, or an error to raise
+            if not self._wait(timeout):
+                return self._fetcher.arrived() > 0  # came meanwhile: the next claim's step takes it
+            again = self._claimed_step()[1]
+            return True
+        finally:
+            with self._lock:
+                self._ready.remove_waker(self._nudge)
+            with self._guard:
+                self._claimant = None
+                woken, self._woken = self._woken, False
+                hand_back = woken or (again is not None and again > 0)
+                if hand_back:
+                    self._asked_at = self._claimed_steps
+            if hand_back:
+                self._driver.wake(self)  # what came since the last step, or a backoff to time
+
+    def _claimed_step(self) -> tuple[bool, float | None]:
+        with self._guard:
+            self._woken = False  # the step takes what woke it
+            self._claimed_steps += 1
+        return self._safe_step(driving=True)
+
+    def _wait(self, timeout: float) -> bool:
+        self.in_socket = True
+        return self._fetcher.wait_answer(timeout, self._was_woken)
+
+    def _was_woken(self) -> bool:
+        return self._woken
+
+    def _may_fetch(self) -> bool:
+        """Whether a step would fetch: partitions to fetch, room in the buffer and in the Client's
+        ``memory_limit`` (else ``wake`` is called once there is)."""
+        return bool(self._epochs) and self._bytes < self._max_bytes and not self._memory.full(self, self.wake)
+
+    def _nudge(self) -> None:
+        """``ready``'s waker while claimed: a notification from another thread (a rebalance event,
+        close) ends the claimant's wait; its own (records it buffered) need not."""
+        with self._guard:
+            if self._claimant is None or self._claimant == threading.get_ident():
+                return
+            self._woken = True
+        self._fetcher.nudge()
+
+    # ---- a step (the driver's thread, or poll()'s that claimed the prefetcher) ---------------------
 
     def step(self) -> float | None:
-        """Apply commands, take the answers that arrived, send the next fetches, buffer what
-        came. Returns when to step again at the latest (a backoff), else None."""
+        """The driver's step: apply commands, take the answers that arrived, send the next fetches,
+        buffer what came. Returns when to step again at the latest (a backoff), else None. Skipped
+        while poll()'s thread runs the steps, or when it ran one since this was asked for: it covered
+        whatever asked (it hands back to the driver what came after its last step, ``drive``)."""
+        with self._guard:
+            if self._claimant is not None or self._asked_at != self._claimed_steps:
+                return None
+            self._stepping = True
         try:
-            return self._step()
+            return self._safe_step(driving=self.in_socket)[1]
+        finally:
+            with self._guard:
+                self._stepping = False
+
+    def _safe_step(self, driving: bool) -> tuple[bool, float | None]:
+        """A step: (whether it fetches, when to step again at the latest: None when woken)."""
+        try:
+            return self._step(driving)
         except Exception as exc:  # a bug: surface it through poll() rather than dying silently
             log.exception("consumer fetch step failed")
             with self._lock:
                 self._errors.append(SluiceError(f"the consumer's fetch failed: {exc!r}"))
                 self._ready.notify_all()
-            return None
+            return False, None
 
-    def _step(self) -> float | None:
+    def _step(self, driving: bool) -> tuple[bool, float | None]:
         with self._lock:
             if self._closed:
-                return None
+                return False, None
             commands, self._commands = self._commands, []
         if commands:
             self._apply(commands)
-        if not self._epochs or self._bytes >= self._max_bytes or self._memory.full(self, self.wake):
-            return None  # woken again by a command, or by poll() (of any consumer) freeing space
+        if not self._may_fetch():
+            return False, None  # woken again by a command, or by poll() (of any consumer) freeing space
         fetcher = self._fetcher
         before = fetcher.positions()
         try:
-            raws, again = fetcher.poll_raw()
+            raws, again = fetcher.poll_raw(driving)
         except SluiceError as exc:
             # The fetcher paused the partition concerned (until a seek); poll() raises it.
             with self._lock:
                 self._errors.append(exc)
                 self._ready.notify_all()
-            return 0.0  # the others go on fetching
+            return True, 0.0  # the others go on fetching
         after = fetcher.positions()
         chunks = cut_chunks(decode_runs(raws, self._epochs, self._check_crcs), before, after, self._epochs)
         fetched_in = {(raw.topic, raw.partition): raw.leader_epoch for raw in raws}
@@ -228,13 +351,13 @@ class Prefetcher:
         if chunks:
             with self._lock:
                 if self._closed:
-                    return None
+                    return False, None
                 self._buffer.extend(chunks)
                 nbytes = sum(c.nbytes for c in chunks)
                 self._bytes += nbytes
                 self._memory.add(nbytes)
                 self._ready.notify_all()
-        return again
+        return True, again
 
     def _apply(self, commands: list[_Command]) -> None:
         fetcher = self._fetcher
