@@ -102,6 +102,9 @@ SYNC_ONLY = {
         "fetch_raw": "undecoded batches for the Spark source's Arrow path, which runs in Spark's threads",
         "poll_raw": "the group consumer's fetch driver's hook",
         "on_completion": "the group consumer's fetch driver's hook",
+        "wait_answer": "the sync group consumer's poll() reading its own connection (aio never blocks)",
+        "arrived": "the sync group consumer's poll() reading its own connection (aio never blocks)",
+        "nudge": "the sync group consumer's poll() reading its own connection (aio never blocks)",
     },
     SyncProducer: {"may_block": "the hook sluice.aio asks before sending from the loop's thread"},
     SyncPushConsumer: {
