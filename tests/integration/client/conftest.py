@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sluice import Client
+from tests.answer_threads import putters  # noqa: F401  (a fixture for this package's tests)
 from tests.harness import RedisServer, ServiceProcess, run_redis, start_service
 
 

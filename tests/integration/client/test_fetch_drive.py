@@ -13,31 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 
-import pytest
-
 from sluice import Client
-from sluice.client.fetch_answer import Answers, Completion
 from sluice.client.fetcher import Fetcher
 from sluice.client.links import FetchLane
 from sluice.client.producer import Producer
 from sluice.errors import SluiceError
 
 from .conftest import Cluster
-
-
-@pytest.fixture
-def putters(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The threads that queue fetchers' answers, in order (patched before the fetcher follows: its
-    lane's callback holds the bound ``put``)."""
-    seen: list[int] = []
-    put = Answers.put
-
-    def recording(self: Answers, item: Completion) -> None:
-        seen.append(threading.get_ident())
-        put(self, item)
-
-    monkeypatch.setattr(Answers, "put", recording)
-    return seen
 
 
 def _fetch_each(fetcher: Fetcher, producer: Producer, n: int) -> list[bytes | None]:

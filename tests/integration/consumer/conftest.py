@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from sluice import Client
+from tests.answer_threads import putters  # noqa: F401  (a fixture for this package's tests)
 from tests.harness import RedisServer, ServiceProcess, free_port, restart, run_redis, start_service
 
 HEARTBEAT = "200ms"

@@ -19,24 +19,9 @@ import pytest
 from sluice import Client
 from sluice.client.consumer import Consumer
 from sluice.client.consumer.prefetch import Prefetcher
-from sluice.client.fetch_answer import Answers, Completion
 from sluice.client.producer import Producer
 
 from .conftest import Cluster
-
-
-@pytest.fixture
-def putters(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The threads that queue fetchers' answers, in order (patched before any consumer follows)."""
-    seen: list[int] = []
-    put = Answers.put
-
-    def recording(self: Answers, item: Completion) -> None:
-        seen.append(threading.get_ident())
-        put(self, item)
-
-    monkeypatch.setattr(Answers, "put", recording)
-    return seen
 
 
 @pytest.fixture
