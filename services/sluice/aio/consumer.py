@@ -225,6 +225,9 @@ class Consumer:
     def position(self, tp: TopicPartition) -> int | None:
         return self._sync.position(tp)
 
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self._sync.highwater(tp)
+
     async def committed(
         self, partitions: Iterable[TopicPartition] | None = None
     ) -> dict[TopicPartition, int | None]:

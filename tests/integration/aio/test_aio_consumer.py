@@ -62,6 +62,7 @@ def test_getmany_commit_and_resume_with_async_rebalance_callbacks(stack: Stack) 
             assert assigned == [[(topic, p) for p in range(4)]]
             assert consumer.assignment() == {(topic, p) for p in range(4)}
             assert all(consumer.position((topic, p)) == 10 for p in range(4))
+            assert all(consumer.highwater((topic, p)) == 10 for p in range(4))
             assert await consumer.commit() == {(topic, p): 10 for p in range(4)}
             assert await consumer.committed() == {(topic, p): 10 for p in range(4)}
             await consumer.close()
