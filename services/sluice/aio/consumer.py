@@ -217,6 +217,10 @@ class Consumer:
     def stats(self) -> ConsumerStats:
         return self._sync.stats()
 
+    async def subscribe(self, topics: Mapping[str, str] | Iterable[str] | str) -> None:
+        """The sync ``subscribe()`` in a worker thread: it waits for the coordinator's answer."""
+        await self._serial.run(self._sync.subscribe, topics)
+
     # ---- positions --------------------------------------------------------------------------------
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
@@ -224,6 +228,9 @@ class Consumer:
 
     def position(self, tp: TopicPartition) -> int | None:
         return self._sync.position(tp)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self._sync.highwater(tp)
 
     async def committed(
         self, partitions: Iterable[TopicPartition] | None = None

@@ -69,6 +69,9 @@ class Fetcher:
             out[(record.topic, record.partition)] = record.offset
         return out
 
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self._sync.highwater(tp)
+
     async def seek(self, tp: TopicPartition, offset: int, leader_epoch: int = -1) -> None:
         """The sync ``seek()``, once a fetch in progress has ended."""
         await self._serial.inline(self._drop_then, self._sync.seek, tp, offset, leader_epoch)

@@ -163,6 +163,7 @@ def advance(
             lost_leader = errors.handle(tp, st, pr, err) or lost_leader
             continue
         st.failures = 0
+        st.high_watermark = pr.high_watermark  # once per partition per answer, never per record
         data = pr.records
         nxt = pr.next_offset
         if nxt <= sent.fetch_offset and data:

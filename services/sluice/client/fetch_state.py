@@ -97,6 +97,8 @@ class PartitionState:
     #: Set when the leader epoch changed after records were fetched: the position is checked with
     #: OffsetForLeaderEpoch (``fetch_validate``) before the partition is fetched again.
     validate: bool = False
+    #: The high watermark the last answer for this partition carried (-1: none yet): ``highwater()``.
+    high_watermark: int = -1
 
     def seek(self, position: int, leader_epoch: int) -> None:
         """Fetch from ``position`` next; ``leader_epoch`` is the epoch the records before it were fetched

@@ -1,21 +1,18 @@
 """The low-level fetch API: read partitions from given positions, no group.
 
-``client.fetcher(positions, filters)`` keeps a position per (topic, partition), and
-each answer moves the positions to each partition's ``next_offset`` (also when a tag
-filter matched nothing). Per broker, it fetches one of two ways:
+``client.fetcher(positions, filters)`` keeps a position per (topic, partition), and each answer moves the
+positions to each partition's ``next_offset`` (also when a tag filter matched nothing). Per broker, it fetches
+one of two ways:
 
-- **Following** (the broker's wire protocol, ``max_wait_ms > 0``): one continuous fetch
-  (``docs/wire.md``). The broker answers again from each answer's next offsets, so at a
-  steady rate a record costs one frame, not a request and an answer, and the broker skips
-  a request's parsing, validation and long-poll setup per round. The fetcher tracks where
-  the broker reads next; a seek, a filter change, a partition added or removed, or an
-  answer with an error makes it send a new fetch, which replaces the followed one. The
-  fetcher follows on a lane of its client's one connection to the broker
-  (``client.shared_wire``), and the broker sends it at most ``_FOLLOW_WINDOW`` answers
-  beyond those ``fetch()`` took: a fetcher nobody reads holds that much, and stops only its
-  own lane. One ``fetch()`` takes one answer with records; answers that arrived meanwhile
-  wait for the next call. (Measured at 2,000 records/s: the broker spends 180 µs per record
-  instead of about 250.)
+- **Following** (the broker's wire protocol, ``max_wait_ms > 0``): one continuous fetch (``docs/wire.md``).
+  The broker answers again from each answer's next offsets, so at a steady rate a record costs one frame, not
+  a request and an answer, and the broker skips a request's parsing, validation and long-poll setup per round.
+  The fetcher tracks where the broker reads next; a seek, a filter change, a partition added or removed, or an
+  answer with an error makes it send a new fetch, which replaces the followed one. The fetcher follows on a
+  lane of its client's one connection to the broker (``client.shared_wire``), and the broker sends it at most
+  ``_FOLLOW_WINDOW`` answers beyond those ``fetch()`` took: a fetcher nobody reads holds that much, and stops
+  only its own lane. One ``fetch()`` takes one answer with records; answers that arrived meanwhile wait for
+  the next call. (Measured at 2,000 records/s: the broker spends 180 µs per record instead of about 250.)
 - **Request by request** (gRPC ``FetchStream``, where the broker has no wire port): at most
   one Fetch in flight per broker, with an incremental fetch session (``fetch_session``).
   The next request is sent *before* the records of an answer are decoded, so the broker
@@ -254,6 +251,11 @@ class Fetcher:
     def positions(self) -> dict[TopicPartition, int]:
         """The next offset to fetch of every partition."""
         return {tp: st.position for tp, st in self._parts.items()}
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """``tp``'s high watermark as of the last answer for it (None: none since it was added)."""
+        st = self._parts.get(check_tp(tp))  # any thread: one dict read and one attribute read
+        return st.high_watermark if st is not None and st.high_watermark >= 0 else None
 
     def seek(self, tp: TopicPartition, offset: int, leader_epoch: int = -1) -> None:
         """Fetch ``tp`` from ``offset`` next (adds the partition if it is new). ``leader_epoch``: the

@@ -62,6 +62,7 @@ def test_getmany_commit_and_resume_with_async_rebalance_callbacks(stack: Stack) 
             assert assigned == [[(topic, p) for p in range(4)]]
             assert consumer.assignment() == {(topic, p) for p in range(4)}
             assert all(consumer.position((topic, p)) == 10 for p in range(4))
+            assert all(consumer.highwater((topic, p)) == 10 for p in range(4))
             assert await consumer.commit() == {(topic, p): 10 for p in range(4)}
             assert await consumer.committed() == {(topic, p): 10 for p in range(4)}
             await consumer.close()
@@ -261,5 +262,36 @@ def test_reconsume_later_brings_the_record_back(stack: Stack) -> None:
                 assert info is not None
                 assert (info.topic, info.partition, info.offset, info.count) == (topic, first.partition, 0, 1)
                 await consumer.commit()
+
+    asyncio.run(main())
+
+
+def test_subscribe_adds_a_topic_then_drops_one(stack: Stack) -> None:
+    a, b = stack.topic(2), stack.topic(2)
+    stack.produce(a, 4)
+    stack.produce(b, 6)
+    group = name("g")
+    revoked: list[list[TopicPartition]] = []
+
+    async def on_revoke(parts: list[TopicPartition]) -> None:
+        revoked.append(parts)
+
+    async def main() -> None:
+        async with (
+            aio.Client(stack.bootstrap, request_timeout=10) as client,
+            client.consumer(group, a, auto_offset_reset="earliest", on_revoke=on_revoke, **FAST) as consumer,
+        ):
+            assert {r.topic for r in await take(consumer, 4)} == {a}
+            await consumer.subscribe([a, b])
+            got = await take(consumer, 6)
+            assert ({r.topic for r in got}, values(got)) == ({b}, list(range(6)))
+            await consumer.subscribe([b])
+            deadline = time.monotonic() + 10
+            while consumer.assignment() != {(b, 0), (b, 1)}:
+                assert time.monotonic() < deadline, consumer.assignment()
+                assert await consumer.getmany(timeout_ms=100) == {}
+            assert revoked == [[(a, 0), (a, 1)]]
+            with pytest.raises(UnknownTopicOrPartition):
+                await consumer.subscribe([f"missing-{b}"])
 
     asyncio.run(main())

@@ -41,6 +41,7 @@ def test_fetch_seek_remove_and_filter(stack: Stack) -> None:
                 [(0, o) for o in range(20)] + [(1, o) for o in range(5, 20)]
             )
             assert fetcher.positions() == {(topic, 0): 20, (topic, 1): 20}
+            assert [fetcher.highwater((topic, p)) for p in (0, 1, 2)] == [20, 20, None]  # 2: not fetched
             await fetcher.seek((topic, 0), 15)
             await fetcher.remove((topic, 1))
             again = await take(fetcher, 5)

@@ -77,6 +77,23 @@ def test_poll_commit_and_resume_from_the_committed_offsets(cluster: Cluster) -> 
     again.close()
 
 
+def test_highwater_is_each_partitions_end_as_of_the_last_fetch_answer(cluster: Cluster) -> None:
+    topic = cluster.topic(2)
+    produce(cluster, topic, 10)
+    c = cluster.client().consumer("hw-1", [topic], auto_offset_reset="earliest", **FAST)
+    poll_until(c, lambda g: len(g) >= 10)
+    tps = [(topic, p) for p in range(2)]
+    assert [c.highwater(tp) for tp in tps] == [5, 5]
+    produce(cluster, topic, 4, start=10)
+    poll_until(c, lambda g: len(g) >= 4)
+    # The answers that carried the new records carried the new ends; no request of its own.
+    assert sum(c.highwater(tp) or 0 for tp in tps) == 14
+    assert all(c.highwater(tp) == c.position(tp) for tp in tps)
+    with pytest.raises(InvalidArgument):
+        c.highwater((topic, 7))  # not assigned here, as position()
+    c.close()
+
+
 def test_close_commits_exactly_what_was_returned(cluster: Cluster) -> None:
     topic = cluster.topic(1)
     produce(cluster, topic, 30)

@@ -41,12 +41,7 @@ from sluice.client.consumer.parking_api import ParkingEngine
 from sluice.client.consumer.retry import RetryOutcome, resume_due
 from sluice.client.consumer.state import PartitionLifecycle
 from sluice.codec.batch import Record
-from sluice.errors import (
-    InvalidArgument,
-    OffsetOutOfRange,
-    ReconsumeRefused,
-    SluiceError,
-)
+from sluice.errors import InvalidArgument, OffsetOutOfRange, ReconsumeRefused, SluiceError
 
 __all__ = ["CommitCallback", "Consumer", "ConsumerStats"]
 
@@ -371,6 +366,12 @@ class Consumer(ParkingEngine):
         with self._lock:
             part = self._owned(tp)
             return part.position if part.position >= 0 else None
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        """``tp``'s high watermark as of the last fetch answer for it (None: no answer since it was
+        assigned or resumed); ``highwater(tp) - position(tp)`` is the lag without a request."""
+        with self._lock:
+            return self._prefetch.highwater(self._owned(tp).tp)
 
     def committed(
         self, partitions: Iterable[TopicPartition] | None = None

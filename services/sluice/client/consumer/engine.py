@@ -18,7 +18,7 @@ from typing import Self
 
 from sluice.client.consumer.async_commits import AsyncCommitter, Waiter
 from sluice.client.consumer.commits import CommitResult, OffsetStoreClient
-from sluice.client.consumer.config import ConsumerConfig
+from sluice.client.consumer.config import ConsumerConfig, subscription_of
 from sluice.client.consumer.fetch_driver import FetchDriver
 from sluice.client.consumer.group_driver import GroupDriver
 from sluice.client.consumer.member import GroupMember
@@ -463,6 +463,18 @@ class ConsumerEngine:
                 self._fetch_driver.close()
             if self._on_close is not None:
                 self._on_close(self)
+
+    # The one public method here (consumer.py is at its size limit): it belongs with the subscription.
+    def subscribe(self, topics: Mapping[str, str] | Iterable[str] | str) -> None:
+        """Replace the subscription, as ``client.consumer(group, subscribe)`` takes it (topics, or topics
+        to filters; checked the same way). Returns once the coordinator took it; the next ``poll()`` calls
+        revoke the partitions of topics left out (commit, ``on_revoke``) and assign the new ones."""
+        self._check_open()
+        subscription = subscription_of(topics)
+        if self._retry is not None:  # the group's retry topic stays subscribed (docs/retry.md)
+            subscription[self._retry.topic] = "*"
+        self._member.resubscribe(subscription, self._timeout)
+        self.subscription = subscription
 
     def _check_open(self) -> None:
         if self._closed:

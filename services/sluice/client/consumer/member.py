@@ -54,6 +54,7 @@ from sluice.errors import (
     BrokerNotAvailable,
     RequestTimedOut,
     SluiceError,
+    UnknownTopicOrPartition,
     error_from_proto,
 )
 from sluice.v1 import common_pb2, coordinator_pb2
@@ -237,6 +238,29 @@ class GroupMember:
         with self._cond:
             self._m.heartbeat_now(time.monotonic())
         self._poke()
+
+    def resubscribe(self, subscription: Mapping[str, str], timeout: float) -> None:
+        """Heartbeat ``subscription`` from now on, at once, and wait for the answer to it (the coordinator
+        moves the target: the consumer's poll() revokes and assigns). A refusal is fatal, as at the join,
+        and raised here; a topic missing from the metadata is refused before anything is sent, so a typo
+        does not end the membership."""
+        known = self._metadata.get(subscription, refresh=True).topics
+        missing = sorted(t for t in subscription if t not in known)
+        if missing:
+            raise UnknownTopicOrPartition(f"topic {missing[0]!r} does not exist", topic=missing[0])
+        with self._cond:
+            if self._m.state is MemberState.FATAL and self._m.error is not None:
+                raise self._m.error
+            self._subscription = dict(subscription)
+            # The answer to a heartbeat in flight may predate the change: wait for the one after it.
+            after = self._m.answered + (1 if self._m.in_flight else 0)
+            self._m.heartbeat_now(time.monotonic())
+        self._poke()
+        if not self.wait_answer_after(after, timeout):
+            raise RequestTimedOut(f"group {self.group}: the new subscription had no answer in {timeout:g} s")
+        with self._cond:
+            if self._m.state is MemberState.FATAL and self._m.error is not None:
+                raise self._m.error
 
     def wait_answer_after(self, answered: int, timeout: float) -> bool:
         """Wait until a heartbeat newer than count ``answered`` was answered."""

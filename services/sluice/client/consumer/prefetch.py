@@ -175,6 +175,9 @@ class Prefetcher:
         self._commands.append(_Command(tp, None))
         self.wake()
 
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self._fetcher.highwater(tp)
+
     # ---- the buffer (Caller: the Consumer's poll, holding the lock) ------------------------------
 
     def pop(self) -> Chunk | None:
