@@ -66,7 +66,9 @@ def test_cancelled_getmany_and_getone_lose_no_record(stack: Stack) -> None:
             return seen, cancelled, completed
 
     seen, cancelled, completed = asyncio.run(main())
-    assert cancelled >= 100, cancelled  # the test did cancel calls, many times
+    # The test did cancel calls, many times: about 180 on an idle machine, 84 in a loaded CI run (calls
+    # complete before their cancel when the loop runs late), so the floor leaves room for load.
+    assert cancelled >= 20, cancelled
     assert completed >= 10, completed
     assert sum(seen.values()) == N
     assert set(seen) == {f"v{i}".encode() for i in range(N)}
