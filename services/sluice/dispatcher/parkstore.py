@@ -198,7 +198,9 @@ async def replay(link: CoordinatorLink, channels: AioPeers, name: str) -> ParkBo
         try:
             resp = await stub.Fetch(
                 broker_pb2.FetchRequest(
-                    max_wait_ms=0,
+                    # Answered at once while records are there; an answer with none (a leader moving
+                    # under the replay) waits on the broker instead of this loop asking again at once.
+                    max_wait_ms=500,
                     min_bytes=1,
                     max_bytes=FETCH_BYTES,
                     session_epoch=-1,
