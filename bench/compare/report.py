@@ -215,7 +215,13 @@ the client; the consumer process reads the same clock when the record arrives.
 - Every peer is driven with its own recommended batching from Python; none is tuned beyond what its client
   documents. RabbitMQ goes through aiormq, the AMQP layer of aio-pika: aio-pika's message objects cost a
   third of the publish rate on this machine. The stream queue is read over AMQP 0-9-1 (offset `first`), not
-  through the native stream protocol (rstream): the native client would be faster.
+  through the native stream protocol (rstream): the native client would be faster. Sluice's pull adapter
+  uses its SDK's bulk calls (`send_many` per batch, as Redis's pipelines `XADD`; `poll_columns`, as
+  `XREADGROUP` hands over a batch); its push adapter receives in batches and acks every message.
+- The harness's own work per record is the same for every system and done batch-wise where a client hands
+  over batches (`Sink.add_many`: the key, duplicate and latency checks over a whole batch by C-level
+  passes, falling back to record by record for anything unusual, so a lost or repeated record still fails
+  the run).
 - Sluice's memory is `sluice up`'s process, which runs every service (coordinator, broker(s), offset store,
   dispatcher, delayed-delivery scheduler: its default combined mode, docs/cli.md), plus its Redis.
 - A paced run that a system cannot keep up with stops sending at twice its planned length: its curve point

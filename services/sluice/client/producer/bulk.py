@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import add
 from typing import Any
 
@@ -43,8 +43,16 @@ class Columns:
     sizes: list[int]
     #: Each record's encoded headers (b"" for none); None: no record has headers.
     headers: list[bytes] | None = None
-    pairs: set[tuple[str, bytes]] = field(default_factory=set)
+    #: The headers as given (for the batch's header summary), with ``headers``.
+    header_dicts: list[Headers | None] | None = None
     tags: list[str | None] | None = None
+
+    def pairs(self) -> set[tuple[str, bytes]]:
+        """Every distinct (header name, value) of these records: what their batch's summary lists,
+        exactly (a pair of a record in another batch would make the summary claim what it lacks)."""
+        if self.header_dicts is None:
+            return set()
+        return {pair for h in self.header_dicts if h for pair in h.items()}
 
     def pick(self, index: list[int]) -> Columns:
         """The records at ``index`` (in that order)."""
@@ -56,7 +64,7 @@ class Columns:
             None if self.key_lengths is None else get(self.key_lengths),
             get(self.sizes),
             None if self.headers is None else get(self.headers),
-            self.pairs,
+            None if self.header_dicts is None else get(self.header_dicts),
             None if self.tags is None else get(self.tags),
         )
 
@@ -75,7 +83,7 @@ class Columns:
             part(self.key_lengths),
             self.sizes[start:end],
             part(self.headers),
-            self.pairs,
+            part(self.header_dicts),
             part(self.tags),
         )
 
@@ -136,7 +144,6 @@ def prepare(
 
 def _add_headers(cols: Columns, headers: Sequence[Headers | None]) -> None:
     encoded: list[bytes] = []
-    pairs = cols.pairs
     sizes = cols.sizes
     for i, h in enumerate(headers):
         if not h:
@@ -145,9 +152,9 @@ def _add_headers(cols: Columns, headers: Sequence[Headers | None]) -> None:
         headers_size(h)  # the checks send() makes (types, lengths, count)
         raw = encode_headers(h)
         encoded.append(raw)
-        pairs.update(h.items())
         sizes[i] += len(raw)
     cols.headers = encoded
+    cols.header_dicts = list(headers)
 
 
 def _as_bytes_list(items: Sequence[Any], what: str, allow_none: bool) -> list[Any]:

@@ -326,7 +326,7 @@ class Producer:
             piece = cols.cut(start, end)
             first = batch.builder.extend(  # type: ignore[union-attr]
                 piece.values, piece.keys, piece.value_lengths, piece.key_lengths,
-                ends[end - 1] - before, timestamp, piece.headers, piece.pairs, piece.tags,
+                ends[end - 1] - before, timestamp, piece.headers, piece.pairs(), piece.tags,
             )  # fmt: skip
             segments.append((batch.result, first, end - start))  # type: ignore[union-attr]
             start = end
