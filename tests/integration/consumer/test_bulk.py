@@ -101,7 +101,7 @@ def test_send_many_through_small_batches_and_a_full_buffer(cluster: Cluster) -> 
 def test_send_many_refuses_a_bad_call_whole(cluster: Cluster) -> None:
     topic = cluster.topic(2, "bulk-bad")
     client = cluster.client()
-    with client.producer(topic, max_request_size="64KiB") as p:
+    with client.producer(topic, batch_size="16KiB", max_request_size="64KiB") as p:
         good = [b"a", b"b"]
         bad_calls: list[tuple[type[SluiceError], dict[str, Any]]] = [
             (InvalidArgument, {"values": b"not a list"}),

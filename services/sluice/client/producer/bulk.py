@@ -23,10 +23,10 @@ from typing import Any
 from sluice.codec.batch import COLUMN_BYTES, NO_KEY, Headers, encode_headers
 from sluice.errors import InvalidArgument
 
-__all__ = ["Columns", "headers_size", "prepare", "split"]
+__all__ = ["Columns", "as_bytes", "headers_size", "prepare", "split"]
 
 _NONE = type(None)
-_BYTES_LIKE = (bytes, bytearray, memoryview)
+_NOT_A_LIST = (bytes, bytearray, memoryview, str)
 
 
 @dataclass(slots=True)
@@ -105,11 +105,11 @@ def prepare(
 ) -> Columns:
     """Check one ``send_many`` call's arguments and measure its records. Raises InvalidArgument
     (SerializationError from a serializer) before anything is queued."""
-    if isinstance(values, _BYTES_LIKE | str) or not isinstance(values, Sequence):
+    if isinstance(values, _NOT_A_LIST) or not isinstance(values, Sequence):
         raise InvalidArgument(f"values must be a list of records' values, got {type(values).__name__}")
     n = len(values)
     for name, col in (("keys", keys), ("headers", headers), ("tags", tags)):
-        if col is not None and (not isinstance(col, Sequence) or isinstance(col, _BYTES_LIKE | str)):
+        if col is not None and (not isinstance(col, Sequence) or isinstance(col, _NOT_A_LIST)):
             raise InvalidArgument(f"{name} must be a list (one per value), got {type(col).__name__}")
         if col is not None and len(col) != n:
             raise InvalidArgument(f"{name} has {len(col)} entries for {n} values: give one per value")
@@ -221,3 +221,10 @@ def headers_size(headers: Headers) -> int:
     if len(headers) > 0xFFFF:
         raise InvalidArgument("a record has at most 65535 headers")
     return size
+
+
+def as_bytes(value: object, what: str) -> bytes:
+    """A value or key as bytes (a bytearray or memoryview copied), else InvalidArgument."""
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise InvalidArgument(f"{what} must be bytes, got {type(value).__name__}")

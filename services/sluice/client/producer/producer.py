@@ -22,7 +22,7 @@ from typing import Any
 from sluice.client.links import BrokerLinks
 from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
-from sluice.client.producer.bulk import Columns, headers_size, prepare, split
+from sluice.client.producer.bulk import Columns, as_bytes, headers_size, prepare, split
 from sluice.client.producer.config import ProducerConfig
 from sluice.client.producer.delay import DelayedSender
 from sluice.client.producer.futures import FutureRecordMetadata, FutureRecordsMetadata
@@ -195,7 +195,7 @@ class Producer:
         size = COLUMN_BYTES + len(value)
         if key is not None:
             if key.__class__ is not bytes:
-                key = _as_bytes(key, "key")
+                key = as_bytes(key, "key")
             size += len(key)
         if tag is not None:
             if tag not in self._tags:
@@ -364,7 +364,7 @@ class Producer:
         bytearray/memoryview to copy."""
         if self._serialize is not None:
             value, key = self._serialize(value, key)
-        return (value if value.__class__ is bytes else _as_bytes(value, "value")), key
+        return (value if value.__class__ is bytes else as_bytes(value, "value")), key
 
     def _new_batch(self, partition: int, size: int, sticky: bool) -> ProducerBatch:
         """The slow path of send(): the open batch is full or missing (lock held)."""
@@ -494,9 +494,3 @@ class Producer:
 
     def __repr__(self) -> str:
         return f"<Producer topic={self.topic!r} partitions={self._partitions} closed={self._closed}>"
-
-
-def _as_bytes(value: object, what: str) -> bytes:
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    raise InvalidArgument(f"{what} must be bytes, got {type(value).__name__}")
