@@ -15,6 +15,7 @@ the typed error send() would raise for it, and queues nothing.
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import add
@@ -176,33 +177,38 @@ def _as_bytes_list(items: Sequence[Any], what: str, allow_none: bool) -> list[An
 
 def split(
     cols: Columns, partitions: int, keyless: Callable[[], int], sticky: bool
-) -> list[tuple[int, list[int] | None]]:
-    """Which partition each record goes to, as groups: (partition, the records' positions in the
-    call, None for all of them), partitions in ascending order, each group in the call's order.
+) -> tuple[list[int] | None, list[tuple[int, int, int]]]:
+    """Which partition each record goes to: the records' positions in the call sorted by partition
+    (stable: each partition's records in the call's order; None when all go to one partition), and
+    the groups (partition, start, end) in that order, partitions ascending.
 
     A keyed record goes to ``crc32(key) % partitions``, as with send(); a keyless one to ``keyless()``
     (``sticky``: the sticky partition, the same for the whole call; the round-robin partitioner turns
-    per record).
+    per record). Sorting the positions by partition (``sorted`` with a C-level key) groups them with no
+    Python step per record.
     """
     keys = cols.keys
     n = len(cols.values)
     if partitions == 1:
-        return [(0, None)]
+        return None, [(0, 0, n)]
     if keys is None:
         if sticky:
-            return [(keyless(), None)]
+            return None, [(keyless(), 0, n)]
         parts = [keyless() for _ in range(n)]
     elif cols.key_lengths is not None and NO_KEY in cols.key_lengths:
         parts = [keyless() if k is None else zlib.crc32(k) % partitions for k in keys]
     else:
         parts = list(map(partitions.__rmod__, map(zlib.crc32, keys)))  # type: ignore[arg-type]
-    present = sorted(set(parts))
-    if len(present) == 1:
-        return [(present[0], None)]
-    groups: list[list[int]] = [[] for _ in range(partitions)]
-    for i, p in enumerate(parts):
-        groups[p].append(i)
-    return [(p, groups[p]) for p in present]
+    counts = Counter(parts)
+    if len(counts) == 1:
+        return None, [(parts[0], 0, n)]
+    order = sorted(range(n), key=parts.__getitem__)
+    groups = []
+    start = 0
+    for p in sorted(counts):
+        groups.append((p, start, start + counts[p]))
+        start += counts[p]
+    return order, groups
 
 
 def headers_size(headers: Headers) -> int:

@@ -278,26 +278,23 @@ class Producer:
             raise BatchTooLarge(f"a record of about {largest} bytes exceeds max_request_size")
         if partition is None:
             sticky = isinstance(self._partitioner, StickyPartitioner)
-            groups = split(cols, self._partitions, self._partitioner.keyless, sticky)
+            order, groups = split(cols, self._partitions, self._partitioner.keyless, sticky)
         elif partition.__class__ is not int or not 0 <= partition < self._partitions:
             raise UnknownTopicOrPartition(
                 f"topic {self.topic!r} has no partition {partition!r} (it has {self._partitions})"
             )
         else:
-            groups = [(partition, None)]
+            order, groups = None, [(partition, 0, len(cols.values))]
         if timestamp is None:
             timestamp = _time_ns() // 1_000_000
         elif timestamp.__class__ is not int or timestamp < 0:
             raise InvalidArgument(f"timestamp must be an int of ms >= 0, got {timestamp!r}")
         segments: list[tuple[Any, int, int]] = []
-        order: list[int] | None = [] if len(groups) > 1 else None
         rolled = False
+        by_partition = cols if order is None else cols.pick(order)
         with self._lock:
-            for p, index in groups:
-                part = cols if index is None else cols.pick(index)
-                rolled = self._append_many(p, part, timestamp, segments) or rolled
-                if order is not None and index is not None:
-                    order += index
+            for p, start, end in groups:
+                rolled = self._append_many(p, by_partition.cut(start, end), timestamp, segments) or rolled
         if rolled and self._send_at_once:
             self._sender.send_ready()
         return FutureRecordsMetadata(segments, order, timestamp)
