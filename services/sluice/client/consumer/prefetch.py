@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -418,7 +418,7 @@ def decode_runs(
 
 
 def cut_chunks(
-    runs: list[tuple[TopicPartition, list[Record] | RecordColumns]],
+    runs: Sequence[tuple[TopicPartition, list[Record] | RecordColumns]],
     before: Mapping[TopicPartition, int],
     after: Mapping[TopicPartition, int],
     epochs: Mapping[TopicPartition, int],
