@@ -55,10 +55,11 @@ class SluicePull(Adapter):
         with Client(endpoint["bootstrap"]) as client:
             consumer = client.consumer(f"{dest}-g", [dest], auto_offset_reset="earliest")
             # The SDK's column-wise poll (docs/consumer.md, "Records as columns"): each partition's
-            # keys and values as lists, no record object each; commits as poll()'s (auto-commit).
+            # keys and values as lists, no record object each; commits as poll()'s (auto-commit). Up to
+            # 1,000 records a poll, as Redis's XREADGROUP COUNT and NATS's fetch take.
             poll_columns, add_many = consumer.poll_columns, sink.add_many
             while not sink.finished():
-                for cols in poll_columns(0.2).values():
+                for cols in poll_columns(0.2, BATCH).values():
                     add_many(cols.keys, cols.values)  # type: ignore[arg-type]
             consumer.close()
 
