@@ -275,3 +275,31 @@ def test_a_rebalance_while_members_poll_columns_loses_and_repeats_nothing(cluste
     assert set(counts) == written
     assert {p: k for p, k in counts.items() if k > 1} == {}
     assert all(m.processed for m in members), [len(m.processed) for m in members]
+
+
+def test_send_many_keyless_records_linger_zero_and_callbacks(cluster: Cluster) -> None:
+    topic = cluster.topic(4, "bulk-keyless")
+    client = cluster.client()
+    values = [b"%d" % i for i in range(100)]
+    # Sticky (the default): a call's keyless records stay together on one partition.
+    with client.producer(topic, linger=0) as p:
+        metas = p.send_many(values).result(timeout=10)
+        assert len({m.partition for m in metas}) == 1
+        assert [m.offset for m in metas] == list(range(metas[0].offset, metas[0].offset + 100))
+    # round_robin: they rotate record by record, as consecutive send() calls would.
+    with client.producer(topic, partitioner="round_robin", linger=0) as p:
+        metas = p.send_many(values).result(timeout=10)
+        assert [m.partition for m in metas] == [(metas[0].partition + i) % 4 for i in range(100)]
+        done: list[int] = []
+        fut = p.send_many(values[:10], [b"a", b"b"] * 5)
+        fut.add_done_callback(lambda f: done.append(len(f.result(0))))
+        fut.result(timeout=10)
+        deadline = time.monotonic() + 5
+        while not done:
+            assert time.monotonic() < deadline, "the callback never ran"
+            time.sleep(0.01)
+        assert done == [10]
+        fut.add_done_callback(lambda f: done.append(-1))  # done already: runs at once
+        assert done == [10, -1]
+        assert all(not isinstance(r, SluiceError) for r in fut.results(0))
+        assert p.send_many([]).result(timeout=1) == []

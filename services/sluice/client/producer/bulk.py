@@ -189,6 +189,8 @@ def split(
     """
     keys = cols.keys
     n = len(cols.values)
+    if n == 0:
+        return None, []
     if partitions == 1:
         return None, [(0, 0, n)]
     if keys is None:

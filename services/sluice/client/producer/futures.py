@@ -234,7 +234,7 @@ class FutureRecordsMetadata:
             else:
                 base = r.base_offset + first
                 flat += [RecordMetadata(r.topic, r.partition, base + i, ts) for i in range(n)]
-        if self._order is None:
+        if self._order is None or not flat:
             return flat
         out: list[RecordMetadata | SluiceError] = [flat[0]] * len(flat)
         for i, pos in enumerate(self._order):
