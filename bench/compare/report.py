@@ -166,8 +166,9 @@ Each system runs on servers of its own started by the harness (loopback ports 27
 ## Results
 
 {main_table}
-CPU is per record of the median throughput run: the producer and consumer processes' own CPU, and the
-servers' (every process of the system) while the run lasted.
+CPU is per record of the median throughput run: the producer and consumer processes' own CPU from their
+first record on (not their imports and connecting), and the servers' (every process of the system) while
+the run lasted.
 
 ![throughput]({rel["throughput"]})
 
@@ -199,7 +200,8 @@ Sluice's own Redis (offsets, metadata) runs as `sluice up` runs it: AOF with `ap
   durable classic queue, and a stream queue (read over AMQP from offset `first`); consumers with prefetch
   1,000 acknowledging with `multiple` every 500 messages and at the end of each burst.
 - **Sluice** (its SDK): the producer with the SDK's defaults (acks=all, idempotent; linger 0 in the paced
-  runs, as `bench/e2e_latency.py`); a pull consumer group (`poll`, auto-commit) over 4 partitions and over
+  runs, as `bench/e2e_latency.py`), sending each batch with `send_many`; a pull consumer group
+  (`poll_columns`, up to 1,000 records a poll, auto-commit) over 4 partitions and over
   1, under `flush=interval` and `flush=always`; a Shared push subscription acknowledging every message; and
   3 brokers, replication factor 3, acks=all (`sluice up --brokers 3`).
 
