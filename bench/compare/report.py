@@ -166,8 +166,9 @@ Each system runs on servers of its own started by the harness (loopback ports 27
 ## Results
 
 {main_table}
-CPU is per record of the median throughput run: the producer and consumer processes' own CPU, and the
-servers' (every process of the system) while the run lasted.
+CPU is per record of the median throughput run: the producer and consumer processes' own CPU from their
+first record on (not their imports and connecting), and the servers' (every process of the system) while
+the run lasted.
 
 ![throughput]({rel["throughput"]})
 
@@ -199,7 +200,8 @@ Sluice's own Redis (offsets, metadata) runs as `sluice up` runs it: AOF with `ap
   durable classic queue, and a stream queue (read over AMQP from offset `first`); consumers with prefetch
   1,000 acknowledging with `multiple` every 500 messages and at the end of each burst.
 - **Sluice** (its SDK): the producer with the SDK's defaults (acks=all, idempotent; linger 0 in the paced
-  runs, as `bench/e2e_latency.py`); a pull consumer group (`poll`, auto-commit) over 4 partitions and over
+  runs, as `bench/e2e_latency.py`), sending each batch with `send_many`; a pull consumer group
+  (`poll_columns`, up to 1,000 records a poll, auto-commit) over 4 partitions and over
   1, under `flush=interval` and `flush=always`; a Shared push subscription acknowledging every message; and
   3 brokers, replication factor 3, acks=all (`sluice up --brokers 3`).
 
@@ -215,7 +217,13 @@ the client; the consumer process reads the same clock when the record arrives.
 - Every peer is driven with its own recommended batching from Python; none is tuned beyond what its client
   documents. RabbitMQ goes through aiormq, the AMQP layer of aio-pika: aio-pika's message objects cost a
   third of the publish rate on this machine. The stream queue is read over AMQP 0-9-1 (offset `first`), not
-  through the native stream protocol (rstream): the native client would be faster.
+  through the native stream protocol (rstream): the native client would be faster. Sluice's pull adapter
+  uses its SDK's bulk calls (`send_many` per batch, as Redis's pipelines `XADD`; `poll_columns`, as
+  `XREADGROUP` hands over a batch); its push adapter receives in batches and acks every message.
+- The harness's own work per record is the same for every system and done batch-wise where a client hands
+  over batches (`Sink.add_many`: the key, duplicate and latency checks over a whole batch by C-level
+  passes, falling back to record by record for anything unusual, so a lost or repeated record still fails
+  the run).
 - Sluice's memory is `sluice up`'s process, which runs every service (coordinator, broker(s), offset store,
   dispatcher, delayed-delivery scheduler: its default combined mode, docs/cli.md), plus its Redis.
 - A paced run that a system cannot keep up with stops sending at twice its planned length: its curve point

@@ -12,13 +12,18 @@ the publish-ack latencies); ``Sink`` is the consumer's (which keys came, how oft
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
+import itertools
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
 STAMP = struct.Struct("<d")
+_W = ord("w")
 PADDING = b"v" * (VALUE_BYTES - STAMP.size)
 #: The padding of a record sent in a paced run's warm-up: delivered and checked, not timed.
 WARMUP_PADDING = b"w" * (VALUE_BYTES - STAMP.size)
@@ -28,8 +33,11 @@ IDLE_AFTER_PRODUCER_S = 3.0
 DUPLICATE_WATCH_S = 0.3
 
 
+_KEY_FORMAT = b"k%015d"
+
+
 def key_of(index: int) -> bytes:
-    return b"k%015d" % index
+    return _KEY_FORMAT % index
 
 
 def index_of(key: bytes) -> int:
@@ -72,6 +80,8 @@ class Feed:
     max_seconds: float = 0.0
     #: Records handed out this long after the first are marked warm-up (not timed by the consumer).
     warmup_seconds: float = 0.0
+    #: The process's CPU time when the first record was handed out: the CPU figure counts from there.
+    started_cpu: float = 0.0
 
     @property
     def done(self) -> bool:
@@ -80,6 +90,7 @@ class Feed:
     def _due(self, limit: int, now: float) -> int:
         if not self.started:
             self.started = now
+            self.started_cpu = time.process_time()
         if self.rate <= 0:
             return min(limit, self.n - self.next_index)
         if self.max_seconds and now - self.started > self.max_seconds:
@@ -89,19 +100,25 @@ class Feed:
         due = int((now - self.started) * self.rate) + 1 - self.next_index
         return max(0, min(limit, due, self.n - self.next_index))
 
-    def _take(self, count: int, now: float) -> list[tuple[bytes, bytes]]:
+    def _take(self, count: int, now: float) -> tuple[list[bytes], list[bytes]]:
+        """The next ``count`` records as (keys, values): the keys made by one C-level ``map``, not a
+        Python step per record (the harness's own cost is in every system's figure)."""
         value = value_at(now, now - self.started < self.warmup_seconds)
         first = self.next_index
         self.next_index += count
         if self.next_index >= self.n:
             self.finished = now
-        return [(key_of(i), value) for i in range(first, first + count)]
+        return list(map(_KEY_FORMAT.__mod__, range(first, first + count))), [value] * count
 
     def _wait(self) -> float:
         """Seconds until the next record is due (paced feeds)."""
         return self.started + self.next_index / self.rate - time.monotonic()
 
     def batch(self, limit: int) -> list[tuple[bytes, bytes]]:
+        return list(zip(*self.columns(limit), strict=True))
+
+    def columns(self, limit: int) -> tuple[list[bytes], list[bytes]]:
+        """``batch`` as (keys, values), for clients that send columns (Sluice's ``send_many``)."""
         while True:
             now = time.monotonic()
             count = self._due(limit, now)
@@ -114,7 +131,7 @@ class Feed:
             now = time.monotonic()
             count = self._due(limit, now)
             if count or self.done:
-                return self._take(count, now)
+                return list(zip(*self._take(count, now), strict=True))
             await asyncio.sleep(max(0.0, self._wait()))
 
     def acked(self, sent: float, count: int = 1) -> None:
@@ -143,6 +160,9 @@ class Sink:
     duplicates: int = 0
     unexpected: int = 0
     first_at: float = 0.0
+    #: The process's CPU time when the first record came: the CPU figure counts from there (imports,
+    #: connecting and subscribing are not per-record work).
+    first_cpu: float = 0.0
     complete_at: float = 0.0
     last_at: float = 0.0
     latencies: list[float] = field(default_factory=list)
@@ -160,6 +180,7 @@ class Sink:
         self.received += 1
         if not self.first_at:
             self.first_at = now
+            self.first_cpu = time.process_time()
         self.last_at = now
         if not 0 <= index < self.n:
             self.unexpected += 1
@@ -170,6 +191,48 @@ class Sink:
             self.distinct += 1
             if self.distinct == self.n:
                 self.complete_at = now
+
+    def add_many(self, keys: list[bytes], values: list[bytes]) -> None:
+        """``add`` of each record, with the same checks and counts, done by C-level operations over
+        the whole batch (joined keys and values, ``map``), not a Python step per record. Anything
+        unusual in the batch (a key this workload never made, a value of another size, an index out of
+        range) takes ``add`` record by record instead, so the counts stay exact."""
+        n = len(keys)
+        if not n:
+            return
+        indexes = _indexes(keys)
+        if indexes is None or len(values) != n or min(indexes) < 0 or max(indexes) >= self.n:
+            self._add_each(keys, values)
+            return
+        vals = b"".join(values)
+        if len(vals) != VALUE_BYTES * n or set(map(len, values)) != {VALUE_BYTES}:
+            self._add_each(keys, values)
+            return
+        now = time.monotonic()
+        if self.keep_latency:
+            # Each value's first 8 bytes are its send time, its 9th says whether it is a warm-up one.
+            sent: Sequence[float] = _stamps(n).unpack(vals)
+            warm = vals[STAMP.size :: VALUE_BYTES]
+            if b"w" in warm:
+                sent = [t for t, w in zip(sent, warm, strict=True) if w != _W]
+            self.latencies += map(now.__sub__, sent)
+        self.received += n
+        if not self.first_at:
+            self.first_at = now
+            self.first_cpu = time.process_time()
+        self.last_at = now
+        seen = self.seen
+        unique = set(indexes)
+        new = len(unique) - sum(map(seen.__getitem__, unique))
+        self.duplicates += n - new
+        collections.deque(map(seen.__setitem__, unique, itertools.repeat(1)), maxlen=0)
+        self.distinct += new
+        if new and self.distinct == self.n:
+            self.complete_at = now
+
+    def _add_each(self, keys: list[bytes], values: list[bytes]) -> None:
+        for key, value in zip(keys, values, strict=True):
+            self.add(key or b"", value)  # a record without a key counts as unexpected
 
     def expected(self) -> int:
         """n, or fewer once the producer is done and handed out fewer (a paced run cut short)."""
@@ -196,6 +259,27 @@ class Sink:
 
     def first_missing(self, limit: int = 5) -> list[int]:
         return [i for i, got in enumerate(self.seen[: self.expected()]) if not got][:limit]
+
+
+@functools.lru_cache(maxsize=64)
+def _stamps(n: int) -> struct.Struct:
+    """``n`` joined values as their send times, read in one C call (each value: a stamp, then padding)."""
+    return struct.Struct("<" + f"d{VALUE_BYTES - STAMP.size}x" * n)
+
+
+def _indexes(keys: list[bytes]) -> list[int] | None:
+    """Every key's index (``index_of``) in C-level passes, or None when one is not a key this workload
+    makes (then ``index_of`` decides, key by key)."""
+    if set(map(type, keys)) != {bytes}:
+        return None
+    joined = b"".join(keys)
+    n = len(keys)
+    if len(joined) != KEY_BYTES * n or joined[::KEY_BYTES].count(b"k") != n or joined.count(b"k") != n:
+        return None
+    if not joined.replace(b"k", b"").isdigit():
+        return None
+    # Every key is "k" and 15 digits (checked above): splitting at the k's gives the digits.
+    return list(map(int, joined.replace(b"k", b" ").split()))
 
 
 def percentile(values: list[float], p: float) -> float:

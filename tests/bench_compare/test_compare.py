@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from compare import report, runner, servers
-from compare.workload import Feed, Sink
+from compare.workload import Feed, Sink, value_at
 from tests.bench_compare.broken_adapters import VICTIM, DroppingRedis, DuplicatingRedis
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -88,3 +88,38 @@ def test_sink_counts_keys_not_records() -> None:
     assert (sink.received, sink.distinct, sink.duplicates, sink.unexpected) == (5, 3, 1, 1)
     assert sink.missing() == 1
     assert sink.first_missing() == [2]
+
+
+def test_sink_add_many_counts_what_add_counts() -> None:
+    """The vectorised ``add_many`` (every adapter that receives batches uses it) against ``add`` record by
+    record: the same received, distinct, duplicate, unexpected and missing counts, and one latency per
+    timed record, whatever a batch holds (a duplicate inside it or across batches, a stranger key, a
+    warm-up value, a value of another size, a missing record)."""
+
+    class Done:
+        def is_set(self) -> bool:
+            return True
+
+    feed = Feed(50, warmup_seconds=0.0)
+    keys, values = feed.columns(50)
+    warm = value_at(0.0, warmup=True)
+    batches = [
+        (keys[:10], values[:10]),
+        (keys[10:20] + keys[15:16], values[10:20] + values[15:16]),  # a duplicate inside the batch
+        (keys[5:8], values[5:8]),  # duplicates of an earlier batch
+        ([*keys[20:30], b"k%015d" % 999], [*values[20:30], values[0]]),  # a key out of range
+        (keys[30:40], [warm] * 10),  # warm-up values: delivered and counted, not timed
+        ([*keys[40:45], b"nonsense"], [*values[40:45], values[0]]),
+        (keys[45:48], [*values[45:47], values[47] + b"+"]),  # a value of another size
+        # keys[48:50]: never delivered
+    ]
+    one, many = Sink(50, Done()), Sink(50, Done())
+    for ks, vs in batches:
+        for k, v in zip(ks, vs, strict=True):
+            one.add(k, v)
+        many.add_many(ks, vs)
+    counts = ("received", "distinct", "duplicates", "unexpected")
+    assert [getattr(many, c) for c in counts] == [getattr(one, c) for c in counts]
+    assert (many.missing(), many.first_missing()) == (one.missing(), one.first_missing()) == (2, [48, 49])
+    assert len(many.latencies) == len(one.latencies)
+    assert many.seen == one.seen

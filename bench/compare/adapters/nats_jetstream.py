@@ -66,8 +66,8 @@ class NatsJetStream(Adapter):
                 msgs = await sub.fetch(FETCH, timeout=0.5)
             except (NatsTimeout, TimeoutError):
                 continue
-            for msg in msgs:
-                sink.add(msg.data[:KEY_BYTES], msg.data[KEY_BYTES:])
+            data = [msg.data for msg in msgs]
+            sink.add_many([d[:KEY_BYTES] for d in data], [d[KEY_BYTES:] for d in data])
             if msgs:  # a fetch can answer empty (its request expired on the server)
                 await msgs[-1].ack()
         await nc.close()

@@ -48,8 +48,6 @@ class RedisStreams(Adapter):
                 # RESP3 answers {stream: entries}, RESP2 [[stream, entries]].
                 streams = answer.items() if isinstance(answer, dict) else answer or ()
                 for _stream, entries in streams:
-                    ids = []
-                    for entry_id, fields in entries:
-                        sink.add(fields[b"k"], fields[b"v"])
-                        ids.append(entry_id)
-                    r.xack(dest, "g", *ids)
+                    fields = [f for _id, f in entries]
+                    sink.add_many([f[b"k"] for f in fields], [f[b"v"] for f in fields])
+                    r.xack(dest, "g", *[entry_id for entry_id, _f in entries])

@@ -27,7 +27,7 @@ import functools
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sluice.aio.bridge import LoopBridge, Serial, resolve
 from sluice.client.consumer import Consumer as SyncConsumer
@@ -36,13 +36,14 @@ from sluice.client.consumer.config import CommitCallback
 from sluice.client.consumer.parker import ParkOutcome
 from sluice.client.consumer.retry import RetryOutcome
 from sluice.client.offsets import OffsetSpec
-from sluice.codec.batch import Record
+from sluice.codec.batch import Record, RecordColumns
 from sluice.errors import InvalidArgument, SluiceError
 
 __all__ = ["Consumer", "bridge_callbacks"]
 
 TopicPartition = tuple[str, int]
 _CALLBACKS = ("on_assign", "on_revoke", "on_lost", "on_commit")
+_T = TypeVar("_T")
 
 
 class Consumer:
@@ -90,6 +91,29 @@ class Consumer:
         sync._check_open()
         if sync._park is not None:
             return await self._poll_parked(timeout, max_records)
+        sync._prefetch.columnar = False
+        return await self._poll(sync._poll_take, timeout, max_records)
+
+    async def poll_columns(
+        self,
+        timeout: float = 1.0,  # noqa: ASYNC109
+        max_records: int | None = None,
+    ) -> dict[TopicPartition, RecordColumns]:
+        """The sync ``poll_columns()``: ``poll()``'s records as columns, per partition (docs/consumer.md,
+        "Records as columns"); the same refusals."""
+        sync = self._sync
+        sync._check_open()
+        sync._check_columnar()
+        sync._prefetch.columnar = True
+        return await self._poll(sync._poll_take_columns, timeout, max_records)
+
+    async def _poll(
+        self,
+        take: Callable[[int, float], tuple[_T, float | None]],
+        timeout: float,  # noqa: ASYNC109
+        max_records: int | None,
+    ) -> _T:
+        sync = self._sync
         limit = sync.config.max_poll_records if max_records is None else _positive(max_records)
         deadline = time.monotonic() + max(float(timeout), 0.0)
         serial = self._serial
@@ -110,7 +134,7 @@ class Consumer:
                     sync._poll_light()
                 # From here to the return: no await. The records leave the buffer only to be returned.
                 with sync._lock:
-                    records, wait = sync._poll_take(limit, deadline)
+                    records, wait = take(limit, deadline)
                     if records or wait is None:
                         return records
                     if wait > 0:

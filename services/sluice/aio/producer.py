@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from sluice.aio.bridge import LoopBridge
-from sluice.client.producer import FutureRecordMetadata, ProducerConfig, RecordMetadata
+from sluice.client.producer import FutureRecordMetadata, FutureRecordsMetadata, ProducerConfig, RecordMetadata
 from sluice.client.producer import Producer as SyncProducer
 from sluice.client.producer.futures import BatchResult
 from sluice.codec.batch import Headers
@@ -120,6 +121,45 @@ class Producer:
             done = await self._bridge.loop.run_in_executor(None, send)
         return self._future_of(done)
 
+    async def send_many(
+        self,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None = None,
+        *,
+        headers: Sequence[Headers | None] | None = None,
+        tags: Sequence[str | None] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> list[RecordMetadata]:
+        """Send many records in one call and wait for their acknowledgements: the sync ``send_many()``'s
+        arguments and errors; returns each record's metadata in the order given."""
+        fut = await self.enqueue_many(
+            values, keys, headers=headers, tags=tags, partition=partition, timestamp=timestamp
+        )
+        return await fut
+
+    async def enqueue_many(
+        self,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None = None,
+        *,
+        headers: Sequence[Headers | None] | None = None,
+        tags: Sequence[str | None] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> asyncio.Future[list[RecordMetadata]]:
+        """Queue many records (the sync ``send_many()``) and return one future of their metadata, in
+        the order given, without waiting for the broker."""
+        sync = self._sync
+        send = functools.partial(
+            sync.send_many, values, keys, headers=headers, tags=tags, partition=partition, timestamp=timestamp
+        )
+        sent = send() if not sync.may_block() else await self._bridge.loop.run_in_executor(None, send)
+        fut: asyncio.Future[list[RecordMetadata]] = self._bridge.loop.create_future()
+        # One loop wake-up once the call's last batch has its outcome (the sender thread posts it).
+        sent.add_done_callback(lambda _sent: self._bridge.post(functools.partial(_settle_many, fut, sent)))
+        return fut
+
     def _future_of(self, sent: FutureRecordMetadata) -> asyncio.Future[RecordMetadata]:
         fut: asyncio.Future[RecordMetadata] = self._bridge.loop.create_future()
         if sent.done():
@@ -164,6 +204,16 @@ class Producer:
 
 def _settle(fut: asyncio.Future[RecordMetadata], sent: FutureRecordMetadata) -> None:
     """On the loop's thread: copy a finished send's outcome into its asyncio future."""
+    if fut.done():
+        return
+    try:
+        fut.set_result(sent.result(0))
+    except SluiceError as exc:
+        fut.set_exception(exc)
+
+
+def _settle_many(fut: asyncio.Future[list[RecordMetadata]], sent: FutureRecordsMetadata) -> None:
+    """On the loop's thread: copy a finished ``send_many``'s outcome into its asyncio future."""
     if fut.done():
         return
     try:

@@ -51,7 +51,11 @@ ALLOWED_SDK = {
 
 #: Names the aio modules may take from the allowed modules that also hold encoders or engines.
 ALLOWED_NAMES = {
-    "sluice.codec.batch": {"Record", "Headers"},  # the record type, never the encoder or decoder
+    "sluice.codec.batch": {
+        "Record",
+        "RecordColumns",
+        "Headers",
+    },  # the record types, never the encoder or decoder
     "sluice.client.push.consumer": {"TAKE_BATCH"},  # the receive batch size, a constant
     "sluice.client.producer.futures": {"BatchResult"},  # the per-batch outcome the aio futures follow
     "sluice.client.fetcher": {"Fetcher", "AutoOffsetReset", "TopicPartition"},  # the part and its types

@@ -27,20 +27,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from operator import attrgetter
 from types import TracebackType
+from typing import TypeVar
 
 from sluice.client.consumer.async_commits import CommitStats, Waiter
+from sluice.client.consumer.collect import CollectingEngine
 from sluice.client.consumer.config import CommitCallback
 from sluice.client.consumer.engine import check_tp
 from sluice.client.consumer.membership import MemberState
-from sluice.client.consumer.parking_api import ParkingEngine
 from sluice.client.consumer.retry import RetryOutcome, resume_due
 from sluice.client.consumer.state import PartitionLifecycle
-from sluice.codec.batch import Record
+from sluice.codec.batch import Record, RecordColumns
 from sluice.errors import InvalidArgument, OffsetOutOfRange, ReconsumeRefused, SluiceError
 
 __all__ = ["CommitCallback", "Consumer", "ConsumerStats"]
@@ -48,8 +48,8 @@ __all__ = ["CommitCallback", "Consumer", "ConsumerStats"]
 log = logging.getLogger("sluice.consumer")
 
 TopicPartition = tuple[str, int]
-_OFFSET = attrgetter("offset")
 _L = PartitionLifecycle
+_T = TypeVar("_T")
 #: How long one wait of ``for record in consumer`` lasts before it checks whether the consumer closed.
 _ITER_WAIT = 1.0
 
@@ -61,7 +61,7 @@ class ConsumerStats:
     commits: CommitStats
 
 
-class Consumer(ParkingEngine):
+class Consumer(CollectingEngine):
     """A member of a consumer group. Make one with ``client.consumer(...)``."""
 
     # ---- polling ------------------------------------------------------------------------------------
@@ -83,13 +83,34 @@ class Consumer(ParkingEngine):
         self._poll_started()
         if self._park is not None:  # park_poison_keys (docs/poison-keys.md, "Pull consumers")
             return self._poll_parked(self._park, limit, deadline)
+        self._prefetch.columnar = False
+        return self._poll_loop(self._poll_take, limit, deadline)
+
+    def poll_columns(
+        self, timeout: float = 1.0, max_records: int | None = None
+    ) -> dict[TopicPartition, RecordColumns]:
+        """``poll()``'s records as columns, per partition: the same records, positions, commits,
+        rebalances, callbacks and errors, with no object per record (docs/consumer.md, "Records as
+        columns"). Raises InvalidArgument for a consumer with deserializers, ``retry=True``,
+        ``park_poison_keys`` or ``commit_mode="in-flight-min"`` (each needs a record object)."""
+        self._check_open()
+        self._check_columnar()
+        limit = self.config.max_poll_records if max_records is None else _positive("max_records", max_records)
+        deadline = time.monotonic() + max(float(timeout), 0.0)
+        self._poll_started()
+        self._prefetch.columnar = True  # what is fetched from now on is decoded as columns
+        return self._poll_loop(self._poll_take_columns, limit, deadline)
+
+    def _poll_loop(
+        self, take: Callable[[int, float], tuple[_T, float | None]], limit: int, deadline: float
+    ) -> _T:
         # This thread reads its answers itself while it waits (prefetch.py, "poll() drives"); at the
         # deadline it reads once more what waits in the socket (``last``): no other thread reads it.
         drives, last = True, False
         while True:
             self._poll_prepare()
             with self._lock:
-                records, wait = self._poll_take(limit, deadline)
+                records, wait = take(limit, deadline)
                 if records or self._closed or (wait is None and (last or not self._prefetch.in_socket)):
                     return records
                 last = wait is None
@@ -141,34 +162,6 @@ class Consumer(ParkingEngine):
             or self._commit_error is not None
         )
 
-    def _poll_take(self, limit: int, deadline: float) -> tuple[list[Record], float | None]:
-        """Under the lock: raise a fetch error, else take up to ``limit`` records. Returns them and
-        how long to wait before the next pass (0: go again now; None: the deadline passed, or the
-        consumer closed)."""
-        error = self._prefetch.take_error()
-        if error is not None:
-            self._restart_vanished(error)
-            raise error
-        records = self._collect(limit)
-        if self._deserialize is not None:
-            self._deserialize.raise_failed()  # a record handed out alone by _collect
-        if records and self._retry is not None:
-            records = self._retry.skip_retried(records, self._state)
-        if records:
-            return records, 0.0
-        now = time.monotonic()
-        remaining = deadline - now
-        if remaining <= 0 or self._closed:
-            return records, None
-        if self._events or self._revocations_ready():
-            return records, 0.0
-        wait = remaining
-        if self.config.enable_auto_commit:
-            wait = min(wait, max(self._next_auto_commit - now, 0.001))
-        if self._retry is not None:
-            wait = self._retry.wait_bound(wait)
-        return records, wait
-
     def __iter__(self) -> Iterator[Record]:
         """``for record in consumer``: records one at a time as they arrive, until the consumer is
         closed (by ``close()`` from another thread, or ``break`` then ``close()``).
@@ -195,56 +188,6 @@ class Consumer(ParkingEngine):
             part = self._state.done((record.topic, record.partition), record.offset)
             if part is not None and part.lifecycle is _L.REVOKING and not part.in_flight:
                 self._ready.notify_all()
-
-    def _collect(self, limit: int) -> list[Record]:
-        """Hand out up to ``limit`` buffered records (holding the lock)."""
-        out: list[Record] = []
-        returned: set[TopicPartition] = set()
-        state = self._state
-        parts = state.parts
-        track_offsets = state.in_flight_min
-        while len(out) < limit:
-            chunk = self._prefetch.pop()
-            if chunk is None:
-                break
-            part = parts.get(chunk.tp)
-            if part is None or part.lifecycle is not _L.FETCHING or part.fetch_epoch != chunk.fetch_epoch:
-                continue  # stale: fetched before a seek, pause or revoke
-            recs = chunk.records
-            left = len(recs) - chunk.start
-            if left == 0:
-                state.skipped_to(part, chunk.next_offset, chunk.tp not in returned)
-                continue
-            room = limit - len(out)
-            converted = None
-            if self._deserialize is not None:
-                room, converted = self._deserialize.plan(recs, chunk.start, min(room, left), first=not out)
-                if room == 0:  # the chunk's next record fails: the next poll() raises it alone
-                    self._prefetch.push_front(chunk)
-                    break
-            if self._retry is not None and chunk.tp[0] == self._retry.topic:
-                due = self._retry.hold_not_due(state, self._prefetch, chunk, part, room)
-                if due is not None:  # the partition waits for its head's due time
-                    out += due if converted is None else self._deserialize.handed(converted, len(due))  # type: ignore[union-attr]
-                    returned.add(chunk.tp)
-                    continue
-            if left <= room:
-                taken = recs if chunk.start == 0 else recs[chunk.start :]
-                position = chunk.next_offset
-            else:
-                taken = recs[chunk.start : chunk.start + room]
-                chunk.start += room
-                chunk.taken_now = room
-                position = taken[-1].offset + 1
-                self._prefetch.push_front(chunk)
-            out += taken if converted is None else converted
-            state.handed_out(part, map(_OFFSET, taken) if track_offsets else (), position)
-            if chunk.leader_epoch >= 0:
-                self._offsets.leader_epochs[chunk.tp] = chunk.leader_epoch
-            returned.add(chunk.tp)
-            if converted is not None and self._deserialize.failed is not None:  # type: ignore[union-attr]
-                break  # handed out alone: poll() raises it
-        return out
 
     # ---- retry (docs/retry.md) -------------------------------------------------------------------
 

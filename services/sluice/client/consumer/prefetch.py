@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -51,7 +51,7 @@ from sluice.client.fetch_state import decoding
 from sluice.client.fetcher import Fetcher, RawChunk
 from sluice.client.memory import ClientMemory
 from sluice.client.wakers import WakeableCondition
-from sluice.codec.batch import Record, decode_records
+from sluice.codec.batch import Record, RecordColumns, decode_columns, decode_records
 from sluice.errors import SluiceError
 
 __all__ = ["Chunk", "Prefetcher", "cut_chunks", "decode_runs"]
@@ -80,6 +80,25 @@ class Chunk:
     taken_now: int = 0
     #: The leader epoch its records were fetched in (KIP-320; -1: unknown): commits carry it.
     leader_epoch: int = -1
+    #: The records as columns instead (decoded for ``poll_columns``; ``records`` is then empty).
+    cols: RecordColumns | None = None
+
+    def size(self) -> int:
+        return len(self.cols) if self.cols is not None else len(self.records)
+
+    def as_records(self) -> list[Record]:
+        """The records as objects, converted once if they were decoded as columns (``poll()`` after
+        ``poll_columns()``)."""
+        if self.cols is not None:
+            self.records, self.cols = self.cols.records(), None
+        return self.records
+
+    def as_columns(self) -> RecordColumns:
+        """The records as columns, converted once if they were decoded as objects."""
+        if self.cols is None:
+            self.cols = RecordColumns.of_records(self.tp[0], self.tp[1], self.records)
+            self.records = []
+        return self.cols
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +160,8 @@ class Prefetcher:
         self._bytes = 0
         self._errors: list[SluiceError] = []
         self._closed = False
+        #: Decode fetched records as columns (the consumer's last poll was a ``poll_columns``).
+        self.columnar = False
         # The steps' state (only the driver's thread touches it).
         self._epochs: dict[TopicPartition, int] = {}
         self._filters: dict[str, str] = {}
@@ -190,7 +211,7 @@ class Prefetcher:
     def push_front(self, chunk: Chunk) -> None:
         """Put back the rest of a chunk that one poll could not take whole."""
         # Pro rata, not re-summed: a chunk taken 500 records at a time would cost O(n^2).
-        left = len(chunk.records) - chunk.start
+        left = chunk.size() - chunk.start
         chunk.nbytes = chunk.nbytes * left // max(left + chunk.taken_now, 1)
         chunk.taken_now = 0
         self._buffer.appendleft(chunk)
@@ -347,7 +368,8 @@ class Prefetcher:
                 self._ready.notify_all()
             return True, 0.0  # the others go on fetching
         after = fetcher.positions()
-        chunks = cut_chunks(decode_runs(raws, self._epochs, self._check_crcs), before, after, self._epochs)
+        runs = decode_runs(raws, self._epochs, self._check_crcs, self.columnar)
+        chunks = cut_chunks(runs, before, after, self._epochs)
         fetched_in = {(raw.topic, raw.partition): raw.leader_epoch for raw in raws}
         for chunk in chunks:
             chunk.leader_epoch = fetched_in.get(chunk.tp, -1)
@@ -378,23 +400,25 @@ class Prefetcher:
 
 
 def decode_runs(
-    raws: list[RawChunk], epochs: Mapping[TopicPartition, int], check_crcs: bool
-) -> list[tuple[TopicPartition, list[Record]]]:
-    """Decode each raw run of a partition still fetched (one per partition and response)."""
-    runs: list[tuple[TopicPartition, list[Record]]] = []
+    raws: list[RawChunk], epochs: Mapping[TopicPartition, int], check_crcs: bool, columnar: bool = False
+) -> list[tuple[TopicPartition, list[Record] | RecordColumns]]:
+    """Decode each raw run of a partition still fetched (one per partition and response), as
+    records, or as columns (``columnar``)."""
+    runs: list[tuple[TopicPartition, list[Record] | RecordColumns]] = []
+    decode = decode_columns if columnar else decode_records
     with decoding():  # the Fetcher's: Records hold no cycles, collections would double decoding
         for raw in raws:
             tp = (raw.topic, raw.partition)
             if tp not in epochs:
                 continue  # removed while the response was in flight
-            records = decode_records(raw.data, raw.topic, raw.partition, raw.start, check_crcs)
-            if records:
+            records = decode(raw.data, raw.topic, raw.partition, raw.start, check_crcs)
+            if len(records):
                 runs.append((tp, records))
     return runs
 
 
 def cut_chunks(
-    runs: list[tuple[TopicPartition, list[Record]]],
+    runs: Sequence[tuple[TopicPartition, list[Record] | RecordColumns]],
     before: Mapping[TopicPartition, int],
     after: Mapping[TopicPartition, int],
     epochs: Mapping[TopicPartition, int],
@@ -406,10 +430,14 @@ def cut_chunks(
     last: dict[TopicPartition, Chunk] = {}
     for tp, recs in runs:
         epoch = epochs.get(tp)
-        if epoch is None or not recs:
+        if epoch is None or not len(recs):
             continue
-        nbytes = len(recs) * RECORD_OVERHEAD + sum(map(len, map(_VALUE, recs)))
-        chunk = Chunk(tp, epoch, recs, recs[-1].offset + 1, nbytes)
+        if isinstance(recs, RecordColumns):
+            nbytes = len(recs) * RECORD_OVERHEAD + sum(map(len, recs.values))
+            chunk = Chunk(tp, epoch, [], recs.offsets[-1] + 1, nbytes, cols=recs)
+        else:
+            nbytes = len(recs) * RECORD_OVERHEAD + sum(map(len, map(_VALUE, recs)))
+            chunk = Chunk(tp, epoch, recs, recs[-1].offset + 1, nbytes)
         chunks.append(chunk)
         last[tp] = chunk
     for tp, position in after.items():

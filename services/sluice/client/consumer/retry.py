@@ -131,7 +131,7 @@ class Retrier:
     ) -> list[Record] | None:
         """None: every record ``poll()`` would take from ``chunk`` is due (take them as usual). Else the
         due records before the first one that is not, with the partition held at that one."""
-        recs = chunk.records
+        recs = chunk.as_records()
         stop = min(len(recs), chunk.start + room)
         now = int(time.time() * 1000)
         i = chunk.start

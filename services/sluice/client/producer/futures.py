@@ -12,13 +12,14 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sluice.errors import RequestTimedOut, SluiceError
 
-__all__ = ["BatchResult", "FutureRecordMetadata", "RecordMetadata"]
+__all__ = ["BatchResult", "FutureRecordMetadata", "FutureRecordsMetadata", "RecordMetadata"]
 
 log = logging.getLogger("sluice.producer")
 
@@ -163,6 +164,113 @@ class FutureRecordMetadata:
         r = self._result
         state = "pending" if not r.done else ("failed" if r.error else "done")
         return f"<FutureRecordMetadata {r.topic}[{r.partition}] index={self._index} {state}>"
+
+
+class FutureRecordsMetadata:
+    """The one future of a ``send_many()`` call: done once every record of the call is acknowledged or
+    failed. ``result()`` gives their :class:`RecordMetadata` in the order they were passed, or raises
+    the first failure (a call whose records went to several batches may fail in part: ``results()``
+    tells each record's outcome).
+
+    The call's records sit in a few batches (one per partition they went to, more when one filled);
+    this holds a *segment* per batch: (its shared result, the first record's index in it, how many),
+    and the records' positions in the call in segment order (None: the call's own order). Nothing
+    is made per record until ``result()`` asks for it.
+    """
+
+    __slots__ = ("_callbacks", "_count", "_left", "_order", "_segments", "_timestamp")
+
+    def __init__(
+        self, segments: list[tuple[BatchResult, int, int]], order: list[int] | None, timestamp: int
+    ) -> None:
+        self._segments = segments
+        self._order = order
+        self._timestamp = timestamp
+        self._count = sum(s[2] for s in segments)
+        #: Segments without an outcome yet, counted down by the batches' callbacks (made on the first
+        #: add_done_callback; most callers wait instead).
+        self._left = -1
+        self._callbacks: list[Callable[[], None]] = []
+
+    def __len__(self) -> int:
+        return self._count
+
+    def done(self) -> bool:
+        return all(s[0].done for s in self._segments)
+
+    def cancelled(self) -> bool:
+        return False
+
+    def _wait(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for result, _first, _n in self._segments:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not result.wait(left):
+                raise RequestTimedOut(
+                    f"records not acknowledged within {timeout} s (they may still be delivered)"
+                )
+
+    def exception(self, timeout: float | None = None) -> SluiceError | None:
+        """The first failure among the call's batches (None: every record is acknowledged)."""
+        self._wait(timeout)
+        return next((s[0].error for s in self._segments if s[0].error is not None), None)
+
+    def result(self, timeout: float | None = None) -> list[RecordMetadata]:
+        error = self.exception(timeout)
+        if error is not None:
+            raise _fresh(error)
+        return [m for m in self.results(0) if isinstance(m, RecordMetadata)]
+
+    def results(self, timeout: float | None = None) -> list[RecordMetadata | SluiceError]:
+        """Each record's outcome, in the call's order: its metadata, or the error that failed it."""
+        self._wait(timeout)
+        ts = self._timestamp
+        flat: list[RecordMetadata | SluiceError] = []
+        for r, first, n in self._segments:
+            if r.error is not None:
+                flat += [r.error] * n
+            elif r.base_offset < 0:
+                flat += [RecordMetadata(r.topic, r.partition, -1, ts)] * n
+            else:
+                base = r.base_offset + first
+                flat += [RecordMetadata(r.topic, r.partition, base + i, ts) for i in range(n)]
+        if self._order is None or not flat:
+            return flat
+        out: list[RecordMetadata | SluiceError] = [flat[0]] * len(flat)
+        for i, pos in enumerate(self._order):
+            out[pos] = flat[i]
+        return out
+
+    def add_done_callback(self, fn: Callable[[FutureRecordsMetadata], Any]) -> None:
+        """Call ``fn(future)`` once every record of the call has its outcome (at once if they have).
+        One callback per batch of the call underneath, not per record. Runs in the sender thread."""
+        with _CALLBACKS_LOCK:
+            first = self._left < 0
+            if first:
+                self._left = len(self._segments)
+            now = self._left == 0
+            if not now:
+                self._callbacks.append(lambda: fn(self))
+        if now:
+            fn(self)  # every segment is done (or the call had no record)
+        elif first:
+            for result, _first, _n in self._segments:
+                result.add_callback(self._segment_done)
+
+    def _segment_done(self) -> None:
+        with _CALLBACKS_LOCK:
+            self._left -= 1
+            if self._left:
+                return
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            try:
+                cb()
+            except Exception:
+                log.exception("a send_many callback raised")
+
+    def __repr__(self) -> str:
+        return f"<FutureRecordsMetadata records={self._count} batches={len(self._segments)}>"
 
 
 def _fresh(err: SluiceError) -> SluiceError:

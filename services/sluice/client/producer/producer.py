@@ -12,19 +12,22 @@ from __future__ import annotations
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
+from itertools import accumulate
 from types import TracebackType
 from typing import Any
 
 from sluice.client.links import BrokerLinks
 from sluice.client.metadata import MetadataCache
 from sluice.client.producer.accumulator import Accumulator, ProducerBatch
+from sluice.client.producer.bulk import Columns, as_bytes, headers_size, prepare, split
 from sluice.client.producer.config import ProducerConfig
 from sluice.client.producer.delay import DelayedSender
-from sluice.client.producer.futures import FutureRecordMetadata
+from sluice.client.producer.futures import FutureRecordMetadata, FutureRecordsMetadata
 from sluice.client.producer.idempotence import Idempotence, init_producer_id
-from sluice.client.producer.partitioner import make_partitioner
+from sluice.client.producer.partitioner import StickyPartitioner, make_partitioner
 from sluice.client.producer.sender import Sender
 from sluice.codec.batch import COLUMN_BYTES, HEADER_SIZE, Headers
 from sluice.codec.batch.compression import codec_id
@@ -192,14 +195,14 @@ class Producer:
         size = COLUMN_BYTES + len(value)
         if key is not None:
             if key.__class__ is not bytes:
-                key = _as_bytes(key, "key")
+                key = as_bytes(key, "key")
             size += len(key)
         if tag is not None:
             if tag not in self._tags:
                 self._check_tag(tag)
             size += 2 + len(tag)
         if headers:
-            size += _headers_size(headers)
+            size += headers_size(headers)
         if partition is None:
             sticky = key is None
             partition = self._partitioner.keyless() if key is None else _crc32(key) % self._partitions
@@ -243,6 +246,89 @@ class Producer:
         future._timestamp = timestamp
         return future
 
+    def send_many(
+        self,
+        values: Sequence[Any],
+        keys: Sequence[Any] | None = None,
+        *,
+        headers: Sequence[Headers | None] | None = None,
+        tags: Sequence[str | None] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> FutureRecordsMetadata:
+        """Queue many records in one call; returns one future for all of them (docs/producer.md,
+        "Sending many records at once").
+
+        ``values[i]`` goes with ``keys[i]``, ``headers[i]`` and ``tags[i]`` (each list as long as
+        ``values``, or None). Partitions, ordering, idempotence, acks, ``buffer_memory`` and
+        compression are send()'s: per partition the records are appended in the list's order, as
+        consecutive send() calls would. The keyless records of one call go to one partition (the sticky
+        one; the round-robin partitioner turns per record). ``partition``/``timestamp``: for every record.
+        Raises what send() would for the first bad record (InvalidArgument, BatchTooLarge,
+        UnknownTopicOrPartition, SerializationError) and then queues none of them.
+        """
+        if self._tracer is not None:  # a span per record: send() makes it
+            none = [None] * len(values)
+            columns = zip(values, keys or none, tags or none, headers or none, strict=True)
+            sent = [self.send(v, k, t, h, partition, timestamp) for v, k, t, h in columns]
+            return FutureRecordsMetadata([(f.batch, f._index, 1) for f in sent], None, 0)
+        cols = prepare(values, keys, headers, tags, self._serialize, self._check_tag)
+        largest = max(cols.sizes, default=0)
+        if HEADER_SIZE + 2 + largest > self.config.max_request_size:
+            raise BatchTooLarge(f"a record of about {largest} bytes exceeds max_request_size")
+        if partition is None:
+            sticky = isinstance(self._partitioner, StickyPartitioner)
+            order, groups = split(cols, self._partitions, self._partitioner.keyless, sticky)
+        elif partition.__class__ is not int or not 0 <= partition < self._partitions:
+            raise UnknownTopicOrPartition(
+                f"topic {self.topic!r} has no partition {partition!r} (it has {self._partitions})"
+            )
+        else:
+            order, groups = None, [(partition, 0, len(cols.values))]
+        if timestamp is None:
+            timestamp = _time_ns() // 1_000_000
+        elif timestamp.__class__ is not int or timestamp < 0:
+            raise InvalidArgument(f"timestamp must be an int of ms >= 0, got {timestamp!r}")
+        segments: list[tuple[Any, int, int]] = []
+        rolled = False
+        by_partition = cols if order is None else cols.pick(order)
+        with self._lock:
+            for p, start, end in groups:
+                rolled = self._append_many(p, by_partition.cut(start, end), timestamp, segments) or rolled
+        if rolled and self._send_at_once:
+            self._sender.send_ready()
+        return FutureRecordsMetadata(segments, order, timestamp)
+
+    def _append_many(
+        self, partition: int, cols: Columns, timestamp: int, segments: list[tuple[Any, int, int]]
+    ) -> bool:
+        """Append one partition's records of a send_many() (lock held), filling its open batch and as
+        many new ones as they need; one segment per batch. Returns whether a batch was opened."""
+        ends = list(accumulate(cols.sizes))
+        n = len(ends)
+        start = 0
+        rolled = False
+        batch_size = self._batch_size
+        while start < n:
+            before = ends[start - 1] if start else 0
+            batch = self._open[partition]
+            end = start
+            if batch is not None:
+                end = bisect_right(ends, before + batch_size - batch.builder.size, start)  # type: ignore[union-attr]
+            if end == start:  # no room: a new batch, which takes at least one record (a large one alone)
+                batch = self._new_batch(partition, cols.sizes[start], False)
+                rolled = True
+                room = batch_size - batch.builder.size  # type: ignore[union-attr]
+                end = max(bisect_right(ends, before + room, start), start + 1)
+            piece = cols.cut(start, end)
+            first = batch.builder.extend(  # type: ignore[union-attr]
+                piece.values, piece.keys, piece.value_lengths, piece.key_lengths,
+                ends[end - 1] - before, timestamp, piece.headers, piece.pairs(), piece.tags,
+            )  # fmt: skip
+            segments.append((batch.result, first, end - start))  # type: ignore[union-attr]
+            start = end
+        return rolled
+
     def _send_traced(
         self,
         value: Any,
@@ -275,7 +361,7 @@ class Producer:
         bytearray/memoryview to copy."""
         if self._serialize is not None:
             value, key = self._serialize(value, key)
-        return (value if value.__class__ is bytes else _as_bytes(value, "value")), key
+        return (value if value.__class__ is bytes else as_bytes(value, "value")), key
 
     def _new_batch(self, partition: int, size: int, sticky: bool) -> ProducerBatch:
         """The slow path of send(): the open batch is full or missing (lock held)."""
@@ -405,26 +491,3 @@ class Producer:
 
     def __repr__(self) -> str:
         return f"<Producer topic={self.topic!r} partitions={self._partitions} closed={self._closed}>"
-
-
-def _as_bytes(value: object, what: str) -> bytes:
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    raise InvalidArgument(f"{what} must be bytes, got {type(value).__name__}")
-
-
-def _headers_size(headers: Headers) -> int:
-    if not isinstance(headers, dict):
-        raise InvalidArgument(f"headers must be a dict of str to bytes, got {type(headers).__name__}")
-    size = 2
-    for name, value in headers.items():
-        if not isinstance(name, str) or not isinstance(value, bytes):
-            raise InvalidArgument(f"header {name!r}: names must be str and values bytes")
-        raw = len(name.encode())
-        if raw > 0xFFFF or len(value) > 0xFFFFFFFF:
-            raise InvalidArgument(f"header {name!r} is too long")
-        size += 6 + raw
-        size += len(value)
-    if len(headers) > 0xFFFF:
-        raise InvalidArgument("a record has at most 65535 headers")
-    return size

@@ -85,7 +85,7 @@ from sluice.codec.batch.layout import (
     restamp_producer,
     stamp,
 )
-from sluice.codec.batch.records import Record, decode_records
+from sluice.codec.batch.records import Record, RecordColumns, decode_columns, decode_records
 from sluice.codec.batch.validate import DEFAULT_HEADER_LIMITS, HeaderLimits, validate_batch
 from sluice.codec.batch.view import BatchView, batch_tags, batch_views, filter_batch
 
@@ -115,11 +115,13 @@ __all__ = [
     "HeaderLimits",
     "Headers",
     "Record",
+    "RecordColumns",
     "batch_tags",
     "batch_views",
     "check_magic",
     "columns",
     "crc32c",
+    "decode_columns",
     "decode_headers",
     "decode_records",
     "dense_offset_deltas",

@@ -120,6 +120,64 @@ class BatchBuilder:
         self.size += size
         return index
 
+    def extend(
+        self,
+        values: list[bytes],
+        keys: list[bytes | None] | None,
+        value_lengths: list[int],
+        key_lengths: list[int] | None,
+        size: int,
+        timestamp_ms: int,
+        headers: list[bytes] | None = None,
+        pairs: Iterable[tuple[str, bytes]] = (),
+        tags: list[str | None] | None = None,
+    ) -> int:
+        """Add many records at once (``Producer.send_many``); returns the first one's index.
+
+        The columns grow by list operations, with no Python step per record, except for headers and
+        tags when given. ``key_lengths`` has ``NO_KEY`` for a record without a key (then ``keys``
+        holds ``None`` there); ``keys`` None: no record has a key. ``headers``: each record's encoded
+        headers (``b""`` for none), ``pairs`` their distinct (name, value) pairs for the summary.
+        ``size``: the records' encoded size as ``append`` counts it, tags aside (counted here).
+        """
+        n = len(values)
+        ts = self._ts
+        index = len(ts)
+        t0 = self._t0
+        if t0 is None:
+            t0 = self._t0 = timestamp_ms
+        ts += [timestamp_ms - t0] * n
+        if keys is None or key_lengths is None:
+            self._key_lens += [NO_KEY] * n
+        else:
+            self._key_lens += key_lengths
+            self._keys += [k for k in keys if k is not None] if NO_KEY in key_lengths else keys  # type: ignore[arg-type]
+        self._values += values
+        self._value_lens += value_lengths
+        hl = self._headers_lens
+        if headers is not None:
+            if hl is None:
+                hl = self._headers_lens = [0] * index
+            hl += map(len, headers)
+            self._headers += headers
+            self._pairs.update(pairs)
+        elif hl is not None:
+            hl += [0] * n
+        ti = self._tag_idx
+        if tags is not None:
+            if ti is None:
+                ti = self._tag_idx = [NO_TAG] * index
+            known = self._tags
+            for tag in dict.fromkeys(tags):  # in order of first appearance, as append() numbers them
+                if tag and tag not in known:
+                    known[tag] = len(known)
+                    size += 2 + len(tag.encode())
+            ti += [NO_TAG if not t else known[t] for t in tags]
+        elif ti is not None:
+            ti += [NO_TAG] * n
+        self.size += size
+        return index
+
     def build(self, producer: tuple[int, int, int] = NO_PRODUCER) -> bytes:
         """Encode the batch unstamped (base_offset 0, append_time and leader epoch -1).
 

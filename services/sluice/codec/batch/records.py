@@ -153,3 +153,184 @@ def _keys_with_absent(buf: bytes, start: int, key_lengths: memoryview) -> tuple[
             append(buf[p : p + length])
             p += length
     return keys, p
+
+
+class RecordColumns:
+    """Records of one partition as columns: what ``Consumer.poll_columns`` hands out.
+
+    ``offsets``, ``keys`` (None where a record has none), ``values`` and ``timestamps`` are plain lists,
+    index ``i`` of each being one record: what a loop or a vectorised library wants, with no object per
+    record. ``tags`` and ``headers`` are made when first read (``[None] * n`` and an empty dict per record
+    when no record has any), so a caller that never reads them never pays for them. ``records()`` gives
+    the same records as :class:`Record` objects, as ``poll()`` would have.
+    """
+
+    __slots__ = ("_headers", "_tags", "keys", "offsets", "partition", "timestamps", "topic", "values")
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offsets: list[int],
+        keys: list[bytes | None],
+        values: list[bytes],
+        timestamps: list[int],
+        tags: list[str | None] | None = None,
+        headers: list[Headers] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offsets = offsets
+        self.keys = keys
+        self.values = values
+        self.timestamps = timestamps
+        #: None: no record has a tag (resp. headers).
+        self._tags = tags
+        self._headers = headers
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def tags(self) -> list[str | None]:
+        if self._tags is None:
+            self._tags = [None] * len(self.offsets)
+        return self._tags
+
+    @property
+    def headers(self) -> list[Headers]:
+        if self._headers is None:
+            self._headers = [{} for _ in self.offsets]
+        return self._headers
+
+    def records(self) -> list[Record]:
+        """The same records as :class:`Record` objects (what ``poll()`` returns)."""
+        n = len(self.offsets)
+        tags = self._tags if self._tags is not None else itertools.repeat(None, n)
+        headers = self._headers if self._headers is not None else ({} for _ in range(n))
+        return list(
+            map(
+                _new_record,
+                itertools.repeat(Record),
+                zip(
+                    itertools.repeat(self.topic, n),
+                    itertools.repeat(self.partition, n),
+                    self.offsets,
+                    self.keys,
+                    self.values,
+                    tags,
+                    headers,
+                    self.timestamps,
+                    strict=True,
+                ),
+            )
+        )
+
+    @classmethod
+    def of_records(cls, topic: str, partition: int, records: list[Record]) -> RecordColumns:
+        """Columns of ``records`` (all of ``topic``/``partition``)."""
+        tags = [r.tag for r in records]
+        headers = [r.headers for r in records]
+        return cls(
+            topic,
+            partition,
+            [r.offset for r in records],
+            [r.key for r in records],
+            [r.value for r in records],
+            [r.timestamp for r in records],
+            tags if any(tags) else None,
+            headers if any(headers) else None,
+        )
+
+    def cut(self, start: int, end: int) -> RecordColumns:
+        """Records ``start`` to ``end`` (by position)."""
+        return RecordColumns(
+            self.topic,
+            self.partition,
+            self.offsets[start:end],
+            self.keys[start:end],
+            self.values[start:end],
+            self.timestamps[start:end],
+            None if self._tags is None else self._tags[start:end],
+            None if self._headers is None else self._headers[start:end],
+        )
+
+    def extend(self, other: RecordColumns) -> None:
+        """Append ``other``'s records (later ones of the same partition)."""
+        n = len(self.offsets)
+        self.offsets += other.offsets
+        self.keys += other.keys
+        self.values += other.values
+        self.timestamps += other.timestamps
+        if self._tags is not None or other._tags is not None:
+            self._tags = (self._tags if self._tags is not None else [None] * n) + other.tags
+        if self._headers is not None or other._headers is not None:
+            mine = self._headers if self._headers is not None else [{} for _ in range(n)]
+            self._headers = mine + other.headers
+
+    def __repr__(self) -> str:
+        first = self.offsets[0] if self.offsets else None
+        return f"RecordColumns({self.topic!r}, {self.partition}, records={len(self)}, first_offset={first})"
+
+
+def decode_columns(
+    buf: bytes, topic: str, partition: int, start_offset: int = 0, verify_crc: bool = True
+) -> RecordColumns:
+    """``decode_records`` as columns: the same records (from ``start_offset`` on, a short tail
+    ignored, CorruptBatch on a bad CRC), with no object per record."""
+    out = RecordColumns(topic, partition, [], [], [], [])
+    mv = memoryview(buf)
+    for pos, h in iter_headers(buf):
+        if verify_crc and crc32c(mv[pos + CRC_START : pos + h.length]) != h.crc:
+            raise CorruptBatch(f"batch at offset {h.base_offset} failed its CRC check")
+        if h.next_offset <= start_offset:
+            continue
+        plain, ppos, ph = plain_batch(buf, pos, h)
+        with malformed_is_corrupt(h.base_offset):
+            batch = _batch_columns(plain, ppos, ph, topic, partition)
+        if h.base_offset < start_offset:
+            skip = bisect.bisect_left(batch.offsets, start_offset)
+            batch = batch.cut(skip, len(batch))
+        if not out.offsets:
+            out = batch
+        else:
+            out.extend(batch)
+    return out
+
+
+def _batch_columns(buf: bytes, pos: int, h: BatchHeader, topic: str, partition: int) -> RecordColumns:
+    """Every record of one (plain) batch as columns: ``_batch_records``' columns, kept as lists."""
+    c = columns(buf, pos, h)
+    key_lengths = c.key_lengths
+    keys: list[bytes | None]
+    if min(key_lengths, default=0) >= 0:
+        key_ends = list(itertools.accumulate(key_lengths, initial=c.data_start))
+        keys = [buf[a:b] for a, b in itertools.pairwise(key_ends)]
+        values_start = key_ends[-1]
+    else:
+        keys, values_start = _keys_with_absent(buf, c.data_start, key_lengths)
+    value_ends = list(itertools.accumulate(c.value_lengths, initial=values_start))
+    values = [buf[a:b] for a, b in itertools.pairwise(value_ends)]
+    headers: list[Headers] | None = None
+    if any(c.headers_lengths):
+        mv = memoryview(buf)
+        ends = list(itertools.accumulate(c.headers_lengths, initial=value_ends[-1]))
+        headers = [decode_headers(mv[a:b]) if a != b else {} for a, b in itertools.pairwise(ends)]
+    tag_table = read_tags(buf, pos, h)
+    tags: list[str | None] | None = None
+    if tag_table:
+        tag_of: dict[int, str | None] = dict(enumerate(tag_table))
+        tag_of[NO_TAG] = None
+        tags = list(map(tag_of.__getitem__, c.tag_indexes))
+        if not any(tags):
+            tags = None
+    return RecordColumns(
+        topic,
+        partition,
+        list(map(h.base_offset.__add__, c.offset_deltas)),
+        keys,
+        values,
+        list(map(h.base_timestamp.__add__, c.timestamp_deltas)),
+        tags,
+        headers,
+    )
