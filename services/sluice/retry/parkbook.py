@@ -106,6 +106,9 @@ class ParkedKey:
     due_ms: int = 0
     #: When it was parked (unix ms, the park event's timestamp).
     since_ms: int = 0
+    #: The source offset ``count`` belongs to (the head it was counted for): a ``resolved`` below it
+    #: keeps it (the push side writes a new head's ``fail`` before the previous heads' ``resolved``).
+    count_at: int = -1
 
 
 class ParkBook:
@@ -152,6 +155,7 @@ class ParkBook:
             if pk is not None:
                 pk.count = _int(headers.get(H_PCOUNT))
                 pk.due_ms = _int(headers.get(H_PDUE))
+                pk.count_at = offset
         elif op == b"resolved":
             self._resolve(kid, offset)
         elif op == b"unpark":
@@ -182,6 +186,7 @@ class ParkBook:
         if event is not None and H_PCOUNT in event.headers:
             pk.count = _int(event.headers.get(H_PCOUNT))
             pk.due_ms = _int(event.headers.get(H_PDUE))
+            pk.count_at = record.offset
 
     def note(self, tp: TopicPartition, offset: int) -> bool:
         """Remember that the record at ``tp``/``offset`` was parked; False if it was already."""
@@ -209,7 +214,8 @@ class ParkBook:
             return
         while pk.pending and pk.pending[0].offset <= through:
             pk.pending.popleft()
-        pk.count, pk.due_ms = 0, 0
+        if pk.count_at <= through:
+            pk.count, pk.due_ms = 0, 0
         if not pk.pending:
             del self.keys[kid]
 
@@ -240,7 +246,8 @@ class ParkBook:
             if through < 0:
                 continue
             out.append((tp, kid[1], through))
-            pk.count, pk.due_ms = 0, 0
+            if pk.count_at <= through:
+                pk.count, pk.due_ms = 0, 0
             if not pk.pending:
                 del self.keys[kid]
         return out

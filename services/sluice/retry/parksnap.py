@@ -89,6 +89,8 @@ def snapshot_records(
     out; a partition not in ``lows`` keeps all of its sources)."""
     out: list[Record] = []
     for (tp, key), pk in sorted(book.keys.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        # The count goes with the record it was counted for (the head), else with the first.
+        counted = pk.count_at if any(r.offset == pk.count_at for r in pk.pending) else pk.pending[0].offset
         for i, r in enumerate(pk.pending):
             headers = {
                 **(r.headers or {}),
@@ -96,9 +98,10 @@ def snapshot_records(
                 H_PSOURCE: source_key(tp[0], tp[1], r.offset).encode(),
             }
             if i == 0:
+                headers[H_PSINCE] = str(pk.since_ms).encode()
+            if r.offset == counted:
                 headers[H_PCOUNT] = str(pk.count).encode()
                 headers[H_PDUE] = str(pk.due_ms).encode()
-                headers[H_PSINCE] = str(pk.since_ms).encode()
             out.append(Record("", 0, -1, key, r.value, r.tag, headers, r.timestamp))
     by_tp: dict[tuple[str, int], list[int]] = {}
     for src in book.sources:
