@@ -67,7 +67,7 @@ MAX_EVENTS = 1000
 MAX_BYTES = 4 * 1024 * 1024
 #: A snapshot after this many acknowledged events since the last one: a restart reads at most about
 #: this many events of the log after the snapshot (``parkread.replay``).
-SNAPSHOT_EVERY = 5000
+SNAPSHOT_EVERY = 20_000
 #: The DLQ mark moves up when it is this far behind the DLQ's end (and nothing below is unresolved):
 #: a restart reads the DLQ from the mark.
 MARK_LAG = 10_000
@@ -81,15 +81,22 @@ SNAPSHOT_ENV = "SLUICE_PARK_SNAPSHOT_EVERY"
 def event_record(topic: str, e: ParkEvent, wall_ms: int) -> Record:
     """``e`` as the record the store holds (``retry.parkbook``'s event format). A parked message keeps
     its key, value, tag and headers; its timestamp becomes the time it was parked (the key's age)."""
+    return _event_records(topic, e, wall_ms)[0]
+
+
+def _event_records(topic: str, e: ParkEvent, wall_ms: int) -> tuple[Record, Record | None]:
+    """``e``'s record for the store and, for a ``park``, the parked record as the replay makes it (so
+    the kept state takes it without parsing the event back, as the pull side's ``Parker`` does)."""
     src = source_key(topic, e.partition, e.offset).encode()
     if e.op == "park":
         assert e.message is not None
         r = e.message.record
+        parked = Record(topic, e.partition, e.offset, e.key, r.value, r.tag, r.headers, wall_ms)
         headers = {**r.headers, H_OP: b"park", H_PSOURCE: src}
         if e.count:
             headers[H_PCOUNT] = str(e.count).encode()
             headers[H_PDUE] = b"0"
-        return Record("", 0, -1, e.key, r.value, r.tag, headers, wall_ms)
+        return Record("", 0, -1, e.key, r.value, r.tag, headers, wall_ms), parked
     if e.op == "fail":
         headers = {H_OP: b"fail", H_PSOURCE: src, H_PCOUNT: str(e.count).encode(), H_PDUE: b"0"}
     elif e.op == "resolved":
@@ -98,7 +105,7 @@ def event_record(topic: str, e: ParkEvent, wall_ms: int) -> Record:
         headers = {H_OP: b"dlqmark", H_DLQ_MARK: str(e.offset).encode()}
     else:  # unpark: every partition of the key
         headers = {H_OP: b"unpark"}
-    return Record("", 0, -1, e.key, b"", None, headers, wall_ms)
+    return Record("", 0, -1, e.key, b"", None, headers, wall_ms), None
 
 
 class ParkStore:
@@ -177,8 +184,12 @@ class ParkStore:
             self._acked += len(batch)
             self._wake()
             if self.book is not None:
-                for r in records:
-                    self.book.apply(r)
+                book = self.book
+                for r, parked in records:
+                    if parked is None:
+                        book.apply(r)
+                    else:
+                        book.add(parked, r)
                 self._since_snapshot += len(batch)
                 if self._since_snapshot >= self._snapshot_every:
                     self._snapshot(end)
@@ -186,13 +197,13 @@ class ParkStore:
             if saved:
                 self._saved(saved)
 
-    async def _append(self, events: list[ParkEvent]) -> tuple[list[Record], int]:
+    async def _append(self, events: list[ParkEvent]) -> tuple[list[tuple[Record, Record | None]], int]:
         if not self._ensured:
             await self._link.ensure_topic(self.name)
             self._ensured = True
         now = int(time.time() * 1000)
-        records = [event_record(self.topic, e, now) for e in events]
-        return records, await produce(self._link, self._channels, self.name, records)
+        records = [_event_records(self.topic, e, now) for e in events]
+        return records, await produce(self._link, self._channels, self.name, [r for r, _ in records])
 
     def _wake(self) -> None:
         if self._waiters:
