@@ -105,8 +105,11 @@ def test_a_kill_between_dead_letters_and_resolved_writes_each_dead_letter_once(
             assert before, "dead letters before the kill"
             assert before == poison[: len(before)], "in order"
             restart_with(cluster, monkeypatch)
+            # The consumer comes back and the subscription is loaded again (its store replayed).
+            consume(pc, lambda: RESTORED.search(cluster.dispatcher.log()) is not None, 60)
             consume(pc, lambda: len(set(dlq_values(client, topic))) == len(poison), 60)
-            time.sleep(1.0)  # anything written twice would land by now
+            settle = time.monotonic() + 1.5
+            consume(pc, lambda: time.monotonic() > settle)  # anything written twice lands meanwhile
         dlq = dlq_values(client, topic)
         assert dlq == poison, f"each poison record once in the DLQ, in order (before the kill: {len(before)})"
         m = RESTORED.search(cluster.dispatcher.log())
