@@ -360,10 +360,11 @@ class SubscriptionRuntime:
         await self.parks.load(self.machine, dlq_topic(self.topic, self.name), limit, self.service.now_ms())
 
     def _parks_saved(self, saved: dict[int, list[int]]) -> None:
-        if self.closing:  # unloading: the cursor only (the unload persists it), nothing dispatched
-            self.machine.parking.saved(self.machine, saved)
-        else:
-            self.apply(self.machine.parks_saved(saved, self.service.now_ms()))
+        # The cursor only, no dispatch pass: acknowledging a stored message frees no consumer's capacity,
+        # and a pass per park write (one per store round trip while a key parks) cut the other keys'
+        # deliveries into more, smaller ones (docs/poison-keys.md, "Measured"). The next pass, flush
+        # and ``resolve`` see it.
+        self.machine.parking.saved(self.machine, saved)
 
     # ---- shutdown ------------------------------------------------------------------------------------
 
