@@ -51,6 +51,8 @@ class Replayed:
     events: int = 0
     #: Why the snapshot was not used ("" if it was, or there was none).
     fallback: str = ""
+    #: The ``.PARK`` offset the replay read up to (what a snapshot of ``book`` would cover).
+    end: int = 0
 
 
 async def produce(link: CoordinatorLink, channels: AioPeers, name: str, records: list[Record]) -> int:
@@ -182,6 +184,7 @@ async def replay(link: CoordinatorLink, channels: AioPeers, name: str, use_snaps
         if out.fallback:
             log.warning("%s: snapshot not used (%s): replaying the whole log", name, out.fallback)
     out.events = await _read(link, channels, name, start, end, out.book.apply)
+    out.end = end
     return out
 
 

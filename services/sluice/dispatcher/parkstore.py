@@ -332,6 +332,10 @@ class ParkStore:
             return {p: ps.cursor for p, ps in sub.partitions.items()}
 
         self.snapshot_cursors = cursors
+        if (out.fallback or out.events >= self._snapshot_every // 2) and (out.book.keys or out.book.sources):
+            # A snapshot now: the next load reads from here, not the whole tail again (nor a bad
+            # snapshot's log again, which would otherwise stay the last one until enough new events).
+            self._snapshot(out.end)
 
     async def replay(self, dlq: str) -> Replayed:
         """The store's state for a load: its last snapshot and the log after it (``parkread.replay``),

@@ -190,6 +190,16 @@ def test_a_restart_reads_the_last_snapshot_and_falls_back_to_the_log_when_it_is_
         assert (keys, covers) == ("1", "-1")
         assert "digest" in note, note
         assert int(replayed) == len(events), "the whole log"
+        # That load wrote a snapshot at once: the next restart reads it, and nothing of the log after it.
+        wait_for(
+            "a new snapshot",
+            lambda: (
+                read_all(client, snapshot_topic(park))[-1].headers.get("sluice-snap-covers")
+                == str(len(events)).encode()
+            ),
+        )
+        restart_with(cluster, monkeypatch)
+        assert load() == ("1", str(len(events)), "0", "")
         # Nothing lost, nothing twice: the DLQ, then the held records, are the poison key's in order.
         with client.push_consumer(topic, "s", "key_shared", initial_position="earliest", **settings) as pc:
             wait_for("held", held)
