@@ -229,3 +229,44 @@ def consume_until(pc: PushConsumer, done: Any, timeout: float) -> set[int]:
             got.add(int(m.value))
             pc.ack(m)
     return got
+
+
+def test_no_snapshot_while_dispatchers_share_the_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Partitions of the topic on two dispatchers: each one's kept state misses the other's events, so
+    neither writes a snapshot (one would be wrong for the other's partitions), while both park."""
+    monkeypatch.setenv(SNAPSHOT_ENV, "5")
+    with run_push_cluster(dispatchers=2) as two, Client(two.bootstrap, request_timeout=10) as client:
+        for _ in range(20):
+            topic = f"pmulti-{uuid.uuid4().hex[:6]}"
+            client.admin.create_topic(topic, partitions=2)
+            owners = [p.dispatcher_id for p in client.metadata([topic], refresh=True).topic(topic).partitions]
+            if sorted(owners) == ["d1", "d2"]:
+                break
+        else:
+            raise AssertionError("no topic split over both dispatchers")
+        with client.producer(topic, linger="1ms") as producer:
+            for i in range(60):
+                p = i % 2
+                key = POISON + str(p).encode() if i % 4 < 2 else f"ok{i}".encode()
+                producer.send(str(i).encode(), key=key, partition=p)
+            producer.flush()
+        settings: dict[str, Any] = {"nack_delay": "10ms", "max_redeliver": 1, "park_after": 1}
+        with client.push_consumer(topic, "s", "key_shared", initial_position="earliest", **settings) as pc:
+            deadline = time.monotonic() + 60
+            while len(dlq_values(client, topic)) < 30:
+                assert time.monotonic() < deadline, "the poison keys never reached the DLQ"
+                try:
+                    m = pc.receive(timeout=0.1)
+                except TimeoutError:
+                    continue
+                (pc.nack if m.key is not None and m.key.startswith(POISON) else pc.ack)(m)
+        events = read_all(client, f"{topic}.s.PARK")
+        assert len(events) > 10, "both dispatchers parked and resolved (well past a snapshot's 5 events)"
+        assert {
+            e.headers.get(H_PSOURCE, b"").split(b"/")[1] for e in events if e.headers.get(H_OP) == b"park"
+        } == {
+            b"0",
+            b"1",
+        }
+        names = {t.name for t in client.admin.list_topics()}
+        assert snapshot_topic(f"{topic}.s.PARK") not in names, "a snapshot written by one of two writers"
