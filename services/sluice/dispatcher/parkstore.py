@@ -306,10 +306,11 @@ class ParkStore:
         """Loading (before the feeds read): the parked keys from the store (``parkrestore.restore``).
         Snapshots are written from then on while this dispatcher serves every partition of the topic
         (with fewer, another dispatcher's events are missing from ``book``)."""
+        started = time.monotonic()
         out = await self.replay(dlq)
         n = restore(sub, out.book, self.topic, limit, now_ms, int(time.time() * 1000))
         log.info(
-            "%s/%s: %d parked keys restored from %s (snapshot at %d, then %d events%s)",
+            "%s/%s: %d parked keys restored from %s (snapshot at %d, then %d events%s) in %.3f s",
             self.topic,
             self.name,
             n,
@@ -317,6 +318,7 @@ class ParkStore:
             out.snapshot_covers,
             out.events,
             f"; snapshot not used: {out.fallback}" if out.fallback else "",
+            time.monotonic() - started,
         )
         t = self._link.view.topics.get(self.topic)
         loaded = frozenset(sub.partitions)
