@@ -130,6 +130,7 @@ def run_timed(
     late = [lt for _, lt in pairs]
     if "--by-second" in sys.argv:
         first = min(d for d, _ in pairs)
+        print(f"first due at {first} (unix ms)", flush=True)  # to line seconds up with a profile
         by: dict[int, list[int]] = {}
         for due, lt in pairs:
             by.setdefault((due - first) // 1000, []).append(lt)

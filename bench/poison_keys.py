@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.integration.poison.workload import Settings, check_dlq, produce, run
 from tests.integration.push.conftest import run_push_cluster
 
+from _stack import cpu_seconds
 from sluice import Client
 
 
@@ -45,6 +49,19 @@ def main() -> None:
         timeout=600,
     )
     with run_push_cluster() as cluster, Client(cluster.bootstrap, request_timeout=10) as client:
+        pids = {"dispatcher": cluster.dispatcher.process.pid, "broker": cluster.broker.process.pid}
+
+        def meter(into: dict[str, dict[str, float]], mode: str) -> Callable[[], None]:
+            start = {k: cpu_seconds(pid) for k, pid in pids.items()}
+            start["bench"] = time.process_time()
+
+            def done() -> None:
+                now = {k: cpu_seconds(pid) for k, pid in pids.items()}
+                now["bench"] = time.process_time()
+                into[mode] = {k: round(now[k] - start[k], 2) for k in now}
+
+            return done
+
         base, poisoned = f"base-{uuid.uuid4().hex[:6]}", f"poison-{uuid.uuid4().hex[:6]}"
         client.admin.create_topic(base, partitions=1)
         client.admin.create_topic(poisoned, partitions=1)
@@ -53,9 +70,10 @@ def main() -> None:
         rows: list[dict[str, object]] = []
         rates: dict[str, list[float]] = {"absent": [], "healthy": [], "failing": []}
         for i in range(args.rounds):
-            a = run(client, base, good, poison, poisoned=False, s=settings)
-            h = run(client, poisoned, good, poison, poisoned=False, s=settings)
-            p = run(client, poisoned, good, poison, poisoned=True, s=settings)
+            cpu: dict[str, dict[str, float]] = {}
+            a = run(client, base, good, poison, poisoned=False, s=settings, on_done=meter(cpu, "absent"))
+            h = run(client, poisoned, good, poison, poisoned=False, s=settings, on_done=meter(cpu, "healthy"))
+            p = run(client, poisoned, good, poison, poisoned=True, s=settings, on_done=meter(cpu, "failing"))
             dlq_dup = check_dlq(p.dlq, poison)
             for name, o in (("absent", a), ("healthy", h), ("failing", p)):
                 rates[name].append(o.rate)
@@ -71,6 +89,9 @@ def main() -> None:
                 "dlq_duplicates": dlq_dup,
                 "most_waiting_behind_a_head": p.max_waiting,
                 "states_seen": sorted(p.states),
+                # CPU seconds per process from the run's start to its last good record's first ack.
+                "cpu_s": cpu,
+                "load": os.getloadavg()[0],
             }
             rows.append(row)
             print(json.dumps(row), flush=True)

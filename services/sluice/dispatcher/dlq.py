@@ -24,7 +24,7 @@ from sluice.common.rpc import error_from_rpc
 from sluice.dispatcher.cluster import CoordinatorLink
 from sluice.dispatcher.messages import Message
 from sluice.errors import raise_for_proto
-from sluice.retry.levels import H_OFFSET, H_PARTITION, H_TOPIC, sub_dlq_topic
+from sluice.retry.levels import H_OFFSET, H_PARTITION, H_SOURCE, H_TOPIC, source_key, sub_dlq_topic
 from sluice.v1 import broker_pb2
 
 __all__ = ["DeadLetterSink", "dlq_topic"]
@@ -40,8 +40,10 @@ class DeadLetterSink:
         self._link = link
         self._channels = channels
 
-    async def publish(self, topic: str, subscription: str, messages: Sequence[Message]) -> None:
-        """Append ``messages`` to the DLQ topic; raises the typed error if that fails."""
+    async def publish(self, topic: str, subscription: str, messages: Sequence[Message]) -> int:
+        """Append ``messages`` to the DLQ topic; returns its end after them; raises the typed error if
+        that fails. Each carries its source (``sluice-retry-source``: its coordinates in ``topic``),
+        by which a restart finds the parked ones already there (``parkstore.py``)."""
         name = dlq_topic(topic, subscription)
         desc = await self._link.ensure_topic(name)
         builder = BatchBuilder()
@@ -52,6 +54,7 @@ class DeadLetterSink:
                 headers[H_TOPIC] = topic.encode()
                 headers[H_PARTITION] = str(m.partition).encode()
                 headers[H_OFFSET] = str(m.offset).encode()
+            headers[H_SOURCE] = source_key(topic, m.partition, m.offset).encode()
             builder.append(r.value, r.key, r.tag, headers, r.timestamp)
         partition = 0
         address = self._link.view.route(name, partition)
@@ -76,3 +79,4 @@ class DeadLetterSink:
             raise error_from_rpc(exc) from None
         for part in resp.partitions:
             raise_for_proto(part.error)
+        return int(resp.partitions[0].base_offset) + len(messages)

@@ -3,7 +3,7 @@
 Core: authorizes, reads or changes the live state of a loaded subscription (``parking.py``), and
 answers domain values (``convert.py`` makes the protobuf). A subscription this dispatcher has not loaded
 (right after a restart, before a consumer came back) is listed from its parking store
-(``parkstore.replay``), for the partitions this dispatcher serves, with the state ``stored``: its policy
+(``parkread.replay``), for the partitions this dispatcher serves, with the state ``stored``: its policy
 and limits come with its first consumer. ``unpark`` needs it loaded (``docs/poison-keys.md``).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluice.dispatcher.host import ServiceHost
-from sluice.dispatcher.parkstore import replay
+from sluice.dispatcher.parkread import replay
 from sluice.dispatcher.registry import wall_ms
 from sluice.retry.parkbook import sub_park_topic
 from sluice.security.context import Operation, RequestContext
@@ -36,7 +36,7 @@ class ParkedKeyInfo:
 async def stored_keys(service: ServiceHost, topic: str, subscription: str) -> list[ParkedKeyInfo]:
     """The parked keys in the store of a subscription not loaded here (partitions served here)."""
     mine = set(service.link.view.partitions_of(topic, service.dispatcher_id))
-    book = await replay(service.link, service.channels, sub_park_topic(topic, subscription))
+    book = (await replay(service.link, service.channels, sub_park_topic(topic, subscription))).book
     by_key: dict[bytes, list[tuple[int, int, int, int, int]]] = {}
     for ((t, p), key), bk in book.keys.items():
         if t == topic and p in mine and bk.pending:

@@ -4,13 +4,12 @@ Pure, like the state machine it belongs to (``subscription.py``). SQS FIFO messa
 prior art: a failing message blocks its own group, never the queue.
 
 - **Parking.** When a message comes back for the ``park_after``-th time (nack, ack timeout, its
-  consumer leaving), its key is parked and that message becomes the key's *head*. The head keeps being
-  retried as before (nack delay, redelivery count); every *later* message of the key is taken out of
-  the read-ahead and the redelivery queue and waits here, in (partition, offset) order. So the
-  read-ahead never fills with one key's messages (Pulsar's Key_Shared stalls that way,
-  apache/pulsar#21579) and every other key flows at full speed.
+  consumer leaving), its key is parked and that message becomes the key's *head*, retried as before;
+  every *later* message of the key is taken out of the read-ahead and the redelivery queue and waits
+  here, in (partition, offset) order. So the read-ahead never fills with one key's messages (Pulsar's
+  Key_Shared stalls so, apache/pulsar#21579) and every other key flows at full speed.
 - **Release.** The head is acknowledged: the key's waiting messages go back, in order, before any
-  later message of the key (they are redeliveries, and redeliveries go first).
+  later message of the key (redeliveries go first).
 - **Giving up.** The head comes back past ``max_redeliver``: with the DLQ policy the head and every
   waiting message of the key go to the DLQ in order (once no message of the key is in flight any
   more, so nothing of the key overtakes them); with the hold policy (``park_hold``) the head waits
@@ -18,19 +17,16 @@ prior art: a failing message blocks its own group, never the queue.
   passes the cap. After the DLQ the key stays parked and *probes*: its next message is the new head,
   tried alone; acknowledged, the key is released; failing, the cycle repeats.
 - **Cap.** A key with more than ``park_max_messages`` waiting goes to the DLQ whatever the policy, and
-  past ``park_max_bytes`` parked over all keys the largest key does, so parking costs bounded memory and
-  storage (the caps plus what one dispatch pass found in the read-ahead, all charged to the
-  subscription's memory budget like any held message) rather than stalling everything.
+  past ``park_max_bytes`` parked over all keys the largest key does: bounded memory and storage (the
+  caps plus what one dispatch pass found in the read-ahead, charged to the memory budget).
 
 Where parked messages live: in the subscription's parking store, ``<topic>.<subscription>.PARK``
-(``parkstore.py`` writes and replays it; ``docs/poison-keys.md``), and here. Every message that parks
-(each head, and everything waiting behind one) is *stored*: a ``park`` event is emitted
-(``events``, carried out in order by the runtime), and once the store acknowledged it the cursor
-acknowledges its offset (``Subscription.parks_saved``), so the mark-delete moves past parked messages.
-From then on the cursor knows nothing of it: its failures are counted here (``counts``, ``fail``
-events), and it stays in the store until it is finished (acknowledged by a consumer after its
-release, or dead-lettered), which a ``resolved`` event records per (partition, key) prefix
-(``trackers``). A restart replays the store (``parkrestore.py``).
+(``parkstore.py``; ``docs/poison-keys.md``), and here. Every message that parks (each head, and
+everything waiting behind one) is *stored*: a ``park`` event is emitted (``events``, written in order by
+the runtime), and once the store acknowledged it the cursor acknowledges its offset
+(``Subscription.parks_saved``). From then on its failures are counted here (``counts``, ``fail``
+events), and it stays in the store until it is finished (acknowledged after its release, or
+dead-lettered): a ``resolved`` event per (partition, key) prefix (``trackers``). A restart replays it.
 """
 
 from __future__ import annotations
@@ -122,6 +118,7 @@ class Parking:
         "cap",
         "counts",
         "dlq_pos",
+        "dropped",
         "events",
         "hashes",
         "keys",
@@ -155,6 +152,8 @@ class Parking:
         self.dlq_pos: set[Pos] = set()
         #: Events for the store, in order; ``Subscription._finish`` moves them into its effects.
         self.events: list[ParkEvent] = []
+        #: A partition was dropped (moved away): the store's kept state may miss its next owner's events.
+        self.dropped = False
 
     @staticmethod
     def enabled(settings: SubscriptionSettings) -> bool:
@@ -481,6 +480,7 @@ class Parking:
     def drop_partition(self, sub: Parkable, partition: int) -> None:
         """The partition is no longer served: forget its waiting messages (they stay in the store); a
         key whose head was there is released (its other messages go back)."""
+        self.dropped = True
         for key, pk in list(self.keys.items()):
             self._shrink(pk, [m for m in pk.waiting if m.partition != partition])
             if pk.head is not None and pk.head[0] == partition:

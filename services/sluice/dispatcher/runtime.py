@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Protocol
@@ -21,12 +20,11 @@ from sluice.common.peers import AioPeers
 from sluice.dispatcher.budget import MemoryBudget
 from sluice.dispatcher.cluster import CoordinatorLink
 from sluice.dispatcher.consumer import Consumer
-from sluice.dispatcher.dlq import DeadLetterSink
+from sluice.dispatcher.dlq import DeadLetterSink, dlq_topic
 from sluice.dispatcher.epochs import EpochTrail
 from sluice.dispatcher.messages import Message, compact
 from sluice.dispatcher.metrics import DispatcherMetrics
 from sluice.dispatcher.model import Delivery, Effects, SubscriptionSettings
-from sluice.dispatcher.parkrestore import restore
 from sluice.dispatcher.parkstore import ParkStore
 from sluice.dispatcher.subscription import Subscription
 from sluice.dispatcher.truncation import truncate_partition
@@ -331,8 +329,15 @@ class SubscriptionRuntime:
         delay = 0.2
         while self._dead and not self.closing:
             batch, self._dead = self._dead, []
+            # Parked messages among them: the store's DLQ mark first (``ParkStore.guard_dead_letters``).
+            parked = self.machine.parking.dlq_pos
+            stored = sum((m.partition, m.offset) in parked for m, _ in batch) if parked else 0
             try:
-                await self.service.dlq.publish(self.topic, self.name, [m for m, _ in batch])
+                if stored:
+                    await self.parks.guard_dead_letters(
+                        dlq_topic(self.topic, self.name), stored == len(parked)
+                    )
+                end = await self.service.dlq.publish(self.topic, self.name, [m for m, _ in batch])
             except (SluiceError, OSError) as exc:
                 log.warning(
                     "dead-lettering %d messages of %s/%s failed: %s", len(batch), self.topic, self.name, exc
@@ -342,6 +347,7 @@ class SubscriptionRuntime:
                 delay = min(delay * 2, 5.0)
                 continue
             delay = 0.2
+            self.parks.dead_letters_written(end, stored)
             self._m_dlq.inc(len(batch))
             by_partition: dict[int, list[int]] = defaultdict(list)
             for m, _ in batch:
@@ -350,17 +356,15 @@ class SubscriptionRuntime:
                 self.apply(self.machine.dead_lettered(p, offsets, self.service.now_ms()))
 
     async def restore_parking(self, limit: int) -> None:
-        """Loading (before the feeds read): the parked keys from the store (``parkrestore.py``)."""
-        book = await self.parks.replay()
-        n = restore(self.machine, book, self.topic, limit, self.service.now_ms(), int(time.time() * 1000))
-        if n:
-            log.info("%s/%s: %d parked keys restored from %s", self.topic, self.name, n, self.parks.name)
+        """Loading (before the feeds read): the parked keys from the store (``parkstore.py``)."""
+        await self.parks.load(self.machine, dlq_topic(self.topic, self.name), limit, self.service.now_ms())
 
     def _parks_saved(self, saved: dict[int, list[int]]) -> None:
-        if self.closing:  # unloading: the cursor only (the unload persists it), nothing dispatched
-            self.machine.parking.saved(self.machine, saved)
-        else:
-            self.apply(self.machine.parks_saved(saved, self.service.now_ms()))
+        # The cursor only, no dispatch pass: acknowledging a stored message frees no consumer's capacity,
+        # and a pass per park write (one per store round trip while a key parks) cut the other keys'
+        # deliveries into more, smaller ones (docs/poison-keys.md, "Measured"). The next pass, flush
+        # and ``resolve`` see it.
+        self.machine.parking.saved(self.machine, saved)
 
     # ---- shutdown ------------------------------------------------------------------------------------
 

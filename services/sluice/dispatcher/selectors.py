@@ -186,9 +186,10 @@ class _KeySharedPass:
     def take_replay(self, ps: PartitionState, out: dict[Consumer, list[Message]]) -> None:
         """Redeliveries first, in offset order."""
         replay, caps, p, parking = ps.replay, self.caps, ps.partition, self.parking
+        parked = parking.hashes if parking is not None else ()
         for o in sorted(replay):
             m = replay[o]
-            if parking is not None and parking.take(m):
+            if m.key_hash in parked and parking is not None and parking.take(m):
                 del replay[o]
                 continue
             c = self.eligible(m, p)
@@ -206,6 +207,7 @@ class _KeySharedPass:
         pending = ps.pending
         gate = ps.cursor.gate
         parking = self.parking
+        parked = parking.hashes if parking is not None else ()
         parked_bytes = 0
         for i, m in enumerate(pending):
             if m.offset >= gate:
@@ -213,7 +215,8 @@ class _KeySharedPass:
                 ps.cursor.stall(m.offset)
                 kept.extend(islice(pending, i, None))
                 break
-            if parking is not None and parking.take(m):
+            # The parked hashes first (a rescanned message of another key costs one set probe).
+            if m.key_hash in parked and parking is not None and parking.take(m):
                 parked_bytes += m.size  # off the read-ahead: it no longer holds the feed back
                 continue
             c = self.eligible(m, p)

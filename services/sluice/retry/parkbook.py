@@ -17,6 +17,10 @@ Events (header ``sluice-park-op``; the key is the parked key, ``sluice-park-sour
 - ``resolved``: the key's records up to a source offset are finished (``how``: ``ok`` processed, ``dlq``
   dead-lettered); the key is no longer parked once nothing of it waits.
 - ``unpark``: an operator released the key: counts start again at 0, the head is due at once.
+- ``dlqmark`` (push subscriptions only, ``parkstore.py``): an offset of the subscription's DLQ below which
+  none of the parked records not yet ``resolved`` was dead-lettered. Written (and acknowledged) before a
+  parked key's records go to the DLQ, so a restart reads the DLQ from it and drops the records found
+  there by their source (``drop_dead``) instead of dead-lettering them twice.
 
 Every source ever parked is remembered (``sources``), so a record delivered again after a crash between
 its parking and the commit of its offset is recognised and not parked twice.
@@ -31,10 +35,12 @@ from sluice.codec.batch import Record
 from sluice.retry.levels import source_key
 
 __all__ = [
+    "H_DLQ_MARK",
     "H_HOW",
     "H_OP",
     "H_PCOUNT",
     "H_PDUE",
+    "H_PSINCE",
     "H_PSOURCE",
     "PARK_HEADERS",
     "PARK_PREFIX",
@@ -51,8 +57,11 @@ H_PSOURCE = "sluice-park-source"
 H_PCOUNT = "sluice-park-count"
 H_PDUE = "sluice-park-due-ms"
 H_HOW = "sluice-park-how"
+H_DLQ_MARK = "sluice-park-dlq-mark"
+#: A snapshot's first record of a key: the key's age (``parksnap.py``).
+H_PSINCE = "sluice-park-since-ms"
 #: The park topic's own headers (a parked record keeps only its original ones).
-PARK_HEADERS = frozenset((H_OP, H_PSOURCE, H_PCOUNT, H_PDUE, H_HOW))
+PARK_HEADERS = frozenset((H_OP, H_PSOURCE, H_PCOUNT, H_PDUE, H_HOW, H_DLQ_MARK, H_PSINCE))
 #: Sources remembered for deduplication; the oldest go first beyond it.
 MAX_SOURCES = 1_000_000
 
@@ -97,6 +106,9 @@ class ParkedKey:
     due_ms: int = 0
     #: When it was parked (unix ms, the park event's timestamp).
     since_ms: int = 0
+    #: The source offset ``count`` belongs to (the head it was counted for): a ``resolved`` below it
+    #: keeps it (the push side writes a new head's ``fail`` before the previous heads' ``resolved``).
+    count_at: int = -1
 
 
 class ParkBook:
@@ -108,6 +120,8 @@ class ParkBook:
         #: The highest parked source offset per source partition: a record above it was never parked,
         #: so most records need no lookup in ``sources``.
         self.max_source: dict[TopicPartition, int] = {}
+        #: The last ``dlqmark`` (push subscriptions): the DLQ offset to read from at a restart.
+        self.dlq_mark: int | None = None
 
     def parked(self, tp: TopicPartition, key: bytes | None) -> bool:
         return key is not None and (tp, key) in self.keys
@@ -122,6 +136,9 @@ class ParkBook:
         headers = event.headers
         op = headers.get(H_OP) if headers else None
         if op is None or event.key is None:
+            return
+        if op == b"dlqmark":
+            self.dlq_mark = _int(headers.get(H_DLQ_MARK))
             return
         src = headers.get(H_PSOURCE, b"")
         try:
@@ -138,6 +155,7 @@ class ParkBook:
             if pk is not None:
                 pk.count = _int(headers.get(H_PCOUNT))
                 pk.due_ms = _int(headers.get(H_PDUE))
+                pk.count_at = offset
         elif op == b"resolved":
             self._resolve(kid, offset)
         elif op == b"unpark":
@@ -168,6 +186,7 @@ class ParkBook:
         if event is not None and H_PCOUNT in event.headers:
             pk.count = _int(event.headers.get(H_PCOUNT))
             pk.due_ms = _int(event.headers.get(H_PDUE))
+            pk.count_at = record.offset
 
     def note(self, tp: TopicPartition, offset: int) -> bool:
         """Remember that the record at ``tp``/``offset`` was parked; False if it was already."""
@@ -195,9 +214,43 @@ class ParkBook:
             return
         while pk.pending and pk.pending[0].offset <= through:
             pk.pending.popleft()
-        pk.count, pk.due_ms = 0, 0
+        if pk.count_at <= through:
+            pk.count, pk.due_ms = 0, 0
         if not pk.pending:
             del self.keys[kid]
+
+    def trim_sources(self, lows: dict[TopicPartition, int]) -> int:
+        """Forget the oldest remembered sources while they are below their partition's low bound (no
+        restart needs them: ``parksnap``); stops at the first that is not. Returns how many went."""
+        n = 0
+        while self.sources:
+            src = next(iter(self.sources))
+            topic, partition, offset = parse_source(src)
+            if offset >= lows.get((topic, partition), 0):
+                break
+            del self.sources[src]
+            n += 1
+        return n
+
+    def drop_dead(self, dead: set[str]) -> list[tuple[TopicPartition, bytes, int]]:
+        """Drop the parked records whose source is in ``dead`` (found in the DLQ after a crash between
+        their dead-lettering and its ``resolved`` event). Returns, per key, the ``resolved`` to record:
+        (source partition, key, through offset) of its longest prefix now gone. A key's records go to
+        the DLQ head first and in order, so what was dead-lettered is a prefix of what waits."""
+        out: list[tuple[TopicPartition, bytes, int]] = []
+        for kid, pk in list(self.keys.items()):
+            tp = kid[0]
+            through = -1
+            while pk.pending and source_key(tp[0], tp[1], pk.pending[0].offset) in dead:
+                through = pk.pending.popleft().offset
+            if through < 0:
+                continue
+            out.append((tp, kid[1], through))
+            if pk.count_at <= through:
+                pk.count, pk.due_ms = 0, 0
+            if not pk.pending:
+                del self.keys[kid]
+        return out
 
     def oldest_first(self) -> list[ParkedKey]:
         return sorted(self.keys.values(), key=lambda pk: (pk.since_ms, pk.tp, pk.key))

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from sluice.codec.batch import Record
-from sluice.retry.levels import H_OFFSET, H_PARTITION, H_TOPIC
+from sluice.retry.levels import H_OFFSET, H_PARTITION, H_SOURCE, H_TOPIC
 from sluice.v1 import dispatcher_pb2 as pb
 from tests.integration.dispatcher.conftest import Cluster, ids, run_cluster, wait_until
 
@@ -69,8 +69,9 @@ def test_dead_letter_after_max_redeliver(cluster: Cluster) -> None:
     assert c.quiet(0.5) == [], "not delivered again after max_redeliver"
     wait_until(lambda: len(dlq_records(cluster)) == 1, what="the DLQ record")
     (r,) = dlq_records(cluster)
-    # Its headers, plus where it came from (for `sluice dlq redrive --to original`, docs/retry.md).
-    origin = {H_TOPIC: b"dl", H_PARTITION: b"0", H_OFFSET: b"0"}
+    # Its headers, plus where it came from (for `sluice dlq redrive --to original`, docs/retry.md) and its
+    # source (a restart's dedup of parked keys' dead letters, docs/poison-keys.md).
+    origin = {H_TOPIC: b"dl", H_PARTITION: b"0", H_OFFSET: b"0", H_SOURCE: b"dl/0/0"}
     assert (r.value, r.key, r.tag, r.headers) == (b"poison", b"k1", "tagA", {"h": b"v", **origin})
     wait_until(
         lambda: cluster.metric("sluice_dispatcher_dlq_messages_total", topic="dl") == 1, what="dlq metric"

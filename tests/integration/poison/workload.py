@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sluice import Client
@@ -85,12 +86,19 @@ class Settings:
 
 
 def run(
-    client: Client, topic: str, good: list[int], poison: list[int], poisoned: bool, s: Settings
+    client: Client,
+    topic: str,
+    good: list[int],
+    poison: list[int],
+    poisoned: bool,
+    s: Settings,
+    on_done: Callable[[], None] | None = None,
 ) -> Outcome:
     """Consume one fresh subscription of ``topic`` until every good record was acknowledged (and, when
     ``poisoned``, every poison record reached the DLQ); count everything. Not ``poisoned`` on a topic
     with the poison key: its records succeed like the others (the "same traffic, nothing failing"
-    baseline)."""
+    baseline). ``on_done`` is called once every good record was acknowledged (the benchmark reads
+    the processes' CPU there, before the DLQ is read back)."""
     sub = f"ks-{uuid.uuid4().hex[:6]}"
     good_set = set(good)
     seen: Counter[int] = Counter()
@@ -167,6 +175,8 @@ def run(
             _watch_parked(client, topic, sub, out)
             next_watch = time.monotonic() + 0.1
     out.seconds = time.monotonic() - t0
+    if on_done is not None:
+        on_done()
     if poisoned:
         out.dlq = _read_dlq(client, f"{topic}.{sub}.DLQ", len(poison), deadline)
     for pc, until, t in consumers:

@@ -97,3 +97,17 @@ def test_a_consumers_own_parks_make_the_same_book_as_their_replay() -> None:
     assert direct.keys == replayed.keys
     assert (direct.sources, direct.max_source) == (replayed.sources, replayed.max_source)
     assert [r.headers for r in direct.keys[(TP, b"k")].pending] == [{"app": b"x"}, {"app": b"y"}]
+
+
+def test_a_resolved_below_the_counted_head_keeps_its_count() -> None:
+    """The push side writes a new head's ``fail`` before the ``resolved`` of the prefix that went to the
+    DLQ ahead of it: the replay must keep that head's count (it was 0, and a held key came back parked)."""
+    book = ParkBook()
+    for o in (1, 2, 3):
+        book.apply(_event(o, b"park", f"orders/3/{o}", **({H_PCOUNT: b"2", H_PDUE: b"0"} if o == 1 else {})))
+    book.apply(_event(4, b"fail", "orders/3/3", **{H_PCOUNT: b"2", H_PDUE: b"0"}))
+    book.apply(_event(5, b"resolved", "orders/3/2", **{H_HOW: b"dlq"}))
+    pk = book.keys[(TP, b"k")]
+    assert ([r.offset for r in pk.pending], pk.count) == ([3], 2)
+    book.apply(_event(6, b"resolved", "orders/3/3", **{H_HOW: b"dlq"}))
+    assert not book.keys

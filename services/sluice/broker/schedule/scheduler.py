@@ -26,6 +26,7 @@ from sluice.broker.schedule.buckets import BucketStore
 from sluice.broker.schedule.delivery import Deliverer
 from sluice.broker.schedule.entry import Entry, entry_of
 from sluice.broker.schedule.timeline import Loaded, Timeline
+from sluice.broker.schedule.trace import trace
 from sluice.client import Client, ProducerConfig
 from sluice.client.producer.delay import SCHEDULE_TOPIC
 from sluice.errors import SluiceError
@@ -248,6 +249,7 @@ class Scheduler:
     def _load_planned(self, plan: list[int]) -> None:
         for bucket in plan:
             started = time.monotonic()
+            trace("load_start", bucket=bucket)
             entries, done = self._store.load(bucket, _yield_gil)
             loaded = Loaded.of(entries, done)
             self._learn_load_time(self._store.size(bucket), time.monotonic() - started)
@@ -262,6 +264,9 @@ class Scheduler:
             with self._cond:
                 self._timeline.install(bucket, loaded)
                 self._cond.notify_all()
+            trace(
+                "load_end", bucket=bucket, records=len(entries), seconds=round(time.monotonic() - started, 3)
+            )
 
     def _learn_load_time(self, size: int, seconds: float) -> None:
         if size >= 1 << 16 and seconds > 0:  # small reads say little about the speed
@@ -303,7 +308,9 @@ class Scheduler:
             self._deliver(batch)
 
     def _deliver(self, batch: list[Entry]) -> None:
+        popped = self._clock()
         with self._batch_lock:
+            locked = self._clock()
             metrics.DUE.inc(len(batch))
             try:
                 self._deliverer.deliver(batch, self._settings.send_timeout)
@@ -317,6 +324,16 @@ class Scheduler:
                 log.warning("schedule: --crash-after-deliveries reached: exiting before the done marks")
                 os._exit(137)
             self._done(batch)
+        trace(
+            "batch",
+            n=len(batch),
+            first_due=batch[0].due,
+            last_due=batch[-1].due,
+            popped=popped,
+            locked=locked,
+            acked=acked,
+            done=self._clock(),
+        )
         self._count_delivered(batch, acked)
 
     def _count_delivered(self, batch: list[Entry], acked: int) -> None:
