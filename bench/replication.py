@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing as mp
+import os
 import statistics
 import struct
 import subprocess
@@ -223,13 +224,22 @@ def spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes]:
     """py-spy on one broker for ``seconds`` (collapsed stacks, not pausing it: --nonblocking)."""
     return subprocess.Popen(
         ["py-spy", "record", "--pid", str(pid), "--duration", str(max(int(seconds), 1)), "--rate", "200",
-         "--nonblocking", "--format", "raw", "--output", str(out)],
+         "--nonblocking", "--format", "raw", "--output", str(out),
+         *(["--native"] if os.environ.get("SPY_NATIVE") else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
 
+#: The brokers' histograms a profiling run reads back: name -> the label that splits it.
+HISTOGRAMS = {
+    "sluice_broker_stage_seconds": "stage",
+    "sluice_event_loop_lag_seconds": "service",
+    "sluice_gc_pause_seconds": "generation",
+}
+
+
 def stage_quantiles(metrics: list[str]) -> dict[str, dict[str, float]]:
-    """Each broker's ``sluice_broker_stage_seconds`` buckets read back as p50/p99 upper bounds (ms)."""
+    """Each broker's stage, event-loop lag and GC pause histograms as p50/p99/max upper bounds (ms)."""
     import urllib.request
 
     out: dict[str, dict[str, float]] = {}
@@ -237,20 +247,26 @@ def stage_quantiles(metrics: list[str]) -> dict[str, dict[str, float]]:
         text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
         buckets: dict[str, list[tuple[float, float]]] = {}
         for line in text.splitlines():
-            if line.startswith("sluice_broker_stage_seconds_bucket{"):
-                labels, value = line.rsplit(" ", 1)
-                stage = labels.split('stage="', 1)[1].split('"', 1)[0]
-                le = labels.split('le="', 1)[1].split('"', 1)[0]
-                buckets.setdefault(stage, []).append((float(le), float(value)))
-        for stage, cumulative in buckets.items():
+            name = line.split("_bucket{", 1)[0]
+            if name not in HISTOGRAMS or "_bucket{" not in line:
+                continue
+            labels, value = line.rsplit(" ", 1)
+            label = HISTOGRAMS[name]
+            which = labels.split(f'{label}="', 1)[1].split('"', 1)[0]
+            le = labels.split('le="', 1)[1].split('"', 1)[0]
+            buckets.setdefault(f"{name.removeprefix('sluice_')}.{which}", []).append(
+                (float(le), float(value))
+            )
+        for series, cumulative in buckets.items():
             cumulative.sort()
             total = cumulative[-1][1]
             if not total:
                 continue
             figures = {"count": total}
-            for q in (0.5, 0.99):
-                figures[f"p{int(q * 100)}_ms"] = next(le for le, c in cumulative if c >= q * total) * 1000
-            out[f"b{b}.{stage}"] = figures
+            for q in (0.5, 0.99, 1.0):
+                key = "max_ms" if q == 1.0 else f"p{int(q * 100)}_ms"
+                figures[key] = next(le for le, c in cumulative if c >= q * total) * 1000
+            out[f"b{b}.{series}"] = figures
     return out
 
 
