@@ -317,6 +317,12 @@ def main() -> None:
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput phase")
     parser.add_argument("--only", choices=list(SETTINGS), help="run one setting only (profiling)")
     parser.add_argument(
+        "--broker-nice",
+        type=int,
+        help="a diagnosis, not a setting: the brokers' nice value (negative: ahead of the machine's other "
+        "processes), to tell scheduling delay from work on the path (root only)",
+    )
+    parser.add_argument(
         "--profile", type=Path, help="py-spy each broker during the latency phase (collapsed stacks here)"
     )
     args = parser.parse_args()
@@ -326,6 +332,9 @@ def main() -> None:
     brokers: list[int] = []
     metrics: list[str] = []
     with cluster(args.flush, brokers, metrics) as bootstrap:
+        if args.broker_nice is not None:
+            for pid in brokers:
+                os.setpriority(os.PRIO_PROCESS, pid, args.broker_nice)
         for r in range(args.rounds):
             for name, (factor, acks) in SETTINGS.items():
                 if args.only and name != args.only:
