@@ -144,10 +144,16 @@ def throughput(bootstrap: str, topic: str, n: int, acks: int) -> dict[str, float
     return results
 
 
+#: ``REPLICATION_DUMP=dir``: each latency run's (sent, latency) pairs go to a file there, in arrival order
+#: (when a tail happens: a burst, or spread out).
+DUMP = os.environ.get("REPLICATION_DUMP", "")
+
+
 def consume(bootstrap: str, topic: str, total: int, warmup: int, ready: Event, out: Queue[Any]) -> None:
     from sluice import Client
 
     latencies: list[float] = []
+    stamps: list[tuple[float, float]] = []
     with Client(bootstrap) as client:
         fetcher = client.fetcher({(topic, p): 0 for p in range(PARTITIONS)}, max_wait_ms=500)
         ready.set()
@@ -158,7 +164,11 @@ def consume(bootstrap: str, topic: str, total: int, warmup: int, ready: Event, o
                 sent, in_warmup = HEADER.unpack_from(r.value)
                 if not in_warmup:
                     latencies.append(time.perf_counter() - sent)
+                    if DUMP:
+                        stamps.append((sent, latencies[-1]))
         fetcher.close()
+    if DUMP:
+        Path(DUMP, f"{topic}.json").write_text(json.dumps(stamps))
     out.put(latencies)
 
 
