@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import multiprocessing as mp
+import os
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,8 +46,9 @@ SETTINGS = {"f1_acks1": (1, 1), "f3_acksall": (3, -1)}
 
 
 @contextlib.contextmanager
-def cluster(flush: str, pids: list[int]) -> Iterator[str]:
-    """A coordinator and three brokers; yields the bootstrap address (the brokers' pids go to ``pids``)."""
+def cluster(flush: str, pids: list[int], metrics: list[str] | None = None) -> Iterator[str]:
+    """A coordinator and three brokers; yields the bootstrap address (the brokers' pids go to ``pids``,
+    their metrics addresses to ``metrics``)."""
     with (
         run_redis(appendonly=False) as redis,
         tempfile.TemporaryDirectory(prefix="sluice-bench-repl-") as d,
@@ -69,6 +73,8 @@ def cluster(flush: str, pids: list[int]) -> Iterator[str]:
                 )
             )  # fmt: skip
             pids.append(broker.process.pid)
+            if metrics is not None:
+                metrics.append(broker.metrics)
         yield coord.address
 
 
@@ -138,10 +144,16 @@ def throughput(bootstrap: str, topic: str, n: int, acks: int) -> dict[str, float
     return results
 
 
+#: ``REPLICATION_DUMP=dir``: each latency run's (sent, latency) pairs go to a file there, in arrival order
+#: (when a tail happens: a burst, or spread out).
+DUMP = os.environ.get("REPLICATION_DUMP", "")
+
+
 def consume(bootstrap: str, topic: str, total: int, warmup: int, ready: Event, out: Queue[Any]) -> None:
     from sluice import Client
 
     latencies: list[float] = []
+    stamps: list[tuple[float, float]] = []
     with Client(bootstrap) as client:
         fetcher = client.fetcher({(topic, p): 0 for p in range(PARTITIONS)}, max_wait_ms=500)
         ready.set()
@@ -152,12 +164,23 @@ def consume(bootstrap: str, topic: str, total: int, warmup: int, ready: Event, o
                 sent, in_warmup = HEADER.unpack_from(r.value)
                 if not in_warmup:
                     latencies.append(time.perf_counter() - sent)
+                    if DUMP:
+                        stamps.append((sent, latencies[-1]))
         fetcher.close()
+    if DUMP:
+        Path(DUMP, f"{topic}.json").write_text(json.dumps(stamps))
     out.put(latencies)
 
 
 def latency(
-    bootstrap: str, topic: str, acks: int, rate: int, seconds: float, brokers: list[int], linger: str = "0ms"
+    bootstrap: str,
+    topic: str,
+    acks: int,
+    rate: int,
+    seconds: float,
+    brokers: list[int],
+    linger: str = "0ms",
+    profile: Path | None = None,
 ) -> dict[str, float]:
     from sluice import Client
 
@@ -173,10 +196,15 @@ def latency(
         interval = 1.0 / rate
         next_at = time.perf_counter()
         cpu = switches = 0.0
+        spies: list[subprocess.Popen[bytes]] = []
         for i in range(total):
             if i == warmup:
                 cpu = sum(cpu_seconds(pid) for pid in brokers)
                 switches = sum(context_switches(pid) for pid in brokers)
+                if profile is not None:
+                    spies = [
+                        spy(pid, profile / f"{topic}-b{b}.txt", seconds) for b, pid in enumerate(brokers, 0)
+                    ]
             now = time.perf_counter()
             if now < next_at:
                 time.sleep(next_at - now)
@@ -188,6 +216,8 @@ def latency(
         switches = sum(context_switches(pid) for pid in brokers) - switches
         consumer.join(30)
         producer.close()
+        for proc in spies:
+            proc.wait(60)
     ordered = sorted(latencies)
     return {
         "p50_ms": round(ordered[len(ordered) // 2] * 1000, 3),
@@ -198,6 +228,56 @@ def latency(
         "brokers_cpu_us_per_record": round(cpu / max(len(latencies), 1) * 1e6, 1),
         "brokers_switches_per_record": round(switches / max(len(latencies), 1), 2),
     }
+
+
+def spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes]:
+    """py-spy on one broker for ``seconds`` (collapsed stacks, not pausing it: --nonblocking)."""
+    return subprocess.Popen(
+        ["py-spy", "record", "--pid", str(pid), "--duration", str(max(int(seconds), 1)), "--rate", "200",
+         "--nonblocking", "--format", "raw", "--output", str(out),
+         *(["--native"] if os.environ.get("SPY_NATIVE") else [])],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+#: The brokers' histograms a profiling run reads back: name -> the label that splits it.
+HISTOGRAMS = {
+    "sluice_broker_stage_seconds": "stage",
+    "sluice_event_loop_lag_seconds": "service",
+    "sluice_gc_pause_seconds": "generation",
+}
+
+
+def stage_quantiles(metrics: list[str]) -> dict[str, dict[str, float]]:
+    """Each broker's stage, event-loop lag and GC pause histograms as p50/p99/max upper bounds (ms)."""
+    import urllib.request
+
+    out: dict[str, dict[str, float]] = {}
+    for b, address in enumerate(metrics):
+        text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+        buckets: dict[str, list[tuple[float, float]]] = {}
+        for line in text.splitlines():
+            name = line.split("_bucket{", 1)[0]
+            if name not in HISTOGRAMS or "_bucket{" not in line:
+                continue
+            labels, value = line.rsplit(" ", 1)
+            label = HISTOGRAMS[name]
+            which = labels.split(f'{label}="', 1)[1].split('"', 1)[0]
+            le = labels.split('le="', 1)[1].split('"', 1)[0]
+            buckets.setdefault(f"{name.removeprefix('sluice_')}.{which}", []).append(
+                (float(le), float(value))
+            )
+        for series, cumulative in buckets.items():
+            cumulative.sort()
+            total = cumulative[-1][1]
+            if not total:
+                continue
+            figures = {"count": total}
+            for q in (0.5, 0.99, 1.0):
+                key = "max_ms" if q == 1.0 else f"p{int(q * 100)}_ms"
+                figures[key] = next(le for le, c in cumulative if c >= q * total) * 1000
+            out[f"b{b}.{series}"] = figures
+    return out
 
 
 def ack_latency(bootstrap: str, topic: str, acks: int, requests: int = 400) -> dict[str, float]:
@@ -245,23 +325,55 @@ def main() -> None:
     parser.add_argument("--flush", choices=["interval", "always", "never"], default="interval")
     parser.add_argument("--linger", default="0ms", help="the latency phase's producer linger")
     parser.add_argument("--latency-only", action="store_true", help="skip the throughput phase")
+    parser.add_argument("--only", choices=list(SETTINGS), help="run one setting only (profiling)")
+    parser.add_argument(
+        "--broker-nice",
+        type=int,
+        help="a diagnosis, not a setting: the brokers' nice value (negative: ahead of the machine's other "
+        "processes), to tell scheduling delay from work on the path (root only)",
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy each broker during the latency phase (collapsed stacks here)"
+    )
     args = parser.parse_args()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
     brokers: list[int] = []
-    with cluster(args.flush, brokers) as bootstrap:
+    metrics: list[str] = []
+    with cluster(args.flush, brokers, metrics) as bootstrap:
+        if args.broker_nice is not None:
+            for pid in brokers:
+                os.setpriority(os.PRIO_PROCESS, pid, args.broker_nice)
         for r in range(args.rounds):
             for name, (factor, acks) in SETTINGS.items():
+                if args.only and name != args.only:
+                    continue
                 create(bootstrap, f"tp-{name}-{r}", factor)
                 create(bootstrap, f"lat-{name}-{r}", factor)
                 figures: dict[str, float] = {}
                 if not args.latency_only:
                     figures = throughput(bootstrap, f"tp-{name}-{r}", args.records, acks)
                 figures.update(
-                    latency(bootstrap, f"lat-{name}-{r}", acks, args.rate, args.seconds, brokers, args.linger)
+                    latency(
+                        bootstrap,
+                        f"lat-{name}-{r}",
+                        acks,
+                        args.rate,
+                        args.seconds,
+                        brokers,
+                        args.linger,
+                        args.profile,
+                    )
                 )
                 figures.update(ack_latency(bootstrap, f"lat-{name}-{r}", acks))
                 runs[name].append(figures)
                 print(name, figures, flush=True)
+        stages = stage_quantiles(metrics)
+    if args.only:  # a profiling run: its figures and the brokers' stage histograms, no comparison
+        print(json.dumps(stages, indent=1))
+        save(f"replication_{args.only}_{args.flush}", {"runs": runs[args.only], "stages": stages})
+        return
     medians = {
         name: {key: round(statistics.median(run[key] for run in rs), 3) for key in rs[0]}
         for name, rs in runs.items()

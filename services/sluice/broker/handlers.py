@@ -209,7 +209,12 @@ class RequestHandlers:
     def append(self, request: broker_pb2.ProduceRequest, ctx: RequestContext) -> AppendedProduce:
         """Append at once (arrival order is append order); the answer may wait for an fsync."""
         started = time.perf_counter()
-        throttle = throttle_ms(self.quotas.record(ctx, produce_amounts(request)))
+        # Without quotas (the usual case) not even the request's sizes are summed.
+        throttle = (
+            throttle_ms(self.quotas.record(ctx, produce_amounts(request)))
+            if self.quotas.snapshot.quotas
+            else 0
+        )
         try:
             results, durable = self.service.append(
                 request.acks, request.timeout_ms, produce_items(request), ctx
@@ -245,17 +250,26 @@ class RequestHandlers:
         self.service.memory.fetch.release(held)
         return answer, follow
 
+    def replica_params(self, request: broker_pb2.FetchRequest, ctx: RequestContext) -> FetchParams | None:
+        """A follower's fetch, parsed and its positions recorded as it is read (the wire server
+        calls this from its read callback; ``ReplicaSteps.replica_positions``); None for a
+        consumer's fetch, parsed when served as before."""
+        if not is_replica(request):
+            return None
+        return self.service.replica_positions(fetch_params_from_proto(request), ctx)
+
     async def fetch_held(
-        self, request: broker_pb2.FetchRequest, ctx: RequestContext
+        self, request: broker_pb2.FetchRequest, ctx: RequestContext, params: FetchParams | None = None
     ) -> tuple[broker_pb2.FetchResponse, FollowFrom | None, int]:
         """As :meth:`fetch`, with the bytes the answer holds in the fetch memory pool, which
-        the caller releases once the answer is written (``docs/memory.md``)."""
+        the caller releases once the answer is written (``docs/memory.md``). ``params``: the
+        request already parsed (:meth:`replica_params`)."""
         metered = not is_replica(request)
         if metered:  # a throttled caller's next fetch waits (KIP-219)
             await quotas_hold(self.quotas, ctx, FETCH, request.client_id)
         started = time.perf_counter()
         try:
-            outcome = await self.service.fetch(fetch_params_from_proto(request), ctx)
+            outcome = await self.service.fetch(params or fetch_params_from_proto(request), ctx)
         except SluiceError as err:
             self.fetch_metrics.record(err.code_name, started)
             return broker_pb2.FetchResponse(error=err.to_proto(), request_id=request.request_id), None, 0

@@ -35,10 +35,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
 
+from sluice.broker import stages
 from sluice.broker.assignment import PartitionAssignment
 from sluice.broker.fetch import TopicPartitionKey
 from sluice.broker.flusher import Flusher, FlushPolicy
@@ -118,6 +119,8 @@ class LeaderFetcher:
         self._conn: ReplicaWire | None = None
         self.partitions: dict[TopicPartitionKey, Followed] = {}
         self._changed = asyncio.Event()
+        #: The fetch in flight (a change cancels it: ``_poke``).
+        self._call: asyncio.Future[broker_pb2.FetchResponse] | None = None
         self._task: asyncio.Task[None] | None = None
         #: Fetch answers applied (tests wait on progress with it).
         self.rounds = 0
@@ -143,9 +146,16 @@ class LeaderFetcher:
                 current.assignment = item
                 current.parked = False
             self._set_throttle(self.partitions[key], item)
-        self._changed.set()
+        self._poke()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"replica-fetcher-{self.leader_id}")
+
+    def _poke(self) -> None:
+        """The partitions or their state changed: plan again, dropping the fetch in flight."""
+        self._changed.set()
+        call = self._call
+        if call is not None and not call.done():
+            call.cancel()
 
     def _set_throttle(self, followed: Followed, item: PartitionAssignment) -> None:
         rate = item.throttle_bytes_per_second if self._broker_id not in item.isr else 0
@@ -162,7 +172,7 @@ class LeaderFetcher:
             wait = min(t.wait_s(now) for k in out if (t := candidates[k].throttle) is not None)
             if self._wake is not None:
                 self._wake.cancel()
-            self._wake = asyncio.get_running_loop().call_later(max(wait, 0.001), self._changed.set)
+            self._wake = asyncio.get_running_loop().call_later(max(wait, 0.001), self._poke)
         return out
 
     def _park(self, followed: Followed) -> None:
@@ -174,7 +184,7 @@ class LeaderFetcher:
         def unpark() -> None:
             if self.partitions.get(followed.assignment.key) is followed:
                 followed.parked = False
-                self._changed.set()
+                self._poke()
 
         asyncio.get_running_loop().call_later(PARK_S, unpark)
 
@@ -238,13 +248,11 @@ class LeaderFetcher:
     def _start_fetch(
         self, stub: BrokerStub, wire: tuple[str, int] | None, request: broker_pb2.FetchRequest
     ) -> asyncio.Future[broker_pb2.FetchResponse]:
-        """The fetch, in flight. On an open wire connection its frame is written now, in the loop pass
-        that appended the previous answer: the leader learns the new log end (and can move the HW and
-        answer acks=all) without this broker's loop going round once more first."""
+        """The fetch, in flight; on an open wire connection its frame is written now, in the loop pass
+        that appended the previous answer, and the answer resolves it in the read callback (no task)."""
         conn = self._conn
         if wire is not None and conn is not None and not conn.closed:
-            conn.send(request)
-            return asyncio.ensure_future(conn.answer())
+            return conn.request(request)
         return asyncio.ensure_future(self._fetch(stub, wire, request))
 
     async def _follow_on(
@@ -265,25 +273,27 @@ class LeaderFetcher:
             if not active:
                 await self._changed.wait()
                 continue
-            call = self._start_fetch(stub, wire, self._request(active))
-            changed = asyncio.ensure_future(self._changed.wait())
-            either: set[asyncio.Future[Any]] = {call, changed}
+            if self._changed.is_set():
+                continue  # changed while truncating: plan again first
+            # Awaited alone, a change (``_poke``) cancels it: no task nor asyncio.wait per round
+            # (docs/replication.md, "Fifth pass").
+            call = self._call = self._start_fetch(stub, wire, self._request(active))
             try:
-                done, _ = await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                changed.cancel()
-            if call not in done:
-                call.cancel()  # re-planned: ask again with the new set
-                with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, SluiceError, OSError):
-                    await call
+                await call
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not call.cancelled() or (task is not None and task.cancelling()):
+                    raise  # the fetcher itself is stopping
                 if self._conn is not None:
-                    # Its answer may still come (the frame went out before the answer was awaited):
-                    # a fresh connection for the next fetch, as a cancelled read always had.
-                    self._conn.close()
-                continue
+                    self._conn.close()  # its answer may still come: a fresh connection next
+                continue  # re-planned: ask again with the new set
+            finally:
+                self._call = None
             response = call.result()
             backoff.reset()
             await self._apply(response, active)
+            if self._conn is not None:
+                stages.REPLICA_APPLY.observe(time.perf_counter() - self._conn.read_at)
 
     def _request(self, active: Mapping[TopicPartitionKey, Followed]) -> broker_pb2.FetchRequest:
         report_flushed = self._flusher.policy is FlushPolicy.ALWAYS

@@ -12,11 +12,18 @@ from collections.abc import Callable, Iterable
 
 from sluice.broker.assignment import AssignmentUpdate, PartitionAssignment, PartitionRegistry, UpdatePlan
 from sluice.broker.catch_up import latest_not_available
-from sluice.broker.fetch import TopicPartitionKey
+from sluice.broker.fetch import FetchCaps, TopicPartitionKey, validate_limits
 from sluice.broker.leading import Leaders, check_epoch
 from sluice.broker.longpoll import AppendWaiters
 from sluice.broker.replica_fetcher import ReplicaFetchers
-from sluice.broker.requests import EpochAnswer, EpochQuery, FetchParams, OffsetAnswer, OffsetQuery
+from sluice.broker.requests import (
+    EpochAnswer,
+    EpochQuery,
+    FetchParams,
+    OffsetAnswer,
+    OffsetQuery,
+    check_continuous,
+)
 from sluice.broker.roles import EpochMark
 from sluice.errors import InvalidArgument, InvalidRequest, SluiceError, StorageError
 from sluice.security.context import ANONYMOUS, GRPC, Operation, RequestContext
@@ -37,6 +44,7 @@ class ReplicaSteps:
     """Mixed into ``BrokerService``, which sets these attributes."""
 
     registry: PartitionRegistry
+    caps: FetchCaps
     leaders: Leaders
     fetchers: ReplicaFetchers
     waiters: AppendWaiters
@@ -92,12 +100,35 @@ class ReplicaSteps:
             raise InvalidArgument(f"replica_id must be a broker id or -1, got {params.replica_id}")
         if params.session_epoch != -1:
             raise InvalidRequest("a replica fetch is sessionless: set session_epoch to -1")
+        if not params.positions_recorded:
+            self._record_positions(params)
+        return dataclasses.replace(ctx, replica_id=params.replica_id)
+
+    def replica_positions(self, params: FetchParams, ctx: RequestContext) -> FetchParams:
+        """A follower's fetch, its positions recorded the moment the transport read it (before the
+        fetch is queued and served from a task): the HW advance they allow, the acks=all answers and
+        the consumers' wake-ups it completes happen inside that same read callback, not a loop pass
+        or more later (docs/replication.md, "Fifth pass"). Positions are what the follower held when
+        it sent the request, so recording them before the fetch is served states nothing new. A fetch
+        that would be refused is returned as it was: the refusal happens when it is served."""
+        if params.replica_id < 0 or params.session_epoch != -1:
+            return params
+        try:
+            self._check_running()
+            check_continuous(params, ctx)
+            validate_limits(params.max_wait_ms, params.min_bytes, params.max_bytes, self.caps)
+        except SluiceError:
+            return params
+        self._record_positions(params)
+        return dataclasses.replace(params, positions_recorded=True)
+
+    def _record_positions(self, params: FetchParams) -> None:
+        leaders = self.leaders
         for spec in params.partitions:
-            if self.leaders.error_of(spec.key, params.replica_id, spec.current_leader_epoch) is None:
-                self.leaders.record_fetch(
+            if leaders.error_of(spec.key, params.replica_id, spec.current_leader_epoch) is None:
+                leaders.record_fetch(
                     spec.key, params.replica_id, spec.fetch_offset, spec.replica_flushed_offset
                 )
-        return dataclasses.replace(ctx, replica_id=params.replica_id)
 
     # ---- ListOffsets -----------------------------------------------------------------
 

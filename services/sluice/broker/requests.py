@@ -66,6 +66,8 @@ class FetchParams:
     #: Go on answering from each answer's next offsets (wire protocol only, ``docs/wire.md``).
     continuous: bool = False
     replica_id: int = CONSUMER_REPLICA_ID
+    #: A follower's positions were recorded when its frame was read (``ReplicaSteps.replica_positions``).
+    positions_recorded: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from sluice.broker import stages
 from sluice.broker.follow import ContinuousFetch
 from sluice.broker.handlers import AppendedProduce, RequestHandlers
 from sluice.broker.memory import Reservation
+from sluice.broker.requests import FetchParams
 from sluice.common.wire import (
     LANE,
     LANE_CREDIT,
@@ -88,7 +89,10 @@ class _FetchLane:
         self.prefix = prefix
         #: Answers the client has room for (None: no limit, version 1).
         self.credit = credit
-        self.fetches: collections.deque[broker_pb2.FetchRequest] = collections.deque()
+        #: Each request, with its parameters when parsed as it was read (a follower's).
+        self.fetches: collections.deque[tuple[broker_pb2.FetchRequest, FetchParams | None]] = (
+            collections.deque()
+        )
         self.task: asyncio.Task[None] | None = None
         self.follow: ContinuousFetch | None = None
 
@@ -278,7 +282,8 @@ class _BrokerConnection(WireConnection):
         else:
             lane.stop_following()  # a new fetch replaces a continuous one
             lane.credit = window
-        lane.fetches.append(request)
+        # A follower's positions count now, in this read callback (the HW, acks=all answers).
+        lane.fetches.append((request, self._handlers.replica_params(request, self._ctx)))
         self._queued_fetches += 1
         if lane.task is None:
             lane.task = asyncio.get_running_loop().create_task(self._serve_fetches(lane_id, lane))
@@ -317,8 +322,10 @@ class _BrokerConnection(WireConnection):
         try:
             while produces:
                 await handlers.wait_durable(produces[0])
-                answer = handlers.produce_answer(produces.popleft())
+                item = produces.popleft()
+                answer = handlers.produce_answer(item)
                 self.write(FrameType.PRODUCE, answer.SerializeToString())
+                stages.COMMIT.observe(time.perf_counter() - item.started)
                 self.update_reading()
         finally:
             self._produce_task = None
@@ -329,9 +336,9 @@ class _BrokerConnection(WireConnection):
         try:
             while fetches:
                 await self.writable.wait()
-                request = fetches.popleft()
+                request, params = fetches.popleft()
                 self._queued_fetches -= 1
-                answer, follow, held = await handlers.fetch_held(request, self._ctx)
+                answer, follow, held = await handlers.fetch_held(request, self._ctx, params)
                 try:
                     self._answer_fetch(lane, answer.SerializeToString(), has_records(answer))
                 finally:
