@@ -156,6 +156,12 @@ class PartitionRead:
             return self.batches[0]
         return b"".join(self.batches)
 
+    @property
+    def skipped_all(self) -> bool:
+        """A filter skipped records and kept none: the position moved with nothing to send."""
+        filtered = self.tags is not None or self.sql is not None
+        return filtered and not self.out_bytes and self.position != self.spec.fetch_offset
+
     def fail(self, error: SluiceError) -> None:
         self.error = error
         self.batches.clear()
@@ -217,6 +223,9 @@ class FetchRead:
         #: Bytes this read holds in the broker's fetch memory pool (``memory.py``).
         self.held = 0
         self.index = {part.key: part for part in parts}
+        #: Set once the request waits for appends (``longpoll.ParkedRead.park``): from then on, records a
+        #: filter skipped no longer answer it early (see :meth:`ready`).
+        self.parked = False
 
     def add(self, part: PartitionRead) -> None:
         """One of the ``others`` joins the read (an append woke it)."""
@@ -339,6 +348,12 @@ class FetchRead:
         waiting = self.others > 0
         for part in self.parts:
             if part.error is not None or part.scan_budget_hit:
+                return True
+            if not self.parked and part.skipped_all:
+                # A filtered scan skipped records and reached the end with nothing to keep: answer the
+                # new position now (RocketMQ's NO_MATCHED_MSG) rather than after max_wait_ms, or a
+                # filter that matches nothing in a backlog costs one long-poll per fetch. Once parked,
+                # appends that do not match keep it waiting (one empty answer per append would not).
                 return True
             if not part.full:
                 waiting = True

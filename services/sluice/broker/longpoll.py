@@ -244,6 +244,7 @@ class ParkedRead:
     def park(self, read: FetchRead, max_wait_ms: int) -> None:
         """Wait for appends to make ``read`` ready, or ``max_wait_ms``; then ``on_ready()``, once."""
         self._read = read
+        read.parked = True
         self._released = False
         self._gauge.inc()
         if self._standing is not None:

@@ -145,3 +145,22 @@ def test_cli_consume_filter_sql_and_bad_expressions(cluster: Cluster) -> None:
     # A consumer refuses a bad filter before any I/O, with the typed error.
     with pytest.raises(InvalidFilter, match="ends too early"):
         cluster.client().consumer("sql-bad", {topic: sql_expression("a = 1 AND")}, **FAST)
+
+
+def test_a_filter_that_skips_a_backlog_to_the_end_answers_at_once(cluster: Cluster) -> None:
+    """A filtered scan that skips every record up to the log end answers with the new position at once,
+    not after the fetch's ``max_wait_ms`` (here 5 s, so the long-poll would be unmistakable): otherwise
+    a filter matching nothing costs one full long-poll per fetch (docs/filters.md)."""
+    topic = cluster.topic(1, "sqlskip")
+    sent = _produce(cluster, topic, 200)
+    end = max(o for _, o in sent) + 1
+    client = cluster.client()
+    with client.fetcher(
+        {(topic, 0): 0}, filters={topic: sql_expression("region = 'nowhere'")}, max_wait_ms=5000
+    ) as fetcher:
+        started = time.monotonic()
+        deadline = started + 30
+        while fetcher.positions()[(topic, 0)] < end:
+            assert time.monotonic() < deadline
+            assert fetcher.fetch_raw(0.2) == []
+        assert time.monotonic() - started < 2.5, "the skipped backlog waited for the long-poll"

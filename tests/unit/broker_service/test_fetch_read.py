@@ -219,3 +219,25 @@ def test_a_damaged_batch_ends_the_answer_before_it_then_is_a_typed_error(tmp_pat
     assert part.error.code_name == "STORAGE_ERROR"
     assert part.error.retriable
     damaged.close()
+
+
+def test_a_filter_that_skipped_everything_answers_at_once_but_not_once_parked(log_a: PartitionLog) -> None:
+    for _ in range(3):
+        log_a.append(batch(values(2), tags="noise"))
+    read = _read({"a": log_a}, [_spec("a", flt="signal")])
+    (part,) = read.parts
+    assert (part.position, part.records) == (6, b"")
+    assert read.ready()  # the skipped position goes back now, not after max_wait_ms
+    # At the end: nothing skipped yet, so it waits; once parked, a non-matching append is skipped but
+    # keeps it waiting (an empty answer per append would spin the consumer).
+    read = _read({"a": log_a}, [_spec("a", offset=6, flt="signal")])
+    assert not read.ready()
+    read.parked = True
+    log_a.append(batch(values(2), tags="noise"))
+    read.read({("a", 0)})
+    assert read.parts[0].position == 8
+    assert not read.ready()
+    log_a.append(batch(values(1), tags="signal"))
+    read.read({("a", 0)})
+    assert read.ready()
+    assert [o for o, _ in offsets_and_values(read.parts[0].records)] == [8]
