@@ -25,10 +25,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 
 from sluice.v1 import dispatcher_pb2 as pb
 
 __all__ = ["ACK_BATCH", "ACK_GROUP_TIME", "Outbound", "ack_ranges"]
+
+_partition_of = itemgetter(0)
+_offset_of = itemgetter(1)
 
 # Bound one Ack message (and the time the writer holds the batch) under a flood of acks.
 MAX_IDS_PER_COMMAND = 10_000
@@ -215,6 +219,14 @@ def ack_ranges(acks: list[tuple[int, int]]) -> dict[int, list[int]]:
     >>> ack_ranges([(0, 5), (0, 3), (1, 9), (0, 4), (0, 7)])
     {0: [3, 6, 7, 8], 1: [9, 10]}
     """
+    if acks:
+        partitions = set(map(_partition_of, acks))
+        if len(partitions) == 1:
+            # One partition (the usual group): C-level set and sort, and one run when they are
+            # consecutive, with no step per ack.
+            distinct = sorted(set(map(_offset_of, acks)))
+            if distinct[-1] - distinct[0] + 1 == len(distinct):
+                return {partitions.pop(): [distinct[0], distinct[-1] + 1]}
     by: dict[int, list[int]] = {}
     for p, o in acks:
         offsets = by.get(p)
