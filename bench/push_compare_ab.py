@@ -51,6 +51,7 @@ def run_once(tree: Path, records: int, latency_seconds: float, out: Path) -> dic
         "e2e_ms_at_2000.p50": e2e["p50"],
         "e2e_ms_at_2000.p99": e2e["p99"],
         "e2e_ms_at_2000.p999": e2e["p999"],
+        "peak_rss_mb.all_sluice": system["peak_rss_mb"],
         "load_before": round(load, 2),
     }
 

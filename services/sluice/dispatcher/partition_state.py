@@ -11,8 +11,9 @@ neither needs the other to do so.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from operator import attrgetter
 
@@ -20,7 +21,7 @@ from sluice.codec.sql_filter import SqlFilter
 from sluice.dispatcher.budget import HELD_OVERHEAD, MemoryBudget, SubscriptionMemory
 from sluice.dispatcher.consumer import Consumer
 from sluice.dispatcher.cursor import PartitionCursor
-from sluice.dispatcher.messages import Message
+from sluice.dispatcher.messages import Message, offset_of
 
 __all__ = ["PartitionState", "unbudgeted"]
 
@@ -147,8 +148,12 @@ class PartitionState:
                 below = _first_at_or_above(pending, k - 1, gate)
                 self.cursor.stall(pending[below].offset)
                 k = below
-            popleft = pending.popleft
-            taken = [popleft() for _ in range(k)]
+            if k == len(pending):
+                taken = list(pending)
+                pending.clear()
+            else:
+                popleft = pending.popleft
+                taken = [popleft() for _ in range(k)]
             self.pending_bytes -= sum(map(_size_of, taken))
             out += taken
         return out
@@ -175,6 +180,8 @@ class PartitionState:
         cursor = self.cursor
         acked = cursor.acked
         md = cursor.mark_delete
+        if tags is None and sql is None and messages and self._take_run(messages, next_offset):
+            return
         skip: list[tuple[int, int]] = []  # runs to acknowledge (gaps, filtered)
         expected = pos
         added = 0
@@ -210,6 +217,38 @@ class PartitionState:
         for s, e in skip:
             cursor.ack_range(s, e)
 
+    def _take_run(self, messages: list[Message], next_offset: int) -> bool:
+        """``take_read`` without a step per record, for the usual answer: no filter, and the records
+        from the read position on are one gapless run that the cursor holds nothing of (not below
+        its mark-delete, no acknowledged range reaching into it). False: not that case, nothing done
+        (the general loop decides record by record)."""
+        pos = self.read_position
+        k = 0 if messages[0].offset >= pos else bisect_left(messages, pos, key=offset_of)
+        n = len(messages) - k
+        if n <= 0:
+            return False
+        first = messages[k].offset
+        last = messages[-1].offset
+        cursor = self.cursor
+        if last - first + 1 != n or first < cursor.mark_delete:
+            return False  # a gap inside (compacted or aborted records), or acknowledged ones
+        acked = cursor.acked
+        if acked and acked.last_end > first and not _clear_of(acked.flat, first, last + 1):
+            return False  # acknowledged records among them (a restarted cursor with holes)
+        if self.pending is NO_PENDING:
+            self.pending = deque()
+        taken = messages[k:] if k else messages
+        self.pending.extend(taken)
+        added = sum(map(_size_of, taken))
+        self.pending_bytes += added
+        self.charge(added + n * HELD_OVERHEAD)
+        self.read_position = next_offset
+        if first > pos:
+            cursor.ack_range(pos, first)  # missing from the log: counts as acknowledged
+        if next_offset > last + 1:
+            cursor.ack_range(last + 1, next_offset)
+        return True
+
     # ---- memory (``budget.py``) ------------------------------------------------------------------------
 
     def charge(self, n: int) -> None:
@@ -218,13 +257,9 @@ class PartitionState:
 
     def credit_messages(self, msgs: Iterable[Message]) -> None:
         """These messages left for good (acknowledged, dead-lettered): give their bytes back."""
-        n = 0
-        k = 0
-        for m in msgs:
-            n += m.size
-            k += 1
-        if k:
-            n += k * HELD_OVERHEAD
+        gone = msgs if isinstance(msgs, list) else list(msgs)
+        if gone:
+            n = sum(map(_size_of, gone)) + len(gone) * HELD_OVERHEAD
             self.held_bytes -= n
             self.account.credit(n)
 
@@ -272,11 +307,14 @@ class PartitionState:
             # The common case (every id is in flight at this consumer): bulk C-level dict work
             # instead of a Python loop per id.
             deque(map(pinf.pop, unique), 0)
-            self.credit_messages(map(cinf.pop, unique))
+            self.credit_messages(list(map(cinf.pop, unique)))
             done = sorted(unique)
             if self.delivery_seq:
                 deque(map(self.delivery_seq.pop, done, repeat(None)), 0)
-            self.cursor.ack_sorted(done)
+            if done and done[-1] - done[0] + 1 == len(done):
+                self.cursor.ack_range(done[0], done[-1] + 1)  # one run (the usual group of acks)
+            else:
+                self.cursor.ack_sorted(done)
             return len(done)
         done = []
         freed: list[Message] = []
@@ -331,6 +369,14 @@ class PartitionState:
 
 
 _size_of = attrgetter("size")
+
+
+def _clear_of(bounds: Sequence[int], start: int, end: int) -> bool:
+    """Whether the sorted, disjoint ``[s, e)`` ranges ``bounds`` (flat) hold no offset of ``[start, end)``."""
+    i = bisect_right(bounds, start)
+    if i % 2:
+        return False  # start is inside a range
+    return i == len(bounds) or bounds[i] >= end
 
 
 def _first_at_or_above(pending: deque[Message], hi: int, gate: int) -> int:

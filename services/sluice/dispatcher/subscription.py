@@ -24,7 +24,7 @@ from sluice.dispatcher.budget import SubscriptionMemory
 from sluice.dispatcher.consumer import Consumer, ConsumerSpec, ConsumerState, check_join
 from sluice.dispatcher.cursor import PartitionCursor
 from sluice.dispatcher.keyshared import AutoSplitRanges, StickyRanges
-from sluice.dispatcher.messages import Message
+from sluice.dispatcher.messages import Message, offset_of
 from sluice.dispatcher.model import Effects, SubscriptionSettings, SubscriptionState, SubscriptionType
 from sluice.dispatcher.parking import Parking
 from sluice.dispatcher.parkrestore import past_limit
@@ -414,7 +414,7 @@ class Subscription:
     def deliver(self, c: Consumer, ps: PartitionState, msgs: list[Message], now_ms: int) -> None:
         """Hand ``msgs`` (taken from ``ps``) to ``c``. Caller: ``selectors``."""
         cursor = ps.cursor
-        offsets = [m.offset for m in msgs]
+        offsets = list(map(offset_of, msgs))
         counts = cursor.counts_of(offsets) if cursor.has_counts else None
         limit = c.spec.max_redeliver
         if counts is not None and limit and max(counts) > limit:
@@ -422,7 +422,7 @@ class Subscription:
             msgs, counts = past_limit(self, ps, msgs, counts, limit, now_ms)
             if not msgs:
                 return
-            offsets = [m.offset for m in msgs]
+            offsets = list(map(offset_of, msgs))
         p = ps.partition
         if self.parking.counts:
             counts = self.parking.counts_of(p, offsets, counts)  # stored heads: counted by parking
@@ -438,7 +438,7 @@ class Subscription:
             d.counts += counts
         else:
             d.counts += [0] * len(msgs)
-        cursor.note_delivered(max(offsets) + 1, len(msgs))
+        cursor.note_delivered(max(offsets) + 1, len(msgs))  # not [-1]: redeliveries may come first
         c.on_sent(len(msgs))
         if self.settings.type == SubscriptionType.KEY_SHARED:
             holder, held = self.hash_holder, self.hash_held

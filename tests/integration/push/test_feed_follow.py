@@ -129,7 +129,7 @@ HUNG_AFTER_S = 10.5
 
 def test_a_feed_stops_reading_while_every_subscription_is_full(own_cluster: PushCluster) -> None:
     cluster = own_cluster
-    # Far more than the subscription's read-ahead (4 MiB) and what the socket buffers between the
+    # Far more than the subscription's read-ahead (1 MiB) and what the socket buffers between the
     # broker and the dispatcher hold: a follower that kept reading would keep the broker fetching.
     n, size = 640, 64 * 1024
     with Client(cluster.bootstrap, request_timeout=10) as client:

@@ -34,6 +34,7 @@ from sluice.client.metadata import MetadataCache
 from sluice.client.push.config import PushConsumerConfig
 from sluice.client.push.message import Message
 from sluice.client.push.nacks import backoff_hold
+from sluice.client.push.outbound import Outbound
 from sluice.client.push.sessions import PushSessions
 from sluice.client.push.stats import PushConsumerStats, StreamInfo
 from sluice.client.push.stream import Session, StreamState
@@ -46,6 +47,9 @@ log = logging.getLogger(__name__)
 
 #: How long close() lets pending acks reach the dispatcher before cutting the streams.
 CLOSE_GRACE = 2.0
+#: How long ``receive_many`` lets the stream's writer take the permits it just granted before the
+#: application computes on the batch (``Outbound.wait_flow_written``).
+FLOW_HANDOFF_S = 0.002
 _DEFAULT_NACK_DELAY = 1.0  # the dispatcher's default, used for the client-side backoff
 #: How many queued messages the iterator and the listener take at a time (one lock, one flow
 #: update): what is not yet yielded when an iterator is left goes back to the queue's front.
@@ -72,6 +76,8 @@ class PushConsumer(PushSessions):
         memory: ClientMemory | None = None,
     ) -> None:
         self._on_close = on_close
+        #: Permits the last batch take granted, as (outbound, grant number): ``receive_many``.
+        self._granted: list[tuple[Outbound, int]] = []
         super().__init__(topic, subscription, type_, config, channels, metadata, client_id, memory)
         if config.message_listener is not None:
             self._listener_thread = threading.Thread(
@@ -109,7 +115,11 @@ class PushConsumer(PushSessions):
             raise InvalidArgument("this consumer has a message_listener: messages go to it, not to receive()")
         if max_messages < 1:
             raise InvalidArgument(f"max_messages must be >= 1, got {max_messages}")
-        return self._take_batch(timeout, max_messages)[0]
+        msgs = self._take_batch(timeout, max_messages)[0]
+        granted, self._granted = self._granted, []
+        for outbound, seq in granted:
+            outbound.wait_flow_written(seq, FLOW_HANDOFF_S)
+        return msgs
 
     async def receive_async(self, timeout: float | None = None) -> Message:  # noqa: ASYNC109
         """``await pc.receive_async()``: receive() for asyncio code, without blocking the loop."""
@@ -240,7 +250,9 @@ class PushConsumer(PushSessions):
         if self._flow.zero_queue and self._waiting > 1:
             grants += self._flow.want_one(True)
         if grants:
-            self._send(grants)
+            # The latest batch's grants only (replaced, never grown: the iterator, the listener and
+            # asyncio take batches too and do not wait on them); ``receive_many`` waits on them.
+            self._granted = self._send(grants)
         return msgs, nbytes
 
     def give_back(self, msgs: list[Message], nbytes: int | None = None) -> None:

@@ -25,10 +25,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 
 from sluice.v1 import dispatcher_pb2 as pb
 
 __all__ = ["ACK_BATCH", "ACK_GROUP_TIME", "Outbound", "ack_ranges"]
+
+_partition_of = itemgetter(0)
+_offset_of = itemgetter(1)
 
 # Bound one Ack message (and the time the writer holds the batch) under a flood of acks.
 MAX_IDS_PER_COMMAND = 10_000
@@ -69,13 +73,29 @@ class Outbound:
         self.ack_ranges = False
         #: Commands written so far, by kind (for tests and stats).
         self.sent = {"flow": 0, "ack": 0, "nack": 0, "permits": 0}
+        #: ``flow()`` calls so far, and how many of them the writer has written (``wait_flow_written``).
+        #: Their own condition: the writer's is notified for one waiter, the writer.
+        self._flow_seq = 0
+        self._flows_written = 0
+        self._written = threading.Condition(threading.Lock())
 
     # ---- producers (any thread) ---------------------------------------------------------
 
-    def flow(self, permits: int) -> None:
+    def flow(self, permits: int) -> int:
+        """Grant ``permits``; returns the grant's number for ``wait_flow_written``."""
         with self._cond:
             self._permits += permits
+            self._flow_seq += 1
             self._wake()
+            return self._flow_seq
+
+    def wait_flow_written(self, seq: int, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until the writer has written grant ``seq``. Caller: the
+        application's thread right after a batch receive granted permits: it computes on the batch
+        next, and the writer thread would otherwise wait for the GIL (up to the 5 ms switch interval)
+        with the grant unsent, so the dispatcher would not send the next messages meanwhile."""
+        with self._written:
+            self._written.wait_for(lambda: self._flows_written >= seq or self._closed, timeout)
 
     def ack(self, partition: int, offset: int) -> None:
         acks = self._acks
@@ -164,7 +184,12 @@ class Outbound:
                 cumulative, self._cumulative = self._cumulative, {}
                 nacks, self._nacks = self._nacks, []
                 permits, self._permits = self._permits, 0
+                flow_seq = self._flow_seq
             yield from self._commands(acks, cumulative, nacks, permits)
+            if permits:  # asked for again: the grant was handed on (written, on the wire)
+                with self._written:
+                    self._flows_written = flow_seq
+                    self._written.notify_all()
 
     def _commands(
         self,
@@ -215,6 +240,14 @@ def ack_ranges(acks: list[tuple[int, int]]) -> dict[int, list[int]]:
     >>> ack_ranges([(0, 5), (0, 3), (1, 9), (0, 4), (0, 7)])
     {0: [3, 6, 7, 8], 1: [9, 10]}
     """
+    if acks:
+        partitions = set(map(_partition_of, acks))
+        if len(partitions) == 1:
+            # One partition (the usual group): C-level set and sort, and one run when they are
+            # consecutive, with no step per ack.
+            distinct = sorted(set(map(_offset_of, acks)))
+            if distinct[-1] - distinct[0] + 1 == len(distinct):
+                return {partitions.pop(): [distinct[0], distinct[-1] + 1]}
     by: dict[int, list[int]] = {}
     for p, o in acks:
         offsets = by.get(p)

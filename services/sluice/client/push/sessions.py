@@ -37,6 +37,7 @@ from sluice.client.push.config import PushConsumerConfig
 from sluice.client.push.flow import FlowControl, Grant
 from sluice.client.push.message import Message, messages_of
 from sluice.client.push.nacks import NackScheduler
+from sluice.client.push.outbound import Outbound
 from sluice.client.push.serde_message import message_kinds
 from sluice.client.push.stream import ConsumeCall, ConsumeStream, Session, StreamState
 from sluice.client.push.wire_call import WireConsumeCall
@@ -442,14 +443,17 @@ class PushSessions:
                 return  # taken again meanwhile: woken at the next release
             self._send(self._flow.unhold())
 
-    def _send(self, grants: list[Grant]) -> None:
+    def _send(self, grants: list[Grant]) -> list[tuple[Outbound, int]]:
+        """Hand ``grants`` to their sessions; returns each grant's outbound and number."""
         if grants and self._flow.zero_queue:
             self._permit_since = time.monotonic()
+        sent = []
         for key, permits in grants:
             stream = self._streams.get(key)
             session = stream.session if stream is not None else None
             if session is not None and session.active:
-                session.outbound.flow(permits)
+                sent.append((session.outbound, session.outbound.flow(permits)))
+        return sent
 
     def _wake_all(self) -> None:
         self._cond.notify_all()

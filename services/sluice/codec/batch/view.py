@@ -147,7 +147,7 @@ class BatchView:
         self.cols = columns(buf, pos, h)
         base = h.base_offset
         #: The record offsets, in batch order.
-        self.offsets: list[int] = [base + d for d in self.cols.offset_deltas.tolist()]
+        self.offsets: list[int] = list(map(base.__add__, self.cols.offset_deltas.tolist()))  # C-level
         self._data_starts: tuple[list[int], list[int], list[int]] | None = None
 
     def __len__(self) -> int:
