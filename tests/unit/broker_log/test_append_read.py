@@ -161,7 +161,7 @@ def test_a_batch_with_gaps_in_its_offsets_is_rejected(tmp_path: Path) -> None:
     assert partial is not None
     assert validate_batch(partial, 0, 1 << 20).last_offset_delta == 1
     log = PartitionLog(tmp_path, small_config())
-    with pytest.raises(CorruptBatch, match="offset deltas 0..record_count-1"):
+    with pytest.raises(CorruptBatch, match=r"offset deltas 0\.\.record_count-1"):
         log.append(partial)
     assert log.log_end_offset == 0
     assert log.append(full).last_offset == 1
