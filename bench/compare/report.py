@@ -155,8 +155,9 @@ def document(data: dict[str, Any], main_table: str, figures: dict[str, Path], do
 {data["command"]}
 ```
 
-Workload: {plan["records"]:,} records of a 16-byte key and a 100-byte value per run, one producer process and
-one consumer process **at the same time**, {plan["reps"]} repetition(s) (median, min-max); then end-to-end
+Workload: {plan["records"]:,} records of a 16-byte key and a 100-byte value per run{_cap(plan)}, one
+producer process and one consumer process **at the same time**, {plan["reps"]} repetition(s) (median,
+min-max); then end-to-end
 latency at a fixed {plan["latency_rate"]:,} records/s for {plan["latency_seconds"]:g} s, and at
 {", ".join(f"{r:,}" for r in plan["curve_rates"])} records/s for {plan["curve_seconds"]:g} s each (each paced
 run sends {plan["warmup_seconds"]:g} s first that is checked but not timed). Every run is checked: the
@@ -245,3 +246,14 @@ Python clients: {clients}.
 
 Where Sluice's tail latency goes and what was done about it: [latency.md](latency.md).
 """
+
+
+def _cap(plan: dict[str, Any]) -> str:
+    """The throughput runs' time cap, where the plan has one (JSON files from before it have none)."""
+    seconds = plan.get("throughput_seconds", 0)
+    if not seconds:
+        return ""
+    return (
+        f" (or what the producer hands out in its first {seconds:g} s, when a system is slower than that: "
+        "the run is then checked on the records it sent, listed per run in compare.json)"
+    )

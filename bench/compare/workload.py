@@ -75,8 +75,9 @@ class Feed:
     started: float = 0.0
     finished: float = 0.0
     ack_latencies: list[float] = field(default_factory=list)
-    #: Paced feeds stop handing out records this long after the first (0: never), so a system that
-    #: cannot keep up with a rate ends its run in time; ``n`` becomes the count handed out.
+    #: The feed stops handing out records this long after the first (0: never), so a system that cannot
+    #: keep up with a rate, or a slow one in a throughput run, ends its run in time; ``n`` becomes the
+    #: count handed out (and the consumer expects exactly that many).
     max_seconds: float = 0.0
     #: Records handed out this long after the first are marked warm-up (not timed by the consumer).
     warmup_seconds: float = 0.0
@@ -91,12 +92,12 @@ class Feed:
         if not self.started:
             self.started = now
             self.started_cpu = time.process_time()
-        if self.rate <= 0:
-            return min(limit, self.n - self.next_index)
         if self.max_seconds and now - self.started > self.max_seconds:
             self.n = self.next_index
             self.finished = now
             return 0
+        if self.rate <= 0:
+            return min(limit, self.n - self.next_index)
         due = int((now - self.started) * self.rate) + 1 - self.next_index
         return max(0, min(limit, due, self.n - self.next_index))
 

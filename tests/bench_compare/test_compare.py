@@ -12,6 +12,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,16 @@ def test_sink_add_many_counts_what_add_counts() -> None:
     assert (many.missing(), many.first_missing()) == (one.missing(), one.first_missing()) == (2, [48, 49])
     assert len(many.latencies) == len(one.latencies)
     assert many.seen == one.seen
+
+
+def test_an_unpaced_feed_stops_at_its_time_cap_and_expects_what_it_handed_out() -> None:
+    """A throughput run of a slow system ends after ``max_seconds``; the consumer then expects exactly the
+    records handed out, so a capped run is still checked for completeness."""
+    feed = Feed(10**9, max_seconds=0.2)
+    handed = 0
+    deadline = time.monotonic() + 10
+    while not feed.done:
+        assert time.monotonic() < deadline, "the cap did not stop the feed"
+        handed += len(feed.columns(1000)[0])
+        time.sleep(0.01)
+    assert 0 < handed == feed.next_index == feed.n < 10**9
