@@ -13,6 +13,7 @@ from sluice.codec.batch.layout import (
     CRC_START,
     NO_TAG,
     BatchHeader,
+    Columns,
     Headers,
     columns,
     crc32c,
@@ -94,25 +95,10 @@ def _batch_records(
     """
     c = columns(buf, pos, h)
     n = h.record_count
-    key_lengths = c.key_lengths
-    keys: Iterable[bytes | None]
-    if min(key_lengths, default=0) >= 0:
-        key_ends = list(itertools.accumulate(key_lengths, initial=c.data_start))
-        keys = [buf[a:b] for a, b in itertools.pairwise(key_ends)]
-        values_start = key_ends[-1]
-    else:
-        keys, values_start = _keys_with_absent(buf, c.data_start, key_lengths)
-    value_ends = list(itertools.accumulate(c.value_lengths, initial=values_start))
-    values = [buf[a:b] for a, b in itertools.pairwise(value_ends)]
+    keys, values, values_end = _keys_and_values(buf, c)
+    # Empty headers: a dict of its own per record, as a caller may change one record's headers.
     headers_lengths = c.headers_lengths
-    headers: Iterable[Headers]
-    if any(headers_lengths):
-        mv = memoryview(buf)
-        ends = list(itertools.accumulate(headers_lengths, initial=value_ends[-1]))
-        headers = [decode_headers(mv[a:b]) if a != b else {} for a, b in itertools.pairwise(ends)]
-    else:
-        # A dict of its own per record: a caller may change one record's headers.
-        headers = [{} for _ in range(n)]
+    headers = _headers(buf, headers_lengths, values_end) if any(headers_lengths) else [{} for _ in range(n)]
     tag_table = read_tags(buf, pos, h)
     tags: Iterable[str | None]
     if tag_table:
@@ -139,6 +125,29 @@ def _batch_records(
         return records
     # Offsets increase within a batch: skip the records before start_offset by position.
     return itertools.islice(records, bisect.bisect_left(c.offset_deltas, start_offset - h.base_offset), None)
+
+
+def _keys_and_values(buf: bytes, c: Columns) -> tuple[list[bytes | None], list[bytes], int]:
+    """A batch's keys and values as slices between prefix sums of their lengths (C-level passes), and
+    where the values end (the headers follow)."""
+    key_lengths = c.key_lengths
+    keys: list[bytes | None]
+    if min(key_lengths, default=0) >= 0:
+        key_ends = list(itertools.accumulate(key_lengths, initial=c.data_start))
+        keys = [buf[a:b] for a, b in itertools.pairwise(key_ends)]
+        values_start = key_ends[-1]
+    else:
+        keys, values_start = _keys_with_absent(buf, c.data_start, key_lengths)
+    value_ends = list(itertools.accumulate(c.value_lengths, initial=values_start))
+    values = [buf[a:b] for a, b in itertools.pairwise(value_ends)]
+    return keys, values, value_ends[-1]
+
+
+def _headers(buf: bytes, headers_lengths: memoryview, start: int) -> list[Headers]:
+    """Each record's headers (a dict of its own, empty where it has none)."""
+    mv = memoryview(buf)
+    ends = list(itertools.accumulate(headers_lengths, initial=start))
+    return [decode_headers(mv[a:b]) if a != b else {} for a, b in itertools.pairwise(ends)]
 
 
 def _keys_with_absent(buf: bytes, start: int, key_lengths: memoryview) -> tuple[list[bytes | None], int]:
@@ -301,21 +310,10 @@ def decode_columns(
 def _batch_columns(buf: bytes, pos: int, h: BatchHeader, topic: str, partition: int) -> RecordColumns:
     """Every record of one (plain) batch as columns: ``_batch_records``' columns, kept as lists."""
     c = columns(buf, pos, h)
-    key_lengths = c.key_lengths
-    keys: list[bytes | None]
-    if min(key_lengths, default=0) >= 0:
-        key_ends = list(itertools.accumulate(key_lengths, initial=c.data_start))
-        keys = [buf[a:b] for a, b in itertools.pairwise(key_ends)]
-        values_start = key_ends[-1]
-    else:
-        keys, values_start = _keys_with_absent(buf, c.data_start, key_lengths)
-    value_ends = list(itertools.accumulate(c.value_lengths, initial=values_start))
-    values = [buf[a:b] for a, b in itertools.pairwise(value_ends)]
+    keys, values, values_end = _keys_and_values(buf, c)
     headers: list[Headers] | None = None
     if any(c.headers_lengths):
-        mv = memoryview(buf)
-        ends = list(itertools.accumulate(c.headers_lengths, initial=value_ends[-1]))
-        headers = [decode_headers(mv[a:b]) if a != b else {} for a, b in itertools.pairwise(ends)]
+        headers = _headers(buf, c.headers_lengths, values_end)
     tag_table = read_tags(buf, pos, h)
     tags: list[str | None] | None = None
     if tag_table:
