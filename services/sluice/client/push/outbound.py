@@ -266,7 +266,7 @@ def by_epoch(acks: list[AckKey]) -> list[tuple[int | None, list[AckKey]]]:
     return list(groups.items())
 
 
-def ack_ranges(acks: Sequence[tuple[int, ...]]) -> dict[int, list[int]]:
+def ack_ranges(acks: Sequence[AckKey | tuple[int, int]]) -> dict[int, list[int]]:
     """``(partition, offset, ...)`` ids -> per partition the flat ``[start, end)`` bounds of their runs.
 
     >>> ack_ranges([(0, 5), (0, 3), (1, 9), (0, 4), (0, 7)])
