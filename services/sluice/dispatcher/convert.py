@@ -26,6 +26,7 @@ __all__ = [
     "delete_from_proto",
     "delete_to_proto",
     "describe_to_proto",
+    "epoch_claims",
     "list_to_proto",
     "parked_to_proto",
     "peek_from_proto",
@@ -100,6 +101,19 @@ def by_partition(ids: Any) -> dict[int, list[int]]:
 def ack_ranges(ack: pb.Ack) -> list[tuple[int, list[int]]]:
     """An ``Ack``'s ranges as ``(partition, bounds)``, unchecked."""
     return [(r.partition, list(r.bounds)) for r in ack.ranges]
+
+
+def epoch_claims(ids: Any, ranges: Any = ()) -> list[tuple[int, int, list[int]]]:
+    """The leader epochs an ``Ack``'s or ``Nack``'s ids and ranges name (``ack_epochs.Claim``): one
+    claim per ``OffsetRanges`` with an epoch, one per partition and epoch of the ids with one; none
+    from an older client (nothing is checked then)."""
+    out = [(r.partition, r.leader_epoch, list(r.bounds)) for r in ranges if r.HasField("leader_epoch")]
+    by: dict[tuple[int, int], list[int]] = {}
+    for i in ids:
+        if i.HasField("leader_epoch"):
+            by.setdefault((i.partition, i.leader_epoch), []).extend((i.offset, i.offset + 1))
+    out += [(p, e, b) for (p, e), b in by.items()]
+    return out
 
 
 # ---- describe -------------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ class Message:
         try:
             return self._wire
         except AttributeError:
-            body = encode_pushed(self.record)
+            body = encode_pushed(self.record, self.view.header.partition_leader_epoch)
             head = _MESSAGES_FIELD + varint(len(body))
             self._head = len(head)
             w = self._wire = head + body
@@ -140,8 +140,9 @@ def messages_of(views: Sequence[BatchView], partition: int, start: int) -> list[
     return out
 
 
-def encode_pushed(r: Record) -> bytes:
-    """A record as a serialized ``PushedMessage`` (without ``redelivery_count``).
+def encode_pushed(r: Record, leader_epoch: int = -1) -> bytes:
+    """A record as a serialized ``PushedMessage`` (without ``redelivery_count``), its id carrying the
+    ``leader_epoch`` of its batch (-1: none, a batch stamped before epochs) for the consumer's acks.
 
     Records without headers (the common case) are encoded by hand, field by field in field-number
     order exactly as the protobuf runtime would; the unit tests compare both encodings.
@@ -150,6 +151,8 @@ def encode_pushed(r: Record) -> bytes:
         m = pb.PushedMessage(
             id=pb.MessageId(partition=r.partition, offset=r.offset), value=r.value, timestamp=r.timestamp
         )
+        if leader_epoch >= 0:
+            m.id.leader_epoch = leader_epoch
         if r.key is not None:
             m.key = r.key
         if r.tag:
@@ -159,6 +162,8 @@ def encode_pushed(r: Record) -> bytes:
     v = varint
     pid = b"\x08" + v(r.partition) if r.partition else b""
     mid = pid + b"\x10" + v(r.offset) if r.offset else pid
+    if leader_epoch >= 0:  # a field with presence: 0 is written too
+        mid += b"\x18" + v(leader_epoch)
     parts = [b"\x0a", v(len(mid)), mid]
     key = r.key
     if key:

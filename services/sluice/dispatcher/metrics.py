@@ -139,6 +139,8 @@ class DispatcherMetrics:
     cursor_flushes_early: Counter
     #: Positions moved back because the partition's log was truncated under them (KIP-320).
     log_truncations: Counter
+    #: Acks and nacks refused because their record was truncated away (``ack_epochs.py``).
+    epoch_refused: Counter
     state: _StateCollector
 
 
@@ -173,6 +175,12 @@ def dispatcher_metrics() -> DispatcherMetrics:
                     "Subscription positions moved back because an unclean leader election truncated "
                     "records the dispatcher had read (found by a feed, or when loading a cursor)",
                     [*labels, "found_by"],
+                ),
+                epoch_refused=Counter(
+                    f"{P}_epoch_refused_acks",
+                    "Acked or nacked message ids refused because they name a leader epoch other than the "
+                    "record now at their offset (the record acked was truncated by an unclean election)",
+                    [*labels, "kind"],
                 ),
                 state=state,
             )

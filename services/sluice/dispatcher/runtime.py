@@ -172,6 +172,7 @@ class SubscriptionRuntime:
         self._m_redeliveries = metrics.redeliveries.labels(topic, name)
         self._m_dlq = metrics.dlq.labels(topic, name)
         self.m_acks = metrics.acks.labels(topic, name)
+        self.m_epoch_refused = {k: metrics.epoch_refused.labels(topic, name, k) for k in ("ack", "nack")}
 
     @property
     def durable(self) -> bool:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 from sluice.common.memory import trim_loop
 from sluice.common.peers import AioPeers
 from sluice.common.timeouts import within
+from sluice.dispatcher.ack_epochs import Claim, refuse_stale, unknown_ids
 from sluice.dispatcher.budget import MemoryBudget
 from sluice.dispatcher.cluster import ClusterView, CoordinatorLink
 from sluice.dispatcher.config import DispatcherConfig
@@ -39,7 +41,6 @@ from sluice.errors import (
     NotDispatcher,
     ProtocolViolation,
     SluiceError,
-    UnknownMessageId,
     UnknownTopicOrPartition,
 )
 from sluice.quotas.model import Resource as QuotaResource
@@ -296,28 +297,40 @@ class DispatcherService:
         ids: dict[int, list[int]],
         ranges: list[tuple[int, list[int]]],
         cumulative: bool,
+        claims: Sequence[Claim] = (),
     ) -> None:
-        """Acknowledge ``ids`` and every offset of ``ranges`` (``(partition, [start, end, ...])``)."""
+        """Acknowledge ``ids`` and every offset of ``ranges`` (``(partition, [start, end, ...])``), but
+        not those whose ``claims`` name another leader epoch than their record's (``ack_epochs.py``)."""
         rt, _ = self._attached(stream)
         if ranges:
             ids = ack_offsets(ids, ranges)
         consumer = stream.consumer
         assert consumer is not None
+        refused = refuse_stale(rt.machine, consumer, ids, claims, cumulative)
         before = consumer.unacked
         fx, bad = rt.machine.ack(consumer, ids, cumulative, self.now_ms())
         rt.m_acks.inc(max(before - consumer.unacked, 0))
         rt.apply(fx)
-        if bad:
-            raise _unknown_ids(bad, "acknowledge")
+        if bad or refused:
+            rt.m_epoch_refused["ack"].inc(len(refused))
+            raise unknown_ids(bad, refused, "acknowledge")
 
-    def nack(self, ctx: RequestContext, stream: ConsumerStream, ids: dict[int, list[int]]) -> None:
+    def nack(
+        self,
+        ctx: RequestContext,
+        stream: ConsumerStream,
+        ids: dict[int, list[int]],
+        claims: Sequence[Claim] = (),
+    ) -> None:
         rt, _ = self._attached(stream)
         consumer = stream.consumer
         assert consumer is not None
+        refused = refuse_stale(rt.machine, consumer, ids, claims)
         fx, bad = rt.machine.nack(consumer, ids, self.now_ms())
         rt.apply(fx)
-        if bad:
-            raise _unknown_ids(bad, "nack")
+        if bad or refused:
+            rt.m_epoch_refused["nack"].inc(len(refused))
+            raise unknown_ids(bad, refused, "nack")
 
     def disconnect(self, stream: ConsumerStream) -> None:
         """The stream ended (client gone, error, or replaced by a reconnect)."""
@@ -483,13 +496,4 @@ def _topic_gone(rt: SubscriptionRuntime) -> UnknownTopicOrPartition:
     return UnknownTopicOrPartition(
         f"topic {rt.topic!r} (id {rt.topic_id or '?'}) was deleted, or deleted and re-created: subscription "
         f"{rt.name!r} on it is over; subscribe again to start on the current topic"
-    )
-
-
-def _unknown_ids(bad: list[tuple[int, int]], what: str) -> UnknownMessageId:
-    shown = ", ".join(f"{p}/{o}" for p, o in bad[:20])
-    more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
-    return UnknownMessageId(
-        f"cannot {what} {len(bad)} message id(s) not delivered to this consumer (unknown, not sent yet, or "
-        f"another consumer's): {shown}{more}; the others were applied"
     )

@@ -25,7 +25,7 @@ from grpc import aio
 
 from sluice.common.wire import parse_frame
 from sluice.dispatcher import convert
-from sluice.dispatcher.convert import ack_ranges, by_partition, subscribe_from_proto
+from sluice.dispatcher.convert import ack_ranges, by_partition, epoch_claims, subscribe_from_proto
 from sluice.dispatcher.events import EventStream, Outgoing
 from sluice.dispatcher.service import DispatcherService
 from sluice.errors import ProtocolViolation, SluiceError
@@ -167,9 +167,11 @@ class DispatcherServicer:
                 service.flow(ctx, stream, cmd.flow.permits)
             elif kind == "ack":
                 ack = cmd.ack
-                service.ack(ctx, stream, by_partition(ack.ids), ack_ranges(ack), ack.cumulative)
+                claims = epoch_claims(ack.ids, ack.ranges)
+                service.ack(ctx, stream, by_partition(ack.ids), ack_ranges(ack), ack.cumulative, claims)
             elif kind == "nack":
-                service.nack(ctx, stream, by_partition(cmd.nack.ids))
+                ids = cmd.nack.ids
+                service.nack(ctx, stream, by_partition(ids), epoch_claims(ids))
             elif kind == "subscribe":
                 raise ProtocolViolation(
                     "this stream is already subscribed; open another stream for another subscription"

@@ -217,19 +217,29 @@ class MessageId(_message.Message):
 
     PARTITION_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     offset: _builtins.int
+    leader_epoch: _builtins.int
+    """The leader epoch of the record's log batch (KIP-320; docs/dispatcher.md, "Acks across a
+    truncation"). Set by the dispatcher on a PushedMessage; an ack or nack that carries it is refused
+    when the record now at that offset is of another epoch (the acked record was truncated away).
+    Unset (older clients): not checked.
+    """
     def __init__(
         self,
         *,
         partition: _builtins.int = ...,
         offset: _builtins.int = ...,
+        leader_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch", "leader_epoch", b"leader_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch", "leader_epoch", b"leader_epoch", "offset", b"offset", "partition", b"partition"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__leader_epoch: _TypeAlias = _typing.Literal["leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__leader_epoch: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__leader_epoch) -> _WhichOneofReturnType__leader_epoch | None: ...
 
 Global___MessageId: _TypeAlias = MessageId  # noqa: Y015
 
@@ -241,7 +251,12 @@ class OffsetRanges(_message.Message):
 
     PARTITION_FIELD_NUMBER: _builtins.int
     BOUNDS_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
+    leader_epoch: _builtins.int
+    """The leader epoch of every record of these ranges (their batches' partition_leader_epoch): a client
+    sends one OffsetRanges per partition and epoch. Checked as MessageId.leader_epoch; unset: not checked.
+    """
     @_builtins.property
     def bounds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -249,12 +264,15 @@ class OffsetRanges(_message.Message):
         *,
         partition: _builtins.int = ...,
         bounds: _abc.Iterable[_builtins.int] | None = ...,
+        leader_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch", "leader_epoch", b"leader_epoch"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bounds", b"bounds", "partition", b"partition"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch", "bounds", b"bounds", "leader_epoch", b"leader_epoch", "partition", b"partition"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__leader_epoch: _TypeAlias = _typing.Literal["leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__leader_epoch: _TypeAlias = _typing.Literal["_leader_epoch", b"_leader_epoch"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__leader_epoch) -> _WhichOneofReturnType__leader_epoch | None: ...
 
 Global___OffsetRanges: _TypeAlias = OffsetRanges  # noqa: Y015
 

@@ -185,3 +185,44 @@ def test_a_restarted_dispatcher_and_the_spark_source_check_their_positions_with_
     planned = lenient.partitions(checkpoint, end)
     assert [(p.range.start, p.range.end) for p in planned] == [(20, 22)]  # type: ignore[attr-defined]
     assert lenient.truncations == 1
+
+
+def test_a_late_ack_of_a_truncated_record_does_not_ack_the_new_record_at_its_offset(
+    stack: tuple[Cluster, list[ServiceProcess], Client],
+) -> None:
+    """A consumer got 0..29 and acked 0..19 when the election truncates 20..29; the new leader's records
+    at 20 and 21 come to the same consumer. Then the consumer acks the old 20..29, late (docs/dispatcher.md,
+    "Acks across a truncation"): the acks carry the old epoch, and the dispatcher refuses those of 20 and 21
+    (counted) instead of acknowledging the new records there, which the consumer never acked: the next
+    consumer gets them. Without the check the new records would be acknowledged by the old acks, unseen."""
+    cluster, others, client = stack
+    dispatcher = others[1]
+    leader = lone_leader_writes(cluster, client)
+    consumer = client.push_consumer(TOPIC, "late", "shared", initial_position="earliest")
+    old: list[Message] = []
+    deadline = time.monotonic() + 30
+    while len(old) < 30 and time.monotonic() < deadline:
+        old += consumer.receive_many(30 - len(old), timeout=0.5)
+    assert [m.offset for m in old] == list(range(30))
+    consumer.ack_many(old[:20])
+    unclean_election(cluster, leader)
+    new: list[Message] = []
+    deadline = time.monotonic() + 30
+    while len(new) < 2 and time.monotonic() < deadline:
+        new += consumer.receive_many(2 - len(new), timeout=0.5)
+    assert [(m.offset, m.value) for m in new] == [(20, b"n0"), (21, b"n1")]
+    epochs = (old[20].leader_epoch, new[0].leader_epoch)
+    assert None not in epochs
+    assert epochs[0] < epochs[1]  # type: ignore[operator]
+    consumer.ack_many(old[20:])  # the late acks of the records that are gone
+    until(
+        lambda: (
+            metric(dispatcher, "sluice_dispatcher_epoch_refused_acks_total", subscription="late", kind="ack")
+            == 2
+        ),
+        "the refused acks of 20 and 21",
+    )
+    consumer.close()
+    successor = client.push_consumer(TOPIC, "late", "shared")
+    assert receive(successor, 2) == [(20, b"n0"), (21, b"n1")]
+    successor.close()

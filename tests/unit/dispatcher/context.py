@@ -99,6 +99,7 @@ class Ctx:
         n: int = 1,
         keys: Iterable[bytes | None] | None = None,
         tags: Iterable[str | None] | None = None,
+        epoch: int = 0,
     ) -> list[int]:
         start = self.next_offset[partition]
         key_list = list(keys) if keys is not None else [None] * n
@@ -108,7 +109,7 @@ class Ctx:
         for i, (k, t) in enumerate(zip(key_list, tag_list, strict=True)):
             builder.append(f"v{start + i}".encode(), k, t, None, 1000 + i)
         raw = bytearray(builder.build())
-        stamp(raw, 0, start, 1, 0)
+        stamp(raw, 0, start, 1, epoch)
         msgs = messages_of(batch_views(bytes(raw)), partition, start)
         self.next_offset[partition] = start + len(msgs)
         self.apply(self.sub.offer(partition, msgs, start + len(msgs), self.now))

@@ -25,13 +25,15 @@ from sluice.v1 import dispatcher_pb2 as pb
 from tests.examples import examples
 
 
-def reference(r: Record, count: int = 0) -> pb.PushedMessage:
+def reference(r: Record, count: int = 0, epoch: int = -1) -> pb.PushedMessage:
     m = pb.PushedMessage(
         id=pb.MessageId(partition=r.partition, offset=r.offset),
         value=r.value,
         timestamp=r.timestamp,
         redelivery_count=count,
     )
+    if epoch >= 0:
+        m.id.leader_epoch = epoch
     if r.key is not None:
         m.key = r.key
     if r.tag:
@@ -54,12 +56,14 @@ records = st.builds(
 
 
 @settings(max_examples=300, deadline=None)
-@given(records)
-def test_hand_encoding_matches_protobuf(r: Record) -> None:
-    body = encode_pushed(r)
+@given(records, st.integers(-1, 2**31 - 1))
+def test_hand_encoding_matches_protobuf(r: Record, epoch: int) -> None:
+    body = encode_pushed(r, epoch)
     if not r.headers:
-        assert body == reference(r).SerializeToString()
-    assert pb.PushedMessage.FromString(body) == reference(r)
+        assert body == reference(r, epoch=epoch).SerializeToString()
+    decoded = pb.PushedMessage.FromString(body)
+    assert decoded == reference(r, epoch=epoch)
+    assert decoded.id.HasField("leader_epoch") == (epoch >= 0)
 
 
 def log_batch(
@@ -114,6 +118,8 @@ def test_pushed_path_encodes_records_of_log_batches() -> None:
     event = pb.DispatcherEvent.FromString(encode_batch_event("t", [msgs[0].framed(0), msgs[1].framed(3)]))
     got = list(event.messages.messages)
     assert [(m.id.partition, m.id.offset, m.redelivery_count) for m in got] == [(2, 40, 0), (2, 41, 3)]
+    # The epoch of their batch (0 here, written: a field with presence), for the consumer's acks.
+    assert all(m.id.HasField("leader_epoch") and m.id.leader_epoch == 0 for m in got)
     assert (got[0].key, got[0].tag, got[0].value) == (b"k", "a", b"v1")
     assert (dict(got[1].headers), got[1].timestamp) == ({"h": b"x"}, 5_001)
 

@@ -86,9 +86,10 @@ def test_ack_many_wakes_the_writer_once_and_leaves_as_ranges() -> None:
     t = threading.Thread(target=lambda: got.append(next(it)))
     t.start()
     time.sleep(0.05)  # the writer is waiting for work
-    out.ack_many([(0, o) for o in range(ACK_BATCH)] + [(3, 7)])
+    out.ack_many([(0, o, 4) for o in range(ACK_BATCH)] + [(3, 7, 4)])
     t.join(5)
     assert not t.is_alive()
     (cmd,) = got
     assert [(r.partition, list(r.bounds)) for r in cmd.ack.ranges] == [(0, [0, ACK_BATCH]), (3, [7, 8])]
+    assert [r.leader_epoch for r in cmd.ack.ranges] == [4, 4]  # one epoch: one group, as before
     assert out.sent["ack"] == 1

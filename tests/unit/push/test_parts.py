@@ -154,6 +154,31 @@ def test_outbound_acks_linger_then_leave_as_ranges() -> None:
     assert out.sent["ack"] == 3
 
 
+def test_outbound_acks_and_nacks_carry_the_leader_epoch_of_their_records() -> None:
+    """One OffsetRanges per partition and epoch (docs/dispatcher.md, "Acks across a truncation"): the old
+    record at 20 and the new one there after a truncation are acked apart; no epoch leaves it unset."""
+    out = Outbound(pb.Subscribe(), ack_group_time=0)
+    out.ack_ranges = True
+    it = iter(out)
+    next(it)  # subscribe
+    out.ack_many([(0, 20, 1), (0, 21, 1), (0, 20, 2), (0, 22, None)])
+    out.ack_cumulative(1, 9, 2)
+    out.nack(0, 5, 3)
+    ranges, cumulative, nacks = next(it), next(it), next(it)
+
+    def epoch(m: pb.OffsetRanges | pb.MessageId) -> int | None:
+        return m.leader_epoch if m.HasField("leader_epoch") else None
+
+    got = {(r.partition, epoch(r), tuple(r.bounds)) for r in ranges.ack.ranges}
+    assert got == {(0, 1, (20, 22)), (0, 2, (20, 21)), (0, None, (22, 23))}
+    assert [(i.partition, i.offset, epoch(i)) for i in cumulative.ack.ids] == [(1, 9, 2)]
+    assert [(i.partition, i.offset, epoch(i)) for i in nacks.nack.ids] == [(0, 5, 3)]
+    out.ack_ranges = False
+    out.ack(0, 7, 0)
+    out.ack(0, 8)
+    assert [(i.offset, epoch(i)) for i in next(it).ack.ids] == [(7, 0), (8, None)]
+
+
 def test_ack_ranges_merge_runs_and_repeats() -> None:
     assert ack_ranges([(0, 5), (0, 3), (1, 9), (0, 4), (0, 7)]) == {0: [3, 6, 7, 8], 1: [9, 10]}
     assert ack_ranges([(0, 1), (0, 1), (0, 2)]) == {0: [1, 3]}

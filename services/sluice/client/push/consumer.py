@@ -34,7 +34,7 @@ from sluice.client.metadata import MetadataCache
 from sluice.client.push.config import PushConsumerConfig
 from sluice.client.push.message import Message
 from sluice.client.push.nacks import backoff_hold
-from sluice.client.push.outbound import Outbound
+from sluice.client.push.outbound import AckKey, Outbound
 from sluice.client.push.sessions import PushSessions
 from sluice.client.push.stats import PushConsumerStats, StreamInfo
 from sluice.client.push.stream import Session, StreamState
@@ -58,6 +58,7 @@ TAKE_BATCH = 128
 _session_of_msg = attrgetter("_session")
 _partition_of = attrgetter("partition")
 _offset_of = attrgetter("offset")
+_epoch_of = attrgetter("leader_epoch")
 
 
 class PushConsumer(PushSessions):
@@ -220,7 +221,7 @@ class PushConsumer(PushSessions):
         msg = self._queue.popleft()
         self._dequeued(len(self._queue), len(self._queue) + 1)
         session: Session = msg._session  # type: ignore[assignment]
-        session.unacked.add((msg.partition, msg.offset))
+        session.unacked.add((msg.partition, msg.offset, msg.leader_epoch))
         if self._flow.held:  # the Client's memory limit: grant again only once it has room
             self._flow.held = self._memory.full(self, self._memory_room)
         grants = self._flow.on_taken(session.stream.key)
@@ -285,7 +286,7 @@ class PushConsumer(PushSessions):
         return (
             isinstance(session, Session)
             and self._current(session)
-            and (msg.partition, msg.offset) in session.unacked
+            and (msg.partition, msg.offset, msg.leader_epoch) in session.unacked
         )
 
     def _listen(self) -> None:
@@ -313,7 +314,8 @@ class PushConsumer(PushSessions):
     def ack(self, msg: Message) -> None:
         """Acknowledge one message (idempotent). Acks are batched with other pending commands."""
         session = self._session_of(msg)
-        key = (msg.partition, msg.offset)
+        # With its epoch: an old record truncated away and the new one at its offset are two keys.
+        key = (msg.partition, msg.offset, msg.leader_epoch)
         with self._lock:
             if key not in session.unacked:
                 if not session.active:
@@ -321,7 +323,7 @@ class PushConsumer(PushSessions):
                 return
             session.unacked.discard(key)
             self._acked += 1
-        session.outbound.ack(msg.partition, msg.offset)
+        session.outbound.ack(*key)
 
     def ack_many(self, msgs: Iterable[Message]) -> None:
         """Acknowledge every message of ``msgs`` (idempotent, like ``ack``): one lock and one
@@ -356,16 +358,21 @@ class PushConsumer(PushSessions):
             if not session.active:
                 self._stale += 1
                 return
-            done = {k for k in session.unacked if k[0] == msg.partition and k[1] <= msg.offset}
+            e = msg.leader_epoch  # not newer epochs' records: the dispatcher refuses an ack over them
+            done = {
+                k
+                for k in session.unacked
+                if k[0] == msg.partition and k[1] <= msg.offset and (e is None or k[2] is None or k[2] <= e)
+            }
             session.unacked -= done
             self._acked += len(done)
-        session.outbound.ack_cumulative(msg.partition, msg.offset)
+        session.outbound.ack_cumulative(msg.partition, msg.offset, msg.leader_epoch)
 
     def nack(self, msg: Message) -> None:
         """Negative ack: the dispatcher redelivers it after ``nack_delay`` (with
         ``nack_backoff``: ``nack_delay * 2**redelivery_count``, capped)."""
         session = self._session_of(msg)
-        key = (msg.partition, msg.offset)
+        key = (msg.partition, msg.offset, msg.leader_epoch)
         with self._lock:
             if key not in session.unacked:
                 if not session.active:
@@ -475,9 +482,10 @@ class PushConsumer(PushSessions):
         )
 
 
-def _ids(msgs: list[Message]) -> Iterator[tuple[int, int]]:
-    """``(partition, offset)`` of each message, by C-level maps (no Python step per message)."""
-    return zip(map(_partition_of, msgs), map(_offset_of, msgs), strict=True)
+def _ids(msgs: list[Message]) -> Iterator[AckKey]:
+    """``(partition, offset, leader epoch)`` of each message, by C-level maps (no Python step per
+    message)."""
+    return zip(map(_partition_of, msgs), map(_offset_of, msgs), map(_epoch_of, msgs), strict=True)
 
 
 def _earliest(a: float | None, b: float | None) -> float | None:

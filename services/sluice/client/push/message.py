@@ -32,9 +32,22 @@ class Message:
     or None), ``headers`` (dict of str to bytes), ``timestamp`` (ms), ``redelivery_count``
     (how many times it was delivered before) and ``message_id`` ((partition, offset)).
     Pass it back to ``ack``/``nack``/``ack_cumulative`` of the consumer that received it.
+    ``leader_epoch`` is the leader epoch of the record's log batch (None: not known, a dispatcher
+    predating it); acks and nacks carry it, so the dispatcher refuses one whose record was truncated
+    away by an unclean election rather than acknowledge the record now at its offset
+    (docs/dispatcher.md, "Acks across a truncation").
     """
 
-    __slots__ = ("_i", "_session", "_view", "offset", "partition", "redelivery_count", "topic")
+    __slots__ = (
+        "_i",
+        "_session",
+        "_view",
+        "leader_epoch",
+        "offset",
+        "partition",
+        "redelivery_count",
+        "topic",
+    )
 
     def __init__(
         self,
@@ -45,6 +58,7 @@ class Message:
         view: BatchView | None,
         index: int,
         redelivery_count: int,
+        leader_epoch: int | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -55,6 +69,7 @@ class Message:
         self._view = view
         self._i = index
         self.redelivery_count = redelivery_count
+        self.leader_epoch = leader_epoch
 
     @property
     def message_id(self) -> MessageId:
@@ -99,7 +114,8 @@ class PushedMessageView(Message):
 
     def __init__(self, topic: str, pm: dispatcher_pb2.PushedMessage, session: object) -> None:
         mid = pm.id
-        super().__init__(topic, mid.partition, mid.offset, session, None, 0, pm.redelivery_count)
+        epoch = mid.leader_epoch if mid.HasField("leader_epoch") else None
+        super().__init__(topic, mid.partition, mid.offset, session, None, 0, pm.redelivery_count, epoch)
         self._pm = pm
 
     @property
@@ -145,7 +161,12 @@ def messages_of(
             # map() with repeat(): about half the cost of a list comprehension calling the class.
             c = counts[k : k + n] if counts else repeat(0)
             k += n
-            out += map(plain, repeat(topic), repeat(p), offsets, repeat(session), repeat(v), range(n), c)
+            # The batch's leader epoch travels with each message to its ack (one per batch, no step
+            # per message).
+            epoch = repeat(v.header.partition_leader_epoch)
+            out += map(
+                plain, repeat(topic), repeat(p), offsets, repeat(session), repeat(v), range(n), c, epoch
+            )
     if batch.messages:
         out += [pushed(topic, pm, session) for pm in batch.messages]
     return out

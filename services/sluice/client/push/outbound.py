@@ -15,6 +15,12 @@ takes acks as ranges (``Subscribed.record_batches``) an ``Ack`` carries ``[start
 runs per partition instead of one id per message: consecutive offsets, the usual case,
 cost one pair of numbers.
 
+Every ack and nack names the leader epoch of its record's batch (``AckKey``), so the dispatcher
+refuses one whose record an unclean election truncated away instead of acknowledging the record now
+at its offset (docs/dispatcher.md, "Acks across a truncation"). Ranges go one ``OffsetRanges`` per
+partition and epoch: a group of acks all of one epoch (every group but those spanning a leader
+change) is found at C level, with no step per ack.
+
 Acks go before permits in each round, so a consumer blocked on ``max_unacked`` is
 unblocked before it asks for more.
 """
@@ -24,15 +30,20 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
+from typing import Any
 
 from sluice.v1 import dispatcher_pb2 as pb
 
-__all__ = ["ACK_BATCH", "ACK_GROUP_TIME", "Outbound", "ack_ranges"]
+__all__ = ["ACK_BATCH", "ACK_GROUP_TIME", "AckKey", "Outbound", "ack_ranges"]
+
+#: ``(partition, offset, leader epoch)`` of a message to ack or nack (epoch None: not known, sent without).
+AckKey = tuple[int, int, int | None]
 
 _partition_of = itemgetter(0)
 _offset_of = itemgetter(1)
+_epoch_of = itemgetter(2)
 
 # Bound one Ack message (and the time the writer holds the batch) under a flood of acks.
 MAX_IDS_PER_COMMAND = 10_000
@@ -57,9 +68,10 @@ class Outbound:
         # atomic. The writer sets _writer_waiting under the lock *before* it looks at
         # the deque a last time, and an ack reads the flag *after* appending, so an ack
         # either is seen by that look or sees the flag and wakes the writer.
-        self._acks: deque[tuple[int, int]] = deque()
-        self._cumulative: dict[int, int] = {}
-        self._nacks: list[tuple[int, int]] = []
+        self._acks: deque[AckKey] = deque()
+        #: partition -> (offset, leader epoch) of the highest cumulative ack.
+        self._cumulative: dict[int, tuple[int, int | None]] = {}
+        self._nacks: list[AckKey] = []
         self._permits = 0
         self._closed = False
         self._finishing = False
@@ -97,9 +109,9 @@ class Outbound:
         with self._written:
             self._written.wait_for(lambda: self._flows_written >= seq or self._closed, timeout)
 
-    def ack(self, partition: int, offset: int) -> None:
+    def ack(self, partition: int, offset: int, leader_epoch: int | None = None) -> None:
         acks = self._acks
-        acks.append((partition, offset))
+        acks.append((partition, offset, leader_epoch))
         # Wake a writer waiting for work (it then lingers for more acks), or end its linger at
         # ACK_BATCH; acks during the linger need no wake-up. Read after the append (see __init__).
         # One wake-up per writer wait: notifying on every ack past the threshold made the
@@ -108,23 +120,23 @@ class Outbound:
             with self._cond:
                 self._wake()
 
-    def ack_many(self, ids: Iterable[tuple[int, int]]) -> None:
-        """``ack`` for many ``(partition, offset)`` ids: one extend, at most one wake-up."""
+    def ack_many(self, ids: Iterable[AckKey]) -> None:
+        """``ack`` for many ``(partition, offset, leader epoch)`` ids: one extend, at most one wake-up."""
         acks = self._acks
         acks.extend(ids)
         if self._writer_waiting and not self._woken and (not self._lingering or len(acks) >= ACK_BATCH):
             with self._cond:
                 self._wake()
 
-    def ack_cumulative(self, partition: int, offset: int) -> None:
+    def ack_cumulative(self, partition: int, offset: int, leader_epoch: int | None = None) -> None:
         with self._cond:
-            if offset > self._cumulative.get(partition, -1):
-                self._cumulative[partition] = offset
+            if offset > self._cumulative.get(partition, (-1, None))[0]:
+                self._cumulative[partition] = (offset, leader_epoch)
             self._wake()
 
-    def nack(self, partition: int, offset: int) -> None:
+    def nack(self, partition: int, offset: int, leader_epoch: int | None = None) -> None:
         with self._cond:
-            self._nacks.append((partition, offset))
+            self._nacks.append((partition, offset, leader_epoch))
             self._wake()
 
     def close(self) -> None:
@@ -193,9 +205,9 @@ class Outbound:
 
     def _commands(
         self,
-        acks: list[tuple[int, int]],
-        cumulative: dict[int, int],
-        nacks: list[tuple[int, int]],
+        acks: list[AckKey],
+        cumulative: dict[int, tuple[int, int | None]],
+        nacks: list[AckKey],
         permits: int,
     ) -> Iterator[pb.ConsumerCommand]:
         # Built in place inside the command: ConsumerCommand(ack=...) would copy every id.
@@ -203,25 +215,24 @@ class Outbound:
             cmd = pb.ConsumerCommand()
             if self.ack_ranges:
                 add_ranges = cmd.ack.ranges.add
-                for p, bounds in ack_ranges(acks).items():
-                    add_ranges(partition=p, bounds=bounds)
+                for epoch, group in by_epoch(acks):
+                    for p, bounds in ack_ranges(group).items():
+                        r = add_ranges(partition=p, bounds=bounds)
+                        if epoch is not None:
+                            r.leader_epoch = epoch
             else:
-                add = cmd.ack.ids.add
-                for p, o in acks:
-                    add(partition=p, offset=o)
+                _add_ids(cmd.ack.ids, acks)
             self.sent["ack"] += 1
             yield cmd
         if cumulative:
             cmd = pb.ConsumerCommand()
             cmd.ack.cumulative = True
-            for p, o in sorted(cumulative.items()):
-                cmd.ack.ids.add(partition=p, offset=o)
+            _add_ids(cmd.ack.ids, [(p, o, e) for p, (o, e) in sorted(cumulative.items())])
             self.sent["ack"] += 1
             yield cmd
         if nacks:
             cmd = pb.ConsumerCommand()
-            for p, o in nacks:
-                cmd.nack.ids.add(partition=p, offset=o)
+            _add_ids(cmd.nack.ids, nacks)
             self.sent["nack"] += 1
             yield cmd
         if permits:
@@ -234,8 +245,29 @@ class Outbound:
                 yield pb.ConsumerCommand(flow=pb.Flow(permits=n))
 
 
-def ack_ranges(acks: list[tuple[int, int]]) -> dict[int, list[int]]:
-    """``(partition, offset)`` pairs -> per partition the flat ``[start, end)`` bounds of their runs.
+def _add_ids(ids: Any, keys: Iterable[AckKey]) -> None:
+    """``MessageId``s of ``keys`` added to the repeated field ``ids``, with their epoch when known."""
+    add = ids.add
+    for p, o, e in keys:
+        if e is None:
+            add(partition=p, offset=o)
+        else:
+            add(partition=p, offset=o, leader_epoch=e)
+
+
+def by_epoch(acks: list[AckKey]) -> list[tuple[int | None, list[AckKey]]]:
+    """``acks`` grouped by leader epoch: the usual group, all of one epoch, as it is (a C-level set)."""
+    epochs = set(map(_epoch_of, acks))
+    if len(epochs) == 1:
+        return [(epochs.pop(), acks)]
+    groups: dict[int | None, list[AckKey]] = {e: [] for e in epochs}
+    for a in acks:
+        groups[a[2]].append(a)
+    return list(groups.items())
+
+
+def ack_ranges(acks: Sequence[AckKey | tuple[int, int]]) -> dict[int, list[int]]:
+    """``(partition, offset, ...)`` ids -> per partition the flat ``[start, end)`` bounds of their runs.
 
     >>> ack_ranges([(0, 5), (0, 3), (1, 9), (0, 4), (0, 7)])
     {0: [3, 6, 7, 8], 1: [9, 10]}
@@ -249,7 +281,7 @@ def ack_ranges(acks: list[tuple[int, int]]) -> dict[int, list[int]]:
             if distinct[-1] - distinct[0] + 1 == len(distinct):
                 return {partitions.pop(): [distinct[0], distinct[-1] + 1]}
     by: dict[int, list[int]] = {}
-    for p, o in acks:
+    for p, o, *_ in acks:
         offsets = by.get(p)
         if offsets is None:
             by[p] = [o]
