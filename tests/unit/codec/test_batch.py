@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.codec import batch as b
-from sluice.errors import BatchTooLarge, CorruptBatch
+from sluice.errors import BatchTooLarge, CorruptBatch, UnsupportedVersion
 from tests.examples import examples
 
 LIMIT = 1 << 20
@@ -124,7 +124,9 @@ def test_untagged_records_never_match_a_tag_filter() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400))
 def test_random_bytes_never_escape_as_anything_but_corrupt_batch(data: bytes) -> None:
-    with contextlib.suppress(CorruptBatch, BatchTooLarge):
+    # UnsupportedVersion: random bytes whose magic byte is 1 read as a format-1 batch, a typed refusal too
+    # (a clean-clone run drew one: 24 zero bytes, then 1).
+    with contextlib.suppress(CorruptBatch, BatchTooLarge, UnsupportedVersion):
         b.validate_batch(data, 0, LIMIT)
 
 
