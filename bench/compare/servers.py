@@ -249,6 +249,10 @@ def start_sluice(ports: Ports, workdir: Path, name: str, flush: str, brokers: in
         "--port", str(base), "--metrics-port", str(base + 30), "--flush", flush, "--brokers", str(brokers),
         "--grace", "10",
     ]  # fmt: skip
+    # A diagnosis knob, not a configuration of the table: "separate" runs a process per service, so a
+    # sampler can tell which service holds the memory (docs/memory.md, "Producer batch size").
+    if os.environ.get("COMPARE_SLUICE_PROCESSES"):
+        argv += ["--processes", os.environ["COMPARE_SLUICE_PROCESSES"]]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(SLUICE_TREE / "services"), env.get("PYTHONPATH"))))
     up = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -67,7 +67,7 @@ def wait_for(consumer: Consumer, done: Callable[[], bool], timeout: float = 10.0
 
 
 def produce(cluster: Cluster, topic: str, n: int) -> None:
-    """n records of 16 B, in big batches (a 50 ms linger fills the 1 MiB batches)."""
+    """n records of 16 B, in big batches (a 50 ms linger fills the producer's batches)."""
     value = b"v" * 16
     with cluster.client().producer(topic, partitioner="round_robin", linger="50ms") as p:
         send = p.send

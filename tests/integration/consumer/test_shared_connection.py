@@ -18,6 +18,7 @@ from typing import Any
 
 from sluice import Client
 from sluice.client.consumer import Consumer
+from sluice.client.fetcher import _FOLLOW_WINDOW
 from tests.wire_client import settle_connections, sockets_to, wire_connections
 
 from .conftest import Cluster
@@ -101,9 +102,11 @@ def test_a_consumer_that_stops_polling_stops_nobody_else_on_its_client(cluster: 
                     producer.send(value, key=b"%d" % i).result(timeout=10)
                 tail = _poll_until(busy, 200, 30)
                 assert len(tail) == 200
-                # 'idle' holds what it prefetched and what its lane's window let the broker send.
+                # 'idle' holds what it prefetched and what its lane's window let the broker send:
+                # at most the window's answers wait unread (client/fetcher.py), however many
+                # records each answer carries (that depends on the producer's batch size).
                 fetcher = idle._prefetch._fetcher
-                assert fetcher._answers.waiting() <= 2
+                assert fetcher._answers.waiting() <= _FOLLOW_WINDOW
             # 'idle' resumes and misses nothing.
             idle_keys = [r.key or b"" for r in first]
             deadline = time.monotonic() + 60

@@ -13,7 +13,7 @@ from sluice.errors import InvalidArgument
 def test_defaults() -> None:
     c = ProducerConfig()
     assert c.linger == timedelta(milliseconds=5)
-    assert c.batch_size == 1024 * 1024
+    assert c.batch_size == 256 * 1024
     # Issue 14: acks="all" with idempotence is the default, as in Kafka 3.
     assert c.acks == -1
     assert c.idempotent
