@@ -3,22 +3,40 @@
 Core: authorizes, reads or changes the live state of a loaded subscription (``parking.py``), and
 answers domain values (``convert.py`` makes the protobuf). A subscription this dispatcher has not loaded
 (right after a restart, before a consumer came back) is listed from its parking store
-(``parkread.replay``), for the partitions this dispatcher serves, with the state ``stored``: its policy
-and limits come with its first consumer. ``unpark`` needs it loaded (``docs/poison-keys.md``).
+(``parkread.live_state``: the same state a load restores), for the partitions this dispatcher serves,
+with the state ``stored``: its policy and limits come with its first consumer. ``unpark`` needs it
+loaded (``docs/poison-keys.md``).
+
+**Never a partial answer.** A subscription being loaded (its first consumer back after a restart) has
+no parked keys in memory until its store's load is done; one being unloaded may still be writing its
+store. Both calls wait for that to finish (``_settled``), bounded by the request's deadline, and past it
+raise ``ParkStoreLoading`` (retriable) rather than list nothing or answer "not parked".
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sluice.dispatcher.host import ServiceHost
-from sluice.dispatcher.parkread import replay
+from sluice.dispatcher.parkread import live_state
 from sluice.dispatcher.registry import wall_ms
+from sluice.errors import ParkStoreLoading
+from sluice.retry.levels import sub_dlq_topic
 from sluice.retry.parkbook import sub_park_topic
 from sluice.security.context import Operation, RequestContext
 from sluice.security.model import Resource, ResourceType
 
+if TYPE_CHECKING:
+    from sluice.dispatcher.runtime import SubscriptionRuntime
+
 __all__ = ["ParkedKeyInfo", "ParkedKeysAdmin"]
+
+#: How long a call waits for a load when the request has no deadline.
+DEFAULT_WAIT_S = 30.0
+#: Given back from the request's deadline, so the typed error reaches the caller before it gives up.
+DEADLINE_MARGIN_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +52,23 @@ class ParkedKeyInfo:
 
 
 async def stored_keys(service: ServiceHost, topic: str, subscription: str) -> list[ParkedKeyInfo]:
-    """The parked keys in the store of a subscription not loaded here (partitions served here)."""
-    mine = set(service.link.view.partitions_of(topic, service.dispatcher_id))
-    book = (await replay(service.link, service.channels, sub_park_topic(topic, subscription))).book
+    """The parked keys in the store of a subscription not loaded here (partitions served here), less
+    those a load would find in the DLQ already."""
+    link = service.link
+    book = (
+        await live_state(
+            link,
+            service.channels,
+            sub_park_topic(topic, subscription),
+            sub_dlq_topic(topic, subscription),
+            topic,
+        )
+    ).book
+    # After the reads (they refresh the view): right after a restart the view may still be the empty
+    # one the dispatcher starts with (registered, not refreshed yet), which serves no partition.
+    mine = set(link.view.partitions_of(topic, service.dispatcher_id))
+    if not mine:
+        mine = set((await link.refresh()).partitions_of(topic, service.dispatcher_id))
     by_key: dict[bytes, list[tuple[int, int, int, int, int]]] = {}
     for ((t, p), key), bk in book.keys.items():
         if t == topic and p in mine and bk.pending:
@@ -64,15 +96,51 @@ class ParkedKeysAdmin:
     def __init__(self, service: ServiceHost) -> None:
         self._service = service
 
-    async def list(self, ctx: RequestContext, topic: str, subscription: str) -> list[ParkedKeyInfo]:
-        """The parked keys of a subscription, oldest first (from its store if it is not loaded here)."""
+    async def _settled(
+        self, topic: str, subscription: str, wait_s: float | None
+    ) -> SubscriptionRuntime | None:
+        """The subscription's runtime once loaded (None: not loaded here, its store is complete). A
+        load or an unload in progress is waited for, up to ``wait_s`` (the request's time left; None:
+        no deadline), then ``ParkStoreLoading``."""
+        loop = asyncio.get_running_loop()
+        wait = DEFAULT_WAIT_S if wait_s is None else max(wait_s - DEADLINE_MARGIN_S, 0.0)
+        deadline = loop.time() + wait
+        while True:
+            rt = self._service.runtimes.get((topic, subscription))
+            if rt is None:
+                return None
+            # An unload ends by removing it from ``runtimes``, then ``closed``; a failed load too (its
+            # ``loaded`` is set after that): either way the next look finds what follows.
+            if rt.closing:
+                latch = rt.closed
+            elif not rt.loaded.is_set():
+                latch = rt.loaded
+            else:
+                return rt
+            left = deadline - loop.time()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(latch.wait(), left)
+            except TimeoutError:
+                what = "unloading" if rt.closing else "loading"
+                raise ParkStoreLoading(
+                    f"subscription {subscription!r} of topic {topic!r} is {what} its parking store on "
+                    f"dispatcher {self._service.dispatcher_id} (waited {wait:.1f} s): ask again shortly"
+                ) from None
+
+    async def list(
+        self, ctx: RequestContext, topic: str, subscription: str, wait_s: float | None = None
+    ) -> list[ParkedKeyInfo]:
+        """The parked keys of a subscription, oldest first (from its store if it is not loaded here),
+        waiting for a load in progress (``_settled``)."""
         service = self._service
         service.authorizer.authorize(
             ctx, Operation.DESCRIBE, Resource(ResourceType.SUBSCRIPTION, subscription)
         )
         service.authorizer.authorize(ctx, Operation.DESCRIBE, Resource(ResourceType.TOPIC, topic))
-        rt = service.runtimes.get((topic, subscription))
-        if rt is None or rt.closing:
+        rt = await self._settled(topic, subscription, wait_s)
+        if rt is None:
             return await stored_keys(service, topic, subscription)
         machine = rt.machine
         # The monotonic clock of parking, turned into wall-clock ms for the answer.
@@ -99,12 +167,16 @@ class ParkedKeysAdmin:
             )
         return out
 
-    def unpark(self, ctx: RequestContext, topic: str, subscription: str, key: bytes) -> tuple[bool, int]:
-        """Release ``key``: its waiting messages go again, counted from 0. (found, messages released)."""
+    async def unpark(
+        self, ctx: RequestContext, topic: str, subscription: str, key: bytes, wait_s: float | None = None
+    ) -> tuple[bool, int]:
+        """Release ``key``: its waiting messages go again, counted from 0. (found, messages released).
+        A load in progress is waited for (``_settled``): before it is done the key is not in memory
+        yet, and an unpark then would answer "not parked" while the load restores it parked."""
         service = self._service
         service.authorizer.authorize(ctx, Operation.ALTER, Resource(ResourceType.SUBSCRIPTION, subscription))
-        rt = service.runtimes.get((topic, subscription))
-        if rt is None or rt.closing:
+        rt = await self._settled(topic, subscription, wait_s)
+        if rt is None:
             return False, 0
         pk = rt.machine.parking.keys.get(key)
         if pk is None:
