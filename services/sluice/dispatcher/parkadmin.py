@@ -4,8 +4,9 @@ Core: authorizes, reads or changes the live state of a loaded subscription (``pa
 answers domain values (``convert.py`` makes the protobuf). A subscription this dispatcher has not loaded
 (right after a restart, before a consumer came back) is listed from its parking store
 (``parkread.live_state``: the same state a load restores), for the partitions this dispatcher serves,
-with the state ``stored``: its policy and limits come with its first consumer. ``unpark`` needs it
-loaded (``docs/poison-keys.md``).
+with the state ``stored``: its policy and limits come with its first consumer. ``unpark`` of such a
+subscription appends the ``unpark`` event to its store, under the admin lock that a load takes too
+(``docs/poison-keys.md``).
 
 **Never a partial answer.** A subscription being loaded (its first consumer back after a restart) has
 no parked keys in memory until its store's load is done; one being unloaded may still be writing its
@@ -16,15 +17,21 @@ raise ``ParkStoreLoading`` (retriable) rather than list nothing or answer "not p
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sluice.dispatcher.host import ServiceHost
-from sluice.dispatcher.parkread import live_state
+from sluice.dispatcher.model import ParkEvent
+from sluice.dispatcher.parkread import live_state, produce
+from sluice.dispatcher.parkstore import event_record
 from sluice.dispatcher.registry import wall_ms
 from sluice.errors import ParkStoreLoading
 from sluice.retry.levels import sub_dlq_topic
-from sluice.retry.parkbook import sub_park_topic
+from sluice.retry.parkbook import ParkBook, sub_park_topic
 from sluice.security.context import Operation, RequestContext
 from sluice.security.model import Resource, ResourceType
 
@@ -32,6 +39,8 @@ if TYPE_CHECKING:
     from sluice.dispatcher.runtime import SubscriptionRuntime
 
 __all__ = ["ParkedKeyInfo", "ParkedKeysAdmin"]
+
+log = logging.getLogger(__name__)
 
 #: How long a call waits for a load when the request has no deadline.
 DEFAULT_WAIT_S = 30.0
@@ -51,9 +60,9 @@ class ParkedKeyInfo:
     dispatcher_id: str
 
 
-async def stored_keys(service: ServiceHost, topic: str, subscription: str) -> list[ParkedKeyInfo]:
-    """The parked keys in the store of a subscription not loaded here (partitions served here), less
-    those a load would find in the DLQ already."""
+async def _stored(service: ServiceHost, topic: str, subscription: str) -> tuple[ParkBook, set[int]]:
+    """The store's state of a subscription not loaded here, less what a load would find in the DLQ
+    already, and the partitions of ``topic`` this dispatcher serves."""
     link = service.link
     book = (
         await live_state(
@@ -69,6 +78,12 @@ async def stored_keys(service: ServiceHost, topic: str, subscription: str) -> li
     mine = set(link.view.partitions_of(topic, service.dispatcher_id))
     if not mine:
         mine = set((await link.refresh()).partitions_of(topic, service.dispatcher_id))
+    return book, mine
+
+
+async def stored_keys(service: ServiceHost, topic: str, subscription: str) -> list[ParkedKeyInfo]:
+    """The parked keys in the store of a subscription not loaded here (partitions served here)."""
+    book, mine = await _stored(service, topic, subscription)
     by_key: dict[bytes, list[tuple[int, int, int, int, int]]] = {}
     for ((t, p), key), bk in book.keys.items():
         if t == topic and p in mine and bk.pending:
@@ -93,8 +108,13 @@ async def stored_keys(service: ServiceHost, topic: str, subscription: str) -> li
 
 
 class ParkedKeysAdmin:
-    def __init__(self, service: ServiceHost) -> None:
+    def __init__(
+        self, service: ServiceHost, locked: Callable[[str, str], AbstractAsyncContextManager[None]]
+    ) -> None:
         self._service = service
+        #: The subscription's admin lock (``SubscriptionAdmin.locked``), which a Subscribe holds while it
+        #: loads: held, no load can begin.
+        self._locked = locked
 
     async def _settled(
         self, topic: str, subscription: str, wait_s: float | None
@@ -172,15 +192,37 @@ class ParkedKeysAdmin:
     ) -> tuple[bool, int]:
         """Release ``key``: its waiting messages go again, counted from 0. (found, messages released).
         A load in progress is waited for (``_settled``): before it is done the key is not in memory
-        yet, and an unpark then would answer "not parked" while the load restores it parked."""
+        yet, and an unpark then would answer "not parked" while the load restores it parked. A
+        subscription not loaded here is unparked in its store (``_unpark_stored``)."""
         service = self._service
         service.authorizer.authorize(ctx, Operation.ALTER, Resource(ResourceType.SUBSCRIPTION, subscription))
         rt = await self._settled(topic, subscription, wait_s)
         if rt is None:
-            return False, 0
+            async with self._locked(topic, subscription):
+                rt = await self._settled(topic, subscription, wait_s)  # loaded while the lock was awaited
+                if rt is None:
+                    return await self._unpark_stored(topic, subscription, key)
         pk = rt.machine.parking.keys.get(key)
         if pk is None:
             return False, 0
         released = len(pk.waiting)
         rt.call(lambda now: rt.machine.unpark(key, now))
         return True, released
+
+    async def _unpark_stored(self, topic: str, subscription: str, key: bytes) -> tuple[bool, int]:
+        """Not loaded (the caller holds the admin lock, so no load begins meanwhile): if the store has
+        ``key`` parked on a partition served here, append the ``unpark`` event a loaded subscription
+        writes, acknowledged. The next load replays it: the key's count starts again from 0, so its
+        head is tried at once instead of staying held (as after a live unpark and a crash)."""
+        service = self._service
+        book, mine = await _stored(service, topic, subscription)
+        waiting = sum(
+            len(pk.pending) for ((t, p), k), pk in book.keys.items() if t == topic and p in mine and k == key
+        )
+        if not waiting:
+            return False, 0
+        name = sub_park_topic(topic, subscription)
+        event = event_record(topic, ParkEvent("unpark", -1, -1, key), int(time.time() * 1000))
+        await produce(service.link, service.channels, name, [event])
+        log.info("%s: key %r unparked in the store (%d messages; not loaded here)", name, key, waiting)
+        return True, waiting

@@ -30,6 +30,7 @@ from sluice.dispatcher.parkstore import SNAPSHOT_ENV
 from sluice.retry.parkbook import H_HOW, H_OP, H_PCOUNT, H_PDUE, H_PSOURCE
 from sluice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 from tests.harness import start_service
+from tests.integration.parking.test_park_store import wait_for
 from tests.integration.parking.test_park_store_recovery import RESTORED, restart_with
 from tests.integration.push.conftest import PushCluster, run_push_cluster, wait_for_dispatcher
 
@@ -169,3 +170,28 @@ def test_listed_from_the_store_as_soon_as_the_dispatcher_answers(cluster: PushCl
         wait_for_dispatcher(cluster.bootstrap, cluster.dispatcher.address)
         want = [(KEY, "stored", 0, PARKED - 1)]
         assert [a for a in answers if a != want] == [], f"{len(answers)} answers"
+
+
+def test_unpark_of_a_subscription_not_loaded_is_kept_in_the_store(
+    cluster: PushCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No consumer back after the restart: the unpark goes to the store, and the load that follows
+    tries the key again (held without it, the first test shows)."""
+    topic = f"punpark-{uuid.uuid4().hex[:6]}"
+    with Client(cluster.bootstrap, request_timeout=20) as client:
+        build_store(client, topic, resolved=10)
+        restart_with(cluster, monkeypatch)
+        keys = client.admin.list_parked_keys(topic, "s")
+        assert [(k.key, k.state, k.waiting) for k in keys] == [(KEY, "stored", PARKED - 1)]
+        assert client.admin.unpark_key(topic, "s", KEY) == PARKED
+        with client.push_consumer(
+            topic, "s", "key_shared", consumer_id="c", initial_position="earliest", **SETTINGS
+        ) as pc:
+            got = []
+            for _ in range(PARKED):
+                m = pc.receive(timeout=10)
+                got.append(m)
+                pc.ack(m)
+            assert [int(m.value) for m in got] == list(range(PARKED)), "released in order"
+            assert [m.redelivery_count for m in got] == [0] * PARKED
+            wait_for("the key released", lambda: not client.admin.list_parked_keys(topic, "s"))
