@@ -116,15 +116,24 @@ class ParkedKeysAdmin:
         #: loads: held, no load can begin.
         self._locked = locked
 
-    async def _settled(
-        self, topic: str, subscription: str, wait_s: float | None
-    ) -> SubscriptionRuntime | None:
-        """The subscription's runtime once loaded (None: not loaded here, its store is complete). A
-        load or an unload in progress is waited for, up to ``wait_s`` (the request's time left; None:
-        no deadline), then ``ParkStoreLoading``."""
-        loop = asyncio.get_running_loop()
+    @staticmethod
+    def _deadline(wait_s: float | None) -> float:
+        """The loop time by which a call answers: the request's time left (``wait_s``; None: no
+        deadline, then ``DEFAULT_WAIT_S``) less ``DEADLINE_MARGIN_S``."""
         wait = DEFAULT_WAIT_S if wait_s is None else max(wait_s - DEADLINE_MARGIN_S, 0.0)
-        deadline = loop.time() + wait
+        return asyncio.get_running_loop().time() + wait
+
+    def _loading(self, topic: str, subscription: str, what: str) -> ParkStoreLoading:
+        return ParkStoreLoading(
+            f"subscription {subscription!r} of topic {topic!r} is {what} its parking store on dispatcher "
+            f"{self._service.dispatcher_id}: ask again shortly"
+        )
+
+    async def _settled(self, topic: str, subscription: str, deadline: float) -> SubscriptionRuntime | None:
+        """The subscription's runtime once loaded (None: not loaded here, its store is complete). A
+        load or an unload in progress is waited for, up to ``deadline`` (loop time), then
+        ``ParkStoreLoading``."""
+        loop = asyncio.get_running_loop()
         while True:
             rt = self._service.runtimes.get((topic, subscription))
             if rt is None:
@@ -137,17 +146,10 @@ class ParkedKeysAdmin:
                 latch = rt.loaded
             else:
                 return rt
-            left = deadline - loop.time()
             try:
-                if left <= 0:
-                    raise TimeoutError
-                await asyncio.wait_for(latch.wait(), left)
+                await asyncio.wait_for(latch.wait(), max(deadline - loop.time(), 0.0))
             except TimeoutError:
-                what = "unloading" if rt.closing else "loading"
-                raise ParkStoreLoading(
-                    f"subscription {subscription!r} of topic {topic!r} is {what} its parking store on "
-                    f"dispatcher {self._service.dispatcher_id} (waited {wait:.1f} s): ask again shortly"
-                ) from None
+                raise self._loading(topic, subscription, "unloading" if rt.closing else "loading") from None
 
     async def list(
         self, ctx: RequestContext, topic: str, subscription: str, wait_s: float | None = None
@@ -159,7 +161,7 @@ class ParkedKeysAdmin:
             ctx, Operation.DESCRIBE, Resource(ResourceType.SUBSCRIPTION, subscription)
         )
         service.authorizer.authorize(ctx, Operation.DESCRIBE, Resource(ResourceType.TOPIC, topic))
-        rt = await self._settled(topic, subscription, wait_s)
+        rt = await self._settled(topic, subscription, self._deadline(wait_s))
         if rt is None:
             return await stored_keys(service, topic, subscription)
         machine = rt.machine
@@ -196,12 +198,23 @@ class ParkedKeysAdmin:
         subscription not loaded here is unparked in its store (``_unpark_stored``)."""
         service = self._service
         service.authorizer.authorize(ctx, Operation.ALTER, Resource(ResourceType.SUBSCRIPTION, subscription))
-        rt = await self._settled(topic, subscription, wait_s)
+        deadline = self._deadline(wait_s)
+        rt = await self._settled(topic, subscription, deadline)
         if rt is None:
-            async with self._locked(topic, subscription):
-                rt = await self._settled(topic, subscription, wait_s)  # loaded while the lock was awaited
+            # A Subscribe holds the lock while it loads: waiting for it is waiting for a load, bounded
+            # alike (past the deadline nothing was written: the caller may ask again).
+            lock = self._locked(topic, subscription)
+            try:
+                async with asyncio.timeout_at(deadline):  # not wait_for: on 3.11 it can lose an acquired lock
+                    await lock.__aenter__()
+            except TimeoutError:
+                raise self._loading(topic, subscription, "loading") from None
+            try:
+                rt = await self._settled(topic, subscription, deadline)  # loaded while the lock was awaited
                 if rt is None:
                     return await self._unpark_stored(topic, subscription, key)
+            finally:
+                await lock.__aexit__(None, None, None)
         pk = rt.machine.parking.keys.get(key)
         if pk is None:
             return False, 0

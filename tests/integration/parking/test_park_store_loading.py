@@ -6,7 +6,8 @@ resolved, then 5 of key ``p`` still parked, held), so the load replays every eve
 measurable time. A consumer coming back starts the load; asked during it:
 
 - ``list_parked_keys`` answers the whole state once the load is done (before: an empty list, the
-  subscription loaded but its parking not restored yet);
+  subscription loaded but its parking not restored yet), and with a deadline shorter than the load,
+  ``ParkStoreLoading``;
 - ``unpark_key`` releases the key once the load is done (before: "not parked").
 
 And the listing from the store (no consumer back) asked from the moment the dispatcher process is up, before
@@ -26,7 +27,9 @@ import pytest
 
 from sluice import Client
 from sluice.client.push import Message
+from sluice.common.rpc import call
 from sluice.dispatcher.parkstore import SNAPSHOT_ENV
+from sluice.errors import ParkStoreLoading
 from sluice.retry.parkbook import H_HOW, H_OP, H_PCOUNT, H_PDUE, H_PSOURCE
 from sluice.v1 import dispatcher_pb2, dispatcher_pb2_grpc
 from tests.harness import start_service
@@ -128,14 +131,19 @@ def test_parked_keys_asked_during_the_store_load_are_answered_once_it_is_done(
         build_store(client, topic)
         # No snapshot (it would make the next load short): each load replays the whole log.
         restart_with(cluster, monkeypatch, **{SNAPSHOT_ENV: str(10**9)})
-        listed, got = during_the_load(
-            cluster,
-            client,
-            topic,
-            lambda: [
+        stub = client._channels.stub(cluster.dispatcher.address, dispatcher_pb2_grpc.DispatcherStub)
+        request = dispatcher_pb2.ListParkedKeysRequest(topic=topic, subscription="s")
+
+        def ask() -> list[tuple[bytes, str, int, int]]:
+            # A deadline shorter than the load: the typed, retriable error, not a partial list.
+            with pytest.raises(ParkStoreLoading) as refused:
+                call(stub.ListParkedKeys, request, 0.4)
+            assert refused.value.retriable
+            return [
                 (k.key, k.state, k.head_offset, k.waiting) for k in client.admin.list_parked_keys(topic, "s")
-            ],
-        )
+            ]
+
+        listed, got = during_the_load(cluster, client, topic, ask)
         assert listed == [(KEY, "held", 0, PARKED - 1)], (
             "the first listing after the restart is the whole state"
         )
