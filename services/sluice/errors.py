@@ -17,6 +17,7 @@ from sluice.errors_messaging import (
     DelayLevelOutOfRange,
     DelayTooLong,
     NotADlqTopic,
+    ParkStoreLoading,
     ReconsumeRefused,
     RecordNotOwned,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "DelayedDeliveryUnavailable",
     "DeserializationError",
     "NotADlqTopic",
+    "ParkStoreLoading",
     "ReconsumeRefused",
     "RecordNotOwned",
     "SerdeExtraMissing",

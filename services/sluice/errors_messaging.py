@@ -63,3 +63,16 @@ class NotADlqTopic(SluiceError, ValueError):
 
     code = common_pb2.NOT_A_DLQ_TOPIC
     grpc_status = "INVALID_ARGUMENT"
+
+
+# ---- Key_Shared parking (docs/poison-keys.md) -------------------------------------------
+
+
+class ParkStoreLoading(SluiceError):
+    """The subscription's parking store is still loading on the dispatcher (a restart, its first
+    consumer back): its parked keys are not known yet, so neither a listing nor an unpark is answered
+    from a partial state. Ask again shortly."""
+
+    code = common_pb2.PARK_STORE_LOADING
+    retriable = True
+    grpc_status = "UNAVAILABLE"

@@ -8,6 +8,8 @@ I/O for ``parkstore.py`` (docs/poison-keys.md, "Where parked messages live"):
   dying mid-way leaves no trailer at the end and the next load falls back to the log).
 - ``dead_sources``: the source coordinates (``sluice-retry-source``) of this topic's records in the DLQ
   from a mark to its end, so a restart does not dead-letter them twice.
+- ``live_state``: both: what a load restores, and what ``sluice subscription parked`` lists of a
+  subscription not loaded here (the same state, so a listing never shows keys a load would drop).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -32,7 +34,7 @@ from sluice.v1 import broker_pb2
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Replayed", "dead_sources", "produce", "replay", "write_snapshot"]
+__all__ = ["Replayed", "dead_sources", "live_state", "produce", "replay", "write_snapshot"]
 
 RPC_TIMEOUT = 10.0
 FETCH_BYTES = 4 * 1024 * 1024
@@ -53,6 +55,9 @@ class Replayed:
     fallback: str = ""
     #: The ``.PARK`` offset the replay read up to (what a snapshot of ``book`` would cover).
     end: int = 0
+    #: ``live_state``: per key, the prefix found in the DLQ and dropped from ``book`` (source
+    #: partition, key, through offset): the ``resolved`` events its owner writes.
+    dead: list[tuple[tuple[str, int], bytes, int]] = field(default_factory=list)
 
 
 async def produce(link: CoordinatorLink, channels: AioPeers, name: str, records: list[Record]) -> int:
@@ -223,3 +228,17 @@ async def dead_sources(
 
     await _read(link, channels, dlq, start if mark > end else max(start, mark), end, each)
     return found
+
+
+async def live_state(link: CoordinatorLink, channels: AioPeers, name: str, dlq: str, topic: str) -> Replayed:
+    """The store ``name``'s state (``replay``) less the parked messages of ``topic`` found in ``dlq``
+    from the store's DLQ mark on (a crash came between their dead-lettering and its ``resolved``
+    event): ``dead`` says what was dropped. Reads only; the caller that owns the store writes the
+    ``resolved`` events."""
+    out = await replay(link, channels, name)
+    book = out.book
+    if book.keys and book.dlq_mark is not None:
+        found = await dead_sources(link, channels, dlq, topic, book.dlq_mark)
+        if found:
+            out.dead = book.drop_dead(found)
+    return out

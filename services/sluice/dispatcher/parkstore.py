@@ -42,7 +42,7 @@ from sluice.common.peers import AioPeers
 from sluice.common.timeouts import within
 from sluice.dispatcher.cluster import CoordinatorLink
 from sluice.dispatcher.model import ParkEvent
-from sluice.dispatcher.parkread import Replayed, dead_sources, produce, replay, write_snapshot
+from sluice.dispatcher.parkread import Replayed, live_state, produce, replay, write_snapshot
 from sluice.dispatcher.parkrestore import Restorable, restore
 from sluice.errors import SluiceError
 from sluice.retry.levels import source_key
@@ -307,6 +307,7 @@ class ParkStore:
         Snapshots are written from then on while this dispatcher serves every partition of the topic
         (with fewer, another dispatcher's events are missing from ``book``)."""
         started = time.monotonic()
+        log.info("%s: loading the parking store", self.name)  # tests wait for it
         out = await self.replay(dlq)
         n = restore(sub, out.book, self.topic, limit, now_ms, int(time.time() * 1000))
         log.info(
@@ -344,17 +345,13 @@ class ParkStore:
         less the parked messages already in ``dlq`` (found from the store's DLQ mark: a crash came
         between their dead-lettering and its ``resolved`` event), whose ``resolved`` is written now.
         The state is kept (``book``) and follows every event written from now on."""
-        out = await replay(self._link, self._channels, self.name)
-        book = out.book
-        if book.keys and book.dlq_mark is not None:
-            dead = await dead_sources(self._link, self._channels, dlq, self.topic, book.dlq_mark)
-            gone = book.drop_dead(dead) if dead else []
-            if gone:
-                log.info("%s: %d keys' parked messages found in %s already", self.name, len(gone), dlq)
-                self.write(
-                    [ParkEvent("resolved", tp[1], through, key, how="dlq") for tp, key, through in gone]
-                )
-        self.book = book
+        out = await live_state(self._link, self._channels, self.name, dlq, self.topic)
+        if out.dead:
+            log.info("%s: %d keys' parked messages found in %s already", self.name, len(out.dead), dlq)
+            self.write(
+                [ParkEvent("resolved", tp[1], through, key, how="dlq") for tp, key, through in out.dead]
+            )
+        self.book = out.book
         return out
 
 

@@ -88,7 +88,7 @@ class DispatcherService:
         self._tasks: list[asyncio.Task[None]] = []
         self._loop = asyncio.get_running_loop()
         self.views = SubscriptionViews(self, self.book)
-        self.parked = ParkedKeysAdmin(self)
+        self.parked = ParkedKeysAdmin(self, self.admin.locked)
         metrics.state.source = self.views.gauge_rows
         metrics.state.budget = self.budget
 

@@ -224,12 +224,14 @@ class DispatcherServicer:
     async def ListParkedKeys(
         self, request: pb.ListParkedKeysRequest, context: Context
     ) -> pb.ListParkedKeysResponse:
-        keys = await self._service.parked.list(self.context(context), request.topic, request.subscription)
+        keys = await self._service.parked.list(
+            self.context(context), request.topic, request.subscription, context.time_remaining()
+        )
         return convert.parked_to_proto(keys)
 
     async def UnparkKey(self, request: pb.UnparkKeyRequest, context: Context) -> pb.UnparkKeyResponse:
-        found, released = self._service.parked.unpark(
-            self.context(context), request.topic, request.subscription, request.key
+        found, released = await self._service.parked.unpark(
+            self.context(context), request.topic, request.subscription, request.key, context.time_remaining()
         )
         audit_current("subscription.unpark", {"topic": request.topic, "subscription": request.subscription})
         return pb.UnparkKeyResponse(found=found, released=released)

@@ -119,6 +119,12 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     controller's current one: the partition changed since (another ISR change, a new leader). The
     leader waits for the newer state and proposes again from it.
     """
+    PARK_STORE_LOADING: _ErrorCode.ValueType  # 66
+    """Key_Shared parking (docs/poison-keys.md): the subscription's parking store is still being loaded
+    on this dispatcher (its snapshot, the .PARK log after it, the dead-letter mark), so its parked keys
+    are not known yet. Answered instead of a partial list, or an unpark that would find nothing, once
+    the request's deadline would pass first. Retriable: ask again shortly.
+    """
     INELIGIBLE_REPLICA: _ErrorCode.ValueType  # 80
     """An in-sync set change (AlterPartition) adds a broker that is in a controlled shutdown (KIP-841):
     it stops soon, and back in the ISR it would hold up acks=all writes. Retriable: the leader
@@ -308,6 +314,12 @@ STALE_PARTITION_EPOCH: ErrorCode.ValueType  # 65
 """An in-sync set change (AlterPartition) proposed against a partition epoch that is not the
 controller's current one: the partition changed since (another ISR change, a new leader). The
 leader waits for the newer state and proposes again from it.
+"""
+PARK_STORE_LOADING: ErrorCode.ValueType  # 66
+"""Key_Shared parking (docs/poison-keys.md): the subscription's parking store is still being loaded
+on this dispatcher (its snapshot, the .PARK log after it, the dead-letter mark), so its parked keys
+are not known yet. Answered instead of a partial list, or an unpark that would find nothing, once
+the request's deadline would pass first. Retriable: ask again shortly.
 """
 INELIGIBLE_REPLICA: ErrorCode.ValueType  # 80
 """An in-sync set change (AlterPartition) adds a broker that is in a controlled shutdown (KIP-841):
