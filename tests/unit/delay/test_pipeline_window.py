@@ -9,7 +9,7 @@ from sluice.broker.schedule.pipeline import Flight, Window
 
 def _flight(n: int, sent_at: int) -> Flight:
     batch = [Entry(0, 0, i, "t", 0, None, b"", None, {}, 0) for i in range(n)]
-    return Flight(Sent(batch), sent_at, sent_at)
+    return Flight(Sent(batch), sent_at, sent_at, sent_at)
 
 
 def test_the_next_batch_goes_at_once_alone_and_only_once_late_behind_a_batch_in_flight() -> None:

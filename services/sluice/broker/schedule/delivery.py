@@ -7,6 +7,10 @@ last made durable, an offset its records cannot land before (the end an earlier 
 the partition's high watermark when first met). A mark is written (fsynced) before the first record goes
 to a partition not marked yet; every ``checkpoint`` the done files are fsynced and the marks cleared.
 
+Batches are pipelined (``pipeline.py``): ``send`` does not wait, ``settle`` waits for one batch's answers
+and ``settled`` takes its partitions' ends, in send order, so an end never passes a record of ours still in
+flight; a partition with batches in flight keeps its mark through every checkpoint (``begin_checkpoint``).
+
 After a crash (or a send whose outcome is unknown), ``recover`` reads each marked partition from its mark
 to its end and returns every coordinate found there: those records were delivered whatever the done files
 say, so they are never sent again, and the others are. A crash between the append and the progress

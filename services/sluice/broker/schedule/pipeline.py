@@ -33,8 +33,10 @@ class Flight:
     """One delivery batch in flight."""
 
     sent: Sent
-    #: When it was popped from the timeline and when its send returned (ms, for the trace).
+    #: When it was popped from the timeline, when its send took the batch lock and when the send
+    #: returned (ms, for the trace).
     popped: int
+    locked: int
     sent_at: int
 
     @property

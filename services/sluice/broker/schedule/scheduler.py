@@ -322,9 +322,10 @@ class Scheduler:
 
     def _send(self, batch: list[Entry], popped: int) -> None:
         with self._batch_lock:  # the checkpoint sees a batch sent (counted in flight) or not at all
+            locked = self._clock()
             metrics.DUE.inc(len(batch))
             sent = self._deliverer.send(batch)
-            flight = Flight(sent, popped, self._clock())
+            flight = Flight(sent, popped, locked, self._clock())
             with self._cond:
                 self._window.push(flight)
                 if sent.error is not None:
@@ -366,7 +367,8 @@ class Scheduler:
                 first_due=batch[0].due,
                 last_due=batch[-1].due,
                 popped=flight.popped,
-                locked=flight.sent_at,
+                locked=flight.locked,
+                sent=flight.sent_at,
                 acked=acked,
                 done=self._clock(),
                 in_flight=in_flight,

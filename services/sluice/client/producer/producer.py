@@ -457,7 +457,7 @@ class Producer:
         with self._cond:
             for p in range(self._partitions):
                 self._acc.close_open(p)
-        self._sender.send_ready()
+            self._cond.notify_all()  # the sender thread ships them: the caller does not wait on a socket
 
     def close(self, timeout: float | None = None) -> None:
         """Stop accepting records, deliver the buffered ones and stop the sender.
