@@ -8,10 +8,12 @@ and a crash with them in flight still finds every one of them (the recovery mark
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import pytest
 from sluice import Client
 from sluice.broker.schedule.delivery import Deliverer, Sent
 from sluice.broker.schedule.entry import Entry
-from sluice.broker.schedule.scheduler import _DELIVERY_CONFIG
+from sluice.broker.schedule.scheduler import _DELIVERY_CONFIG, Scheduler, SchedulerSettings
 from sluice.client.producer.delay import DUE_HEADER, SCHEDULE_HEADER
 from sluice.errors import SluiceError
 from tests.harness import ServiceProcess
@@ -28,6 +30,7 @@ from tests.integration.delay.conftest import DelayCluster, collect
 
 PARTITIONS = 2
 PER_BATCH = 300
+FAIL_RECORDS = 1_500
 
 
 def _batch(topic: str, k: int, due: int) -> list[Entry]:
@@ -61,6 +64,10 @@ def _until(cond: Callable[[], bool], timeout: float) -> bool:
 
 def _all_in_flight(d: Deliverer, targets: set[tuple[str, int]], n: int) -> bool:
     return all(d.in_flight(t) >= n for t in targets)
+
+
+def _failed(caplog: pytest.LogCaptureFixture) -> bool:
+    return any("failed" in r.getMessage() and "recovering" in r.getMessage() for r in caplog.records)
 
 
 def _settle(d: Deliverer, sent: Sent) -> None:
@@ -138,3 +145,40 @@ def test_a_late_batch_keeps_its_recovery_mark_below_it_and_a_crash_finds_every_b
     missing = [e.so for s in late for e in s.batch if (e.sp, e.so) not in found]
     assert not missing, f"{len(missing)} records in flight at the crash not found (would be sent twice)"
     d.close(5)
+
+
+def test_a_batch_that_fails_with_others_in_flight_sends_them_all_to_recovery_none_lost_or_twice(
+    delay_cluster: DelayCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An in-process scheduler with a 1 s send timeout; the broker pauses for 2.5 s while deliveries flow,
+    so the oldest batch in flight fails with later ones behind it. All of them go to recovery: the
+    records that landed are marked done, the others sent again; each arrives once, none early."""
+    delay_cluster.kill_scheduler()  # this test's scheduler reads the schedule topic instead
+    client = delay_cluster.client()
+    topic = delay_cluster.topic(PARTITIONS)
+    with client.producer(topic) as producer:
+        for i in range(FAIL_RECORDS):
+            producer.send(b"%d" % i, deliver_after=timedelta(milliseconds=2_000 + i * 8))
+        producer.flush(30)
+    settings = SchedulerSettings(send_timeout=1.0)
+    scheduler = Scheduler(client, tmp_path / "scheduler", settings, lambda: time.time_ns() // 1_000_000)
+    caplog.set_level(logging.WARNING, logger="sluice.broker.schedule.scheduler")
+    scheduler.start()
+    try:
+        time.sleep(3.0)  # deliveries under way
+        for _ in range(3):  # a pause that met no batch in flight (a bucket read in meanwhile) is tried again
+            with _paused(delay_cluster.broker):
+                time.sleep(2.5)
+            if _failed(caplog):
+                break
+            time.sleep(0.5)
+        arrivals = collect(client, topic, PARTITIONS, FAIL_RECORDS, timeout=60)
+        time.sleep(1.0)
+        arrivals += collect(client, topic, PARTITIONS, FAIL_RECORDS + 1, timeout=1)[len(arrivals) :]
+    finally:
+        scheduler.stop()
+    assert _failed(caplog), "no batch failed: the test missed its point"
+    values = [int(a.record.value) for a in arrivals]
+    assert sorted(set(values)) == list(range(FAIL_RECORDS)), "a record was lost"
+    assert len(values) == FAIL_RECORDS, f"{len(values) - FAIL_RECORDS} records delivered twice"
+    assert not [a for a in arrivals if a.received_ms < a.due], "a record was delivered early"
