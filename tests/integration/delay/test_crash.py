@@ -3,17 +3,23 @@ duplicated, none early."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import signal
+import tempfile
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from sluice import Client
+from sluice.broker.schedule.trace import TRACE_ENV
 from sluice.errors import SluiceError
-from tests.integration.delay.conftest import Arrival, DelayCluster
+from tests.harness import run_redis
+from tests.integration.delay.conftest import Arrival, DelayCluster, start_delay_cluster
 
 RECORDS = 4_000
 SPREAD_MS = 8_000
@@ -86,6 +92,52 @@ def test_broker_and_scheduler_kill9_lose_none_duplicate_none_early_none(delay_cl
     assert not early, f"{len(early)} delivered early"
     # Keyless delayed records spread over the partitions (runs of 256), as keyless immediate ones do.
     assert {a.record.partition for a in collector.arrivals} == set(range(PARTITIONS))
+
+
+def _check_once_none_early(arrivals: list[Arrival]) -> None:
+    values = [int(a.record.value) for a in arrivals]
+    assert sorted(set(values)) == list(range(RECORDS)), "a record was lost"
+    assert len(values) == RECORDS, f"{len(values) - RECORDS} duplicate deliveries"
+    early = [a for a in arrivals if a.received_ms < a.due]
+    assert not early, f"{len(early)} delivered early"
+
+
+def test_broker_kill9_with_delivery_batches_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker answers late (SIGSTOP), so the scheduler keeps sending and several delivery batches are
+    in flight, then dies (kill -9) with them unanswered: none lost, none twice, none early. The
+    scheduler's own trace shows the batches that were in flight together."""
+    with run_redis(appendonly=True) as redis, tempfile.TemporaryDirectory(prefix="sluice-delay-") as d:
+        trace_file = Path(d) / "trace.jsonl"
+        monkeypatch.setenv(TRACE_ENV, str(trace_file))
+        cluster = start_delay_cluster(redis, Path(d))
+        try:
+            client = cluster.client()
+            topic = cluster.topic(PARTITIONS)
+            rng = random.Random(15)
+            with client.producer(topic) as producer:
+                for i in range(RECORDS):
+                    producer.send(
+                        str(i).encode(), deliver_after=timedelta(milliseconds=rng.randrange(SPREAD_MS))
+                    )
+                producer.flush(30)
+            collector = Collector(cluster.client(), topic)
+            collector.start()
+            try:
+                time.sleep(2.0)  # deliveries under way
+                cluster.broker.process.send_signal(signal.SIGSTOP)
+                time.sleep(0.6)  # answers late: batches pile up in flight
+                cluster.kill_broker()  # with them unanswered
+                cluster.restart_broker()
+                assert _wait_for(lambda: len(collector.arrivals) >= RECORDS, 90), f"{len(collector.arrivals)}"
+                time.sleep(1.5)  # a duplicate would arrive now
+            finally:
+                collector.stopping.set()
+                collector.join(10)
+            _check_once_none_early(collector.arrivals)
+        finally:
+            cluster.stop()
+        batches = [e for e in map(json.loads, trace_file.read_text().splitlines()) if e["kind"] == "batch"]
+        assert max(e["in_flight"] for e in batches) >= 2, "no delivery batch was in flight behind another"
 
 
 @pytest.mark.scheduler_args("--crash-after-deliveries", "500")

@@ -7,6 +7,10 @@ last made durable, an offset its records cannot land before (the end an earlier 
 the partition's high watermark when first met). A mark is written (fsynced) before the first record goes
 to a partition not marked yet; every ``checkpoint`` the done files are fsynced and the marks cleared.
 
+Batches are pipelined (``pipeline.py``): ``send`` does not wait, ``settle`` waits for one batch's answers
+and ``settled`` takes its partitions' ends, in send order, so an end never passes a record of ours still in
+flight; a partition with batches in flight keeps its mark through every checkpoint (``begin_checkpoint``).
+
 After a crash (or a send whose outcome is unknown), ``recover`` reads each marked partition from its mark
 to its end and returns every coordinate found there: those records were delivered whatever the done files
 say, so they are never sent again, and the others are. A crash between the append and the progress
@@ -26,11 +30,11 @@ import time
 from pathlib import Path
 
 from sluice.broker.schedule.entry import Entry
-from sluice.client import Client, Producer, ProducerConfig
+from sluice.client import Client, FutureRecordMetadata, Producer, ProducerConfig
 from sluice.client.producer.delay import DUE_HEADER, SCHEDULE_HEADER
-from sluice.errors import SluiceError
+from sluice.errors import RequestTimedOut, SluiceError
 
-__all__ = ["Deliverer"]
+__all__ = ["Deliverer", "Sent"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,20 @@ def _found(headers: dict[str, bytes] | None) -> Found | None:
         return int(sp), int(so), int(headers[DUE_HEADER])
     except (KeyError, ValueError):
         return None
+
+
+class Sent:
+    """One delivery batch sent: its records' futures, in the batch's order (``Deliverer.send``)."""
+
+    __slots__ = ("batch", "error", "futures", "targets")
+
+    def __init__(self, batch: list[Entry]) -> None:
+        self.batch = batch
+        self.futures: list[FutureRecordMetadata] = []
+        #: Target partitions counted in flight for it (``Deliverer.forget`` uncounts them).
+        self.targets: set[Target] = set()
+        #: A failure while sending (the records queued before it may still land): raised by ``settle``.
+        self.error: SluiceError | None = None
 
 
 class Deliverer:
@@ -66,8 +84,11 @@ class Deliverer:
         #: write is never older than an earlier one. Held apart from ``_marks_lock``, so the delivery
         #: loop never waits for the checkpoint's fsync (only for its own, for a new partition).
         self._save_lock = threading.Lock()
-        #: In memory: target partition -> the end after our last acknowledged record there.
+        #: In memory: target partition -> the end after our last settled record there (``settle``, in send
+        #: order: no record of ours in flight lands before it).
         self._ends: dict[Target, int] = {}
+        #: In memory: target partition -> delivery batches sent there and not yet settled or forgotten.
+        self._flying: dict[Target, int] = {}
 
     def _load(self) -> dict[Target, int]:
         try:
@@ -89,31 +110,47 @@ class Deliverer:
 
     # ---- sending ---------------------------------------------------------------------------------
 
-    def deliver(self, batch: list[Entry], timeout: float) -> None:
-        """Append ``batch`` to the target partitions, in order, and wait for the acknowledgements.
-        Raises SluiceError when a record's outcome is unknown or failed: then ``reset`` and ``recover``
-        decide what was delivered."""
+    def send(self, batch: list[Entry]) -> Sent:
+        """Append ``batch`` to the target partitions, in order, without waiting for the answers (each
+        partition's records go out behind its batches still in flight: ``Producer.flush_nowait``). A
+        failure to send is kept in the answer, for ``settle`` to raise in its turn. Caller: the delivery
+        loop, under the scheduler's batch lock (as ``settle``, ``prepare`` and the checkpoint)."""
+        sent = Sent(batch)
+        try:
+            self._send(batch, sent)
+        except SluiceError as exc:
+            sent.error = exc
+        return sent
+
+    def _send(self, batch: list[Entry], sent: Sent) -> None:
         targets = {(e.topic, e.tp) for e in batch}
+        sent.targets = targets
         with self._marks_lock:  # atomic with end_checkpoint's look at the marks
+            for target in targets:  # in flight from here: the checkpoint keeps their marks
+                self._flying[target] = self._flying.get(target, 0) + 1
             new = targets - self._marks.keys()
             for target in targets - new:
                 self._used[target] = self._generation
         if new:
             # A partition not delivered to for a whole checkpoint period: its mark, durably, before
             # the first record goes (the checkpoint keeps busy partitions' marks, advanced, so this
-            # fsync is off the due path except after idleness).
+            # fsync is off the due path except after idleness). A partition with batches in flight
+            # always has its mark, so the end here is below every record of ours not yet done.
             ends = {}
             for target in new:
                 end = self._ends.get(target)
                 if end is None:
                     topic, tp = target
                     end = self._client.list_offsets(topic, "latest", [tp])[tp]
+                    # Known from here: a later prepare() must not learn a higher end, past records of
+                    # ours in flight, that a checkpoint would advance the mark to.
+                    self._ends[target] = end
                 ends[target] = end
             with self._marks_lock:
                 self._marks.update(ends)
                 self._used.update(dict.fromkeys(ends, self._generation))
             self._save()  # before the first record goes there
-        futures = []
+        futures = sent.futures
         producer: Producer | None = None
         for e in batch:
             if producer is None or producer.topic != e.topic:
@@ -124,14 +161,65 @@ class Deliverer:
                     e.value, key=e.key, tag=e.tag, headers=e.headers, partition=e.tp, timestamp=e.timestamp
                 )
             )
-        # flush, not only waiting on the futures: it sends every partition's batch now, whole, instead
-        # of a first few records after the linger and the rest a round trip later.
+        # Each partition's batch goes now, whole (not its first records at the linger and the rest a
+        # round trip later), and behind the partition's batches in flight rather than after their answers.
         for topic in {e.topic for e in batch}:
-            self._producers[topic].flush(timeout)
-        for e, f in zip(batch, futures, strict=True):
+            self._producers[topic].flush_nowait()
+
+    def settle(self, sent: Sent, timeout: float) -> None:
+        """Wait for ``sent``'s acknowledgements (up to ``timeout`` seconds). Raises SluiceError when a
+        record's outcome is unknown or failed: the batch stays in flight, and ``forget``, ``reset`` and
+        ``recover`` decide what was delivered. Changes nothing (no lock needed): ``settled`` does."""
+        if sent.error is not None:
+            raise sent.error
+        self._wait(sent, timeout)
+        for result in {id(f.batch): f.batch for f in sent.futures}.values():
+            if result.error is not None:
+                raise result.error
+
+    def settled(self, sent: Sent) -> None:
+        """``sent`` is acknowledged (``settle`` returned): take its partitions' ends. Called in send order
+        (an end taken here is never past a record of an earlier batch in flight), under the batch lock
+        with the batch's done marks: a checkpoint sees both or neither."""
+        ends = self._ends
+        for e, f in zip(sent.batch, sent.futures, strict=True):
             end = f.result(0).offset + 1
-            if end > self._ends.get((e.topic, e.tp), -1):
-                self._ends[(e.topic, e.tp)] = end
+            if end > ends.get((e.topic, e.tp), -1):
+                ends[(e.topic, e.tp)] = end
+        self.forget(sent)
+
+    def wait(self, sent: Sent, timeout: float) -> None:
+        """Until every record of ``sent`` is answered or failed (or ``timeout``): after a failure, so no
+        request of the old producers is still on its way when recovery looks (it waits longer, too)."""
+        with contextlib.suppress(SluiceError):
+            self._wait(sent, timeout)
+
+    @staticmethod
+    def _wait(sent: Sent, timeout: float) -> None:
+        """Raises RequestTimedOut when a record is not answered within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        for result in {id(f.batch): f.batch for f in sent.futures}.values():  # one per producer batch
+            if not result.wait(max(0.0, deadline - time.monotonic())):
+                raise RequestTimedOut(f"delivery not acknowledged within {timeout} s (it may still land)")
+
+    def forget(self, sent: Sent) -> None:
+        """``sent`` is no longer in flight (settled, or handed to recovery)."""
+        with self._marks_lock:
+            for target in sent.targets:
+                left = self._flying.get(target, 0) - 1
+                if left > 0:
+                    self._flying[target] = left
+                else:
+                    self._flying.pop(target, None)
+                # Its done marks are written in this checkpoint period: keep the mark through it.
+                self._used[target] = self._generation
+        sent.targets = set()
+
+    def in_flight(self, target: Target) -> int:
+        """Batches of ``target`` on the wire now, unanswered (the producer's count, up to its
+        ``max_in_flight``): more than one while an answer is late is the pipeline at work."""
+        producer = self._producers.get(target[0])
+        return 0 if producer is None else producer.in_flight(target[1])
 
     def prepare(self, targets: set[Target]) -> None:
         """Before records for ``targets`` are due (called as their bucket is read in): open the topics'
@@ -143,10 +231,15 @@ class Deliverer:
             self._ends[(topic, tp)] = self._client.list_offsets(topic, "latest", [tp])[tp]
 
     def begin_checkpoint(self) -> tuple[int, dict[Target, int]]:
-        """Called with no batch in flight: the deliveries so far are those of this generation and before.
-        Returns what ``end_checkpoint`` needs: the generation and the partitions' ends now."""
+        """Called under the batch lock (no batch half settled): the done marks written so far cover every
+        record below the partitions' ends now. Returns what ``end_checkpoint`` needs: the generation and
+        those ends. A partition with batches in flight counts as used now, so its mark is advanced (to an
+        end no record in flight precedes: settled in send order), never removed, while they fly."""
         generation = self._generation
         self._generation += 1
+        with self._marks_lock:
+            for target in self._flying:
+                self._used[target] = generation
         return generation, dict(self._ends)
 
     def end_checkpoint(self, state: tuple[int, dict[Target, int]]) -> None:
@@ -183,6 +276,7 @@ class Deliverer:
                 p.close(1.0)
         self._producers.clear()
         self._ends.clear()
+        self._flying.clear()
 
     # ---- recovery --------------------------------------------------------------------------------
 

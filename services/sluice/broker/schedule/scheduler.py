@@ -1,11 +1,12 @@
 """The scheduler: reads the schedule topic into time buckets and appends each record to its topic when due.
 
-Two threads share one lock. The reader follows every partition of ``__sluice_schedule`` from the read
+Threads, sharing one lock. The reader follows every partition of ``__sluice_schedule`` from the read
 checkpoint, appends each record to its bucket file (``buckets.py``; near ones also join the in-memory
 timeline, ``timeline.py``) and, every ``checkpoint_interval``, fsyncs the buckets and then saves the read
-positions. The delivery loop sleeps until the first record is due (or a new earlier one arrives), sends
-the due batch through the intent log (``delivery.py``) and marks it done. docs/delayed-delivery.md.
-"""
+positions. The delivery loop sleeps until the first record is due (or a new earlier one arrives) and sends
+the due batch through the recovery marks (``delivery.py``), without waiting for the answers while the
+window has room (``pipeline.py``); the acknowledgement thread settles the batches in the order they were
+sent and marks them done. docs/delayed-delivery.md."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from sluice.broker.schedule import metrics
 from sluice.broker.schedule.buckets import BucketStore
 from sluice.broker.schedule.delivery import Deliverer
 from sluice.broker.schedule.entry import Entry, entry_of
+from sluice.broker.schedule.pipeline import Flight, Window
 from sluice.broker.schedule.timeline import Loaded, Timeline
 from sluice.broker.schedule.trace import trace
 from sluice.client import Client, ProducerConfig
@@ -36,14 +38,16 @@ __all__ = ["Scheduler", "SchedulerSettings"]
 log = logging.getLogger(__name__)
 
 #: The delivery producers: acks=all (a delivered record is stored like any), idempotent (a retry inside
-#: one process neither duplicates nor reorders). A long linger, because every due batch ends with a
-#: flush() that sends it at once: with the 1 ms linger it had, the sender shipped the first records a
-#: partition got while the loop was still appending the rest, which then waited a whole round trip for
-#: that request (one in flight per partition), so a large due batch took two round trips, not one.
+#: one process neither duplicates nor reorders, and up to ``max_in_flight`` batches per partition fly at
+#: once in sequence order: what makes the pipelined deliveries safe for order). A long linger, because
+#: every due batch ends with a flush_nowait() that sends it at once: with the 1 ms linger it had, the
+#: sender shipped the first records a partition got while the loop was still appending the rest, which
+#: then went a round trip later, so a large due batch took two round trips, not one.
 _DELIVERY_CONFIG = ProducerConfig(
     acks=-1,
     linger=timedelta(seconds=1),
     enable_idempotence=True,
+    max_in_flight=5,
     request_timeout=timedelta(seconds=10),
     delivery_timeout=timedelta(seconds=30),
 )
@@ -64,6 +68,12 @@ class SchedulerSettings:
     read_checkpoint_interval: float = 1.0
     #: How long one delivery batch may take before it counts as failed (then recovered).
     send_timeout: float = 60.0
+    #: Delivery batches in flight at most (sent, not yet acknowledged): the pipeline (``pipeline.py``).
+    window_batches: int = 32
+    #: Records in flight at most (one second at 10,000 due/s).
+    window_records: int = 10_000
+    #: While a batch is in flight, the next is sent once the first waiting record is this late.
+    spacing_ms: int = 10
     #: Tests only: exit (as kill -9 would) once this many records were appended to their topics and
     #: before their done marks: the window the recovery marks exist for. 0: never.
     crash_after: int = 0
@@ -93,6 +103,7 @@ class Scheduler:
         self._store = BucketStore(data_dir / "buckets", settings.bucket_ms)
         self._timeline = Timeline(self._store, settings.preload_ms)
         self._deliverer = Deliverer(client, data_dir, _DELIVERY_CONFIG)
+        self._window = Window(settings.window_batches, settings.window_records, settings.spacing_ms)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         #: Guards the bucket files' handles (the reader appends and syncs; the delivery side marks done
@@ -141,6 +152,7 @@ class Scheduler:
         for name, target in (
             ("schedule-read", self._read_loop),
             ("schedule-deliver", self._deliver_loop),
+            ("schedule-ack", self._ack_loop),
             ("schedule-checkpoint", self._checkpoint_loop),
         ):
             t = threading.Thread(target=target, name=name, daemon=True)
@@ -287,54 +299,102 @@ class Scheduler:
     # ---- delivering ---------------------------------------------------------------------------------
 
     def _deliver_loop(self) -> None:
-        """Pop the due records (up to ``batch_limit``), append them, wait for their acknowledgements,
-        write their done marks; again. One batch at a time: the producer keeps one batch per partition in
-        flight (its order guarantee), so a second batch sent before the first is acknowledged would only
-        wait in the producer, split into smaller requests (measured: it fell seconds behind at 10,000
-        due/s; docs/delayed-delivery.md, "Measured")."""
+        """Pop the due records (up to ``batch_limit``) and send them, without waiting for the answers
+        while the window has room (``pipeline.py``); the acknowledgement thread settles them in order."""
+        window = self._window
         while not self._stop.is_set():
             with self._cond:
                 now = self._clock()
-                batch = self._timeline.pop_due(now, self._settings.batch_limit)
-                if not batch:
+                due = self._timeline.next_due()
+                if due is None or due > now:
                     # Sleep until the first record is due, or until the reader brings an earlier one
                     # or a bucket (it notifies): a timer, not a poll. The caps only bound how long a
                     # step of the wall clock (or of the tests' clock offset) can go unnoticed.
-                    due = self._timeline.next_due()
-                    wait = 1.0 if due is None else min(0.25, (due - now) / 1000)
-                    if wait > 0:
-                        self._cond.wait(wait)
+                    self._cond.wait(1.0 if due is None else min(0.25, (due - now) / 1000))
                     continue
-            self._deliver(batch)
+                gate = window.gate(now, due)
+                if gate != 0:  # a batch in flight, not late yet (an answer wakes us), or no room
+                    self._cond.wait(0.25 if gate is None else gate / 1000)
+                    continue
+                batch = self._timeline.pop_due(now, min(self._settings.batch_limit, window.room()))
+            if batch:
+                self._send(batch, now)
 
-    def _deliver(self, batch: list[Entry]) -> None:
-        popped = self._clock()
-        with self._batch_lock:
+    def _send(self, batch: list[Entry], popped: int) -> None:
+        with self._batch_lock:  # the checkpoint sees a batch sent (counted in flight) or not at all
             locked = self._clock()
             metrics.DUE.inc(len(batch))
+            sent = self._deliverer.send(batch)
+            flight = Flight(sent, popped, locked, self._clock())
+            with self._cond:
+                self._window.push(flight)
+                if sent.error is not None:
+                    self._window.broken = True  # nothing more until the recovery of this one
+                self._cond.notify_all()
+
+    def _ack_loop(self) -> None:
+        """Settle the batches in flight in the order they were sent: wait for the oldest one's
+        acknowledgements, then write its done marks. A failure sends every batch in flight to recovery.
+        At stop, what is in flight is still settled (bounded by the join), so its done marks are kept."""
+        while True:
+            with self._cond:
+                flight = self._window.head()
+                if flight is None:
+                    if self._stop.is_set():
+                        return
+                    self._cond.wait(0.25)
+                    continue
             try:
-                self._deliverer.deliver(batch, self._settings.send_timeout)
+                self._deliverer.settle(flight.sent, self._settings.send_timeout)
             except SluiceError as exc:
-                metrics.ERRORS.labels("deliver").inc()
-                log.warning("schedule: delivering %d records failed (%s): recovering", len(batch), exc)
-                self._after_failure(batch)
-                return
+                self._fail(exc)
+                continue
             acked = self._clock()
-            if self._settings.crash_after and self.delivered + len(batch) >= self._settings.crash_after:
-                log.warning("schedule: --crash-after-deliveries reached: exiting before the done marks")
-                os._exit(137)
-            self._done(batch)
-        trace(
-            "batch",
-            n=len(batch),
-            first_due=batch[0].due,
-            last_due=batch[-1].due,
-            popped=popped,
-            locked=locked,
-            acked=acked,
-            done=self._clock(),
-        )
-        self._count_delivered(batch, acked)
+            batch = flight.sent.batch
+            with self._batch_lock:
+                if self._settings.crash_after and self.delivered + len(batch) >= self._settings.crash_after:
+                    log.warning("schedule: --crash-after-deliveries reached: exiting before the done marks")
+                    os._exit(137)
+                self._deliverer.settled(flight.sent)
+                self._done(batch)
+                with self._cond:
+                    self._window.pop()
+                    in_flight = len(self._window)
+                    self._cond.notify_all()
+            trace(
+                "batch",
+                n=len(batch),
+                first_due=batch[0].due,
+                last_due=batch[-1].due,
+                popped=flight.popped,
+                locked=flight.locked,
+                sent=flight.sent_at,
+                acked=acked,
+                done=self._clock(),
+                in_flight=in_flight,
+            )
+            self._count_delivered(batch, acked)
+
+    def _fail(self, exc: SluiceError) -> None:
+        """A batch failed, or its outcome is unknown: stop sending, let every request still on the wire
+        land or fail, then recover all the batches in flight at once (found delivered: done; the rest
+        back into the timeline, in order)."""
+        metrics.ERRORS.labels("deliver").inc()
+        with self._cond:
+            self._window.broken = True
+        with self._batch_lock:
+            with self._cond:
+                flights = self._window.take_all()
+            entries = [e for f in flights for e in f.sent.batch]
+            log.warning("schedule: delivering %d records failed (%s): recovering", len(entries), exc)
+            deadline = time.monotonic() + self._settings.send_timeout
+            for f in flights:
+                self._deliverer.wait(f.sent, max(0.0, deadline - time.monotonic()))
+                self._deliverer.forget(f.sent)
+            self._after_failure(entries)
+            with self._cond:
+                self._window.broken = False
+                self._cond.notify_all()
 
     def _count_delivered(self, batch: list[Entry], acked: int) -> None:
         self.delivered += len(batch)
@@ -372,8 +432,9 @@ class Scheduler:
                 self._store.delete(bucket)
 
     def _after_failure(self, batch: list[Entry]) -> None:
-        """A batch whose outcome is unknown: find which records reached their partitions, mark them done
-        and send the rest again (in order: they go back into the timeline)."""
+        """Batches whose outcome is unknown (``_fail``: all that were in flight, in send order): find which
+        records reached their partitions, mark them done and send the rest again (in order: they go back
+        into the timeline)."""
         self._deliverer.reset()
         # A request the failed producer still had on the wire may land late: let it, before looking.
         self._stop.wait(_DELIVERY_CONFIG.request_timeout.total_seconds())

@@ -452,6 +452,13 @@ class Producer:
             with self._cond:
                 self._acc.flushing -= 1
 
+    def flush_nowait(self) -> None:
+        """``flush()`` without the wait: open batches pipeline behind those in flight (docs/producer.md)."""
+        with self._cond:
+            for p in range(self._partitions):
+                self._acc.close_open(p)
+            self._cond.notify_all()  # the sender thread ships them: the caller does not wait on a socket
+
     def close(self, timeout: float | None = None) -> None:
         """Stop accepting records, deliver the buffered ones and stop the sender.
 
