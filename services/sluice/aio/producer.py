@@ -187,6 +187,11 @@ class Producer:
         """The sync ``flush()`` (send everything buffered, wait for every outcome), in a worker thread."""
         await self._bridge.loop.run_in_executor(None, self._sync.flush, timeout)
 
+    def flush_nowait(self) -> None:
+        """The sync ``flush_nowait()``: the open batches go to the sender thread; nothing waits, so it
+        needs no worker thread (it takes the producer's lock for a moment, as ``send()`` does)."""
+        self._sync.flush_nowait()
+
     async def close(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """The sync ``close()`` (deliver what is buffered, stop the sender), in a worker thread."""
         if not self._sync.closed:

@@ -103,6 +103,26 @@ def test_flush_waits_for_every_record_and_close_is_final(
     assert client.list_offsets(topic, "latest") == {0: 6, 1: 5}
 
 
+def test_flush_nowait_returns_at_once_and_ships_every_open_batch_in_order(
+    client: Client, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=2)
+    producer = client.producer(topic, linger="10s")  # lingering: nothing would go before 10 s
+    try:
+        futs = [producer.send(b"v%d" % i, partition=i % 2) for i in range(30)]
+        assert not any(f.done() for f in futs)
+        producer.flush_nowait()
+        deadline = time.monotonic() + 5  # well inside the 10 s linger: shipped, not lingered
+        while not all(f.done() for f in futs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(f.done() and f.exception() is None for f in futs), "open batches left lingering"
+        # Each partition's records at consecutive offsets in send order: pipelined, never reordered.
+        for p in (0, 1):
+            assert [f.result().offset for f in futs[p::2]] == list(range(15))
+    finally:
+        producer.close(timeout=10)
+
+
 @pytest.mark.parametrize("linger", ["0ms", "20ms"])
 def test_a_steady_stream_of_records_is_delivered_without_flush(
     client: Client, new_topic: Callable[..., str], linger: str
