@@ -130,3 +130,28 @@ def test_assemble_from_parts_frames_what_one_body_does() -> None:
     parts = (b"\x00\x00", b"columns", b"", b"keys" * 50, b"values" * 300)
     args = (3, 2, 1_000, 1_005, 2)
     assert assemble(*args, parts, producer=(4, 1, 7)) == assemble(*args, b"".join(parts), producer=(4, 1, 7))
+
+
+def test_decode_columns_timestamps_made_when_read_across_cuts_and_extends() -> None:
+    """``decode_columns`` keeps each batch's timestamp deltas until ``timestamps`` is read; a cut
+    through and across batches, and an extend by decoded or by eager columns, give the timestamps
+    ``decode_records`` gives."""
+    raw = bytearray()
+    for i in range(3):
+        one = bytearray(b.encode_records([(b"v", b"k", None, None, 1_000 * i + 7 * j) for j in range(5)]))
+        b.stamp(one, 0, 5 * i, 7, 1)
+        raw += one
+    data = bytes(raw)
+    want = [r.timestamp for r in b.decode_records(data, "t", 0)]
+    for start, end in ((0, 15), (3, 12), (5, 10), (6, 7), (14, 15), (4, 4)):
+        assert b.decode_columns(data, "t", 0).cut(start, end).timestamps == want[start:end]
+    head, tail = b.decode_columns(data, "t", 0).cut(0, 6), b.decode_columns(data, "t", 0).cut(6, 15)
+    head.extend(tail)
+    assert head.timestamps == want
+    eager = b.RecordColumns.of_records("t", 0, b.decode_records(data, "t", 0)[:6])
+    eager.extend(b.decode_columns(data, "t", 0).cut(6, 15))
+    assert eager.timestamps == want
+    lazy = b.decode_columns(data, "t", 0).cut(0, 6)
+    lazy.extend(b.RecordColumns.of_records("t", 0, b.decode_records(data, "t", 0)[6:]))
+    assert lazy.timestamps == want
+    assert b.decode_columns(data, "t", 0, 3).timestamps == want[3:]

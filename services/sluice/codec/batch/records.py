@@ -171,11 +171,13 @@ class RecordColumns:
     ``offsets``, ``keys`` (None where a record has none), ``values`` and ``timestamps`` are plain lists,
     index ``i`` of each being one record: what a loop or a vectorised library wants, with no object per
     record. ``tags`` and ``headers`` are made when first read (``[None] * n`` and an empty dict per record
-    when no record has any), so a caller that never reads them never pays for them. ``records()`` gives
-    the same records as :class:`Record` objects, as ``poll()`` would have.
+    when no record has any), so a caller that never reads them never pays for them; so is ``timestamps``
+    when decoded from batches (kept until then as each batch's base and its deltas' bytes, a copy: the
+    fetch answer is not held). ``records()`` gives the same records as :class:`Record` objects, as
+    ``poll()`` would have.
     """
 
-    __slots__ = ("_headers", "_tags", "keys", "offsets", "partition", "timestamps", "topic", "values")
+    __slots__ = ("_headers", "_tags", "_ts", "_ts_deltas", "keys", "offsets", "partition", "topic", "values")
 
     def __init__(
         self,
@@ -184,19 +186,52 @@ class RecordColumns:
         offsets: list[int],
         keys: list[bytes | None],
         values: list[bytes],
-        timestamps: list[int],
+        timestamps: list[int] | None,
         tags: list[str | None] | None = None,
         headers: list[Headers] | None = None,
+        timestamp_deltas: list[tuple[int, bytes]] | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
         self.offsets = offsets
         self.keys = keys
         self.values = values
-        self.timestamps = timestamps
+        #: The timestamps, or None while they are ``_ts_deltas``: per batch in order, its base timestamp
+        #: and its records' deltas (int64 little-endian bytes), made into the list when first read.
+        self._ts = timestamps
+        self._ts_deltas = timestamp_deltas if timestamps is None else None
+        if timestamps is None and timestamp_deltas is None:
+            raise ValueError("RecordColumns needs timestamps or timestamp_deltas")
         #: None: no record has a tag (resp. headers).
         self._tags = tags
         self._headers = headers
+
+    @property
+    def timestamps(self) -> list[int]:
+        if self._ts is None:
+            assert self._ts_deltas is not None
+            out: list[int] = []
+            for base, raw in self._ts_deltas:
+                out += _timestamps(base, memoryview(raw).cast("q"))
+            self._ts, self._ts_deltas = out, None
+        return self._ts
+
+    @timestamps.setter
+    def timestamps(self, value: list[int]) -> None:
+        self._ts, self._ts_deltas = value, None
+
+    def _cut_deltas(self, start: int, end: int) -> list[tuple[int, bytes]]:
+        """``_ts_deltas`` of the records ``start`` to ``end``."""
+        assert self._ts_deltas is not None
+        out = []
+        first = 0
+        for base, raw in self._ts_deltas:
+            last = first + len(raw) // 8
+            lo, hi = max(start, first), min(end, last)
+            if lo < hi:
+                out.append((base, raw[8 * (lo - first) : 8 * (hi - first)]))
+            first = last
+        return out
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -260,9 +295,10 @@ class RecordColumns:
             self.offsets[start:end],
             self.keys[start:end],
             self.values[start:end],
-            self.timestamps[start:end],
+            None if self._ts is None else self._ts[start:end],
             None if self._tags is None else self._tags[start:end],
             None if self._headers is None else self._headers[start:end],
+            None if self._ts is not None else self._cut_deltas(start, end),
         )
 
     def extend(self, other: RecordColumns) -> None:
@@ -271,7 +307,10 @@ class RecordColumns:
         self.offsets += other.offsets
         self.keys += other.keys
         self.values += other.values
-        self.timestamps += other.timestamps
+        if self._ts is None and other._ts is None:
+            self._ts_deltas += other._ts_deltas  # type: ignore[operator]
+        else:
+            self.timestamps += other.timestamps
         if self._tags is not None or other._tags is not None:
             self._tags = (self._tags if self._tags is not None else [None] * n) + other.tags
         if self._headers is not None or other._headers is not None:
@@ -350,7 +389,8 @@ def _batch_columns(buf: bytes, pos: int, h: BatchHeader, topic: str, partition: 
         _offsets(h.base_offset, c.offset_deltas),
         keys,
         values,
-        _timestamps(h.base_timestamp, c.timestamp_deltas),
+        None,  # made when first read: poll_columns' callers often never do
         tags,
         headers,
+        [(h.base_timestamp, c.timestamp_deltas.tobytes())],
     )
