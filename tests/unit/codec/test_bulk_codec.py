@@ -155,3 +155,40 @@ def test_decode_columns_timestamps_made_when_read_across_cuts_and_extends() -> N
     lazy.extend(b.RecordColumns.of_records("t", 0, b.decode_records(data, "t", 0)[6:]))
     assert lazy.timestamps == want
     assert b.decode_columns(data, "t", 0, 3).timestamps == want[3:]
+
+
+def test_fixed_size_records_decode_as_sliced_ones() -> None:
+    """A batch whose keys share one length and values another is unpacked in one call; every other
+    shape (a length differing in one record, absent keys, empty keys or values) is sliced. Both give
+    the records that were encoded, as ``bytes``, by ``decode_columns`` and ``decode_records`` alike."""
+    shapes: list[list[tuple[bytes, bytes | None]]] = [
+        [(b"v%03d" % i, b"k%02d" % i) for i in range(n)] for n in (1, 2, 7, 50)
+    ]
+    shapes += [
+        [(b"v%03d" % i, b"k%d" % i) for i in range(12)],  # keys of 2 and 3 bytes
+        [(b"v%d" % i, b"k%02d" % i) for i in range(12)],  # values of 2 and 3 bytes
+        [(b"same", None) for _ in range(5)],
+        [(b"same", b"") for _ in range(5)],
+        [(b"", b"key") for _ in range(5)],
+        [(b"v1", b"k1"), (b"v2", None), (b"v3", b"k3")],
+    ]
+    for recs in shapes:
+        raw = bytearray(b.encode_records([(v, k, None, None, 9) for v, k in recs]))
+        b.stamp(raw, 0, 100, 7, 1)
+        data = bytes(raw)
+        cols = b.decode_columns(data, "t", 0)
+        assert (cols.values, cols.keys) == ([v for v, _ in recs], [k for _, k in recs])
+        assert all(type(v) is bytes for v in cols.values)
+        assert [(r.value, r.key) for r in b.decode_records(data, "t", 0)] == recs
+    # Headers follow the values: where they start is where the unpacked values end.
+    recs_h = [(b"v%03d" % i, b"k%02d" % i, None, {"h": b"%d" % i}, 9) for i in range(6)]
+    raw = bytearray(b.encode_records(recs_h))
+    # Another buffer type is sliced as before: its slices are of its type, which unpacking would change.
+    others: list[object] = [bytearray(raw), memoryview(bytes(raw))]
+    for other in others:
+        values: list[object] = list(b.decode_columns(other, "t", 0).values)  # type: ignore[arg-type]
+        assert [type(v) for v in values] == [type(other)] * 6
+    b.stamp(raw, 0, 100, 7, 1)
+    cols = b.decode_columns(bytes(raw), "t", 0)
+    assert cols.headers == [{"h": b"%d" % i} for i in range(6)]
+    assert [r.headers for r in b.decode_records(bytes(raw), "t", 0)] == cols.headers
