@@ -1,9 +1,11 @@
-"""``Columns.pick``, how ``send_many`` groups a call's records by partition: every column (the optional
-ones too) reordered by the index it is given, as lists, for an index of one record or of many."""
+"""``send_many``'s columns: ``prepare``'s size per record, and ``Columns.pick`` (how a call's records
+are grouped by partition): every column (the optional ones too) reordered by the index it is given, as
+lists, for an index of one record or of many."""
 
 from __future__ import annotations
 
 from sluice.client.producer.bulk import Columns, prepare, split
+from sluice.codec.batch import BatchBuilder
 
 
 def _columns(n: int) -> Columns:
@@ -56,3 +58,25 @@ def test_split_then_pick_keeps_each_partition_in_call_order() -> None:
         positions = [int(v[1:]) for v in picked.values[start:end]]
         assert positions == sorted(positions)  # each partition's records in the call's order
     assert sorted(picked.values) == sorted(cols.values)
+
+
+def test_prepare_sizes_are_what_append_counts() -> None:
+    """``prepare``'s size per record (which fills batches and bounds a record by max_request_size) is
+    what ``BatchBuilder.append`` adds for it, for every shape of keys: all bytes, some absent, all absent
+    (as keyless), none given; with headers and without."""
+    values = [b"v" * i for i in range(6)]
+    shapes: list[list[bytes | None] | None] = [
+        [b"k" * (i + 1) for i in range(6)],
+        [None if i % 2 else b"k" * i for i in range(6)],
+        [None] * 6,
+        None,
+    ]
+    for keys in shapes:
+        for headers in (None, [{"h": b"x" * i} if i % 3 else None for i in range(6)]):
+            cols = prepare(values, keys, headers, None, None, print)
+            for i, value in enumerate(values):
+                builder = BatchBuilder()
+                before = builder.size
+                key = None if keys is None else keys[i]
+                builder.append(value, key, None, None if headers is None else headers[i], 0)
+                assert cols.sizes[i] == builder.size - before, (keys, headers, i)

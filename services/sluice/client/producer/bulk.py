@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import add, itemgetter, mod
@@ -128,19 +128,22 @@ def prepare(
         values, keys = [p[0] for p in pairs], [p[1] for p in pairs]
     vals = _as_bytes_list(values, "value", allow_none=False)
     value_lengths = list(map(len, vals))
-    sizes = list(map(COLUMN_BYTES.__add__, value_lengths))
+    # Each record's size in one pass at the end: operator.add over repeat() costs less than a bound
+    # int.__add__ per record, and the keys' lengths join the values' in the same C loop.
+    payload: Iterable[int] = value_lengths
     key_list: list[bytes | None] | None = None
     key_lengths: list[int] | None = None
     if keys is not None:
         key_list = _as_bytes_list(keys, "key", allow_none=True)
         if None in key_list:
             key_lengths = [NO_KEY if k is None else len(k) for k in key_list]
-            sizes = list(map(add, sizes, (max(k, 0) for k in key_lengths)))
+            payload = map(add, value_lengths, (max(k, 0) for k in key_lengths))
         elif key_list:
             key_lengths = list(map(len, key_list))  # type: ignore[arg-type]
-            sizes = list(map(add, sizes, key_lengths))
+            payload = map(add, value_lengths, key_lengths)
         if key_lengths is not None and key_lengths.count(NO_KEY) == n:
             key_list = key_lengths = None  # every key None: as keyless
+    sizes = list(map(add, payload, repeat(COLUMN_BYTES)))
     cols = Columns(vals, key_list, value_lengths, key_lengths, sizes)
     if headers is not None and any(headers):
         _add_headers(cols, headers)
