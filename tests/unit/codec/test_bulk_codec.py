@@ -164,6 +164,7 @@ def test_fixed_size_records_decode_as_sliced_ones() -> None:
     shapes: list[list[tuple[bytes, bytes | None]]] = [
         [(b"v%03d" % i, b"k%02d" % i) for i in range(n)] for n in (1, 2, 7, 50)
     ]
+    shapes.append([(b"%05d" % i, b"k") for i in range(9_000)])  # more records than formats are kept for
     shapes += [
         [(b"v%03d" % i, b"k%d" % i) for i in range(12)],  # keys of 2 and 3 bytes
         [(b"v%d" % i, b"k%02d" % i) for i in range(12)],  # values of 2 and 3 bytes

@@ -166,14 +166,25 @@ def _fixed_sizes(buf: bytes, key_lengths: memoryview, value_lengths: memoryview)
     kraw, vraw = key_lengths.tobytes(), value_lengths.tobytes()
     if kraw != kraw[:4] * n or vraw != vraw[:4] * n:
         return None
+    if n > _CACHED_RECORDS:
+        return _fixed_format(klen, vlen, n)  # used once: a kept one would hold 64 bytes a record
     return _fixed_struct(klen, vlen, n)
+
+
+#: Formats of batches up to this many records are kept (a 256 KiB batch of 16 + 100-byte records has
+#: about 2,000): 4 of them hold at most 2 MiB.
+_CACHED_RECORDS = 8192
+
+
+def _fixed_format(klen: int, vlen: int, n: int) -> struct.Struct:
+    return struct.Struct(f"<{f'{klen}s' * n}{f'{vlen}s' * n}")
 
 
 @functools.lru_cache(maxsize=4)
 def _fixed_struct(klen: int, vlen: int, n: int) -> struct.Struct:
     """Kept for the next batch of the same shape (full batches of fixed-size records have one): a
     compiled format is 64 bytes a record, so a few are kept, not struct's own cache of 100."""
-    return struct.Struct(f"<{f'{klen}s' * n}{f'{vlen}s' * n}")
+    return _fixed_format(klen, vlen, n)
 
 
 def _headers(buf: bytes, headers_lengths: memoryview, start: int) -> list[Headers]:
