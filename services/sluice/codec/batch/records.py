@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import operator
+import struct
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
@@ -18,6 +20,7 @@ from sluice.codec.batch.layout import (
     columns,
     crc32c,
     decode_headers,
+    dense_offset_deltas,
     iter_headers,
     malformed_is_corrupt,
     read_tags,
@@ -132,6 +135,11 @@ def _keys_and_values(buf: bytes, c: Columns) -> tuple[list[bytes | None], list[b
     where the values end (the headers follow)."""
     key_lengths = c.key_lengths
     keys: list[bytes | None]
+    fixed = _fixed_sizes(buf, key_lengths, c.value_lengths)
+    if fixed is not None:
+        n = len(key_lengths)
+        fields = fixed.unpack_from(buf, c.data_start)
+        return list(fields[:n]), list(fields[n:]), c.data_start + fixed.size
     if min(key_lengths, default=0) >= 0:
         key_ends = list(itertools.accumulate(key_lengths, initial=c.data_start))
         keys = [buf[a:b] for a, b in itertools.pairwise(key_ends)]
@@ -141,6 +149,42 @@ def _keys_and_values(buf: bytes, c: Columns) -> tuple[list[bytes | None], list[b
     value_ends = list(itertools.accumulate(c.value_lengths, initial=values_start))
     values = [buf[a:b] for a, b in itertools.pairwise(value_ends)]
     return keys, values, value_ends[-1]
+
+
+def _fixed_sizes(buf: bytes, key_lengths: memoryview, value_lengths: memoryview) -> struct.Struct | None:
+    """Where every key of a batch has one length and every value another (fixed-size records, as in
+    ``make compare``): a ``Struct`` of ``n`` keys then ``n`` values, whose ``unpack_from`` makes every
+    ``bytes`` in one C call, about a quarter of the CPU of slicing them one by one (docs/latency.md,
+    "Session 15, SDK CPU per record"). None otherwise (lengths differ, a key is absent, or ``buf`` is
+    not ``bytes``: a slice of another buffer type is that type, which unpacking would change)."""
+    n = len(key_lengths)
+    if not n or buf.__class__ is not bytes:
+        return None
+    klen, vlen = key_lengths[0], value_lengths[0]
+    if klen < 0:
+        return None
+    kraw, vraw = key_lengths.tobytes(), value_lengths.tobytes()
+    if kraw != kraw[:4] * n or vraw != vraw[:4] * n:
+        return None
+    if n > _CACHED_RECORDS:
+        return _fixed_format(klen, vlen, n)  # used once: a kept one would hold 64 bytes a record
+    return _fixed_struct(klen, vlen, n)
+
+
+#: Formats of batches up to this many records are kept (a 256 KiB batch of 16 + 100-byte records has
+#: about 2,000): 4 of them hold at most 2 MiB.
+_CACHED_RECORDS = 8192
+
+
+def _fixed_format(klen: int, vlen: int, n: int) -> struct.Struct:
+    return struct.Struct(f"<{f'{klen}s' * n}{f'{vlen}s' * n}")
+
+
+@functools.lru_cache(maxsize=4)
+def _fixed_struct(klen: int, vlen: int, n: int) -> struct.Struct:
+    """Kept for the next batch of the same shape (full batches of fixed-size records have one): a
+    compiled format is 64 bytes a record, so a few are kept, not struct's own cache of 100."""
+    return _fixed_format(klen, vlen, n)
 
 
 def _headers(buf: bytes, headers_lengths: memoryview, start: int) -> list[Headers]:
@@ -170,11 +214,13 @@ class RecordColumns:
     ``offsets``, ``keys`` (None where a record has none), ``values`` and ``timestamps`` are plain lists,
     index ``i`` of each being one record: what a loop or a vectorised library wants, with no object per
     record. ``tags`` and ``headers`` are made when first read (``[None] * n`` and an empty dict per record
-    when no record has any), so a caller that never reads them never pays for them. ``records()`` gives
-    the same records as :class:`Record` objects, as ``poll()`` would have.
+    when no record has any), so a caller that never reads them never pays for them; so is ``timestamps``
+    when decoded from batches (kept until then as each batch's base and its deltas' bytes, a copy: the
+    fetch answer is not held). ``records()`` gives the same records as :class:`Record` objects, as
+    ``poll()`` would have.
     """
 
-    __slots__ = ("_headers", "_tags", "keys", "offsets", "partition", "timestamps", "topic", "values")
+    __slots__ = ("_headers", "_tags", "_ts", "_ts_deltas", "keys", "offsets", "partition", "topic", "values")
 
     def __init__(
         self,
@@ -183,19 +229,52 @@ class RecordColumns:
         offsets: list[int],
         keys: list[bytes | None],
         values: list[bytes],
-        timestamps: list[int],
+        timestamps: list[int] | None,
         tags: list[str | None] | None = None,
         headers: list[Headers] | None = None,
+        timestamp_deltas: list[tuple[int, bytes]] | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
         self.offsets = offsets
         self.keys = keys
         self.values = values
-        self.timestamps = timestamps
+        #: The timestamps, or None while they are ``_ts_deltas``: per batch in order, its base timestamp
+        #: and its records' deltas (int64 little-endian bytes), made into the list when first read.
+        self._ts = timestamps
+        self._ts_deltas = timestamp_deltas if timestamps is None else None
+        if timestamps is None and timestamp_deltas is None:
+            raise ValueError("RecordColumns needs timestamps or timestamp_deltas")
         #: None: no record has a tag (resp. headers).
         self._tags = tags
         self._headers = headers
+
+    @property
+    def timestamps(self) -> list[int]:
+        if self._ts is None:
+            assert self._ts_deltas is not None
+            out: list[int] = []
+            for base, raw in self._ts_deltas:
+                out += _timestamps(base, memoryview(raw).cast("q"))
+            self._ts, self._ts_deltas = out, None
+        return self._ts
+
+    @timestamps.setter
+    def timestamps(self, value: list[int]) -> None:
+        self._ts, self._ts_deltas = value, None
+
+    def _cut_deltas(self, start: int, end: int) -> list[tuple[int, bytes]]:
+        """``_ts_deltas`` of the records ``start`` to ``end``."""
+        assert self._ts_deltas is not None
+        out = []
+        first = 0
+        for base, raw in self._ts_deltas:
+            last = first + len(raw) // 8
+            lo, hi = max(start, first), min(end, last)
+            if lo < hi:
+                out.append((base, raw[8 * (lo - first) : 8 * (hi - first)]))
+            first = last
+        return out
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -259,9 +338,10 @@ class RecordColumns:
             self.offsets[start:end],
             self.keys[start:end],
             self.values[start:end],
-            self.timestamps[start:end],
+            None if self._ts is None else self._ts[start:end],
             None if self._tags is None else self._tags[start:end],
             None if self._headers is None else self._headers[start:end],
+            None if self._ts is not None else self._cut_deltas(start, end),
         )
 
     def extend(self, other: RecordColumns) -> None:
@@ -270,7 +350,10 @@ class RecordColumns:
         self.offsets += other.offsets
         self.keys += other.keys
         self.values += other.values
-        self.timestamps += other.timestamps
+        if self._ts is None and other._ts is None:
+            self._ts_deltas += other._ts_deltas  # type: ignore[operator]
+        else:
+            self.timestamps += other.timestamps
         if self._tags is not None or other._tags is not None:
             self._tags = (self._tags if self._tags is not None else [None] * n) + other.tags
         if self._headers is not None or other._headers is not None:
@@ -307,6 +390,27 @@ def decode_columns(
     return out
 
 
+def _offsets(base: int, deltas: memoryview) -> list[int]:
+    """A batch's absolute offsets. A producer's batch is dense (deltas 0..n-1, what the broker requires
+    on produce): then a ``range`` makes the list, about 5 ns a record against about 35 for adding the
+    base to each delta (docs/latency.md, "Session 15, SDK CPU per record"). The test compares the
+    column's bytes with the dense ones, so a batch with gaps (compacted) takes the general way."""
+    n = len(deltas)
+    if deltas.tobytes() == dense_offset_deltas(n):
+        return list(range(base, base + n))
+    return list(map(base.__add__, deltas))
+
+
+def _timestamps(base: int, deltas: memoryview) -> list[int]:
+    """A batch's absolute timestamps: one repeated where every delta is 0 (a ``send_many`` call's
+    records share their timestamp, and a batch filled within one millisecond too), else the base
+    added to each delta."""
+    raw = deltas.tobytes()
+    if raw.count(0) == len(raw):
+        return [base] * len(deltas)
+    return list(map(base.__add__, deltas))
+
+
 def _batch_columns(buf: bytes, pos: int, h: BatchHeader, topic: str, partition: int) -> RecordColumns:
     """Every record of one (plain) batch as columns: ``_batch_records``' columns, kept as lists."""
     c = columns(buf, pos, h)
@@ -325,10 +429,11 @@ def _batch_columns(buf: bytes, pos: int, h: BatchHeader, topic: str, partition: 
     return RecordColumns(
         topic,
         partition,
-        list(map(h.base_offset.__add__, c.offset_deltas)),
+        _offsets(h.base_offset, c.offset_deltas),
         keys,
         values,
-        list(map(h.base_timestamp.__add__, c.timestamp_deltas)),
+        None,  # made when first read: poll_columns' callers often never do
         tags,
         headers,
+        [(h.base_timestamp, c.timestamp_deltas.tobytes())],
     )
