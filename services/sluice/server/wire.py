@@ -25,6 +25,7 @@ from sluice.common.wire import (
     FrameReader,
     FrameTooLarge,
     FrameType,
+    Payload,
     WireProtocolError,
     frame_parts,
     parse_frame,
@@ -40,7 +41,13 @@ from sluice.security.tls import ServerTLS
 from sluice.server.config import ConnectionSettings
 from sluice.server.limits import connection_settings, set_tcp_keepalive
 from sluice.server.metrics import count_internal_error
-from sluice.server.wire_buffer import READ_BUFFER_HELLO, READ_BUFFER_MAX, READ_BUFFER_MIN, next_buffer_size
+from sluice.server.wire_buffer import (
+    FRAME_BUFFER_MIN,
+    READ_BUFFER_HELLO,
+    READ_BUFFER_MAX,
+    READ_BUFFER_MIN,
+    next_buffer_size,
+)
 from sluice.server.wire_gate import ConnectionGate
 from sluice.v1 import wire_pb2
 
@@ -144,17 +151,26 @@ class WireConnection(asyncio.BufferedProtocol):
     a read allocates nothing; the frame reader copies out only what it keeps. The buffer starts
     at ``READ_BUFFER_MIN``, grows (up to ``READ_BUFFER_MAX``) while a large frame arrives or reads
     fill it, and shrinks back when a read that fits the small one ends on a frame boundary.
+
+    A service that budgets the frames it is sent (``preallocates_frames``: the broker's produce
+    pool) has the rest of a large frame read straight into that frame's own buffer instead, once
+    ``frame_buffer_allowed`` says its budget holds the frame (``docs/wire.md``, "Receiving a large
+    frame"): the receive buffer then stays small, and the payload is handed on without a copy.
     """
 
     #: Where the receive buffer starts and shrinks back to; a service whose connections carry
     #: only small frames sets less (the dispatcher's push consumers: ``dispatcher/wire_server.py``).
     read_buffer_min = READ_BUFFER_MIN
+    #: Whether this service reads large frames into their own buffers (``frame_buffer_allowed``).
+    preallocates_frames = False
 
     def __init__(self, listener: WireListener) -> None:
         self.listener = listener
         # The first frame (the hello, before authentication) is capped by max_hello_bytes.
         self._reader = FrameReader(listener.max_frame_bytes, listener.limits.max_hello_bytes)
         self._view = memoryview(bytearray(min(READ_BUFFER_HELLO, self.read_buffer_min)))
+        #: The last buffer handed to the loop was the unfilled part of a frame's own buffer.
+        self._into_frame = False
         #: Monotonic times: accepted, last bytes received, and when the frame now partly received
         #: began (0.0: none), for the listener's deadlines (``overdue``).
         self.opened_at = self.last_read = time.monotonic()
@@ -184,8 +200,9 @@ class WireConnection(asyncio.BufferedProtocol):
 
     # ---- what a service defines -----------------------------------------------------------
 
-    def on_frame(self, kind: int, payload: bytes) -> None:
-        """A frame after the hello. Raise a SluiceError to end the connection with it."""
+    def on_frame(self, kind: int, payload: Payload) -> None:
+        """A frame after the hello. Raise a SluiceError to end the connection with it. A large
+        frame received into its own buffer comes as that ``bytearray`` (no copy made of it)."""
         raise WireProtocolError(f"unknown frame type {kind}")
 
     def backlog(self) -> int:
@@ -194,6 +211,12 @@ class WireConnection(asyncio.BufferedProtocol):
 
     def opened(self) -> None:
         """The hello was accepted."""
+
+    def frame_buffer_allowed(self) -> bool:
+        """Whether the frame whose header just arrived may have its whole declared size allocated
+        now (``preallocates_frames`` services): a peer's 5 bytes then cost that allocation, so a
+        service allows it only within a budget it has taken for the frame (the broker's pool)."""
+        return False
 
     def reading_held(self) -> bool:
         """A service's own reason not to read now (the broker's memory budget, ``docs/memory.md``);
@@ -265,16 +288,29 @@ class WireConnection(asyncio.BufferedProtocol):
         self.update_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        reader = self._reader
+        if reader.receiving_frame or (
+            self.preallocates_frames and reader.missing >= FRAME_BUFFER_MIN and self.frame_buffer_allowed()
+        ):
+            into = reader.frame_buffer()
+            if into is not None:
+                self._into_frame = True
+                return into
+        self._into_frame = False
         return self._view
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_read = now = time.monotonic()
-        self.data_received(self._view[:nbytes])
+        if self._into_frame:
+            self._into_frame = False
+            self._frames_in(None, nbytes)
+        else:
+            self._frames_in(self._view[:nbytes], nbytes)
+            self._size_buffer(nbytes)
         if not self._reader.buffered:
             self.frame_started = 0.0
         elif not self.frame_started:
             self.frame_started = now
-        self._size_buffer(nbytes)
 
     def eof_received(self) -> bool | None:
         """The peer half-closed. In the middle of a frame that frame can never complete: an error
@@ -333,15 +369,26 @@ class WireConnection(asyncio.BufferedProtocol):
         return len(self._view)
 
     def _size_buffer(self, nbytes: int) -> None:
-        wanted = next_buffer_size(len(self._view), nbytes, self._reader, self.read_buffer_min)
+        reader = self._reader
+        # A large frame's rest will be read into its own buffer: growing this one would not help it.
+        direct = self.preallocates_frames and self._greeted and reader.missing >= FRAME_BUFFER_MIN
+        wanted = next_buffer_size(len(self._view), nbytes, reader, self.read_buffer_min, direct)
         if wanted is not None:
             self._view = memoryview(bytearray(wanted))  # one allocation per change of size
 
     def data_received(self, data: bytes | memoryview) -> None:
+        self._frames_in(data, len(data))
+
+    def _frames_in(self, data: bytes | memoryview | None, nbytes: int) -> None:
+        """Handle the frames a read completed: ``data`` (None: ``nbytes`` went into the frame's own
+        buffer, ``get_buffer``)."""
         if self.closing:
             return
+        reader = self._reader
         try:
-            for kind, payload in self._reader.feed(data):
+            frames: list[tuple[int, bytes]] | list[tuple[int, bytearray]]
+            frames = reader.feed(data) if data is not None else reader.frame_filled(nbytes)
+            for kind, payload in frames:
                 if self.closing:
                     return
                 if self._held is not None:
