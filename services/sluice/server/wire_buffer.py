@@ -18,9 +18,11 @@ READ_BUFFER_HELLO = 2 * 1024
 #: fill the buffer (a peer that streams), so a large produce batch takes as few reads as before.
 READ_BUFFER_MAX = 256 * 1024
 #: A frame with at least this much still to come is read into its own buffer by a service that
-#: preallocates frames (``WireConnection.preallocates_frames``): less than this, one ordinary read
-#: ends it anyway, and reads that stop at its end would cost a syscall more than they save.
-FRAME_BUFFER_MIN = 16 * 1024
+#: preallocates frames (``WireConnection.preallocates_frames``): the rest of it would not fit the
+#: largest read buffer anyway. Smaller frames take the growing buffer as before, which holds several
+#: of them per read (``docs/wire.md``, "Receiving a large frame": measured, reading a 100 KB frame into
+#: its own buffer costs more CPU than the shared one; from about 600 KB it costs a quarter or less).
+FRAME_BUFFER_MIN = READ_BUFFER_MAX
 
 
 def next_buffer_size(
