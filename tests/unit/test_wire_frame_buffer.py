@@ -88,11 +88,14 @@ def test_the_payload_is_the_buffer_the_reads_went_into() -> None:
     reader = FrameReader()
     assert reader.feed(stream[:1000]) == []
     into = reader.frame_buffer()
-    assert into is not None and len(into) == len(stream) - 1000
+    assert into is not None
+    assert len(into) == len(stream) - 1000
     into[:] = stream[1000:]
     [(kind, got)] = reader.frame_filled(len(into))
-    assert kind == FrameType.PRODUCE and got == payload
-    assert isinstance(got, bytearray) and into.obj is got  # handed on as it was read: no copy
+    assert kind == FrameType.PRODUCE
+    assert got == payload
+    assert isinstance(got, bytearray)
+    assert into.obj is got
 
 
 def test_a_hostile_length_is_refused_before_any_buffer_is_allocated() -> None:
@@ -177,7 +180,13 @@ async def _until(check: Callable[[], bool]) -> None:
 
 @pytest.mark.parametrize("loop", sorted(LOOPS))
 def test_frames_larger_than_the_read_buffer_are_read_into_their_own(loop: str) -> None:
-    payloads = [b"small", os.urandom(3 * 256 * 1024 + 123), b"again", os.urandom(100_000), os.urandom(600_000)]
+    payloads = [
+        b"small",
+        os.urandom(3 * 256 * 1024 + 123),
+        b"again",
+        os.urandom(100_000),
+        os.urandom(600_000),
+    ]
 
     async def run() -> tuple[list[bytes], list[tuple[type, int]]]:
         listener, sock, conn = await _open()
@@ -260,6 +269,7 @@ def test_half_closed_in_the_middle_of_a_frame_read_into_its_own_buffer(loop: str
 
     with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
         got, closing = runner.run(run())
-    assert got and got[0][0] == FrameType.ERROR
+    assert got
+    assert got[0][0] == FrameType.ERROR
     assert "half-closed 301005 bytes into a frame" in common_pb2.Error.FromString(got[0][1]).message
     assert closing
