@@ -20,7 +20,7 @@ import time
 import uvloop
 
 from _stack import save
-from sluice.common.wire import HEADER, FrameType
+from sluice.common.wire import HEADER, FrameType, Payload
 from sluice.server import wire
 from sluice.server.wire import WireConnection, WireListener
 from sluice.v1 import wire_pb2
@@ -34,7 +34,7 @@ class _Counting(WireConnection):
     done: asyncio.Event | None = None
     wanted = 0
 
-    def on_frame(self, kind: int, payload: bytes) -> None:
+    def on_frame(self, kind: int, payload: Payload) -> None:
         _Counting.frames += 1
         if _Counting.frames >= _Counting.wanted and _Counting.done is not None:
             _Counting.done.set()

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import asyncio
 
-from sluice.common.wire import HEADER, FrameReader, FrameType
+from sluice.common.wire import HEADER, FrameReader, FrameType, Payload
 from sluice.server.metrics import INTERNAL_ERRORS
 from sluice.server.wire import WireConnection, WireListener
 from sluice.v1 import wire_pb2
 
 
 class _Buggy(WireConnection):
-    def on_frame(self, kind: int, payload: bytes) -> None:
+    def on_frame(self, kind: int, payload: Payload) -> None:
         if payload == b"boom":
             raise RuntimeError("a bug")
-        self.write(FrameType.CONSUME, payload)
+        self.write(FrameType.CONSUME, bytes(payload))
 
 
 def _count() -> float:

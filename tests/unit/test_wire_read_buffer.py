@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
-from sluice.common.wire import HEADER, FrameReader, FrameType
+from sluice.common.wire import HEADER, FrameReader, FrameType, Payload
 from sluice.server.wire import READ_BUFFER_MAX, READ_BUFFER_MIN, WireConnection, WireListener
 from sluice.v1 import wire_pb2
 
@@ -35,7 +35,7 @@ class _Digests(WireConnection):
         self.sizes: list[int] = []
         _Digests.last = self
 
-    def on_frame(self, kind: int, payload: bytes) -> None:
+    def on_frame(self, kind: int, payload: Payload) -> None:
         self.sizes.append(self.read_buffer_bytes)
         self.write(FrameType.CONSUME, hashlib.sha256(payload).digest())
 

@@ -45,6 +45,7 @@ from sluice.common.wire import (
     LANE_CREDIT,
     LANES_VERSION,
     FrameType,
+    Payload,
     WireProtocolError,
     has_records,
     lane_frame_parts,
@@ -103,6 +104,9 @@ class _FetchLane:
 
 
 class _BrokerConnection(WireConnection):
+    #: Large produce frames are read into their own buffers once the produce pool grants them.
+    preallocates_frames = True
+
     def __init__(self, listener: WireListener, handlers: RequestHandlers) -> None:
         super().__init__(listener)
         self._handlers = handlers
@@ -153,6 +157,12 @@ class _BrokerConnection(WireConnection):
 
     def reading_held(self) -> bool:
         return self._frame_wait is not None
+
+    def frame_buffer_allowed(self) -> bool:
+        """Only a frame the produce pool has granted whole gets its buffer at once (docs/memory.md,
+        "Produce, wire port"): what a peer's header makes the broker allocate is what it reserved."""
+        reserved = self._frame_reserved
+        return reserved > 0 and reserved == self.frame_in_progress
 
     def buffer_updated(self, nbytes: int) -> None:
         frames = self._frames
@@ -224,7 +234,7 @@ class _BrokerConnection(WireConnection):
             if lane.follow is not None:
                 lane.follow.resume()
 
-    def on_frame(self, kind: int, payload: bytes) -> None:
+    def on_frame(self, kind: int, payload: Payload) -> None:
         self._frames += 1
         if kind == FrameType.PRODUCE:
             request = parse_frame(broker_pb2.ProduceRequest, payload, "produce")
@@ -244,7 +254,7 @@ class _BrokerConnection(WireConnection):
 
     # ---- lanes ----------------------------------------------------------------------------
 
-    def _lane_frame(self, kind: int, payload: bytes) -> None:
+    def _lane_frame(self, kind: int, payload: Payload) -> None:
         header = LANE_CREDIT if kind != FrameType.LANE_END else LANE
         if len(payload) < header.size:
             raise WireProtocolError(f"a frame of type {kind} shorter than its {header.size}-byte lane header")
@@ -253,7 +263,7 @@ class _BrokerConnection(WireConnection):
         if kind == FrameType.FETCH_LANE:
             lane_id, window = LANE_CREDIT.unpack_from(payload)
             request = parse_frame(broker_pb2.FetchRequest, payload[LANE_CREDIT.size :], "fetch")
-            self._fetch(lane_id, payload[: LANE.size], window, request)
+            self._fetch(lane_id, bytes(payload[: LANE.size]), window, request)
             return
         lane_id = LANE.unpack_from(payload)[0]
         lane = self._lanes.get(lane_id)

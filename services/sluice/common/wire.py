@@ -31,6 +31,7 @@ __all__ = [
     "FrameReader",
     "FrameTooLarge",
     "FrameType",
+    "Payload",
     "WireProtocolError",
     "WireRequest",
     "error_from_frame",
@@ -110,6 +111,11 @@ def wire_port_help(default: int) -> str:
         f"one, -1 serves none (clients then use gRPC); unset: --port + {WIRE_PORT_OFFSET} ({default}), "
         "or a free one when --port is 0"
     )
+
+
+#: A frame's payload as the receiving side hands it on: ``bytes`` when cut from a read, or the
+#: frame's own ``bytearray`` when it was received straight into it (``FrameReader.frame_buffer``).
+Payload = bytes | bytearray
 
 
 class WireProtocolError(InvalidRequest):
@@ -196,41 +202,101 @@ class FrameReader:
     hostile length cannot make the reader allocate it. ``first_frame_bytes`` caps the first
     frame alone (a server's hello, sent before the client is authenticated): a client that
     has not said who it is can make the reader hold that much and no more.
+
+    A receiver that reads into buffers it is given (a server's ``BufferedProtocol``) may instead
+    have the rest of a large frame read straight into that frame's own payload buffer:
+    ``frame_buffer`` allocates it at the declared size (a length ``feed`` has already checked)
+    and returns its unfilled part, ``frame_filled`` says how much a read put there. The payload
+    is then handed on as that ``bytearray``: no growth of the buffer, no copy out of it
+    (``docs/wire.md``, "Receiving a large frame").
     """
 
-    __slots__ = ("_buffer", "_limit", "max_frame_bytes")
+    __slots__ = ("_buffer", "_filled", "_frame", "_kind", "_limit", "max_frame_bytes")
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES, first_frame_bytes: int | None = None) -> None:
         self._buffer = bytearray()
         self.max_frame_bytes = max_frame_bytes
         #: The cap of the next frame's length: ``first_frame_bytes`` until a first frame is cut.
         self._limit = max_frame_bytes if first_frame_bytes is None else first_frame_bytes
+        #: The payload buffer of the frame being received straight into it (None: none), its
+        #: type, and how many of its bytes have arrived.
+        self._frame: bytearray | None = None
+        self._kind = 0
+        self._filled = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet part of a complete frame."""
+        if self._frame is not None:
+            return HEADER.size + self._filled
         return len(self._buffer)
 
     @property
     def missing(self) -> int:
         """Bytes still to come for the frame begun in the buffer (0: none begun, or its length
         not yet read). A server sizes its next socket read by it (``server/wire.py``)."""
+        if self._frame is not None:
+            return len(self._frame) - self._filled
         buffer = self._buffer
         if len(buffer) < 4:
             return 0
         length: int = _LENGTH.unpack_from(buffer, 0)[0]
         return 4 + length - len(buffer)
 
+    @property
+    def receiving_frame(self) -> bool:
+        """A frame is being received into its own buffer: every read goes there until it is whole."""
+        return self._frame is not None
+
+    def frame_buffer(self) -> memoryview | None:
+        """The unfilled part of the incomplete frame's own payload buffer, to read into; None when
+        no frame has its header (length and type) buffered. The first call allocates the buffer at
+        the declared size, which ``feed`` checked against the cap when the length arrived, and
+        moves the payload bytes already buffered into it."""
+        frame = self._frame
+        if frame is None:
+            buffer = self._buffer
+            if len(buffer) < HEADER.size:
+                return None
+            length, self._kind = HEADER.unpack_from(buffer, 0)
+            self._frame = frame = bytearray(length - 1)
+            self._filled = len(buffer) - HEADER.size
+            with memoryview(buffer) as held:
+                frame[: self._filled] = held[HEADER.size :]
+            buffer.clear()
+        return memoryview(frame)[self._filled :]
+
+    def frame_filled(self, nbytes: int) -> list[tuple[int, bytearray]]:
+        """A read put ``nbytes`` into ``frame_buffer``'s view: the frame, once that completes it."""
+        frame = self._frame
+        if frame is None:
+            raise RuntimeError("frame_filled without a frame_buffer")
+        self._filled += nbytes
+        if self._filled < len(frame):
+            return []
+        self._frame = None
+        self._limit = self.max_frame_bytes
+        return [(self._kind, frame)]
+
     def feed(self, data: bytes | memoryview) -> list[tuple[int, bytes]]:
         """Every frame ``data`` completes. ``data`` may be reused by the caller afterwards:
         what is kept of it is copied."""
+        done: list[tuple[int, bytes]] = []
+        frame = self._frame
+        if frame is not None:  # a caller that mixes both ways of reading: finish the frame first
+            take = min(len(frame) - self._filled, len(data))
+            frame[self._filled : self._filled + take] = data[:take]
+            done = [(kind, bytes(payload)) for kind, payload in self.frame_filled(take)]
+            data = data[take:]
+            if not data:
+                return done
         buffer = self._buffer
         if buffer:
             buffer += data
             view: bytes | bytearray | memoryview = buffer
         else:
             view = data  # the common case: the data holds whole frames, no copy into the buffer
-        frames: list[tuple[int, bytes]] = []
+        frames = done
         pos = 0
         end = len(view)
         limit = self._limit
@@ -259,7 +325,7 @@ class FrameReader:
         return err
 
 
-def parse_frame(message_type: Any, payload: bytes, what: str) -> Any:
+def parse_frame(message_type: Any, payload: bytes | bytearray | memoryview, what: str) -> Any:
     """A frame's protobuf payload; InvalidRequest (ending the connection) when it does not parse."""
     try:
         return message_type.FromString(payload)

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-from sluice.common.wire import FrameType, WireProtocolError, parse_frame
+from sluice.common.wire import FrameType, Payload, WireProtocolError, parse_frame
 from sluice.dispatcher.events import Outgoing
 from sluice.dispatcher.servicer import DispatcherServicer
 from sluice.security.service import ServiceSecurity
@@ -89,7 +89,7 @@ class _ConsumeConnection(WireConnection):
         self._commands.put_nowait(None)
         return True
 
-    def on_frame(self, kind: int, payload: bytes) -> None:
+    def on_frame(self, kind: int, payload: Payload) -> None:
         if kind != FrameType.CONSUME:
             raise WireProtocolError(f"unknown frame type {kind} (a dispatcher takes consume frames, type 4)")
         self._commands.put_nowait(parse_frame(pb.ConsumerCommand, payload, "consume"))

@@ -15,16 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Any, cast
-
-from prometheus_client import Gauge
 
 from sluice.common.wire import (
     PROTOCOL_VERSION,
     FrameReader,
     FrameTooLarge,
     FrameType,
+    Payload,
     WireProtocolError,
     frame_parts,
     parse_frame,
@@ -35,13 +33,18 @@ from sluice.security.authenticate import ANONYMOUS_CALLER, Authenticated
 from sluice.security.context import WIRE, RequestContext
 from sluice.security.live_streams import LiveStream
 from sluice.security.model import ANONYMOUS
-from sluice.security.service import ServiceSecurity, lower_keys
-from sluice.security.tls import ServerTLS
+from sluice.security.service import lower_keys
 from sluice.server.config import ConnectionSettings
-from sluice.server.limits import connection_settings, set_tcp_keepalive
+from sluice.server.limits import set_tcp_keepalive
 from sluice.server.metrics import count_internal_error
-from sluice.server.wire_buffer import READ_BUFFER_HELLO, READ_BUFFER_MAX, READ_BUFFER_MIN, next_buffer_size
-from sluice.server.wire_gate import ConnectionGate
+from sluice.server.wire_buffer import (
+    FRAME_BUFFER_MIN,
+    READ_BUFFER_HELLO,
+    READ_BUFFER_MAX,
+    READ_BUFFER_MIN,
+    next_buffer_size,
+)
+from sluice.server.wire_listener import WireListener
 from sluice.v1 import wire_pb2
 
 __all__ = ["READ_BUFFER_MAX", "READ_BUFFER_MIN", "WireConnection", "WireListener"]
@@ -52,90 +55,6 @@ log = logging.getLogger(__name__)
 #: (a wire connection, or a Broker.ProduceStream call under flush=always).
 MAX_BACKLOG = 64
 
-_GAUGES: dict[str, Gauge] = {}
-
-
-def _connections_gauge(service: str) -> Gauge:
-    """``sluice_<service>_wire_connections``: one per service and process (the default registry)."""
-    name = f"sluice_{service.replace('-', '_')}_wire_connections"
-    gauge = _GAUGES.get(name)
-    if gauge is None:
-        gauge = _GAUGES[name] = Gauge(name, "Open wire-protocol connections (past the hello)")
-    return gauge
-
-
-class WireListener:
-    """Listens on a service's wire port. ``start()`` returns the bound port; ``stop()`` is idempotent."""
-
-    def __init__(
-        self,
-        service: str,
-        connection: Callable[[WireListener], WireConnection],
-        host: str,
-        port: int,
-        security: ServiceSecurity | None = None,
-        max_frame_bytes: int | None = None,
-        version: int = PROTOCOL_VERSION,
-        tls: ServerTLS | None = None,
-        limits: ConnectionSettings | None = None,
-    ) -> None:
-        self.service = service
-        #: The connection limits (docs/limits.md, "Connections"; None: the process's).
-        self.limits = limits = limits if limits is not None else connection_settings()
-        #: TLS on this port (None: plaintext). A connection's peer certificate, for the
-        #: authenticator: ``transport.get_extra_info("ssl_object")``.
-        self.tls = tls
-        #: The highest protocol version this service speaks (a connection speaks the lower of
-        #: it and the client's).
-        self.version = version
-        self._connection = connection
-        self.host = host
-        self.port = port
-        #: None when nothing is checked (no authentication, no authorization).
-        self.security = security if security is not None and security.active else None
-        self.max_frame_bytes = max_frame_bytes if max_frame_bytes is not None else limits.max_frame_bytes
-        self.bound_port = 0
-        #: Who is let in and put out (``server/wire_gate.py``).
-        self.gate: ConnectionGate[WireConnection] = ConnectionGate(service, limits)
-        self.connections = self.gate.connections
-        self.metrics = self.gate.metrics
-        self.connections_gauge = _connections_gauge(service)
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        loop = asyncio.get_running_loop()
-        tls = self.tls
-        if tls is None:
-            self._server = await loop.create_server(lambda: self._connection(self), self.host, self.port)
-        else:
-            # The handshake counts against the hello's time: a client that starts one and stalls
-            # is dropped as one that never says hello is (asyncio's own default is 60 s).
-            self._server = await loop.create_server(
-                lambda: self._tls_connection(tls),
-                self.host,
-                self.port,
-                ssl=tls.ssl_context(),
-                ssl_handshake_timeout=self.limits.hello_timeout.total_seconds(),
-            )
-        self.bound_port = self._server.sockets[0].getsockname()[1]
-        self.gate.start()
-        return self.bound_port
-
-    def _tls_connection(self, tls: ServerTLS) -> WireConnection:
-        """A connection on a TLS port: the certificate files are checked for a change first (once a
-        second at most), so this handshake and later ones present a rotated certificate."""
-        tls.maybe_reload()
-        return self._connection(self)
-
-    async def stop(self) -> None:
-        """Stop accepting, then close every connection (after what was already written)."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        await self.gate.stop()
-        for conn in list(self.connections):
-            conn.close()
-
 
 class WireConnection(asyncio.BufferedProtocol):
     """One client connection. Everything here runs on the event loop thread.
@@ -144,17 +63,26 @@ class WireConnection(asyncio.BufferedProtocol):
     a read allocates nothing; the frame reader copies out only what it keeps. The buffer starts
     at ``READ_BUFFER_MIN``, grows (up to ``READ_BUFFER_MAX``) while a large frame arrives or reads
     fill it, and shrinks back when a read that fits the small one ends on a frame boundary.
+
+    A service that budgets the frames it is sent (``preallocates_frames``: the broker's produce
+    pool) has the rest of a large frame read straight into that frame's own buffer instead, once
+    ``frame_buffer_allowed`` says its budget holds the frame (``docs/wire.md``, "Receiving a large
+    frame"): the receive buffer then stays small, and the payload is handed on without a copy.
     """
 
     #: Where the receive buffer starts and shrinks back to; a service whose connections carry
     #: only small frames sets less (the dispatcher's push consumers: ``dispatcher/wire_server.py``).
     read_buffer_min = READ_BUFFER_MIN
+    #: Whether this service reads large frames into their own buffers (``frame_buffer_allowed``).
+    preallocates_frames = False
 
     def __init__(self, listener: WireListener) -> None:
         self.listener = listener
         # The first frame (the hello, before authentication) is capped by max_hello_bytes.
         self._reader = FrameReader(listener.max_frame_bytes, listener.limits.max_hello_bytes)
         self._view = memoryview(bytearray(min(READ_BUFFER_HELLO, self.read_buffer_min)))
+        #: The last buffer handed to the loop was the unfilled part of a frame's own buffer.
+        self._into_frame = False
         #: Monotonic times: accepted, last bytes received, and when the frame now partly received
         #: began (0.0: none), for the listener's deadlines (``overdue``).
         self.opened_at = self.last_read = time.monotonic()
@@ -184,8 +112,9 @@ class WireConnection(asyncio.BufferedProtocol):
 
     # ---- what a service defines -----------------------------------------------------------
 
-    def on_frame(self, kind: int, payload: bytes) -> None:
-        """A frame after the hello. Raise a SluiceError to end the connection with it."""
+    def on_frame(self, kind: int, payload: Payload) -> None:
+        """A frame after the hello. Raise a SluiceError to end the connection with it. A large
+        frame received into its own buffer comes as that ``bytearray`` (no copy made of it)."""
         raise WireProtocolError(f"unknown frame type {kind}")
 
     def backlog(self) -> int:
@@ -194,6 +123,12 @@ class WireConnection(asyncio.BufferedProtocol):
 
     def opened(self) -> None:
         """The hello was accepted."""
+
+    def frame_buffer_allowed(self) -> bool:
+        """Whether the frame whose header just arrived may have its whole declared size allocated
+        now (``preallocates_frames`` services): a peer's 5 bytes then cost that allocation, so a
+        service allows it only within a budget it has taken for the frame (the broker's pool)."""
+        return False
 
     def reading_held(self) -> bool:
         """A service's own reason not to read now (the broker's memory budget, ``docs/memory.md``);
@@ -265,16 +200,29 @@ class WireConnection(asyncio.BufferedProtocol):
         self.update_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        reader = self._reader
+        if reader.receiving_frame or (
+            self.preallocates_frames and reader.missing >= FRAME_BUFFER_MIN and self.frame_buffer_allowed()
+        ):
+            into = reader.frame_buffer()
+            if into is not None:
+                self._into_frame = True
+                return into
+        self._into_frame = False
         return self._view
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last_read = now = time.monotonic()
-        self.data_received(self._view[:nbytes])
+        if self._into_frame:
+            self._into_frame = False
+            self._frames_in(None, nbytes)
+        else:
+            self._frames_in(self._view[:nbytes], nbytes)
+            self._size_buffer(nbytes)
         if not self._reader.buffered:
             self.frame_started = 0.0
         elif not self.frame_started:
             self.frame_started = now
-        self._size_buffer(nbytes)
 
     def eof_received(self) -> bool | None:
         """The peer half-closed. In the middle of a frame that frame can never complete: an error
@@ -333,15 +281,26 @@ class WireConnection(asyncio.BufferedProtocol):
         return len(self._view)
 
     def _size_buffer(self, nbytes: int) -> None:
-        wanted = next_buffer_size(len(self._view), nbytes, self._reader, self.read_buffer_min)
+        reader = self._reader
+        # A large frame's rest will be read into its own buffer: growing this one would not help it.
+        direct = self.preallocates_frames and self._greeted and reader.missing >= FRAME_BUFFER_MIN
+        wanted = next_buffer_size(len(self._view), nbytes, reader, self.read_buffer_min, direct)
         if wanted is not None:
             self._view = memoryview(bytearray(wanted))  # one allocation per change of size
 
     def data_received(self, data: bytes | memoryview) -> None:
+        self._frames_in(data, len(data))
+
+    def _frames_in(self, data: bytes | memoryview | None, nbytes: int) -> None:
+        """Handle the frames a read completed: ``data`` (None: ``nbytes`` went into the frame's own
+        buffer, ``get_buffer``)."""
         if self.closing:
             return
+        reader = self._reader
         try:
-            for kind, payload in self._reader.feed(data):
+            frames: list[tuple[int, bytes]] | list[tuple[int, bytearray]]
+            frames = reader.feed(data) if data is not None else reader.frame_filled(nbytes)
+            for kind, payload in frames:
                 if self.closing:
                     return
                 if self._held is not None:

@@ -110,6 +110,21 @@ def test_half_a_frame_then_fin_is_closed(launch: Launch, service: str, greeted: 
     assert closed(sp, "half_frame") == 1
 
 
+def test_half_a_large_frame_read_into_its_own_buffer_then_fin_is_closed(launch: Launch) -> None:
+    """A produce frame larger than the read buffer is read into its own buffer once the produce pool
+    granted it (docs/wire.md, "Receiving a large frame"); half of it, then FIN, is refused the same."""
+    sp = launch("broker")
+    with connect(sp) as sock:
+        hello(sock)
+        sock.sendall(HEADER.pack(1_000_001, FrameType.PRODUCE) + b"\x00" * 600_000)
+        sock.shutdown(socket.SHUT_WR)
+        err = closed_by_server(sock)
+    assert err is not None
+    assert err.code == common_pb2.INVALID_REQUEST
+    assert "half-closed 600005 bytes into a frame" in err.message
+    assert closed(sp, "half_frame") == 1
+
+
 @pytest.mark.parametrize("service", SERVICES)
 def test_a_frame_sent_slower_than_the_frame_timeout_is_closed(launch: Launch, service: str) -> None:
     sp = launch(service, "--frame-timeout", "1s")
