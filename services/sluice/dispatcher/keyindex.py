@@ -12,6 +12,10 @@ Invariants (``PartitionState.pending`` keeps the rest of the read-ahead):
 
 - every filed message has a lower offset than every message still in ``pending`` (a prefix is filed),
   and each queue is in offset order, so per-key order holds (a key has one owner, so one queue);
+- while parking is on, ``filed[hash]`` counts the messages of each hash filed here: a message of a
+  parked key goes straight to parking only if none of its key is still filed (those went in before
+  the key parked and wait for their owner's capacity; parking them behind a later one would put the
+  key's dead letters out of order: ``bench/poison_keys.py`` caught it);
 - a message is filed under ``owner_table[hash]`` as it was when filed: whenever the table changes
   (a consumer joins or leaves) or the gate may go down (truncation), :meth:`KeyedReadAhead.unfile`
   puts everything back at the front of ``pending``, in offset order, and the next pass files again.
@@ -36,12 +40,14 @@ class KeyedReadAhead:
     """Filed read-ahead of one Key_Shared partition: ``queues[owner]`` in offset order (``None``: hashes
     nobody owns, which wait until a sticky consumer declares them)."""
 
-    __slots__ = ("count", "queues")
+    __slots__ = ("count", "filed", "queues")
 
-    def __init__(self) -> None:
+    def __init__(self, count_hashes: bool) -> None:
         self.queues: dict[Consumer | None, deque[Message]] = {}
         #: Messages filed, over all queues.
         self.count = 0
+        #: Parking on: messages filed per key hash (see the module's invariants); None otherwise.
+        self.filed: dict[int, int] | None = {} if count_hashes else None
 
     def __len__(self) -> int:
         return self.count
@@ -52,12 +58,26 @@ class KeyedReadAhead:
             q = self.queues[owner] = deque()
         q.append(m)
         self.count += 1
+        filed = self.filed
+        if filed is not None:
+            h = m.key_hash
+            filed[h] = filed.get(h, 0) + 1
+
+    def gone(self, h: int) -> None:
+        """A filed message of hash ``h`` left (sent, parked)."""
+        self.count -= 1
+        filed = self.filed
+        if filed is not None:
+            n = filed[h] - 1
+            if n:
+                filed[h] = n
+            else:
+                del filed[h]
 
     def unfile(self) -> list[Message]:
         """Empty the index: everything filed, in offset order (the caller puts it back in front)."""
         queues = [q for q in self.queues.values() if q]
-        self.queues = {}
-        self.count = 0
+        self.clear()
         if len(queues) == 1:
             return list(queues[0])
         return list(heapq.merge(*queues, key=offset_of))
@@ -74,3 +94,5 @@ class KeyedReadAhead:
     def clear(self) -> None:
         self.queues = {}
         self.count = 0
+        if self.filed is not None:
+            self.filed = {}

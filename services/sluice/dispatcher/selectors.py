@@ -19,6 +19,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Collection
+from itertools import islice
 from typing import Protocol
 
 from sluice.dispatcher.consumer import Consumer
@@ -134,7 +135,8 @@ def _key_shared(sub: Dispatchable, now_ms: int) -> None:
         return
     # Hashes with a message waiting out its nack delay wait too: nothing may overtake it.
     blocked: set[int] = {m.key_hash for ps in sub.partitions.values() for m in ps.delayed.values()}
-    run = _KeySharedPass(table, sub.hash_holder, caps, blocked, sub.parking if sub.parking.keys else None)
+    parking = sub.parking
+    run = _KeySharedPass(table, sub.hash_holder, caps, blocked, parking if parking.keys else None, parking.on)
     for ps in _rotated(sub):
         out: dict[Consumer, list[Message]] = {}
         if ps.replay:
@@ -152,7 +154,7 @@ class _KeySharedPass:
     and the hashes that must wait (``blocked``: once a message of a hash waits, every later one of
     that hash waits too, in every partition)."""
 
-    __slots__ = ("blocked", "caps", "holder", "parking", "table")
+    __slots__ = ("blocked", "caps", "holder", "parking", "parking_on", "table")
 
     def __init__(
         self,
@@ -161,6 +163,7 @@ class _KeySharedPass:
         caps: dict[Consumer, int],
         blocked: set[int],
         parking: Parking | None,
+        parking_on: bool = False,
     ) -> None:
         self.table = table
         self.holder = holder
@@ -168,6 +171,8 @@ class _KeySharedPass:
         self.blocked = blocked
         #: Set only while some key is parked: then each message's key is looked up (one dict probe).
         self.parking = parking
+        #: Parking is enabled (``keyindex.py`` then counts filed messages per hash).
+        self.parking_on = parking_on
 
     def eligible(self, m: Message, p: int) -> Consumer | None:
         """The consumer ``m`` (of partition ``p``) goes to now, or None (its hash then waits)."""
@@ -210,10 +215,11 @@ class _KeySharedPass:
         messages; the hashes that wait are the same), at a cost of what is sent plus what waits ahead
         of it, not of the whole read-ahead."""
         keyed = ps.keyed
-        if keyed is None:
-            keyed = ps.keyed = KeyedReadAhead()
+        if keyed is None or (not keyed and (keyed.filed is not None) != self.parking_on):
+            keyed = ps.keyed = KeyedReadAhead(self.parking_on)
         caps, p = self.caps, ps.partition
         parking = self.parking
+        filed = keyed.filed
         parked = parking.hashes if parking is not None else ()
         gone_bytes = 0
         pending = ps.pending
@@ -234,11 +240,13 @@ class _KeySharedPass:
             took = caps[c]
             popleft = q.popleft
             sent = out.setdefault(c, [])
+            before = len(sent)  # redeliveries to it may come first (``take_replay``)
             while q and caps[c]:
                 m = popleft()
-                if m.key_hash in parked and parking is not None and parking.take(m):
+                h = m.key_hash
+                if h in parked and parking is not None and parking.take(m):
                     gone_bytes += m.size
-                    keyed.count -= 1
+                    keyed.gone(h)
                     continue
                 to = eligible(m, p)
                 if to is None:
@@ -248,7 +256,11 @@ class _KeySharedPass:
                 sent.append(m)
                 gone_bytes += m.size
                 caps[c] -= 1
-            keyed.count -= took - caps[c]
+            if filed is None:
+                keyed.count -= took - caps[c]
+            else:
+                for m in islice(sent, before, None):
+                    keyed.gone(m.key_hash)
             if kept:
                 q.extendleft(reversed(kept))
             if not sent:
@@ -268,10 +280,11 @@ class _KeySharedPass:
         parked_bytes = 0
         file = keyed.file
         popleft = pending.popleft
+        filed = keyed.filed or ()  # a key with messages filed: the next waits behind them
         for _ in range(n):
             m = popleft()
             h = m.key_hash
-            if parked and h in parked and parking is not None and parking.take(m):
+            if parked and h in parked and h not in filed and parking is not None and parking.take(m):
                 parked_bytes += m.size
                 continue
             file(m, table[h])
@@ -286,11 +299,11 @@ class _KeySharedPass:
         for m in q:
             if parked and m.key_hash in parked and parking is not None and parking.take(m):
                 parked_bytes += m.size
+                keyed.gone(m.key_hash)
                 continue
             blocked.add(m.key_hash)
             kept.append(m)
         if len(kept) != len(q):
-            keyed.count -= len(q) - len(kept)
             q.clear()
             q.extend(kept)
         return parked_bytes
