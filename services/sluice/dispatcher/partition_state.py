@@ -391,6 +391,8 @@ class PartitionState:
         few seconds instead (``docs/dispatcher.md``, "What a consumer costs")."""
         if not self.pending:
             self.pending = NO_PENDING
+        if self.keyed is not None and not self.keyed:
+            self.keyed.clear()  # its emptied queues (a deque per owner: ~760 bytes each)
         if not self.inflight:
             self.inflight.clear()
         if not self.delivery_seq:

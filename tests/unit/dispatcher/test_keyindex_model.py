@@ -270,3 +270,21 @@ def test_a_key_parked_while_its_messages_are_filed_goes_to_the_dlq_in_order() ->
             assert not (good and ctx.ack(cid, good))
         ctx.advance(200)
     assert [o for _, o, _ in ctx.dead] == first + later[:2]
+
+
+def test_emptied_queues_are_given_back() -> None:
+    """An idle partition keeps no queue per owner (``PartitionState.give_back``, as for ``pending``)."""
+    ctx = make(False, False, False)
+    ctx.join("a", 1)
+    ctx.join("b", 1)
+    ctx.produce(0, keys=KEYS)
+    ps = ctx.sub.partitions[0]
+    assert ps.keyed is not None
+    assert len(ps.keyed.queues) == 2
+    ctx.sub.give_back_memory()
+    assert len(ps.keyed.queues) == 2  # still filled: kept
+    ctx.flow("a", 100)
+    ctx.flow("b", 100)
+    assert not ps.keyed
+    ctx.sub.give_back_memory()
+    assert ps.keyed.queues == {}
