@@ -321,11 +321,7 @@ class Parking:
             return ps.cursor.is_acked(o)
         if o in ps.inflight or o in ps.replay or o in ps.delayed or o in ps.dead:
             return False
-        pending = ps.pending
-        if pending and pending[0].offset <= o <= pending[-1].offset:
-            at = bisect.bisect_left(pending, o, key=attrgetter("offset"))
-            return not (at < len(pending) and pending[at].offset == o)
-        return True
+        return not ps.holds_pending(o)
 
     def _finished(self, ps: PartitionState, key: bytes, o: int) -> bool:
         """Whether the stored message at ``o`` is finished (acknowledged, or dead-lettered): nowhere."""

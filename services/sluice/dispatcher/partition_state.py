@@ -21,6 +21,7 @@ from sluice.codec.sql_filter import SqlFilter
 from sluice.dispatcher.budget import HELD_OVERHEAD, MemoryBudget, SubscriptionMemory
 from sluice.dispatcher.consumer import Consumer
 from sluice.dispatcher.cursor import PartitionCursor
+from sluice.dispatcher.keyindex import KeyedReadAhead
 from sluice.dispatcher.messages import Message, offset_of
 
 __all__ = ["PartitionState", "unbudgeted"]
@@ -63,6 +64,7 @@ class PartitionState:
         "delivery_seq",
         "held_bytes",
         "inflight",
+        "keyed",
         "partition",
         "pending",
         "pending_bytes",
@@ -84,6 +86,9 @@ class PartitionState:
         #: ``NO_PENDING`` while nothing is read ahead (see ``_NoPending``).
         self.pending: deque[Message] = NO_PENDING
         self.pending_bytes = 0
+        #: Key_Shared: the read-ahead's filed prefix, by owning consumer (``keyindex.py``); made by the
+        #: first Key_Shared pass, None otherwise. ``pending_bytes`` counts both.
+        self.keyed: KeyedReadAhead | None = None
         self.replay: dict[int, Message] = {}
         # Offsets of ``replay`` as a heap; entries no longer in ``replay`` are skipped lazily.
         self.replay_heap: list[int] = []
@@ -99,7 +104,31 @@ class PartitionState:
 
     def has_work(self) -> bool:
         """Something may be sent now (new messages only below the cursor's gate)."""
-        return bool(self.replay) or bool(self.pending and self.pending[0].offset < self.cursor.gate)
+        return (
+            bool(self.replay)
+            or bool(self.keyed)
+            or bool(self.pending and self.pending[0].offset < self.cursor.gate)
+        )
+
+    def unfile(self) -> None:
+        """Key_Shared: put the filed read-ahead back in front of ``pending`` (the owners changed, or the
+        gate may go down); the next pass files it again."""
+        keyed = self.keyed
+        if keyed:
+            back = keyed.unfile()
+            if self.pending is NO_PENDING:
+                self.pending = deque()
+            self.pending.extendleft(reversed(back))
+
+    def holds_pending(self, o: int) -> bool:
+        """Whether offset ``o`` waits in the read-ahead (never sent)."""
+        pending = self.pending
+        if pending and pending[0].offset <= o <= pending[-1].offset:
+            at = bisect_left(pending, o, key=offset_of)
+            if at < len(pending) and pending[at].offset == o:
+                return True
+        keyed = self.keyed
+        return keyed is not None and keyed.holds(o)
 
     def add_replay(self, m: Message) -> None:
         if not self.cursor.count_saved(m.offset):
@@ -160,7 +189,9 @@ class PartitionState:
 
     def unacked_messages(self) -> int:
         """Read and not acknowledged, in any state."""
-        return len(self.pending) + len(self.replay) + len(self.inflight) + len(self.delayed) + len(self.dead)
+        filed = len(self.keyed) if self.keyed is not None else 0
+        held = len(self.replay) + len(self.inflight) + len(self.delayed) + len(self.dead)
+        return len(self.pending) + filed + held
 
     # ---- reading (caller: ``Subscription.offer``) ---------------------------------------------------
 
@@ -274,6 +305,8 @@ class PartitionState:
         their bytes go back to the budget."""
         self.pending = NO_PENDING
         self.pending_bytes = 0
+        if self.keyed is not None:
+            self.keyed.clear()
         self.replay.clear()
         self.replay_heap.clear()
         self.delayed.clear()
@@ -358,6 +391,8 @@ class PartitionState:
         few seconds instead (``docs/dispatcher.md``, "What a consumer costs")."""
         if not self.pending:
             self.pending = NO_PENDING
+        if self.keyed is not None and not self.keyed:
+            self.keyed.clear()  # its emptied queues (a deque per owner: ~760 bytes each)
         if not self.inflight:
             self.inflight.clear()
         if not self.delivery_seq:

@@ -16,12 +16,15 @@ Caller: ``Subscription._finish``; pure like it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
+from collections.abc import Collection
 from itertools import islice
 from typing import Protocol
 
 from sluice.dispatcher.consumer import Consumer
-from sluice.dispatcher.messages import Message
+from sluice.dispatcher.keyindex import KeyedReadAhead
+from sluice.dispatcher.messages import Message, offset_of
 from sluice.dispatcher.model import SubscriptionSettings, SubscriptionType
 from sluice.dispatcher.parking import Parking
 from sluice.dispatcher.partition_state import PartitionState
@@ -56,7 +59,7 @@ SHARED_BATCH = 50
 
 def _rotated(sub: Dispatchable) -> list[PartitionState]:
     """Partitions with work, starting after the one served last (``Subscription.deliver`` records it)."""
-    parts = [ps for ps in sub.partitions.values() if ps.replay or ps.pending]
+    parts = [ps for ps in sub.partitions.values() if ps.replay or ps.pending or ps.keyed]
     gated = [ps for ps in parts if not ps.has_work()]
     if gated:
         # Everything these read is beyond the persisted delivered-up-to mark: ask for a flush.
@@ -132,12 +135,13 @@ def _key_shared(sub: Dispatchable, now_ms: int) -> None:
         return
     # Hashes with a message waiting out its nack delay wait too: nothing may overtake it.
     blocked: set[int] = {m.key_hash for ps in sub.partitions.values() for m in ps.delayed.values()}
-    run = _KeySharedPass(table, sub.hash_holder, caps, blocked, sub.parking if sub.parking.keys else None)
+    parking = sub.parking
+    run = _KeySharedPass(table, sub.hash_holder, caps, blocked, parking if parking.keys else None, parking.on)
     for ps in _rotated(sub):
         out: dict[Consumer, list[Message]] = {}
         if ps.replay:
             run.take_replay(ps, out)
-        if ps.pending and any(caps.values()):
+        if (ps.pending or ps.keyed) and any(caps.values()):
             run.take_pending(ps, out)
         for c, msgs in out.items():
             sub.deliver(c, ps, msgs, now_ms)
@@ -150,7 +154,7 @@ class _KeySharedPass:
     and the hashes that must wait (``blocked``: once a message of a hash waits, every later one of
     that hash waits too, in every partition)."""
 
-    __slots__ = ("blocked", "caps", "holder", "parking", "table")
+    __slots__ = ("blocked", "caps", "holder", "parking", "parking_on", "table")
 
     def __init__(
         self,
@@ -159,6 +163,7 @@ class _KeySharedPass:
         caps: dict[Consumer, int],
         blocked: set[int],
         parking: Parking | None,
+        parking_on: bool = False,
     ) -> None:
         self.table = table
         self.holder = holder
@@ -166,6 +171,8 @@ class _KeySharedPass:
         self.blocked = blocked
         #: Set only while some key is parked: then each message's key is looked up (one dict probe).
         self.parking = parking
+        #: Parking is enabled (``keyindex.py`` then counts filed messages per hash).
+        self.parking_on = parking_on
 
     def eligible(self, m: Message, p: int) -> Consumer | None:
         """The consumer ``m`` (of partition ``p``) goes to now, or None (its hash then waits)."""
@@ -200,34 +207,103 @@ class _KeySharedPass:
         ps.replay_heap = sorted(replay)
 
     def take_pending(self, ps: PartitionState, out: dict[Consumer, list[Message]]) -> None:
-        """New messages in order, up to the persisted delivered-up-to mark; those not taken stay."""
+        """New messages in order, up to the persisted delivered-up-to mark; those not taken stay.
+
+        The read-ahead below the gate is filed by owner first (``keyindex.py``, once per message),
+        then only the queues of consumers with capacity are walked, each until its capacity is used:
+        what each consumer gets is what the plain scan in offset order gives it (its first eligible
+        messages; the hashes that wait are the same), at a cost of what is sent plus what waits ahead
+        of it, not of the whole read-ahead."""
+        keyed = ps.keyed
+        if keyed is None or (not keyed and (keyed.filed is not None) != self.parking_on):
+            keyed = ps.keyed = KeyedReadAhead(self.parking_on)
         caps, p = self.caps, ps.partition
-        kept: deque[Message] = deque()
-        taken_bytes = 0
-        pending = ps.pending
-        gate = ps.cursor.gate
         parking = self.parking
+        filed = keyed.filed
         parked = parking.hashes if parking is not None else ()
+        gone_bytes = 0
+        pending = ps.pending
+        if pending:
+            gone_bytes += self._file(ps, keyed, parked)
+        eligible = self.eligible
+        for c, q in keyed.queues.items():
+            if not q or c is None:
+                continue  # hashes nobody owns wait; the plain scan only marked them waiting
+            if not c.serves(p):
+                # The plain scan marks every such hash waiting for the rest of the pass (other
+                # partitions included): do the same (rare: a consumer restricted to partitions).
+                gone_bytes += self._mark_waiting(keyed, q, parked)
+                continue
+            if not caps.get(c):
+                continue  # its hashes cannot go to anyone else this pass
+            kept: list[Message] = []
+            took = caps[c]
+            popleft = q.popleft
+            sent = out.setdefault(c, [])
+            before = len(sent)  # redeliveries to it may come first (``take_replay``)
+            while q and caps[c]:
+                m = popleft()
+                h = m.key_hash
+                if h in parked and parking is not None and parking.take(m):
+                    gone_bytes += m.size
+                    keyed.gone(h)
+                    continue
+                to = eligible(m, p)
+                if to is None:
+                    kept.append(m)
+                    continue
+                assert to is c, "filed under a stale owner: unfile() was missed on a table change"
+                sent.append(m)
+                gone_bytes += m.size
+                caps[c] -= 1
+            if filed is None:
+                keyed.count -= took - caps[c]
+            else:
+                for m in islice(sent, before, None):
+                    keyed.gone(m.key_hash)
+            if kept:
+                q.extendleft(reversed(kept))
+            if not sent:
+                del out[c]
+        ps.pending_bytes -= gone_bytes
+        if ps.pending and ps.pending[0].offset >= ps.cursor.gate and any(caps.values()):
+            ps.cursor.stall(ps.pending[0].offset)  # beyond the mark: wait for the flush it asks for
+
+    def _file(self, ps: PartitionState, keyed: KeyedReadAhead, parked: Collection[int]) -> int:
+        """Move the read-ahead below the gate into ``keyed``; a message of a parked key goes to parking
+        instead (off the read-ahead: it no longer holds the feed back). Returns the bytes parked."""
+        pending, table, parking = ps.pending, self.table, self.parking
+        gate = ps.cursor.gate
+        n = len(pending)
+        if pending[-1].offset >= gate:
+            n = bisect_left(pending, gate, key=offset_of)
         parked_bytes = 0
-        for i, m in enumerate(pending):
-            if m.offset >= gate:
-                # Beyond the persisted delivered-up-to mark: wait for the flush it asks for.
-                ps.cursor.stall(m.offset)
-                kept.extend(islice(pending, i, None))
-                break
-            # The parked hashes first (a rescanned message of another key costs one set probe).
-            if m.key_hash in parked and parking is not None and parking.take(m):
-                parked_bytes += m.size  # off the read-ahead: it no longer holds the feed back
+        file = keyed.file
+        popleft = pending.popleft
+        filed = keyed.filed or ()  # a key with messages filed: the next waits behind them
+        for _ in range(n):
+            m = popleft()
+            h = m.key_hash
+            if parked and h in parked and h not in filed and parking is not None and parking.take(m):
+                parked_bytes += m.size
                 continue
-            c = self.eligible(m, p)
-            if c is None:
-                kept.append(m)
+            file(m, table[h])
+        return parked_bytes
+
+    def _mark_waiting(self, keyed: KeyedReadAhead, q: deque[Message], parked: Collection[int]) -> int:
+        """A queue whose owner does not serve the partition: its hashes wait (parked keys' messages
+        still go to parking). Returns the bytes parked."""
+        parking, blocked = self.parking, self.blocked
+        kept: list[Message] = []
+        parked_bytes = 0
+        for m in q:
+            if parked and m.key_hash in parked and parking is not None and parking.take(m):
+                parked_bytes += m.size
+                keyed.gone(m.key_hash)
                 continue
-            out.setdefault(c, []).append(m)
-            taken_bytes += m.size
-            caps[c] -= 1
-            if not caps[c] and not any(caps.values()):
-                kept.extend(islice(pending, i + 1, None))
-                break
-        ps.pending = kept
-        ps.pending_bytes -= taken_bytes + parked_bytes
+            blocked.add(m.key_hash)
+            kept.append(m)
+        if len(kept) != len(q):
+            q.clear()
+            q.extend(kept)
+        return parked_bytes

@@ -188,8 +188,8 @@ class Subscription:
         self.parking = Parking.of(settings)
 
     def _rebuild_owner_table(self) -> None:
-        by_id = self.consumers
-        self.owner_table = [by_id.get(cid) if cid else None for cid in self.ranges.owner_table()]
+        self.owner_table = [self.consumers.get(cid) if cid else None for cid in self.ranges.owner_table()]
+        list(map(PartitionState.unfile, self.partitions.values()))  # filed by the old owners (keyindex.py)
 
     def _reassign_active(self, now_ms: int, joined: Consumer | None = None) -> None:
         """Exclusive/Failover: pick each partition's active consumer; report changes.

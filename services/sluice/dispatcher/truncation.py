@@ -34,6 +34,7 @@ def truncate_partition(sub: Subscription, partition: int, end: int) -> tuple[int
     if ps is None:
         return 0, 0
     dropped: list[Message] = []
+    ps.unfile()  # Key_Shared: the filed prefix back in order (and the gate may go down)
     pending = ps.pending
     while pending and pending[-1].offset >= end:  # offset order
         m = pending.pop()
