@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat, starmap
 from operator import attrgetter
 from types import TracebackType
 from typing import Any
@@ -238,8 +239,7 @@ class PushConsumer(PushSessions):
         the queue bytes they released. Under the lock, with the queue not empty."""
         queue = self._queue
         before = len(queue)
-        popleft = queue.popleft
-        msgs = [popleft() for _ in range(min(limit, before))]
+        msgs = list(starmap(queue.popleft, repeat((), min(limit, before))))  # the pops at C level
         nbytes = self._dequeued(len(queue), before)
         sessions: set[Session] = set(map(_session_of_msg, msgs))
         if self._flow.held:
@@ -326,7 +326,7 @@ class PushConsumer(PushSessions):
                     self._stale += 1
             return
         self._single_acks.bump()
-        session.outbound.ack(*key)
+        session.outbound.ack_id(key)
 
     def ack_many(self, msgs: Iterable[Message]) -> None:
         """Acknowledge every message of ``msgs`` (idempotent, like ``ack``): one lock and one
