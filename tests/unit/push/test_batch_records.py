@@ -46,7 +46,8 @@ def test_every_message_reads_its_own_key_and_value() -> None:
         got = [(m.offset, m.key, m.value, m.tag, m.headers, m.timestamp) for m in msgs]
         assert got == expected
     assert [m.key for m in msgs[:5]] == [b"k0", None, b"", b"key-three", None]
-    assert msgs[12].key is None and msgs[13].key == b""
+    assert msgs[12].key is None
+    assert msgs[13].key == b""
 
 
 def test_one_slicing_per_batch() -> None:
@@ -56,9 +57,13 @@ def test_one_slicing_per_batch() -> None:
     msgs = messages_of(batch, "t", object())
     shared = {id(m._records) for m in msgs}
     assert len(shared) == 1, "the messages of one batch share its records"
-    assert msgs[0]._records is not None and msgs[0]._records.values is None, "nothing sliced before a read"
+    shared_records = msgs[0]._records
+    assert shared_records is not None
+    assert shared_records.values is None, "nothing sliced before a read"
     assert msgs[3].value == b"v3"
-    values = msgs[0]._records.values
-    assert values is not None and values[3] == b"v3"
-    assert msgs[4].value == b"v4" and msgs[0]._records.values is values, "sliced once"
+    values = shared_records.values
+    assert values is not None
+    assert values[3] == b"v3"
+    assert msgs[4].value == b"v4"
+    assert shared_records.values is values, "sliced once"
     assert records.load_keys() == [b"k0", None, b"", b"key-three", None]
