@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat, starmap
 from operator import attrgetter
 from types import TracebackType
 from typing import Any
@@ -38,6 +39,7 @@ from sluice.client.push.outbound import AckKey, Outbound
 from sluice.client.push.sessions import PushSessions
 from sluice.client.push.stats import PushConsumerStats, StreamInfo
 from sluice.client.push.stream import Session, StreamState
+from sluice.client.push.unacked import AckCounter, add_ids, discard_ids, pop_ids
 from sluice.common.peers import Peers
 from sluice.errors import InvalidArgument, RequestTimedOut, SluiceError
 
@@ -79,6 +81,8 @@ class PushConsumer(PushSessions):
         self._on_close = on_close
         #: Permits the last batch take granted, as (outbound, grant number): ``receive_many``.
         self._granted: list[tuple[Outbound, int]] = []
+        #: Acks by ``ack()``, counted without the lock (``unacked.py``); the others count in ``_acked``.
+        self._single_acks = AckCounter()
         super().__init__(topic, subscription, type_, config, channels, metadata, client_id, memory)
         if config.message_listener is not None:
             self._listener_thread = threading.Thread(
@@ -89,11 +93,9 @@ class PushConsumer(PushSessions):
     # ---- receiving ----------------------------------------------------------------------------
 
     def receive(self, timeout: float | None = None) -> Message:
-        """The next message; waits up to ``timeout`` seconds (None: forever).
-
-        Raises RequestTimedOut (a TimeoutError) when none came, the typed error when the
-        subscription failed (e.g. CONSUMER_BUSY after a reconnect), SluiceError when closed.
-        """
+        """The next message; waits up to ``timeout`` seconds (None: forever). Raises RequestTimedOut
+        (a TimeoutError) when none came, the typed error when the subscription failed (e.g.
+        CONSUMER_BUSY after a reconnect), SluiceError when closed."""
         if self._listener is not None:
             raise InvalidArgument("this consumer has a message_listener: messages go to it, not to receive()")
         with self._lock:  # fast path: a message is waiting
@@ -221,7 +223,7 @@ class PushConsumer(PushSessions):
         msg = self._queue.popleft()
         self._dequeued(len(self._queue), len(self._queue) + 1)
         session: Session = msg._session  # type: ignore[assignment]
-        session.unacked.add((msg.partition, msg.offset, msg.leader_epoch))
+        session.unacked[msg.partition, msg.offset, msg.leader_epoch] = True
         if self._flow.held:  # the Client's memory limit: grant again only once it has room
             self._flow.held = self._memory.full(self, self._memory_room)
         grants = self._flow.on_taken(session.stream.key)
@@ -237,8 +239,7 @@ class PushConsumer(PushSessions):
         the queue bytes they released. Under the lock, with the queue not empty."""
         queue = self._queue
         before = len(queue)
-        popleft = queue.popleft
-        msgs = [popleft() for _ in range(min(limit, before))]
+        msgs = list(starmap(queue.popleft, repeat((), min(limit, before))))  # the pops at C level
         nbytes = self._dequeued(len(queue), before)
         sessions: set[Session] = set(map(_session_of_msg, msgs))
         if self._flow.held:
@@ -246,7 +247,7 @@ class PushConsumer(PushSessions):
         grants = []
         for session in sessions:
             mine = msgs if len(sessions) == 1 else [m for m in msgs if m._session is session]
-            session.unacked.update(_ids(mine))
+            add_ids(session.unacked, _ids(mine))
             grants += self._flow.on_taken(session.stream.key, len(mine))
         if self._flow.zero_queue and self._waiting > 1:
             grants += self._flow.want_one(True)
@@ -272,7 +273,7 @@ class PushConsumer(PushSessions):
             back = [m for m in msgs if self._holds(m)]
             for session in set(map(_session_of_msg, back)):
                 mine = [m for m in back if m._session is session]
-                session.unacked.difference_update(_ids(mine))
+                discard_ids(session.unacked, _ids(mine))
                 self._flow.on_untaken(session.stream.key, len(mine))
             self._queue.extendleft(reversed(back))
             self._requeued(nbytes * len(back) // len(msgs))
@@ -312,18 +313,20 @@ class PushConsumer(PushSessions):
     # ---- acknowledging ---------------------------------------------------------------------------
 
     def ack(self, msg: Message) -> None:
-        """Acknowledge one message (idempotent). Acks are batched with other pending commands."""
-        session = self._session_of(msg)
+        """Acknowledge one message (idempotent). Acks are batched with other pending commands. No
+        lock: the id's removal is one atomic C call, so of racing acks one sends it (``unacked.py``)."""
+        session = getattr(msg, "_session", None)  # _session_of, inlined: this runs once per message
+        if not isinstance(session, Session) or session.stream.owner is not self:
+            raise InvalidArgument("this message was not received by this consumer")
         # With its epoch: an old record truncated away and the new one at its offset are two keys.
         key = (msg.partition, msg.offset, msg.leader_epoch)
-        with self._lock:
-            if key not in session.unacked:
-                if not session.active:
+        if session.unacked.pop(key, None) is None:
+            if not session.active:
+                with self._lock:
                     self._stale += 1
-                return
-            session.unacked.discard(key)
-            self._acked += 1
-        session.outbound.ack(*key)
+            return
+        self._single_acks.bump()
+        session.outbound.ack_id(key)
 
     def ack_many(self, msgs: Iterable[Message]) -> None:
         """Acknowledge every message of ``msgs`` (idempotent, like ``ack``): one lock and one
@@ -338,10 +341,9 @@ class PushConsumer(PushSessions):
                 raise InvalidArgument("a message was not received by this consumer")
         for session in sessions:
             mine = msgs if len(sessions) == 1 else [m for m in msgs if m._session is session]
-            keys = set(_ids(mine))
+            keys = list(set(_ids(mine)))
+            fresh = pop_ids(session.unacked, keys)
             with self._lock:
-                fresh = keys & session.unacked
-                session.unacked -= fresh
                 self._acked += len(fresh)
                 if not session.active:
                     self._stale += len(keys) - len(fresh)
@@ -359,13 +361,12 @@ class PushConsumer(PushSessions):
                 self._stale += 1
                 return
             e = msg.leader_epoch  # not newer epochs' records: the dispatcher refuses an ack over them
-            done = {
+            done = [  # over a copy: ack() removes ids without the lock
                 k
-                for k in session.unacked
+                for k in list(session.unacked)
                 if k[0] == msg.partition and k[1] <= msg.offset and (e is None or k[2] is None or k[2] <= e)
-            }
-            session.unacked -= done
-            self._acked += len(done)
+            ]
+            self._acked += len(pop_ids(session.unacked, done))
         session.outbound.ack_cumulative(msg.partition, msg.offset, msg.leader_epoch)
 
     def nack(self, msg: Message) -> None:
@@ -374,11 +375,10 @@ class PushConsumer(PushSessions):
         session = self._session_of(msg)
         key = (msg.partition, msg.offset, msg.leader_epoch)
         with self._lock:
-            if key not in session.unacked:
+            if session.unacked.pop(key, None) is None:  # atomic against a lock-free ack()
                 if not session.active:
                     self._stale += 1
                 return
-            session.unacked.discard(key)
             self._nacked += 1
         cfg = self.config
         hold = 0.0
@@ -440,7 +440,7 @@ class PushConsumer(PushSessions):
             return PushConsumerStats(
                 flow=self._flow.stats(),
                 unacked=unacked,
-                acked=self._acked,
+                acked=self._acked + self._single_acks.value(),
                 nacked=self._nacked,
                 stale_acks=self._stale,
                 command_errors=self._command_errors,

@@ -31,6 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import repeat, starmap
 from operator import itemgetter
 from typing import Any
 
@@ -110,8 +111,13 @@ class Outbound:
             self._written.wait_for(lambda: self._flows_written >= seq or self._closed, timeout)
 
     def ack(self, partition: int, offset: int, leader_epoch: int | None = None) -> None:
+        self.ack_id((partition, offset, leader_epoch))
+
+    def ack_id(self, key: AckKey) -> None:
+        """``ack`` of a ``(partition, offset, leader epoch)`` id as it is (no tuple built again).
+        Caller: ``PushConsumer.ack``, once per message."""
         acks = self._acks
-        acks.append((partition, offset, leader_epoch))
+        acks.append(key)
         # Wake a writer waiting for work (it then lingers for more acks), or end its linger at
         # ACK_BATCH; acks during the linger need no wake-up. Read after the append (see __init__).
         # One wake-up per writer wait: notifying on every ack past the threshold made the
@@ -191,8 +197,9 @@ class Outbound:
                 self._writer_waiting = self._lingering = False
                 if self._closed:
                     return
-                pending, popleft = self._acks, self._acks.popleft
-                acks = [popleft() for _ in range(min(len(pending), MAX_IDS_PER_COMMAND))]
+                # starmap: the pops at C level (a comprehension was a Python step per ack).
+                n = min(len(self._acks), MAX_IDS_PER_COMMAND)
+                acks = list(starmap(self._acks.popleft, repeat((), n)))
                 cumulative, self._cumulative = self._cumulative, {}
                 nacks, self._nacks = self._nacks, []
                 permits, self._permits = self._permits, 0

@@ -27,7 +27,8 @@ from typing import Protocol
 
 import grpc
 
-from sluice.client.push.outbound import AckKey, Outbound
+from sluice.client.push.outbound import Outbound
+from sluice.client.push.unacked import Unacked
 from sluice.client.rpc import error_from_rpc
 from sluice.common.backoff import Backoff
 from sluice.errors import (
@@ -92,8 +93,9 @@ class Session:
         self.outbound = outbound
         self.active = True
         self.subscribed = False
-        #: (partition, offset, leader epoch) taken by the application and not acked or nacked yet.
-        self.unacked: set[AckKey] = set()
+        #: (partition, offset, leader epoch) taken by the application and not acked or nacked yet
+        #: (a dict for its atomic test-and-remove: ``unacked.py``).
+        self.unacked: Unacked = {}
 
 
 class ConsumeCall(Protocol):
