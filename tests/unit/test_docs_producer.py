@@ -28,6 +28,8 @@ def _spelled(value: object) -> str:
         return f"{int(seconds * 1000)}ms" if seconds < 1 else f"{int(seconds)}s"
     if isinstance(value, int) and value >= 1024 * 1024 and value % (1024 * 1024) == 0:
         return f"{value // (1024 * 1024)}MiB"
+    if isinstance(value, int) and value >= 1024 and value % 1024 == 0:
+        return f"{value // 1024}KiB"
     return str(value)
 
 

@@ -24,6 +24,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sluice.common.timeouts import within
 from sluice.dispatcher.host import ServiceHost
 from sluice.dispatcher.model import ParkEvent
 from sluice.dispatcher.parkread import live_state, produce
@@ -147,7 +148,7 @@ class ParkedKeysAdmin:
             else:
                 return rt
             try:
-                await asyncio.wait_for(latch.wait(), max(deadline - loop.time(), 0.0))
+                await within(latch.wait(), max(deadline - loop.time(), 0.0))
             except TimeoutError:
                 raise self._loading(topic, subscription, "unloading" if rt.closing else "loading") from None
 
